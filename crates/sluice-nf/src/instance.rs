@@ -1,0 +1,112 @@
+//! One running NF instance: the NF, its state handle and what it emitted. The runtime's workers
+//! and NF unit tests drive NFs through this one type, so both see the same semantics.
+
+use crate::{Event, LabelTable, NetworkFunction, NfContext, Verdict};
+use sluice_packet::{InstanceId, Packet};
+use sluice_state::{StateHandle, TimerFired};
+use std::sync::Arc;
+
+/// How many timers may fire before one packet; the rest fire before the next ones, so a burst
+/// of expiries cannot stall the data path.
+const TIMERS_PER_PACKET: usize = 64;
+
+/// An NF instance with its state.
+pub struct Instance {
+    nf: Box<dyn NetworkFunction>,
+    state: Box<dyn StateHandle>,
+    vertex: Arc<str>,
+    id: InstanceId,
+    labels: Arc<LabelTable>,
+    events: Vec<Event>,
+    fired: Vec<TimerFired>,
+    now_ns: u64,
+}
+
+impl Instance {
+    /// An instance of `nf` named `vertex`, with state behind `state`.
+    pub fn new(
+        nf: Box<dyn NetworkFunction>,
+        state: Box<dyn StateHandle>,
+        vertex: Arc<str>,
+        id: InstanceId,
+        labels: Arc<LabelTable>,
+    ) -> Instance {
+        Instance { nf, state, vertex, id, labels, events: Vec::new(), fired: Vec::new(), now_ns: 0 }
+    }
+
+    /// The NF.
+    pub fn nf(&self) -> &dyn NetworkFunction {
+        self.nf.as_ref()
+    }
+
+    /// This instance's id.
+    pub fn id(&self) -> InstanceId {
+        self.id
+    }
+
+    /// The vertex name.
+    pub fn vertex(&self) -> &str {
+        &self.vertex
+    }
+
+    /// The state handle (for inspection and tests).
+    pub fn state(&mut self) -> &mut dyn StateHandle {
+        self.state.as_mut()
+    }
+
+    /// Marks the start of a batch.
+    pub fn begin_batch(&mut self) {
+        self.state.begin_batch();
+    }
+
+    /// Marks the end of a batch.
+    pub fn end_batch(&mut self) {
+        self.state.end_batch();
+    }
+
+    /// Processes one packet: first fires timers that the packet's time has passed, then runs
+    /// the NF. Packets that are not parsed IP packets are forwarded untouched.
+    pub fn process(&mut self, pkt: &mut Packet) -> Verdict {
+        self.advance_time(pkt.meta.ts_ns, pkt.meta.clock);
+        if !pkt.hdr().is_ip() {
+            return Verdict::Forward;
+        }
+        self.state.begin_packet(&pkt.meta);
+        let mut ctx = NfContext::new(self.state.as_mut(), &self.vertex, self.id, &self.labels, &mut self.events);
+        ctx.clock = pkt.meta.clock;
+        ctx.now_ns = pkt.meta.ts_ns;
+        let v = self.nf.process(pkt, &mut ctx);
+        self.state.end_packet(&mut pkt.meta);
+        v
+    }
+
+    /// Moves packet time forward to `now_ns` (never backward) and fires the timers now due.
+    pub fn advance_time(&mut self, now_ns: u64, clock: sluice_packet::Clock) {
+        if now_ns > self.now_ns {
+            self.now_ns = now_ns;
+        }
+        self.fired.clear();
+        self.state.expired(self.now_ns, TIMERS_PER_PACKET, &mut self.fired);
+        if self.fired.is_empty() {
+            return;
+        }
+        let fired = std::mem::take(&mut self.fired);
+        for f in &fired {
+            let mut ctx = NfContext::new(self.state.as_mut(), &self.vertex, self.id, &self.labels, &mut self.events);
+            ctx.clock = clock;
+            ctx.now_ns = self.now_ns;
+            self.nf.on_timer(*f, &mut ctx);
+        }
+        self.fired = fired;
+    }
+
+    /// Events emitted so far.
+    pub fn events(&self) -> &[Event] {
+        &self.events
+    }
+
+    /// Takes the events emitted so far.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+}

@@ -1,0 +1,75 @@
+//! The contract between Sluice and a network function.
+//!
+//! An NF is a type implementing [`NetworkFunction`]. Its packet method takes `&self`: the NF
+//! object holds only immutable configuration, and every piece of state it keeps goes through the
+//! [`StateHandle`] in its [`NfContext`], against objects it declared with a scope and an access
+//! pattern. That is what allows the runtime to keep the state in the instance, in a store, or
+//! both, without the NF knowing.
+
+mod context;
+mod event;
+mod instance;
+mod registry;
+
+pub use context::NfContext;
+pub use event::Event;
+pub use instance::Instance;
+pub use registry::{BuildCtx, LabelTable, NfBuilder, NfError, NfRegistry};
+pub use sluice_state::{
+    AccessPattern, CustomOp, ObjectId, Scope, StateDecl, StateError, StateHandle, StateKey, StateOp, TimerFired, Value,
+};
+
+use sluice_packet::Packet;
+
+/// What happens to a packet after an NF has processed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Send it on along the vertex's default edges.
+    Forward,
+    /// Drop it; the reason is counted in the run report.
+    Drop(&'static str),
+    /// Send it on along the edges of the named output with this index in
+    /// [`NetworkFunction::outputs`].
+    Output(u8),
+}
+
+/// A network function. Instances are built by an [`NfBuilder`] from the chain file's config;
+/// one object per physical instance, shared by nothing but read-only configuration.
+pub trait NetworkFunction: Send + Sync {
+    /// The NF type name, as written in chain files (e.g. `nat`).
+    fn kind(&self) -> &'static str;
+
+    /// The state objects this NF uses; [`ObjectId`]`(i)` names the i-th.
+    fn state_objects(&self) -> &[StateDecl];
+
+    /// Custom operations this NF offloads to where its state lives; `StateOp::Custom { op: i }`
+    /// names the i-th.
+    fn custom_ops(&self) -> &[CustomOp] {
+        &[]
+    }
+
+    /// Names of extra outputs besides the default one, for [`Verdict::Output`].
+    fn outputs(&self) -> &[&'static str] {
+        &[]
+    }
+
+    /// Processes one packet. Called only for parsed IP packets, in per-flow arrival order.
+    fn process(&self, pkt: &mut Packet, ctx: &mut NfContext<'_>) -> Verdict;
+
+    /// A timer this NF armed has expired ("now" is the packet time that passed its deadline).
+    fn on_timer(&self, _fired: TimerFired, _ctx: &mut NfContext<'_>) {}
+}
+
+/// Builds a single instance of `kind` with local state, for tests and tools that drive one NF
+/// without a chain.
+pub fn local_instance(
+    registry: &NfRegistry,
+    kind: &str,
+    config: &serde_yaml::Value,
+) -> Result<Instance, NfError> {
+    let mut labels = LabelTable::default();
+    let mut bctx = BuildCtx { vertex: kind, instance: 0, instances: 1, labels: &mut labels };
+    let nf = registry.build(kind, config, &mut bctx)?;
+    let state = sluice_state::LocalState::new(nf.state_objects(), nf.custom_ops());
+    Ok(Instance::new(nf, Box::new(state), kind.into(), sluice_packet::InstanceId::new(0, 0), std::sync::Arc::new(labels)))
+}

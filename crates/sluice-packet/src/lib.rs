@@ -1,0 +1,18 @@
+//! Packets as Sluice moves them: owned byte buffers recycled through a pool, grouped in batches,
+//! each carrying the per-packet metadata the correctness protocols need (logical clock, flags,
+//! target instance, XOR vector, labels, times) and a cached parse of its headers.
+//!
+//! Parsing is done once, lazily, with `etherparse`; rewriting addresses and ports keeps every
+//! checksum valid by incremental update (RFC 1624) instead of recomputing over the payload.
+
+mod checksum;
+mod flow;
+mod headers;
+mod meta;
+mod packet;
+
+pub use checksum::{checksum_adjust, checksum_adjust_u16};
+pub use flow::{FiveTuple, FlowKey, HeaderField, Proto};
+pub use headers::{Headers, L3, L4, ParseStatus, TcpFlags};
+pub use meta::{Clock, InstanceId, LabelId, Labels, Meta, MetaFlags, MAX_LABELS};
+pub use packet::{Batch, Packet, PacketPool, RewriteError, MAX_FRAME};

@@ -1,0 +1,256 @@
+//! The packet buffer, batches and the buffer pool.
+
+use crate::checksum::{checksum_adjust, checksum_adjust_u16};
+use crate::flow::FiveTuple;
+use crate::headers::{Headers, L3, L4};
+use crate::meta::Meta;
+use crossbeam_queue::ArrayQueue;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// Largest frame Sluice accepts (a full IPv4/IPv6 packet plus Ethernet and VLAN headers).
+pub const MAX_FRAME: usize = 65_535 + 18;
+
+/// Why an address or port rewrite was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RewriteError {
+    /// The packet is not a parsed IP packet.
+    #[error("packet has no parsed IP header")]
+    NotIp,
+    /// The new address is of the other IP family.
+    #[error("address family differs from the packet's")]
+    Family,
+    /// The header to rewrite lies beyond the captured bytes.
+    #[error("header lies beyond the captured bytes")]
+    Truncated,
+}
+
+/// Which end of the packet a rewrite applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Src,
+    Dst,
+}
+
+/// One frame with its metadata and parsed headers. The buffer is owned, moves between queues
+/// without copying, and goes back to a [`PacketPool`] when the chain is done with it.
+#[derive(Debug, Clone)]
+pub struct Packet {
+    data: Vec<u8>,
+    headers: Headers,
+    /// Metadata travelling with the packet.
+    pub meta: Meta,
+}
+
+/// A batch of packets, the unit that queues carry and instances process.
+pub type Batch = Vec<Packet>;
+
+impl Packet {
+    /// Wraps `data` (an Ethernet frame) and parses its headers.
+    pub fn new(data: Vec<u8>, meta: Meta) -> Packet {
+        let headers = Headers::parse(&data);
+        Packet { data, headers, meta }
+    }
+
+    /// Copies `frame` into a new packet.
+    pub fn from_slice(frame: &[u8], meta: Meta) -> Packet {
+        Packet::new(frame.to_vec(), meta)
+    }
+
+    /// The frame's bytes.
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Frame length in bytes.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Whether the frame is empty.
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Parsed headers.
+    pub fn hdr(&self) -> &Headers {
+        &self.headers
+    }
+
+    /// The 5-tuple, for IP packets.
+    pub fn tuple(&self) -> Option<FiveTuple> {
+        self.headers.tuple
+    }
+
+    /// Transport payload (IP payload when there is no transport header); empty for non-IP.
+    pub fn payload(&self) -> &[u8] {
+        if !self.headers.is_ip() {
+            return &[];
+        }
+        let start = usize::from(self.headers.payload_off);
+        let end = start + usize::from(self.headers.payload_len);
+        self.data.get(start..end).unwrap_or(&[])
+    }
+
+    /// Changes the bytes with `edit`, then parses the headers again.
+    pub fn edit(&mut self, edit: impl FnOnce(&mut Vec<u8>)) {
+        edit(&mut self.data);
+        self.headers = Headers::parse(&self.data);
+    }
+
+    /// Gives back the buffer.
+    pub fn into_data(self) -> Vec<u8> {
+        self.data
+    }
+
+    /// Rewrites the source address and port (the ICMP echo identifier for ICMP echo), keeping
+    /// the IP and transport checksums valid by incremental update.
+    pub fn rewrite_src(&mut self, ip: IpAddr, port: u16) -> Result<(), RewriteError> {
+        self.rewrite(End::Src, ip, port)
+    }
+
+    /// Rewrites the destination address and port; see [`Packet::rewrite_src`].
+    pub fn rewrite_dst(&mut self, ip: IpAddr, port: u16) -> Result<(), RewriteError> {
+        self.rewrite(End::Dst, ip, port)
+    }
+
+    fn rewrite(&mut self, end: End, ip: IpAddr, port: u16) -> Result<(), RewriteError> {
+        let h = self.headers;
+        let mut tuple = h.tuple.ok_or(RewriteError::NotIp)?;
+        let l3 = usize::from(h.l3_off);
+        let l4 = usize::from(h.l4_off);
+        // Where the transport checksum lives and whether it covers the IP pseudo-header.
+        let l4_csum = match h.l4 {
+            L4::Tcp => Some((l4 + 16, true)),
+            L4::Udp => Some((l4 + 6, true)),
+            L4::Icmp => Some((l4 + 2, false)),
+            L4::Icmpv6 => Some((l4 + 2, true)),
+            L4::None | L4::Other => None,
+        };
+        let udp_v4_no_csum = h.l4 == L4::Udp && h.l3 == L3::V4 && self.read_u16(l4 + 6)? == 0;
+
+        // Address.
+        let (addr_off, new_addr): (usize, [u8; 16]) = match (h.l3, ip) {
+            (L3::V4, IpAddr::V4(a)) => {
+                let mut b = [0u8; 16];
+                b[..4].copy_from_slice(&a.octets());
+                (l3 + if end == End::Src { 12 } else { 16 }, b)
+            }
+            (L3::V6, IpAddr::V6(a)) => (l3 + if end == End::Src { 8 } else { 24 }, a.octets()),
+            (L3::None, _) => return Err(RewriteError::NotIp),
+            _ => return Err(RewriteError::Family),
+        };
+        let alen = if h.l3 == L3::V4 { 4 } else { 16 };
+        let old_addr: [u8; 16] = {
+            let s = self.data.get(addr_off..addr_off + alen).ok_or(RewriteError::Truncated)?;
+            let mut b = [0u8; 16];
+            b[..alen].copy_from_slice(s);
+            b
+        };
+        if h.l3 == L3::V4 {
+            let c = self.read_u16(l3 + 10)?;
+            self.write_u16(l3 + 10, checksum_adjust(c, &old_addr[..4], &new_addr[..4]))?;
+        }
+        if let Some((off, true)) = l4_csum {
+            if !udp_v4_no_csum {
+                let c = self.read_u16(off)?;
+                let c = checksum_adjust(c, &old_addr[..alen], &new_addr[..alen]);
+                self.write_u16(off, udp_fix(h.l4, c))?;
+            }
+        }
+        self.data
+            .get_mut(addr_off..addr_off + alen)
+            .ok_or(RewriteError::Truncated)?
+            .copy_from_slice(&new_addr[..alen]);
+
+        // Port (or echo identifier).
+        let port_off = match h.l4 {
+            L4::Tcp | L4::Udp => Some(l4 + if end == End::Src { 0 } else { 2 }),
+            L4::Icmp | L4::Icmpv6 if tuple.sport != 0 || tuple.dport != 0 => Some(l4 + 4),
+            _ => None,
+        };
+        if let Some(poff) = port_off {
+            let old = self.read_u16(poff)?;
+            if let Some((coff, _)) = l4_csum {
+                if !udp_v4_no_csum {
+                    let c = self.read_u16(coff)?;
+                    self.write_u16(coff, udp_fix(h.l4, checksum_adjust_u16(c, old, port)))?;
+                }
+            }
+            self.write_u16(poff, port)?;
+        }
+
+        match end {
+            End::Src => tuple.src = ip,
+            End::Dst => tuple.dst = ip,
+        }
+        match (h.l4, end) {
+            (L4::Icmp | L4::Icmpv6, _) if port_off.is_some() => (tuple.sport, tuple.dport) = (port, port),
+            (L4::Tcp | L4::Udp, End::Src) => tuple.sport = port,
+            (L4::Tcp | L4::Udp, End::Dst) => tuple.dport = port,
+            _ => {}
+        }
+        self.headers.tuple = Some(tuple);
+        Ok(())
+    }
+
+    fn read_u16(&self, off: usize) -> Result<u16, RewriteError> {
+        let b = self.data.get(off..off + 2).ok_or(RewriteError::Truncated)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+
+    fn write_u16(&mut self, off: usize, v: u16) -> Result<(), RewriteError> {
+        self.data.get_mut(off..off + 2).ok_or(RewriteError::Truncated)?.copy_from_slice(&v.to_be_bytes());
+        Ok(())
+    }
+}
+
+/// A UDP checksum that computes to zero is sent as all ones (zero means "no checksum").
+fn udp_fix(l4: L4, c: u16) -> u16 {
+    if l4 == L4::Udp && c == 0 {
+        0xffff
+    } else {
+        c
+    }
+}
+
+/// A bounded pool of packet buffers shared by the threads of a run, so that steady-state packet
+/// handling allocates nothing: sinks give buffers back, sources take them.
+#[derive(Clone)]
+pub struct PacketPool {
+    free: Arc<ArrayQueue<Vec<u8>>>,
+    buf_capacity: usize,
+}
+
+impl PacketPool {
+    /// A pool holding up to `buffers` spare buffers of `buf_capacity` bytes.
+    pub fn new(buffers: usize, buf_capacity: usize) -> PacketPool {
+        PacketPool { free: Arc::new(ArrayQueue::new(buffers.max(1))), buf_capacity }
+    }
+
+    /// A packet holding a copy of `frame`, in a recycled buffer when one is free.
+    pub fn packet(&self, frame: &[u8], meta: Meta) -> Packet {
+        let mut buf = self.free.pop().unwrap_or_else(|| Vec::with_capacity(self.buf_capacity.max(frame.len())));
+        buf.clear();
+        buf.extend_from_slice(frame);
+        Packet::new(buf, meta)
+    }
+
+    /// Returns a packet's buffer to the pool (dropped when the pool is full).
+    pub fn recycle(&self, pkt: Packet) {
+        let _ = self.free.push(pkt.into_data());
+    }
+
+    /// Returns every packet of `batch` to the pool, leaving the batch empty.
+    pub fn recycle_batch(&self, batch: &mut Batch) {
+        for p in batch.drain(..) {
+            self.recycle(p);
+        }
+    }
+}
+
+impl std::fmt::Debug for PacketPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PacketPool").field("free", &self.free.len()).finish()
+    }
+}

@@ -1,0 +1,82 @@
+//! Declarations: what state an NF has, how it is scoped and how it is accessed.
+
+use crate::handle::StateError;
+use crate::value::Value;
+use sluice_packet::HeaderField;
+
+/// How an NF uses a state object; with the scope this picks the externalisation strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AccessPattern {
+    /// Updated on most packets, read rarely (counters): non-blocking updates, never cached.
+    WriteMostly,
+    /// Read on most packets, written rarely (mappings): cached, with callbacks when shared.
+    ReadHeavy,
+    /// Read and written often (pools, per-host scores): cached only while one instance uses it.
+    ReadWriteOften,
+}
+
+/// The header-field sets that key a state object, finest first. The last set is the coarsest;
+/// partitioning a vertex's traffic on it means no two instances share the object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct Scope(pub Vec<Vec<HeaderField>>);
+
+impl Scope {
+    /// A per-connection object: keyed by the 5-tuple.
+    pub fn per_flow() -> Scope {
+        Scope(vec![HeaderField::FIVE_TUPLE.to_vec()])
+    }
+    /// An object keyed by the given fields.
+    pub fn fields(fields: &[HeaderField]) -> Scope {
+        Scope(vec![fields.to_vec()])
+    }
+    /// An object shared by all traffic of the vertex (no header field keys it).
+    pub fn global() -> Scope {
+        Scope(vec![Vec::new()])
+    }
+    /// Whether the object is per-flow: its coarsest scope is the full 5-tuple.
+    pub fn is_per_flow(&self) -> bool {
+        self.coarsest().len() == HeaderField::FIVE_TUPLE.len()
+    }
+    /// The coarsest field set (empty for a global object).
+    pub fn coarsest(&self) -> &[HeaderField] {
+        self.0.last().map(Vec::as_slice).unwrap_or(&[])
+    }
+}
+
+/// One declared state object of an NF.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StateDecl {
+    /// Name, unique within the NF (e.g. `port_pool`).
+    pub name: &'static str,
+    /// The header fields that key it, finest to coarsest.
+    pub scope: Scope,
+    /// How it is accessed.
+    pub pattern: AccessPattern,
+}
+
+impl StateDecl {
+    /// A declaration.
+    pub fn new(name: &'static str, scope: Scope, pattern: AccessPattern) -> StateDecl {
+        StateDecl { name, scope, pattern }
+    }
+}
+
+/// Index of a state object in its NF's declaration list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct ObjectId(pub u16);
+
+/// A custom operation's code: given the object's current value (`None` if absent) and the
+/// argument, update the value in place and return the operation's result. It runs where the
+/// state lives (in the instance, or inside the store), atomically with respect to all other
+/// operations on the object.
+pub type CustomOpFn = fn(&mut Option<Value>, &Value) -> Result<Option<Value>, StateError>;
+
+/// A custom operation an NF registers (e.g. "pick the least-loaded backend and increment it").
+#[derive(Debug, Clone, Copy)]
+pub struct CustomOp {
+    /// Name, unique within the NF.
+    pub name: &'static str,
+    /// The code.
+    pub apply: CustomOpFn,
+}

@@ -1,0 +1,117 @@
+//! The handle NFs use to reach their state.
+
+use crate::decl::ObjectId;
+use crate::value::{StateKey, StateOp, Value};
+use sluice_packet::Meta;
+
+/// Why a state operation failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StateError {
+    /// The operation does not apply to the stored value's type.
+    #[error("operation {op} does not apply to a {found} value")]
+    WrongType {
+        /// The operation.
+        op: &'static str,
+        /// The kind of value found.
+        found: &'static str,
+    },
+    /// The NF named an object it did not declare.
+    #[error("state object {0:?} is not declared")]
+    UnknownObject(ObjectId),
+    /// The NF named a custom operation it did not register.
+    #[error("custom operation {0} is not registered")]
+    UnknownCustomOp(u16),
+    /// A custom operation refused its input.
+    #[error("custom operation failed: {0}")]
+    Custom(&'static str),
+    /// The backend could not be reached or answered wrongly.
+    #[error("state backend: {0}")]
+    Backend(String),
+}
+
+/// A timer that expired: the object and key it was set on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimerFired {
+    /// The object.
+    pub object: ObjectId,
+    /// The key.
+    pub key: StateKey,
+}
+
+/// Access to an NF instance's state. One handle per instance; it is driven by the runtime's
+/// worker, so it needs no locks. The typed helpers are thin wrappers over [`StateHandle::exec`]
+/// and [`StateHandle::exec_nb`], the two calls a backend implements.
+pub trait StateHandle: Send {
+    /// Executes `op` and waits for its result.
+    fn exec(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError>;
+
+    /// Executes an update without waiting for its result (CHC's non-blocking operation): the
+    /// backend may apply it later, but before any later read of the same object by anyone.
+    fn exec_nb(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<(), StateError> {
+        self.exec(obj, key, op).map(|_| ())
+    }
+
+    /// Arms (or re-arms) a timer on `key` of `obj` for `deadline_ns` in packet time.
+    fn set_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64);
+
+    /// Cancels a timer; no effect if none is armed.
+    fn cancel_timer(&mut self, obj: ObjectId, key: &StateKey);
+
+    /// Removes and returns up to `max` timers due at `now_ns`, earliest first.
+    fn expired(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>);
+
+    /// Called by the runtime before an instance processes a batch.
+    fn begin_batch(&mut self) {}
+
+    /// Called by the runtime after an instance processed a batch; backends that batch requests
+    /// send them here.
+    fn end_batch(&mut self) {}
+
+    /// Called before each packet with its metadata (its clock keys logs and replays).
+    fn begin_packet(&mut self, _meta: &Meta) {}
+
+    /// Called after each packet; backends record the packet's non-blocking updates in its XOR
+    /// vector here.
+    fn end_packet(&mut self, _meta: &mut Meta) {}
+
+    /// Reads a value.
+    fn get(&mut self, obj: ObjectId, key: &StateKey) -> Result<Option<Value>, StateError> {
+        self.exec(obj, key, StateOp::Get)
+    }
+
+    /// Writes a value.
+    fn set(&mut self, obj: ObjectId, key: &StateKey, value: Value) -> Result<(), StateError> {
+        self.exec(obj, key, StateOp::Set(value)).map(|_| ())
+    }
+
+    /// Removes a value, returning it.
+    fn delete(&mut self, obj: ObjectId, key: &StateKey) -> Result<Option<Value>, StateError> {
+        self.exec(obj, key, StateOp::Delete)
+    }
+
+    /// Adds `delta` and returns the new value.
+    fn incr(&mut self, obj: ObjectId, key: &StateKey, delta: i64) -> Result<i64, StateError> {
+        let v = self.exec(obj, key, StateOp::Incr(delta))?;
+        Ok(v.and_then(|v| v.as_int()).unwrap_or(0))
+    }
+
+    /// Adds `delta` without waiting (write-mostly counters).
+    fn incr_nb(&mut self, obj: ObjectId, key: &StateKey, delta: i64) -> Result<(), StateError> {
+        self.exec_nb(obj, key, StateOp::Incr(delta))
+    }
+
+    /// Pops the front of a list.
+    fn pop(&mut self, obj: ObjectId, key: &StateKey) -> Result<Option<Value>, StateError> {
+        self.exec(obj, key, StateOp::Pop)
+    }
+
+    /// Appends to a list without waiting.
+    fn push_nb(&mut self, obj: ObjectId, key: &StateKey, value: Value) -> Result<(), StateError> {
+        self.exec_nb(obj, key, StateOp::Push(value))
+    }
+
+    /// Runs custom operation `op` (index into the NF's registered list).
+    fn custom(&mut self, obj: ObjectId, key: &StateKey, op: u16, arg: Value) -> Result<Option<Value>, StateError> {
+        self.exec(obj, key, StateOp::Custom { op, arg })
+    }
+}

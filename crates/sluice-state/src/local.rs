@@ -1,0 +1,179 @@
+//! State in the NF instance's own memory: the traditional NF, and the baseline every
+//! externalised mode is measured against.
+
+use crate::decl::{CustomOp, ObjectId, StateDecl};
+use crate::handle::{StateError, StateHandle, TimerFired};
+use crate::ops::apply;
+use crate::value::{StateKey, StateOp, Value};
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+type Map<K, V> = hashbrown::HashMap<K, V, ahash::RandomState>;
+
+/// Local-memory state of one NF instance: one hash map per declared object, and a timer heap
+/// driven by packet time.
+pub struct LocalState {
+    objects: Vec<Map<StateKey, Value>>,
+    custom: Vec<CustomOp>,
+    /// Deadline-ordered timers; entries whose sequence number no longer matches `armed` were
+    /// re-armed or cancelled and are skipped when they surface.
+    timers: BinaryHeap<Reverse<(u64, u64, ObjectId, StateKey)>>,
+    armed: Map<(ObjectId, StateKey), u64>,
+    timer_seq: u64,
+}
+
+impl LocalState {
+    /// Local state for an NF with these declarations and custom operations.
+    pub fn new(decls: &[StateDecl], custom: &[CustomOp]) -> LocalState {
+        LocalState {
+            objects: decls.iter().map(|_| Map::default()).collect(),
+            custom: custom.to_vec(),
+            timers: BinaryHeap::new(),
+            armed: Map::default(),
+            timer_seq: 0,
+        }
+    }
+
+    /// Number of values held in object `obj`.
+    pub fn len(&self, obj: ObjectId) -> usize {
+        self.objects.get(usize::from(obj.0)).map_or(0, |m| m.len())
+    }
+
+    /// Whether no object holds any value.
+    pub fn is_empty(&self) -> bool {
+        self.objects.iter().all(|m| m.is_empty())
+    }
+
+    /// Number of armed timers.
+    pub fn timers_armed(&self) -> usize {
+        self.armed.len()
+    }
+
+    /// Every `(object, key, value)` held, sorted; for final-state comparison and debugging.
+    pub fn snapshot(&self) -> Vec<(ObjectId, StateKey, Value)> {
+        let mut v: Vec<_> = self
+            .objects
+            .iter()
+            .enumerate()
+            .flat_map(|(i, m)| m.iter().map(move |(k, v)| (ObjectId(i as u16), *k, v.clone())))
+            .collect();
+        v.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        v
+    }
+}
+
+impl StateHandle for LocalState {
+    fn exec(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
+        let map = self.objects.get_mut(usize::from(obj.0)).ok_or(StateError::UnknownObject(obj))?;
+        match op {
+            StateOp::Get => Ok(map.get(key).cloned()),
+            StateOp::Set(v) => {
+                map.insert(*key, v);
+                Ok(None)
+            }
+            StateOp::Delete => Ok(map.remove(key)),
+            op => match map.get_mut(key) {
+                Some(v) => {
+                    let mut slot = Some(std::mem::replace(v, Value::Int(0)));
+                    let r = apply(&mut slot, op, &self.custom);
+                    match slot {
+                        Some(nv) => *v = nv,
+                        None => {
+                            map.remove(key);
+                        }
+                    }
+                    r
+                }
+                None => {
+                    let mut slot = None;
+                    let r = apply(&mut slot, op, &self.custom);
+                    if let Some(nv) = slot {
+                        map.insert(*key, nv);
+                    }
+                    r
+                }
+            },
+        }
+    }
+
+    fn set_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
+        self.timer_seq += 1;
+        self.armed.insert((obj, *key), self.timer_seq);
+        self.timers.push(Reverse((deadline_ns, self.timer_seq, obj, *key)));
+    }
+
+    fn cancel_timer(&mut self, obj: ObjectId, key: &StateKey) {
+        self.armed.remove(&(obj, *key));
+    }
+
+    fn expired(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>) {
+        let mut n = 0;
+        while n < max {
+            match self.timers.peek() {
+                Some(Reverse((deadline, ..))) if *deadline <= now_ns => {}
+                _ => break,
+            }
+            let Some(Reverse((_, seq, object, key))) = self.timers.pop() else { break };
+            if self.armed.get(&(object, key)) == Some(&seq) {
+                self.armed.remove(&(object, key));
+                out.push(TimerFired { object, key });
+                n += 1;
+            }
+        }
+        // Cancelled entries would otherwise pile up in the heap; rebuild when mostly stale.
+        if self.timers.len() > 1024 && self.timers.len() > 4 * self.armed.len() {
+            let armed = &self.armed;
+            self.timers.retain(|Reverse((_, seq, o, k))| armed.get(&(*o, *k)) == Some(seq));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decl::{AccessPattern, Scope};
+
+    fn state() -> LocalState {
+        LocalState::new(
+            &[
+                StateDecl::new("a", Scope::global(), AccessPattern::WriteMostly),
+                StateDecl::new("b", Scope::per_flow(), AccessPattern::ReadHeavy),
+            ],
+            &[],
+        )
+    }
+
+    #[test]
+    fn ops_and_unknown_object() {
+        let mut s = state();
+        let k = StateKey::Unit;
+        assert_eq!(s.incr(ObjectId(0), &k, 3).ok(), Some(3));
+        assert_eq!(s.incr(ObjectId(0), &k, 3).ok(), Some(6));
+        assert!(s.get(ObjectId(2), &k).is_err());
+        s.set(ObjectId(1), &StateKey::Id(4), Value::Int(9)).ok();
+        assert_eq!(s.len(ObjectId(1)), 1);
+        assert_eq!(s.delete(ObjectId(1), &StateKey::Id(4)).ok(), Some(Some(Value::Int(9))));
+        assert_eq!(s.len(ObjectId(1)), 0);
+    }
+
+    #[test]
+    fn timers_fire_once_in_order_and_rearm() {
+        let mut s = state();
+        let o = ObjectId(1);
+        s.set_timer(o, &StateKey::Id(1), 100);
+        s.set_timer(o, &StateKey::Id(2), 50);
+        s.set_timer(o, &StateKey::Id(3), 70);
+        s.cancel_timer(o, &StateKey::Id(3));
+        s.set_timer(o, &StateKey::Id(1), 200); // re-armed later
+        let mut out = Vec::new();
+        s.expired(150, 10, &mut out);
+        assert_eq!(out, vec![TimerFired { object: o, key: StateKey::Id(2) }]);
+        out.clear();
+        s.expired(250, 10, &mut out);
+        assert_eq!(out, vec![TimerFired { object: o, key: StateKey::Id(1) }]);
+        out.clear();
+        s.expired(1000, 10, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(s.timers_armed(), 0);
+    }
+}
