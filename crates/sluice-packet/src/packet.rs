@@ -236,6 +236,15 @@ impl PacketPool {
         Packet::new(buf, meta)
     }
 
+    /// A copy of `pkt` (bytes, headers and metadata) in a recycled buffer; the headers are
+    /// copied, not parsed again.
+    pub fn copy_of(&self, pkt: &Packet) -> Packet {
+        let mut buf = self.free.pop().unwrap_or_else(|| Vec::with_capacity(self.buf_capacity.max(pkt.len())));
+        buf.clear();
+        buf.extend_from_slice(&pkt.data);
+        Packet { data: buf, headers: pkt.headers, meta: pkt.meta }
+    }
+
     /// Returns a packet's buffer to the pool (dropped when the pool is full).
     pub fn recycle(&self, pkt: Packet) {
         let _ = self.free.push(pkt.into_data());

@@ -1,0 +1,636 @@
+//! Running a compiled chain.
+//!
+//! Threads: the calling thread is the **root** (reads the source, drops malformed input,
+//! stamps logical clocks, applies the in-flight window, splits packets to the entry vertex) and
+//! the **sink** (writes output, measures latency). `workers` threads run the NF instances to
+//! completion over batches; each instance is owned by one worker and fed by one bounded
+//! lock-free queue. A splitter after every instance partitions its output over the downstream
+//! vertex's instances on that vertex's scope.
+//!
+//! Memory is bounded by the window: the root admits a packet only while fewer than `window`
+//! packets are in flight; queues are sized so that a push within the window never fails.
+
+use crate::plan::{Plan, Routes, Splitter, Target, VertexPlan};
+use crate::report::{InstanceReport, Latency, RunReport, VertexReport};
+use crossbeam_queue::ArrayQueue;
+use crossbeam_utils::CachePadded;
+use sluice_nf::{Instance, Verdict};
+use sluice_packet::{Batch, Clock, Packet, PacketPool, ParseStatus};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What to do with input when the in-flight window is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overflow {
+    /// Drop it and count it (live traffic: never build a backlog).
+    Drop,
+    /// Stop reading until there is room (files: nothing is lost).
+    Wait,
+}
+
+/// Run parameters.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// Worker threads.
+    pub workers: usize,
+    /// Pin workers to cores.
+    pub pin: bool,
+    /// Packets per batch.
+    pub batch: usize,
+    /// Most packets in flight at once.
+    pub window: usize,
+    /// Policy when the window is full.
+    pub overflow: Overflow,
+    /// Root id stamped in the high bits of clocks.
+    pub root_id: u8,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            pin: true,
+            batch: 32,
+            window: 65_536,
+            overflow: Overflow::Wait,
+            root_id: 0,
+        }
+    }
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The source failed.
+    #[error("input: {0}")]
+    Source(String),
+    /// The sink failed.
+    #[error("output: {0}")]
+    Sink(String),
+    /// A worker thread died.
+    #[error("worker thread failed: {0}")]
+    Worker(String),
+    /// Bad run parameters.
+    #[error("run configuration: {0}")]
+    Config(String),
+}
+
+/// What a source produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    /// Packets were added (possibly zero for a live source between bursts).
+    Data,
+    /// Nothing now; try again later.
+    Idle,
+    /// No more input.
+    Done,
+}
+
+/// Where packets come from.
+pub trait Source {
+    /// Appends up to `max` packets (allocated from `pool`) to `out`.
+    fn fill(&mut self, pool: &PacketPool, out: &mut Batch, max: usize) -> Result<Fill, RunError>;
+}
+
+/// Where packets go.
+pub trait Sink {
+    /// Takes a batch of output packets (they are recycled afterwards).
+    fn write(&mut self, batch: &[Packet]) -> Result<(), RunError>;
+    /// Flushes at the end of the run.
+    fn finish(&mut self) -> Result<(), RunError> {
+        Ok(())
+    }
+}
+
+/// A source over packets held in memory (copied into pool buffers as they are admitted, so
+/// the originals can be replayed again).
+pub struct MemorySource<'a> {
+    packets: &'a [Packet],
+    pos: usize,
+}
+
+impl<'a> MemorySource<'a> {
+    /// A source over `packets`.
+    pub fn new(packets: &'a [Packet]) -> Self {
+        MemorySource { packets, pos: 0 }
+    }
+}
+
+impl Source for MemorySource<'_> {
+    fn fill(&mut self, pool: &PacketPool, out: &mut Batch, max: usize) -> Result<Fill, RunError> {
+        let end = (self.pos + max).min(self.packets.len());
+        if self.pos >= end {
+            return Ok(Fill::Done);
+        }
+        for p in &self.packets[self.pos..end] {
+            out.push(pool.copy_of(p));
+        }
+        self.pos = end;
+        Ok(Fill::Data)
+    }
+}
+
+/// A sink that discards everything.
+pub struct DiscardSink;
+
+impl Sink for DiscardSink {
+    fn write(&mut self, _batch: &[Packet]) -> Result<(), RunError> {
+        Ok(())
+    }
+}
+
+/// A sink that keeps copies of the output packets (for tests and comparisons).
+#[derive(Default)]
+pub struct CollectSink {
+    /// Packets in output order.
+    pub packets: Vec<Packet>,
+}
+
+impl Sink for CollectSink {
+    fn write(&mut self, batch: &[Packet]) -> Result<(), RunError> {
+        self.packets.extend_from_slice(batch);
+        Ok(())
+    }
+}
+
+/// Hooks the caller can give a run.
+#[derive(Default)]
+pub struct RunHooks<'a> {
+    /// Called about ten times a second with the number of packets read so far.
+    pub progress: Option<&'a dyn Fn(u64)>,
+    /// Set to end the run early (input is treated as finished).
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
+struct Shared {
+    queues: Vec<ArrayQueue<Batch>>,
+    sink: ArrayQueue<Batch>,
+    spare: ArrayQueue<Batch>,
+    in_flight: CachePadded<AtomicUsize>,
+    input_done: AtomicBool,
+    vertices: Vec<VertexPlan>,
+    pool: PacketPool,
+    batch: usize,
+}
+
+impl Shared {
+    fn empty_batch(&self) -> Batch {
+        self.spare.pop().unwrap_or_else(|| Vec::with_capacity(self.batch))
+    }
+    fn give_back(&self, mut b: Batch) {
+        b.clear();
+        let _ = self.spare.push(b);
+    }
+}
+
+/// Pushes a batch onto a queue. Queues are sized to hold the whole window, so this only spins
+/// if a consumer is momentarily behind on slot reuse.
+fn push_queue(q: &ArrayQueue<Batch>, mut b: Batch) {
+    let mut spins = 0u32;
+    loop {
+        match q.push(b) {
+            Ok(()) => return,
+            Err(back) => {
+                b = back;
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
+/// Per-destination output buffers of one thread: index `i` for instance `i`, the last for the
+/// sink. Full buffers are pushed at once; the rest at the end of each input batch.
+struct Outgoing {
+    bufs: Vec<Batch>,
+    splitter: Splitter,
+    mirrored: u64,
+}
+
+impl Outgoing {
+    fn new(shared: &Shared) -> Outgoing {
+        Outgoing { bufs: (0..=shared.queues.len()).map(|_| Vec::new()).collect(), splitter: Splitter::default(), mirrored: 0 }
+    }
+
+    fn push(&mut self, shared: &Shared, dest: usize, pkt: Packet) {
+        let Some(buf) = self.bufs.get_mut(dest) else { return };
+        if buf.capacity() == 0 {
+            *buf = shared.empty_batch();
+        }
+        buf.push(pkt);
+        if buf.len() >= shared.batch {
+            self.flush_one(shared, dest);
+        }
+    }
+
+    fn flush_one(&mut self, shared: &Shared, dest: usize) {
+        let Some(buf) = self.bufs.get_mut(dest) else { return };
+        if buf.is_empty() {
+            return;
+        }
+        let b = std::mem::take(buf);
+        match shared.queues.get(dest) {
+            Some(q) => push_queue(q, b),
+            None => push_queue(&shared.sink, b),
+        }
+    }
+
+    fn flush(&mut self, shared: &Shared) {
+        for d in 0..self.bufs.len() {
+            self.flush_one(shared, d);
+        }
+    }
+
+    fn dest(&self, shared: &Shared, t: Target, pkt: &Packet) -> usize {
+        match t {
+            Target::Output => shared.queues.len(),
+            Target::Vertex(v) => match shared.vertices.get(v) {
+                Some(vp) => self.splitter.pick(vp, pkt),
+                None => shared.queues.len(),
+            },
+        }
+    }
+
+    /// Sends `pkt` along `routes`: copies to matching mirror edges, the packet itself to the
+    /// first matching on-path edge. Returns the packet back if no edge takes it.
+    fn route(&mut self, shared: &Shared, routes: &Routes, pkt: Packet) -> Option<Packet> {
+        if !routes.mirrors.is_empty() {
+            let mut copies = 0;
+            for t in routes.mirror_targets(&pkt) {
+                let d = self.dest(shared, t, &pkt);
+                let c = shared.pool.copy_of(&pkt);
+                // Account for the copy before it can be seen downstream.
+                shared.in_flight.fetch_add(1, Ordering::AcqRel);
+                self.push(shared, d, c);
+                copies += 1;
+            }
+            self.mirrored += copies;
+        }
+        match routes.main_target(&pkt) {
+            Some(t) => {
+                let d = self.dest(shared, t, &pkt);
+                self.push(shared, d, pkt);
+                None
+            }
+            None => Some(pkt),
+        }
+    }
+}
+
+#[derive(Default)]
+struct InstanceStats {
+    packets_in: u64,
+    forwarded: u64,
+    consumed: u64,
+    dropped: BTreeMap<&'static str, u64>,
+    busy: Duration,
+}
+
+struct Slot {
+    global: usize,
+    vertex: usize,
+    inst: Instance,
+    stats: InstanceStats,
+}
+
+struct WorkerResult {
+    slots: Vec<Slot>,
+    mirrored: u64,
+}
+
+fn worker_loop(shared: &Shared, mut slots: Vec<Slot>) -> WorkerResult {
+    let mut out = Outgoing::new(shared);
+    let mut idle_rounds = 0u32;
+    loop {
+        let mut did = false;
+        for slot in slots.iter_mut() {
+            let Some(q) = shared.queues.get(slot.global) else { continue };
+            // A few batches per instance per round keeps instances fair.
+            for _ in 0..4 {
+                let Some(batch) = q.pop() else { break };
+                did = true;
+                process_batch(shared, slot, batch, &mut out);
+            }
+        }
+        out.flush(shared);
+        if did {
+            idle_rounds = 0;
+            continue;
+        }
+        if shared.input_done.load(Ordering::Acquire) && shared.in_flight.load(Ordering::Acquire) == 0 {
+            break;
+        }
+        idle_rounds += 1;
+        if idle_rounds < 32 {
+            std::hint::spin_loop();
+        } else if idle_rounds < 256 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+    WorkerResult { slots, mirrored: out.mirrored }
+}
+
+fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut Outgoing) {
+    let start = Instant::now();
+    let Some(vp) = shared.vertices.get(slot.vertex) else { return };
+    let mut finished = 0usize;
+    slot.inst.begin_batch();
+    for mut pkt in batch.drain(..) {
+        slot.stats.packets_in += 1;
+        let verdict = slot.inst.process(&mut pkt);
+        let output = match verdict {
+            Verdict::Forward => 0,
+            Verdict::Output(i) => usize::from(i) + 1,
+            Verdict::Drop(reason) => {
+                *slot.stats.dropped.entry(reason).or_default() += 1;
+                shared.pool.recycle(pkt);
+                finished += 1;
+                continue;
+            }
+        };
+        if vp.off_path {
+            slot.stats.consumed += 1;
+            shared.pool.recycle(pkt);
+            finished += 1;
+            continue;
+        }
+        let Some(routes) = vp.routes.get(output) else {
+            *slot.stats.dropped.entry("no-route").or_default() += 1;
+            shared.pool.recycle(pkt);
+            finished += 1;
+            continue;
+        };
+        match out.route(shared, routes, pkt) {
+            None => slot.stats.forwarded += 1,
+            Some(pkt) => {
+                *slot.stats.dropped.entry("no-route").or_default() += 1;
+                shared.pool.recycle(pkt);
+                finished += 1;
+            }
+        }
+    }
+    slot.inst.end_batch();
+    shared.give_back(batch);
+    out.flush(shared);
+    if finished > 0 {
+        shared.in_flight.fetch_sub(finished, Ordering::AcqRel);
+    }
+    slot.stats.busy += start.elapsed();
+}
+
+/// Runs `plan` over `source` into `sink`.
+pub fn run(
+    plan: Plan,
+    cfg: &RunConfig,
+    source: &mut dyn Source,
+    sink: &mut dyn Sink,
+    hooks: RunHooks<'_>,
+) -> Result<RunReport, RunError> {
+    if cfg.workers == 0 || cfg.batch == 0 || cfg.window < cfg.batch {
+        return Err(RunError::Config(format!(
+            "workers ({}) and batch ({}) must be positive and window ({}) at least one batch",
+            cfg.workers, cfg.batch, cfg.window
+        )));
+    }
+    let Plan { name, vertices, entry, traffic, instances, .. } = plan;
+    let mirrors: usize = vertices.iter().flat_map(|v| &v.routes).map(|r| r.mirrors.len()).sum::<usize>()
+        + entry.mirrors.len();
+    // Every packet in the system (originals and mirror copies) fits in any one queue.
+    let cap = cfg.window * (1 + mirrors) + 1024;
+    let pool = PacketPool::new(cfg.window * (1 + mirrors).min(4), 2048);
+    let shared = Arc::new(Shared {
+        queues: (0..instances.len()).map(|_| ArrayQueue::new(cap)).collect(),
+        sink: ArrayQueue::new(cap),
+        spare: ArrayQueue::new(cap.min(1 << 16)),
+        in_flight: CachePadded::new(AtomicUsize::new(0)),
+        input_done: AtomicBool::new(false),
+        vertices,
+        pool: pool.clone(),
+        batch: cfg.batch,
+    });
+
+    // Instances go round-robin to workers.
+    let workers = cfg.workers.min(instances.len().max(1));
+    let mut per_worker: Vec<Vec<Slot>> = (0..workers).map(|_| Vec::new()).collect();
+    for (global, (vertex, inst)) in instances.into_iter().enumerate() {
+        if let Some(w) = per_worker.get_mut(global % workers) {
+            w.push(Slot { global, vertex, inst, stats: InstanceStats::default() });
+        }
+    }
+    let cores = if cfg.pin { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
+    let mut handles = Vec::new();
+    for (w, slots) in per_worker.into_iter().enumerate() {
+        let shared = shared.clone();
+        let core = cores.get(w % cores.len().max(1)).copied();
+        let h = std::thread::Builder::new()
+            .name(format!("sluice-worker-{w}"))
+            .spawn(move || {
+                if let Some(c) = core {
+                    core_affinity::set_for_current(c);
+                }
+                worker_loop(&shared, slots)
+            })
+            .map_err(|e| RunError::Worker(e.to_string()))?;
+        handles.push(h);
+    }
+
+    let mut report = RunReport {
+        chain: name,
+        workers,
+        batch: cfg.batch,
+        window: cfg.window,
+        ..RunReport::default()
+    };
+    let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
+        .map_err(|e| RunError::Config(e.to_string()))?;
+    let t0 = Instant::now();
+    let mut root = Outgoing::new(&shared);
+    let mut seq: u64 = 0;
+    let mut inbuf: Batch = Vec::with_capacity(cfg.batch);
+    let mut source_done = false;
+    let mut last_progress = Instant::now();
+    let mut root_drops: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let result: Result<(), RunError> = (|| {
+        loop {
+            drain_sink(&shared, sink, &mut report, &mut hist, t0)?;
+            if source_done {
+                if shared.in_flight.load(Ordering::Acquire) == 0 {
+                    return Ok(());
+                }
+                std::thread::yield_now();
+                continue;
+            }
+            if hooks.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
+                source_done = true;
+                continue;
+            }
+            let room = cfg.window.saturating_sub(shared.in_flight.load(Ordering::Acquire));
+            if room < cfg.batch && cfg.overflow == Overflow::Wait {
+                std::thread::yield_now();
+                continue;
+            }
+            inbuf.clear();
+            match source.fill(&pool, &mut inbuf, cfg.batch)? {
+                Fill::Done => source_done = true,
+                Fill::Idle => std::thread::sleep(Duration::from_micros(50)),
+                Fill::Data => {}
+            }
+            if inbuf.is_empty() {
+                continue;
+            }
+            let now_ns = t0.elapsed().as_nanos() as u64;
+            let mut admitted = 0usize;
+            let room = cfg.window.saturating_sub(shared.in_flight.load(Ordering::Acquire));
+            for mut pkt in inbuf.drain(..) {
+                report.packets_in += 1;
+                report.bytes_in += pkt.len() as u64;
+                let reason = match pkt.hdr().status {
+                    ParseStatus::Truncated => Some("truncated"),
+                    ParseStatus::Malformed => Some("malformed"),
+                    _ if admitted >= room => Some("window-full"),
+                    _ => None,
+                };
+                if let Some(r) = reason {
+                    *root_drops.entry(r).or_default() += 1;
+                    pool.recycle(pkt);
+                    continue;
+                }
+                seq += 1;
+                pkt.meta.clock = Clock::new(cfg.root_id, seq);
+                pkt.meta.ingress_ns = now_ns;
+                admitted += 1;
+                shared.in_flight.fetch_add(1, Ordering::AcqRel);
+                if traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
+                    report.bypassed += 1;
+                    let d = shared.queues.len();
+                    root.push(&shared, d, pkt);
+                    continue;
+                }
+                if let Some(pkt) = root.route(&shared, &entry, pkt) {
+                    *root_drops.entry("no-route").or_default() += 1;
+                    pool.recycle(pkt);
+                    shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            root.flush(&shared);
+            if let Some(p) = hooks.progress {
+                if last_progress.elapsed() >= Duration::from_millis(100) {
+                    last_progress = Instant::now();
+                    p(report.packets_in);
+                }
+            }
+        }
+    })();
+    shared.input_done.store(true, Ordering::Release);
+    if result.is_err() {
+        // Let workers finish what is in flight so they can exit, discarding the output.
+        while shared.in_flight.load(Ordering::Acquire) > 0 {
+            while let Some(mut b) = shared.sink.pop() {
+                let n = b.len();
+                pool.recycle_batch(&mut b);
+                shared.in_flight.fetch_sub(n, Ordering::AcqRel);
+            }
+            std::thread::yield_now();
+        }
+    }
+    let mut slots = Vec::new();
+    let mut mirrored = root.mirrored;
+    for (w, h) in handles.into_iter().enumerate() {
+        let r = h.join().map_err(|_| RunError::Worker(format!("worker {w} panicked")))?;
+        mirrored += r.mirrored;
+        slots.extend(r.slots.into_iter().map(|s| (w, s)));
+    }
+    result?;
+    sink.finish()?;
+    report.elapsed_s = t0.elapsed().as_secs_f64();
+    report.mpps = if report.elapsed_s > 0.0 { report.packets_in as f64 / report.elapsed_s / 1e6 } else { 0.0 };
+    report.mirrored = mirrored;
+    for (r, n) in root_drops {
+        report.dropped.insert(format!("root: {r}"), n);
+    }
+    slots.sort_by_key(|(_, s)| s.global);
+    report.vertices = shared
+        .vertices
+        .iter()
+        .map(|v| VertexReport {
+            name: v.name.to_string(),
+            kind: v.kind.clone(),
+            split: v.split.iter().map(|f| format!("{f:?}")).collect(),
+            off_path: v.off_path,
+            instances: Vec::new(),
+        })
+        .collect();
+    let mut events = Vec::new();
+    for (w, mut s) in slots {
+        events.extend(s.inst.take_events());
+        let Some(vr) = report.vertices.get_mut(s.vertex) else { continue };
+        // Off-path vertices only ever drop mirror copies, which are not input packets.
+        if !vr.off_path {
+            for (r, n) in &s.stats.dropped {
+                *report.dropped.entry(format!("{}: {r}", vr.name)).or_default() += n;
+            }
+        }
+        let busy = s.stats.busy.as_secs_f64();
+        vr.instances.push(InstanceReport {
+            index: s.inst.id().index(),
+            worker: w,
+            packets_in: s.stats.packets_in,
+            forwarded: s.stats.forwarded,
+            dropped: s.stats.dropped.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            consumed: s.stats.consumed,
+            busy_s: busy,
+            busy_mpps: if busy > 0.0 { s.stats.packets_in as f64 / busy / 1e6 } else { 0.0 },
+        });
+    }
+    report.dropped_total = report.dropped.values().sum();
+    events.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+    for e in &events {
+        *report.event_counts.entry(format!("{}/{}", e.nf, e.kind)).or_default() += 1;
+    }
+    report.events = events;
+    let q = |p: f64| hist.value_at_quantile(p) as f64 / 1000.0;
+    report.latency_us = Latency {
+        samples: hist.len(),
+        p5: q(0.05),
+        p25: q(0.25),
+        p50: q(0.5),
+        p75: q(0.75),
+        p95: q(0.95),
+        p99: q(0.99),
+        max: hist.max() as f64 / 1000.0,
+    };
+    Ok(report)
+}
+
+fn drain_sink(
+    shared: &Shared,
+    sink: &mut dyn Sink,
+    report: &mut RunReport,
+    hist: &mut hdrhistogram::Histogram<u64>,
+    t0: Instant,
+) -> Result<(), RunError> {
+    while let Some(mut b) = shared.sink.pop() {
+        let now = t0.elapsed().as_nanos() as u64;
+        for p in &b {
+            report.packets_out += 1;
+            report.bytes_out += p.len() as u64;
+            let _ = hist.record(now.saturating_sub(p.meta.ingress_ns).max(1));
+        }
+        let n = b.len();
+        let r = sink.write(&b);
+        shared.pool.recycle_batch(&mut b);
+        shared.give_back(b);
+        shared.in_flight.fetch_sub(n, Ordering::AcqRel);
+        r?;
+    }
+    Ok(())
+}

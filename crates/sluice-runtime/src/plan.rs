@@ -1,0 +1,276 @@
+//! Compiling a checked chain into its physical graph: NF instances, the splitter choice of each
+//! vertex, and the routes out of the root and out of every vertex.
+
+use crate::filter::CompiledFilter;
+use crate::spec::Chain;
+use sluice_nf::{BuildCtx, Instance, LabelTable, NfError, NfRegistry};
+use sluice_packet::{HeaderField, InstanceId, Packet};
+use sluice_state::{LocalState, StateDecl};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+
+/// Where a route leads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The chain's exit.
+    Output,
+    /// A vertex, by index.
+    Vertex(usize),
+}
+
+/// One edge as the data path uses it.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// Only matching packets take it.
+    pub filter: Option<CompiledFilter>,
+    /// Where it leads.
+    pub to: Target,
+}
+
+impl Route {
+    fn takes(&self, pkt: &Packet) -> bool {
+        self.filter.as_ref().is_none_or(|f| f.matches(pkt))
+    }
+}
+
+/// The edges leaving one output of a vertex (or the root).
+#[derive(Debug, Clone, Default)]
+pub struct Routes {
+    /// On-path edges: the first whose filter matches takes the packet.
+    pub main: Vec<Route>,
+    /// Mirror edges: every matching one gets a copy.
+    pub mirrors: Vec<Route>,
+}
+
+impl Routes {
+    /// The on-path target for `pkt`, if any edge takes it.
+    pub fn main_target(&self, pkt: &Packet) -> Option<Target> {
+        self.main.iter().find(|r| r.takes(pkt)).map(|r| r.to)
+    }
+    /// Mirror targets that take `pkt`.
+    pub fn mirror_targets<'a>(&'a self, pkt: &'a Packet) -> impl Iterator<Item = Target> + 'a {
+        self.mirrors.iter().filter(move |r| r.takes(pkt)).map(|r| r.to)
+    }
+}
+
+/// A vertex of the physical graph.
+#[derive(Debug, Clone)]
+pub struct VertexPlan {
+    /// Name in the chain file.
+    pub name: Arc<str>,
+    /// NF type.
+    pub kind: String,
+    /// Global indices of its instances.
+    pub instances: Vec<usize>,
+    /// Header fields the upstream splitters partition on (hashed symmetrically, so both
+    /// directions of a connection reach the same instance).
+    pub split: Vec<HeaderField>,
+    /// Routes by output: index 0 is the default output, i + 1 the NF's i-th named output.
+    pub routes: Vec<Routes>,
+    /// Fed only by mirror edges: what it forwards is consumed, not sent on.
+    pub off_path: bool,
+}
+
+/// The physical graph plus the instances to run.
+pub struct Plan {
+    /// Chain name.
+    pub name: String,
+    /// Vertices.
+    pub vertices: Vec<VertexPlan>,
+    /// Routes out of the root.
+    pub entry: Routes,
+    /// Traffic class.
+    pub traffic: Option<CompiledFilter>,
+    /// Interned labels.
+    pub labels: Arc<LabelTable>,
+    /// Instances, by global index, with their vertex index.
+    pub instances: Vec<(usize, Instance)>,
+}
+
+/// Why a chain could not be compiled.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// An NF refused its configuration.
+    #[error("vertex `{vertex}`: {source}")]
+    Nf {
+        /// The vertex.
+        vertex: String,
+        /// The NF's error.
+        source: NfError,
+    },
+    /// A route names an output the NF does not have.
+    #[error("vertex `{vertex}` has no output named `{output}` (it has: {known})")]
+    UnknownOutput {
+        /// The vertex.
+        vertex: String,
+        /// The output named.
+        output: String,
+        /// Outputs it has.
+        known: String,
+    },
+}
+
+/// Deterministic hashing for splitters: the same packet goes to the same instance in every run.
+fn split_hasher() -> ahash::RandomState {
+    ahash::RandomState::with_seeds(0x5155_1ce0, 0x0dd_ba11, 0xc0ff_ee00, 0x1234_5678)
+}
+
+/// Which of `n` instances gets `pkt` when partitioning on `fields`. Symmetric: a packet and its
+/// reply pick the same instance. Non-IP packets go to instance 0.
+pub fn split_index(pkt: &Packet, fields: &[HeaderField], n: usize, hasher: &ahash::RandomState) -> usize {
+    if n <= 1 {
+        return 0;
+    }
+    let Some(t) = pkt.tuple() else { return 0 };
+    let mut a = hasher.build_hasher();
+    t.hash_fields(fields, &mut a);
+    let mut b = hasher.build_hasher();
+    t.reversed().hash_fields(fields, &mut b);
+    (a.finish().min(b.finish()) % n as u64) as usize
+}
+
+/// A splitter bound to one downstream vertex.
+#[derive(Debug, Clone)]
+pub struct Splitter {
+    hasher: ahash::RandomState,
+}
+
+impl Default for Splitter {
+    fn default() -> Self {
+        Splitter { hasher: split_hasher() }
+    }
+}
+
+impl Splitter {
+    /// The global instance index for `pkt` at vertex `v`.
+    pub fn pick(&self, v: &VertexPlan, pkt: &Packet) -> usize {
+        let i = split_index(pkt, &v.split, v.instances.len(), &self.hasher);
+        v.instances.get(i).copied().unwrap_or(v.instances[0])
+    }
+}
+
+/// The field sets a vertex can be partitioned on, coarsest first: the coarsest scope of each
+/// keyed state object, ending with the 5-tuple. Global objects (no key) cannot be partitioned
+/// away and are left out.
+pub fn split_candidates(decls: &[StateDecl]) -> Vec<Vec<HeaderField>> {
+    let mut sets: Vec<Vec<HeaderField>> = decls
+        .iter()
+        .map(|d| d.scope.coarsest().to_vec())
+        .filter(|s| !s.is_empty())
+        .collect();
+    sets.push(HeaderField::FIVE_TUPLE.to_vec());
+    for s in &mut sets {
+        s.sort();
+    }
+    sets.sort_by_key(|s| s.len());
+    sets.dedup();
+    sets
+}
+
+/// Picks the coarsest candidate that spreads `sample` evenly over `n` instances (busiest
+/// instance at most `1.5 ×` the mean); the finest when none does.
+pub fn choose_split(candidates: &[Vec<HeaderField>], sample: &[Packet], n: usize) -> Vec<HeaderField> {
+    let finest = candidates.last().cloned().unwrap_or_else(|| HeaderField::FIVE_TUPLE.to_vec());
+    if n <= 1 || sample.is_empty() {
+        return candidates.first().cloned().unwrap_or(finest);
+    }
+    let hasher = split_hasher();
+    for c in candidates {
+        let mut load = vec![0usize; n];
+        for p in sample {
+            if let Some(slot) = load.get_mut(split_index(p, c, n, &hasher)) {
+                *slot += 1;
+            }
+        }
+        let max = load.iter().copied().max().unwrap_or(0) as f64;
+        let mean = sample.len() as f64 / n as f64;
+        if max <= 1.5 * mean {
+            return c.clone();
+        }
+    }
+    finest
+}
+
+/// Compiles `chain`: builds every instance (with local state) and the routes. `sample` is a
+/// prefix of the input, when known, used to check that a split spreads the load.
+pub fn compile(chain: &Chain, registry: &NfRegistry, sample: &[Packet]) -> Result<Plan, PlanError> {
+    let mut labels = LabelTable::default();
+    let traffic = chain.traffic.as_ref().map(|f| f.compile(&mut labels));
+    let mut vertices = Vec::new();
+    let mut instances = Vec::new();
+    let mut outputs_of = Vec::new();
+    for (vi, (name, spec)) in chain.vertices.iter().enumerate() {
+        let vname: Arc<str> = name.as_str().into();
+        let mut ids = Vec::new();
+        let mut decls = Vec::new();
+        let mut outputs: Vec<String> = Vec::new();
+        for i in 0..spec.instances {
+            let mut bctx = BuildCtx { vertex: name, instance: i, instances: spec.instances, labels: &mut labels };
+            let nf = registry
+                .build(&spec.kind, &spec.config, &mut bctx)
+                .map_err(|source| PlanError::Nf { vertex: name.clone(), source })?;
+            decls = nf.state_objects().to_vec();
+            outputs = nf.outputs().iter().map(|s| s.to_string()).collect();
+            let state = LocalState::new(nf.state_objects(), nf.custom_ops());
+            ids.push(instances.len());
+            instances.push((vi, (nf, state, InstanceId::new(vi as u16, i))));
+        }
+        let split = match &spec.split {
+            Some(fields) => fields.clone(),
+            None => choose_split(&split_candidates(&decls), sample, usize::from(spec.instances)),
+        };
+        let off_path = !chain.edges.iter().any(|e| e.to == Some(vi) && !e.mirror);
+        outputs_of.push(outputs.clone());
+        vertices.push(VertexPlan {
+            name: vname,
+            kind: spec.kind.clone(),
+            instances: ids,
+            split,
+            routes: vec![Routes::default(); outputs.len() + 1],
+            off_path,
+        });
+    }
+    let mut entry = Routes::default();
+    for e in &chain.edges {
+        let route = Route {
+            filter: e.filter.as_ref().map(|f| f.compile(&mut labels)),
+            to: e.to.map_or(Target::Output, Target::Vertex),
+        };
+        let routes = match e.from {
+            None => &mut entry,
+            Some(v) => {
+                let out = match &e.output {
+                    None => 0,
+                    Some(o) => {
+                        let known = &outputs_of[v];
+                        match known.iter().position(|k| k == o) {
+                            Some(i) => i + 1,
+                            None => {
+                                return Err(PlanError::UnknownOutput {
+                                    vertex: chain.vertices[v].0.clone(),
+                                    output: o.clone(),
+                                    known: if known.is_empty() { "none".into() } else { known.join(", ") },
+                                })
+                            }
+                        }
+                    }
+                };
+                &mut vertices[v].routes[out]
+            }
+        };
+        if e.mirror {
+            routes.mirrors.push(route);
+        } else {
+            routes.main.push(route);
+        }
+    }
+    let labels = Arc::new(labels);
+    let instances = instances
+        .into_iter()
+        .map(|(vi, (nf, state, id))| {
+            let name = vertices[vi].name.clone();
+            (vi, Instance::new(nf, Box::new(state), name, id, labels.clone()))
+        })
+        .collect();
+    Ok(Plan { name: chain.name.clone(), vertices, entry, traffic, labels, instances })
+}

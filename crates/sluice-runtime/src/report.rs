@@ -1,0 +1,179 @@
+//! What a run did: packets in, out and dropped by reason; per-NF and per-instance counts and
+//! rates; latency percentiles; the NFs' decisions. Printed for people, serialised for machines.
+
+use sluice_nf::Event;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Counters of one NF instance.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct InstanceReport {
+    /// Index within the vertex.
+    pub index: u16,
+    /// Worker thread that ran it.
+    pub worker: usize,
+    /// Packets it received.
+    pub packets_in: u64,
+    /// Packets it sent on.
+    pub forwarded: u64,
+    /// Packets it dropped, by reason.
+    pub dropped: BTreeMap<String, u64>,
+    /// Packets consumed because the vertex is off-path (mirror copies).
+    pub consumed: u64,
+    /// Time spent processing, seconds.
+    pub busy_s: f64,
+    /// Packets per second of busy time, in millions.
+    pub busy_mpps: f64,
+}
+
+/// Counters of one vertex.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct VertexReport {
+    /// Name in the chain file.
+    pub name: String,
+    /// NF type.
+    pub kind: String,
+    /// Fields its traffic was partitioned on.
+    pub split: Vec<String>,
+    /// Whether it is off-path.
+    pub off_path: bool,
+    /// Its instances.
+    pub instances: Vec<InstanceReport>,
+}
+
+impl VertexReport {
+    /// Packets received by all instances.
+    pub fn packets_in(&self) -> u64 {
+        self.instances.iter().map(|i| i.packets_in).sum()
+    }
+    /// Packets dropped by all instances.
+    pub fn dropped(&self) -> u64 {
+        self.instances.iter().flat_map(|i| i.dropped.values()).sum()
+    }
+}
+
+/// End-to-end latency percentiles of output packets, microseconds (root to sink).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Latency {
+    /// Packets measured.
+    pub samples: u64,
+    /// 5th percentile.
+    pub p5: f64,
+    /// 25th percentile.
+    pub p25: f64,
+    /// Median.
+    pub p50: f64,
+    /// 75th percentile.
+    pub p75: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Maximum.
+    pub max: f64,
+}
+
+/// The result of a run.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RunReport {
+    /// Chain name.
+    pub chain: String,
+    /// Worker threads.
+    pub workers: usize,
+    /// Batch size.
+    pub batch: usize,
+    /// In-flight window of the root.
+    pub window: usize,
+    /// Packets read from the input.
+    pub packets_in: u64,
+    /// Bytes read.
+    pub bytes_in: u64,
+    /// Packets sent to the output (including bypassed ones).
+    pub packets_out: u64,
+    /// Bytes sent.
+    pub bytes_out: u64,
+    /// Packets outside the traffic class, sent to the output untouched.
+    pub bypassed: u64,
+    /// Dropped packets by `place: reason` (`root: malformed`, `nat: nat-no-mapping`, ...).
+    pub dropped: BTreeMap<String, u64>,
+    /// Sum of `dropped`.
+    pub dropped_total: u64,
+    /// Copies made for mirror edges.
+    pub mirrored: u64,
+    /// Wall-clock duration, seconds.
+    pub elapsed_s: f64,
+    /// Input packets per second over the run, millions.
+    pub mpps: f64,
+    /// Per-vertex counters.
+    pub vertices: Vec<VertexReport>,
+    /// End-to-end latency.
+    pub latency_us: Latency,
+    /// Decisions by `nf/kind`.
+    pub event_counts: BTreeMap<String, u64>,
+    /// All decisions, in clock order.
+    pub events: Vec<Event>,
+}
+
+impl RunReport {
+    /// Whether every input packet is accounted for: out or dropped.
+    pub fn balanced(&self) -> bool {
+        self.packets_in == self.packets_out + self.dropped_total
+    }
+}
+
+impl fmt::Display for RunReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "chain `{}`: {} worker(s), batch {}, window {}", self.chain, self.workers, self.batch, self.window)?;
+        writeln!(
+            f,
+            "  packets  in {:>12}   out {:>12}   dropped {:>10}   bypassed {}",
+            self.packets_in, self.packets_out, self.dropped_total, self.bypassed
+        )?;
+        writeln!(f, "  bytes    in {:>12}   out {:>12}", self.bytes_in, self.bytes_out)?;
+        writeln!(f, "  time     {:.3} s   {:.3} Mpps overall", self.elapsed_s, self.mpps)?;
+        if !self.dropped.is_empty() {
+            writeln!(f, "  drops by reason:")?;
+            for (r, n) in &self.dropped {
+                writeln!(f, "    {r:<36} {n:>10}")?;
+            }
+        }
+        writeln!(f, "  NFs:")?;
+        writeln!(
+            f,
+            "    {:<14} {:<11} {:>4} {:>11} {:>11} {:>9} {:>9} {:>10}",
+            "vertex", "type", "inst", "in", "forwarded", "dropped", "consumed", "Mpps/busy"
+        )?;
+        for v in &self.vertices {
+            for i in &v.instances {
+                let dropped: u64 = i.dropped.values().sum();
+                writeln!(
+                    f,
+                    "    {:<14} {:<11} {:>4} {:>11} {:>11} {:>9} {:>9} {:>10.3}",
+                    v.name, v.kind, i.index, i.packets_in, i.forwarded, dropped, i.consumed, i.busy_mpps
+                )?;
+            }
+        }
+        let l = &self.latency_us;
+        writeln!(
+            f,
+            "  latency  µs (root to sink, {} samples): p5 {:.1}  p25 {:.1}  p50 {:.1}  p75 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}",
+            l.samples, l.p5, l.p25, l.p50, l.p75, l.p95, l.p99, l.max
+        )?;
+        if self.events.is_empty() {
+            writeln!(f, "  decisions: none")?;
+        } else {
+            writeln!(f, "  decisions:")?;
+            for (k, n) in &self.event_counts {
+                writeln!(f, "    {k:<36} {n:>10}")?;
+            }
+            const SHOWN: usize = 20;
+            for e in self.events.iter().take(SHOWN) {
+                writeln!(f, "    [{}] {} {} {} {}", e.clock, e.nf, e.kind, e.subject, e.detail)?;
+            }
+            if self.events.len() > SHOWN {
+                writeln!(f, "    ... {} more (see --json)", self.events.len() - SHOWN)?;
+            }
+        }
+        Ok(())
+    }
+}
