@@ -1,1 +1,443 @@
-fn main() {}
+//! `sluice`: run chains of stateful network functions over traces, generated traffic or live
+//! interfaces; generate and inspect traces; validate chain files; benchmark.
+
+mod ports;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use ports::{GenSource, PcapSink, TraceSource};
+use sluice_io::{FrameSize, GenConfig, Pace, Precision, TraceReader, Workload};
+use sluice_runtime::{compile, run, Chain, DiscardSink, Overflow, RunConfig, RunHooks, RunReport, Sink, Source};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Exit codes scripts can rely on.
+mod exit {
+    /// Success (for `validate`: the chain is valid).
+    pub const OK: u8 = 0;
+    /// The run failed (I/O error while running, worker failure).
+    pub const FAILED: u8 = 1;
+    /// Bad command line, invalid chain file or NF configuration.
+    pub const INVALID: u8 = 2;
+    /// An input trace could not be read or is corrupt.
+    pub const BAD_INPUT: u8 = 3;
+}
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Run chains of stateful network functions that scale out, survive failures and stay correct",
+    after_help = "Exit codes: 0 success; 1 run failed; 2 bad command line, chain file or NF config; 3 unreadable or corrupt input trace.\nLogs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug) and --log-format json for structured logs."
+)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a chain over a trace, generated traffic or live interfaces and print a report.
+    Run(RunArgs),
+    /// Generate a synthetic TCP trace (StatelessNF workloads) as pcap.
+    Gen(GenArgs),
+    /// Summarise a pcap/pcapng trace: packets, flows, protocols, duration.
+    Inspect(InspectArgs),
+    /// Check a chain file; errors name the file, line and field.
+    Validate(ValidateArgs),
+    /// List the NF types that chain files can use.
+    Nfs,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Chain file (YAML).
+    #[arg(long, short)]
+    chain: PathBuf,
+    /// Input trace (pcap or pcapng).
+    #[arg(long, short, conflicts_with_all = ["gen"], required_unless_present_any = ["gen"])]
+    input: Option<PathBuf>,
+    /// Generate the input instead: long, short, mixed or FLOWSxPACKETS.
+    #[arg(long)]
+    gen: Option<String>,
+    /// Generator scale factor (fraction of the workload's flows).
+    #[arg(long, default_value_t = 1.0, requires = "gen")]
+    scale: f64,
+    /// Generator frame size: mix or a byte count (64..=1500).
+    #[arg(long, default_value = "mix", requires = "gen")]
+    size: String,
+    /// Generator seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Output pcap file; without it the output is discarded.
+    #[arg(long, short)]
+    output: Option<PathBuf>,
+    /// Write output timestamps with nanosecond precision.
+    #[arg(long)]
+    nanos: bool,
+    /// Also write the report as JSON to this file (`-` for stdout, replacing the text report).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Stop after this many input packets.
+    #[arg(long)]
+    limit: Option<u64>,
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Replay pace: `full` or the recorded pace times a speed factor (`1`, `2.5`, ...).
+    #[arg(long, default_value = "full")]
+    pace: String,
+    /// Do not show a progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Args, Clone)]
+struct EngineArgs {
+    /// Worker threads (default: one per core).
+    #[arg(long, short)]
+    workers: Option<usize>,
+    /// Packets per batch.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Most packets in flight in the chain.
+    #[arg(long, default_value_t = 65_536)]
+    window: usize,
+    /// When the window is full: wait (no loss; default for files) or drop (live traffic).
+    #[arg(long, value_enum)]
+    overflow: Option<OverflowArg>,
+    /// Do not pin worker threads to cores.
+    #[arg(long)]
+    no_pin: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OverflowArg {
+    Wait,
+    Drop,
+}
+
+#[derive(Args)]
+struct GenArgs {
+    /// Workload: long (3,000 flows x 10,000 packets), short (100,000 x 100), mixed, or FLOWSxPACKETS.
+    #[arg(long, short, default_value = "short")]
+    workload: String,
+    /// Scale factor applied to the number of flows.
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Frame size: mix (64..1500, bimodal) or a byte count.
+    #[arg(long, default_value = "mix")]
+    size: String,
+    /// Seed; the same seed gives the same bytes.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Output pcap file.
+    #[arg(long, short)]
+    output: PathBuf,
+    /// Do not show a progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct InspectArgs {
+    /// The trace.
+    trace: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ValidateArgs {
+    /// The chain file.
+    chain: PathBuf,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// An error with the exit code it maps to.
+struct Failure {
+    code: u8,
+    error: anyhow::Error,
+}
+
+fn fail(code: u8) -> impl FnOnce(anyhow::Error) -> Failure {
+    move |error| Failure { code, error }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(error: anyhow::Error) -> Failure {
+        Failure { code: exit::FAILED, error }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let r = match cli.command {
+        Command::Run(a) => cmd_run(a),
+        Command::Gen(a) => cmd_gen(a),
+        Command::Inspect(a) => cmd_inspect(a),
+        Command::Validate(a) => cmd_validate(a),
+        Command::Nfs => {
+            for (name, about) in sluice_nfs::registry().types() {
+                println!("{name:<12} {about}");
+            }
+            Ok(())
+        }
+    };
+    match r {
+        Ok(()) => ExitCode::from(exit::OK),
+        Err(f) => {
+            eprintln!("sluice: error: {:#}", f.error);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => b.try_init(),
+        LogFormat::Json => b.json().try_init(),
+    };
+}
+
+fn load_chain(path: &Path) -> Result<Chain, Failure> {
+    Chain::load(path).map_err(|e| Failure { code: exit::INVALID, error: anyhow::anyhow!("{e}") })
+}
+
+fn progress_bar(quiet: bool, total: Option<u64>) -> Option<ProgressBar> {
+    if quiet || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let pb = match total {
+        Some(n) => ProgressBar::new(n).with_style(
+            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} packets ({per_sec}, eta {eta})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ),
+        None => ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {pos} packets ({per_sec})")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        ),
+    };
+    Some(pb)
+}
+
+fn engine_config(e: &EngineArgs, live: bool) -> RunConfig {
+    let d = RunConfig::default();
+    RunConfig {
+        workers: e.workers.unwrap_or(d.workers),
+        pin: !e.no_pin,
+        batch: e.batch,
+        window: e.window,
+        overflow: match e.overflow {
+            Some(OverflowArg::Wait) => Overflow::Wait,
+            Some(OverflowArg::Drop) => Overflow::Drop,
+            None if live => Overflow::Drop,
+            None => Overflow::Wait,
+        },
+        root_id: 0,
+    }
+}
+
+fn parse_pace(s: &str) -> Result<Pace, Failure> {
+    if s == "full" {
+        return Ok(Pace::FullSpeed);
+    }
+    match s.trim_end_matches('x').parse::<f64>() {
+        Ok(speed) if speed.is_finite() && speed > 0.0 => Ok(Pace::Recorded { speed }),
+        _ => Err(fail(exit::INVALID)(anyhow::anyhow!("--pace takes `full` or a positive speed factor, not `{s}`"))),
+    }
+}
+
+fn gen_config(workload: &str, scale: f64, size: &str, seed: u64) -> Result<GenConfig, Failure> {
+    let invalid = fail(exit::INVALID);
+    let workload: Workload = workload.parse().map_err(|e| invalid(anyhow::Error::new(e)))?;
+    let size: FrameSize = size.parse().map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
+    let cfg = GenConfig { scale, size, ..GenConfig::new(workload, seed) };
+    cfg.validate().map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
+    Ok(cfg)
+}
+
+fn cmd_run(a: RunArgs) -> Result<(), Failure> {
+    let chain = load_chain(&a.chain)?;
+    let registry = sluice_nfs::registry();
+    let cfg = engine_config(&a.engine, false);
+    let pace = parse_pace(&a.pace)?;
+    // A prefix of the input lets the compiler check that each vertex's split spreads the load.
+    let (mut source, sample, total): (Box<dyn Source>, Vec<sluice_packet::Packet>, Option<u64>) =
+        match (&a.input, &a.gen) {
+            (Some(path), _) => {
+                let sample = sluice_io::load(path, Some(4096))
+                    .with_context(|| format!("reading {}", path.display()))
+                    .map_err(fail(exit::BAD_INPUT))?;
+                let reader = TraceReader::open(path).map_err(|e| fail(exit::BAD_INPUT)(e.into()))?;
+                (Box::new(TraceSource::new(reader, pace, a.limit)), sample, a.limit)
+            }
+            (None, Some(w)) => {
+                let g = gen_config(w, a.scale, &a.size, a.seed)?;
+                let total = g.total_packets();
+                let sample_cfg = g.clone();
+                let sample = sluice_io::generate(&sample_cfg)
+                    .map_err(|e| fail(exit::INVALID)(e.into()))?
+                    .take(4096)
+                    .map(|(ts_ns, f)| sluice_packet::Packet::from_slice(&f, sluice_packet::Meta { ts_ns, ..Default::default() }))
+                    .collect();
+                let gen = sluice_io::generate(&g).map_err(|e| fail(exit::INVALID)(e.into()))?;
+                (Box::new(GenSource::new(gen)), sample, Some(a.limit.map_or(total, |l| l.min(total))))
+            }
+            (None, None) => return Err(fail(exit::INVALID)(anyhow::anyhow!("give --input or --gen"))),
+        };
+    let plan = compile(&chain, &registry, &sample).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
+    let mut sink: Box<dyn Sink> = match &a.output {
+        Some(p) => Box::new(
+            PcapSink::create(p, if a.nanos { Precision::Nano } else { Precision::Micro })
+                .with_context(|| format!("creating {}", p.display()))?,
+        ),
+        None => Box::new(DiscardSink),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        let _ = ctrlc::set_handler(move || stop.store(true, Ordering::Relaxed));
+    }
+    let pb = progress_bar(a.quiet, total);
+    let progress = |n: u64| {
+        if let Some(pb) = &pb {
+            pb.set_position(n);
+        }
+    };
+    let hooks = RunHooks { progress: Some(&progress), stop: Some(stop) };
+    let limit_source: &mut dyn Source = source.as_mut();
+    let report = run(plan, &cfg, limit_source, sink.as_mut(), hooks).map_err(|e| {
+        let code = if matches!(e, sluice_runtime::RunError::Source(_)) { exit::BAD_INPUT } else { exit::FAILED };
+        fail(code)(anyhow::Error::new(e))
+    })?;
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    print_report(&report, a.json.as_deref(), a.output.as_deref())?;
+    Ok(())
+}
+
+fn print_report(report: &RunReport, json: Option<&Path>, output: Option<&Path>) -> Result<(), Failure> {
+    let to_stdout = json.is_some_and(|p| p == Path::new("-"));
+    if !to_stdout {
+        print!("{report}");
+        if let Some(o) = output {
+            println!("  output written to {}", o.display());
+        }
+    }
+    if let Some(p) = json {
+        let text = serde_json::to_string_pretty(report).context("serialising the report")?;
+        if to_stdout {
+            println!("{text}");
+        } else {
+            std::fs::write(p, text + "\n").with_context(|| format!("writing {}", p.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn cmd_gen(a: GenArgs) -> Result<(), Failure> {
+    let cfg = gen_config(&a.workload, a.scale, &a.size, a.seed)?;
+    let total = cfg.total_packets();
+    let gen = sluice_io::generate(&cfg).map_err(|e| fail(exit::INVALID)(e.into()))?;
+    let mut w = sluice_io::TraceWriter::create(&a.output, Precision::Nano)
+        .with_context(|| format!("creating {}", a.output.display()))?;
+    let pb = progress_bar(a.quiet, Some(total));
+    let mut n = 0u64;
+    for (ts, frame) in gen {
+        w.write(ts, &frame).with_context(|| format!("writing {}", a.output.display()))?;
+        n += 1;
+        if n % 65_536 == 0 {
+            if let Some(pb) = &pb {
+                pb.set_position(n);
+            }
+        }
+    }
+    w.finish().with_context(|| format!("writing {}", a.output.display()))?;
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    println!("wrote {n} packets ({} flows, workload {}, seed {}) to {}", cfg.total_flows(), cfg.workload, cfg.seed, a.output.display());
+    Ok(())
+}
+
+fn cmd_inspect(a: InspectArgs) -> Result<(), Failure> {
+    let s = sluice_io::summarize(&a.trace).map_err(|e| fail(exit::BAD_INPUT)(e.into()))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&s).context("serialising")?);
+    } else {
+        print!("{s}");
+    }
+    Ok(())
+}
+
+fn cmd_validate(a: ValidateArgs) -> Result<(), Failure> {
+    let chain = match Chain::load(&a.chain) {
+        Ok(c) => c,
+        Err(e) => {
+            if a.json {
+                let v = serde_json::json!({"valid": false, "file": e.file, "line": e.line, "field": e.field, "message": e.message});
+                println!("{v}");
+                return Err(Failure { code: exit::INVALID, error: anyhow::anyhow!("{e}") });
+            }
+            return Err(Failure { code: exit::INVALID, error: anyhow::anyhow!("{e}") });
+        }
+    };
+    // Building the instances checks every NF's configuration too.
+    if let Err(e) = compile(&chain, &sluice_nfs::registry(), &[]) {
+        let text = std::fs::read_to_string(&a.chain).unwrap_or_default();
+        let (vertex, field) = match &e {
+            sluice_runtime::PlanError::Nf { vertex, source: sluice_nf::NfError::Config { field, .. } } => {
+                (vertex.clone(), field.clone())
+            }
+            sluice_runtime::PlanError::Nf { vertex, .. } | sluice_runtime::PlanError::UnknownOutput { vertex, .. } => {
+                (vertex.clone(), String::new())
+            }
+        };
+        let mut path = vec!["vertices", vertex.as_str(), "config"];
+        path.extend(field.split('.').filter(|s| !s.is_empty()));
+        let line = sluice_runtime::spec::locate(&text, &path);
+        let loc = match line {
+            Some(l) => format!("{}:{l}", a.chain.display()),
+            None => a.chain.display().to_string(),
+        };
+        if a.json {
+            let v = serde_json::json!({"valid": false, "file": a.chain, "line": line, "field": path.join("."), "message": e.to_string()});
+            println!("{v}");
+        }
+        return Err(Failure { code: exit::INVALID, error: anyhow::anyhow!("{loc}: field `{}`: {e}", path.join(".")) });
+    }
+    if a.json {
+        let v = serde_json::json!({"valid": true, "file": a.chain, "name": chain.name,
+            "vertices": chain.vertices.iter().map(|(n, v)| serde_json::json!({"name": n, "type": v.kind, "instances": v.instances})).collect::<Vec<_>>(),
+            "edges": chain.edges.len()});
+        println!("{v}");
+    } else {
+        println!("{}: chain `{}` is valid", a.chain.display(), chain.name);
+        for (n, v) in &chain.vertices {
+            println!("  vertex {n:<14} type {:<11} instances {}", v.kind, v.instances);
+        }
+        println!("  {} edge(s)", chain.edges.len());
+    }
+    Ok(())
+}
