@@ -68,8 +68,16 @@ struct RunArgs {
     #[arg(long, short)]
     chain: PathBuf,
     /// Input trace (pcap or pcapng).
-    #[arg(long, short, conflicts_with_all = ["gen"], required_unless_present_any = ["gen"])]
+    #[arg(long, short, conflicts_with_all = ["gen", "bridge"], required_unless_present_any = ["gen", "bridge"])]
     input: Option<PathBuf>,
+    /// Sit between two live interfaces, `IF0,IF1` (AF_PACKET, needs CAP_NET_RAW): what arrives
+    /// on one leaves on the other after the chain. Packets from IF1 follow the chain's
+    /// `reverse_edges` if it has them.
+    #[arg(long, value_delimiter = ',', num_args = 2, conflicts_with_all = ["gen", "output"])]
+    bridge: Option<Vec<String>>,
+    /// Stop after this many seconds (live runs; Ctrl-C also stops cleanly).
+    #[arg(long)]
+    duration: Option<f64>,
     /// Generate the input instead: long, short, mixed or FLOWSxPACKETS.
     #[arg(long)]
     gen: Option<String>,
@@ -279,7 +287,10 @@ fn gen_config(workload: &str, scale: f64, size: &str, seed: u64) -> Result<GenCo
 fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     let chain = load_chain(&a.chain)?;
     let registry = sluice_nfs::registry();
-    let cfg = engine_config(&a.engine, false);
+    let cfg = engine_config(&a.engine, a.bridge.is_some());
+    if let Some(ifs) = &a.bridge {
+        return run_bridge(&a, chain, &cfg, ifs);
+    }
     let pace = parse_pace(&a.pace)?;
     // A prefix of the input lets the compiler check that each vertex's split spreads the load.
     let (mut source, sample, total): (Box<dyn Source>, Vec<sluice_packet::Packet>, Option<u64>) =
@@ -303,7 +314,7 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
                 let gen = sluice_io::generate(&g).map_err(|e| fail(exit::INVALID)(e.into()))?;
                 (Box::new(GenSource::new(gen)), sample, Some(a.limit.map_or(total, |l| l.min(total))))
             }
-            (None, None) => return Err(fail(exit::INVALID)(anyhow::anyhow!("give --input or --gen"))),
+            (None, None) => return Err(fail(exit::INVALID)(anyhow::anyhow!("give --input, --gen or --bridge"))),
         };
     let plan = compile(&chain, &registry, &sample).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     let mut sink: Box<dyn Sink> = match &a.output {
@@ -313,11 +324,7 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
         ),
         None => Box::new(DiscardSink),
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        let _ = ctrlc::set_handler(move || stop.store(true, Ordering::Relaxed));
-    }
+    let stop = stop_flag(a.duration);
     let pb = progress_bar(a.quiet, total);
     let progress = |n: u64| {
         if let Some(pb) = &pb {
@@ -334,6 +341,49 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
         pb.finish_and_clear();
     }
     print_report(&report, a.json.as_deref(), a.output.as_deref())?;
+    Ok(())
+}
+
+/// A flag set by Ctrl-C or after `duration` seconds.
+fn stop_flag(duration: Option<f64>) -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let _ = ctrlc::set_handler(move || s.store(true, Ordering::Relaxed));
+    if let Some(d) = duration.filter(|d| d.is_finite() && *d >= 0.0) {
+        let s = stop.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs_f64(d));
+            s.store(true, Ordering::Relaxed);
+        });
+    }
+    stop
+}
+
+fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &[String]) -> Result<(), Failure> {
+    let [if0, if1] = ifs else {
+        return Err(fail(exit::INVALID)(anyhow::anyhow!("--bridge takes two interfaces, IF0,IF1")));
+    };
+    let plan = compile(&chain, &sluice_nfs::registry(), &[]).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
+    let bridge = ports::Bridge::open(if0, if1).map_err(|e| fail(exit::FAILED)(anyhow::Error::new(e)))?;
+    let shared = std::rc::Rc::new(std::cell::RefCell::new(bridge));
+    let mut source = ports::BridgeSource(shared.clone());
+    let mut sink = ports::BridgeSink(shared.clone());
+    let stop = stop_flag(a.duration);
+    let hooks = RunHooks { progress: None, stop: Some(stop) };
+    let report = run(plan, cfg, &mut source, &mut sink, hooks).map_err(|e| fail(exit::FAILED)(anyhow::Error::new(e)))?;
+    print_report(&report, a.json.as_deref(), None)?;
+    let mut b = shared.borrow_mut();
+    if a.json.as_deref() != Some(Path::new("-")) {
+        for (name, s) in b.stats() {
+            println!(
+                "  port {name}: rx {} tx {} kernel-drops {} truncated {} tx-ring-full {}",
+                s.rx_packets, s.tx_packets, s.rx_kernel_drops, s.rx_truncated, s.tx_ring_full
+            );
+        }
+        if b.tx_dropped > 0 {
+            println!("  frames dropped on full transmit rings: {}", b.tx_dropped);
+        }
+    }
     Ok(())
 }
 

@@ -11,6 +11,8 @@
 //! Every fallible operation returns an [`IoError`] naming the file and, for packet records, the
 //! record number. Nothing derived from file content can make this crate panic.
 
+#![warn(missing_docs)]
+
 mod error;
 pub mod gen;
 pub mod inspect;

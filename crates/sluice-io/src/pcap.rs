@@ -161,8 +161,9 @@ impl Iface {
 }
 
 /// Converts a pcapng timestamp in units of `tsresol` (the `if_tsresol` encoding: most significant
-/// bit clear means 10^-n seconds, set means 2^-n seconds) plus an offset in seconds to
-/// nanoseconds; `None` when the result does not fit in `u64`.
+/// bit clear means 10^-n seconds, set means 2^-n seconds) plus the interface's `if_tsoffset` (a
+/// signed number of seconds, stored as read) to nanoseconds; `None` when the result is negative or
+/// does not fit in `u64`.
 fn ng_ts_to_ns(raw: u64, tsresol: u8, offset_s: u64) -> Option<u64> {
     let raw = u128::from(raw);
     let exp = u32::from(tsresol & 0x7f);
@@ -177,7 +178,8 @@ fn ng_ts_to_ns(raw: u64, tsresol: u8, offset_s: u64) -> Option<u64> {
     } else {
         (raw * u128::from(NS_PER_SEC)) >> exp
     };
-    let ns = ns + u128::from(offset_s) * u128::from(NS_PER_SEC);
+    // Both terms are below 2^95: no overflow in i128.
+    let ns = i128::try_from(ns).ok()? + i128::from(offset_s as i64) * i128::from(NS_PER_SEC);
     u64::try_from(ns).ok()
 }
 
@@ -720,5 +722,8 @@ mod tests {
         assert_eq!(ng_ts_to_ns(1024, 0x80 | 10, 0), Some(NS_PER_SEC));
         assert_eq!(ng_ts_to_ns(u64::MAX, 0, 0), None);
         assert_eq!(ng_ts_to_ns(u64::MAX, 127, 0), Some(0));
+        // Negative offsets (if_tsoffset is signed).
+        assert_eq!(ng_ts_to_ns(5_000_000, 6, (-2i64) as u64), Some(3 * NS_PER_SEC));
+        assert_eq!(ng_ts_to_ns(1_000_000, 6, (-2i64) as u64), None);
     }
 }

@@ -10,7 +10,7 @@
 //! Memory is bounded by the window: the root admits a packet only while fewer than `window`
 //! packets are in flight; queues are sized so that a push within the window never fails.
 
-use crate::plan::{Plan, Routes, Splitter, Target, VertexPlan};
+use crate::plan::{direction, Plan, Routes, Splitter, Target, VertexPlan};
 use crate::report::{InstanceReport, Latency, RunReport, VertexReport};
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
@@ -363,7 +363,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             finished += 1;
             continue;
         }
-        let Some(routes) = vp.routes.get(output) else {
+        let Some(routes) = vp.routes.get(direction(&pkt, vp.routes.len())).and_then(|r| r.get(output)) else {
             *slot.stats.dropped.entry("no-route").or_default() += 1;
             shared.pool.recycle(pkt);
             finished += 1;
@@ -402,8 +402,8 @@ pub fn run(
         )));
     }
     let Plan { name, vertices, entry, traffic, instances, .. } = plan;
-    let mirrors: usize = vertices.iter().flat_map(|v| &v.routes).map(|r| r.mirrors.len()).sum::<usize>()
-        + entry.mirrors.len();
+    let mirrors: usize = vertices.iter().flat_map(|v| v.routes.iter().flatten()).map(|r| r.mirrors.len()).sum::<usize>()
+        + entry.iter().map(|r| r.mirrors.len()).sum::<usize>();
     // Every packet in the system (originals and mirror copies) fits in any one queue.
     let cap = cfg.window * (1 + mirrors) + 1024;
     let pool = PacketPool::new(cfg.window * (1 + mirrors).min(4), 2048);
@@ -515,7 +515,8 @@ pub fn run(
                     root.push(&shared, d, pkt);
                     continue;
                 }
-                if let Some(pkt) = root.route(&shared, &entry, pkt) {
+                let routes = &entry[direction(&pkt, entry.len())];
+                if let Some(pkt) = root.route(&shared, routes, pkt) {
                     *root_drops.entry("no-route").or_default() += 1;
                     pool.recycle(pkt);
                     shared.in_flight.fetch_sub(1, Ordering::AcqRel);

@@ -8,7 +8,7 @@
 //! ```
 //! Atoms: protocol words (`ip`, `ipv4`, `ipv6`, `tcp`, `udp`, `icmp`, `icmpv6`, `non_ip`);
 //! comparisons `FIELD == V`, `FIELD != V`, `FIELD in V` over `src_ip`, `dst_ip`, `ip` (either
-//! address), `src_port`, `dst_port`, `port` (either port), `proto`, `vlan`, `label.NAME`, where
+//! address), `src_port`, `dst_port`, `port` (either port), `proto`, `vlan`, `in_port` (interface the packet came in on), `label.NAME`, where
 //! `V` is a number, an address, a CIDR prefix or a range `A-B`; and `label.NAME` alone (set).
 
 use sluice_nf::LabelTable;
@@ -61,6 +61,7 @@ enum Field {
     AnyPort,
     Proto,
     Vlan,
+    InPort,
     Label(String),
 }
 
@@ -158,6 +159,7 @@ impl CompiledFilter {
                 let hit = match f {
                     Field::Label(n) => self.label(n, pkt).is_some_and(|x| v.has_num(u64::from(x))),
                     Field::Vlan => h.vlan.is_some_and(|x| v.has_num(u64::from(x))),
+                    Field::InPort => v.has_num(u64::from(pkt.meta.in_port)),
                     _ => match h.tuple {
                         None => return false,
                         Some(t) => match f {
@@ -168,7 +170,7 @@ impl CompiledFilter {
                             Field::DstPort => v.has_num(u64::from(t.dport)),
                             Field::AnyPort => v.has_num(u64::from(t.sport)) || v.has_num(u64::from(t.dport)),
                             Field::Proto => v.has_num(u64::from(t.proto.0)),
-                            Field::Label(_) | Field::Vlan => false,
+                            Field::Label(_) | Field::Vlan | Field::InPort => false,
                         },
                     },
                 };
@@ -299,6 +301,7 @@ impl Parser<'_> {
             "port" => Field::AnyPort,
             "proto" => Field::Proto,
             "vlan" => Field::Vlan,
+            "in_port" => Field::InPort,
             l if l.starts_with("label.") && l.len() > 6 => Field::Label(l[6..].to_string()),
             other => return Err(format!("unknown word `{other}`")),
         };

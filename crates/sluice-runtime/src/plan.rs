@@ -65,8 +65,9 @@ pub struct VertexPlan {
     /// Header fields the upstream splitters partition on (hashed symmetrically, so both
     /// directions of a connection reach the same instance).
     pub split: Vec<HeaderField>,
-    /// Routes by output: index 0 is the default output, i + 1 the NF's i-th named output.
-    pub routes: Vec<Routes>,
+    /// Routes by direction (0: `edges`, 1: `reverse_edges`), then by output: index 0 is the
+    /// default output, i + 1 the NF's i-th named output.
+    pub routes: Vec<Vec<Routes>>,
     /// Fed only by mirror edges: what it forwards is consumed, not sent on.
     pub off_path: bool,
 }
@@ -77,8 +78,8 @@ pub struct Plan {
     pub name: String,
     /// Vertices.
     pub vertices: Vec<VertexPlan>,
-    /// Routes out of the root.
-    pub entry: Routes,
+    /// Routes out of the root, by direction.
+    pub entry: Vec<Routes>,
     /// Traffic class.
     pub traffic: Option<CompiledFilter>,
     /// Interned labels.
@@ -198,6 +199,7 @@ pub fn compile(chain: &Chain, registry: &NfRegistry, sample: &[Packet]) -> Resul
     let traffic = chain.traffic.as_ref().map(|f| f.compile(&mut labels));
     let mut vertices = Vec::new();
     let mut instances = Vec::new();
+    let directions = if chain.reverse_edges.is_some() { 2 } else { 1 };
     let mut outputs_of = Vec::new();
     for (vi, (name, spec)) in chain.vertices.iter().enumerate() {
         let vname: Arc<str> = name.as_str().into();
@@ -219,25 +221,27 @@ pub fn compile(chain: &Chain, registry: &NfRegistry, sample: &[Packet]) -> Resul
             Some(fields) => fields.clone(),
             None => choose_split(&split_candidates(&decls), sample, usize::from(spec.instances)),
         };
-        let off_path = !chain.edges.iter().any(|e| e.to == Some(vi) && !e.mirror);
+        let all_edges = chain.edges.iter().chain(chain.reverse_edges.iter().flatten());
+        let off_path = !all_edges.clone().any(|e| e.to == Some(vi) && !e.mirror);
         outputs_of.push(outputs.clone());
         vertices.push(VertexPlan {
             name: vname,
             kind: spec.kind.clone(),
             instances: ids,
             split,
-            routes: vec![Routes::default(); outputs.len() + 1],
+            routes: vec![vec![Routes::default(); outputs.len() + 1]; directions],
             off_path,
         });
     }
-    let mut entry = Routes::default();
-    for e in &chain.edges {
+    let mut entry = vec![Routes::default(); directions];
+    let lists = std::iter::once(&chain.edges).chain(chain.reverse_edges.iter());
+    for (dir, e) in lists.enumerate().flat_map(|(d, l)| l.iter().map(move |e| (d, e))) {
         let route = Route {
             filter: e.filter.as_ref().map(|f| f.compile(&mut labels)),
             to: e.to.map_or(Target::Output, Target::Vertex),
         };
         let routes = match e.from {
-            None => &mut entry,
+            None => &mut entry[dir],
             Some(v) => {
                 let out = match &e.output {
                     None => 0,
@@ -255,7 +259,7 @@ pub fn compile(chain: &Chain, registry: &NfRegistry, sample: &[Packet]) -> Resul
                         }
                     }
                 };
-                &mut vertices[v].routes[out]
+                &mut vertices[v].routes[dir][out]
             }
         };
         if e.mirror {
@@ -273,4 +277,10 @@ pub fn compile(chain: &Chain, registry: &NfRegistry, sample: &[Packet]) -> Resul
         })
         .collect();
     Ok(Plan { name: chain.name.clone(), vertices, entry, traffic, labels, instances })
+}
+
+/// The direction a packet travels: 1 for packets that entered on in port 1 of a chain with
+/// reverse edges, else 0.
+pub fn direction(pkt: &Packet, directions: usize) -> usize {
+    usize::from(directions > 1 && pkt.meta.in_port == 1)
 }

@@ -43,6 +43,11 @@ pub struct ChainSpec {
     pub vertices: serde_yaml::Mapping,
     /// Edges between vertices, `input` and `output`.
     pub edges: Vec<EdgeSpec>,
+    /// Edges for traffic entering on the second interface of a bridge (in port 1), when it
+    /// must cross the NFs in another order (e.g. firewall before NAT on the way in). Without
+    /// them, traffic from both sides follows `edges`.
+    #[serde(default)]
+    pub reverse_edges: Option<Vec<EdgeSpec>>,
 }
 
 fn default_name() -> String {
@@ -128,6 +133,8 @@ pub struct Chain {
     pub vertices: Vec<(String, VertexSpec)>,
     /// Edges with compiled filters.
     pub edges: Vec<Edge>,
+    /// Edges for traffic entering on in port 1, if the chain has a separate reverse path.
+    pub reverse_edges: Option<Vec<Edge>>,
     /// Where it came from.
     pub source: PathBuf,
 }
@@ -205,57 +212,42 @@ impl Chain {
             Some(t) => Some(Filter::parse(t).map_err(|e| err(&["traffic"], e.to_string()))?),
             None => None,
         };
-        let mut edges = Vec::new();
-        for (i, e) in spec.edges.iter().enumerate() {
-            let is = i.to_string();
-            let from = match e.from.as_str() {
-                INPUT => None,
-                OUTPUT => return Err(err(&["edges", &is, "from"], "`output` cannot be an edge's source".into())),
-                n => Some(index(n).ok_or_else(|| err(&["edges", &is, "from"], format!("no vertex named `{n}`")))?),
-            };
-            let to = match e.to.as_str() {
-                OUTPUT => None,
-                INPUT => return Err(err(&["edges", &is, "to"], "`input` cannot be an edge's target".into())),
-                n => Some(index(n).ok_or_else(|| err(&["edges", &is, "to"], format!("no vertex named `{n}`")))?),
-            };
-            if from.is_some() && from == to {
-                return Err(err(&["edges", &is, "to"], "an edge cannot loop on its vertex".into()));
-            }
-            if e.mirror && to.is_none() {
-                return Err(err(&["edges", &is, "mirror"], "a mirror edge must lead to a vertex".into()));
-            }
-            if e.output.is_some() && from.is_none() {
-                return Err(err(&["edges", &is, "output"], "`input` has no named outputs".into()));
-            }
-            let filter = match &e.filter {
-                Some(f) => Some(Filter::parse(f).map_err(|x| err(&["edges", &is, "filter"], x.to_string()))?),
-                None => None,
-            };
-            edges.push(Edge { from, to, output: e.output.clone(), filter, mirror: e.mirror });
+        let edges = check_edges(&spec.edges, "edges", &index, &err)?;
+        let reverse_edges = match &spec.reverse_edges {
+            Some(r) => Some(check_edges(r, "reverse_edges", &index, &err)?),
+            None => None,
+        };
+        let chain = Chain { name: spec.name, traffic, vertices, edges, reverse_edges, source: file.to_path_buf() };
+        chain.check_graph(text, &chain.edges, "edges", true)?;
+        if let Some(r) = &chain.reverse_edges {
+            chain.check_graph(text, r, "reverse_edges", false)?;
         }
-        let chain = Chain { name: spec.name, traffic, vertices, edges, source: file.to_path_buf() };
-        chain.check_graph(text)?;
         Ok(chain)
     }
 
-    fn check_graph(&self, text: &str) -> Result<(), SpecError> {
+    /// Checks one edge list: `input` has an edge, vertices are reachable (all of them when
+    /// `all_vertices`), on-path vertices lead on, off-path ones do not, and there is no cycle.
+    fn check_graph(&self, text: &str, edges: &[Edge], list: &str, all_vertices: bool) -> Result<(), SpecError> {
         let err = |path: &[&str], message: String| SpecError {
             file: self.source.clone(),
             line: locate(text, path),
             field: path.join("."),
             message,
         };
-        if !self.edges.iter().any(|e| e.from.is_none() && !e.mirror) {
-            return Err(err(&["edges"], "no edge leaves `input`".into()));
+        if !edges.iter().any(|e| e.from.is_none() && !e.mirror) {
+            return Err(err(&[list], "no edge leaves `input`".into()));
         }
         // Every vertex must be reachable; vertices fed only by mirror edges are off-path sinks.
         for (vi, (name, _)) in self.vertices.iter().enumerate() {
-            let inbound: Vec<&Edge> = self.edges.iter().filter(|e| e.to == Some(vi)).collect();
+            let inbound: Vec<&Edge> = edges.iter().filter(|e| e.to == Some(vi)).collect();
             if inbound.is_empty() {
+                if !all_vertices {
+                    continue;
+                }
                 return Err(err(&["vertices", name], format!("vertex `{name}` has no incoming edge")));
             }
             let on_path = inbound.iter().any(|e| !e.mirror);
-            let outbound = self.edges.iter().any(|e| e.from == Some(vi) && !e.mirror);
+            let outbound = edges.iter().any(|e| e.from == Some(vi) && !e.mirror);
             if on_path && !outbound {
                 return Err(err(&["vertices", name], format!("on-path vertex `{name}` has no outgoing edge")));
             }
@@ -287,8 +279,8 @@ impl Chain {
             true
         }
         for v in 0..n {
-            if !visit(v, &self.edges, &mut state) {
-                return Err(err(&["edges"], "the edges form a cycle; a chain must be a DAG".into()));
+            if !visit(v, edges, &mut state) {
+                return Err(err(&[list], "the edges form a cycle; a chain must be a DAG".into()));
             }
         }
         Ok(())
@@ -298,6 +290,49 @@ impl Chain {
     pub fn vertex_names(&self) -> BTreeMap<&str, usize> {
         self.vertices.iter().enumerate().map(|(i, (n, _))| (n.as_str(), i)).collect()
     }
+}
+
+/// Resolves and checks the edges of one list.
+fn check_edges(
+    specs: &[EdgeSpec],
+    list: &str,
+    index: &dyn Fn(&str) -> Option<usize>,
+    err: &dyn Fn(&[&str], String) -> SpecError,
+) -> Result<Vec<Edge>, SpecError> {
+    let mut edges = Vec::new();
+    for (i, e) in specs.iter().enumerate() {
+        let is = i.to_string();
+        let at = |field: &str| [list, is.as_str(), field].map(str::to_string);
+        let fail = |field: &str, msg: String| {
+            let p = at(field);
+            err(&[p[0].as_str(), p[1].as_str(), p[2].as_str()], msg)
+        };
+        let from = match e.from.as_str() {
+            INPUT => None,
+            OUTPUT => return Err(fail("from", "`output` cannot be an edge's source".into())),
+            n => Some(index(n).ok_or_else(|| fail("from", format!("no vertex named `{n}`")))?),
+        };
+        let to = match e.to.as_str() {
+            OUTPUT => None,
+            INPUT => return Err(fail("to", "`input` cannot be an edge's target".into())),
+            n => Some(index(n).ok_or_else(|| fail("to", format!("no vertex named `{n}`")))?),
+        };
+        if from.is_some() && from == to {
+            return Err(fail("to", "an edge cannot loop on its vertex".into()));
+        }
+        if e.mirror && to.is_none() {
+            return Err(fail("mirror", "a mirror edge must lead to a vertex".into()));
+        }
+        if e.output.is_some() && from.is_none() {
+            return Err(fail("output", "`input` has no named outputs".into()));
+        }
+        let filter = match &e.filter {
+            Some(f) => Some(Filter::parse(f).map_err(|x| fail("filter", x.to_string()))?),
+            None => None,
+        };
+        edges.push(Edge { from, to, output: e.output.clone(), filter, mirror: e.mirror });
+    }
+    Ok(edges)
 }
 
 /// Finds the 1-based line of a field path in YAML text, following indentation: each path
