@@ -73,7 +73,7 @@ struct RunArgs {
     /// Sit between two live interfaces, `IF0,IF1` (AF_PACKET, needs CAP_NET_RAW): what arrives
     /// on one leaves on the other after the chain. Packets from IF1 follow the chain's
     /// `reverse_edges` if it has them.
-    #[arg(long, value_delimiter = ',', num_args = 2, conflicts_with_all = ["gen", "output"])]
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["gen", "output"])]
     bridge: Option<Vec<String>>,
     /// Stop after this many seconds (live runs; Ctrl-C also stops cleanly).
     #[arg(long)]

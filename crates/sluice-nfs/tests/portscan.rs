@@ -183,9 +183,10 @@ fn block_expires_with_host_state() {
 
 #[test]
 fn benign_captures_flag_nobody() {
-    for name in ["http_methods.pcap", "ssh_ssh.pcap", "echo-connections.pcap"] {
+    for (name, packets) in [("http_methods.pcap", 655), ("ssh_ssh.pcap", 1_797), ("echo-connections.pcap", 82_582)] {
         let mut inst = instance("");
         let out = run(&mut inst, load_trace(name));
+        assert_eq!(out.len(), packets, "{name}");
         assert!(portscan_events(&inst).is_empty(), "{name}: {:?}", portscan_events(&inst));
         assert!(out.iter().all(|(v, _)| *v == Verdict::Forward), "{name}");
     }
