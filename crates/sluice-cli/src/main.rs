@@ -417,7 +417,7 @@ fn cmd_gen(a: GenArgs) -> Result<(), Failure> {
     for (ts, frame) in gen {
         w.write(ts, &frame).with_context(|| format!("writing {}", a.output.display()))?;
         n += 1;
-        if n % 65_536 == 0 {
+        if n.is_multiple_of(65_536) {
             if let Some(pb) = &pb {
                 pb.set_position(n);
             }

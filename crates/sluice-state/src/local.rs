@@ -57,7 +57,7 @@ impl LocalState {
             .enumerate()
             .flat_map(|(i, m)| m.iter().map(move |(k, v)| (ObjectId(i as u16), *k, v.clone())))
             .collect();
-        v.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        v.sort_by_key(|x| (x.0, x.1));
         v
     }
 }

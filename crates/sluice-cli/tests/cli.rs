@@ -1,0 +1,142 @@
+//! The `sluice` command as users and scripts see it: reports, pcap output that tcpdump reads,
+//! located validation errors and exit codes.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn sluice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice")).args(args).output().expect("run sluice")
+}
+
+fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(p)
+}
+
+fn trace(name: &str) -> String {
+    repo("../shared/traces").join(name).display().to_string()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn example_chain_output_is_read_by_tcpdump_with_the_reported_count() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().join("out.pcap");
+    let json = dir.path().join("report.json");
+    let chain = repo("chains/example.yaml").display().to_string();
+    let o = sluice(&[
+        "run",
+        "--chain",
+        &chain,
+        "--input",
+        &trace("echo-connections.pcap"),
+        "--output",
+        out.to_str().expect("utf8"),
+        "--json",
+        json.to_str().expect("utf8"),
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("packets  in        82582"), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse json");
+    let reported_out = report["packets_out"].as_u64().expect("packets_out");
+    assert_eq!(report["packets_in"].as_u64(), Some(82_582));
+    assert_eq!(
+        report["packets_in"].as_u64(),
+        Some(reported_out + report["dropped_total"].as_u64().expect("dropped_total"))
+    );
+    let names: Vec<&str> = report["vertices"].as_array().expect("vertices").iter().filter_map(|v| v["name"].as_str()).collect();
+    assert_eq!(names, ["nat", "portscan", "lb", "trojan"]);
+
+    let td = Command::new("tcpdump").args(["-n", "-r"]).arg(&out).output();
+    let td = td.expect("tcpdump is not installed: apt-get install -y tcpdump");
+    assert!(td.status.success(), "tcpdump failed: {}", text(&td));
+    let lines = String::from_utf8_lossy(&td.stdout).lines().count() as u64;
+    assert_eq!(lines, reported_out, "tcpdump read a different number of packets than the report says went out");
+}
+
+#[test]
+fn validate_names_file_line_and_field() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let good = repo("chains/example.yaml").display().to_string();
+    let o = sluice(&["validate", &good]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "vertices:\n  nat:\n    type: nat\n  scan:\n    type: portscann\nedges:\n  - { from: input, to: nat }\n  - { from: nat, to: scan }\n  - { from: scan, to: output }\n",
+    )
+    .expect("write");
+    let o = sluice(&["validate", bad.to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(2));
+    let msg = text(&o);
+    assert!(msg.contains("bad.yaml:5: field `vertices.scan.type`"), "{msg}");
+    assert!(msg.contains("unknown NF type `portscann`"), "{msg}");
+
+    // An NF's own configuration is checked too, and located.
+    std::fs::write(
+        &bad,
+        "vertices:\n  nat:\n    type: nat\n    config:\n      external_ip: 198.51.100.1\n      port_range: [5000, 4000]\nedges:\n  - { from: input, to: nat }\n  - { from: nat, to: output }\n",
+    )
+    .expect("write");
+    let o = sluice(&["validate", "--json", bad.to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&o.stdout).trim()).expect("json");
+    assert_eq!(v["valid"], false);
+    assert_eq!(v["line"].as_u64(), Some(6), "{v}");
+    assert!(v["field"].as_str().is_some_and(|f| f.ends_with("port_range")), "{v}");
+
+    // Graph errors: a cycle, an edge to nowhere.
+    std::fs::write(
+        &bad,
+        "vertices:\n  a: { type: passthrough }\n  b: { type: passthrough }\nedges:\n  - { from: input, to: a }\n  - { from: a, to: b }\n  - { from: b, to: a }\n  - { from: b, to: output }\n",
+    )
+    .expect("write");
+    let o = sluice(&["validate", bad.to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("cycle"), "{}", text(&o));
+}
+
+#[test]
+fn exit_codes_and_help() {
+    for cmd in [&["--help"][..], &["run", "--help"], &["gen", "--help"], &["inspect", "--help"], &["validate", "--help"]] {
+        let o = sluice(cmd);
+        assert_eq!(o.status.code(), Some(0), "{cmd:?}: {}", text(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).contains("Usage"), "{cmd:?}");
+    }
+    let chain = repo("chains/passthrough.yaml").display().to_string();
+    let o = sluice(&["run", "--chain", &chain, "--input", "/nonexistent/x.pcap"]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let dir = tempfile::tempdir().expect("tmp");
+    let junk = dir.path().join("junk.pcap");
+    std::fs::write(&junk, b"this is not a capture file at all").expect("write");
+    let o = sluice(&["inspect", junk.to_str().expect("utf8")]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let o = sluice(&["run", "--chain", "/nonexistent/chain.yaml", "--input", &trace("irc-basic.pcap")]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = sluice(&["run", "--bogus-flag"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn gen_then_inspect_and_run_from_the_generator() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let f = dir.path().join("g.pcap");
+    let o = sluice(&["gen", "--workload", "50x20", "--seed", "3", "--output", f.to_str().expect("utf8"), "--quiet"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = sluice(&["inspect", "--json", f.to_str().expect("utf8")]);
+    assert!(o.status.success(), "{}", text(&o));
+    let s: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(s["packets"].as_u64(), Some(1000));
+    assert_eq!(s["flows"].as_u64(), Some(50));
+    let chain = repo("chains/example.yaml").display().to_string();
+    let o = sluice(&["run", "--chain", &chain, "--gen", "50x20", "--seed", "3", "--json", "-", "--quiet"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json report on stdout");
+    assert_eq!(r["packets_in"].as_u64(), Some(1000));
+}
