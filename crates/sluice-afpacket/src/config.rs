@@ -92,18 +92,10 @@ impl RingConfig {
     /// for the first violation.
     pub(crate) fn validate(&self, page_size: usize) -> Result<(), String> {
         if self.frame_size < Self::MIN_FRAME_SIZE {
-            return Err(format!(
-                "frame_size {} is below the minimum of {}",
-                self.frame_size,
-                Self::MIN_FRAME_SIZE
-            ));
+            return Err(format!("frame_size {} is below the minimum of {}", self.frame_size, Self::MIN_FRAME_SIZE));
         }
         if !self.frame_size.is_multiple_of(sys::TPACKET_ALIGNMENT) {
-            return Err(format!(
-                "frame_size {} is not a multiple of {}",
-                self.frame_size,
-                sys::TPACKET_ALIGNMENT
-            ));
+            return Err(format!("frame_size {} is not a multiple of {}", self.frame_size, sys::TPACKET_ALIGNMENT));
         }
         if page_size == 0 || self.block_size == 0 || !self.block_size.is_multiple_of(page_size) {
             return Err(format!(
@@ -112,45 +104,31 @@ impl RingConfig {
             ));
         }
         if self.block_size < self.frame_size {
-            return Err(format!(
-                "block_size {} is smaller than frame_size {}",
-                self.block_size, self.frame_size
-            ));
+            return Err(format!("block_size {} is smaller than frame_size {}", self.block_size, self.frame_size));
         }
         if u32::try_from(self.block_size).is_err() {
-            return Err(format!(
-                "block_size {} does not fit in 32 bits",
-                self.block_size
-            ));
+            return Err(format!("block_size {} does not fit in 32 bits", self.block_size));
         }
         let per_block = self.frames_per_block();
         for (name, frames) in [("rx_frames", self.rx_frames), ("tx_frames", self.tx_frames)] {
             if frames == 0 || per_block == 0 || !frames.is_multiple_of(per_block) {
-                return Err(format!(
-                    "{name} {frames} is not a positive multiple of the {per_block} frames per block"
-                ));
+                return Err(format!("{name} {frames} is not a positive multiple of the {per_block} frames per block"));
             }
             if u32::try_from(frames).is_err() {
                 return Err(format!("{name} {frames} does not fit in 32 bits"));
             }
         }
-        self.map_len()
-            .map(|_| ())
-            .ok_or_else(|| "ring size overflows".to_string())
+        self.map_len().map(|_| ()).ok_or_else(|| "ring size overflows".to_string())
     }
 
     /// Bytes of the receive ring.
     pub(crate) fn rx_len(&self) -> Option<usize> {
-        self.rx_frames
-            .checked_div(self.frames_per_block())?
-            .checked_mul(self.block_size)
+        self.rx_frames.checked_div(self.frames_per_block())?.checked_mul(self.block_size)
     }
 
     /// Bytes of the transmit ring.
     pub(crate) fn tx_len(&self) -> Option<usize> {
-        self.tx_frames
-            .checked_div(self.frames_per_block())?
-            .checked_mul(self.block_size)
+        self.tx_frames.checked_div(self.frames_per_block())?.checked_mul(self.block_size)
     }
 
     /// Bytes of the whole mapping (receive ring first, then transmit ring).
@@ -176,31 +154,12 @@ mod tests {
     fn rejects_bad_geometry() {
         let ok = RingConfig::default();
         let bad = [
-            RingConfig {
-                frame_size: 64,
-                ..ok.clone()
-            },
-            RingConfig {
-                frame_size: 2050,
-                ..ok.clone()
-            },
-            RingConfig {
-                block_size: 1000,
-                ..ok.clone()
-            },
-            RingConfig {
-                block_size: 4096,
-                frame_size: 8192,
-                ..ok.clone()
-            },
-            RingConfig {
-                rx_frames: 0,
-                ..ok.clone()
-            },
-            RingConfig {
-                tx_frames: 33,
-                ..ok.clone()
-            },
+            RingConfig { frame_size: 64, ..ok.clone() },
+            RingConfig { frame_size: 2050, ..ok.clone() },
+            RingConfig { block_size: 1000, ..ok.clone() },
+            RingConfig { block_size: 4096, frame_size: 8192, ..ok.clone() },
+            RingConfig { rx_frames: 0, ..ok.clone() },
+            RingConfig { tx_frames: 33, ..ok.clone() },
         ];
         for c in bad {
             assert!(c.validate(4096).is_err(), "{c:?} accepted");
@@ -210,13 +169,7 @@ mod tests {
     #[test]
     fn frames_need_not_fill_blocks_exactly() {
         // 3 frames of 1360 bytes per 4096-byte block, 256 bytes unused per block.
-        let c = RingConfig {
-            frame_size: 1360,
-            block_size: 4096,
-            rx_frames: 30,
-            tx_frames: 3,
-            ..RingConfig::default()
-        };
+        let c = RingConfig { frame_size: 1360, block_size: 4096, rx_frames: 30, tx_frames: 3, ..RingConfig::default() };
         assert_eq!(c.validate(4096), Ok(()));
         assert_eq!(c.map_len(), Some(11 * 4096));
     }

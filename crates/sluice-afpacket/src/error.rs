@@ -54,11 +54,7 @@ impl AfPacketError {
     }
 
     pub(crate) fn syscall(ifname: &str, syscall: &'static str, source: io::Error) -> Self {
-        AfPacketError::Syscall {
-            ifname: ifname.to_string(),
-            syscall,
-            source,
-        }
+        AfPacketError::Syscall { ifname: ifname.to_string(), syscall, source }
     }
 
     /// A failed call, with the errno of the calling thread.

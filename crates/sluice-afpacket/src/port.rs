@@ -78,9 +78,7 @@ impl Ring {
 
     /// Offset in the mapping of the frame at the head; frames never straddle blocks.
     fn head_offset(&self) -> usize {
-        self.offset
-            + (self.head / self.per_block) * self.block_size
-            + (self.head % self.per_block) * self.frame_size
+        self.offset + (self.head / self.per_block) * self.block_size + (self.head % self.per_block) * self.frame_size
     }
 
     fn advance(&mut self) {
@@ -176,10 +174,7 @@ impl AfPacketPort {
     /// up. The rings are set up before the socket is bound, so no frame is ever queued outside
     /// them.
     pub fn open(ifname: &str, cfg: &RingConfig) -> Result<AfPacketPort, AfPacketError> {
-        let invalid = |reason| AfPacketError::InvalidName {
-            ifname: ifname.to_string(),
-            reason,
-        };
+        let invalid = |reason| AfPacketError::InvalidName { ifname: ifname.to_string(), reason };
         if ifname.is_empty() {
             return Err(invalid("empty"));
         }
@@ -190,12 +185,8 @@ impl AfPacketPort {
 
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        let page = usize::try_from(page)
-            .map_err(|_| AfPacketError::last_os(ifname, "sysconf(_SC_PAGESIZE)"))?;
-        cfg.validate(page).map_err(|reason| AfPacketError::Config {
-            ifname: ifname.to_string(),
-            reason,
-        })?;
+        let page = usize::try_from(page).map_err(|_| AfPacketError::last_os(ifname, "sysconf(_SC_PAGESIZE)"))?;
+        cfg.validate(page).map_err(|reason| AfPacketError::Config { ifname: ifname.to_string(), reason })?;
         let map_len = cfg.map_len().ok_or_else(|| AfPacketError::Config {
             ifname: ifname.to_string(),
             reason: "ring size overflows".to_string(),
@@ -213,37 +204,17 @@ impl AfPacketPort {
         // SAFETY: plain syscall with integer arguments.
         let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
         if raw < 0 {
-            return Err(AfPacketError::last_os(
-                ifname,
-                "socket(AF_PACKET, SOCK_RAW)",
-            ));
+            return Err(AfPacketError::last_os(ifname, "socket(AF_PACKET, SOCK_RAW)"));
         }
         // SAFETY: `raw` is a freshly created descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
 
-        setsockopt(
-            &fd,
-            ifname,
-            sys::PACKET_VERSION,
-            &sys::TPACKET_V2,
-            "setsockopt(PACKET_VERSION)",
-        )?;
+        setsockopt(&fd, ifname, sys::PACKET_VERSION, &sys::TPACKET_V2, "setsockopt(PACKET_VERSION)")?;
         setsockopt(&fd, ifname, sys::PACKET_LOSS, &1, "setsockopt(PACKET_LOSS)")?;
-        let ignore_outgoing = optional(setsockopt(
-            &fd,
-            ifname,
-            sys::PACKET_IGNORE_OUTGOING,
-            &1,
-            "setsockopt(PACKET_IGNORE_OUTGOING)",
-        ))?;
+        let ignore_outgoing =
+            optional(setsockopt(&fd, ifname, sys::PACKET_IGNORE_OUTGOING, &1, "setsockopt(PACKET_IGNORE_OUTGOING)"))?;
         let qdisc_bypass = cfg.qdisc_bypass
-            && optional(setsockopt(
-                &fd,
-                ifname,
-                sys::PACKET_QDISC_BYPASS,
-                &1,
-                "setsockopt(PACKET_QDISC_BYPASS)",
-            ))?;
+            && optional(setsockopt(&fd, ifname, sys::PACKET_QDISC_BYPASS, &1, "setsockopt(PACKET_QDISC_BYPASS)"))?;
 
         // `validate` checked that every field fits in 32 bits.
         let req = |frames: usize| sys::TpacketReq {
@@ -252,20 +223,8 @@ impl AfPacketPort {
             tp_frame_size: cfg.frame_size as u32,
             tp_frame_nr: frames as u32,
         };
-        setsockopt(
-            &fd,
-            ifname,
-            sys::PACKET_RX_RING,
-            &req(cfg.rx_frames),
-            "setsockopt(PACKET_RX_RING)",
-        )?;
-        setsockopt(
-            &fd,
-            ifname,
-            sys::PACKET_TX_RING,
-            &req(cfg.tx_frames),
-            "setsockopt(PACKET_TX_RING)",
-        )?;
+        setsockopt(&fd, ifname, sys::PACKET_RX_RING, &req(cfg.rx_frames), "setsockopt(PACKET_RX_RING)")?;
+        setsockopt(&fd, ifname, sys::PACKET_TX_RING, &req(cfg.tx_frames), "setsockopt(PACKET_TX_RING)")?;
 
         // SAFETY: requesting a fresh shared mapping of the socket's rings (RX ring first, then
         // TX ring, as the kernel lays them out); no existing memory is affected.
@@ -282,10 +241,7 @@ impl AfPacketPort {
         if base == libc::MAP_FAILED {
             return Err(AfPacketError::last_os(ifname, "mmap"));
         }
-        let map = RingMap {
-            base: base.cast(),
-            len: map_len,
-        };
+        let map = RingMap { base: base.cast(), len: map_len };
 
         // SAFETY: sockaddr_ll is a plain C struct for which all-zero bytes are valid.
         let mut sll: libc::sockaddr_ll = unsafe { mem::zeroed() };
@@ -311,13 +267,7 @@ impl AfPacketPort {
                 mr_alen: 0,
                 mr_address: [0; 8],
             };
-            setsockopt(
-                &fd,
-                ifname,
-                sys::PACKET_ADD_MEMBERSHIP,
-                &mreq,
-                "setsockopt(PACKET_ADD_MEMBERSHIP)",
-            )?;
+            setsockopt(&fd, ifname, sys::PACKET_ADD_MEMBERSHIP, &mreq, "setsockopt(PACKET_ADD_MEMBERSHIP)")?;
         }
 
         let mtu = interface_mtu(&fd, ifname, &cname)?;
@@ -356,10 +306,8 @@ impl AfPacketPort {
 
     /// Reads the interface MTU again (after it was changed) and returns it.
     pub fn refresh_mtu(&mut self) -> Result<usize, AfPacketError> {
-        let cname = CString::new(self.ifname.as_str()).map_err(|_| AfPacketError::InvalidName {
-            ifname: self.ifname.clone(),
-            reason: "contains a NUL byte",
-        })?;
+        let cname = CString::new(self.ifname.as_str())
+            .map_err(|_| AfPacketError::InvalidName { ifname: self.ifname.clone(), reason: "contains a NUL byte" })?;
         self.mtu = interface_mtu(&self.fd, &self.ifname, &cname)?;
         Ok(self.mtu)
     }
@@ -398,12 +346,7 @@ impl AfPacketPort {
     /// on the wire. Frames the kernel truncated are counted and handled per
     /// [`RingConfig::truncated`]; frames the host was sending are skipped (and counted) if the
     /// kernel did not filter them.
-    pub fn recv_batch(
-        &mut self,
-        pool: &PacketPool,
-        out: &mut Batch,
-        max: usize,
-    ) -> Result<usize, AfPacketError> {
+    pub fn recv_batch(&mut self, pool: &PacketPool, out: &mut Batch, max: usize) -> Result<usize, AfPacketError> {
         let mut delivered = 0;
         // Bounded by the ring size so that a stream of skipped frames cannot keep us here.
         let mut visited = 0;
@@ -436,8 +379,7 @@ impl AfPacketPort {
         // shared with the kernel.
         let hdr = unsafe { ptr::read_volatile(frame.cast::<sys::Tpacket2Hdr>()) };
         // SAFETY: as above; the sockaddr_ll follows the header inside the frame.
-        let pkttype =
-            unsafe { ptr::read_volatile(frame.add(sys::RX_SLL_OFFSET + sys::SLL_PKTTYPE_OFFSET)) };
+        let pkttype = unsafe { ptr::read_volatile(frame.add(sys::RX_SLL_OFFSET + sys::SLL_PKTTYPE_OFFSET)) };
         if pkttype == sys::PACKET_OUTGOING {
             self.stats.rx_outgoing_skipped += 1;
             return None;
@@ -461,10 +403,7 @@ impl AfPacketPort {
         // which the kernel does not modify while we own it; the slice is dropped before the
         // frame is handed back.
         let data = unsafe { std::slice::from_raw_parts(frame.add(mac).cast_const(), snap) };
-        let meta = Meta {
-            ts_ns: u64::from(hdr.tp_sec) * 1_000_000_000 + u64::from(hdr.tp_nsec),
-            ..Meta::default()
-        };
+        let meta = Meta { ts_ns: u64::from(hdr.tp_sec) * 1_000_000_000 + u64::from(hdr.tp_nsec), ..Meta::default() };
         let pkt = if st & sys::TP_STATUS_VLAN_VALID != 0 && snap >= 12 {
             let tpid = if st & sys::TP_STATUS_VLAN_TPID_VALID != 0 && hdr.tp_vlan_tpid != 0 {
                 hdr.tp_vlan_tpid
@@ -474,8 +413,7 @@ impl AfPacketPort {
             self.scratch.clear();
             self.scratch.extend_from_slice(&data[..12]);
             self.scratch.extend_from_slice(&tpid.to_be_bytes());
-            self.scratch
-                .extend_from_slice(&hdr.tp_vlan_tci.to_be_bytes());
+            self.scratch.extend_from_slice(&hdr.tp_vlan_tci.to_be_bytes());
             self.scratch.extend_from_slice(&data[12..]);
             pool.packet(&self.scratch, meta)
         } else {
@@ -563,16 +501,7 @@ impl AfPacketPort {
         // SAFETY: a null buffer of length 0 with a null address is the documented way to make
         // the kernel flush a packet socket's TX ring; nothing is read from user memory except
         // the ring itself.
-        let r = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                ptr::null(),
-                0,
-                libc::MSG_DONTWAIT,
-                ptr::null(),
-                0,
-            )
-        };
+        let r = unsafe { libc::sendto(self.fd.as_raw_fd(), ptr::null(), 0, libc::MSG_DONTWAIT, ptr::null(), 0) };
         if r >= 0 {
             self.tx_kick_pending = false;
             return Ok(());
@@ -598,11 +527,7 @@ impl AfPacketPort {
         }
         let ms = timeout.as_nanos().div_ceil(1_000_000);
         let ms = libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX);
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: `pfd` is a valid pollfd and the count passed is 1.
         let r = unsafe { libc::poll(&mut pfd, 1, ms) };
         if r < 0 {
@@ -613,11 +538,7 @@ impl AfPacketPort {
             return Err(AfPacketError::syscall(&self.ifname, "poll", err));
         }
         if pfd.revents & libc::POLLNVAL != 0 {
-            return Err(AfPacketError::syscall(
-                &self.ifname,
-                "poll",
-                io::Error::from_raw_os_error(libc::EBADF),
-            ));
+            return Err(AfPacketError::syscall(&self.ifname, "poll", io::Error::from_raw_os_error(libc::EBADF)));
         }
         if pfd.revents & libc::POLLERR != 0 {
             let e = self.take_socket_error()?;
@@ -669,10 +590,7 @@ impl AfPacketPort {
             )
         };
         if r < 0 {
-            return Err(AfPacketError::last_os(
-                &self.ifname,
-                "getsockopt(PACKET_STATISTICS)",
-            ));
+            return Err(AfPacketError::last_os(&self.ifname, "getsockopt(PACKET_STATISTICS)"));
         }
         self.stats.rx_kernel_drops += u64::from(ks.tp_drops);
         Ok(self.stats)
@@ -741,23 +659,12 @@ fn interface_mtu(fd: &OwnedFd, ifname: &str, cname: &CString) -> Result<usize, A
     }
     // SAFETY: `ifr` is a valid ifreq holding a NUL-terminated name (the name is at most 15
     // bytes and the rest is zero); SIOCGIFMTU writes only `ifr_ifru.ifru_mtu`.
-    let r = unsafe {
-        libc::ioctl(
-            fd.as_raw_fd(),
-            libc::SIOCGIFMTU as _,
-            ptr::addr_of_mut!(ifr),
-        )
-    };
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFMTU as _, ptr::addr_of_mut!(ifr)) };
     if r < 0 {
         return Err(AfPacketError::last_os(ifname, "ioctl(SIOCGIFMTU)"));
     }
     // SAFETY: after a successful SIOCGIFMTU the union holds the MTU.
     let mtu = unsafe { ifr.ifr_ifru.ifru_mtu };
-    usize::try_from(mtu).map_err(|_| {
-        AfPacketError::syscall(
-            ifname,
-            "ioctl(SIOCGIFMTU)",
-            io::Error::from(io::ErrorKind::InvalidData),
-        )
-    })
+    usize::try_from(mtu)
+        .map_err(|_| AfPacketError::syscall(ifname, "ioctl(SIOCGIFMTU)", io::Error::from(io::ErrorKind::InvalidData)))
 }

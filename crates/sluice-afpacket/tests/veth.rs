@@ -6,9 +6,7 @@
 //! Every name carries the process id and a per-test tag; a guard deletes what a test created
 //! even when it fails. Traffic only ever goes to the veth peers inside the test namespaces.
 
-use etherparse::{
-    Icmpv4Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice, VlanId, VlanSlice,
-};
+use etherparse::{Icmpv4Type, NetSlice, PacketBuilder, SlicedPacket, TransportSlice, VlanId, VlanSlice};
 use sluice_afpacket::{AfPacketError, AfPacketPort, PortStats, RingConfig};
 use sluice_packet::{Batch, Meta, Packet, PacketPool};
 use std::process::{Command, Output};
@@ -32,16 +30,8 @@ fn preflight(tools: &[&str]) {
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .unwrap_or(0);
-    let needed = [
-        (12, "CAP_NET_ADMIN"),
-        (13, "CAP_NET_RAW"),
-        (21, "CAP_SYS_ADMIN"),
-    ];
-    let missing: Vec<&str> = needed
-        .iter()
-        .filter(|(bit, _)| cap_eff & (1 << bit) == 0)
-        .map(|(_, n)| *n)
-        .collect();
+    let needed = [(12, "CAP_NET_ADMIN"), (13, "CAP_NET_RAW"), (21, "CAP_SYS_ADMIN")];
+    let missing: Vec<&str> = needed.iter().filter(|(bit, _)| cap_eff & (1 << bit) == 0).map(|(_, n)| *n).collect();
     assert!(
         missing.is_empty(),
         "these tests create network namespaces, veth pairs and AF_PACKET sockets and must run as \
@@ -60,18 +50,12 @@ fn preflight(tools: &[&str]) {
 }
 
 fn have_ethtool() -> bool {
-    Command::new("ethtool")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
+    Command::new("ethtool").arg("--version").output().is_ok_and(|o| o.status.success())
 }
 
 /// Runs a command, failing the test with its output when it does not succeed.
 fn run(args: &[&str]) -> Output {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"));
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"));
     assert!(
         out.status.success(),
         "{args:?} failed ({}): {}{}",
@@ -88,9 +72,7 @@ fn names(tag: &str) -> (String, impl Fn(&str) -> String) {
     let ns_prefix = format!("sluice-afp-{pid}-{tag}");
     let tag = tag.to_string();
     // "sf" + up to 7 digits + 1-char tag + up to 2-char suffix: at most 12 bytes < IFNAMSIZ.
-    (ns_prefix, move |suffix: &str| {
-        format!("sf{pid}{tag}{suffix}")
-    })
+    (ns_prefix, move |suffix: &str| format!("sf{pid}{tag}{suffix}"))
 }
 
 /// Deletes the namespaces and links a test created, whatever happens to the test.
@@ -108,19 +90,10 @@ impl NetGuard {
 
     /// A veth pair `host` (root namespace) ↔ `peer` (moved to `netns`), with fixed MACs, both up,
     /// `peer` with address `cidr`, offloads off when ethtool is there.
-    fn add_veth(
-        &mut self,
-        host: &str,
-        host_mac: &str,
-        peer: &str,
-        peer_mac: &str,
-        netns: &str,
-        cidr: &str,
-    ) {
+    fn add_veth(&mut self, host: &str, host_mac: &str, peer: &str, peer_mac: &str, netns: &str, cidr: &str) {
         self.links.push(host.to_string());
         run(&[
-            "ip", "link", "add", host, "address", host_mac, "type", "veth", "peer", "name", peer,
-            "address", peer_mac,
+            "ip", "link", "add", host, "address", host_mac, "type", "veth", "peer", "name", peer, "address", peer_mac,
         ]);
         run(&["ip", "link", "set", peer, "netns", netns]);
         // No IPv6 chatter from the host side (the port's own interface); ignore if absent.
@@ -159,10 +132,7 @@ fn echo_payload(seq: u16) -> Vec<u8> {
 }
 
 fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
 #[test]
@@ -182,10 +152,7 @@ fn missing_interface_names_interface_and_syscall() {
     let name = format!("sfnone{}", std::process::id());
     let err = AfPacketPort::open(&name, &RingConfig::default()).expect_err("no such interface");
     let msg = err.to_string();
-    assert!(
-        msg.contains(&name) && msg.contains("if_nametoindex"),
-        "{msg}"
-    );
+    assert!(msg.contains(&name) && msg.contains("if_nametoindex"), "{msg}");
     assert_eq!(err.raw_os_error(), Some(libc::ENODEV), "{msg}");
 }
 
@@ -199,20 +166,10 @@ fn echo_requests_out_replies_in_own_frames_not_looped() {
     let mut guard = NetGuard::default();
     let ns = format!("{ns_prefix}-ns");
     let (a, b) = (ifname("a"), ifname("b"));
-    let (mac_a, mac_b) = (
-        [0x02, 0x00, 0x00, 0x78, 0x00, 0x01],
-        [0x02, 0x00, 0x00, 0x78, 0x00, 0x02],
-    );
+    let (mac_a, mac_b) = ([0x02, 0x00, 0x00, 0x78, 0x00, 0x01], [0x02, 0x00, 0x00, 0x78, 0x00, 0x02]);
     let (ip_a, ip_b) = ([10, 78, 0, 1], [10, 78, 0, 2]);
     guard.add_netns(&ns);
-    guard.add_veth(
-        &a,
-        "02:00:00:78:00:01",
-        &b,
-        "02:00:00:78:00:02",
-        &ns,
-        "10.78.0.2/24",
-    );
+    guard.add_veth(&a, "02:00:00:78:00:01", &b, "02:00:00:78:00:02", &ns, "10.78.0.2/24");
     // The namespace answers to 10.78.0.1 without asking for its MAC (nobody would answer ARP).
     run(&[
         "ip",
@@ -247,13 +204,9 @@ fn echo_requests_out_replies_in_own_frames_not_looped() {
     let requests: Vec<Packet> = (0..N)
         .map(|seq| {
             let payload = echo_payload(seq);
-            let builder = PacketBuilder::ethernet2(mac_a, mac_b)
-                .ipv4(ip_a, ip_b, 64)
-                .icmpv4_echo_request(ID, seq);
+            let builder = PacketBuilder::ethernet2(mac_a, mac_b).ipv4(ip_a, ip_b, 64).icmpv4_echo_request(ID, seq);
             let mut frame = Vec::with_capacity(builder.size(payload.len()));
-            builder
-                .write(&mut frame, &payload)
-                .expect("build echo request");
+            builder.write(&mut frame, &payload).expect("build echo request");
             pool.packet(&frame, Meta::default())
         })
         .collect();
@@ -267,49 +220,27 @@ fn echo_requests_out_replies_in_own_frames_not_looped() {
 
     // Frames another socket (here a second port, through the qdisc so that packet taps see
     // them) sends on the interface are outgoing for this port: it must not receive them.
-    let mut other_port = AfPacketPort::open(
-        &a,
-        &RingConfig {
-            qdisc_bypass: false,
-            ..RingConfig::default()
-        },
-    )
-    .expect("open second port on the same veth");
+    let mut other_port = AfPacketPort::open(&a, &RingConfig { qdisc_bypass: false, ..RingConfig::default() })
+        .expect("open second port on the same veth");
     let mut marker = Vec::from(mac_b);
     marker.extend_from_slice(&mac_a);
     marker.extend_from_slice(&MARKER_ETHERTYPE.to_be_bytes());
     marker.extend_from_slice(&[0xa5; 46]);
     let marker = Packet::from_slice(&marker, Meta::default());
-    assert_eq!(
-        other_port
-            .send_batch(std::slice::from_ref(&marker))
-            .expect("send marker"),
-        1
-    );
+    assert_eq!(other_port.send_batch(std::slice::from_ref(&marker)).expect("send marker"), 1);
     assert_eq!(other_port.counters().tx_packets, 1);
 
     // A batch larger than the TX ring fills it (the kick comes at the end of the batch): the
     // call reports how many it took, and the rest goes once the kernel has released slots.
-    let tiny = RingConfig {
-        block_size: 4096,
-        rx_frames: 2,
-        tx_frames: 2,
-        ..RingConfig::default()
-    };
+    let tiny = RingConfig { block_size: 4096, rx_frames: 2, tx_frames: 2, ..RingConfig::default() };
     let mut tiny_port = AfPacketPort::open(&a, &tiny).expect("open port with a 2-frame TX ring");
     let markers = vec![marker.clone(); 5];
-    assert_eq!(
-        tiny_port.send_batch(&markers).expect("send to a full ring"),
-        2
-    );
+    assert_eq!(tiny_port.send_batch(&markers).expect("send to a full ring"), 2);
     assert_eq!(tiny_port.counters().tx_ring_full, 1);
     let deadline = Instant::now() + LOOP_LIMIT;
     let mut sent = 2;
     while sent < markers.len() {
-        assert!(
-            Instant::now() < deadline,
-            "TX ring slots were never released"
-        );
+        assert!(Instant::now() < deadline, "TX ring slots were never released");
         sent += tiny_port.send_batch(&markers[sent..]).expect("send_batch");
     }
     assert_eq!(tiny_port.counters().tx_packets, 5);
@@ -318,10 +249,7 @@ fn echo_requests_out_replies_in_own_frames_not_looped() {
     let deadline = Instant::now() + LOOP_LIMIT;
     let mut sent = 0;
     while sent < requests.len() {
-        assert!(
-            Instant::now() < deadline,
-            "TX ring never accepted the requests"
-        );
+        assert!(Instant::now() < deadline, "TX ring never accepted the requests");
         sent += port.send_batch(&requests[sent..]).expect("send_batch");
     }
 
@@ -332,11 +260,7 @@ fn echo_requests_out_replies_in_own_frames_not_looped() {
     let start_ns = now_ns();
     loop {
         let now = Instant::now();
-        assert!(
-            now < deadline,
-            "timed out; replies seen: {replies:?}, stats {:?}",
-            port.counters()
-        );
+        assert!(now < deadline, "timed out; replies seen: {replies:?}, stats {:?}", port.counters());
         // Keep listening a little after the last reply, to catch looped frames arriving late.
         if done_at.is_some_and(|t| now >= t + Duration::from_millis(300)) {
             break;
@@ -346,28 +270,16 @@ fn echo_requests_out_replies_in_own_frames_not_looped() {
         }
         port.recv_batch(&pool, &mut batch, 32).expect("recv_batch");
         for pkt in batch.drain(..) {
-            assert!(
-                pkt.meta.ts_ns >= start_ns.saturating_sub(5_000_000_000),
-                "bad timestamp {}",
-                pkt.meta.ts_ns
-            );
-            assert!(
-                pkt.meta.ts_ns <= now_ns() + 1_000_000_000,
-                "timestamp in the future"
-            );
+            assert!(pkt.meta.ts_ns >= start_ns.saturating_sub(5_000_000_000), "bad timestamp {}", pkt.meta.ts_ns);
+            assert!(pkt.meta.ts_ns <= now_ns() + 1_000_000_000, "timestamp in the future");
             assert_eq!(pkt.meta.in_port, 0);
             assert!(
                 !requests.iter().any(|r| r.data() == pkt.data()),
                 "the port received its own transmitted frame back"
             );
-            assert_ne!(
-                pkt.data()[12..14],
-                MARKER_ETHERTYPE.to_be_bytes(),
-                "received another socket's outgoing frame"
-            );
+            assert_ne!(pkt.data()[12..14], MARKER_ETHERTYPE.to_be_bytes(), "received another socket's outgoing frame");
             let sliced = SlicedPacket::from_ethernet(pkt.data()).expect("parse received frame");
-            let (Some(NetSlice::Ipv4(ip)), Some(TransportSlice::Icmpv4(icmp))) =
-                (&sliced.net, &sliced.transport)
+            let (Some(NetSlice::Ipv4(ip)), Some(TransportSlice::Icmpv4(icmp))) = (&sliced.net, &sliced.transport)
             else {
                 other_frames += 1;
                 continue;
@@ -381,11 +293,7 @@ fn echo_requests_out_replies_in_own_frames_not_looped() {
                     assert_eq!(&pkt.data()[6..12], &mac_b, "reply src MAC");
                     assert!(echo.seq < N, "unexpected seq {}", echo.seq);
                     assert_eq!(icmp.payload(), &echo_payload(echo.seq)[..], "reply payload");
-                    assert!(
-                        !replies[usize::from(echo.seq)],
-                        "duplicate reply {}",
-                        echo.seq
-                    );
+                    assert!(!replies[usize::from(echo.seq)], "duplicate reply {}", echo.seq);
                     replies[usize::from(echo.seq)] = true;
                 }
                 _ => other_frames += 1,
@@ -404,10 +312,7 @@ fn echo_requests_out_replies_in_own_frames_not_looped() {
     assert_eq!(stats.rx_invalid, 0);
     assert_eq!(stats.rx_kernel_drops, 0);
     if port.ignore_outgoing_active() {
-        assert_eq!(
-            stats.rx_outgoing_skipped, 0,
-            "IGNORE_OUTGOING should have filtered in the kernel"
-        );
+        assert_eq!(stats.rx_outgoing_skipped, 0, "IGNORE_OUTGOING should have filtered in the kernel");
     }
     drop(other_port);
     drop(port);
@@ -460,22 +365,8 @@ fn bridge_between_two_namespaces_carries_ping() {
     guard.add_netns(&ns_c);
     guard.add_netns(&ns_s);
     let (c0, c1, s0, s1) = (ifname("c0"), ifname("c1"), ifname("s0"), ifname("s1"));
-    guard.add_veth(
-        &c0,
-        "02:00:00:77:c0:00",
-        &c1,
-        "02:00:00:77:c0:01",
-        &ns_c,
-        "10.77.0.1/24",
-    );
-    guard.add_veth(
-        &s0,
-        "02:00:00:77:50:00",
-        &s1,
-        "02:00:00:77:50:01",
-        &ns_s,
-        "10.77.0.2/24",
-    );
+    guard.add_veth(&c0, "02:00:00:77:c0:00", &c1, "02:00:00:77:c0:01", &ns_c, "10.77.0.1/24");
+    guard.add_veth(&s0, "02:00:00:77:50:00", &s1, "02:00:00:77:50:01", &ns_s, "10.77.0.2/24");
 
     let mut port_c = AfPacketPort::open(&c0, &RingConfig::default()).expect("open port c");
     let mut port_s = AfPacketPort::open(&s0, &RingConfig::default()).expect("open port s");
@@ -499,12 +390,8 @@ fn bridge_between_two_namespaces_carries_ping() {
             r.s_to_c += b;
             if a + b == 0 {
                 // Idle: sleep on one port briefly, then look at both again.
-                port_c
-                    .poll_readable(Duration::from_millis(2))
-                    .expect("poll c");
-                port_s
-                    .poll_readable(Duration::from_millis(2))
-                    .expect("poll s");
+                port_c.poll_readable(Duration::from_millis(2)).expect("poll c");
+                port_s.poll_readable(Duration::from_millis(2)).expect("poll s");
             }
         }
         r.stats_c = port_c.stats().expect("stats c");
@@ -513,59 +400,28 @@ fn bridge_between_two_namespaces_carries_ping() {
     });
 
     let ping = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &ns_c,
-            "ping",
-            "-c",
-            "3",
-            "-i",
-            "0.2",
-            "-W",
-            "2",
-            "-w",
-            "8",
-            "10.77.0.2",
-        ])
+        .args(["netns", "exec", &ns_c, "ping", "-c", "3", "-i", "0.2", "-W", "2", "-w", "8", "10.77.0.2"])
         .output();
     stop.store(true, Ordering::Relaxed);
     let report = forwarder.join().expect("forwarding thread panicked");
     let ping = ping.expect("run ping");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&ping.stdout),
-        String::from_utf8_lossy(&ping.stderr)
-    );
+    let text = format!("{}{}", String::from_utf8_lossy(&ping.stdout), String::from_utf8_lossy(&ping.stderr));
     eprintln!("{text}");
     eprintln!(
         "forwarded c->s {} s->c {} dropped {}\nport c {:?}\nport s {:?}",
         report.c_to_s, report.s_to_c, report.dropped, report.stats_c, report.stats_s
     );
-    assert!(
-        ping.status.success(),
-        "ping through the bridge failed: {text}"
-    );
+    assert!(ping.status.success(), "ping through the bridge failed: {text}");
     assert!(text.contains("3 received"), "{text}");
     // ARP request + 3 echo requests one way, ARP reply + 3 echo replies the other.
-    assert!(
-        report.c_to_s >= 4 && report.s_to_c >= 4,
-        "too few frames forwarded"
-    );
+    assert!(report.c_to_s >= 4 && report.s_to_c >= 4, "too few frames forwarded");
     assert_eq!(report.dropped, 0);
     for s in [report.stats_c, report.stats_s] {
-        assert_eq!(
-            s.rx_outgoing_skipped + s.rx_truncated + s.rx_invalid + s.tx_oversize,
-            0,
-            "{s:?}"
-        );
+        assert_eq!(s.rx_outgoing_skipped + s.rx_truncated + s.rx_invalid + s.tx_oversize, 0, "{s:?}");
     }
     // A port that received its own output would bounce every broadcast (the ARP request, IPv6
     // neighbour discovery) back and forth for as long as the loop runs: thousands of frames.
-    assert!(
-        report.c_to_s + report.s_to_c < 100,
-        "the bridge loops its own output"
-    );
+    assert!(report.c_to_s + report.s_to_c < 100, "the bridge loops its own output");
     assert_eq!(report.stats_s.tx_packets, report.c_to_s);
     assert_eq!(report.stats_c.tx_packets, report.s_to_c);
     drop(guard);
@@ -575,15 +431,8 @@ fn bridge_between_two_namespaces_carries_ping() {
 fn send_one(port: &mut AfPacketPort, frame: &[u8]) {
     let pkt = Packet::from_slice(frame, Meta::default());
     let deadline = Instant::now() + LOOP_LIMIT;
-    while port
-        .send_batch(std::slice::from_ref(&pkt))
-        .expect("send_batch")
-        == 0
-    {
-        assert!(
-            Instant::now() < deadline,
-            "TX ring never accepted the frame"
-        );
+    while port.send_batch(std::slice::from_ref(&pkt)).expect("send_batch") == 0 {
+        assert!(Instant::now() < deadline, "TX ring never accepted the frame");
         thread::sleep(Duration::from_millis(1));
     }
 }
@@ -641,33 +490,19 @@ fn vlan_tags_restored_and_truncated_frames_handled() {
         let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{dev}/disable_ipv6"), "1");
         run(&["ip", "link", "set", dev, "up"]);
         if have_ethtool() {
-            run(&[
-                "ethtool", "-K", dev, "gro", "off", "tso", "off", "gso", "off", "tx", "off",
-            ]);
+            run(&["ethtool", "-K", dev, "gro", "off", "tso", "off", "gso", "off", "tx", "off"]);
         }
     }
-    let (mac_a, mac_b) = (
-        [0x02, 0x00, 0x00, 0x79, 0x00, 0x01],
-        [0x02, 0x00, 0x00, 0x79, 0x00, 0x02],
-    );
+    let (mac_a, mac_b) = ([0x02, 0x00, 0x00, 0x79, 0x00, 0x01], [0x02, 0x00, 0x00, 0x79, 0x00, 0x02]);
 
     let pool = PacketPool::new(64, 2048);
     let mut sender = AfPacketPort::open(&b, &RingConfig::default()).expect("open port on b");
     let mut port = AfPacketPort::open(&a, &RingConfig::default()).expect("open port on a");
     // 256-byte frames hold 190 bytes of a received frame.
-    let small = RingConfig {
-        frame_size: 256,
-        block_size: 4096,
-        rx_frames: 16,
-        tx_frames: 16,
-        ..RingConfig::default()
-    };
+    let small = RingConfig { frame_size: 256, block_size: 4096, rx_frames: 16, tx_frames: 16, ..RingConfig::default() };
     assert_eq!(small.max_rx_frame(), 190);
     let mut small_drop = AfPacketPort::open(&a, &small).expect("open small-frame port");
-    let keep = RingConfig {
-        truncated: sluice_afpacket::TruncatedFrames::Deliver,
-        ..small
-    };
+    let keep = RingConfig { truncated: sluice_afpacket::TruncatedFrames::Deliver, ..small };
     let mut small_keep = AfPacketPort::open(&a, &keep).expect("open small-frame port");
 
     // A frame tagged with VLAN 7, priority 5, is received exactly as sent.
@@ -677,9 +512,7 @@ fn vlan_tags_restored_and_truncated_frames_handled() {
         .ipv4([10, 79, 7, 2], [10, 79, 7, 1], 64)
         .icmpv4_echo_request(0x7007, 1);
     let mut tagged = Vec::new();
-    builder
-        .write(&mut tagged, &payload)
-        .expect("build tagged frame");
+    builder.write(&mut tagged, &payload).expect("build tagged frame");
     tagged[14] |= 5 << 5; // PCP 5 in the TCI
     send_one(&mut sender, &tagged);
     let same = recv_until(&mut port, &pool, Duration::from_secs(5), |pkt| {
@@ -689,19 +522,12 @@ fn vlan_tags_restored_and_truncated_frames_handled() {
         let ours = matches!(&sliced.transport, Some(TransportSlice::Icmpv4(i))
             if matches!(i.icmp_type(), Icmpv4Type::EchoRequest(e) if e.id == 0x7007));
         if ours {
-            assert!(
-                matches!(&sliced.vlan, Some(VlanSlice::SingleVlan(_))),
-                "VLAN tag lost"
-            );
+            assert!(matches!(&sliced.vlan, Some(VlanSlice::SingleVlan(_))), "VLAN tag lost");
             assert_eq!(pkt.data(), &tagged[..], "tagged frame changed on the way");
         }
         ours
     });
-    assert!(
-        same,
-        "tagged frame not received; stats {:?}",
-        port.counters()
-    );
+    assert!(same, "tagged frame not received; stats {:?}", port.counters());
 
     // A 1042-byte frame does not fit a 256-byte ring frame.
     let mut big = Vec::from(mac_a);
@@ -710,29 +536,17 @@ fn vlan_tags_restored_and_truncated_frames_handled() {
     big.extend((0..1028u32).map(|i| i as u8));
     send_one(&mut sender, &big);
     assert!(
-        recv_until(&mut port, &pool, Duration::from_secs(5), |pkt| pkt.data()
-            == &big[..]),
+        recv_until(&mut port, &pool, Duration::from_secs(5), |pkt| pkt.data() == &big[..]),
         "no full frame on the default port"
     );
-    let cut = recv_until(&mut small_keep, &pool, Duration::from_secs(5), |pkt| {
-        pkt.data() == &big[..190]
-    });
-    assert!(
-        cut,
-        "the Deliver port did not deliver the cut frame; {:?}",
-        small_keep.counters()
-    );
+    let cut = recv_until(&mut small_keep, &pool, Duration::from_secs(5), |pkt| pkt.data() == &big[..190]);
+    assert!(cut, "the Deliver port did not deliver the cut frame; {:?}", small_keep.counters());
     assert_eq!(small_keep.counters().rx_truncated, 1);
     let got = recv_until(&mut small_drop, &pool, Duration::from_millis(500), |pkt| {
         pkt.data()[12..14] == MARKER_ETHERTYPE.to_be_bytes()
     });
     assert!(!got, "the Drop port delivered a truncated frame");
-    assert_eq!(
-        small_drop.counters().rx_truncated,
-        1,
-        "{:?}",
-        small_drop.counters()
-    );
+    assert_eq!(small_drop.counters().rx_truncated, 1, "{:?}", small_drop.counters());
     assert_eq!(port.counters().rx_truncated, 0);
     drop((sender, port, small_drop, small_keep));
     drop(guard);

@@ -237,8 +237,10 @@ fn progress_bar(quiet: bool, total: Option<u64>) -> Option<ProgressBar> {
     }
     let pb = match total {
         Some(n) => ProgressBar::new(n).with_style(
-            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} packets ({per_sec}, eta {eta})")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} packets ({per_sec}, eta {eta})",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         ),
         None => ProgressBar::new_spinner().with_style(
             ProgressStyle::with_template("{spinner} [{elapsed_precise}] {pos} packets ({per_sec})")
@@ -309,7 +311,9 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
                 let sample = sluice_io::generate(&sample_cfg)
                     .map_err(|e| fail(exit::INVALID)(e.into()))?
                     .take(4096)
-                    .map(|(ts_ns, f)| sluice_packet::Packet::from_slice(&f, sluice_packet::Meta { ts_ns, ..Default::default() }))
+                    .map(|(ts_ns, f)| {
+                        sluice_packet::Packet::from_slice(&f, sluice_packet::Meta { ts_ns, ..Default::default() })
+                    })
                     .collect();
                 let gen = sluice_io::generate(&g).map_err(|e| fail(exit::INVALID)(e.into()))?;
                 (Box::new(GenSource::new(gen)), sample, Some(a.limit.map_or(total, |l| l.min(total))))
@@ -370,7 +374,8 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
     let mut sink = ports::BridgeSink(shared.clone());
     let stop = stop_flag(a.duration);
     let hooks = RunHooks { progress: None, stop: Some(stop) };
-    let report = run(plan, cfg, &mut source, &mut sink, hooks).map_err(|e| fail(exit::FAILED)(anyhow::Error::new(e)))?;
+    let report =
+        run(plan, cfg, &mut source, &mut sink, hooks).map_err(|e| fail(exit::FAILED)(anyhow::Error::new(e)))?;
     print_report(&report, a.json.as_deref(), None)?;
     let mut b = shared.borrow_mut();
     if a.json.as_deref() != Some(Path::new("-")) {
@@ -427,7 +432,13 @@ fn cmd_gen(a: GenArgs) -> Result<(), Failure> {
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
-    println!("wrote {n} packets ({} flows, workload {}, seed {}) to {}", cfg.total_flows(), cfg.workload, cfg.seed, a.output.display());
+    println!(
+        "wrote {n} packets ({} flows, workload {}, seed {}) to {}",
+        cfg.total_flows(),
+        cfg.workload,
+        cfg.seed,
+        a.output.display()
+    );
     Ok(())
 }
 

@@ -124,10 +124,7 @@ impl Bridge {
 
     /// Per-port counters, for the report.
     pub fn stats(&mut self) -> Vec<(String, sluice_afpacket::PortStats)> {
-        self.ports
-            .iter_mut()
-            .map(|p| (p.ifname().to_string(), p.stats().unwrap_or_else(|_| p.counters())))
-            .collect()
+        self.ports.iter_mut().map(|p| (p.ifname().to_string(), p.stats().unwrap_or_else(|_| p.counters()))).collect()
     }
 
     fn send(&mut self, port: usize, pkts: &[Packet]) -> Result<(), RunError> {

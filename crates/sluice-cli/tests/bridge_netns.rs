@@ -86,7 +86,8 @@ fn nat_firewall_chain_bridges_ping_and_a_10mb_download() {
     let id = std::process::id();
     let (nc, ns) = (format!("sluice-c-{id}"), format!("sluice-s-{id}"));
     let (m0, m1) = (format!("slm0{id}"), format!("slm1{id}"));
-    let mut guard = Cleanup { namespaces: vec![nc.clone(), ns.clone()], links: vec![m0.clone(), m1.clone()], children: vec![] };
+    let mut guard =
+        Cleanup { namespaces: vec![nc.clone(), ns.clone()], links: vec![m0.clone(), m1.clone()], children: vec![] };
     sh(&["ip", "netns", "add", &nc]);
     sh(&["ip", "netns", "add", &ns]);
     sh(&["ip", "link", "add", &m0, "type", "veth", "peer", "name", "c0", "netns", &nc]);
@@ -232,8 +233,8 @@ reverse_edges:    # outside to inside: firewall, then NAT
         let _ = e.read_to_string(&mut err);
     }
     assert!(status.success(), "sluice exited with {status}: {err}");
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(Path::new(&report)).expect("report"))
-        .expect("report json");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(Path::new(&report)).expect("report")).expect("report json");
     let out = json["packets_out"].as_u64().unwrap_or(0);
     assert!(out > 7000, "only {out} packets crossed the chain; a 10 MB download needs thousands");
     let denied = json["dropped"]["fw: fw-acl-deny"].as_u64().unwrap_or(0);

@@ -49,7 +49,8 @@ fn example_chain_output_is_read_by_tcpdump_with_the_reported_count() {
         report["packets_in"].as_u64(),
         Some(reported_out + report["dropped_total"].as_u64().expect("dropped_total"))
     );
-    let names: Vec<&str> = report["vertices"].as_array().expect("vertices").iter().filter_map(|v| v["name"].as_str()).collect();
+    let names: Vec<&str> =
+        report["vertices"].as_array().expect("vertices").iter().filter_map(|v| v["name"].as_str()).collect();
     assert_eq!(names, ["nat", "portscan", "lb", "trojan"]);
 
     let td = Command::new("tcpdump").args(["-n", "-r"]).arg(&out).output();
@@ -104,7 +105,9 @@ fn validate_names_file_line_and_field() {
 
 #[test]
 fn exit_codes_and_help() {
-    for cmd in [&["--help"][..], &["run", "--help"], &["gen", "--help"], &["inspect", "--help"], &["validate", "--help"]] {
+    for cmd in
+        [&["--help"][..], &["run", "--help"], &["gen", "--help"], &["inspect", "--help"], &["validate", "--help"]]
+    {
         let o = sluice(cmd);
         assert_eq!(o.status.code(), Some(0), "{cmd:?}: {}", text(&o));
         assert!(String::from_utf8_lossy(&o.stdout).contains("Usage"), "{cmd:?}");

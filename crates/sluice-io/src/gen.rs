@@ -34,6 +34,9 @@
 //!
 //! Determinism: one ChaCha8 stream seeded with [`GenConfig::seed`] drives every choice, so the
 //! same configuration always produces the same bytes.
+//!
+//! The [`Workload::Demo`] workload adds planted sessions (a port scan, a Trojan signature and
+//! decoys) to background flows; see [`crate::demo`].
 
 use crate::pcap::{Precision, TraceWriter};
 use crate::IoError;
@@ -69,21 +72,24 @@ pub enum Workload {
         /// Packets in each flow (at least [`MIN_PACKETS_PER_FLOW`]).
         packets_per_flow: u32,
     },
+    /// The demonstration trace of [`crate::demo`]: 2,000 background flows of 20 to 48 packets
+    /// (scaled by [`GenConfig::scale`]) merged in time with a port scan, a Trojan signature and
+    /// decoy hosts (not scaled).
+    Demo,
 }
 
 impl Workload {
     /// The `(flows, packets per flow)` groups of the workload at `scale` (flow counts are
-    /// multiplied by `scale` and rounded, at least 1 per group).
+    /// multiplied by `scale` and rounded, at least 1 per group). For [`Workload::Demo`] these are
+    /// the background flows only; the planted sessions come on top.
     pub fn groups(&self, scale: f64) -> Vec<(u64, u32)> {
         let scaled = |n: u64| ((n as f64 * scale).round() as u64).max(1);
         match *self {
             Workload::Long => vec![(scaled(3_000), 10_000)],
             Workload::Short => vec![(scaled(100_000), 100)],
             Workload::Mixed => vec![(scaled(1_500), 10_000), (scaled(150_000), 100)],
-            Workload::Custom {
-                flows,
-                packets_per_flow,
-            } => vec![(flows, packets_per_flow)],
+            Workload::Demo => crate::demo::BACKGROUND.iter().map(|&(n, p)| (scaled(n), p)).collect(),
+            Workload::Custom { flows, packets_per_flow } => vec![(flows, packets_per_flow)],
         }
     }
 }
@@ -94,10 +100,8 @@ impl fmt::Display for Workload {
             Workload::Long => f.write_str("long"),
             Workload::Short => f.write_str("short"),
             Workload::Mixed => f.write_str("mixed"),
-            Workload::Custom {
-                flows,
-                packets_per_flow,
-            } => write!(f, "{flows}x{packets_per_flow}"),
+            Workload::Demo => f.write_str("demo"),
+            Workload::Custom { flows, packets_per_flow } => write!(f, "{flows}x{packets_per_flow}"),
         }
     }
 }
@@ -105,16 +109,17 @@ impl fmt::Display for Workload {
 impl FromStr for Workload {
     type Err = IoError;
 
-    /// Parses `long`, `short`, `mixed` or `FLOWSxPACKETS` (e.g. `10x20`).
+    /// Parses `long`, `short`, `mixed`, `demo` or `FLOWSxPACKETS` (e.g. `10x20`).
     fn from_str(s: &str) -> Result<Workload, IoError> {
         match s.to_ascii_lowercase().as_str() {
             "long" => Ok(Workload::Long),
             "short" => Ok(Workload::Short),
             "mixed" => Ok(Workload::Mixed),
+            "demo" => Ok(Workload::Demo),
             other => {
                 let bad = || {
                     IoError::InvalidConfig(format!(
-                        "unknown workload {s:?}: use long, short, mixed or FLOWSxPACKETS"
+                        "unknown workload {s:?}: use long, short, mixed, demo or FLOWSxPACKETS"
                     ))
                 };
                 let (f, p) = other.split_once('x').ok_or_else(bad)?;
@@ -191,11 +196,7 @@ impl Default for GenConfig {
 impl GenConfig {
     /// The default configuration for `workload` and `seed`.
     pub fn new(workload: Workload, seed: u64) -> GenConfig {
-        GenConfig {
-            workload,
-            seed,
-            ..GenConfig::default()
-        }
+        GenConfig { workload, seed, ..GenConfig::default() }
     }
 
     /// Checks the configuration; [`generate`] does the same.
@@ -215,13 +216,18 @@ impl GenConfig {
         if !(1..=131_070).contains(&self.servers) {
             return bad(format!("servers must be in 1..=131070, not {}", self.servers));
         }
+        if self.workload == Workload::Demo && self.servers > crate::demo::MAX_SERVERS {
+            return bad(format!(
+                "the demo workload needs servers <= {} (its planted hosts use 198.19.0.0/16), not {}",
+                crate::demo::MAX_SERVERS,
+                self.servers
+            ));
+        }
         let groups = self.workload.groups(self.scale);
         let mut flows: u64 = 0;
         for &(n, ppf) in &groups {
             if ppf < MIN_PACKETS_PER_FLOW {
-                return bad(format!(
-                    "{ppf} packets per flow: a flow needs at least {MIN_PACKETS_PER_FLOW}"
-                ));
+                return bad(format!("{ppf} packets per flow: a flow needs at least {MIN_PACKETS_PER_FLOW}"));
             }
             flows = flows.saturating_add(n);
         }
@@ -231,18 +237,28 @@ impl GenConfig {
         Ok(())
     }
 
-    /// Total number of packets the configuration produces.
+    /// Total number of packets the configuration produces. For [`Workload::Demo`] this builds the
+    /// few hundred planted packets to count them.
     pub fn total_packets(&self) -> u64 {
-        self.workload
-            .groups(self.scale)
-            .iter()
-            .map(|&(n, p)| n.saturating_mul(u64::from(p)))
-            .sum()
+        let planted = match self.workload {
+            Workload::Demo => crate::demo::plant(self).packets.len() as u64,
+            _ => 0,
+        };
+        self.background_packets().saturating_add(planted)
     }
 
-    /// Total number of flows the configuration produces.
+    /// Total number of flows (TCP connections) the configuration produces.
     pub fn total_flows(&self) -> u64 {
-        self.workload.groups(self.scale).iter().map(|&(n, _)| n).sum()
+        let planted = match self.workload {
+            Workload::Demo => crate::demo::plant(self).flows,
+            _ => 0,
+        };
+        self.workload.groups(self.scale).iter().map(|&(n, _)| n).sum::<u64>().saturating_add(planted)
+    }
+
+    /// Packets of the workload's flow groups (everything but the demo's planted sessions).
+    pub(crate) fn background_packets(&self) -> u64 {
+        self.workload.groups(self.scale).iter().map(|&(n, p)| n.saturating_mul(u64::from(p))).sum()
     }
 }
 
@@ -262,9 +278,10 @@ pub fn write_pcap(cfg: &GenConfig, path: impl AsRef<Path>) -> Result<u64, IoErro
     w.finish()
 }
 
-/// State of one active connection.
+/// State of one TCP connection. [`Flow::emit`] is the crate's one TCP frame builder, used by the
+/// background flows and by the demo's planted sessions.
 #[derive(Debug, Clone)]
-struct Flow {
+pub(crate) struct Flow {
     client: [u8; 4],
     server: [u8; 4],
     cport: u16,
@@ -279,6 +296,97 @@ struct Flow {
     total: u32,
 }
 
+impl Flow {
+    /// A connection between `client` and `server` (address and port each) that has sent nothing
+    /// yet: `isn` are the client's and the server's initial sequence numbers, `ipid` their first
+    /// IPv4 identifications.
+    pub(crate) fn new(client: ([u8; 4], u16), server: ([u8; 4], u16), isn: [u32; 2], ipid: [u16; 2]) -> Flow {
+        Flow {
+            client: client.0,
+            server: server.0,
+            cport: client.1,
+            sport: server.1,
+            c_nxt: isn[0],
+            s_nxt: isn[1],
+            c_ipid: ipid[0],
+            s_ipid: ipid[1],
+            sent: 0,
+            total: 0,
+        }
+    }
+
+    /// Builds the next packet of the connection: sent by the client or the server, with TCP
+    /// `flags` and `payload`, padded to `frame_len` bytes (Ethernet padding). Sequence and
+    /// acknowledgement numbers are the connection's (acknowledgement 0 without ACK); the sender's
+    /// next sequence number then advances by the payload, plus one for SYN or FIN. Callers keep
+    /// payloads within one Ethernet MTU (at most 1,460 bytes).
+    pub(crate) fn emit(&mut self, from_client: bool, flags: u8, payload: &[u8], frame_len: usize) -> Vec<u8> {
+        let (src, dst, sport, dport) = if from_client {
+            (self.client, self.server, self.cport, self.sport)
+        } else {
+            (self.server, self.client, self.sport, self.cport)
+        };
+        let (seq, ack) = if from_client { (self.c_nxt, self.s_nxt) } else { (self.s_nxt, self.c_nxt) };
+        let ack = if flags & ACK != 0 { ack } else { 0 };
+        let ipid = if from_client { &mut self.c_ipid } else { &mut self.s_ipid };
+        let id = *ipid;
+        *ipid = ipid.wrapping_add(1);
+
+        let mut f = Vec::with_capacity(frame_len.max(HEADERS_LEN + payload.len()));
+        // Ethernet: locally administered MACs derived from the addresses.
+        let mac = |ip: [u8; 4], tag: u8| [0x02, tag, ip[0], ip[1], ip[2], ip[3]];
+        let (smac, dmac) = if from_client { (mac(src, 0), mac(dst, 1)) } else { (mac(src, 1), mac(dst, 0)) };
+        f.extend_from_slice(&dmac);
+        f.extend_from_slice(&smac);
+        f.extend_from_slice(&0x0800u16.to_be_bytes());
+        // IPv4 header.
+        let total_len = (20 + 20 + payload.len()) as u16;
+        let mut ip = [0u8; 20];
+        ip[0] = 0x45;
+        ip[2..4].copy_from_slice(&total_len.to_be_bytes());
+        ip[4..6].copy_from_slice(&id.to_be_bytes());
+        ip[6] = 0x40; // DF
+        ip[8] = 64; // TTL
+        ip[9] = 6; // TCP
+        ip[12..16].copy_from_slice(&src);
+        ip[16..20].copy_from_slice(&dst);
+        let c = checksum(&[&ip]);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        f.extend_from_slice(&ip);
+        // TCP header.
+        let mut tcp = [0u8; 20];
+        tcp[0..2].copy_from_slice(&sport.to_be_bytes());
+        tcp[2..4].copy_from_slice(&dport.to_be_bytes());
+        tcp[4..8].copy_from_slice(&seq.to_be_bytes());
+        tcp[8..12].copy_from_slice(&ack.to_be_bytes());
+        tcp[12] = 5 << 4;
+        tcp[13] = flags;
+        tcp[14..16].copy_from_slice(&64_240u16.to_be_bytes());
+        let tcp_len = (20 + payload.len()) as u16;
+        let mut pseudo = [0u8; 12];
+        pseudo[0..4].copy_from_slice(&src);
+        pseudo[4..8].copy_from_slice(&dst);
+        pseudo[9] = 6;
+        pseudo[10..12].copy_from_slice(&tcp_len.to_be_bytes());
+        let c = checksum(&[&pseudo, &tcp, payload]);
+        tcp[16..18].copy_from_slice(&c.to_be_bytes());
+        f.extend_from_slice(&tcp);
+        f.extend_from_slice(payload);
+        // Ethernet padding up to the frame size.
+        f.resize(frame_len.max(f.len()), 0);
+
+        // Advance the sender's sequence number: SYN and FIN count as one byte.
+        let adv = (payload.len() as u32).wrapping_add(u32::from(flags & (SYN | FIN) != 0));
+        if from_client {
+            self.c_nxt = self.c_nxt.wrapping_add(adv);
+        } else {
+            self.s_nxt = self.s_nxt.wrapping_add(adv);
+        }
+        self.sent += 1;
+        f
+    }
+}
+
 /// A flow's packet: who sends it, TCP flags, payload length.
 #[derive(Debug, Clone, Copy)]
 struct Segment {
@@ -288,10 +396,11 @@ struct Segment {
     frame: usize,
 }
 
-const FIN: u8 = 0x01;
-const SYN: u8 = 0x02;
-const PSH: u8 = 0x08;
-const ACK: u8 = 0x10;
+pub(crate) const FIN: u8 = 0x01;
+pub(crate) const SYN: u8 = 0x02;
+pub(crate) const RST: u8 = 0x04;
+pub(crate) const PSH: u8 = 0x08;
+pub(crate) const ACK: u8 = 0x10;
 
 const SERVER_PORTS: [(u16, u32); 7] = [(80, 35), (443, 35), (22, 10), (21, 5), (25, 5), (8080, 5), (3306, 5)];
 
@@ -427,12 +536,7 @@ impl Generator {
 
     /// What packet `flow.sent` of the flow is.
     fn segment(&mut self, sent: u32, total: u32) -> Segment {
-        let control = |from_client, flags| Segment {
-            from_client,
-            flags,
-            payload: 0,
-            frame: 0,
-        };
+        let control = |from_client, flags| Segment { from_client, flags, payload: 0, frame: 0 };
         let data = total.saturating_sub(MIN_PACKETS_PER_FLOW);
         let mut seg = match sent {
             0 => control(true, SYN),
@@ -444,12 +548,7 @@ impl Generator {
                     1 => false,
                     _ => self.rng.gen_bool(0.3),
                 };
-                Segment {
-                    from_client,
-                    flags: ACK | PSH,
-                    payload: 1,
-                    frame: 0,
-                }
+                Segment { from_client, flags: ACK | PSH, payload: 1, frame: 0 }
             }
             k if k == total.saturating_sub(4) => control(true, FIN | ACK),
             k if k == total.saturating_sub(3) => control(false, ACK),
@@ -474,83 +573,10 @@ impl Generator {
     }
 
     fn build(flow: &mut Flow, seg: Segment) -> Vec<u8> {
-        let (src, dst, sport, dport) = if seg.from_client {
-            (flow.client, flow.server, flow.cport, flow.sport)
-        } else {
-            (flow.server, flow.client, flow.sport, flow.cport)
-        };
-        let (seq, ack) = if seg.from_client {
-            (flow.c_nxt, flow.s_nxt)
-        } else {
-            (flow.s_nxt, flow.c_nxt)
-        };
-        let ack = if seg.flags & ACK != 0 { ack } else { 0 };
-        let ipid = if seg.from_client {
-            &mut flow.c_ipid
-        } else {
-            &mut flow.s_ipid
-        };
-        let id = *ipid;
-        *ipid = ipid.wrapping_add(1);
-
-        let mut f = Vec::with_capacity(seg.frame.max(HEADERS_LEN + seg.payload));
-        // Ethernet: locally administered MACs derived from the addresses.
-        let mac = |ip: [u8; 4], tag: u8| [0x02, tag, ip[0], ip[1], ip[2], ip[3]];
-        let (smac, dmac) = if seg.from_client {
-            (mac(src, 0), mac(dst, 1))
-        } else {
-            (mac(src, 1), mac(dst, 0))
-        };
-        f.extend_from_slice(&dmac);
-        f.extend_from_slice(&smac);
-        f.extend_from_slice(&0x0800u16.to_be_bytes());
-        // IPv4 header.
-        let total_len = (20 + 20 + seg.payload) as u16;
-        let mut ip = [0u8; 20];
-        ip[0] = 0x45;
-        ip[2..4].copy_from_slice(&total_len.to_be_bytes());
-        ip[4..6].copy_from_slice(&id.to_be_bytes());
-        ip[6] = 0x40; // DF
-        ip[8] = 64; // TTL
-        ip[9] = 6; // TCP
-        ip[12..16].copy_from_slice(&src);
-        ip[16..20].copy_from_slice(&dst);
-        let c = checksum(&[&ip]);
-        ip[10..12].copy_from_slice(&c.to_be_bytes());
-        f.extend_from_slice(&ip);
-        // TCP header.
+        let seq = if seg.from_client { flow.c_nxt } else { flow.s_nxt };
         let off = (seq as usize) % 64;
         let payload = FILLER.get(off..off + seg.payload).unwrap_or(&[]);
-        let mut tcp = [0u8; 20];
-        tcp[0..2].copy_from_slice(&sport.to_be_bytes());
-        tcp[2..4].copy_from_slice(&dport.to_be_bytes());
-        tcp[4..8].copy_from_slice(&seq.to_be_bytes());
-        tcp[8..12].copy_from_slice(&ack.to_be_bytes());
-        tcp[12] = 5 << 4;
-        tcp[13] = seg.flags;
-        tcp[14..16].copy_from_slice(&64_240u16.to_be_bytes());
-        let tcp_len = (20 + payload.len()) as u16;
-        let mut pseudo = [0u8; 12];
-        pseudo[0..4].copy_from_slice(&src);
-        pseudo[4..8].copy_from_slice(&dst);
-        pseudo[9] = 6;
-        pseudo[10..12].copy_from_slice(&tcp_len.to_be_bytes());
-        let c = checksum(&[&pseudo, &tcp, payload]);
-        tcp[16..18].copy_from_slice(&c.to_be_bytes());
-        f.extend_from_slice(&tcp);
-        f.extend_from_slice(payload);
-        // Ethernet padding up to the frame size.
-        f.resize(seg.frame.max(f.len()), 0);
-
-        // Advance the sender's sequence number: SYN and FIN count as one byte.
-        let adv = seg.payload as u32 + u32::from(seg.flags & (SYN | FIN) != 0);
-        if seg.from_client {
-            flow.c_nxt = flow.c_nxt.wrapping_add(adv);
-        } else {
-            flow.s_nxt = flow.s_nxt.wrapping_add(adv);
-        }
-        flow.sent += 1;
-        f
+        flow.emit(seg.from_client, seg.flags, payload, seg.frame)
     }
 
     /// Packets still to come.
@@ -642,13 +668,7 @@ mod tests {
     #[test]
     fn workload_parsing() {
         assert_eq!("long".parse::<Workload>().unwrap(), Workload::Long);
-        assert_eq!(
-            "10x20".parse::<Workload>().unwrap(),
-            Workload::Custom {
-                flows: 10,
-                packets_per_flow: 20
-            }
-        );
+        assert_eq!("10x20".parse::<Workload>().unwrap(), Workload::Custom { flows: 10, packets_per_flow: 20 });
         assert!("x".parse::<Workload>().is_err());
         assert_eq!("64".parse::<FrameSize>().unwrap(), FrameSize::Fixed(64));
         assert_eq!("mix".parse::<FrameSize>().unwrap(), FrameSize::Mix);
@@ -656,18 +676,9 @@ mod tests {
 
     #[test]
     fn validation() {
-        let mut c = GenConfig::new(
-            Workload::Custom {
-                flows: 1,
-                packets_per_flow: 6,
-            },
-            1,
-        );
+        let mut c = GenConfig::new(Workload::Custom { flows: 1, packets_per_flow: 6 }, 1);
         assert!(generate(&c).is_err());
-        c.workload = Workload::Custom {
-            flows: 1,
-            packets_per_flow: 7,
-        };
+        c.workload = Workload::Custom { flows: 1, packets_per_flow: 7 };
         assert!(generate(&c).is_ok());
         c.size = FrameSize::Fixed(63);
         assert!(generate(&c).is_err());
@@ -682,10 +693,7 @@ mod tests {
         let c = GenConfig::new(Workload::Mixed, 1);
         assert_eq!(c.total_packets(), 30_000_000);
         assert_eq!(c.total_flows(), 151_500);
-        let c = GenConfig {
-            scale: 0.001,
-            ..GenConfig::new(Workload::Short, 1)
-        };
+        let c = GenConfig { scale: 0.001, ..GenConfig::new(Workload::Short, 1) };
         assert_eq!(c.total_flows(), 100);
     }
 }

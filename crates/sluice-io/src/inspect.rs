@@ -144,11 +144,7 @@ impl fmt::Display for TraceSummary {
             "protocols:  tcp {}, udp {}, icmp {}, icmpv6 {}, other ip {}, non-ip {}",
             p.tcp, p.udp, p.icmp, p.icmpv6, p.other_ip, p.non_ip
         )?;
-        writeln!(
-            f,
-            "bad:        {} malformed, {} truncated",
-            self.malformed, self.truncated
-        )?;
+        writeln!(f, "bad:        {} malformed, {} truncated", self.malformed, self.truncated)?;
         writeln!(f, "first:      {}", fmt_ts(self.first_ts_ns))?;
         writeln!(f, "last:       {}", fmt_ts(self.last_ts_ns))?;
         write!(f, "duration:   {:.6} s", self.duration_ns as f64 / 1e9)?;

@@ -143,12 +143,7 @@ struct Iface {
 
 impl Iface {
     fn from_idb(idb: &InterfaceDescriptionBlock<'_>) -> Iface {
-        let mut iface = Iface {
-            linktype: u32::from(idb.linktype),
-            snaplen: idb.snaplen,
-            tsresol: 6,
-            tsoffset: 0,
-        };
+        let mut iface = Iface { linktype: u32::from(idb.linktype), snaplen: idb.snaplen, tsresol: 6, tsoffset: 0 };
         for opt in &idb.options {
             match opt {
                 InterfaceDescriptionOption::IfTsResol(r) => iface.tsresol = *r,
@@ -201,21 +196,13 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 fn u32_at(b: &[u8], off: usize, big: bool) -> Option<u32> {
     let s = b.get(off..off.checked_add(4)?)?;
     let a = [*s.first()?, *s.get(1)?, *s.get(2)?, *s.get(3)?];
-    Some(if big {
-        u32::from_be_bytes(a)
-    } else {
-        u32::from_le_bytes(a)
-    })
+    Some(if big { u32::from_be_bytes(a) } else { u32::from_le_bytes(a) })
 }
 
 fn u16_at(b: &[u8], off: usize, big: bool) -> Option<u16> {
     let s = b.get(off..off.checked_add(2)?)?;
     let a = [*s.first()?, *s.get(1)?];
-    Some(if big {
-        u16::from_be_bytes(a)
-    } else {
-        u16::from_le_bytes(a)
-    })
+    Some(if big { u16::from_be_bytes(a) } else { u16::from_le_bytes(a) })
 }
 
 fn linktype_name(linktype: u32) -> String {
@@ -230,10 +217,7 @@ impl TraceReader {
     /// file header (the pcapng section header).
     pub fn open(path: impl AsRef<Path>) -> Result<TraceReader, IoError> {
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path).map_err(|source| IoError::Open {
-            path: path.clone(),
-            source,
-        })?;
+        let file = File::open(&path).map_err(|source| IoError::Open { path: path.clone(), source })?;
         TraceReader::from_reader(file, path)
     }
 
@@ -271,27 +255,15 @@ impl TraceReader {
                     path: path.clone(),
                     detail: "the pcapng section header block is cut short".to_string(),
                 },
-                PcapError::IoError(source) => IoError::Read {
-                    path: path.clone(),
-                    record: 0,
-                    source,
-                },
+                PcapError::IoError(source) => IoError::Read { path: path.clone(), record: 0, source },
                 PcapError::IncompleteBuffer => IoError::TruncatedHeader {
                     path: path.clone(),
                     detail: "the pcapng section header block is cut short".to_string(),
                 },
-                other => IoError::BadHeader {
-                    path: path.clone(),
-                    detail: format!("pcapng section header: {other}"),
-                },
+                other => IoError::BadHeader { path: path.clone(), detail: format!("pcapng section header: {other}") },
             })?;
             let endian = ng.section().endianness;
-            Inner::Ng(Box::new(NgIn {
-                reader: ng,
-                endian,
-                ifaces: Vec::new(),
-                last_ts: 0,
-            }))
+            Inner::Ng(Box::new(NgIn { reader: ng, endian, ifaces: Vec::new(), last_ts: 0 }))
         } else {
             let mut rest = [0u8; 20];
             let n = read_full(&mut reader, &mut rest).map_err(|source| IoError::Read {
@@ -323,14 +295,7 @@ impl TraceReader {
                 nano: format == TraceFormat::PcapNano,
             })
         };
-        Ok(TraceReader {
-            path,
-            format,
-            inner,
-            buf: Vec::with_capacity(2048),
-            records: 0,
-            done: false,
-        })
+        Ok(TraceReader { path, format, inner, buf: Vec::with_capacity(2048), records: 0, done: false })
     }
 
     /// The detected file format.
@@ -362,11 +327,7 @@ impl TraceReader {
         match res {
             Ok(Some((ts_ns, orig_len))) => {
                 self.records = record;
-                Ok(Some(TraceRecord {
-                    ts_ns,
-                    data: &self.buf,
-                    orig_len,
-                }))
+                Ok(Some(TraceRecord { ts_ns, data: &self.buf, orig_len }))
             }
             Ok(None) => {
                 self.done = true;
@@ -382,24 +343,12 @@ impl TraceReader {
     /// The next record as a [`Packet`] taken from `pool`, with `meta.ts_ns` set to the capture
     /// time (other metadata left at its default); `Ok(None)` at the end of the file.
     pub fn read_packet(&mut self, pool: &PacketPool) -> Result<Option<Packet>, IoError> {
-        Ok(self.next_record()?.map(|r| {
-            pool.packet(
-                r.data,
-                Meta {
-                    ts_ns: r.ts_ns,
-                    ..Meta::default()
-                },
-            )
-        }))
+        Ok(self.next_record()?.map(|r| pool.packet(r.data, Meta { ts_ns: r.ts_ns, ..Meta::default() })))
     }
 }
 
 fn next_pcap(p: &mut PcapIn, buf: &mut Vec<u8>, path: &Path, record: u64) -> Result<Option<(u64, u32)>, IoError> {
-    let read_err = |source| IoError::Read {
-        path: path.to_path_buf(),
-        record,
-        source,
-    };
+    let read_err = |source| IoError::Read { path: path.to_path_buf(), record, source };
     let mut hdr = [0u8; 16];
     let n = read_full(&mut p.reader, &mut hdr).map_err(read_err)?;
     if n == 0 {
@@ -432,11 +381,7 @@ fn next_pcap(p: &mut PcapIn, buf: &mut Vec<u8>, path: &Path, record: u64) -> Res
             detail: format!("packet data has {got} of {caplen} bytes"),
         });
     }
-    let frac_ns = if p.nano {
-        u64::from(frac)
-    } else {
-        u64::from(frac) * 1_000
-    };
+    let frac_ns = if p.nano { u64::from(frac) } else { u64::from(frac) * 1_000 };
     // Cannot overflow: u32::MAX * 1e9 + u32::MAX * 1e3 < u64::MAX.
     let ts_ns = u64::from(sec) * NS_PER_SEC + frac_ns;
     Ok(Some((ts_ns, orig_len)))
@@ -451,25 +396,13 @@ fn map_ng_err(e: PcapError, path: &Path, record: u64) -> IoError {
     match e {
         PcapError::IoError(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => truncated(),
         PcapError::IncompleteBuffer => truncated(),
-        PcapError::IoError(source) => IoError::Read {
-            path: path.to_path_buf(),
-            record,
-            source,
-        },
-        other => IoError::Malformed {
-            path: path.to_path_buf(),
-            record,
-            detail: format!("pcapng: {other}"),
-        },
+        PcapError::IoError(source) => IoError::Read { path: path.to_path_buf(), record, source },
+        other => IoError::Malformed { path: path.to_path_buf(), record, detail: format!("pcapng: {other}") },
     }
 }
 
 fn next_ng(ng: &mut NgIn, buf: &mut Vec<u8>, path: &Path, record: u64) -> Result<Option<(u64, u32)>, IoError> {
-    let malformed = |detail: String| IoError::Malformed {
-        path: path.to_path_buf(),
-        record,
-        detail,
-    };
+    let malformed = |detail: String| IoError::Malformed { path: path.to_path_buf(), record, detail };
     loop {
         let raw = match ng.reader.next_raw_block() {
             None => return Ok(None),
@@ -508,15 +441,9 @@ fn next_ng(ng: &mut NgIn, buf: &mut Vec<u8>, path: &Path, record: u64) -> Result
                 let ts = (u64::from(field(4)?) << 32) | u64::from(field(8)?);
                 (iface_id, Some(ts), field(12)?, field(16)?, 20)
             };
-            let iface = *usize::try_from(iface_id)
-                .ok()
-                .and_then(|i| ng.ifaces.get(i))
-                .ok_or_else(|| {
-                    malformed(format!(
-                        "packet refers to interface {iface_id}, the section describes {}",
-                        ng.ifaces.len()
-                    ))
-                })?;
+            let iface = *usize::try_from(iface_id).ok().and_then(|i| ng.ifaces.get(i)).ok_or_else(|| {
+                malformed(format!("packet refers to interface {iface_id}, the section describes {}", ng.ifaces.len()))
+            })?;
             if iface.linktype != LINKTYPE_ETHERNET {
                 return Err(IoError::UnsupportedLinkType {
                     path: path.to_path_buf(),
@@ -543,10 +470,7 @@ fn next_ng(ng: &mut NgIn, buf: &mut Vec<u8>, path: &Path, record: u64) -> Result
                 Some(t) => ng_ts_to_ns(t, iface.tsresol, iface.tsoffset).ok_or_else(|| IoError::TimestampRange {
                     path: path.to_path_buf(),
                     record,
-                    detail: format!(
-                        "pcapng timestamp {t} (if_tsresol {:#x}) overflows u64 nanoseconds",
-                        iface.tsresol
-                    ),
+                    detail: format!("pcapng timestamp {t} (if_tsresol {:#x}) overflows u64 nanoseconds", iface.tsresol),
                 })?,
                 None => ng.last_ts,
             };
@@ -570,13 +494,7 @@ pub fn load(path: impl AsRef<Path>, limit: Option<usize>) -> Result<Vec<Packet>,
     let mut out = Vec::new();
     while limit.is_none_or(|l| out.len() < l) {
         match reader.next_record()? {
-            Some(r) => out.push(Packet::from_slice(
-                r.data,
-                Meta {
-                    ts_ns: r.ts_ns,
-                    ..Meta::default()
-                },
-            )),
+            Some(r) => out.push(Packet::from_slice(r.data, Meta { ts_ns: r.ts_ns, ..Meta::default() })),
             None => break,
         }
     }
@@ -598,16 +516,8 @@ impl TraceWriter {
     /// Creates (or truncates) `path` and writes the pcap file header.
     pub fn create(path: impl AsRef<Path>, precision: Precision) -> Result<TraceWriter, IoError> {
         let path = path.as_ref().to_path_buf();
-        let file = File::create(&path).map_err(|source| IoError::Open {
-            path: path.clone(),
-            source,
-        })?;
-        let mut w = TraceWriter {
-            path,
-            out: BufWriter::with_capacity(256 * 1024, file),
-            precision,
-            records: 0,
-        };
+        let file = File::create(&path).map_err(|source| IoError::Open { path: path.clone(), source })?;
+        let mut w = TraceWriter { path, out: BufWriter::with_capacity(256 * 1024, file), precision, records: 0 };
         let magic = match precision {
             Precision::Micro => PCAP_MAGIC_MICRO,
             Precision::Nano => PCAP_MAGIC_NANO,
@@ -655,12 +565,7 @@ impl TraceWriter {
     pub fn write_record(&mut self, ts_ns: u64, data: &[u8], orig_len: u32) -> Result<(), IoError> {
         let record = self.records + 1;
         if data.len() > MAX_FRAME {
-            return Err(IoError::FrameTooLarge {
-                path: self.path.clone(),
-                record,
-                len: data.len(),
-                max: MAX_FRAME,
-            });
+            return Err(IoError::FrameTooLarge { path: self.path.clone(), record, len: data.len(), max: MAX_FRAME });
         }
         let sec = u32::try_from(ts_ns / NS_PER_SEC).map_err(|_| IoError::TimestampRange {
             path: self.path.clone(),
@@ -699,11 +604,7 @@ impl TraceWriter {
 
     /// Flushes the buffer and closes the file; returns the number of records written.
     pub fn finish(mut self) -> Result<u64, IoError> {
-        self.out.flush().map_err(|source| IoError::Write {
-            path: self.path.clone(),
-            records: self.records,
-            source,
-        })?;
+        self.out.flush().map_err(|source| IoError::Write { path: self.path.clone(), records: self.records, source })?;
         Ok(self.records)
     }
 }

@@ -19,12 +19,8 @@ fn small_pcap() -> Vec<u8> {
 fn small_pcapng() -> Vec<u8> {
     let recs = read_all(&trace("irc-basic.pcap"));
     let mut w = PcapNgWriter::new(Vec::new()).unwrap();
-    w.write_pcapng_block(InterfaceDescriptionBlock {
-        linktype: DataLink::ETHERNET,
-        snaplen: 0,
-        options: vec![],
-    })
-    .unwrap();
+    w.write_pcapng_block(InterfaceDescriptionBlock { linktype: DataLink::ETHERNET, snaplen: 0, options: vec![] })
+        .unwrap();
     for r in &recs {
         w.write_pcapng_block(EnhancedPacketBlock {
             interface_id: 0,
@@ -76,10 +72,7 @@ fn empty_and_truncated_headers() {
     let ng = small_pcapng();
     for len in [4, 12, 20] {
         let (_, err) = read_bytes(ng[..len].to_vec());
-        assert!(
-            matches!(err, Some(IoError::TruncatedHeader { .. })),
-            "len {len}: {err:?}"
-        );
+        assert!(matches!(err, Some(IoError::TruncatedHeader { .. })), "len {len}: {err:?}");
     }
 }
 
@@ -99,13 +92,7 @@ fn non_ethernet_pcap_is_refused_with_its_link_type() {
     let mut bytes = small_pcap();
     bytes[20..24].copy_from_slice(&113u32.to_le_bytes()); // LINUX_SLL
     match read_bytes(bytes).1 {
-        Some(
-            e @ IoError::UnsupportedLinkType {
-                linktype: 113,
-                interface: None,
-                ..
-            },
-        ) => {
+        Some(e @ IoError::UnsupportedLinkType { linktype: 113, interface: None, .. }) => {
             assert!(e.to_string().contains("LINUX_SLL"), "{e}")
         }
         other => panic!("{other:?}"),
@@ -118,20 +105,13 @@ fn truncated_records_are_reported_with_their_number() {
     let offs = record_offsets(&bytes);
     assert_eq!(offs.len(), 34);
     // Cut inside the 10th record's data, inside its header, and right after its header.
-    for (cut, what) in [
-        (offs[9] + 16 + 5, "data"),
-        (offs[9] + 7, "header"),
-        (offs[9] + 16, "data"),
-    ] {
+    for (cut, what) in [(offs[9] + 16 + 5, "data"), (offs[9] + 7, "header"), (offs[9] + 16, "data")] {
         let (recs, err) = read_bytes(bytes[..cut].to_vec());
         assert_eq!(recs.len(), 9);
         match err {
             Some(e @ IoError::TruncatedRecord { record: 10, .. }) => {
                 let msg = e.to_string();
-                assert!(
-                    msg.contains("mem.pcap") && msg.contains("record 10") && msg.contains(what),
-                    "{msg}"
-                );
+                assert!(msg.contains("mem.pcap") && msg.contains("record 10") && msg.contains(what), "{msg}");
             }
             other => panic!("{other:?}"),
         }
@@ -150,21 +130,13 @@ fn huge_caplen() {
     let (recs, err) = read_bytes(bytes);
     assert_eq!(recs.len(), 3);
     match err {
-        Some(IoError::RecordTooLarge {
-            record: 4,
-            caplen: 0x7fff_ffff,
-            ..
-        }) => {}
+        Some(IoError::RecordTooLarge { record: 4, caplen: 0x7fff_ffff, .. }) => {}
         other => panic!("{other:?}"),
     }
     // Just above MAX_FRAME, in pcapng.
     let mut w = PcapNgWriter::new(Vec::new()).unwrap();
-    w.write_pcapng_block(InterfaceDescriptionBlock {
-        linktype: DataLink::ETHERNET,
-        snaplen: 0,
-        options: vec![],
-    })
-    .unwrap();
+    w.write_pcapng_block(InterfaceDescriptionBlock { linktype: DataLink::ETHERNET, snaplen: 0, options: vec![] })
+        .unwrap();
     let big = vec![0u8; sluice_packet::MAX_FRAME + 1];
     w.write_pcapng_block(EnhancedPacketBlock {
         interface_id: 0,
@@ -176,10 +148,7 @@ fn huge_caplen() {
     .unwrap();
     let (recs, err) = read_bytes(w.into_inner());
     assert!(recs.is_empty());
-    assert!(
-        matches!(err, Some(IoError::RecordTooLarge { record: 1, .. })),
-        "{err:?}"
-    );
+    assert!(matches!(err, Some(IoError::RecordTooLarge { record: 1, .. })), "{err:?}");
 }
 
 #[test]
@@ -190,21 +159,14 @@ fn truncated_pcapng() {
     assert_eq!(all.len(), 34);
     let (recs, err) = read_bytes(ng[..ng.len() - 10].to_vec());
     assert_eq!(recs.len(), 33);
-    assert!(
-        matches!(err, Some(IoError::TruncatedRecord { record: 34, .. })),
-        "{err:?}"
-    );
+    assert!(matches!(err, Some(IoError::TruncatedRecord { record: 34, .. })), "{err:?}");
 }
 
 #[test]
 fn pcapng_packet_for_unknown_interface() {
     let mut w = PcapNgWriter::with_endianness(Vec::new(), pcap_file::Endianness::Big).unwrap();
-    w.write_pcapng_block(InterfaceDescriptionBlock {
-        linktype: DataLink::ETHERNET,
-        snaplen: 0,
-        options: vec![],
-    })
-    .unwrap();
+    w.write_pcapng_block(InterfaceDescriptionBlock { linktype: DataLink::ETHERNET, snaplen: 0, options: vec![] })
+        .unwrap();
     let mut bytes = w.into_inner();
     // An EPB naming interface 5 (hand-written: the writer refuses it).
     let data = [0u8; 60];

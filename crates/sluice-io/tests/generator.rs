@@ -10,16 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
 
 fn custom(flows: u64, packets_per_flow: u32, seed: u64) -> GenConfig {
-    GenConfig {
-        concurrency: 16,
-        ..GenConfig::new(
-            Workload::Custom {
-                flows,
-                packets_per_flow,
-            },
-            seed,
-        )
-    }
+    GenConfig { concurrency: 16, ..GenConfig::new(Workload::Custom { flows, packets_per_flow }, seed) }
 }
 
 fn all(cfg: &GenConfig) -> Vec<(u64, Vec<u8>)> {
@@ -29,14 +20,10 @@ fn all(cfg: &GenConfig) -> Vec<(u64, Vec<u8>)> {
 /// Checks the IPv4 header checksum and the TCP checksum by recomputing them with etherparse.
 fn assert_checksums(frame: &[u8]) {
     let sliced = SlicedPacket::from_ethernet(frame).unwrap();
-    let Some(NetSlice::Ipv4(v4)) = &sliced.net else {
-        panic!("not IPv4")
-    };
+    let Some(NetSlice::Ipv4(v4)) = &sliced.net else { panic!("not IPv4") };
     let ip = v4.header().to_header();
     assert_eq!(ip.header_checksum, ip.calc_header_checksum(), "IPv4 header checksum");
-    let Some(TransportSlice::Tcp(tcp)) = &sliced.transport else {
-        panic!("not TCP")
-    };
+    let Some(TransportSlice::Tcp(tcp)) = &sliced.transport else { panic!("not TCP") };
     let expected = tcp.to_header().calc_checksum_ipv4(&ip, tcp.payload()).unwrap();
     assert_eq!(tcp.checksum(), expected, "TCP checksum");
 }
@@ -78,15 +65,9 @@ fn check_workload(
         let IpAddr::V4(c) = client else { panic!() };
         let IpAddr::V4(s) = server else { panic!() };
         assert_eq!(c.octets()[0], 10, "client {c}");
-        assert!(
-            u32::from(s) & 0xfffe_0000 == u32::from(Ipv4Addr::new(198, 18, 0, 0)),
-            "server {s}"
-        );
+        assert!(u32::from(s) & 0xfffe_0000 == u32::from(Ipv4Addr::new(198, 18, 0, 0)), "server {s}");
         assert!(cport >= 32_768, "client port {cport}");
-        assert!(
-            [80, 443, 22, 21, 25, 8080, 3306].contains(&sport),
-            "server port {sport}"
-        );
+        assert!([80, 443, 22, 21, 25, 8080, 3306].contains(&sport), "server port {sport}");
         let f = by_flow.entry(t.flow_key()).or_default();
         if f.packets.is_empty() {
             f.first_ts = *ts;
@@ -101,10 +82,7 @@ fn check_workload(
         }
     }
     assert_eq!(by_flow.len(), flows);
-    assert!(
-        max_open <= concurrency,
-        "{max_open} flows open at once, limit {concurrency}"
-    );
+    assert!(max_open <= concurrency, "{max_open} flows open at once, limit {concurrency}");
     for (key, f) in &by_flow {
         assert_eq!(f.packets.len(), ppf, "{key}");
         check_tcp_flow(key, f);
@@ -180,10 +158,8 @@ fn small_custom_workload_is_well_formed() {
     let overlapping = spans.windows(2).filter(|w| w[1].0 < w[0].1).count();
     assert!(overlapping >= 30, "only {overlapping} overlapping flows");
     // Distinct client endpoints.
-    let clients: HashSet<_> = flows
-        .values()
-        .map(|f| (f.packets[0].tuple.unwrap().src, f.packets[0].tuple.unwrap().sport))
-        .collect();
+    let clients: HashSet<_> =
+        flows.values().map(|f| (f.packets[0].tuple.unwrap().src, f.packets[0].tuple.unwrap().sport)).collect();
     assert_eq!(clients.len(), 40);
 }
 
@@ -204,26 +180,18 @@ fn deterministic_per_seed() {
     assert_ne!(a, c);
     // Other seed, other flows.
     let keys = |v: &[(u64, Vec<u8>)]| -> HashSet<FlowKey> {
-        v.iter()
-            .map(|(_, f)| Headers::parse(f).tuple.unwrap().flow_key())
-            .collect()
+        v.iter().map(|(_, f)| Headers::parse(f).tuple.unwrap().flow_key()).collect()
     };
     assert!(keys(&a).is_disjoint(&keys(&c)));
 }
 
 #[test]
 fn fixed_64_byte_frames() {
-    let cfg = GenConfig {
-        size: FrameSize::Fixed(64),
-        ..custom(10, 20, 1)
-    };
+    let cfg = GenConfig { size: FrameSize::Fixed(64), ..custom(10, 20, 1) };
     let frames = all(&cfg);
     assert!(frames.iter().all(|(_, f)| f.len() == 64));
     check_workload(&frames, 10, 20, 16);
-    let cfg = GenConfig {
-        size: FrameSize::Fixed(1500),
-        ..custom(3, 10, 1)
-    };
+    let cfg = GenConfig { size: FrameSize::Fixed(1500), ..custom(3, 10, 1) };
     let frames = all(&cfg);
     assert!(frames.iter().all(|(_, f)| f.len() == 1500));
     check_workload(&frames, 3, 10, 16);
@@ -243,20 +211,13 @@ fn mixed_sizes_are_bimodal() {
 #[test]
 fn named_workloads_scale_down() {
     // long at 1/1000: 3 flows of 10,000 packets.
-    let cfg = GenConfig {
-        scale: 0.001,
-        ..GenConfig::new(Workload::Long, 9)
-    };
+    let cfg = GenConfig { scale: 0.001, ..GenConfig::new(Workload::Long, 9) };
     assert_eq!(cfg.total_flows(), 3);
     let frames = all(&cfg);
     assert_eq!(frames.len(), 30_000);
     check_workload(&frames, 3, 10_000, 4096);
     // short at 1/1000: 100 flows of 100 packets.
-    let cfg = GenConfig {
-        scale: 0.001,
-        concurrency: 32,
-        ..GenConfig::new(Workload::Short, 9)
-    };
+    let cfg = GenConfig { scale: 0.001, concurrency: 32, ..GenConfig::new(Workload::Short, 9) };
     let frames = all(&cfg);
     assert_eq!(frames.len(), 10_000);
     check_workload(&frames, 100, 100, 32);
@@ -264,11 +225,7 @@ fn named_workloads_scale_down() {
 
 #[test]
 fn mixed_workload_is_half_long_half_short() {
-    let cfg = GenConfig {
-        scale: 0.002,
-        concurrency: 64,
-        ..GenConfig::new(Workload::Mixed, 11)
-    };
+    let cfg = GenConfig { scale: 0.002, concurrency: 64, ..GenConfig::new(Workload::Mixed, 11) };
     // 3 long flows (30,000 packets) and 300 short ones (30,000 packets).
     assert_eq!(cfg.total_flows(), 303);
     assert_eq!(cfg.total_packets(), 60_000);

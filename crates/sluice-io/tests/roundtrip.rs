@@ -25,12 +25,7 @@ fn write(path: &Path, recs: &[Rec], precision: Precision) {
 #[test]
 fn pcap_round_trip_micro_and_nano() {
     let dir = tempfile::tempdir().unwrap();
-    for name in [
-        "ssh_ssh.pcap",
-        "http_bro.org.pcap",
-        "dns-edns-cookie.pcap",
-        "echo-connections.pcap",
-    ] {
+    for name in ["ssh_ssh.pcap", "http_bro.org.pcap", "dns-edns-cookie.pcap", "echo-connections.pcap"] {
         let orig = read_all(&trace(name));
         for precision in [Precision::Micro, Precision::Nano] {
             let out = dir.path().join(format!("{name}.{precision:?}"));
@@ -61,19 +56,8 @@ fn pcap_round_trip_micro_and_nano() {
 fn nanosecond_timestamps_survive_nano_and_are_truncated_by_micro() {
     let dir = tempfile::tempdir().unwrap();
     let frame = vec![0xabu8; 60];
-    let ts = [
-        1_600_000_000_123_456_789u64,
-        1_600_000_000_123_456_999,
-        1_600_000_001_000_000_001,
-    ];
-    let recs: Vec<Rec> = ts
-        .iter()
-        .map(|&t| Rec {
-            ts_ns: t,
-            data: frame.clone(),
-            orig_len: 60,
-        })
-        .collect();
+    let ts = [1_600_000_000_123_456_789u64, 1_600_000_000_123_456_999, 1_600_000_001_000_000_001];
+    let recs: Vec<Rec> = ts.iter().map(|&t| Rec { ts_ns: t, data: frame.clone(), orig_len: 60 }).collect();
     let nano = dir.path().join("n.pcap");
     write(&nano, &recs, Precision::Nano);
     assert_eq!(read_all(&nano), recs);
@@ -87,9 +71,7 @@ fn nanosecond_timestamps_survive_nano_and_are_truncated_by_micro() {
 fn writer_refuses_what_pcap_cannot_hold() {
     let dir = tempfile::tempdir().unwrap();
     let mut w = TraceWriter::create(dir.path().join("x.pcap"), Precision::default()).unwrap();
-    let e = w
-        .write(u64::from(u32::MAX) * 1_000_000_000 + 1_000_000_000, &[0; 60])
-        .unwrap_err();
+    let e = w.write(u64::from(u32::MAX) * 1_000_000_000 + 1_000_000_000, &[0; 60]).unwrap_err();
     assert!(matches!(e, IoError::TimestampRange { record: 1, .. }), "{e}");
     let e = w.write(1, &vec![0; sluice_packet::MAX_FRAME + 1]).unwrap_err();
     assert!(matches!(e, IoError::FrameTooLarge { .. }), "{e}");
@@ -136,11 +118,7 @@ fn big_endian_pcap_micro_and_nano() {
         let le_path = dir.path().join("le.pcap");
         write(&le_path, &orig, precision);
         let be = to_big_endian(&std::fs::read(&le_path).unwrap());
-        let magic = if precision == Precision::Micro {
-            0xa1b2c3d4u32
-        } else {
-            0xa1b23c4d
-        };
+        let magic = if precision == Precision::Micro { 0xa1b2c3d4u32 } else { 0xa1b23c4d };
         assert_eq!(be[..4], magic.to_be_bytes());
         let (back, err) = read_bytes(be);
         assert!(err.is_none(), "{err:?}");
@@ -149,11 +127,7 @@ fn big_endian_pcap_micro_and_nano() {
 }
 
 fn idb(linktype: DataLink, options: Vec<InterfaceDescriptionOption<'static>>) -> InterfaceDescriptionBlock<'static> {
-    InterfaceDescriptionBlock {
-        linktype,
-        snaplen: 65_535,
-        options,
-    }
+    InterfaceDescriptionBlock { linktype, snaplen: 65_535, options }
 }
 
 fn epb(interface_id: u32, raw_ts: u64, data: &[u8], orig_len: u32) -> EnhancedPacketBlock<'_> {
@@ -171,15 +145,11 @@ fn epb(interface_id: u32, raw_ts: u64, data: &[u8], orig_len: u32) -> EnhancedPa
 /// over them in turn.
 fn to_pcapng(recs: &[Rec], endianness: Endianness) -> Vec<u8> {
     let mut w = PcapNgWriter::with_endianness(Vec::new(), endianness).unwrap();
-    w.write_pcapng_block(idb(DataLink::ETHERNET, vec![InterfaceDescriptionOption::IfTsResol(9)]))
-        .unwrap();
+    w.write_pcapng_block(idb(DataLink::ETHERNET, vec![InterfaceDescriptionOption::IfTsResol(9)])).unwrap();
     w.write_pcapng_block(idb(DataLink::ETHERNET, vec![])).unwrap();
     w.write_pcapng_block(idb(
         DataLink::ETHERNET,
-        vec![
-            InterfaceDescriptionOption::IfTsResol(0x80 | 20),
-            InterfaceDescriptionOption::IfTsOffset(10),
-        ],
+        vec![InterfaceDescriptionOption::IfTsResol(0x80 | 20), InterfaceDescriptionOption::IfTsOffset(10)],
     ))
     .unwrap();
     for (i, r) in recs.iter().enumerate() {
@@ -210,11 +180,7 @@ fn pcapng_round_trip_with_several_interfaces() {
         for (i, (b, o)) in back.iter().zip(&orig).enumerate() {
             assert_eq!(b.data, o.data, "record {i}");
             assert_eq!(b.orig_len, o.orig_len, "record {i}");
-            let expected_ts = if i % 3 == 2 {
-                o.ts_ns / 1_000_000_000 * 1_000_000_000
-            } else {
-                o.ts_ns
-            };
+            let expected_ts = if i % 3 == 2 { o.ts_ns / 1_000_000_000 * 1_000_000_000 } else { o.ts_ns };
             assert_eq!(b.ts_ns, expected_ts, "record {i} ({endianness:?})");
         }
         let s = sluice_io::summarize(&path).unwrap();
@@ -228,29 +194,16 @@ fn pcapng_simple_packets_and_non_ethernet_interfaces() {
     let orig = read_all(&trace("irc-basic.pcap"));
     let mut w = PcapNgWriter::new(Vec::new()).unwrap();
     // Interface 0 has a snap length of 100: simple packet blocks are cut to it.
-    w.write_pcapng_block(InterfaceDescriptionBlock {
-        linktype: DataLink::ETHERNET,
-        snaplen: 100,
-        options: vec![],
-    })
-    .unwrap();
+    w.write_pcapng_block(InterfaceDescriptionBlock { linktype: DataLink::ETHERNET, snaplen: 100, options: vec![] })
+        .unwrap();
     w.write_pcapng_block(idb(DataLink::RAW, vec![])).unwrap();
-    w.write_pcapng_block(epb(0, orig[0].ts_ns / 1000, &orig[0].data, orig[0].orig_len))
-        .unwrap();
+    w.write_pcapng_block(epb(0, orig[0].ts_ns / 1000, &orig[0].data, orig[0].orig_len)).unwrap();
     let long = orig.iter().find(|r| r.data.len() > 100).unwrap();
-    w.write_pcapng_block(SimplePacketBlock {
-        original_len: long.data.len() as u32,
-        data: Cow::Borrowed(&long.data),
-    })
-    .unwrap();
-    w.write_pcapng_block(SimplePacketBlock {
-        original_len: 60,
-        data: Cow::Borrowed(&orig[1].data[..60]),
-    })
-    .unwrap();
-    w.write_pcapng_block(epb(1, 0, &[0x45; 40], 40)).unwrap();
-    w.write_pcapng_block(epb(0, 0, &orig[2].data, orig[2].orig_len))
+    w.write_pcapng_block(SimplePacketBlock { original_len: long.data.len() as u32, data: Cow::Borrowed(&long.data) })
         .unwrap();
+    w.write_pcapng_block(SimplePacketBlock { original_len: 60, data: Cow::Borrowed(&orig[1].data[..60]) }).unwrap();
+    w.write_pcapng_block(epb(1, 0, &[0x45; 40], 40)).unwrap();
+    w.write_pcapng_block(epb(0, 0, &orig[2].data, orig[2].orig_len)).unwrap();
     let (back, err) = read_bytes(w.into_inner());
     assert_eq!(back.len(), 3, "{err:?}");
     assert_eq!(back[0].data, orig[0].data);
@@ -260,18 +213,9 @@ fn pcapng_simple_packets_and_non_ethernet_interfaces() {
     assert_eq!(back[1].orig_len as usize, long.data.len());
     assert_eq!(back[2].data, orig[1].data[..60]);
     match err {
-        Some(
-            e @ IoError::UnsupportedLinkType {
-                linktype: 101,
-                interface: Some(1),
-                ..
-            },
-        ) => {
+        Some(e @ IoError::UnsupportedLinkType { linktype: 101, interface: Some(1), .. }) => {
             let msg = e.to_string();
-            assert!(
-                msg.contains("RAW") && msg.contains("101") && msg.contains("record 4"),
-                "{msg}"
-            );
+            assert!(msg.contains("RAW") && msg.contains("101") && msg.contains("record 4"), "{msg}");
         }
         other => panic!("expected an unsupported link type error, got {other:?}"),
     }

@@ -11,16 +11,9 @@ use std::process::Command;
 
 /// Runs `tcpdump -nn -r path` plus `extra` and returns its standard output.
 fn tcpdump(path: &Path, extra: &[&str]) -> String {
-    let out = Command::new("tcpdump")
-        .args(["-nn", "-r"])
-        .arg(path)
-        .args(extra)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "tcpdump is required for this test and could not be run ({e}); install it: apt-get install -y tcpdump"
-            )
-        });
+    let out = Command::new("tcpdump").args(["-nn", "-r"]).arg(path).args(extra).output().unwrap_or_else(|e| {
+        panic!("tcpdump is required for this test and could not be run ({e}); install it: apt-get install -y tcpdump")
+    });
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "tcpdump failed on {}: {stderr}", path.display());
     assert!(!stderr.contains("truncated"), "tcpdump: {stderr}");
@@ -49,16 +42,7 @@ fn tcpdump_reads_written_files() {
 fn tcpdump_reads_generated_traffic_and_finds_checksums_correct() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gen.pcap");
-    let cfg = GenConfig {
-        concurrency: 8,
-        ..GenConfig::new(
-            Workload::Custom {
-                flows: 12,
-                packets_per_flow: 15,
-            },
-            3,
-        )
-    };
+    let cfg = GenConfig { concurrency: 8, ..GenConfig::new(Workload::Custom { flows: 12, packets_per_flow: 15 }, 3) };
     assert_eq!(gen::write_pcap(&cfg, &path).unwrap(), 180);
     let out = tcpdump(&path, &[]);
     assert_eq!(out.lines().count(), 180);

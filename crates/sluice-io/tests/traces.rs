@@ -30,10 +30,7 @@ fn every_trace_has_the_documented_packet_count() {
         for r in &recs {
             assert!(!r.data.is_empty() && r.data.len() <= sluice_packet::MAX_FRAME, "{name}");
             assert!(r.orig_len as usize >= r.data.len(), "{name}");
-            assert!(
-                r.ts_ns > 946_684_800_000_000_000 && r.ts_ns < 4_102_444_800_000_000_000,
-                "{name}"
-            );
+            assert!(r.ts_ns > 946_684_800_000_000_000 && r.ts_ns < 4_102_444_800_000_000_000, "{name}");
         }
     }
 }
@@ -45,10 +42,7 @@ fn summaries_match_the_readme() {
         assert_eq!(s.packets, packets, "{name}");
         assert_eq!(s.format, TraceFormat::PcapMicro, "{name}");
         let p = s.protocols;
-        assert_eq!(
-            p.tcp + p.udp + p.icmp + p.icmpv6 + p.other_ip + p.non_ip + s.malformed + s.truncated,
-            s.packets
-        );
+        assert_eq!(p.tcp + p.udp + p.icmp + p.icmpv6 + p.other_ip + p.non_ip + s.malformed + s.truncated, s.packets);
         assert_eq!(s.flows, flows, "{name}: {s}");
         assert_eq!(s.malformed + s.truncated, 0, "{name}: {s}");
         assert!(s.first_ts_ns.is_some() && s.last_ts_ns.is_some());
@@ -65,10 +59,7 @@ fn echo_connections_summary() {
     // 6.5 s of traffic according to the README.
     assert!(s.duration_ns > 6_000_000_000 && s.duration_ns < 7_000_000_000, "{s}");
     let text = s.to_string();
-    assert!(
-        text.contains("packets:    82582") && text.contains("flows:      500"),
-        "{text}"
-    );
+    assert!(text.contains("packets:    82582") && text.contains("flows:      500"), "{text}");
     let json = serde_json::to_value(&s).unwrap();
     assert_eq!(json["packets"], 82_582);
     assert_eq!(json["flows"], 500);

@@ -62,14 +62,16 @@ pub trait NetworkFunction: Send + Sync {
 
 /// Builds a single instance of `kind` with local state, for tests and tools that drive one NF
 /// without a chain.
-pub fn local_instance(
-    registry: &NfRegistry,
-    kind: &str,
-    config: &serde_yaml::Value,
-) -> Result<Instance, NfError> {
+pub fn local_instance(registry: &NfRegistry, kind: &str, config: &serde_yaml::Value) -> Result<Instance, NfError> {
     let mut labels = LabelTable::default();
     let mut bctx = BuildCtx { vertex: kind, instance: 0, instances: 1, labels: &mut labels };
     let nf = registry.build(kind, config, &mut bctx)?;
     let state = sluice_state::LocalState::new(nf.state_objects(), nf.custom_ops());
-    Ok(Instance::new(nf, Box::new(state), kind.into(), sluice_packet::InstanceId::new(0, 0), std::sync::Arc::new(labels)))
+    Ok(Instance::new(
+        nf,
+        Box::new(state),
+        kind.into(),
+        sluice_packet::InstanceId::new(0, 0),
+        std::sync::Arc::new(labels),
+    ))
 }

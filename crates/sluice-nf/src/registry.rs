@@ -109,10 +109,9 @@ impl NfRegistry {
     ) -> Result<Box<dyn NetworkFunction>, NfError> {
         match self.types.get(name) {
             Some((b, _)) => b(config, ctx),
-            None => Err(NfError::UnknownType(
-                name.to_string(),
-                self.types.keys().copied().collect::<Vec<_>>().join(", "),
-            )),
+            None => {
+                Err(NfError::UnknownType(name.to_string(), self.types.keys().copied().collect::<Vec<_>>().join(", ")))
+            }
         }
     }
 }

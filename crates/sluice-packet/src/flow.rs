@@ -61,13 +61,8 @@ pub enum HeaderField {
 
 impl HeaderField {
     /// All five fields, i.e. the 5-tuple scope.
-    pub const FIVE_TUPLE: [HeaderField; 5] = [
-        HeaderField::SrcIp,
-        HeaderField::DstIp,
-        HeaderField::SrcPort,
-        HeaderField::DstPort,
-        HeaderField::Proto,
-    ];
+    pub const FIVE_TUPLE: [HeaderField; 5] =
+        [HeaderField::SrcIp, HeaderField::DstIp, HeaderField::SrcPort, HeaderField::DstPort, HeaderField::Proto];
 }
 
 /// The directional 5-tuple of a packet.

@@ -13,6 +13,6 @@ mod packet;
 
 pub use checksum::{checksum_adjust, checksum_adjust_u16};
 pub use flow::{FiveTuple, FlowKey, HeaderField, Proto};
-pub use headers::{Headers, L3, L4, ParseStatus, TcpFlags};
+pub use headers::{Headers, ParseStatus, TcpFlags, L3, L4};
 pub use meta::{Clock, InstanceId, LabelId, Labels, Meta, MetaFlags, MAX_LABELS};
 pub use packet::{Batch, Packet, PacketPool, RewriteError, MAX_FRAME};

@@ -158,10 +158,7 @@ impl Packet {
                 self.write_u16(off, udp_fix(h.l4, c))?;
             }
         }
-        self.data
-            .get_mut(addr_off..addr_off + alen)
-            .ok_or(RewriteError::Truncated)?
-            .copy_from_slice(&new_addr[..alen]);
+        self.data.get_mut(addr_off..addr_off + alen).ok_or(RewriteError::Truncated)?.copy_from_slice(&new_addr[..alen]);
 
         // Port (or echo identifier).
         let port_off = match h.l4 {

@@ -216,7 +216,11 @@ struct Outgoing {
 
 impl Outgoing {
     fn new(shared: &Shared) -> Outgoing {
-        Outgoing { bufs: (0..=shared.queues.len()).map(|_| Vec::new()).collect(), splitter: Splitter::default(), mirrored: 0 }
+        Outgoing {
+            bufs: (0..=shared.queues.len()).map(|_| Vec::new()).collect(),
+            splitter: Splitter::default(),
+            mirrored: 0,
+        }
     }
 
     fn push(&mut self, shared: &Shared, dest: usize, pkt: Packet) {
@@ -402,8 +406,9 @@ pub fn run(
         )));
     }
     let Plan { name, vertices, entry, traffic, instances, .. } = plan;
-    let mirrors: usize = vertices.iter().flat_map(|v| v.routes.iter().flatten()).map(|r| r.mirrors.len()).sum::<usize>()
-        + entry.iter().map(|r| r.mirrors.len()).sum::<usize>();
+    let mirrors: usize =
+        vertices.iter().flat_map(|v| v.routes.iter().flatten()).map(|r| r.mirrors.len()).sum::<usize>()
+            + entry.iter().map(|r| r.mirrors.len()).sum::<usize>();
     // Every packet in the system (originals and mirror copies) fits in any one queue.
     let cap = cfg.window * (1 + mirrors) + 1024;
     let pool = PacketPool::new(cfg.window * (1 + mirrors).min(4), 2048);
@@ -443,13 +448,7 @@ pub fn run(
         handles.push(h);
     }
 
-    let mut report = RunReport {
-        chain: name,
-        workers,
-        batch: cfg.batch,
-        window: cfg.window,
-        ..RunReport::default()
-    };
+    let mut report = RunReport { chain: name, workers, batch: cfg.batch, window: cfg.window, ..RunReport::default() };
     let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
         .map_err(|e| RunError::Config(e.to_string()))?;
     let t0 = Instant::now();
@@ -459,75 +458,73 @@ pub fn run(
     let mut source_done = false;
     let mut last_progress = Instant::now();
     let mut root_drops: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let result: Result<(), RunError> = (|| {
-        loop {
-            drain_sink(&shared, sink, &mut report, &mut hist, t0)?;
-            if source_done {
-                if shared.in_flight.load(Ordering::Acquire) == 0 {
-                    return Ok(());
-                }
-                std::thread::yield_now();
+    let result: Result<(), RunError> = (|| loop {
+        drain_sink(&shared, sink, &mut report, &mut hist, t0)?;
+        if source_done {
+            if shared.in_flight.load(Ordering::Acquire) == 0 {
+                return Ok(());
+            }
+            std::thread::yield_now();
+            continue;
+        }
+        if hooks.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
+            source_done = true;
+            continue;
+        }
+        let room = cfg.window.saturating_sub(shared.in_flight.load(Ordering::Acquire));
+        if room < cfg.batch && cfg.overflow == Overflow::Wait {
+            std::thread::yield_now();
+            continue;
+        }
+        inbuf.clear();
+        match source.fill(&pool, &mut inbuf, cfg.batch)? {
+            Fill::Done => source_done = true,
+            Fill::Idle => std::thread::sleep(Duration::from_micros(50)),
+            Fill::Data => {}
+        }
+        if inbuf.is_empty() {
+            continue;
+        }
+        let now_ns = t0.elapsed().as_nanos() as u64;
+        let mut admitted = 0usize;
+        let room = cfg.window.saturating_sub(shared.in_flight.load(Ordering::Acquire));
+        for mut pkt in inbuf.drain(..) {
+            report.packets_in += 1;
+            report.bytes_in += pkt.len() as u64;
+            let reason = match pkt.hdr().status {
+                ParseStatus::Truncated => Some("truncated"),
+                ParseStatus::Malformed => Some("malformed"),
+                _ if admitted >= room => Some("window-full"),
+                _ => None,
+            };
+            if let Some(r) = reason {
+                *root_drops.entry(r).or_default() += 1;
+                pool.recycle(pkt);
                 continue;
             }
-            if hooks.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
-                source_done = true;
+            seq += 1;
+            pkt.meta.clock = Clock::new(cfg.root_id, seq);
+            pkt.meta.ingress_ns = now_ns;
+            admitted += 1;
+            shared.in_flight.fetch_add(1, Ordering::AcqRel);
+            if traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
+                report.bypassed += 1;
+                let d = shared.queues.len();
+                root.push(&shared, d, pkt);
                 continue;
             }
-            let room = cfg.window.saturating_sub(shared.in_flight.load(Ordering::Acquire));
-            if room < cfg.batch && cfg.overflow == Overflow::Wait {
-                std::thread::yield_now();
-                continue;
+            let routes = &entry[direction(&pkt, entry.len())];
+            if let Some(pkt) = root.route(&shared, routes, pkt) {
+                *root_drops.entry("no-route").or_default() += 1;
+                pool.recycle(pkt);
+                shared.in_flight.fetch_sub(1, Ordering::AcqRel);
             }
-            inbuf.clear();
-            match source.fill(&pool, &mut inbuf, cfg.batch)? {
-                Fill::Done => source_done = true,
-                Fill::Idle => std::thread::sleep(Duration::from_micros(50)),
-                Fill::Data => {}
-            }
-            if inbuf.is_empty() {
-                continue;
-            }
-            let now_ns = t0.elapsed().as_nanos() as u64;
-            let mut admitted = 0usize;
-            let room = cfg.window.saturating_sub(shared.in_flight.load(Ordering::Acquire));
-            for mut pkt in inbuf.drain(..) {
-                report.packets_in += 1;
-                report.bytes_in += pkt.len() as u64;
-                let reason = match pkt.hdr().status {
-                    ParseStatus::Truncated => Some("truncated"),
-                    ParseStatus::Malformed => Some("malformed"),
-                    _ if admitted >= room => Some("window-full"),
-                    _ => None,
-                };
-                if let Some(r) = reason {
-                    *root_drops.entry(r).or_default() += 1;
-                    pool.recycle(pkt);
-                    continue;
-                }
-                seq += 1;
-                pkt.meta.clock = Clock::new(cfg.root_id, seq);
-                pkt.meta.ingress_ns = now_ns;
-                admitted += 1;
-                shared.in_flight.fetch_add(1, Ordering::AcqRel);
-                if traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
-                    report.bypassed += 1;
-                    let d = shared.queues.len();
-                    root.push(&shared, d, pkt);
-                    continue;
-                }
-                let routes = &entry[direction(&pkt, entry.len())];
-                if let Some(pkt) = root.route(&shared, routes, pkt) {
-                    *root_drops.entry("no-route").or_default() += 1;
-                    pool.recycle(pkt);
-                    shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
-            root.flush(&shared);
-            if let Some(p) = hooks.progress {
-                if last_progress.elapsed() >= Duration::from_millis(100) {
-                    last_progress = Instant::now();
-                    p(report.packets_in);
-                }
+        }
+        root.flush(&shared);
+        if let Some(p) = hooks.progress {
+            if last_progress.elapsed() >= Duration::from_millis(100) {
+                last_progress = Instant::now();
+                p(report.packets_in);
             }
         }
     })();

@@ -109,7 +109,16 @@ impl Filter {
     /// Resolves label names against the chain's table (interning them).
     pub fn compile(&self, labels: &mut LabelTable) -> CompiledFilter {
         let names = self.label_names();
-        CompiledFilter { filter: self.clone(), labels: names.into_iter().map(|n| { let id = labels.intern(&n); (n, Some(id)) }).collect() }
+        CompiledFilter {
+            filter: self.clone(),
+            labels: names
+                .into_iter()
+                .map(|n| {
+                    let id = labels.intern(&n);
+                    (n, Some(id))
+                })
+                .collect(),
+        }
     }
 }
 

@@ -6,7 +6,9 @@ pub mod plan;
 pub mod report;
 pub mod spec;
 
-pub use exec::{run, CollectSink, DiscardSink, Fill, MemorySource, Overflow, RunConfig, RunError, RunHooks, Sink, Source};
+pub use exec::{
+    run, CollectSink, DiscardSink, Fill, MemorySource, Overflow, RunConfig, RunError, RunHooks, Sink, Source,
+};
 pub use plan::{compile, Plan, PlanError};
 pub use report::RunReport;
 pub use spec::{Chain, SpecError};

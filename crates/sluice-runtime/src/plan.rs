@@ -154,11 +154,8 @@ impl Splitter {
 /// keyed state object, ending with the 5-tuple. Global objects (no key) cannot be partitioned
 /// away and are left out.
 pub fn split_candidates(decls: &[StateDecl]) -> Vec<Vec<HeaderField>> {
-    let mut sets: Vec<Vec<HeaderField>> = decls
-        .iter()
-        .map(|d| d.scope.coarsest().to_vec())
-        .filter(|s| !s.is_empty())
-        .collect();
+    let mut sets: Vec<Vec<HeaderField>> =
+        decls.iter().map(|d| d.scope.coarsest().to_vec()).filter(|s| !s.is_empty()).collect();
     sets.push(HeaderField::FIVE_TUPLE.to_vec());
     for s in &mut sets {
         s.sort();

@@ -123,7 +123,11 @@ impl RunReport {
 
 impl fmt::Display for RunReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "chain `{}`: {} worker(s), batch {}, window {}", self.chain, self.workers, self.batch, self.window)?;
+        writeln!(
+            f,
+            "chain `{}`: {} worker(s), batch {}, window {}",
+            self.chain, self.workers, self.batch, self.window
+        )?;
         writeln!(
             f,
             "  packets  in {:>12}   out {:>12}   dropped {:>10}   bypassed {}",

@@ -190,8 +190,8 @@ impl Chain {
             if name == INPUT || name == OUTPUT {
                 return Err(err(&["vertices", &name], format!("`{name}` is reserved for the chain's entry/exit")));
             }
-            let vs: VertexSpec = serde_yaml::from_value(v.clone())
-                .map_err(|e| err(&["vertices", &name], e.to_string()))?;
+            let vs: VertexSpec =
+                serde_yaml::from_value(v.clone()).map_err(|e| err(&["vertices", &name], e.to_string()))?;
             if !registry.contains(&vs.kind) {
                 let known: Vec<_> = registry.types().map(|(n, _)| n).collect();
                 return Err(err(

@@ -77,12 +77,14 @@ fn tiny_window_waits_without_loss_or_drops_and_counts() {
     let mut wait = cfg(2);
     wait.window = 16;
     let plan = compile(&c, &sluice_nfs::registry(), &[]).expect("plan");
-    let r = run(plan, &wait, &mut MemorySource::new(&pkts), &mut CollectSink::default(), RunHooks::default()).expect("run");
+    let r =
+        run(plan, &wait, &mut MemorySource::new(&pkts), &mut CollectSink::default(), RunHooks::default()).expect("run");
     assert_eq!(r.packets_out, pkts.len() as u64);
     let mut drop = wait.clone();
     drop.overflow = Overflow::Drop;
     let plan = compile(&c, &sluice_nfs::registry(), &[]).expect("plan");
-    let r = run(plan, &drop, &mut MemorySource::new(&pkts), &mut CollectSink::default(), RunHooks::default()).expect("run");
+    let r =
+        run(plan, &drop, &mut MemorySource::new(&pkts), &mut CollectSink::default(), RunHooks::default()).expect("run");
     assert!(r.balanced(), "{r}");
     let full = r.dropped.get("root: window-full").copied().unwrap_or(0);
     assert_eq!(r.packets_out + full, pkts.len() as u64);
@@ -102,7 +104,8 @@ edges:
   - { from: data, to: output, filter: \"port in 1024-65535\" }
 ";
     let plan = compile(&chain(text), &sluice_nfs::registry(), &[]).expect("plan");
-    let r = run(plan, &cfg(1), &mut MemorySource::new(&pkts), &mut CollectSink::default(), RunHooks::default()).expect("run");
+    let r = run(plan, &cfg(1), &mut MemorySource::new(&pkts), &mut CollectSink::default(), RunHooks::default())
+        .expect("run");
     let port = |p: &Packet, n: u16| p.tuple().is_some_and(|t| t.sport == n || t.dport == n);
     let ctl = pkts.iter().filter(|p| port(p, 21)).count() as u64;
     let v = |n: &str| r.vertices.iter().find(|v| v.name == n).map(|v| v.packets_in()).unwrap_or(0);

@@ -38,11 +38,7 @@ pub fn read_all(path: &Path) -> Vec<Rec> {
     let mut r = TraceReader::open(path).unwrap_or_else(|e| panic!("{e}"));
     let mut out = Vec::new();
     while let Some(rec) = r.next_record().unwrap_or_else(|e| panic!("{e}")) {
-        out.push(Rec {
-            ts_ns: rec.ts_ns,
-            data: rec.data.to_vec(),
-            orig_len: rec.orig_len,
-        });
+        out.push(Rec { ts_ns: rec.ts_ns, data: rec.data.to_vec(), orig_len: rec.orig_len });
     }
     out
 }
@@ -57,17 +53,10 @@ pub fn read_bytes(bytes: Vec<u8>) -> (Vec<Rec>, Option<sluice_io::IoError>) {
     let mut out = Vec::new();
     loop {
         match r.next_record() {
-            Ok(Some(rec)) => out.push(Rec {
-                ts_ns: rec.ts_ns,
-                data: rec.data.to_vec(),
-                orig_len: rec.orig_len,
-            }),
+            Ok(Some(rec)) => out.push(Rec { ts_ns: rec.ts_ns, data: rec.data.to_vec(), orig_len: rec.orig_len }),
             Ok(None) => return (out, None),
             Err(e) => {
-                assert!(
-                    matches!(r.next_record(), Ok(None)),
-                    "reader must be finished after an error"
-                );
+                assert!(matches!(r.next_record(), Ok(None)), "reader must be finished after an error");
                 return (out, Some(e));
             }
         }

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs Sluice's whole test suite on a fresh Debian machine with the Rust toolchain, installing
+# what the tests need first: tcpdump (reads our pcap output), iproute2, iputils-ping, ethtool and
+# python3 (real network namespaces, veth pairs, a ping and an HTTP download through a chain).
+# The namespace tests need root. Usage: scripts/test-all.sh [extra cargo test args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v tcpdump >/dev/null 2>&1 || need+=(tcpdump)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
+command -v ethtool >/dev/null 2>&1 || need+=(ethtool)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "== installing: ${need[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy (warnings are errors)"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo test"
+cargo test --workspace "$@"
