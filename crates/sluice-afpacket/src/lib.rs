@@ -48,4 +48,4 @@ mod sys;
 
 pub use config::{RingConfig, TruncatedFrames};
 pub use error::AfPacketError;
-pub use port::{AfPacketPort, PortStats};
+pub use port::{poll_any, AfPacketPort, PortStats};

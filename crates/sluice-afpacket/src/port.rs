@@ -668,3 +668,30 @@ fn interface_mtu(fd: &OwnedFd, ifname: &str, cname: &CString) -> Result<usize, A
     usize::try_from(mtu)
         .map_err(|_| AfPacketError::syscall(ifname, "ioctl(SIOCGIFMTU)", io::Error::from(io::ErrorKind::InvalidData)))
 }
+
+/// Waits until one of `ports` has a frame ready or `timeout` passes (microsecond resolution,
+/// unlike [`AfPacketPort::poll_readable`]'s milliseconds). Returns the index of the first ready
+/// port, or `None` on timeout or interruption.
+pub fn poll_any(ports: &[&AfPacketPort], timeout: Duration) -> Result<Option<usize>, AfPacketError> {
+    if let Some(i) = ports.iter().position(|p| p.rx_ready()) {
+        return Ok(Some(i));
+    }
+    let mut fds: Vec<libc::pollfd> =
+        ports.iter().map(|p| libc::pollfd { fd: p.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures, `ts` a valid timespec,
+    // and a null signal mask means "leave the mask unchanged".
+    let r = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
+    if r < 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EINTR) {
+            return Ok(None);
+        }
+        let name = ports.first().map_or("", |p| p.ifname.as_str());
+        return Err(AfPacketError::syscall(name, "ppoll", err));
+    }
+    Ok(ports.iter().position(|p| p.rx_ready()))
+}

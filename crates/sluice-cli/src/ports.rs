@@ -108,6 +108,7 @@ impl Sink for PcapSink {
 /// `Rc<RefCell<_>>` because both run on the root thread.
 pub struct Bridge {
     ports: [sluice_afpacket::AfPacketPort; 2],
+    last_rx: std::time::Instant,
     /// Frames dropped because a transmit ring stayed full.
     pub tx_dropped: u64,
 }
@@ -118,6 +119,7 @@ impl Bridge {
         let cfg = sluice_afpacket::RingConfig::default();
         Ok(Bridge {
             ports: [sluice_afpacket::AfPacketPort::open(a, &cfg)?, sluice_afpacket::AfPacketPort::open(b, &cfg)?],
+            last_rx: std::time::Instant::now(),
             tx_dropped: 0,
         })
     }
@@ -168,10 +170,16 @@ impl Source for BridgeSource {
             }
         }
         if !out.is_empty() {
+            b.last_rx = std::time::Instant::now();
             return Ok(Fill::Data);
         }
-        // Nothing ready: wait briefly on the first port so an idle bridge does not spin.
-        let _ = b.ports[0].poll_readable(std::time::Duration::from_micros(200));
+        // Nothing ready. Right after traffic, keep polling the rings (cheap, no syscall) for
+        // low latency; once the bridge has been quiet for a while, sleep in ppoll on both.
+        if b.last_rx.elapsed() > std::time::Duration::from_millis(5) {
+            let [p0, p1] = &b.ports;
+            sluice_afpacket::poll_any(&[p0, p1], std::time::Duration::from_micros(500))
+                .map_err(|e| RunError::Source(e.to_string()))?;
+        }
         Ok(Fill::Idle)
     }
 }

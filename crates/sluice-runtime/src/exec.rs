@@ -83,7 +83,8 @@ pub enum RunError {
 pub enum Fill {
     /// Packets were added (possibly zero for a live source between bursts).
     Data,
-    /// Nothing now; try again later.
+    /// Nothing now; try again later. A live source waits efficiently itself (e.g. in poll)
+    /// before saying so; the root only yields the CPU and calls again.
     Idle,
     /// No more input.
     Done,
