@@ -1,6 +1,7 @@
 //! `sluice`: run chains of stateful network functions over traces, generated traffic or live
 //! interfaces; generate and inspect traces; validate chain files; benchmark.
 
+mod bench;
 mod ports;
 
 use anyhow::Context;
@@ -60,6 +61,9 @@ enum Command {
     Validate(ValidateArgs),
     /// List the NF types that chain files can use.
     Nfs,
+    /// Benchmark every NF alone and the example chain over packets held in memory: Mpps,
+    /// per-core Mpps, latency percentiles; JSON and SVG output.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -78,7 +82,7 @@ struct RunArgs {
     /// Stop after this many seconds (live runs; Ctrl-C also stops cleanly).
     #[arg(long)]
     duration: Option<f64>,
-    /// Generate the input instead: long, short, mixed or FLOWSxPACKETS.
+    /// Generate the input instead: long, short, mixed, demo or FLOWSxPACKETS.
     #[arg(long)]
     gen: Option<String>,
     /// Generator scale factor (fraction of the workload's flows).
@@ -139,7 +143,8 @@ enum OverflowArg {
 
 #[derive(Args)]
 struct GenArgs {
-    /// Workload: long (3,000 flows x 10,000 packets), short (100,000 x 100), mixed, or FLOWSxPACKETS.
+    /// Workload: long (3,000 flows x 10,000 packets), short (100,000 x 100), mixed, demo (background
+    /// traffic with a planted port scan and Trojan signature), or FLOWSxPACKETS.
     #[arg(long, short, default_value = "short")]
     workload: String,
     /// Scale factor applied to the number of flows.
@@ -201,6 +206,7 @@ fn main() -> ExitCode {
         Command::Gen(a) => cmd_gen(a),
         Command::Inspect(a) => cmd_inspect(a),
         Command::Validate(a) => cmd_validate(a),
+        Command::Bench(a) => bench::cmd_bench(a).map_err(fail(exit::FAILED)),
         Command::Nfs => {
             for (name, about) in sluice_nfs::registry().types() {
                 println!("{name:<12} {about}");

@@ -42,6 +42,7 @@ use crate::pcap::{Precision, TraceWriter};
 use crate::IoError;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use std::collections::VecDeque;
 use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
@@ -418,6 +419,14 @@ const fn filler() -> [u8; FILLER_LEN] {
     a
 }
 
+/// The client address of a flow whose permuted index is `h`: its 17 high bits are the host,
+/// spread over 10.0.0.0/8 by an odd multiplier (a bijection mod 2^24).
+pub(crate) fn client_addr(h: u32) -> [u8; 4] {
+    let host = ((h >> 15) + 1).wrapping_mul(0x9E_3779) & 0xff_ffff;
+    let [_, a, b, c] = host.to_be_bytes();
+    [10, a, b, c]
+}
+
 /// A seeded bijection of `u32`.
 fn permute(mut x: u32, k: [u32; 2]) -> u32 {
     x ^= k[0];
@@ -443,12 +452,20 @@ pub struct Generator {
     size: FrameSize,
     servers: u32,
     remaining: u64,
+    /// Planted packets still to merge in, in time order (only [`Workload::Demo`] has any).
+    planted: VecDeque<(u64, Vec<u8>)>,
+    /// Timestamp of the last packet yielded.
+    last_ts: Option<u64>,
 }
 
 impl Generator {
     fn new(cfg: &GenConfig) -> Generator {
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let keys = [rng.gen(), rng.gen()];
+        let planted: VecDeque<(u64, Vec<u8>)> = match cfg.workload {
+            Workload::Demo => crate::demo::plant(cfg).packets.into(),
+            _ => VecDeque::new(),
+        };
         let mut g = Generator {
             rng,
             keys,
@@ -459,7 +476,9 @@ impl Generator {
             mean_gap: cfg.mean_gap_ns as f64,
             size: cfg.size,
             servers: cfg.servers,
-            remaining: cfg.total_packets(),
+            remaining: cfg.background_packets().saturating_add(planted.len() as u64),
+            planted,
+            last_ts: None,
         };
         while g.active.len() < cfg.concurrency {
             match g.start_flow() {
@@ -490,9 +509,6 @@ impl Generator {
         let h = permute(self.next_index as u32, self.keys);
         self.next_index += 1;
         let cport = 32_768 + (h & 0x7fff) as u16;
-        // 17 bits of host, spread over the /8 by an odd multiplier (a bijection mod 2^24).
-        let host = ((h >> 15) + 1).wrapping_mul(0x9E_3779) & 0xff_ffff;
-        let [_, a, b, c] = host.to_be_bytes();
         let srv = 198u32 << 24 | 18 << 16;
         let server = (srv + 1 + self.rng.gen_range(0..self.servers)).to_be_bytes();
         let total_weight: u32 = SERVER_PORTS.iter().map(|&(_, w)| w).sum();
@@ -506,7 +522,7 @@ impl Generator {
             w -= weight;
         }
         Some(Flow {
-            client: [10, a, b, c],
+            client: client_addr(h),
             server,
             cport,
             sport,
@@ -607,6 +623,31 @@ impl Iterator for Generator {
     type Item = (u64, Vec<u8>);
 
     fn next(&mut self) -> Option<(u64, Vec<u8>)> {
+        // A planted packet goes first when it is due strictly before the next background one.
+        let planted_first = match self.planted.front() {
+            Some(&(ts, _)) => self.active.is_empty() || ts < self.ts,
+            None => false,
+        };
+        let (ts, frame) = if planted_first { self.planted.pop_front()? } else { self.next_background()? };
+        // Timestamps strictly increase: a planted packet tying a background one moves 1 ns later.
+        let ts = match self.last_ts {
+            Some(last) => ts.max(last.saturating_add(1)),
+            None => ts,
+        };
+        self.last_ts = Some(ts);
+        self.remaining = self.remaining.saturating_sub(1);
+        Some((ts, frame))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = usize::try_from(self.remaining).unwrap_or(usize::MAX);
+        (n, Some(n))
+    }
+}
+
+impl Generator {
+    /// The next packet of the background flows, if any.
+    fn next_background(&mut self) -> Option<(u64, Vec<u8>)> {
         if self.active.is_empty() {
             return None;
         }
@@ -633,13 +674,7 @@ impl Iterator for Generator {
                 }
             }
         }
-        self.remaining = self.remaining.saturating_sub(1);
         Some((ts, frame))
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = usize::try_from(self.remaining).unwrap_or(usize::MAX);
-        (n, Some(n))
     }
 }
 

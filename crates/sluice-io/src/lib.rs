@@ -5,6 +5,8 @@
 //!   Only Ethernet captures are accepted.
 //! - [`gen`]: a seeded, deterministic generator of synthetic TCP traffic (the StatelessNF
 //!   `long`, `short` and `mixed` workloads, and custom small ones), streaming with bounded memory.
+//! - [`demo`]: the generator's `demo` workload, background traffic with a planted port scan,
+//!   Trojan signature and decoys, and the constants naming the planted hosts.
 //! - [`replay`]: a [`Pacer`] releasing packets at full speed or at their recorded pace.
 //! - [`inspect`]: [`summarize`] a trace (packets, bytes, flows, protocols, bad packets, times).
 //!
@@ -13,6 +15,7 @@
 
 #![warn(missing_docs)]
 
+pub mod demo;
 mod error;
 pub mod gen;
 pub mod inspect;

@@ -1,0 +1,47 @@
+//! The interface every store backend implements.
+
+use crate::wire::{Checkpoint, Notification, Request, Response};
+use sluice_packet::InstanceId;
+use sluice_state::CustomOp;
+use std::time::Duration;
+
+/// Why a store operation failed at the transport level.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The store is unreachable or closed.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The store answered something that does not fit the protocol.
+    #[error("store protocol: {0}")]
+    Protocol(String),
+    /// A request was not answered in time.
+    #[error("store did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// One instance's connection. Requests go out in batches; responses and notifications are
+/// collected when the client asks, so a client never blocks unless it chooses to wait.
+pub trait Connection: Send {
+    /// Sends a batch of requests (leaving `batch` empty).
+    fn send(&mut self, batch: &mut Vec<Request>) -> Result<(), StoreError>;
+    /// Appends responses that have arrived, without waiting.
+    fn poll(&mut self, out: &mut Vec<Response>) -> Result<(), StoreError>;
+    /// Waits up to `timeout` for at least one response, appending what has arrived.
+    fn wait(&mut self, out: &mut Vec<Response>, timeout: Duration) -> Result<(), StoreError>;
+    /// Appends notifications that have arrived, without waiting.
+    fn notifications(&mut self, out: &mut Vec<Notification>) -> Result<(), StoreError>;
+}
+
+/// A store.
+pub trait Backend: Send + Sync {
+    /// A short name for reports (`embedded`, `redis://...`).
+    fn name(&self) -> String;
+    /// Registers the custom operations of a vertex's NF (same list for every instance).
+    fn register_custom_ops(&self, vertex: u16, ops: &[CustomOp]) -> Result<(), StoreError>;
+    /// Connects an instance.
+    fn connect(&self, client: InstanceId) -> Result<Box<dyn Connection>, StoreError>;
+    /// Takes a checkpoint of all values and the TS vector.
+    fn checkpoint(&self) -> Result<Checkpoint, StoreError>;
+    /// Replaces the store's contents with a checkpoint.
+    fn restore(&self, checkpoint: &Checkpoint) -> Result<(), StoreError>;
+}

@@ -1,0 +1,559 @@
+//! The embedded store: values sharded over store threads, each value owned by exactly one
+//! thread, so the data path takes no locks. Clients send batches of requests; each shard applies
+//! the requests it receives in arrival order (so one client's requests to one value apply in
+//! issue order) and answers through the client's own lock-free queues.
+
+use crate::backend::{Backend, Connection, StoreError};
+use crate::wire::{Checkpoint, Notification, OpTag, Request, Response, StoreKey, StoreOp, TsVector};
+use crossbeam_queue::{ArrayQueue, SegQueue};
+use sluice_packet::{Clock, InstanceId};
+use sluice_state::{ops::apply, CustomOp, StateOp, Value};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+type Map<K, V> = hashbrown::HashMap<K, V, ahash::RandomState>;
+
+/// Where a shard answers one client.
+struct ClientQueues {
+    id: InstanceId,
+    responses: SegQueue<Response>,
+    notifications: SegQueue<Notification>,
+    /// The thread blocked in `wait`, if any.
+    waiter: Mutex<Option<Thread>>,
+    waiting: AtomicBool,
+}
+
+impl ClientQueues {
+    fn wake(&self) {
+        if self.waiting.load(Ordering::Acquire) {
+            if let Ok(w) = self.waiter.lock() {
+                if let Some(t) = w.as_ref() {
+                    t.unpark();
+                }
+            }
+        }
+    }
+}
+
+enum Msg {
+    Batch(Vec<Request>, Arc<ClientQueues>),
+    Register(u16, Vec<CustomOp>),
+    Checkpoint(mpsc::Sender<Checkpoint>),
+    Restore(Vec<(StoreKey, Value)>, Vec<(InstanceId, Clock)>, mpsc::Sender<()>),
+    Stop,
+}
+
+/// One value and its metadata.
+#[derive(Default)]
+struct Entry {
+    value: Option<Value>,
+    owner: Option<InstanceId>,
+    claimant: Option<InstanceId>,
+    subscribers: Vec<InstanceId>,
+    timer: Option<(u64, InstanceId)>,
+}
+
+impl Entry {
+    fn is_empty(&self) -> bool {
+        self.value.is_none()
+            && self.owner.is_none()
+            && self.claimant.is_none()
+            && self.subscribers.is_empty()
+            && self.timer.is_none()
+    }
+}
+
+struct Shard {
+    entries: Map<StoreKey, Entry>,
+    /// Results of tagged updates of packets still in flight, by clock (CHC's store-side log).
+    log: BTreeMap<Clock, Map<(u16, u16), Option<Value>>>,
+    ts: Map<InstanceId, Clock>,
+    ts_cache: Option<TsVector>,
+    timers: BinaryHeap<Reverse<(u64, StoreKey)>>,
+    now_ns: u64,
+    custom: Map<u16, Vec<CustomOp>>,
+    clients: Map<InstanceId, Arc<ClientQueues>>,
+    /// Clients to wake after the current batch.
+    touched: Vec<Arc<ClientQueues>>,
+}
+
+fn op_name(op: &StoreOp) -> &'static str {
+    match op {
+        StoreOp::State(_) => "state",
+        StoreOp::Subscribe => "subscribe",
+        StoreOp::Unsubscribe => "unsubscribe",
+        StoreOp::SetTimer { .. } => "set_timer",
+        StoreOp::CancelTimer => "cancel_timer",
+        StoreOp::Claim => "claim",
+        StoreOp::Release => "release",
+        StoreOp::ForgetClock(_) => "forget_clock",
+        StoreOp::AdvanceTime(_) => "advance_time",
+    }
+}
+
+impl Shard {
+    fn new() -> Shard {
+        Shard {
+            entries: Map::default(),
+            log: BTreeMap::new(),
+            ts: Map::default(),
+            ts_cache: None,
+            timers: BinaryHeap::new(),
+            now_ns: 0,
+            custom: Map::default(),
+            clients: Map::default(),
+            touched: Vec::new(),
+        }
+    }
+
+    fn notify(&mut self, to: InstanceId, n: Notification) {
+        if let Some(c) = self.clients.get(&to) {
+            c.notifications.push(n);
+            self.touched.push(c.clone());
+        }
+    }
+
+    fn ts_vector(&mut self) -> TsVector {
+        if let Some(t) = &self.ts_cache {
+            return t.clone();
+        }
+        let mut v: Vec<_> = self.ts.iter().map(|(k, c)| (*k, *c)).collect();
+        v.sort();
+        let t: TsVector = v.into();
+        self.ts_cache = Some(t.clone());
+        t
+    }
+
+    fn handle(&mut self, req: Request) -> Response {
+        let id = req.id;
+        let client = req.client;
+        match req.op {
+            StoreOp::AdvanceTime(t) => {
+                self.advance(t);
+                return Response { id, result: Ok(None), replayed: false, ts: None };
+            }
+            StoreOp::ForgetClock(c) => {
+                // Everything up to and including `c` is done at the root.
+                let keep = self.log.split_off(&Clock(c.0.saturating_add(1)));
+                self.log = keep;
+                return Response { id, result: Ok(None), replayed: false, ts: None };
+            }
+            _ => {}
+        }
+        // Exactly once: a tagged update already applied returns its logged result.
+        if let Some(tag) = req.tag {
+            if let Some(r) = self.log.get(&tag.clock).and_then(|m| m.get(&(req.key.vertex, tag.seq))) {
+                return Response { id, result: Ok(r.clone()), replayed: true, ts: None };
+            }
+        }
+        let key = req.key;
+        let result = self.execute(client, key, req.op, req.tag);
+        if let (Some(tag), Ok(r)) = (req.tag, &result) {
+            self.log.entry(tag.clock).or_default().insert((key.vertex, tag.seq), r.0.clone());
+            let prev = self.ts.insert(client, tag.clock);
+            if prev != Some(tag.clock) {
+                self.ts_cache = None;
+            }
+        }
+        match result {
+            Ok((value, ts)) => Response { id, result: Ok(value), replayed: false, ts },
+            Err(e) => Response { id, result: Err(e), replayed: false, ts: None },
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn execute(
+        &mut self,
+        client: InstanceId,
+        key: StoreKey,
+        op: StoreOp,
+        tag: Option<OpTag>,
+    ) -> Result<(Option<Value>, Option<TsVector>), String> {
+        let _ = tag;
+        let entry = self.entries.entry(key).or_default();
+        let out = match op {
+            StoreOp::State(StateOp::Get) => {
+                let v = entry.value.clone();
+                let shared = entry.owner.is_none();
+                let ts = if shared { Some(self.ts_vector()) } else { None };
+                return Ok((v, ts));
+            }
+            StoreOp::State(op) => {
+                if let Some(owner) = entry.owner {
+                    if owner != client {
+                        return Err(format!("{key:?} is owned by instance {}", owner.0));
+                    }
+                }
+                let custom = self.custom.get(&key.vertex).map(Vec::as_slice).unwrap_or(&[]);
+                let r = apply(&mut entry.value, op, custom).map_err(|e| e.to_string())?;
+                if !entry.subscribers.is_empty() {
+                    let value = entry.value.clone();
+                    let subs: Vec<InstanceId> = entry.subscribers.iter().copied().filter(|s| *s != client).collect();
+                    for s in subs {
+                        self.notify(s, Notification::Changed { key, value: value.clone() });
+                    }
+                }
+                r
+            }
+            StoreOp::Subscribe => {
+                if !entry.subscribers.contains(&client) {
+                    entry.subscribers.push(client);
+                }
+                let v = entry.value.clone();
+                return Ok((v, Some(self.ts_vector())));
+            }
+            StoreOp::Unsubscribe => {
+                entry.subscribers.retain(|s| *s != client);
+                None
+            }
+            StoreOp::SetTimer { deadline_ns } => {
+                entry.timer = Some((deadline_ns, client));
+                self.timers.push(Reverse((deadline_ns, key)));
+                None
+            }
+            StoreOp::CancelTimer => {
+                entry.timer = None;
+                None
+            }
+            StoreOp::Claim => match entry.owner {
+                None => {
+                    entry.owner = Some(client);
+                    Some(Value::Int(1))
+                }
+                Some(o) if o == client => Some(Value::Int(1)),
+                Some(_) => {
+                    entry.claimant = Some(client);
+                    Some(Value::Int(0))
+                }
+            },
+            StoreOp::Release => {
+                if entry.owner == Some(client) {
+                    entry.owner = entry.claimant.take();
+                    if let Some(next) = entry.owner {
+                        self.notify(next, Notification::Handover { key });
+                    }
+                }
+                None
+            }
+            StoreOp::ForgetClock(_) | StoreOp::AdvanceTime(_) => None,
+        };
+        if self.entries.get(&key).is_some_and(Entry::is_empty) {
+            self.entries.remove(&key);
+        }
+        Ok((out, None))
+    }
+
+    fn advance(&mut self, t: u64) {
+        if t <= self.now_ns {
+            return;
+        }
+        self.now_ns = t;
+        while let Some(Reverse((deadline, key))) = self.timers.peek().copied() {
+            if deadline > t {
+                break;
+            }
+            self.timers.pop();
+            let Some(e) = self.entries.get_mut(&key) else { continue };
+            // Stale heap entries (re-armed or cancelled timers) do not match.
+            if let Some((d, owner)) = e.timer {
+                if d == deadline {
+                    e.timer = None;
+                    let to = e.owner.unwrap_or(owner);
+                    self.notify(to, Notification::TimerFired { key });
+                }
+            }
+        }
+    }
+}
+
+fn shard_loop(queue: Arc<ArrayQueue<Msg>>, stop: Arc<AtomicBool>) {
+    let mut shard = Shard::new();
+    let mut idle = 0u32;
+    loop {
+        let Some(msg) = queue.pop() else {
+            if stop.load(Ordering::Acquire) {
+                return;
+            }
+            idle += 1;
+            if idle < 64 {
+                std::hint::spin_loop();
+            } else if idle < 512 {
+                std::thread::yield_now();
+            } else {
+                std::thread::park_timeout(Duration::from_micros(100));
+            }
+            continue;
+        };
+        idle = 0;
+        match msg {
+            Msg::Batch(reqs, client) => {
+                shard.clients.entry(client.id).or_insert_with(|| client.clone());
+                for r in reqs {
+                    let resp = shard.handle(r);
+                    client.responses.push(resp);
+                }
+                client.wake();
+                for c in std::mem::take(&mut shard.touched) {
+                    c.wake();
+                }
+            }
+            Msg::Register(v, ops) => {
+                shard.custom.insert(v, ops);
+            }
+            Msg::Checkpoint(tx) => {
+                let mut values: Vec<_> =
+                    shard.entries.iter().filter_map(|(k, e)| e.value.clone().map(|v| (*k, v))).collect();
+                values.sort_by(|a, b| a.0.cmp(&b.0));
+                let mut ts: Vec<_> = shard.ts.iter().map(|(k, c)| (*k, *c)).collect();
+                ts.sort();
+                let _ = tx.send(Checkpoint { values, ts });
+            }
+            Msg::Restore(values, ts, tx) => {
+                shard.entries.clear();
+                shard.log.clear();
+                shard.timers.clear();
+                for (k, v) in values {
+                    shard.entries.entry(k).or_default().value = Some(v);
+                }
+                shard.ts = ts.into_iter().collect();
+                shard.ts_cache = None;
+                let _ = tx.send(());
+            }
+            Msg::Stop => return,
+        }
+    }
+}
+
+struct ShardHandle {
+    queue: Arc<ArrayQueue<Msg>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct Inner {
+    shards: Vec<ShardHandle>,
+    hasher: ahash::RandomState,
+    stop: Arc<AtomicBool>,
+}
+
+impl Inner {
+    fn shard_of(&self, key: &StoreKey) -> usize {
+        let mut h = self.hasher.build_hasher();
+        key.hash(&mut h);
+        (h.finish() % self.shards.len() as u64) as usize
+    }
+
+    fn post(&self, shard: usize, mut msg: Msg) {
+        let Some(s) = self.shards.get(shard) else { return };
+        loop {
+            match s.queue.push(msg) {
+                Ok(()) => break,
+                Err(back) => {
+                    msg = back;
+                    std::thread::yield_now();
+                }
+            }
+        }
+        if let Some(t) = &s.thread {
+            t.thread().unpark();
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for s in &mut self.shards {
+            let _ = s.queue.push(Msg::Stop);
+            if let Some(t) = s.thread.take() {
+                t.thread().unpark();
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// The embedded store: `threads` shard threads in this process.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+}
+
+impl EmbeddedStore {
+    /// Starts a store with `threads` shard threads (at least one).
+    pub fn start(threads: usize) -> Result<EmbeddedStore, StoreError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut shards = Vec::new();
+        for i in 0..threads.max(1) {
+            let queue = Arc::new(ArrayQueue::new(1 << 16));
+            let (q, s) = (queue.clone(), stop.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("sluice-store-{i}"))
+                .spawn(move || shard_loop(q, s))
+                .map_err(|e| StoreError::Unavailable(format!("cannot start store thread: {e}")))?;
+            shards.push(ShardHandle { queue, thread: Some(thread) });
+        }
+        let hasher = ahash::RandomState::with_seeds(0x5107e, 0x5eed, 0xab, 0xcd);
+        Ok(EmbeddedStore { inner: Arc::new(Inner { shards, hasher, stop }) })
+    }
+}
+
+impl Backend for EmbeddedStore {
+    fn name(&self) -> String {
+        format!("embedded ({} thread(s))", self.inner.shards.len())
+    }
+
+    fn register_custom_ops(&self, vertex: u16, ops: &[CustomOp]) -> Result<(), StoreError> {
+        for s in 0..self.inner.shards.len() {
+            self.inner.post(s, Msg::Register(vertex, ops.to_vec()));
+        }
+        Ok(())
+    }
+
+    fn connect(&self, client: InstanceId) -> Result<Box<dyn Connection>, StoreError> {
+        let queues = Arc::new(ClientQueues {
+            id: client,
+            responses: SegQueue::new(),
+            notifications: SegQueue::new(),
+            waiter: Mutex::new(None),
+            waiting: AtomicBool::new(false),
+        });
+        Ok(Box::new(EmbeddedConnection {
+            inner: self.inner.clone(),
+            queues,
+            per_shard: (0..self.inner.shards.len()).map(|_| Vec::new()).collect(),
+        }))
+    }
+
+    fn checkpoint(&self) -> Result<Checkpoint, StoreError> {
+        let mut all = Checkpoint::default();
+        for s in 0..self.inner.shards.len() {
+            let (tx, rx) = mpsc::channel();
+            self.inner.post(s, Msg::Checkpoint(tx));
+            let cp = rx.recv_timeout(Duration::from_secs(10)).map_err(|_| StoreError::Timeout(Duration::from_secs(10)))?;
+            all.values.extend(cp.values);
+            for (i, c) in cp.ts {
+                match all.ts.iter_mut().find(|(j, _)| *j == i) {
+                    Some(e) => e.1 = e.1.max(c),
+                    None => all.ts.push((i, c)),
+                }
+            }
+        }
+        all.values.sort_by(|a, b| a.0.cmp(&b.0));
+        all.ts.sort();
+        Ok(all)
+    }
+
+    fn restore(&self, cp: &Checkpoint) -> Result<(), StoreError> {
+        let n = self.inner.shards.len();
+        let mut parts: Vec<Vec<(StoreKey, Value)>> = (0..n).map(|_| Vec::new()).collect();
+        for (k, v) in &cp.values {
+            if let Some(p) = parts.get_mut(self.inner.shard_of(k)) {
+                p.push((*k, v.clone()));
+            }
+        }
+        for (s, part) in parts.into_iter().enumerate() {
+            let (tx, rx) = mpsc::channel();
+            self.inner.post(s, Msg::Restore(part, cp.ts.clone(), tx));
+            rx.recv_timeout(Duration::from_secs(10)).map_err(|_| StoreError::Timeout(Duration::from_secs(10)))?;
+        }
+        Ok(())
+    }
+}
+
+struct EmbeddedConnection {
+    inner: Arc<Inner>,
+    queues: Arc<ClientQueues>,
+    per_shard: Vec<Vec<Request>>,
+}
+
+impl Connection for EmbeddedConnection {
+    fn send(&mut self, batch: &mut Vec<Request>) -> Result<(), StoreError> {
+        if self.inner.stop.load(Ordering::Acquire) {
+            return Err(StoreError::Unavailable("store stopped".into()));
+        }
+        let n = self.per_shard.len();
+        for r in batch.drain(..) {
+            match r.op {
+                // Time and clock bookkeeping concern every shard.
+                StoreOp::AdvanceTime(_) | StoreOp::ForgetClock(_) => {
+                    for (i, s) in self.per_shard.iter_mut().enumerate() {
+                        let mut r = r.clone();
+                        if i > 0 {
+                            // Only one copy answers, so the client sees one response.
+                            r.id = u64::MAX;
+                        }
+                        s.push(r);
+                    }
+                }
+                _ => {
+                    let s = self.inner.shard_of(&r.key) % n.max(1);
+                    if let Some(v) = self.per_shard.get_mut(s) {
+                        v.push(r);
+                    }
+                }
+            }
+        }
+        for s in 0..n {
+            if let Some(v) = self.per_shard.get_mut(s) {
+                if !v.is_empty() {
+                    let reqs = std::mem::take(v);
+                    self.inner.post(s, Msg::Batch(reqs, self.queues.clone()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut Vec<Response>) -> Result<(), StoreError> {
+        while let Some(r) = self.queues.responses.pop() {
+            if r.id != u64::MAX {
+                out.push(r);
+            }
+        }
+        Ok(())
+    }
+
+    fn wait(&mut self, out: &mut Vec<Response>, timeout: Duration) -> Result<(), StoreError> {
+        let start = out.len();
+        self.poll(out)?;
+        if out.len() > start {
+            return Ok(());
+        }
+        let deadline = Instant::now() + timeout;
+        if let Ok(mut w) = self.queues.waiter.lock() {
+            *w = Some(std::thread::current());
+        }
+        self.queues.waiting.store(true, Ordering::Release);
+        let mut spins = 0u32;
+        loop {
+            self.poll(out)?;
+            if out.len() > start {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            spins += 1;
+            if spins < 200 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::park_timeout((deadline - now).min(Duration::from_micros(200)));
+            }
+        }
+        self.queues.waiting.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    fn notifications(&mut self, out: &mut Vec<Notification>) -> Result<(), StoreError> {
+        while let Some(n) = self.queues.notifications.pop() {
+            out.push(n);
+        }
+        Ok(())
+    }
+}

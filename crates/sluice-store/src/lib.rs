@@ -1,0 +1,11 @@
+//! Externalised NF state (CHC §4, StatelessNF §3–5): the store protocol ([`wire`]), the backend
+//! interface ([`backend`]), the embedded store engine ([`engine`]) and the client each NF
+//! instance uses behind the ordinary state API ([`client`]).
+
+pub mod backend;
+pub mod engine;
+pub mod wire;
+
+pub use backend::{Backend, Connection, StoreError};
+pub use engine::EmbeddedStore;
+pub use wire::{Checkpoint, Notification, OpTag, Request, Response, StoreKey, StoreOp, TsVector};

@@ -1,0 +1,120 @@
+//! What travels between NF instances and a store: keys, requests, responses, notifications.
+//! Every backend (embedded, Redis) speaks these types; only their encoding differs.
+
+use sluice_packet::{Clock, InstanceId};
+use sluice_state::{StateKey, StateOp, Value};
+use std::sync::Arc;
+
+/// The store-wide name of one value: CHC's keys. Per-flow and shared objects are both named by
+/// vertex, object and key; per-flow values additionally carry an owner (see [`StoreOp::Claim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StoreKey {
+    /// The logical vertex (all instances of a vertex share its objects).
+    pub vertex: u16,
+    /// The object within the vertex's NF.
+    pub object: u16,
+    /// The key within the object.
+    pub key: StateKey,
+}
+
+/// Identifies an update for exactly-once application: the clock of the packet that caused it
+/// and the update's index among that packet's updates at this vertex. A clone replaying the
+/// packet issues the same tags, so its updates are recognised as duplicates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OpTag {
+    /// The packet's logical clock.
+    pub clock: Clock,
+    /// Index of the update within the packet at this vertex.
+    pub seq: u16,
+}
+
+/// Operations a store executes: the NF-visible state operations plus the store's own.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreOp {
+    /// A state operation on the value at the request's key.
+    State(StateOp),
+    /// Register for change callbacks on the key (read-heavy cached objects). Result: the value.
+    Subscribe,
+    /// Stop change callbacks.
+    Unsubscribe,
+    /// Arm (or re-arm) a timer on the key for `deadline_ns` of packet time; the requester
+    /// becomes the one told when it fires.
+    SetTimer {
+        /// Deadline, nanoseconds of packet time.
+        deadline_ns: u64,
+    },
+    /// Cancel the timer on the key.
+    CancelTimer,
+    /// Take ownership of a per-flow value. Result: `Int(1)` if the requester owns it now,
+    /// `Int(0)` if another live owner holds it (the requester is then told on release).
+    Claim,
+    /// Give up ownership (after flushing); a waiting claimant is told.
+    Release,
+    /// The root finished with this packet: forget the per-clock log entries of its clock.
+    ForgetClock(Clock),
+    /// Advance the store's packet time (clients report it with their batches); due timers fire.
+    AdvanceTime(u64),
+}
+
+/// One request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// Client-chosen id, echoed in the response.
+    pub id: u64,
+    /// The instance asking.
+    pub client: InstanceId,
+    /// Exactly-once tag for updates (`None`: apply unconditionally).
+    pub tag: Option<OpTag>,
+    /// The value addressed (ignored by `ForgetClock` and `AdvanceTime`).
+    pub key: StoreKey,
+    /// The operation.
+    pub op: StoreOp,
+}
+
+/// The clock of the last operation the store applied for each instance: returned with reads so
+/// that a store rebuilt from a checkpoint can tell which logged operations to re-execute.
+pub type TsVector = Arc<[(InstanceId, Clock)]>;
+
+/// The answer to a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Response {
+    /// The request's id.
+    pub id: u64,
+    /// The operation's result.
+    pub result: Result<Option<Value>, String>,
+    /// Whether the result came from the per-clock log (the update had been applied before).
+    pub replayed: bool,
+    /// For reads of shared values: the TS vector at the time of the read.
+    pub ts: Option<TsVector>,
+}
+
+/// Something the store tells a client without being asked.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Notification {
+    /// A subscribed value changed (`None`: deleted).
+    Changed {
+        /// The key.
+        key: StoreKey,
+        /// Its new value.
+        value: Option<Value>,
+    },
+    /// A timer this client armed has fired.
+    TimerFired {
+        /// The key.
+        key: StoreKey,
+    },
+    /// A per-flow value this client claimed has been released by its previous owner.
+    Handover {
+        /// The key.
+        key: StoreKey,
+    },
+}
+
+/// A consistent copy of a store's shared state and its TS vector.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Checkpoint {
+    /// Every value.
+    pub values: Vec<(StoreKey, Value)>,
+    /// The TS vector at the time of the checkpoint.
+    pub ts: Vec<(InstanceId, Clock)>,
+}
