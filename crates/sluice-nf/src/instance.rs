@@ -67,11 +67,14 @@ impl Instance {
     /// Processes one packet: first fires timers that the packet's time has passed, then runs
     /// the NF. Packets that are not parsed IP packets are forwarded untouched.
     pub fn process(&mut self, pkt: &mut Packet) -> Verdict {
+        // Timer work done on behalf of this packet belongs to its clock, so it is bracketed by
+        // the packet's begin/end like the NF's own operations.
+        self.state.begin_packet(&pkt.meta);
         self.advance_time(pkt.meta.ts_ns, pkt.meta.clock);
         if !pkt.hdr().is_ip() {
+            self.state.end_packet(&mut pkt.meta);
             return Verdict::Forward;
         }
-        self.state.begin_packet(&pkt.meta);
         let mut ctx = NfContext::new(self.state.as_mut(), &self.vertex, self.id, &self.labels, &mut self.events);
         ctx.clock = pkt.meta.clock;
         ctx.now_ns = pkt.meta.ts_ns;

@@ -49,17 +49,24 @@
 //!
 //! # Configuration
 //!
+//! A chain file (see `docs/chains.md`) with one `firewall` vertex:
+//!
 //! ```yaml
-//! - name: fw
-//!   type: firewall
-//!   config:
-//!     default: allow            # allow | deny, when no rule matches
-//!     strict_tcp: true
-//!     rules:                    # first match wins; omitted fields match anything
-//!       - {action: deny, proto: tcp, dport: 22}
-//!       - {action: allow, src: 10.0.0.0/8, dst: any, sport: "1024-65535", dport: "80-443", proto: tcp}
-//!       - {action: deny, src: "2001:db8::/32", proto: any}
-//!     timeouts: {tcp_established: 3600, udp: 30}
+//! name: firewall-example
+//! vertices:
+//!   fw:
+//!     type: firewall
+//!     config:
+//!       default: allow            # allow | deny, when no rule matches
+//!       strict_tcp: true
+//!       rules:                    # first match wins; omitted fields match anything
+//!         - {action: deny, proto: tcp, dport: 22}
+//!         - {action: allow, src: 10.0.0.0/8, dst: any, sport: "1024-65535", dport: "80-443", proto: tcp}
+//!         - {action: deny, src: "2001:db8::/32", proto: any}
+//!       timeouts: {tcp_established: 3600, udp: 30}
+//! edges:
+//!   - { from: input, to: fw }
+//!   - { from: fw, to: output }
 //! ```
 //! `proto` is `tcp`, `udp`, `icmp`, `icmpv6`, `any` or a protocol number; ports are a number, a
 //! `"first-last"` range or `any`, and a rule with a port constraint only matches TCP and UDP.

@@ -47,7 +47,11 @@
 //!   linger so that late retransmissions are recognised as old), or `idle_timeout_ms` after the
 //!   flow's last packet (one timer per flow, re-armed lazily when it fires). A blocked flow stays
 //!   blocked until it has been idle that long.
-//! * Packets without payload create no state.
+//! * A packet of an untracked flow creates state (the `stream` record and the flow's idle
+//!   timer) only if it carries payload or is a SYN (with or without ACK, but not a RST): a
+//!   payload-less SYN or SYN-ACK is tracked so that its direction starts at the initial
+//!   sequence number. Other packets without payload (pure ACKs, FINs, RSTs) of an untracked
+//!   flow create no state.
 //!
 //! # Configuration
 //!

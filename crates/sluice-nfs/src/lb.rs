@@ -19,15 +19,25 @@
 //! towards the connection's end.
 //!
 //! A connection ends when both sides sent a FIN, or on a RST: its backend's active count is
-//! decremented right away and the mapping lingers for `linger` seconds so that the last ACKs
-//! still reach the same backend. A connection idle for `timeout` seconds (packet time) ends
-//! too. The decrement happens exactly once: the mapping carries a "closed" bit that a custom
-//! operation sets atomically (only the caller that set it decrements), and the idle timer
-//! decrements only if its atomic delete removed a mapping that was not closed. A SYN from the
-//! client on a lingering closed mapping starts a new connection.
+//! decremented right away and the mapping's timer is set to `linger` seconds after the packet
+//! that closed it, so that the last ACKs still reach the same backend. Packets of a closed
+//! connection are still rewritten and counted but do not touch its timer: the mapping is
+//! deleted `linger` seconds (packet time) after the close, however many packets follow. A
+//! connection that is not closed has its timer re-armed to `timeout` seconds by each of its
+//! packets, and ends when it fires (idle). The decrement happens exactly once: the mapping
+//! carries a "closed" bit that a custom operation sets atomically (only the caller that set it
+//! decrements), and the timer decrements only if its atomic delete removed a mapping that was
+//! not closed. A SYN (without ACK) from the client on a lingering closed mapping starts a new
+//! connection.
 //!
 //! Other protocols (ICMP, ...) and packets of the other IP family than the backends pass
 //! untouched and are not counted.
+//!
+//! IP fragments carry no ports (Sluice does no reassembly, and no fragment's transport header
+//! is parsed, not even the first one's), so a fragment cannot be matched to a connection. A
+//! TCP or UDP fragment whose destination is a VIP address (any port; with `vips` empty, any
+//! address of the backends' family) or whose source is a backend address is dropped with
+//! `lb-fragment`; other fragments pass untouched.
 //!
 //! # State objects
 //!
@@ -40,19 +50,27 @@
 //!
 //! # Drop reasons and events
 //!
-//! Drops: `lb-truncated` (a header to rewrite lies beyond the captured bytes),
-//! `lb-state-error`. No events: balancing decisions are per connection and too frequent.
+//! Drops: `lb-truncated` (a header to rewrite lies beyond the captured bytes), `lb-fragment`
+//! (a TCP/UDP IP fragment to a VIP or from a backend), `lb-state-error`. No events:
+//! balancing decisions are per connection and too frequent.
 //!
 //! # Configuration
 //!
+//! A chain file (see `docs/chains.md`) with one `lb` vertex:
+//!
 //! ```yaml
-//! - name: lb
-//!   type: lb
-//!   config:
-//!     vips: ["203.0.113.10:80", "203.0.113.10:443"]   # "ip" or "ip:port"; empty: every destination
-//!     backends: [10.1.0.1, 10.1.0.2, "10.1.0.3:8080"]  # "ip" or "ip:port"
-//!     timeout: 300                                     # idle timeout, seconds
-//!     linger: 10                                       # mapping kept after close, seconds
+//! name: lb-example
+//! vertices:
+//!   lb:
+//!     type: lb
+//!     config:
+//!       vips: ["203.0.113.10:80", "203.0.113.10:443"]   # "ip" or "ip:port"; empty: every destination
+//!       backends: [10.1.0.1, 10.1.0.2, "10.1.0.3:8080"]  # "ip" or "ip:port"
+//!       timeout: 300                                     # idle timeout, seconds
+//!       linger: 10                                       # mapping kept after close, seconds
+//! edges:
+//!   - { from: input, to: lb }
+//!   - { from: lb, to: output }
 //! ```
 //! Defaults: no VIPs (balance everything), four backends `10.1.0.1`–`10.1.0.4`, `timeout`
 //! 300 s, `linger` 10 s, so `type: lb` works out of the box in tests and demos. All backends
@@ -96,7 +114,8 @@ pub struct LbConfig {
     pub backends: Vec<String>,
     /// Idle timeout of a connection, seconds.
     pub timeout: u64,
-    /// How long a closed connection's mapping is kept for its last packets, seconds.
+    /// How long a closed connection's mapping is kept for its last packets, seconds, counted
+    /// from the packet that closed it.
     pub linger: u64,
 }
 
@@ -194,6 +213,14 @@ impl LbNf {
         self.vips.iter().any(|&(v, p)| v == ip && (p.is_none() || p == Some(port)))
     }
 
+    /// Whether `ip` is the address of a VIP, whatever its port.
+    fn is_vip_addr(&self, ip: IpAddr) -> bool {
+        if self.vips.is_empty() {
+            return ip.is_ipv4() == self.backends[0].0.is_ipv4();
+        }
+        self.vips.iter().any(|&(v, _)| v == ip)
+    }
+
     /// The backend's endpoint for a connection whose VIP port is `vport`.
     fn backend_ep(&self, idx: usize, vport: u16) -> Option<(IpAddr, u16)> {
         self.backends.get(idx).map(|&(ip, p)| (ip, p.unwrap_or(vport)))
@@ -217,7 +244,9 @@ impl LbNf {
     }
 
     /// Updates the FIN/RST bits of connection `key` (entry value `v`), ends it on both FINs or
-    /// a RST (decrementing its backend once), and re-arms its idle or linger timer.
+    /// a RST (decrementing its backend once, and setting its timer to `linger`), and otherwise
+    /// re-arms its idle timer. A connection already closed keeps the linger deadline set when
+    /// it closed: later packets do not touch its timer.
     fn track_end(
         &self,
         key: &StateKey,
@@ -228,7 +257,10 @@ impl LbNf {
     ) -> Result<(), StateError> {
         let (idx, bits) = unpack(v);
         let f = pkt.hdr().tcp_flags;
-        if pkt.tuple().map(|t| t.proto) != Some(Proto::TCP) || bits & CLOSED != 0 {
+        if bits & CLOSED != 0 {
+            return Ok(());
+        }
+        if pkt.tuple().map(|t| t.proto) != Some(Proto::TCP) {
             ctx.state.set_timer(CONNS, key, ctx.now_ns.saturating_add(self.timeout_ns));
             return Ok(());
         }
@@ -253,6 +285,14 @@ impl LbNf {
 
     fn handle(&self, pkt: &mut Packet, t: FiveTuple, ctx: &mut NfContext<'_>) -> Result<Verdict, StateError> {
         if t.proto != Proto::TCP && t.proto != Proto::UDP {
+            return Ok(Verdict::Forward);
+        }
+        // No fragment carries ports (no reassembly here), so none can be matched to a
+        // connection: drop those the balancer would be responsible for.
+        if pkt.hdr().fragmented {
+            if self.is_vip_addr(t.dst) || self.backends.iter().any(|&(b, _)| b == t.src) {
+                return Ok(Verdict::Drop("lb-fragment"));
+            }
             return Ok(Verdict::Forward);
         }
         // Backend → client: restore the VIP as the source.

@@ -27,10 +27,17 @@
 //! identifier (it plays the role of the port). Other ICMP messages (errors would need their
 //! embedded header translated), other IP protocols and IP fragments (no ports to translate; the
 //! NAT does not reassemble) are dropped on the outbound path with `nat-unsupported` and find no
-//! mapping on the inbound path (`nat-no-mapping`). IPv6 is not translated: with the default
-//! IPv4 `internal` prefixes IPv6 packets are "anything else" and pass untouched; if an IPv6
-//! prefix is listed as internal while `external_ip` is IPv4, outbound IPv6 packets are dropped
-//! with `nat-family-mismatch`.
+//! mapping on the inbound path (`nat-no-mapping`); ICMPv6 (echo included) is never
+//! translated and counts among these.
+//!
+//! IP families: the NAT translates within the family of `external_ip`. With an IPv6
+//! `external_ip` and IPv6 `internal` prefixes, IPv6 TCP, UDP and their inbound replies are
+//! translated exactly like IPv4. A packet whose addresses fall in no `internal` prefix and are
+//! not `external_ip` is "anything else", so with the default IPv4 prefixes IPv6 passes
+//! untouched. An outbound packet whose family differs from `external_ip`'s (an IPv6 prefix
+//! listed as internal with an IPv4 `external_ip`, or the reverse) is dropped with
+//! `nat-family-mismatch` if it is TCP, UDP or ICMP echo; the unsupported kinds above are
+//! checked first, so outbound ICMPv6 (and IPv6 fragments) get `nat-unsupported` instead.
 //!
 //! # Expiry
 //!
@@ -76,20 +83,27 @@
 //!
 //! # Configuration
 //!
+//! A chain file (see `docs/chains.md`) with one `nat` vertex:
+//!
 //! ```yaml
-//! - name: nat
-//!   type: nat
-//!   config:
-//!     external_ip: 198.51.100.1          # the NAT's public address
-//!     internal: [10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16]
-//!     port_range: [1024, 65535]          # inclusive; split among instances
-//!     timeouts:                          # seconds
-//!       tcp_established: 7440
-//!       tcp_transitory: 240
-//!       udp: 300
-//!       icmp: 60
+//! name: nat-example
+//! vertices:
+//!   nat:
+//!     type: nat
+//!     config:
+//!       external_ip: 198.51.100.1          # the NAT's public address
+//!       internal: [10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16]
+//!       port_range: [1024, 65535]          # inclusive; split among instances
+//!       timeouts:                          # seconds
+//!         tcp_established: 7440
+//!         tcp_transitory: 240
+//!         udp: 300
+//!         icmp: 60
+//! edges:
+//!   - { from: input, to: nat }
+//!   - { from: nat, to: output }
 //! ```
-//! Every field is optional; `type: nat` alone uses the values above.
+//! Every field of `config` is optional; `type: nat` alone uses the values above.
 
 use crate::util::{parse_cidrs, parse_config, Cidr, NS_PER_S};
 use serde::Deserialize;

@@ -290,6 +290,26 @@ fn rst_and_fin_release_state() {
 }
 
 #[test]
+fn a_payloadless_syn_creates_state_other_payloadless_packets_do_not() {
+    // Pure ACKs, FINs and RSTs of an untracked flow create no state.
+    for flags in [ACK, FIN | ACK, RST, SYN | RST] {
+        let mut c = Conn::new(1);
+        let mut inst = instance("");
+        inst.process(&mut c.client_flags(0, flags));
+        assert_eq!(inst.state().get(STREAM, &Conn::key()).ok(), Some(None), "flags {flags:#x}");
+    }
+    // A SYN, or a SYN-ACK, without payload does: the stream starts at its sequence number.
+    let mut c = Conn::new(1);
+    let mut inst = instance("");
+    inst.process(&mut c.syn());
+    assert!(matches!(inst.state().get(STREAM, &Conn::key()), Ok(Some(_))));
+    let mut c = Conn::new(1);
+    let mut inst = instance("");
+    inst.process(&mut c.server(SYN | ACK, b""));
+    assert!(matches!(inst.state().get(STREAM, &Conn::key()), Ok(Some(_))));
+}
+
+#[test]
 fn reused_tuple_after_close_is_a_new_stream() {
     let mut c = Conn::new(1000);
     let mut inst = instance("close_timeout_ms: 5000");

@@ -3,15 +3,17 @@
 
 mod common;
 mod nfa_support;
+mod synth;
 
 use common::{load_trace, run};
-use nfa_support::{advance_all, checksums_ok, instance, raw, udp_frame, valid_before, Probe};
+use nfa_support::{advance_all, checksums_ok, icmp_echo_frame, instance, raw, udp_frame, valid_before, Probe};
 use proptest::prelude::*;
 use sluice_nf::{Instance, StateKey, Value, Verdict};
 use sluice_nfs::lb::{ACTIVE, BYTES, CONNS, REVERSE};
 use sluice_packet::{FlowKey, Packet, Proto};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use synth::{tcp_frame, ACK, FIN, SYN};
 
 fn counts(probe: &Probe, n: usize) -> Vec<i64> {
     match probe.get(ACTIVE, StateKey::Unit) {
@@ -211,6 +213,103 @@ fn rst_and_idle_timeout_decrement_once() {
     advance_all(&mut lb, &probe, syn.meta.ts_ns + 100_000_000_000);
     assert_eq!(counts(&probe, 4), vec![0; 4]);
     assert_eq!(probe.len(CONNS), 0);
+}
+
+const S: u64 = 1_000_000_000;
+
+/// A packet of the connection 192.0.2.1:40000 ↔ 203.0.113.10:80 at time `ts_ns`, from the
+/// client or (a capture in front of the balancer) from the VIP.
+fn conn_pkt(from_client: bool, flags: u8, ts_ns: u64) -> Packet {
+    let (c, v) = ([192, 0, 2, 1], [203, 0, 113, 10]);
+    let f = if from_client {
+        tcp_frame(c, 40000, v, 80, 1, 1, flags, b"")
+    } else {
+        tcp_frame(v, 80, c, 40000, 1, 1, flags, b"")
+    };
+    raw(&f, ts_ns)
+}
+
+#[test]
+fn closed_mapping_keeps_its_linger_deadline_despite_later_packets() {
+    let (mut lb, probe) = instance("lb", "vips: ['203.0.113.10:80']\ntimeout: 300\nlinger: 10");
+    let t0 = S;
+    for (from_client, flags, ts) in [
+        (true, SYN, t0),
+        (false, SYN | ACK, t0),
+        (true, ACK, t0),
+        (true, FIN | ACK, t0 + S),
+        (false, FIN | ACK, t0 + 2 * S),
+    ] {
+        let mut p = conn_pkt(from_client, flags, ts);
+        assert_eq!(lb.process(&mut p), Verdict::Forward);
+    }
+    // Both FINs seen at t0 + 2 s: closed, count released, mapping due at t0 + 12 s.
+    assert_eq!(counts(&probe, 4), vec![0; 4]);
+    assert_eq!(probe.len(CONNS), 1);
+    // The client's last ACK, 3 s later, still reaches the connection's backend...
+    let mut p = conn_pkt(true, ACK, t0 + 5 * S);
+    assert_eq!(lb.process(&mut p), Verdict::Forward);
+    assert_eq!(p.tuple().unwrap().dst.to_string(), "10.1.0.1");
+    // ...but does not extend the mapping: it goes `linger` after the close, not after the ACK
+    // (t0 + 15 s) and certainly not `timeout` after it (t0 + 305 s).
+    advance_all(&mut lb, &probe, t0 + 12 * S + 1);
+    assert_eq!(probe.len(CONNS), 0, "closed mapping outlived its linger time");
+    assert_eq!(probe.len(REVERSE), 0);
+    assert_eq!(probe.timers(), 0);
+    assert_eq!(counts(&probe, 4), vec![0; 4], "no second decrement");
+}
+
+/// `frame` (Ethernet/IPv4) turned into an IP fragment: the first one (more-fragments set) or a
+/// later one (offset 1480 bytes), with its IP header checksum recomputed.
+fn fragment(mut frame: Vec<u8>, first: bool) -> Vec<u8> {
+    let word: u16 = if first { 0x2000 } else { 1480 / 8 };
+    frame[20..22].copy_from_slice(&word.to_be_bytes());
+    frame[24..26].copy_from_slice(&[0, 0]);
+    let mut sum: u32 = frame[14..34].chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    frame[24..26].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    frame
+}
+
+#[test]
+fn tcp_and_udp_fragments_to_a_vip_or_from_a_backend_are_dropped() {
+    let (c, v) = ([192, 0, 2, 1], [203, 0, 113, 10]);
+    for vips in ["[]", "['203.0.113.10:80']", "['203.0.113.10']"] {
+        let (mut lb, probe) = instance("lb", &format!("vips: {vips}"));
+        let frames = [
+            tcp_frame(c, 40000, v, 80, 1, 0, SYN, b""),
+            tcp_frame(c, 40000, v, 80, 1, 1, ACK, b"data"),
+            udp_frame(c, 5000, v, 80, b"q"),
+            // A backend's reply to a client, e.g. behind the balancer.
+            udp_frame([10, 1, 0, 2], 80, c, 5000, b"r"),
+        ];
+        for (i, f) in frames.into_iter().enumerate() {
+            for first in [true, false] {
+                let mut p = raw(&fragment(f.clone(), first), 1);
+                assert!(p.hdr().fragmented);
+                let before = p.data().to_vec();
+                assert_eq!(lb.process(&mut p), Verdict::Drop("lb-fragment"), "vips {vips}, frame {i}, first {first}");
+                assert_eq!(p.data(), &before[..]);
+            }
+        }
+        assert_eq!(counts(&probe, 4), vec![0; 4], "fragments are not balanced");
+        assert_eq!(probe.len(CONNS) + probe.len(REVERSE), 0);
+        assert_eq!(probe.timers(), 0);
+        // Fragments outside the balancer's addresses, or of other protocols, pass untouched.
+        for f in [udp_frame(c, 5000, [198, 51, 100, 7], 80, b"q"), icmp_echo_frame(c, v, 8, 7, 1)] {
+            let mut p = raw(&fragment(f, true), 1);
+            let before = p.data().to_vec();
+            if vips == "[]" && p.tuple().unwrap().proto == Proto::UDP {
+                // With no VIPs every destination is a VIP.
+                assert_eq!(lb.process(&mut p), Verdict::Drop("lb-fragment"));
+            } else {
+                assert_eq!(lb.process(&mut p), Verdict::Forward, "vips {vips}");
+                assert_eq!(p.data(), &before[..]);
+            }
+        }
+    }
 }
 
 #[test]

@@ -300,6 +300,78 @@ fn unsupported_and_ipv6_policies() {
     assert_eq!(nat.process(&mut p), Verdict::Drop("nat-no-mapping"));
 }
 
+/// An Ethernet/IPv6 frame carrying UDP (`next` 17, ports used) or an ICMPv6 echo request
+/// (`next` 58, `sport` as identifier), with a valid transport checksum.
+fn ipv6_frame(src: &str, sport: u16, dst: &str, dport: u16, next: u8) -> Vec<u8> {
+    let (src, dst): (std::net::Ipv6Addr, std::net::Ipv6Addr) = (src.parse().unwrap(), dst.parse().unwrap());
+    let mut l4 = Vec::new();
+    if next == 17 {
+        l4.extend_from_slice(&sport.to_be_bytes());
+        l4.extend_from_slice(&dport.to_be_bytes());
+        l4.extend_from_slice(&[0, 9, 0, 0, b'q']);
+    } else {
+        l4.extend_from_slice(&[128, 0, 0, 0]);
+        l4.extend_from_slice(&sport.to_be_bytes());
+        l4.extend_from_slice(&[0, 1]);
+    }
+    let mut pseudo = [src.octets(), dst.octets()].concat();
+    pseudo.extend_from_slice(&(l4.len() as u32).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, next]);
+    pseudo.extend_from_slice(&l4);
+    let mut sum: u32 = pseudo.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]))).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let off = if next == 17 { 6 } else { 2 };
+    l4[off..off + 2].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    let mut f = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x86, 0xdd, 0x60, 0, 0, 0];
+    f.extend_from_slice(&(l4.len() as u16).to_be_bytes());
+    f.extend_from_slice(&[next, 64]);
+    f.extend_from_slice(&src.octets());
+    f.extend_from_slice(&dst.octets());
+    f.extend_from_slice(&l4);
+    f
+}
+
+#[test]
+fn ipv6_is_translated_with_an_ipv6_external_ip() {
+    let (mut nat, _) = instance("nat", "external_ip: '2001:db8::1'\ninternal: ['fd00::/8']\nport_range: [2000, 2000]");
+    let mut p = raw(&ipv6_frame("fd00::5", 5000, "2001:db8:9::9", 53, 17), 0);
+    assert_eq!(nat.process(&mut p), Verdict::Forward);
+    let t = p.tuple().unwrap();
+    assert_eq!((t.src.to_string(), t.sport), ("2001:db8::1".to_string(), 2000));
+    // The reply comes back to the internal endpoint.
+    let mut p = raw(&ipv6_frame("2001:db8:9::9", 53, "2001:db8::1", 2000, 17), 0);
+    assert_eq!(nat.process(&mut p), Verdict::Forward);
+    let t = p.tuple().unwrap();
+    assert_eq!((t.dst.to_string(), t.dport), ("fd00::5".to_string(), 5000));
+    // ICMPv6, even echo, is not translated.
+    let mut p = raw(&ipv6_frame("fd00::5", 7, "2001:db8:9::9", 7, 58), 0);
+    assert_eq!(p.tuple().unwrap().proto, Proto(58));
+    assert_eq!(nat.process(&mut p), Verdict::Drop("nat-unsupported"));
+    // IPv4 from an IPv4 internal prefix would need an IPv4 external address.
+    let (mut nat, _) = instance("nat", "external_ip: '2001:db8::1'\ninternal: [10.0.0.0/8, 'fd00::/8']");
+    let mut p = raw(&udp_frame([10, 0, 0, 1], 5000, [1, 1, 1, 1], 53, b"q"), 0);
+    assert_eq!(nat.process(&mut p), Verdict::Drop("nat-family-mismatch"));
+}
+
+#[test]
+fn ipv6_with_an_ipv4_external_ip() {
+    // Default IPv4 prefixes: IPv6 is "anything else" and passes untouched.
+    let (mut nat, _) = instance("nat", "{}");
+    let f = ipv6_frame("fd00::5", 5000, "2001:db8:9::9", 53, 17);
+    let mut p = raw(&f, 0);
+    assert_eq!(nat.process(&mut p), Verdict::Forward);
+    assert_eq!(p.data(), &f[..]);
+    // An IPv6 internal prefix: UDP/TCP cannot be translated to the IPv4 address, and ICMPv6
+    // is unsupported before the family is looked at.
+    let (mut nat, _) = instance("nat", "internal: [10.0.0.0/8, 'fd00::/8']");
+    let mut p = raw(&f, 0);
+    assert_eq!(nat.process(&mut p), Verdict::Drop("nat-family-mismatch"));
+    let mut p = raw(&ipv6_frame("fd00::5", 7, "2001:db8:9::9", 7, 58), 0);
+    assert_eq!(nat.process(&mut p), Verdict::Drop("nat-unsupported"));
+}
+
 #[test]
 fn config_is_validated() {
     let reg = sluice_nfs::registry();

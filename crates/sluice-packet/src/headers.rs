@@ -9,7 +9,8 @@ use std::net::IpAddr;
 /// Outcome of parsing a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ParseStatus {
-    /// Ethernet + IP parsed (transport too, where present and not a later fragment).
+    /// Ethernet + IP parsed (transport too, where present and the packet is not an IP
+    /// fragment: no fragment's transport header is parsed, not even the first one's).
     #[default]
     Ok,
     /// A well-formed Ethernet frame that does not carry IPv4 or IPv6 (ARP, LLDP, ...).
@@ -35,7 +36,8 @@ pub enum L3 {
 /// Transport layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum L4 {
-    /// No transport header (non-IP, or a non-first fragment).
+    /// No transport header parsed: non-IP, or any IP fragment (first or later; etherparse
+    /// 0.16 does not slice a fragment's transport header, so fragments carry ports 0).
     #[default]
     None,
     /// TCP.
@@ -224,5 +226,36 @@ fn classify(e: &err::packet::SliceError) -> ParseStatus {
     match e {
         err::packet::SliceError::Len(_) => ParseStatus::Truncated,
         _ => ParseStatus::Malformed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An Ethernet/IPv4/UDP frame 192.0.2.1:5000 → 192.0.2.2:53 with fragment word `frag`.
+    fn udp_fragment(frag: u16) -> Vec<u8> {
+        let mut f = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00];
+        f.extend_from_slice(&[0x45, 0, 0, 29, 0, 7]);
+        f.extend_from_slice(&frag.to_be_bytes());
+        f.extend_from_slice(&[64, 17, 0, 0, 192, 0, 2, 1, 192, 0, 2, 2]);
+        f.extend_from_slice(&[0x13, 0x88, 0, 53, 0, 9, 0, 0, b'q']);
+        f
+    }
+
+    #[test]
+    fn no_fragment_has_its_transport_header_parsed() {
+        let whole = Headers::parse(&udp_fragment(0));
+        assert!(!whole.fragmented);
+        assert_eq!((whole.l4, whole.tuple.map(|t| (t.sport, t.dport))), (L4::Udp, Some((5000, 53))));
+        // The first fragment (more-fragments set, offset 0) and a later one alike.
+        for frag in [0x2000, 0x2000 | 185, 185] {
+            let h = Headers::parse(&udp_fragment(frag));
+            assert_eq!(h.status, ParseStatus::Ok);
+            assert!(h.fragmented, "{frag:#x}");
+            assert_eq!(h.l4, L4::None, "{frag:#x}");
+            let t = h.tuple.map(|t| (t.proto, t.sport, t.dport));
+            assert_eq!(t, Some((Proto::UDP, 0, 0)), "{frag:#x}");
+        }
     }
 }

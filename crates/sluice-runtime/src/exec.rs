@@ -17,7 +17,7 @@ use crossbeam_utils::CachePadded;
 use sluice_nf::{Instance, Verdict};
 use sluice_packet::{Batch, Clock, Packet, PacketPool, ParseStatus};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -166,8 +166,49 @@ pub struct RunHooks<'a> {
     pub stop: Option<Arc<AtomicBool>>,
 }
 
+/// Which clocks are still in flight. One counter per clock in a ring (the packet plus its mirror
+/// copies); the root admits a clock only while the oldest unfinished one is less than a ring's
+/// length behind, so a slot is never reused while its clock is in flight. The oldest unfinished
+/// clock is the watermark below which per-clock logs can be forgotten.
+struct ClockTracker {
+    slots: Vec<AtomicU32>,
+    mask: u64,
+}
+
+impl ClockTracker {
+    fn new(span: usize) -> ClockTracker {
+        let n = span.next_power_of_two().max(2);
+        ClockTracker { slots: (0..n).map(|_| AtomicU32::new(0)).collect(), mask: n as u64 - 1 }
+    }
+    fn span(&self) -> u64 {
+        self.mask + 1
+    }
+    fn slot(&self, c: Clock) -> Option<&AtomicU32> {
+        self.slots.get((c.seq() & self.mask) as usize)
+    }
+    fn admit(&self, c: Clock) {
+        if let Some(s) = self.slot(c) {
+            s.store(1, Ordering::Release);
+        }
+    }
+    fn copy(&self, c: Clock) {
+        if let Some(s) = self.slot(c) {
+            s.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+    fn done(&self, c: Clock) {
+        if let Some(s) = self.slot(c) {
+            s.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    fn finished(&self, seq: u64) -> bool {
+        self.slots.get((seq & self.mask) as usize).is_none_or(|s| s.load(Ordering::Acquire) == 0)
+    }
+}
+
 struct Shared {
     queues: Vec<ArrayQueue<Batch>>,
+    clocks: ClockTracker,
     sink: ArrayQueue<Batch>,
     spare: ArrayQueue<Batch>,
     in_flight: CachePadded<AtomicUsize>,
@@ -273,6 +314,7 @@ impl Outgoing {
                 let c = shared.pool.copy_of(&pkt);
                 // Account for the copy before it can be seen downstream.
                 shared.in_flight.fetch_add(1, Ordering::AcqRel);
+                shared.clocks.copy(c.meta.clock);
                 self.push(shared, d, c);
                 copies += 1;
             }
@@ -308,6 +350,7 @@ struct Slot {
 struct WorkerResult {
     slots: Vec<Slot>,
     mirrored: u64,
+    flush_errors: Vec<String>,
 }
 
 fn worker_loop(shared: &Shared, mut slots: Vec<Slot>) -> WorkerResult {
@@ -341,7 +384,14 @@ fn worker_loop(shared: &Shared, mut slots: Vec<Slot>) -> WorkerResult {
             std::thread::sleep(Duration::from_micros(20));
         }
     }
-    WorkerResult { slots, mirrored: out.mirrored }
+    // State cached in instances goes to the store before the run ends.
+    let mut flush_errors = Vec::new();
+    for slot in &mut slots {
+        if let Err(e) = slot.inst.state().flush() {
+            flush_errors.push(format!("{} instance {}: {e}", slot.inst.vertex(), slot.inst.id().index()));
+        }
+    }
+    WorkerResult { slots, mirrored: out.mirrored, flush_errors }
 }
 
 fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut Outgoing) {
@@ -357,6 +407,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             Verdict::Output(i) => usize::from(i) + 1,
             Verdict::Drop(reason) => {
                 *slot.stats.dropped.entry(reason).or_default() += 1;
+                shared.clocks.done(pkt.meta.clock);
                 shared.pool.recycle(pkt);
                 finished += 1;
                 continue;
@@ -364,12 +415,14 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
         };
         if vp.off_path {
             slot.stats.consumed += 1;
+            shared.clocks.done(pkt.meta.clock);
             shared.pool.recycle(pkt);
             finished += 1;
             continue;
         }
         let Some(routes) = vp.routes.get(direction(&pkt, vp.routes.len())).and_then(|r| r.get(output)) else {
             *slot.stats.dropped.entry("no-route").or_default() += 1;
+            shared.clocks.done(pkt.meta.clock);
             shared.pool.recycle(pkt);
             finished += 1;
             continue;
@@ -378,6 +431,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             None => slot.stats.forwarded += 1,
             Some(pkt) => {
                 *slot.stats.dropped.entry("no-route").or_default() += 1;
+                shared.clocks.done(pkt.meta.clock);
                 shared.pool.recycle(pkt);
                 finished += 1;
             }
@@ -406,7 +460,7 @@ pub fn run(
             cfg.workers, cfg.batch, cfg.window
         )));
     }
-    let Plan { name, vertices, entry, traffic, instances, .. } = plan;
+    let Plan { name, vertices, entry, traffic, instances, store, state, .. } = plan;
     let mirrors: usize =
         vertices.iter().flat_map(|v| v.routes.iter().flatten()).map(|r| r.mirrors.len()).sum::<usize>()
             + entry.iter().map(|r| r.mirrors.len()).sum::<usize>();
@@ -415,6 +469,7 @@ pub fn run(
     let pool = PacketPool::new(cfg.window * (1 + mirrors).min(4), 2048);
     let shared = Arc::new(Shared {
         queues: (0..instances.len()).map(|_| ArrayQueue::new(cap)).collect(),
+        clocks: ClockTracker::new(cfg.window),
         sink: ArrayQueue::new(cap),
         spare: ArrayQueue::new(cap.min(1 << 16)),
         in_flight: CachePadded::new(AtomicUsize::new(0)),
@@ -449,7 +504,8 @@ pub fn run(
         handles.push(h);
     }
 
-    let mut report = RunReport { chain: name, workers, batch: cfg.batch, window: cfg.window, ..RunReport::default() };
+    let mut report =
+        RunReport { chain: name, state, workers, batch: cfg.batch, window: cfg.window, ..RunReport::default() };
     let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
         .map_err(|e| RunError::Config(e.to_string()))?;
     let t0 = Instant::now();
@@ -459,28 +515,60 @@ pub fn run(
     let mut source_done = false;
     let mut last_progress = Instant::now();
     let mut root_drops: BTreeMap<&'static str, u64> = BTreeMap::new();
+    // The oldest clock still in flight, and the store connection that hears about it.
+    let mut low: u64 = 1;
+    let mut forgotten: u64 = 0;
+    let mut last_forget = Instant::now();
+    let mut store_conn = match &store {
+        Some(b) => Some(
+            b.connect(sluice_packet::InstanceId(u32::MAX - u32::from(cfg.root_id)))
+                .map_err(|e| RunError::Config(format!("state store: {e}")))?,
+        ),
+        None => None,
+    };
+    let mut discard = sluice_store::Replies::default();
     let result: Result<(), RunError> = (|| loop {
         drain_sink(&shared, sink, &mut report, &mut hist, t0)?;
         if source_done {
             if shared.in_flight.load(Ordering::Acquire) == 0 {
                 return Ok(());
             }
-            std::thread::yield_now();
+            // Only the sink is left to serve: leave the CPU to the workers in between.
+            std::thread::sleep(Duration::from_micros(20));
             continue;
         }
         if hooks.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
             source_done = true;
             continue;
         }
-        let room = cfg.window.saturating_sub(shared.in_flight.load(Ordering::Acquire));
+        while low <= seq && shared.clocks.finished(low) {
+            low += 1;
+        }
+        if let Some(conn) = store_conn.as_mut() {
+            // Per-clock logs in the store are kept only for packets still in flight.
+            if low > forgotten + 1 && last_forget.elapsed() >= Duration::from_millis(2) {
+                last_forget = Instant::now();
+                forgotten = low - 1;
+                let key = sluice_store::StoreKey { vertex: 0, object: 0, key: sluice_state::StateKey::Unit };
+                let op = sluice_store::StoreOp::ForgetClock(Clock::new(cfg.root_id, forgotten));
+                let client = sluice_packet::InstanceId(0);
+                let req = sluice_store::Request { id: 0, client, tag: None, key, op, reply: false };
+                conn.send(std::sync::Arc::new([req])).map_err(|e| RunError::Worker(format!("state store: {e}")))?;
+                discard = sluice_store::Replies::default();
+                let _ = conn.poll(&mut discard);
+            }
+        }
+        let span_room = shared.clocks.span().saturating_sub(seq + 1 - low) as usize;
+        let room = cfg.window.saturating_sub(shared.in_flight.load(Ordering::Acquire)).min(span_room);
         if room < cfg.batch && cfg.overflow == Overflow::Wait {
-            std::thread::yield_now();
+            // The chain is full: give the workers the CPU rather than spin on it.
+            std::thread::sleep(Duration::from_micros(20));
             continue;
         }
         inbuf.clear();
         match source.fill(&pool, &mut inbuf, cfg.batch)? {
             Fill::Done => source_done = true,
-            Fill::Idle => std::thread::sleep(Duration::from_micros(50)),
+            Fill::Idle => std::thread::yield_now(),
             Fill::Data => {}
         }
         if inbuf.is_empty() {
@@ -488,7 +576,8 @@ pub fn run(
         }
         let now_ns = t0.elapsed().as_nanos() as u64;
         let mut admitted = 0usize;
-        let room = cfg.window.saturating_sub(shared.in_flight.load(Ordering::Acquire));
+        let span_room = shared.clocks.span().saturating_sub(seq + 1 - low) as usize;
+        let room = cfg.window.saturating_sub(shared.in_flight.load(Ordering::Acquire)).min(span_room);
         for mut pkt in inbuf.drain(..) {
             report.packets_in += 1;
             report.bytes_in += pkt.len() as u64;
@@ -506,6 +595,7 @@ pub fn run(
             seq += 1;
             pkt.meta.clock = Clock::new(cfg.root_id, seq);
             pkt.meta.ingress_ns = now_ns;
+            shared.clocks.admit(pkt.meta.clock);
             admitted += 1;
             shared.in_flight.fetch_add(1, Ordering::AcqRel);
             if traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
@@ -517,6 +607,7 @@ pub fn run(
             let routes = &entry[direction(&pkt, entry.len())];
             if let Some(pkt) = root.route(&shared, routes, pkt) {
                 *root_drops.entry("no-route").or_default() += 1;
+                shared.clocks.done(pkt.meta.clock);
                 pool.recycle(pkt);
                 shared.in_flight.fetch_sub(1, Ordering::AcqRel);
             }
@@ -546,6 +637,9 @@ pub fn run(
     for (w, h) in handles.into_iter().enumerate() {
         let r = h.join().map_err(|_| RunError::Worker(format!("worker {w} panicked")))?;
         mirrored += r.mirrored;
+        if let Some(e) = r.flush_errors.first() {
+            return Err(RunError::Worker(format!("flushing state: {e}")));
+        }
         slots.extend(r.slots.into_iter().map(|s| (w, s)));
     }
     result?;
@@ -588,6 +682,7 @@ pub fn run(
             consumed: s.stats.consumed,
             busy_s: busy,
             busy_mpps: if busy > 0.0 { s.stats.packets_in as f64 / busy / 1e6 } else { 0.0 },
+            state: s.inst.state().counters().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
         });
     }
     report.dropped_total = report.dropped.values().sum();
@@ -622,6 +717,7 @@ fn drain_sink(
         for p in &b {
             report.packets_out += 1;
             report.bytes_out += p.len() as u64;
+            shared.clocks.done(p.meta.clock);
             let _ = hist.record(now.saturating_sub(p.meta.ingress_ns).max(1));
         }
         let n = b.len();

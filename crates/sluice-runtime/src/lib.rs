@@ -9,6 +9,6 @@ pub mod spec;
 pub use exec::{
     run, CollectSink, DiscardSink, Fill, MemorySource, Overflow, RunConfig, RunError, RunHooks, Sink, Source,
 };
-pub use plan::{compile, Plan, PlanError};
+pub use plan::{compile, compile_with, Plan, PlanError, StateConfig};
 pub use report::RunReport;
 pub use spec::{Chain, SpecError};

@@ -5,7 +5,8 @@ use crate::filter::CompiledFilter;
 use crate::spec::Chain;
 use sluice_nf::{BuildCtx, Instance, LabelTable, NfError, NfRegistry};
 use sluice_packet::{HeaderField, InstanceId, Packet};
-use sluice_state::{LocalState, StateDecl};
+use sluice_state::{AccessPattern, LocalState, ObjectId, StateDecl, StateHandle};
+use sluice_store::{Backend, ClientConfig, Mode, StoreClient};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 
@@ -86,6 +87,42 @@ pub struct Plan {
     pub labels: Arc<LabelTable>,
     /// Instances, by global index, with their vertex index.
     pub instances: Vec<(usize, Instance)>,
+    /// The store holding the instances' state, if not local.
+    pub store: Option<Arc<dyn Backend>>,
+    /// Where state lives, for reports (`local`, `async (embedded ...)`).
+    pub state: String,
+}
+
+/// Where NF instances keep their state.
+#[derive(Clone, Default)]
+pub enum StateConfig {
+    /// In each instance's own memory (the traditional NF; `--mode local`).
+    #[default]
+    Local,
+    /// In a store, through a client with the given mode.
+    Store {
+        /// The store.
+        backend: Arc<dyn Backend>,
+        /// Client parameters (mode, flush period, ...).
+        client: ClientConfig,
+    },
+}
+
+impl StateConfig {
+    /// A short description for reports: `local`, or the mode and the store.
+    pub fn describe(&self) -> String {
+        match self {
+            StateConfig::Local => "local".to_string(),
+            StateConfig::Store { backend, client } => {
+                let mode = match client.mode {
+                    Mode::External => "external",
+                    Mode::Cached => "cached",
+                    Mode::Async => "async",
+                };
+                format!("{mode} ({})", backend.name())
+            }
+        }
+    }
 }
 
 /// Why a chain could not be compiled.
@@ -99,6 +136,9 @@ pub enum PlanError {
         /// The NF's error.
         source: NfError,
     },
+    /// The state store could not be used.
+    #[error("state store: {0}")]
+    Store(String),
     /// A route names an output the NF does not have.
     #[error("vertex `{vertex}` has no output named `{output}` (it has: {known})")]
     UnknownOutput {
@@ -192,6 +232,16 @@ pub fn choose_split(candidates: &[Vec<HeaderField>], sample: &[Packet], n: usize
 /// Compiles `chain`: builds every instance (with local state) and the routes. `sample` is a
 /// prefix of the input, when known, used to check that a split spreads the load.
 pub fn compile(chain: &Chain, registry: &NfRegistry, sample: &[Packet]) -> Result<Plan, PlanError> {
+    compile_with(chain, registry, sample, &StateConfig::Local)
+}
+
+/// [`compile`] with the instances' state where `state` says.
+pub fn compile_with(
+    chain: &Chain,
+    registry: &NfRegistry,
+    sample: &[Packet],
+    state: &StateConfig,
+) -> Result<Plan, PlanError> {
     let mut labels = LabelTable::default();
     let traffic = chain.traffic.as_ref().map(|f| f.compile(&mut labels));
     let mut vertices = Vec::new();
@@ -210,9 +260,30 @@ pub fn compile(chain: &Chain, registry: &NfRegistry, sample: &[Packet]) -> Resul
                 .map_err(|source| PlanError::Nf { vertex: name.clone(), source })?;
             decls = nf.state_objects().to_vec();
             outputs = nf.outputs().iter().map(|s| s.to_string()).collect();
-            let state = LocalState::new(nf.state_objects(), nf.custom_ops());
+            let id = InstanceId::new(vi as u16, i);
+            let handle: Box<dyn StateHandle> = match state {
+                StateConfig::Local => Box::new(LocalState::new(nf.state_objects(), nf.custom_ops())),
+                StateConfig::Store { backend, client } => {
+                    if i == 0 {
+                        backend
+                            .register_custom_ops(vi as u16, nf.custom_ops())
+                            .map_err(|e| PlanError::Store(e.to_string()))?;
+                    }
+                    let conn = backend.connect(id).map_err(|e| PlanError::Store(e.to_string()))?;
+                    let mut c =
+                        StoreClient::new(conn, id, vi as u16, nf.state_objects(), nf.custom_ops(), client.clone());
+                    // A single instance is the only user of its vertex's shared objects, so it may
+                    // cache them (CHC Table 1: "cache while no other instance uses it").
+                    for (o, d) in nf.state_objects().iter().enumerate() {
+                        if d.pattern != AccessPattern::WriteMostly && !d.scope.is_per_flow() {
+                            c.set_exclusive(ObjectId(o as u16), spec.instances == 1);
+                        }
+                    }
+                    Box::new(c)
+                }
+            };
             ids.push(instances.len());
-            instances.push((vi, (nf, state, InstanceId::new(vi as u16, i))));
+            instances.push((vi, (nf, handle, id)));
         }
         let split = match &spec.split {
             Some(fields) => fields.clone(),
@@ -270,10 +341,14 @@ pub fn compile(chain: &Chain, registry: &NfRegistry, sample: &[Packet]) -> Resul
         .into_iter()
         .map(|(vi, (nf, state, id))| {
             let name = vertices[vi].name.clone();
-            (vi, Instance::new(nf, Box::new(state), name, id, labels.clone()))
+            (vi, Instance::new(nf, state, name, id, labels.clone()))
         })
         .collect();
-    Ok(Plan { name: chain.name.clone(), vertices, entry, traffic, labels, instances })
+    let store = match state {
+        StateConfig::Local => None,
+        StateConfig::Store { backend, .. } => Some(backend.clone()),
+    };
+    Ok(Plan { name: chain.name.clone(), vertices, entry, traffic, labels, instances, store, state: state.describe() })
 }
 
 /// The direction a packet travels: 1 for packets that entered on in port 1 of a chain with

@@ -24,6 +24,8 @@ pub struct InstanceReport {
     pub busy_s: f64,
     /// Packets per second of busy time, in millions.
     pub busy_mpps: f64,
+    /// How the state backend served the instance (store round trips, cache hits, ...).
+    pub state: BTreeMap<String, u64>,
 }
 
 /// Counters of one vertex.
@@ -78,6 +80,8 @@ pub struct Latency {
 pub struct RunReport {
     /// Chain name.
     pub chain: String,
+    /// Where NF state lived (`local`, or the client mode and the store).
+    pub state: String,
     /// Worker threads.
     pub workers: usize,
     /// Batch size.
@@ -155,6 +159,35 @@ impl fmt::Display for RunReport {
                     "    {:<14} {:<11} {:>4} {:>11} {:>11} {:>9} {:>9} {:>10.3}",
                     v.name, v.kind, i.index, i.packets_in, i.forwarded, dropped, i.consumed, i.busy_mpps
                 )?;
+            }
+        }
+        let store: Vec<String> = self
+            .vertices
+            .iter()
+            .flat_map(|v| v.instances.iter().map(move |i| (v, i)))
+            .filter(|(_, i)| !i.state.is_empty())
+            .map(|(v, i)| {
+                let g = |k: &str| i.state.get(k).copied().unwrap_or(0);
+                format!(
+                    "    {:<14} {:>4} {:>10} {:>10} {:>10} {:>8}",
+                    v.name,
+                    i.index,
+                    g("requests"),
+                    g("round_trips"),
+                    g("cache_hits"),
+                    g("retransmits")
+                )
+            })
+            .collect();
+        if !store.is_empty() {
+            writeln!(f, "  state store use:")?;
+            writeln!(
+                f,
+                "    {:<14} {:>4} {:>10} {:>10} {:>10} {:>8}",
+                "vertex", "inst", "requests", "round-trips", "cache-hits", "resent"
+            )?;
+            for l in store {
+                writeln!(f, "{l}")?;
             }
         }
         let l = &self.latency_us;

@@ -74,6 +74,22 @@ pub trait StateHandle: Send {
     /// vector here.
     fn end_packet(&mut self, _meta: &mut Meta) {}
 
+    /// The runtime says whether this instance is now the only user of shared object `obj`
+    /// (it may then cache it) or not (it must flush and stop caching it).
+    fn set_exclusive(&mut self, _obj: ObjectId, _exclusive: bool) {}
+
+    /// Counters describing how the backend served the instance (round trips, cache hits, ...),
+    /// for reports; empty for local state.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
+
+    /// Writes everything cached or pending to where the state lives and waits until it is
+    /// there (end of a run, before a planned handover).
+    fn flush(&mut self) -> Result<(), StateError> {
+        Ok(())
+    }
+
     /// Reads a value.
     fn get(&mut self, obj: ObjectId, key: &StateKey) -> Result<Option<Value>, StateError> {
         self.exec(obj, key, StateOp::Get)

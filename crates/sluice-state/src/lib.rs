@@ -15,5 +15,5 @@ mod value;
 
 pub use decl::{AccessPattern, CustomOp, CustomOpFn, ObjectId, Scope, StateDecl};
 pub use handle::{StateError, StateHandle, TimerFired};
-pub use local::LocalState;
+pub use local::{LocalState, Timers};
 pub use value::{StateKey, StateOp, Value};

@@ -10,16 +10,74 @@ use std::collections::BinaryHeap;
 
 type Map<K, V> = hashbrown::HashMap<K, V, ahash::RandomState>;
 
-/// Local-memory state of one NF instance: one hash map per declared object, and a timer heap
-/// driven by packet time.
+/// Timers in packet time, as every state backend keeps them on the instance side: armed,
+/// re-armed and cancelled by key, fired earliest first when time passes their deadline.
+#[derive(Default)]
+pub struct Timers {
+    /// Deadline-ordered timers; entries whose sequence number no longer matches `armed` were
+    /// re-armed or cancelled and are skipped when they surface.
+    heap: BinaryHeap<Reverse<(u64, u64, ObjectId, StateKey)>>,
+    armed: Map<(ObjectId, StateKey), u64>,
+    seq: u64,
+}
+
+impl Timers {
+    /// Arms or re-arms the timer of `(obj, key)`.
+    pub fn set(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
+        self.seq += 1;
+        self.armed.insert((obj, *key), self.seq);
+        self.heap.push(Reverse((deadline_ns, self.seq, obj, *key)));
+    }
+
+    /// Cancels the timer of `(obj, key)`; returns whether one was armed.
+    pub fn cancel(&mut self, obj: ObjectId, key: &StateKey) -> bool {
+        self.armed.remove(&(obj, *key)).is_some()
+    }
+
+    /// Whether a timer is armed on `(obj, key)`.
+    pub fn is_armed(&self, obj: ObjectId, key: &StateKey) -> bool {
+        self.armed.contains_key(&(obj, *key))
+    }
+
+    /// Number of armed timers.
+    pub fn len(&self) -> usize {
+        self.armed.len()
+    }
+
+    /// Whether no timer is armed.
+    pub fn is_empty(&self) -> bool {
+        self.armed.is_empty()
+    }
+
+    /// Removes and returns up to `max` timers due at `now_ns`, earliest first.
+    pub fn expired(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>) {
+        let mut n = 0;
+        while n < max {
+            match self.heap.peek() {
+                Some(Reverse((deadline, ..))) if *deadline <= now_ns => {}
+                _ => break,
+            }
+            let Some(Reverse((_, seq, object, key))) = self.heap.pop() else { break };
+            if self.armed.get(&(object, key)) == Some(&seq) {
+                self.armed.remove(&(object, key));
+                out.push(TimerFired { object, key });
+                n += 1;
+            }
+        }
+        // Cancelled entries would otherwise pile up in the heap; rebuild when mostly stale.
+        if self.heap.len() > 1024 && self.heap.len() > 4 * self.armed.len() {
+            let armed = &self.armed;
+            self.heap.retain(|Reverse((_, seq, o, k))| armed.get(&(*o, *k)) == Some(seq));
+        }
+    }
+}
+
+/// Local-memory state of one NF instance: one hash map per declared object, and timers driven
+/// by packet time.
 pub struct LocalState {
     objects: Vec<Map<StateKey, Value>>,
     custom: Vec<CustomOp>,
-    /// Deadline-ordered timers; entries whose sequence number no longer matches `armed` were
-    /// re-armed or cancelled and are skipped when they surface.
-    timers: BinaryHeap<Reverse<(u64, u64, ObjectId, StateKey)>>,
-    armed: Map<(ObjectId, StateKey), u64>,
-    timer_seq: u64,
+    timers: Timers,
 }
 
 impl LocalState {
@@ -28,9 +86,7 @@ impl LocalState {
         LocalState {
             objects: decls.iter().map(|_| Map::default()).collect(),
             custom: custom.to_vec(),
-            timers: BinaryHeap::new(),
-            armed: Map::default(),
-            timer_seq: 0,
+            timers: Timers::default(),
         }
     }
 
@@ -46,7 +102,7 @@ impl LocalState {
 
     /// Number of armed timers.
     pub fn timers_armed(&self) -> usize {
-        self.armed.len()
+        self.timers.len()
     }
 
     /// Every `(object, key, value)` held, sorted; for final-state comparison and debugging.
@@ -97,34 +153,15 @@ impl StateHandle for LocalState {
     }
 
     fn set_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
-        self.timer_seq += 1;
-        self.armed.insert((obj, *key), self.timer_seq);
-        self.timers.push(Reverse((deadline_ns, self.timer_seq, obj, *key)));
+        self.timers.set(obj, key, deadline_ns);
     }
 
     fn cancel_timer(&mut self, obj: ObjectId, key: &StateKey) {
-        self.armed.remove(&(obj, *key));
+        self.timers.cancel(obj, key);
     }
 
     fn expired(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>) {
-        let mut n = 0;
-        while n < max {
-            match self.timers.peek() {
-                Some(Reverse((deadline, ..))) if *deadline <= now_ns => {}
-                _ => break,
-            }
-            let Some(Reverse((_, seq, object, key))) = self.timers.pop() else { break };
-            if self.armed.get(&(object, key)) == Some(&seq) {
-                self.armed.remove(&(object, key));
-                out.push(TimerFired { object, key });
-                n += 1;
-            }
-        }
-        // Cancelled entries would otherwise pile up in the heap; rebuild when mostly stale.
-        if self.timers.len() > 1024 && self.timers.len() > 4 * self.armed.len() {
-            let armed = &self.armed;
-            self.timers.retain(|Reverse((_, seq, o, k))| armed.get(&(*o, *k)) == Some(seq));
-        }
+        self.timers.expired(now_ns, max, out);
     }
 }
 

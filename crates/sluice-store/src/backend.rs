@@ -1,8 +1,9 @@
 //! The interface every store backend implements.
 
-use crate::wire::{Checkpoint, Notification, Request, Response};
+use crate::wire::{Checkpoint, Notification, Replies, Request};
 use sluice_packet::InstanceId;
 use sluice_state::CustomOp;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Why a store operation failed at the transport level.
@@ -19,15 +20,18 @@ pub enum StoreError {
     Timeout(Duration),
 }
 
-/// One instance's connection. Requests go out in batches; responses and notifications are
-/// collected when the client asks, so a client never blocks unless it chooses to wait.
+/// One instance's connection. Requests go out in batches; replies and notifications are
+/// collected when the client asks, so a client never blocks unless it chooses to wait. Within a
+/// connection, requests on one value are applied in the order they were sent.
 pub trait Connection: Send {
-    /// Sends a batch of requests (leaving `batch` empty).
-    fn send(&mut self, batch: &mut Vec<Request>) -> Result<(), StoreError>;
-    /// Appends responses that have arrived, without waiting.
-    fn poll(&mut self, out: &mut Vec<Response>) -> Result<(), StoreError>;
-    /// Waits up to `timeout` for at least one response, appending what has arrived.
-    fn wait(&mut self, out: &mut Vec<Response>, timeout: Duration) -> Result<(), StoreError>;
+    /// Sends a batch of requests; returns the batch's number, acknowledged in
+    /// [`Replies::acked`] once every request of the batch has been applied. The batch is shared,
+    /// not copied, so the client can keep it for retransmission.
+    fn send(&mut self, batch: Arc<[Request]>) -> Result<u64, StoreError>;
+    /// Appends what has arrived, without waiting.
+    fn poll(&mut self, out: &mut Replies) -> Result<(), StoreError>;
+    /// Waits up to `timeout` for something to arrive, appending it.
+    fn wait(&mut self, out: &mut Replies, timeout: Duration) -> Result<(), StoreError>;
     /// Appends notifications that have arrived, without waiting.
     fn notifications(&mut self, out: &mut Vec<Notification>) -> Result<(), StoreError>;
 }

@@ -4,7 +4,7 @@
 //! issue order) and answers through the client's own lock-free queues.
 
 use crate::backend::{Backend, Connection, StoreError};
-use crate::wire::{Checkpoint, Notification, OpTag, Request, Response, StoreKey, StoreOp, TsVector};
+use crate::wire::{Checkpoint, Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp, TsVector};
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::{ops::apply, CustomOp, StateOp, Value};
@@ -18,10 +18,23 @@ use std::time::{Duration, Instant};
 
 type Map<K, V> = hashbrown::HashMap<K, V, ahash::RandomState>;
 
+/// How long a shard thread keeps polling its queue after the last request before sleeping: long
+/// enough to answer a client's next request within a batch without a wakeup, short enough not to
+/// take a core from the NFs.
+const STAY_AWAKE: Duration = Duration::from_micros(5);
+
+/// What a shard sends back.
+enum Reply {
+    /// The answer to a request that wanted one, or a failure.
+    Response(Response),
+    /// This shard has applied its part of a batch.
+    Ack(u64),
+}
+
 /// Where a shard answers one client.
 struct ClientQueues {
     id: InstanceId,
-    responses: SegQueue<Response>,
+    replies: SegQueue<Reply>,
     notifications: SegQueue<Notification>,
     /// The thread blocked in `wait`, if any.
     waiter: Mutex<Option<Thread>>,
@@ -41,7 +54,8 @@ impl ClientQueues {
 }
 
 enum Msg {
-    Batch(Vec<Request>, Arc<ClientQueues>),
+    /// A client's batch: every shard gets it and applies the requests it owns.
+    Batch(Arc<[Request]>, u64, Arc<ClientQueues>),
     Register(u16, Vec<CustomOp>),
     Checkpoint(mpsc::Sender<Checkpoint>),
     Restore(Vec<(StoreKey, Value)>, Vec<(InstanceId, Clock)>, mpsc::Sender<()>),
@@ -70,8 +84,9 @@ impl Entry {
 
 struct Shard {
     entries: Map<StoreKey, Entry>,
-    /// Results of tagged updates of packets still in flight, by clock (CHC's store-side log).
-    log: BTreeMap<Clock, Map<(u16, u16), Option<Value>>>,
+    /// Results of tagged updates of packets still in flight, by (clock, vertex, index in the
+    /// packet): CHC's store-side log.
+    log: BTreeMap<(Clock, u16, u16), Option<Value>>,
     ts: Map<InstanceId, Clock>,
     ts_cache: Option<TsVector>,
     timers: BinaryHeap<Reverse<(u64, StoreKey)>>,
@@ -80,20 +95,6 @@ struct Shard {
     clients: Map<InstanceId, Arc<ClientQueues>>,
     /// Clients to wake after the current batch.
     touched: Vec<Arc<ClientQueues>>,
-}
-
-fn op_name(op: &StoreOp) -> &'static str {
-    match op {
-        StoreOp::State(_) => "state",
-        StoreOp::Subscribe => "subscribe",
-        StoreOp::Unsubscribe => "unsubscribe",
-        StoreOp::SetTimer { .. } => "set_timer",
-        StoreOp::CancelTimer => "cancel_timer",
-        StoreOp::Claim => "claim",
-        StoreOp::Release => "release",
-        StoreOp::ForgetClock(_) => "forget_clock",
-        StoreOp::AdvanceTime(_) => "advance_time",
-    }
 }
 
 impl Shard {
@@ -129,7 +130,7 @@ impl Shard {
         t
     }
 
-    fn handle(&mut self, req: Request) -> Response {
+    fn handle(&mut self, req: &Request) -> Response {
         let id = req.id;
         let client = req.client;
         match req.op {
@@ -139,7 +140,7 @@ impl Shard {
             }
             StoreOp::ForgetClock(c) => {
                 // Everything up to and including `c` is done at the root.
-                let keep = self.log.split_off(&Clock(c.0.saturating_add(1)));
+                let keep = self.log.split_off(&(Clock(c.0.saturating_add(1)), 0, 0));
                 self.log = keep;
                 return Response { id, result: Ok(None), replayed: false, ts: None };
             }
@@ -147,14 +148,14 @@ impl Shard {
         }
         // Exactly once: a tagged update already applied returns its logged result.
         if let Some(tag) = req.tag {
-            if let Some(r) = self.log.get(&tag.clock).and_then(|m| m.get(&(req.key.vertex, tag.seq))) {
+            if let Some(r) = self.log.get(&(tag.clock, req.key.vertex, tag.seq)) {
                 return Response { id, result: Ok(r.clone()), replayed: true, ts: None };
             }
         }
         let key = req.key;
-        let result = self.execute(client, key, req.op, req.tag);
+        let result = self.execute(client, key, req.op.clone(), req.tag);
         if let (Some(tag), Ok(r)) = (req.tag, &result) {
-            self.log.entry(tag.clock).or_default().insert((key.vertex, tag.seq), r.0.clone());
+            self.log.insert((tag.clock, key.vertex, tag.seq), r.0.clone());
             let prev = self.ts.insert(client, tag.clock);
             if prev != Some(tag.clock) {
                 self.ts_cache = None;
@@ -271,32 +272,56 @@ impl Shard {
     }
 }
 
-fn shard_loop(queue: Arc<ArrayQueue<Msg>>, stop: Arc<AtomicBool>) {
+fn shard_of(hasher: &ahash::RandomState, shards: usize, key: &StoreKey) -> usize {
+    let mut h = hasher.build_hasher();
+    key.hash(&mut h);
+    (h.finish() % shards.max(1) as u64) as usize
+}
+
+fn shard_loop(
+    queue: Arc<ArrayQueue<Msg>>,
+    stop: Arc<AtomicBool>,
+    me: usize,
+    shards: usize,
+    hasher: ahash::RandomState,
+) {
     let mut shard = Shard::new();
-    let mut idle = 0u32;
+    // Stay responsive for a while after the last request (a blocking client is waiting on the
+    // round trip), then sleep until a client posts again.
+    let mut idle_since: Option<Instant> = None;
+    let mut spins = 0u32;
     loop {
         let Some(msg) = queue.pop() else {
             if stop.load(Ordering::Acquire) {
                 return;
             }
-            idle += 1;
-            if idle < 64 {
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            spins += 1;
+            if spins < 64 || since.elapsed() < STAY_AWAKE {
                 std::hint::spin_loop();
-            } else if idle < 512 {
-                std::thread::yield_now();
             } else {
-                std::thread::park_timeout(Duration::from_micros(100));
+                // Clients unpark the thread when they post; the timeout only bounds a lost wakeup.
+                std::thread::park_timeout(Duration::from_millis(1));
             }
             continue;
         };
-        idle = 0;
+        idle_since = None;
+        spins = 0;
         match msg {
-            Msg::Batch(reqs, client) => {
+            Msg::Batch(reqs, batch, client) => {
                 shard.clients.entry(client.id).or_insert_with(|| client.clone());
-                for r in reqs {
+                for r in reqs.iter() {
+                    let broadcast = matches!(r.op, StoreOp::AdvanceTime(_) | StoreOp::ForgetClock(_));
+                    if !broadcast && shard_of(&hasher, shards, &r.key) != me {
+                        continue;
+                    }
                     let resp = shard.handle(r);
-                    client.responses.push(resp);
+                    // Broadcast requests are answered by shard 0 only.
+                    if (r.reply && (!broadcast || me == 0)) || resp.result.is_err() {
+                        client.replies.push(Reply::Response(resp));
+                    }
                 }
+                client.replies.push(Reply::Ack(batch));
                 client.wake();
                 for c in std::mem::take(&mut shard.touched) {
                     c.wake();
@@ -342,9 +367,7 @@ struct Inner {
 
 impl Inner {
     fn shard_of(&self, key: &StoreKey) -> usize {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        (h.finish() % self.shards.len() as u64) as usize
+        shard_of(&self.hasher, self.shards.len(), key)
     }
 
     fn post(&self, shard: usize, mut msg: Msg) {
@@ -388,16 +411,17 @@ impl EmbeddedStore {
     pub fn start(threads: usize) -> Result<EmbeddedStore, StoreError> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut shards = Vec::new();
-        for i in 0..threads.max(1) {
+        let hasher = ahash::RandomState::with_seeds(0x5107e, 0x5eed, 0xab, 0xcd);
+        let n = threads.max(1);
+        for i in 0..n {
             let queue = Arc::new(ArrayQueue::new(1 << 16));
-            let (q, s) = (queue.clone(), stop.clone());
+            let (q, s, h) = (queue.clone(), stop.clone(), hasher.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("sluice-store-{i}"))
-                .spawn(move || shard_loop(q, s))
+                .spawn(move || shard_loop(q, s, i, n, h))
                 .map_err(|e| StoreError::Unavailable(format!("cannot start store thread: {e}")))?;
             shards.push(ShardHandle { queue, thread: Some(thread) });
         }
-        let hasher = ahash::RandomState::with_seeds(0x5107e, 0x5eed, 0xab, 0xcd);
         Ok(EmbeddedStore { inner: Arc::new(Inner { shards, hasher, stop }) })
     }
 }
@@ -417,16 +441,12 @@ impl Backend for EmbeddedStore {
     fn connect(&self, client: InstanceId) -> Result<Box<dyn Connection>, StoreError> {
         let queues = Arc::new(ClientQueues {
             id: client,
-            responses: SegQueue::new(),
+            replies: SegQueue::new(),
             notifications: SegQueue::new(),
             waiter: Mutex::new(None),
             waiting: AtomicBool::new(false),
         });
-        Ok(Box::new(EmbeddedConnection {
-            inner: self.inner.clone(),
-            queues,
-            per_shard: (0..self.inner.shards.len()).map(|_| Vec::new()).collect(),
-        }))
+        Ok(Box::new(EmbeddedConnection { inner: self.inner.clone(), queues, next_batch: 1, parts: Map::default() }))
     }
 
     fn checkpoint(&self) -> Result<Checkpoint, StoreError> {
@@ -434,7 +454,8 @@ impl Backend for EmbeddedStore {
         for s in 0..self.inner.shards.len() {
             let (tx, rx) = mpsc::channel();
             self.inner.post(s, Msg::Checkpoint(tx));
-            let cp = rx.recv_timeout(Duration::from_secs(10)).map_err(|_| StoreError::Timeout(Duration::from_secs(10)))?;
+            let cp =
+                rx.recv_timeout(Duration::from_secs(10)).map_err(|_| StoreError::Timeout(Duration::from_secs(10)))?;
             all.values.extend(cp.values);
             for (i, c) in cp.ts {
                 match all.ts.iter_mut().find(|(j, _)| *j == i) {
@@ -468,60 +489,48 @@ impl Backend for EmbeddedStore {
 struct EmbeddedConnection {
     inner: Arc<Inner>,
     queues: Arc<ClientQueues>,
-    per_shard: Vec<Vec<Request>>,
+    next_batch: u64,
+    /// Shard acknowledgements still missing, by batch.
+    parts: Map<u64, usize>,
 }
 
 impl Connection for EmbeddedConnection {
-    fn send(&mut self, batch: &mut Vec<Request>) -> Result<(), StoreError> {
+    fn send(&mut self, batch: Arc<[Request]>) -> Result<u64, StoreError> {
         if self.inner.stop.load(Ordering::Acquire) {
             return Err(StoreError::Unavailable("store stopped".into()));
         }
-        let n = self.per_shard.len();
-        for r in batch.drain(..) {
-            match r.op {
-                // Time and clock bookkeeping concern every shard.
-                StoreOp::AdvanceTime(_) | StoreOp::ForgetClock(_) => {
-                    for (i, s) in self.per_shard.iter_mut().enumerate() {
-                        let mut r = r.clone();
-                        if i > 0 {
-                            // Only one copy answers, so the client sees one response.
-                            r.id = u64::MAX;
-                        }
-                        s.push(r);
-                    }
-                }
-                _ => {
-                    let s = self.inner.shard_of(&r.key) % n.max(1);
-                    if let Some(v) = self.per_shard.get_mut(s) {
-                        v.push(r);
-                    }
-                }
-            }
-        }
+        let b = self.next_batch;
+        self.next_batch += 1;
+        let n = self.inner.shards.len();
+        self.parts.insert(b, n);
         for s in 0..n {
-            if let Some(v) = self.per_shard.get_mut(s) {
-                if !v.is_empty() {
-                    let reqs = std::mem::take(v);
-                    self.inner.post(s, Msg::Batch(reqs, self.queues.clone()));
+            self.inner.post(s, Msg::Batch(batch.clone(), b, self.queues.clone()));
+        }
+        Ok(b)
+    }
+
+    fn poll(&mut self, out: &mut Replies) -> Result<(), StoreError> {
+        while let Some(r) = self.queues.replies.pop() {
+            match r {
+                Reply::Response(resp) => out.responses.push(resp),
+                Reply::Ack(b) => {
+                    if let Some(left) = self.parts.get_mut(&b) {
+                        *left -= 1;
+                        if *left == 0 {
+                            self.parts.remove(&b);
+                            out.acked.push(b);
+                        }
+                    }
                 }
             }
         }
         Ok(())
     }
 
-    fn poll(&mut self, out: &mut Vec<Response>) -> Result<(), StoreError> {
-        while let Some(r) = self.queues.responses.pop() {
-            if r.id != u64::MAX {
-                out.push(r);
-            }
-        }
-        Ok(())
-    }
-
-    fn wait(&mut self, out: &mut Vec<Response>, timeout: Duration) -> Result<(), StoreError> {
-        let start = out.len();
+    fn wait(&mut self, out: &mut Replies, timeout: Duration) -> Result<(), StoreError> {
+        let start = out.responses.len() + out.acked.len();
         self.poll(out)?;
-        if out.len() > start {
+        if out.responses.len() + out.acked.len() > start {
             return Ok(());
         }
         let deadline = Instant::now() + timeout;
@@ -529,19 +538,19 @@ impl Connection for EmbeddedConnection {
             *w = Some(std::thread::current());
         }
         self.queues.waiting.store(true, Ordering::Release);
-        let mut spins = 0u32;
+        let spin_until = Instant::now() + Duration::from_micros(50);
         loop {
             self.poll(out)?;
-            if out.len() > start {
+            if out.responses.len() + out.acked.len() > start {
                 break;
             }
             let now = Instant::now();
             if now >= deadline {
                 break;
             }
-            spins += 1;
-            if spins < 200 {
-                std::hint::spin_loop();
+            // A round trip to a busy shard takes microseconds: poll first, sleep only if not.
+            if now < spin_until {
+                std::thread::yield_now();
             } else {
                 std::thread::park_timeout((deadline - now).min(Duration::from_micros(200)));
             }

@@ -3,9 +3,11 @@
 //! instance uses behind the ordinary state API ([`client`]).
 
 pub mod backend;
+pub mod client;
 pub mod engine;
 pub mod wire;
 
 pub use backend::{Backend, Connection, StoreError};
+pub use client::{ClientConfig, ClientStats, Mode, StoreClient};
 pub use engine::EmbeddedStore;
-pub use wire::{Checkpoint, Notification, OpTag, Request, Response, StoreKey, StoreOp, TsVector};
+pub use wire::{Checkpoint, Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp, TsVector};

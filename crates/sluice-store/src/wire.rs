@@ -69,6 +69,25 @@ pub struct Request {
     pub key: StoreKey,
     /// The operation.
     pub op: StoreOp,
+    /// The requester waits for this request's result. Other requests are acknowledged per
+    /// batch (see [`Replies::acked`]) and answered only if they fail.
+    pub reply: bool,
+}
+
+/// What a client collects from its connection.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Replies {
+    /// Answers to requests sent with `reply`, and failures of any request.
+    pub responses: Vec<Response>,
+    /// Batches (numbers returned by `Connection::send`) whose every request has been applied.
+    pub acked: Vec<u64>,
+}
+
+impl Replies {
+    /// Whether nothing has arrived.
+    pub fn is_empty(&self) -> bool {
+        self.responses.is_empty() && self.acked.is_empty()
+    }
 }
 
 /// The clock of the last operation the store applied for each instance: returned with reads so

@@ -1,0 +1,671 @@
+//! The client library in each NF instance: the ordinary [`StateHandle`] API on top of a store
+//! connection, with the strategy of CHC's Table 1 chosen per declared object.
+//!
+//! | object | `external` | `cached` | `async` |
+//! |---|---|---|---|
+//! | write-mostly (any scope) | blocking op | blocking op | non-blocking op, not waited for |
+//! | per-flow | blocking op | cached; dirty values flushed every `flush_every` batches | same, flush not waited for |
+//! | cross-flow, read-heavy | blocking op | reads from a cache kept fresh by callbacks; updates at the store (cached like per-flow while this instance is the object's only user) | same |
+//! | cross-flow, read/write often | blocking op | cached while this instance is its only user, else at the store | same, updates not waited for |
+//!
+//! "Only user" is what the runtime says through `set_exclusive` (today: the vertex has one
+//! instance); when that changes, the client flushes its copy and switches strategy.
+//!
+//! Updates sent to the store carry an [`OpTag`] (packet clock, index within the packet) so a
+//! retransmitted or replayed update is applied once. Requests of one batch of packets travel
+//! together; a blocking call sends everything queued before it first, so operations reach the
+//! store in issue order.
+
+use crate::backend::{Connection, StoreError};
+use crate::wire::{Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp, TsVector};
+use sluice_packet::{Clock, InstanceId, Meta};
+use sluice_state::{
+    ops::apply, AccessPattern, CustomOp, ObjectId, StateDecl, StateError, StateHandle, StateKey, StateOp, TimerFired,
+    Timers, Value,
+};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type Map<K, V> = hashbrown::HashMap<K, V, ahash::RandomState>;
+
+/// How much of CHC's machinery a client uses (the paper's models, for comparison).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Every operation goes to the store and is waited for.
+    External,
+    /// Plus caching by scope and access pattern.
+    Cached,
+    /// Plus non-blocking updates that are not waited for (the default).
+    Async,
+}
+
+/// Client parameters.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// The mode.
+    pub mode: Mode,
+    /// Dirty cached values are flushed to the store every this many batches.
+    pub flush_every: u32,
+    /// An unacknowledged non-blocking update is sent again after this long.
+    pub retransmit_after: Duration,
+    /// A blocking call fails after this long without an answer.
+    pub call_timeout: Duration,
+    /// Entries kept in the write-ahead log of shared-state updates.
+    pub wal_capacity: usize,
+    /// Most batches sent and not yet acknowledged; past it the client waits (backpressure
+    /// from a store that falls behind).
+    pub max_inflight: usize,
+    /// The store holds no state of this instance's flows yet (a chain starting on an empty
+    /// store): a per-flow value missing from the cache is absent, no need to ask. Packets marked
+    /// `FIRST` (a flow moved here) are always looked up. Off for replacement instances.
+    pub fresh: bool,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            mode: Mode::Async,
+            flush_every: 8,
+            retransmit_after: Duration::from_secs(1),
+            call_timeout: Duration::from_secs(5),
+            wal_capacity: 65_536,
+            max_inflight: 256,
+            fresh: true,
+        }
+    }
+}
+
+/// What the client did, for reports and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ClientStats {
+    /// Requests sent (retransmissions included).
+    pub requests: u64,
+    /// Blocking round trips.
+    pub round_trips: u64,
+    /// Operations answered from the cache.
+    pub cache_hits: u64,
+    /// Non-blocking updates sent again after a timeout.
+    pub retransmits: u64,
+    /// Updates the store recognised as duplicates (answered from its per-clock log).
+    pub duplicates: u64,
+    /// Non-blocking updates the store refused.
+    pub async_errors: u64,
+    /// Change callbacks received.
+    pub callbacks: u64,
+    /// Dirty values flushed.
+    pub flushed: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Strategy {
+    /// No caching: every operation at the store.
+    Remote,
+    /// Cached here, flushed periodically (per-flow; shared while exclusive).
+    Owned,
+    /// Cached reads, kept fresh by callbacks; updates at the store.
+    Callbacks,
+    /// Shared and read/written often: `Owned` while exclusive, else `Remote`.
+    SharedOften,
+}
+
+#[derive(Debug, Clone)]
+struct Cached {
+    value: Option<Value>,
+    dirty: bool,
+}
+
+/// A write-ahead log entry: a shared-state update as sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WalEntry {
+    /// Its tag.
+    pub tag: OpTag,
+    /// The value it updates.
+    pub key: StoreKey,
+    /// The operation.
+    pub op: StateOp,
+}
+
+/// The last value read from the store with the TS vector it came with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LastRead {
+    /// The key read.
+    pub key: StoreKey,
+    /// The value.
+    pub value: Option<Value>,
+    /// The store's TS vector at the read.
+    pub ts: TsVector,
+}
+
+/// A [`StateHandle`] backed by a store.
+pub struct StoreClient {
+    conn: Box<dyn Connection>,
+    id: InstanceId,
+    vertex: u16,
+    cfg: ClientConfig,
+    strategies: Vec<Strategy>,
+    exclusive: Vec<bool>,
+    /// Objects this instance has been the only user of since before its first packet: with a
+    /// fresh store, a value missing from the cache is absent.
+    exclusive_from_start: Vec<bool>,
+    custom: Vec<CustomOp>,
+    caches: Vec<Map<StateKey, Cached>>,
+    /// Cached values changed since the last flush.
+    dirty: Vec<(ObjectId, StateKey)>,
+    /// When the current batch started (one clock read per batch, not per request).
+    batch_start: Instant,
+    /// When unacknowledged requests were last checked for retransmission.
+    last_resend_check: Instant,
+    timers: Timers,
+    /// Timer changes not yet mirrored to the store, coalesced per key (`None`: cancelled).
+    timer_changes: Map<(ObjectId, StateKey), Option<u64>>,
+    pending: Vec<Request>,
+    /// Sent batches holding updates not yet acknowledged, oldest first, with when they were
+    /// (last) sent: retransmitted whole after a timeout (the store applies tagged updates once).
+    inflight: VecDeque<(u64, Arc<[Request]>, Instant)>,
+    replies: Replies,
+    notes: Vec<Notification>,
+    next_id: u64,
+    clock: Clock,
+    /// The current packet starts a flow moved here: look its per-flow state up.
+    moved_in: bool,
+    seq: u16,
+    xor: u32,
+    now_ns: u64,
+    reported_ns: u64,
+    batches: u32,
+    wal: VecDeque<WalEntry>,
+    last_read: Option<LastRead>,
+    stats: ClientStats,
+}
+
+impl StoreClient {
+    /// A client for instance `id` of `vertex`, whose NF declared `decls` and `custom` ops.
+    pub fn new(
+        conn: Box<dyn Connection>,
+        id: InstanceId,
+        vertex: u16,
+        decls: &[StateDecl],
+        custom: &[CustomOp],
+        cfg: ClientConfig,
+    ) -> StoreClient {
+        let strategies: Vec<Strategy> = decls.iter().map(|d| strategy(d, cfg.mode)).collect();
+        StoreClient {
+            conn,
+            id,
+            vertex,
+            exclusive: vec![false; decls.len()],
+            exclusive_from_start: vec![false; decls.len()],
+            custom: custom.to_vec(),
+            caches: decls.iter().map(|_| Map::default()).collect(),
+            dirty: Vec::new(),
+            batch_start: Instant::now(),
+            last_resend_check: Instant::now(),
+            strategies,
+            cfg,
+            timers: Timers::default(),
+            timer_changes: Map::default(),
+            pending: Vec::new(),
+            inflight: VecDeque::new(),
+            replies: Replies::default(),
+            notes: Vec::new(),
+            next_id: 1,
+            clock: Clock::default(),
+            moved_in: false,
+            seq: 0,
+            xor: 0,
+            now_ns: 0,
+            reported_ns: 0,
+            batches: 0,
+            wal: VecDeque::new(),
+            last_read: None,
+            stats: ClientStats::default(),
+        }
+    }
+
+    /// What the client did so far.
+    pub fn stats(&self) -> ClientStats {
+        self.stats
+    }
+
+    /// The write-ahead log of shared-state updates, oldest first.
+    pub fn wal(&self) -> &VecDeque<WalEntry> {
+        &self.wal
+    }
+
+    /// The last value read from the store, with its TS vector.
+    pub fn last_read(&self) -> Option<&LastRead> {
+        self.last_read.as_ref()
+    }
+
+    /// Requests in batches not yet acknowledged.
+    pub fn unacknowledged(&self) -> usize {
+        self.inflight.iter().map(|(_, b, _)| b.len()).sum()
+    }
+
+    fn key(&self, obj: ObjectId, key: &StateKey) -> StoreKey {
+        StoreKey { vertex: self.vertex, object: obj.0, key: *key }
+    }
+
+    fn caches_now(&self, obj: ObjectId) -> bool {
+        match self.strategies.get(usize::from(obj.0)) {
+            Some(Strategy::Owned) => true,
+            // Without other users, a shared object needs neither callbacks nor remote updates.
+            Some(Strategy::SharedOften | Strategy::Callbacks) => {
+                self.exclusive.get(usize::from(obj.0)).copied().unwrap_or(false)
+            }
+            _ => false,
+        }
+    }
+
+    fn next_tag(&mut self) -> OpTag {
+        let tag = OpTag { clock: self.clock, seq: self.seq };
+        self.seq = self.seq.wrapping_add(1);
+        tag
+    }
+
+    fn request(&mut self, key: StoreKey, op: StoreOp, tag: Option<OpTag>, reply: bool) -> Request {
+        let id = self.next_id;
+        self.next_id += 1;
+        Request { id, client: self.id, tag, key, op, reply }
+    }
+
+    fn send_pending(&mut self) -> Result<(), StateError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.stats.requests += self.pending.len() as u64;
+        let batch: Arc<[Request]> = Arc::from(std::mem::take(&mut self.pending));
+        let updates = batch.iter().any(|r| !r.reply);
+        let b = self.conn.send(batch.clone()).map_err(backend)?;
+        if updates {
+            self.inflight.push_back((b, batch, Instant::now()));
+            if self.inflight.len() > self.cfg.max_inflight {
+                self.wait_for_acks(self.cfg.max_inflight / 2)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until at most `left` batches are unacknowledged. Fails only if the store makes
+    /// no progress for `call_timeout`.
+    fn wait_for_acks(&mut self, left: usize) -> Result<(), StateError> {
+        let mut last_progress = Instant::now();
+        while self.inflight.len() > left {
+            let before = self.inflight.len();
+            self.absorb()?;
+            if self.inflight.len() <= left {
+                break;
+            }
+            if self.inflight.len() < before {
+                last_progress = Instant::now();
+            }
+            let idle = last_progress.elapsed();
+            if idle >= self.cfg.call_timeout {
+                return Err(StateError::Backend(format!(
+                    "{} request(s) unacknowledged; the store made no progress for {:?}",
+                    self.unacknowledged(),
+                    self.cfg.call_timeout
+                )));
+            }
+            let wait = (self.cfg.call_timeout - idle).min(self.cfg.retransmit_after);
+            self.conn.wait(&mut self.replies, wait).map_err(backend)?;
+            self.settle_responses(None);
+        }
+        Ok(())
+    }
+
+    /// Queues a non-blocking request; it is sent with the batch and retransmitted until acked.
+    fn queue_nb(&mut self, key: StoreKey, op: StoreOp, tag: Option<OpTag>) {
+        let r = self.request(key, op, tag, false);
+        self.pending.push(r);
+    }
+
+    /// Sends `op` (after everything queued) and waits for its answer.
+    fn call(&mut self, key: StoreKey, op: StoreOp, tag: Option<OpTag>) -> Result<Response, StateError> {
+        let r = self.request(key, op, tag, true);
+        let id = r.id;
+        self.pending.push(r);
+        self.send_pending()?;
+        self.stats.round_trips += 1;
+        let deadline = Instant::now() + self.cfg.call_timeout;
+        loop {
+            if let Some(resp) = self.settle_responses(Some(id)) {
+                if resp.replayed {
+                    self.stats.duplicates += 1;
+                }
+                return Ok(resp);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(StateError::Backend(format!("no answer within {:?}", self.cfg.call_timeout)));
+            }
+            self.conn.wait(&mut self.replies, deadline - now).map_err(backend)?;
+        }
+    }
+
+    /// Consumes the received responses: acknowledgements of non-blocking requests are settled,
+    /// the answer to `awaiting` (the blocking call in progress) is returned, the rest (answers
+    /// to fire-and-forget requests) are dropped.
+    fn settle_responses(&mut self, awaiting: Option<u64>) -> Option<Response> {
+        let mut answer = None;
+        for r in self.replies.responses.drain(..) {
+            if Some(r.id) == awaiting {
+                answer = Some(r);
+            } else if r.result.is_err() {
+                // Only failures of requests nobody waits for arrive here.
+                self.stats.async_errors += 1;
+            }
+        }
+        for b in self.replies.acked.drain(..) {
+            if let Some(pos) = self.inflight.iter().position(|(x, _, _)| *x == b) {
+                self.inflight.remove(pos);
+            }
+        }
+        answer
+    }
+
+    fn absorb(&mut self) -> Result<(), StateError> {
+        self.conn.poll(&mut self.replies).map_err(backend)?;
+        self.settle_responses(None);
+        self.conn.notifications(&mut self.notes).map_err(backend)?;
+        for n in std::mem::take(&mut self.notes) {
+            if let Notification::Changed { key, value } = n {
+                self.stats.callbacks += 1;
+                if let Some(c) = self.caches.get_mut(usize::from(key.object)) {
+                    if let Some(e) = c.get_mut(&key.key) {
+                        e.value = value;
+                    }
+                }
+            }
+            // Timer notifications concern timers this client also fires itself at the right
+            // packet; handovers are acted on by the flow-move protocol.
+        }
+        // Retransmit what has not been acknowledged in time (applied once, by tag). Checked a
+        // few times per timeout, not per batch.
+        let now = Instant::now();
+        if self.inflight.is_empty() || now.duration_since(self.last_resend_check) < self.cfg.retransmit_after / 4 {
+            return Ok(());
+        }
+        self.last_resend_check = now;
+        while let Some((_, batch, sent)) = self.inflight.front() {
+            if now.duration_since(*sent) < self.cfg.retransmit_after {
+                break;
+            }
+            // Resend the batch's updates as a new batch; answers to its blocking requests were
+            // consumed long ago.
+            let again: Arc<[Request]> = batch.iter().filter(|r| !r.reply).cloned().collect();
+            self.inflight.pop_front();
+            self.stats.retransmits += again.len() as u64;
+            self.stats.requests += again.len() as u64;
+            let b = self.conn.send(again.clone()).map_err(backend)?;
+            self.inflight.push_back((b, again, now));
+            // Resending is in order; newer batches are younger, so stop after the first pass.
+            if self.inflight.front().is_some_and(|(x, _, _)| *x == b) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn log_update(&mut self, tag: OpTag, key: StoreKey, op: &StateOp) {
+        if self.wal.len() >= self.cfg.wal_capacity {
+            self.wal.pop_front();
+        }
+        self.wal.push_back(WalEntry { tag, key, op: op.clone() });
+    }
+
+    fn local(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
+        let skey = self.key(obj, key);
+        let idx = usize::from(obj.0);
+        let present = self.caches.get(idx).is_some_and(|c| c.contains_key(key));
+        let per_flow = self.strategies.get(idx) == Some(&Strategy::Owned);
+        let sole_user = self.exclusive_from_start.get(idx).copied().unwrap_or(false);
+        if present {
+            self.stats.cache_hits += 1;
+        } else if self.cfg.fresh && ((per_flow && !self.moved_in) || sole_user) {
+            // A flow this instance has owned from its first packet, or an object nobody else
+            // has used: the store has nothing this cache does not.
+            if let Some(c) = self.caches.get_mut(idx) {
+                c.insert(*key, Cached { value: None, dirty: false });
+            }
+        } else {
+            // First touch of this value here: its state may already exist (moved flow,
+            // restarted instance), so read it once.
+            let resp = self.call(skey, StoreOp::State(StateOp::Get), None)?;
+            let value = resp.result.map_err(StateError::Backend)?;
+            if let Some(c) = self.caches.get_mut(idx) {
+                c.insert(*key, Cached { value, dirty: false });
+            }
+        }
+        let update = op.is_update();
+        let Some(entry) = self.caches.get_mut(idx).and_then(|c| c.get_mut(key)) else {
+            return Err(StateError::UnknownObject(obj));
+        };
+        let r = apply(&mut entry.value, op, &self.custom)?;
+        if update && !entry.dirty {
+            entry.dirty = true;
+            self.dirty.push((obj, *key));
+        }
+        Ok(r)
+    }
+
+    fn remote(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
+        let skey = self.key(obj, key);
+        let tag = if op.is_update() { Some(self.next_tag()) } else { None };
+        if let Some(t) = tag {
+            self.log_update(t, skey, &op);
+        }
+        let resp = self.call(skey, StoreOp::State(op), tag)?;
+        if let (Some(ts), Ok(v)) = (&resp.ts, &resp.result) {
+            self.last_read = Some(LastRead { key: skey, value: v.clone(), ts: ts.clone() });
+        }
+        resp.result.map_err(StateError::Backend)
+    }
+
+    fn flush_dirty(&mut self) {
+        for (obj, k) in std::mem::take(&mut self.dirty) {
+            let Some(e) = self.caches.get_mut(usize::from(obj.0)).and_then(|c| c.get_mut(&k)) else { continue };
+            if !e.dirty {
+                continue;
+            }
+            e.dirty = false;
+            let op = match &e.value {
+                Some(v) => StateOp::Set(v.clone()),
+                None => StateOp::Delete,
+            };
+            let key = StoreKey { vertex: self.vertex, object: obj.0, key: k };
+            self.queue_nb(key, StoreOp::State(op), None);
+            self.stats.flushed += 1;
+        }
+        for cache in &mut self.caches {
+            // Knowing a value is absent saves a lookup, but flows come and go: past a bound, such
+            // entries are dropped (and looked up again if needed).
+            if cache.len() > ABSENT_LIMIT {
+                cache.retain(|_, e| e.value.is_some() || e.dirty);
+            }
+        }
+    }
+
+    /// Waits until every request sent has been acknowledged.
+    fn drain_acks(&mut self) -> Result<(), StateError> {
+        self.send_pending()?;
+        self.wait_for_acks(0)
+    }
+}
+
+/// Cached entries per object above which known-absent values are forgotten at a flush.
+const ABSENT_LIMIT: usize = 1 << 16;
+
+fn backend(e: StoreError) -> StateError {
+    StateError::Backend(e.to_string())
+}
+
+fn strategy(d: &StateDecl, mode: Mode) -> Strategy {
+    if mode == Mode::External {
+        return Strategy::Remote;
+    }
+    match (d.scope.is_per_flow(), d.pattern) {
+        (_, AccessPattern::WriteMostly) => Strategy::Remote,
+        (true, _) => Strategy::Owned,
+        (false, AccessPattern::ReadHeavy) => Strategy::Callbacks,
+        (false, AccessPattern::ReadWriteOften) => Strategy::SharedOften,
+    }
+}
+
+impl StateHandle for StoreClient {
+    fn exec(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
+        let idx = usize::from(obj.0);
+        let Some(&s) = self.strategies.get(idx) else { return Err(StateError::UnknownObject(obj)) };
+        if self.caches_now(obj) {
+            return self.local(obj, key, op);
+        }
+        if s == Strategy::Callbacks {
+            if op == StateOp::Get {
+                if let Some(e) = self.caches.get(idx).and_then(|c| c.get(key)) {
+                    self.stats.cache_hits += 1;
+                    return Ok(e.value.clone());
+                }
+                let skey = self.key(obj, key);
+                let resp = self.call(skey, StoreOp::Subscribe, None)?;
+                let value = resp.result.clone().map_err(StateError::Backend)?;
+                if let Some(ts) = resp.ts {
+                    self.last_read = Some(LastRead { key: skey, value: value.clone(), ts });
+                }
+                if let Some(c) = self.caches.get_mut(idx) {
+                    c.insert(*key, Cached { value: value.clone(), dirty: false });
+                }
+                return Ok(value);
+            }
+            // Our own update is not called back to us: forget the cached copy.
+            if let Some(c) = self.caches.get_mut(idx) {
+                c.remove(key);
+            }
+        }
+        self.remote(obj, key, op)
+    }
+
+    fn exec_nb(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<(), StateError> {
+        if self.caches_now(obj) || self.cfg.mode != Mode::Async {
+            return self.exec(obj, key, op).map(|_| ());
+        }
+        let idx = usize::from(obj.0);
+        if self.strategies.get(idx) == Some(&Strategy::Callbacks) {
+            if let Some(c) = self.caches.get_mut(idx) {
+                c.remove(key);
+            }
+        }
+        let skey = self.key(obj, key);
+        let tag = self.next_tag();
+        self.log_update(tag, skey, &op);
+        self.xor ^= (u32::from(self.id.index()) << 16) | u32::from(obj.0);
+        self.queue_nb(skey, StoreOp::State(op), Some(tag));
+        Ok(())
+    }
+
+    fn set_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
+        // Fired here, at the same packet as with local state; the store keeps a copy (sent once
+        // per batch) so that a replacement instance is told if this one is gone.
+        self.timers.set(obj, key, deadline_ns);
+        self.timer_changes.insert((obj, *key), Some(deadline_ns));
+    }
+
+    fn cancel_timer(&mut self, obj: ObjectId, key: &StateKey) {
+        if self.timers.cancel(obj, key) {
+            self.timer_changes.insert((obj, *key), None);
+        }
+    }
+
+    fn expired(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>) {
+        self.now_ns = self.now_ns.max(now_ns);
+        let start = out.len();
+        self.timers.expired(now_ns, max, out);
+        for f in &out[start..] {
+            self.timer_changes.insert((f.object, f.key), None);
+        }
+    }
+
+    fn begin_batch(&mut self) {
+        self.batch_start = Instant::now();
+        let _ = self.absorb();
+    }
+
+    fn end_batch(&mut self) {
+        self.batches = self.batches.wrapping_add(1);
+        if self.cfg.flush_every > 0 && self.batches % self.cfg.flush_every == 0 {
+            self.flush_dirty();
+        }
+        let changes: Vec<_> = self.timer_changes.drain().collect();
+        for ((obj, key), change) in changes {
+            let skey = self.key(obj, &key);
+            let op = match change {
+                Some(deadline_ns) => StoreOp::SetTimer { deadline_ns },
+                None => StoreOp::CancelTimer,
+            };
+            self.queue_nb(skey, op, None);
+        }
+        if self.now_ns > self.reported_ns {
+            self.reported_ns = self.now_ns;
+            let key = StoreKey { vertex: self.vertex, object: 0, key: StateKey::Unit };
+            let r = self.request(key, StoreOp::AdvanceTime(self.now_ns), None, false);
+            self.pending.push(r);
+        }
+        let _ = self.send_pending();
+        if self.cfg.mode != Mode::Async {
+            // Models without "no wait for ACK": the batch is done when the store has it all.
+            let _ = self.drain_acks();
+        }
+    }
+
+    fn begin_packet(&mut self, meta: &Meta) {
+        self.clock = meta.clock;
+        self.moved_in = meta.flags.contains(sluice_packet::MetaFlags::FIRST);
+        self.seq = 0;
+        self.xor = 0;
+        self.now_ns = self.now_ns.max(meta.ts_ns);
+    }
+
+    fn end_packet(&mut self, meta: &mut Meta) {
+        meta.xor ^= self.xor;
+    }
+
+    fn set_exclusive(&mut self, obj: ObjectId, exclusive: bool) {
+        let idx = usize::from(obj.0);
+        let was = self.exclusive.get(idx).copied().unwrap_or(false);
+        if let Some(e) = self.exclusive.get_mut(idx) {
+            *e = exclusive;
+        }
+        if let Some(f) = self.exclusive_from_start.get_mut(idx) {
+            *f = exclusive && self.batches == 0 && (*f || !was);
+        }
+        if was && !exclusive {
+            // Another instance starts using the object: hand our copy to the store first.
+            self.flush_dirty();
+            if let Some(c) = self.caches.get_mut(idx) {
+                c.clear();
+            }
+            let _ = self.send_pending();
+        }
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = self.stats;
+        vec![
+            ("requests", s.requests),
+            ("round_trips", s.round_trips),
+            ("cache_hits", s.cache_hits),
+            ("retransmits", s.retransmits),
+            ("duplicates", s.duplicates),
+            ("async_errors", s.async_errors),
+            ("callbacks", s.callbacks),
+            ("flushed", s.flushed),
+        ]
+    }
+
+    fn flush(&mut self) -> Result<(), StateError> {
+        self.flush_dirty();
+        self.send_pending()?;
+        self.drain_acks()
+    }
+}
