@@ -408,7 +408,8 @@ fn scanner_probes_many_ports_and_gets_resets() {
     let (first, last) = (trace[0].ts, trace[trace.len() - 1].ts);
     let (lo, hi) = (*syns.iter().min().unwrap(), *syns.iter().max().unwrap());
     assert!((hi - lo) as f64 > 0.7 * (last - first) as f64);
-    let background_between = trace.iter().filter(|p| p.ts > lo && p.ts < hi && p.src.octets()[..3] != [192, 168, 66]).count();
+    let background_between =
+        trace.iter().filter(|p| p.ts > lo && p.ts < hi && p.src.octets()[..3] != [192, 168, 66]).count();
     assert!(background_between > 50_000);
 }
 
