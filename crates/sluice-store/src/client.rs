@@ -114,6 +114,36 @@ enum Strategy {
 struct Cached {
     value: Option<Value>,
     dirty: bool,
+    /// For lists: the pushes and pops since the last flush, so a flush sends those rather than
+    /// the whole list (a port pool holds tens of thousands of entries). `None` while dirty
+    /// means the whole value must be written.
+    list_ops: Option<Vec<StateOp>>,
+}
+
+impl Cached {
+    fn new(value: Option<Value>) -> Cached {
+        Cached { value, dirty: false, list_ops: None }
+    }
+
+    /// Records an update for the next flush.
+    fn record(&mut self, op: &StateOp) -> bool {
+        let was_dirty = self.dirty;
+        let list_op = matches!(op, StateOp::Pop | StateOp::PopN(_) | StateOp::Push(_));
+        let is_list = matches!(self.value, Some(Value::List(_)));
+        if list_op && is_list && (!was_dirty || self.list_ops.is_some()) {
+            let ops = self.list_ops.get_or_insert_with(Vec::new);
+            match (ops.last_mut(), op) {
+                // Consecutive pops travel as one pop-n.
+                (Some(StateOp::PopN(n)), StateOp::Pop) => *n = n.saturating_add(1),
+                (_, StateOp::Pop) => ops.push(StateOp::PopN(1)),
+                (_, op) => ops.push(op.clone()),
+            }
+        } else {
+            self.list_ops = None;
+        }
+        self.dirty = true;
+        !was_dirty
+    }
 }
 
 /// A write-ahead log entry: a shared-state update as sent.
@@ -428,7 +458,7 @@ impl StoreClient {
             // A flow this instance has owned from its first packet, or an object nobody else
             // has used: the store has nothing this cache does not.
             if let Some(c) = self.caches.get_mut(idx) {
-                c.insert(*key, Cached { value: None, dirty: false });
+                c.insert(*key, Cached::new(None));
             }
         } else {
             // First touch of this value here: its state may already exist (moved flow,
@@ -436,17 +466,19 @@ impl StoreClient {
             let resp = self.call(skey, StoreOp::State(StateOp::Get), None)?;
             let value = resp.result.map_err(StateError::Backend)?;
             if let Some(c) = self.caches.get_mut(idx) {
-                c.insert(*key, Cached { value, dirty: false });
+                c.insert(*key, Cached::new(value));
             }
         }
         let update = op.is_update();
         let Some(entry) = self.caches.get_mut(idx).and_then(|c| c.get_mut(key)) else {
             return Err(StateError::UnknownObject(obj));
         };
+        let recorded = if update { Some(op.clone()) } else { None };
         let r = apply(&mut entry.value, op, &self.custom)?;
-        if update && !entry.dirty {
-            entry.dirty = true;
-            self.dirty.push((obj, *key));
+        if let Some(op) = recorded {
+            if entry.record(&op) {
+                self.dirty.push((obj, *key));
+            }
         }
         Ok(r)
     }
@@ -471,12 +503,15 @@ impl StoreClient {
                 continue;
             }
             e.dirty = false;
-            let op = match &e.value {
-                Some(v) => StateOp::Set(v.clone()),
-                None => StateOp::Delete,
+            let ops = match (e.list_ops.take(), &e.value) {
+                (Some(ops), _) => ops,
+                (None, Some(v)) => vec![StateOp::Set(v.clone())],
+                (None, None) => vec![StateOp::Delete],
             };
             let key = StoreKey { vertex: self.vertex, object: obj.0, key: k };
-            self.queue_nb(key, StoreOp::State(op), None);
+            for op in ops {
+                self.queue_nb(key, StoreOp::State(op), None);
+            }
             self.stats.flushed += 1;
         }
         for cache in &mut self.caches {
@@ -534,7 +569,7 @@ impl StateHandle for StoreClient {
                     self.last_read = Some(LastRead { key: skey, value: value.clone(), ts });
                 }
                 if let Some(c) = self.caches.get_mut(idx) {
-                    c.insert(*key, Cached { value: value.clone(), dirty: false });
+                    c.insert(*key, Cached::new(value.clone()));
                 }
                 return Ok(value);
             }
