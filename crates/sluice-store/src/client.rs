@@ -191,6 +191,9 @@ pub struct StoreClient {
     /// Timer changes not yet mirrored to the store, coalesced per key (`None`: cancelled).
     timer_changes: Map<(ObjectId, StateKey), Option<u64>>,
     pending: Vec<Request>,
+    /// Tagged increments of write-mostly values collected during the batch, sent as one
+    /// request per value (in first-use order) before anything else touches the value.
+    increments: Vec<(StoreKey, Vec<(OpTag, i64)>)>,
     /// Sent batches holding updates not yet acknowledged, oldest first, with when they were
     /// (last) sent: retransmitted whole after a timeout (the store applies tagged updates once).
     inflight: VecDeque<(u64, Arc<[Request]>, Instant)>,
@@ -237,6 +240,7 @@ impl StoreClient {
             timers: Timers::default(),
             timer_changes: Map::default(),
             pending: Vec::new(),
+            increments: Vec::new(),
             inflight: VecDeque::new(),
             replies: Replies::default(),
             notes: Vec::new(),
@@ -301,7 +305,25 @@ impl StoreClient {
         Request { id, client: self.id, tag, key, op, reply }
     }
 
+    /// Turns collected increments into requests (for one value, or all).
+    fn emit_increments(&mut self, only: Option<&StoreKey>) {
+        if self.increments.is_empty() {
+            return;
+        }
+        let mut i = 0;
+        while i < self.increments.len() {
+            if only.is_some_and(|k| self.increments[i].0 != *k) {
+                i += 1;
+                continue;
+            }
+            let (key, incrs) = self.increments.remove(i);
+            let r = self.request(key, StoreOp::IncrMany(incrs), None, false);
+            self.pending.push(r);
+        }
+    }
+
     fn send_pending(&mut self) -> Result<(), StateError> {
+        self.emit_increments(None);
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -348,12 +370,14 @@ impl StoreClient {
 
     /// Queues a non-blocking request; it is sent with the batch and retransmitted until acked.
     fn queue_nb(&mut self, key: StoreKey, op: StoreOp, tag: Option<OpTag>) {
+        self.emit_increments(Some(&key));
         let r = self.request(key, op, tag, false);
         self.pending.push(r);
     }
 
     /// Sends `op` (after everything queued) and waits for its answer.
     fn call(&mut self, key: StoreKey, op: StoreOp, tag: Option<OpTag>) -> Result<Response, StateError> {
+        self.emit_increments(None);
         let r = self.request(key, op, tag, true);
         let id = r.id;
         self.pending.push(r);
@@ -595,6 +619,14 @@ impl StateHandle for StoreClient {
         let tag = self.next_tag();
         self.log_update(tag, skey, &op);
         self.xor ^= (u32::from(self.id.index()) << 16) | u32::from(obj.0);
+        if let StateOp::Incr(d) = op {
+            // Counters: one request per value per batch, each increment still tagged.
+            match self.increments.iter_mut().find(|(k, _)| *k == skey) {
+                Some((_, v)) => v.push((tag, d)),
+                None => self.increments.push((skey, vec![(tag, d)])),
+            }
+            return Ok(());
+        }
         self.queue_nb(skey, StoreOp::State(op), Some(tag));
         Ok(())
     }

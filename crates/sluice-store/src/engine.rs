@@ -9,7 +9,7 @@ use crossbeam_queue::{ArrayQueue, SegQueue};
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::{ops::apply, CustomOp, StateOp, Value};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BinaryHeap, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -18,10 +18,12 @@ use std::time::{Duration, Instant};
 
 type Map<K, V> = hashbrown::HashMap<K, V, ahash::RandomState>;
 
-/// How long a shard thread keeps polling its queue after the last request before sleeping: long
-/// enough to answer a client's next request within a batch without a wakeup, short enough not to
-/// take a core from the NFs.
+/// How long a shard thread keeps polling its queue after a batch of non-blocking requests before
+/// sleeping: short, so as not to take a core from the NFs.
 const STAY_AWAKE: Duration = Duration::from_micros(5);
+/// The same after answering a blocking request: its client is likely to send another soon, and
+/// a wakeup costs tens of microseconds.
+const STAY_AWAKE_AFTER_CALL: Duration = Duration::from_micros(200);
 
 /// What a shard sends back.
 enum Reply {
@@ -86,7 +88,10 @@ struct Shard {
     entries: Map<StoreKey, Entry>,
     /// Results of tagged updates of packets still in flight, by (clock, vertex, index in the
     /// packet): CHC's store-side log.
-    log: BTreeMap<(Clock, u16, u16), Option<Value>>,
+    log: Map<(Clock, u16, u16), Option<Value>>,
+    /// The log's keys in arrival order, for forgetting finished clocks (arrival order is
+    /// nearly clock order; an entry waits behind a younger one at most until that one goes).
+    log_order: VecDeque<(Clock, u16, u16)>,
     ts: Map<InstanceId, Clock>,
     ts_cache: Option<TsVector>,
     timers: BinaryHeap<Reverse<(u64, StoreKey)>>,
@@ -101,7 +106,8 @@ impl Shard {
     fn new() -> Shard {
         Shard {
             entries: Map::default(),
-            log: BTreeMap::new(),
+            log: Map::default(),
+            log_order: VecDeque::new(),
             ts: Map::default(),
             ts_cache: None,
             timers: BinaryHeap::new(),
@@ -140,8 +146,13 @@ impl Shard {
             }
             StoreOp::ForgetClock(c) => {
                 // Everything up to and including `c` is done at the root.
-                let keep = self.log.split_off(&(Clock(c.0.saturating_add(1)), 0, 0));
-                self.log = keep;
+                while let Some(k) = self.log_order.front() {
+                    if k.0 > c {
+                        break;
+                    }
+                    self.log.remove(k);
+                    self.log_order.pop_front();
+                }
                 return Response { id, result: Ok(None), replayed: false, ts: None };
             }
             _ => {}
@@ -155,11 +166,7 @@ impl Shard {
         let key = req.key;
         let result = self.execute(client, key, req.op.clone(), req.tag);
         if let (Some(tag), Ok(r)) = (req.tag, &result) {
-            self.log.insert((tag.clock, key.vertex, tag.seq), r.0.clone());
-            let prev = self.ts.insert(client, tag.clock);
-            if prev != Some(tag.clock) {
-                self.ts_cache = None;
-            }
+            self.log_applied(client, key.vertex, tag, r.0.clone());
         }
         match result {
             Ok((value, ts)) => Response { id, result: Ok(value), replayed: false, ts },
@@ -176,6 +183,9 @@ impl Shard {
         tag: Option<OpTag>,
     ) -> Result<(Option<Value>, Option<TsVector>), String> {
         let _ = tag;
+        if let StoreOp::IncrMany(incrs) = op {
+            return self.incr_many(client, key, incrs);
+        }
         let entry = self.entries.entry(key).or_default();
         let out = match op {
             StoreOp::State(StateOp::Get) => {
@@ -241,12 +251,64 @@ impl Shard {
                 }
                 None
             }
-            StoreOp::ForgetClock(_) | StoreOp::AdvanceTime(_) => None,
+            StoreOp::ForgetClock(_) | StoreOp::AdvanceTime(_) | StoreOp::IncrMany(_) => None,
         };
         if self.entries.get(&key).is_some_and(Entry::is_empty) {
             self.entries.remove(&key);
         }
         Ok((out, None))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn incr_many(
+        &mut self,
+        client: InstanceId,
+        key: StoreKey,
+        incrs: Vec<(OpTag, i64)>,
+    ) -> Result<(Option<Value>, Option<TsVector>), String> {
+        let mut applied = Vec::with_capacity(incrs.len());
+        {
+            let entry = self.entries.entry(key).or_default();
+            if let Some(owner) = entry.owner {
+                if owner != client {
+                    return Err(format!("{key:?} is owned by instance {}", owner.0));
+                }
+            }
+            for (tag, d) in incrs {
+                if self.log.contains_key(&(tag.clock, key.vertex, tag.seq)) {
+                    continue;
+                }
+                let r = apply(&mut entry.value, StateOp::Incr(d), &[]).map_err(|e| e.to_string())?;
+                applied.push((tag, r));
+            }
+        }
+        for (tag, r) in applied {
+            self.log_applied(client, key.vertex, tag, r);
+        }
+        if let Some(e) = self.entries.get(&key) {
+            if !e.subscribers.is_empty() {
+                let value = e.value.clone();
+                let subs: Vec<InstanceId> = e.subscribers.iter().copied().filter(|s| *s != client).collect();
+                for s in subs {
+                    self.notify(s, Notification::Changed { key, value: value.clone() });
+                }
+            }
+        }
+        Ok((None, None))
+    }
+
+    fn log_applied(&mut self, client: InstanceId, vertex: u16, tag: OpTag, result: Option<Value>) {
+        let k = (tag.clock, vertex, tag.seq);
+        if self.log.insert(k, result).is_none() {
+            self.log_order.push_back(k);
+        }
+        let prev = self.ts.insert(client, tag.clock);
+        if prev.is_none_or(|p| p < tag.clock) {
+            self.ts_cache = None;
+        } else if let Some(p) = prev {
+            // Keep the latest clock per instance.
+            self.ts.insert(client, p);
+        }
     }
 
     fn advance(&mut self, t: u64) {
@@ -290,6 +352,7 @@ fn shard_loop(
     // round trip), then sleep until a client posts again.
     let mut idle_since: Option<Instant> = None;
     let mut spins = 0u32;
+    let mut stay = STAY_AWAKE;
     loop {
         let Some(msg) = queue.pop() else {
             if stop.load(Ordering::Acquire) {
@@ -297,8 +360,11 @@ fn shard_loop(
             }
             let since = *idle_since.get_or_insert_with(Instant::now);
             spins += 1;
-            if spins < 64 || since.elapsed() < STAY_AWAKE {
+            if spins < 64 {
                 std::hint::spin_loop();
+            } else if since.elapsed() < stay {
+                // Yield rather than spin: a client may be waiting on this very core.
+                std::thread::yield_now();
             } else {
                 // Clients unpark the thread when they post; the timeout only bounds a lost wakeup.
                 std::thread::park_timeout(Duration::from_millis(1));
@@ -310,6 +376,7 @@ fn shard_loop(
         match msg {
             Msg::Batch(reqs, batch, client) => {
                 shard.clients.entry(client.id).or_insert_with(|| client.clone());
+                stay = if reqs.iter().any(|r| r.reply) { STAY_AWAKE_AFTER_CALL } else { STAY_AWAKE };
                 for r in reqs.iter() {
                     let broadcast = matches!(r.op, StoreOp::AdvanceTime(_) | StoreOp::ForgetClock(_));
                     if !broadcast && shard_of(&hasher, shards, &r.key) != me {
@@ -341,6 +408,7 @@ fn shard_loop(
             Msg::Restore(values, ts, tx) => {
                 shard.entries.clear();
                 shard.log.clear();
+                shard.log_order.clear();
                 shard.timers.clear();
                 for (k, v) in values {
                     shard.entries.entry(k).or_default().value = Some(v);

@@ -33,6 +33,9 @@ pub struct OpTag {
 pub enum StoreOp {
     /// A state operation on the value at the request's key.
     State(StateOp),
+    /// Several tagged increments of one value (the write-mostly counters of a batch of
+    /// packets, sent as one request). Each is applied unless its tag was applied before.
+    IncrMany(Vec<(OpTag, i64)>),
     /// Register for change callbacks on the key (read-heavy cached objects). Result: the value.
     Subscribe,
     /// Stop change callbacks.
