@@ -584,7 +584,8 @@ pub fn run(
             let reason = match pkt.hdr().status {
                 ParseStatus::Truncated => Some("truncated"),
                 ParseStatus::Malformed => Some("malformed"),
-                _ if admitted >= room => Some("window-full"),
+                // With `wait`, room was checked before reading: what was read is admitted.
+                _ if admitted >= room && cfg.overflow == Overflow::Drop => Some("window-full"),
                 _ => None,
             };
             if let Some(r) = reason {
