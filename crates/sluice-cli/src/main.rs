@@ -9,7 +9,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use ports::{GenSource, PcapSink, TraceSource};
 use sluice_io::{FrameSize, GenConfig, Pace, Precision, TraceReader, Workload};
-use sluice_runtime::{compile, run, Chain, DiscardSink, Overflow, RunConfig, RunHooks, RunReport, Sink, Source};
+use sluice_runtime::{
+    compile, compile_with, run, Chain, DiscardSink, Overflow, RunConfig, RunHooks, RunReport, Sink, Source, StateConfig,
+};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -133,6 +135,48 @@ struct EngineArgs {
     /// Do not pin worker threads to cores.
     #[arg(long)]
     no_pin: bool,
+    /// Where NF state lives: local (in each instance), or in the store with external (every
+    /// operation waited for), cached (+ caching by scope and access pattern) or async
+    /// (+ updates not waited for).
+    #[arg(long, value_enum, default_value_t = ModeArg::Async)]
+    mode: ModeArg,
+    /// The state store: `embedded` (in this process).
+    #[arg(long, default_value = "embedded")]
+    store: String,
+    /// Threads of the embedded store.
+    #[arg(long, default_value_t = 1)]
+    store_threads: usize,
+    /// Checkpoint the state store this often, in milliseconds (0: never).
+    #[arg(long, default_value_t = 150)]
+    checkpoint_ms: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ModeArg {
+    Local,
+    External,
+    Cached,
+    Async,
+}
+
+/// The state configuration the engine flags ask for.
+fn state_config(e: &EngineArgs) -> Result<StateConfig, Failure> {
+    let mode = match e.mode {
+        ModeArg::Local => return Ok(StateConfig::Local),
+        ModeArg::External => sluice_store::Mode::External,
+        ModeArg::Cached => sluice_store::Mode::Cached,
+        ModeArg::Async => sluice_store::Mode::Async,
+    };
+    let backend: std::sync::Arc<dyn sluice_store::Backend> = match e.store.as_str() {
+        "embedded" => std::sync::Arc::new(
+            sluice_store::EmbeddedStore::start(e.store_threads)
+                .map_err(|x| fail(exit::FAILED)(anyhow::Error::new(x)))?,
+        ),
+        other => {
+            return Err(fail(exit::INVALID)(anyhow::anyhow!("--store takes `embedded`, not `{other}`")));
+        }
+    };
+    Ok(StateConfig::Store { backend, client: sluice_store::ClientConfig { mode, ..Default::default() } })
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -270,6 +314,7 @@ fn engine_config(e: &EngineArgs, live: bool) -> RunConfig {
             None => Overflow::Wait,
         },
         root_id: 0,
+        checkpoint_every: (e.checkpoint_ms > 0).then(|| std::time::Duration::from_millis(e.checkpoint_ms)),
     }
 }
 
@@ -326,7 +371,9 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
             }
             (None, None) => return Err(fail(exit::INVALID)(anyhow::anyhow!("give --input, --gen or --bridge"))),
         };
-    let plan = compile(&chain, &registry, &sample).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
+    let state = state_config(&a.engine)?;
+    let plan =
+        compile_with(&chain, &registry, &sample, &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     let mut sink: Box<dyn Sink> = match &a.output {
         Some(p) => Box::new(
             PcapSink::create(p, if a.nanos { Precision::Nano } else { Precision::Micro })
@@ -373,7 +420,9 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
     let [if0, if1] = ifs else {
         return Err(fail(exit::INVALID)(anyhow::anyhow!("--bridge takes two interfaces, IF0,IF1")));
     };
-    let plan = compile(&chain, &sluice_nfs::registry(), &[]).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
+    let state = state_config(&a.engine)?;
+    let plan = compile_with(&chain, &sluice_nfs::registry(), &[], &state)
+        .map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     let bridge = ports::Bridge::open(if0, if1).map_err(|e| fail(exit::FAILED)(anyhow::Error::new(e)))?;
     let shared = std::rc::Rc::new(std::cell::RefCell::new(bridge));
     let mut source = ports::BridgeSource(shared.clone());
@@ -480,6 +529,7 @@ fn cmd_validate(a: ValidateArgs) -> Result<(), Failure> {
             sluice_runtime::PlanError::Nf { vertex, .. } | sluice_runtime::PlanError::UnknownOutput { vertex, .. } => {
                 (vertex.clone(), String::new())
             }
+            sluice_runtime::PlanError::Store(_) => (String::new(), String::new()),
         };
         let mut path = vec!["vertices", vertex.as_str(), "config"];
         path.extend(field.split('.').filter(|s| !s.is_empty()));

@@ -46,6 +46,8 @@ pub struct RunConfig {
     pub overflow: Overflow,
     /// Root id stamped in the high bits of clocks.
     pub root_id: u8,
+    /// With a state store: take a checkpoint of its contents (with the TS vector) this often.
+    pub checkpoint_every: Option<Duration>,
 }
 
 impl Default for RunConfig {
@@ -57,6 +59,7 @@ impl Default for RunConfig {
             window: 65_536,
             overflow: Overflow::Wait,
             root_id: 0,
+            checkpoint_every: Some(Duration::from_millis(150)),
         }
     }
 }
@@ -527,6 +530,7 @@ pub fn run(
         None => None,
     };
     let mut discard = sluice_store::Replies::default();
+    let mut last_checkpoint = Instant::now();
     let result: Result<(), RunError> = (|| loop {
         drain_sink(&shared, sink, &mut report, &mut hist, t0)?;
         if source_done {
@@ -556,6 +560,17 @@ pub fn run(
                 conn.send(std::sync::Arc::new([req])).map_err(|e| RunError::Worker(format!("state store: {e}")))?;
                 discard = sluice_store::Replies::default();
                 let _ = conn.poll(&mut discard);
+            }
+        }
+        if let (Some(b), Some(every)) = (&store, cfg.checkpoint_every) {
+            if last_checkpoint.elapsed() >= every {
+                last_checkpoint = Instant::now();
+                let t = Instant::now();
+                let cp = b.checkpoint().map_err(|e| RunError::Worker(format!("state store checkpoint: {e}")))?;
+                report.checkpoints.taken += 1;
+                report.checkpoints.last_values = cp.values.len() as u64;
+                report.checkpoints.last_ts = cp.ts.len() as u64;
+                report.checkpoints.total_s += t.elapsed().as_secs_f64();
             }
         }
         let span_room = shared.clocks.span().saturating_sub(seq + 1 - low) as usize;

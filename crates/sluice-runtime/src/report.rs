@@ -75,6 +75,19 @@ pub struct Latency {
     pub max: f64,
 }
 
+/// Checkpoints of the state store taken during the run.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CheckpointReport {
+    /// How many.
+    pub taken: u64,
+    /// Values in the last one.
+    pub last_values: u64,
+    /// Instances in its TS vector.
+    pub last_ts: u64,
+    /// Time spent taking them, seconds.
+    pub total_s: f64,
+}
+
 /// The result of a run.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct RunReport {
@@ -112,6 +125,8 @@ pub struct RunReport {
     pub vertices: Vec<VertexReport>,
     /// End-to-end latency.
     pub latency_us: Latency,
+    /// Checkpoints of the state store.
+    pub checkpoints: CheckpointReport,
     /// Decisions by `nf/kind`.
     pub event_counts: BTreeMap<String, u64>,
     /// All decisions, in clock order.
@@ -189,6 +204,16 @@ impl fmt::Display for RunReport {
             for l in store {
                 writeln!(f, "{l}")?;
             }
+        }
+        if self.checkpoints.taken > 0 {
+            writeln!(
+                f,
+                "  checkpoints: {} taken ({:.1} ms in all), last one {} values, TS of {} instance(s)",
+                self.checkpoints.taken,
+                self.checkpoints.total_s * 1e3,
+                self.checkpoints.last_values,
+                self.checkpoints.last_ts
+            )?;
         }
         let l = &self.latency_us;
         writeln!(
