@@ -531,6 +531,7 @@ pub fn run(
     };
     let mut discard = sluice_store::Replies::default();
     let mut last_checkpoint = Instant::now();
+    let mut forget_batches: u64 = 0;
     let result: Result<(), RunError> = (|| loop {
         drain_sink(&shared, sink, &mut report, &mut hist, t0)?;
         if source_done {
@@ -557,7 +558,9 @@ pub fn run(
                 let op = sluice_store::StoreOp::ForgetClock(Clock::new(cfg.root_id, forgotten));
                 let client = sluice_packet::InstanceId(0);
                 let req = sluice_store::Request { id: 0, client, tag: None, key, op, reply: false };
-                conn.send(std::sync::Arc::new([req])).map_err(|e| RunError::Worker(format!("state store: {e}")))?;
+                forget_batches += 1;
+                conn.send(forget_batches, std::sync::Arc::new([req]))
+                    .map_err(|e| RunError::Worker(format!("state store: {e}")))?;
                 discard = sluice_store::Replies::default();
                 let _ = conn.poll(&mut discard);
             }

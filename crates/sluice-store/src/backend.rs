@@ -24,10 +24,12 @@ pub enum StoreError {
 /// collected when the client asks, so a client never blocks unless it chooses to wait. Within a
 /// connection, requests on one value are applied in the order they were sent.
 pub trait Connection: Send {
-    /// Sends a batch of requests; returns the batch's number, acknowledged in
-    /// [`Replies::acked`] once every request of the batch has been applied. The batch is shared,
-    /// not copied, so the client can keep it for retransmission.
-    fn send(&mut self, batch: Arc<[Request]>) -> Result<u64, StoreError>;
+    /// Sends batch number `number`: numbers start at 1 and grow by one per new batch of this
+    /// connection; a batch sent again (retransmission) keeps its number. The store applies each
+    /// number once and in number order (holding a batch until those before it have arrived),
+    /// and acknowledges it in [`Replies::acked`] once every request in it has been applied —
+    /// again for a duplicate. The batch is shared, not copied, so the client can keep it.
+    fn send(&mut self, number: u64, batch: Arc<[Request]>) -> Result<(), StoreError>;
     /// Appends what has arrived, without waiting.
     fn poll(&mut self, out: &mut Replies) -> Result<(), StoreError>;
     /// Waits up to `timeout` for something to arrive, appending it.

@@ -194,9 +194,12 @@ pub struct StoreClient {
     /// Tagged increments of write-mostly values collected during the batch, sent as one
     /// request per value (in first-use order) before anything else touches the value.
     increments: Vec<(StoreKey, Vec<(OpTag, i64)>)>,
-    /// Sent batches holding updates not yet acknowledged, oldest first, with when they were
-    /// (last) sent: retransmitted whole after a timeout (the store applies tagged updates once).
+    /// Sent batches not yet acknowledged, oldest first, with when they were (last) sent:
+    /// retransmitted unchanged, under the same number, after a timeout; the store applies each
+    /// number once and in order.
     inflight: VecDeque<(u64, Arc<[Request]>, Instant)>,
+    /// The number of the next batch.
+    next_batch: u64,
     replies: Replies,
     notes: Vec<Notification>,
     next_id: u64,
@@ -242,6 +245,7 @@ impl StoreClient {
             pending: Vec::new(),
             increments: Vec::new(),
             inflight: VecDeque::new(),
+            next_batch: 1,
             replies: Replies::default(),
             notes: Vec::new(),
             next_id: 1,
@@ -329,13 +333,12 @@ impl StoreClient {
         }
         self.stats.requests += self.pending.len() as u64;
         let batch: Arc<[Request]> = Arc::from(std::mem::take(&mut self.pending));
-        let updates = batch.iter().any(|r| !r.reply);
-        let b = self.conn.send(batch.clone()).map_err(backend)?;
-        if updates {
-            self.inflight.push_back((b, batch, Instant::now()));
-            if self.inflight.len() > self.cfg.max_inflight {
-                self.wait_for_acks(self.cfg.max_inflight / 2)?;
-            }
+        let b = self.next_batch;
+        self.next_batch += 1;
+        self.conn.send(b, batch.clone()).map_err(backend)?;
+        self.inflight.push_back((b, batch, Instant::now()));
+        if self.inflight.len() > self.cfg.max_inflight {
+            self.wait_for_acks(self.cfg.max_inflight / 2)?;
         }
         Ok(())
     }
@@ -443,22 +446,14 @@ impl StoreClient {
             return Ok(());
         }
         self.last_resend_check = now;
-        while let Some((_, batch, sent)) = self.inflight.front() {
+        for (b, batch, sent) in self.inflight.iter_mut() {
             if now.duration_since(*sent) < self.cfg.retransmit_after {
-                break;
+                continue;
             }
-            // Resend the batch's updates as a new batch; answers to its blocking requests were
-            // consumed long ago.
-            let again: Arc<[Request]> = batch.iter().filter(|r| !r.reply).cloned().collect();
-            self.inflight.pop_front();
-            self.stats.retransmits += again.len() as u64;
-            self.stats.requests += again.len() as u64;
-            let b = self.conn.send(again.clone()).map_err(backend)?;
-            self.inflight.push_back((b, again, now));
-            // Resending is in order; newer batches are younger, so stop after the first pass.
-            if self.inflight.front().is_some_and(|(x, _, _)| *x == b) {
-                break;
-            }
+            *sent = now;
+            self.stats.retransmits += batch.len() as u64;
+            self.stats.requests += batch.len() as u64;
+            self.conn.send(*b, batch.clone()).map_err(backend)?;
         }
         Ok(())
     }
@@ -660,7 +655,7 @@ impl StateHandle for StoreClient {
 
     fn end_batch(&mut self) {
         self.batches = self.batches.wrapping_add(1);
-        if self.cfg.flush_every > 0 && self.batches % self.cfg.flush_every == 0 {
+        if self.cfg.flush_every > 0 && self.batches.is_multiple_of(self.cfg.flush_every) {
             self.flush_dirty();
         }
         let changes: Vec<_> = self.timer_changes.drain().collect();

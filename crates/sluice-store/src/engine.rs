@@ -9,14 +9,16 @@ use crossbeam_queue::{ArrayQueue, SegQueue};
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::{ops::apply, CustomOp, StateOp, Value};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 type Map<K, V> = hashbrown::HashMap<K, V, ahash::RandomState>;
+
+/// Connection ids, unique in the process.
+static NEXT_CONNECTION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// How long a shard thread keeps polling its queue after a batch of non-blocking requests before
 /// sleeping: short, so as not to take a core from the NFs.
@@ -33,9 +35,11 @@ enum Reply {
     Ack(u64),
 }
 
-/// Where a shard answers one client.
+/// Where a shard answers one client connection.
 struct ClientQueues {
     id: InstanceId,
+    /// Unique per connection: batch numbers are per connection.
+    conn: u64,
     replies: SegQueue<Reply>,
     notifications: SegQueue<Notification>,
     /// The thread blocked in `wait`, if any.
@@ -84,14 +88,17 @@ impl Entry {
     }
 }
 
+/// A connection's next batch number to apply, and the batches that arrived before it.
+type Sequence = (u64, BTreeMap<u64, Arc<[Request]>>);
+
 struct Shard {
     entries: Map<StoreKey, Entry>,
     /// Results of tagged updates of packets still in flight, by (clock, vertex, index in the
     /// packet): CHC's store-side log.
     log: Map<(Clock, u16, u16), Option<Value>>,
-    /// The log's keys in arrival order, for forgetting finished clocks (arrival order is
-    /// nearly clock order; an entry waits behind a younger one at most until that one goes).
-    log_order: VecDeque<(Clock, u16, u16)>,
+    /// The log's keys in arrival order, per root, for forgetting finished clocks (arrival order
+    /// is nearly clock order; an entry waits behind a younger one at most until that one goes).
+    log_order: Map<u8, VecDeque<(Clock, u16, u16)>>,
     ts: Map<InstanceId, Clock>,
     ts_cache: Option<TsVector>,
     timers: BinaryHeap<Reverse<(u64, StoreKey)>>,
@@ -100,6 +107,8 @@ struct Shard {
     clients: Map<InstanceId, Arc<ClientQueues>>,
     /// Clients to wake after the current batch.
     touched: Vec<Arc<ClientQueues>>,
+    /// Per connection: the next batch number to apply, and batches that arrived early.
+    sequences: Map<u64, Sequence>,
 }
 
 impl Shard {
@@ -107,7 +116,7 @@ impl Shard {
         Shard {
             entries: Map::default(),
             log: Map::default(),
-            log_order: VecDeque::new(),
+            log_order: Map::default(),
             ts: Map::default(),
             ts_cache: None,
             timers: BinaryHeap::new(),
@@ -115,6 +124,7 @@ impl Shard {
             custom: Map::default(),
             clients: Map::default(),
             touched: Vec::new(),
+            sequences: Map::default(),
         }
     }
 
@@ -145,13 +155,16 @@ impl Shard {
                 return Response { id, result: Ok(None), replayed: false, ts: None };
             }
             StoreOp::ForgetClock(c) => {
-                // Everything up to and including `c` is done at the root.
-                while let Some(k) = self.log_order.front() {
-                    if k.0 > c {
-                        break;
+                // Everything of `c`'s root up to and including `c` is done there; other roots'
+                // clocks are not comparable and keep their entries.
+                if let Some(order) = self.log_order.get_mut(&c.root()) {
+                    while let Some(k) = order.front() {
+                        if k.0 > c {
+                            break;
+                        }
+                        self.log.remove(k);
+                        order.pop_front();
                     }
-                    self.log.remove(k);
-                    self.log_order.pop_front();
                 }
                 return Response { id, result: Ok(None), replayed: false, ts: None };
             }
@@ -300,7 +313,7 @@ impl Shard {
     fn log_applied(&mut self, client: InstanceId, vertex: u16, tag: OpTag, result: Option<Value>) {
         let k = (tag.clock, vertex, tag.seq);
         if self.log.insert(k, result).is_none() {
-            self.log_order.push_back(k);
+            self.log_order.entry(tag.clock.root()).or_default().push_back(k);
         }
         let prev = self.ts.insert(client, tag.clock);
         if prev.is_none_or(|p| p < tag.clock) {
@@ -335,9 +348,29 @@ impl Shard {
 }
 
 fn shard_of(hasher: &ahash::RandomState, shards: usize, key: &StoreKey) -> usize {
-    let mut h = hasher.build_hasher();
-    key.hash(&mut h);
-    (h.finish() % shards.max(1) as u64) as usize
+    (hasher.hash_one(key) % shards.max(1) as u64) as usize
+}
+
+/// Applies the requests of `reqs` that this shard owns (and every broadcast request).
+fn apply_batch(
+    shard: &mut Shard,
+    reqs: &[Request],
+    client: &ClientQueues,
+    me: usize,
+    shards: usize,
+    hasher: &ahash::RandomState,
+) {
+    for r in reqs {
+        let broadcast = matches!(r.op, StoreOp::AdvanceTime(_) | StoreOp::ForgetClock(_));
+        if !broadcast && shard_of(hasher, shards, &r.key) != me {
+            continue;
+        }
+        let resp = shard.handle(r);
+        // Broadcast requests are answered by shard 0 only.
+        if (r.reply && (!broadcast || me == 0)) || resp.result.is_err() {
+            client.replies.push(Reply::Response(resp));
+        }
+    }
 }
 
 fn shard_loop(
@@ -374,21 +407,29 @@ fn shard_loop(
         idle_since = None;
         spins = 0;
         match msg {
-            Msg::Batch(reqs, batch, client) => {
-                shard.clients.entry(client.id).or_insert_with(|| client.clone());
+            Msg::Batch(reqs, number, client) => {
+                // Notifications go to the instance's latest connection (a restarted or
+                // replacement instance connects again under the same id).
+                if !shard.clients.get(&client.id).is_some_and(|c| Arc::ptr_eq(c, &client)) {
+                    shard.clients.insert(client.id, client.clone());
+                }
                 stay = if reqs.iter().any(|r| r.reply) { STAY_AWAKE_AFTER_CALL } else { STAY_AWAKE };
-                for r in reqs.iter() {
-                    let broadcast = matches!(r.op, StoreOp::AdvanceTime(_) | StoreOp::ForgetClock(_));
-                    if !broadcast && shard_of(&hasher, shards, &r.key) != me {
-                        continue;
+                let (next, held) = shard.sequences.entry(client.conn).or_insert_with(|| (1, BTreeMap::new()));
+                if number < *next {
+                    // Applied before (the acknowledgement was late or lost): acknowledge again.
+                    client.replies.push(Reply::Ack(number));
+                } else {
+                    held.insert(number, reqs);
+                    let mut ready = Vec::new();
+                    while let Some(b) = held.remove(next) {
+                        ready.push((*next, b));
+                        *next += 1;
                     }
-                    let resp = shard.handle(r);
-                    // Broadcast requests are answered by shard 0 only.
-                    if (r.reply && (!broadcast || me == 0)) || resp.result.is_err() {
-                        client.replies.push(Reply::Response(resp));
+                    for (n, b) in ready {
+                        apply_batch(&mut shard, &b, &client, me, shards, &hasher);
+                        client.replies.push(Reply::Ack(n));
                     }
                 }
-                client.replies.push(Reply::Ack(batch));
                 client.wake();
                 for c in std::mem::take(&mut shard.touched) {
                     c.wake();
@@ -400,7 +441,7 @@ fn shard_loop(
             Msg::Checkpoint(tx) => {
                 let mut values: Vec<_> =
                     shard.entries.iter().filter_map(|(k, e)| e.value.clone().map(|v| (*k, v))).collect();
-                values.sort_by(|a, b| a.0.cmp(&b.0));
+                values.sort_by_key(|v| v.0);
                 let mut ts: Vec<_> = shard.ts.iter().map(|(k, c)| (*k, *c)).collect();
                 ts.sort();
                 let _ = tx.send(Checkpoint { values, ts });
@@ -509,12 +550,13 @@ impl Backend for EmbeddedStore {
     fn connect(&self, client: InstanceId) -> Result<Box<dyn Connection>, StoreError> {
         let queues = Arc::new(ClientQueues {
             id: client,
+            conn: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
             replies: SegQueue::new(),
             notifications: SegQueue::new(),
             waiter: Mutex::new(None),
             waiting: AtomicBool::new(false),
         });
-        Ok(Box::new(EmbeddedConnection { inner: self.inner.clone(), queues, next_batch: 1, parts: Map::default() }))
+        Ok(Box::new(EmbeddedConnection { inner: self.inner.clone(), queues, parts: Map::default() }))
     }
 
     fn checkpoint(&self) -> Result<Checkpoint, StoreError> {
@@ -532,7 +574,7 @@ impl Backend for EmbeddedStore {
                 }
             }
         }
-        all.values.sort_by(|a, b| a.0.cmp(&b.0));
+        all.values.sort_by_key(|v| v.0);
         all.ts.sort();
         Ok(all)
     }
@@ -557,24 +599,21 @@ impl Backend for EmbeddedStore {
 struct EmbeddedConnection {
     inner: Arc<Inner>,
     queues: Arc<ClientQueues>,
-    next_batch: u64,
     /// Shard acknowledgements still missing, by batch.
     parts: Map<u64, usize>,
 }
 
 impl Connection for EmbeddedConnection {
-    fn send(&mut self, batch: Arc<[Request]>) -> Result<u64, StoreError> {
+    fn send(&mut self, number: u64, batch: Arc<[Request]>) -> Result<(), StoreError> {
         if self.inner.stop.load(Ordering::Acquire) {
             return Err(StoreError::Unavailable("store stopped".into()));
         }
-        let b = self.next_batch;
-        self.next_batch += 1;
         let n = self.inner.shards.len();
-        self.parts.insert(b, n);
+        self.parts.insert(number, n);
         for s in 0..n {
-            self.inner.post(s, Msg::Batch(batch.clone(), b, self.queues.clone()));
+            self.inner.post(s, Msg::Batch(batch.clone(), number, self.queues.clone()));
         }
-        Ok(b)
+        Ok(())
     }
 
     fn poll(&mut self, out: &mut Replies) -> Result<(), StoreError> {

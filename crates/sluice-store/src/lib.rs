@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod client;
+pub mod conformance;
 pub mod engine;
 pub mod wire;
 
