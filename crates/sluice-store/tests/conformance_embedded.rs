@@ -127,11 +127,11 @@ impl Connection for Lossy {
         // Blocking requests are not lost here: their callers would wait for the timeout.
         let droppable = first && batch.iter().all(|r| !r.reply);
         match self.loss {
-            Loss::Requests(n) if droppable && number % n == 0 => {
+            Loss::Requests(n) if droppable && number.is_multiple_of(n) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            Loss::Acks(n) if droppable && number % n == 0 => {
+            Loss::Acks(n) if droppable && number.is_multiple_of(n) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 self.swallow.insert(number);
                 self.inner.send(number, batch)
