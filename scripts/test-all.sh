@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs Sluice's whole test suite on a fresh Debian machine with the Rust toolchain, installing
 # what the tests need first: tcpdump (reads our pcap output), iproute2, iputils-ping, ethtool and
-# python3 (real network namespaces, veth pairs, a ping and an HTTP download through a chain).
+# python3 (real network namespaces, veth pairs, a ping and an HTTP download through a chain),
+# and redis-server (a single server and a 3-node cluster on loopback for the Redis store).
 # The namespace tests need root. Usage: scripts/test-all.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,5 +25,11 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== redis test servers (crates/sluice-redis)"
+redis_dir="$(mktemp -d)"
+trap 'scripts/redis-env.sh stop "$redis_dir" || true; rm -rf "$redis_dir"' EXIT
+scripts/redis-env.sh start "$redis_dir"  # installs redis-server and redis-tools if missing
+export SLUICE_REDIS_URL=redis://127.0.0.1:6390
+export SLUICE_REDIS_CLUSTER_URL=redis+cluster://127.0.0.1:7390,127.0.0.1:7391,127.0.0.1:7392
 echo "== cargo test"
 cargo test --workspace "$@"

@@ -140,7 +140,8 @@ struct EngineArgs {
     /// (+ updates not waited for).
     #[arg(long, value_enum, default_value_t = ModeArg::Async)]
     mode: ModeArg,
-    /// The state store: `embedded` (in this process).
+    /// The state store: `embedded` (in this process), `redis://host:port` or
+    /// `redis+cluster://host:port,host:port,...` (`?prefix=P&buckets=N` optional; Redis >= 7).
     #[arg(long, default_value = "embedded")]
     store: String,
     /// Threads of the embedded store.
@@ -172,8 +173,13 @@ fn state_config(e: &EngineArgs) -> Result<StateConfig, Failure> {
             sluice_store::EmbeddedStore::start(e.store_threads)
                 .map_err(|x| fail(exit::FAILED)(anyhow::Error::new(x)))?,
         ),
+        url if url.starts_with("redis://") || url.starts_with("redis+cluster://") => std::sync::Arc::new(
+            sluice_redis::RedisBackend::connect(url).map_err(|x| fail(exit::FAILED)(anyhow::Error::new(x)))?,
+        ),
         other => {
-            return Err(fail(exit::INVALID)(anyhow::anyhow!("--store takes `embedded`, not `{other}`")));
+            return Err(fail(exit::INVALID)(anyhow::anyhow!(
+                "--store takes `embedded`, `redis://host:port` or `redis+cluster://host:port,...`, not `{other}`"
+            )));
         }
     };
     Ok(StateConfig::Store { backend, client: sluice_store::ClientConfig { mode, ..Default::default() } })

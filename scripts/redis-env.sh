@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Test environment for the Redis store backend (crates/sluice-redis), on loopback only:
+# one redis-server on 127.0.0.1:6390 and a 3-node Redis Cluster on 127.0.0.1:7390-7392
+# (no replicas), with their data and logs in DIR.
+#
+#   scripts/redis-env.sh start DIR   # installs redis-server/redis-tools with apt if missing
+#   scripts/redis-env.sh stop DIR
+#
+# Then: SLUICE_REDIS_URL=redis://127.0.0.1:6390
+#       SLUICE_REDIS_CLUSTER_URL=redis+cluster://127.0.0.1:7390,127.0.0.1:7391,127.0.0.1:7392
+set -euo pipefail
+
+cmd="${1:-}"
+dir="${2:-}"
+if [ -z "$cmd" ] || [ -z "$dir" ]; then
+  echo "usage: $0 start|stop DIR" >&2
+  exit 2
+fi
+
+SINGLE=6390
+CLUSTER=(7390 7391 7392)
+
+ensure_redis() {
+  if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
+    return
+  fi
+  echo "== installing redis-server redis-tools"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools >/dev/null
+}
+
+wait_ping() {
+  local port=$1
+  for _ in $(seq 1 100); do
+    if redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "redis on port $port did not start; see $dir/$port/redis.log" >&2
+  return 1
+}
+
+start_one() {
+  local port=$1
+  shift
+  mkdir -p "$dir/$port"
+  # No persistence: the environment is for tests and benchmarks.
+  redis-server --bind 127.0.0.1 --port "$port" --protected-mode yes --dir "$dir/$port" \
+    --daemonize yes --pidfile "$dir/$port/redis.pid" --logfile "$dir/$port/redis.log" \
+    --save "" --appendonly no "$@"
+  wait_ping "$port"
+}
+
+case "$cmd" in
+  start)
+    ensure_redis
+    mkdir -p "$dir"
+    dir="$(cd "$dir" && pwd)"
+    start_one "$SINGLE"
+    for p in "${CLUSTER[@]}"; do
+      start_one "$p" --cluster-enabled yes --cluster-config-file "$dir/$p/nodes.conf" --cluster-node-timeout 5000
+    done
+    nodes=()
+    for p in "${CLUSTER[@]}"; do nodes+=("127.0.0.1:$p"); done
+    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes >"$dir/cluster-create.log" 2>&1 || {
+      cat "$dir/cluster-create.log" >&2
+      exit 1
+    }
+    # Ready when every node sees a healthy cluster with all slots assigned.
+    for p in "${CLUSTER[@]}"; do
+      ok=""
+      for _ in $(seq 1 100); do
+        if redis-cli -h 127.0.0.1 -p "$p" cluster info 2>/dev/null | grep -q "cluster_state:ok"; then
+          ok=1
+          break
+        fi
+        sleep 0.1
+      done
+      if [ -z "$ok" ]; then
+        echo "cluster node $p not ready" >&2
+        exit 1
+      fi
+    done
+    echo "redis ready: redis://127.0.0.1:$SINGLE and redis+cluster://127.0.0.1:7390,127.0.0.1:7391,127.0.0.1:7392"
+    ;;
+  stop)
+    for p in "$SINGLE" "${CLUSTER[@]}"; do
+      pidfile="$dir/$p/redis.pid"
+      if [ -f "$pidfile" ]; then
+        pid="$(cat "$pidfile")"
+        redis-cli -h 127.0.0.1 -p "$p" shutdown nosave >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
+        for _ in $(seq 1 50); do
+          kill -0 "$pid" 2>/dev/null || break
+          sleep 0.1
+        done
+        rm -f "$pidfile"
+      fi
+    done
+    ;;
+  *)
+    echo "usage: $0 start|stop DIR" >&2
+    exit 2
+    ;;
+esac
