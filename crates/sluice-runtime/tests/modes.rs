@@ -1,7 +1,10 @@
 //! Where NF state lives must not change what a chain does: every NF, and the example chain,
-//! give byte-identical output packets and the same decisions with local state and with the
-//! embedded store in the external, cached and async modes, on the shared captures and on
-//! generated traffic.
+//! give byte-identical output packets and the same decisions with local state and with a store
+//! — embedded, Redis, Redis Cluster — in the external, cached and async modes, on the shared
+//! captures and on generated traffic.
+//!
+//! The Redis tests need `SLUICE_REDIS_URL` and `SLUICE_REDIS_CLUSTER_URL` (scripts/test-all.sh
+//! starts the servers and sets them); without them they fail, saying so.
 
 use sluice_packet::Packet;
 use sluice_runtime::{compile_with, run, Chain, CollectSink, MemorySource, RunConfig, RunHooks, StateConfig};
@@ -45,21 +48,65 @@ fn run_in(chain: &str, packets: &[Packet], state: &StateConfig) -> Outcome {
     (out, events)
 }
 
-fn store(mode: Mode, shards: usize) -> StateConfig {
-    let backend = Arc::new(EmbeddedStore::start(shards).expect("store"));
-    StateConfig::Store { backend, client: ClientConfig { mode, ..ClientConfig::default() } }
+/// Which store a comparison runs against.
+#[derive(Clone, Copy, Debug)]
+enum Store {
+    /// The embedded store with this many shards.
+    Embedded(usize),
+    /// `SLUICE_REDIS_URL`.
+    Redis,
+    /// `SLUICE_REDIS_CLUSTER_URL`.
+    RedisCluster,
+}
+
+fn redis_url(var: &str) -> String {
+    let url = std::env::var(var).unwrap_or_default();
+    assert!(!url.is_empty(), "{var} is not set: run scripts/test-all.sh, or start scripts/redis-env.sh and set it");
+    // A fresh keyspace per run: clients assume an empty store.
+    static RUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{url}?prefix=modes-{}-{n}", std::process::id())
+}
+
+fn store(mode: Mode, store: Store) -> (StateConfig, Option<Arc<sluice_redis::RedisBackend>>) {
+    let client = ClientConfig { mode, ..ClientConfig::default() };
+    match store {
+        Store::Embedded(shards) => {
+            (StateConfig::Store { backend: Arc::new(EmbeddedStore::start(shards).expect("store")), client }, None)
+        }
+        Store::Redis | Store::RedisCluster => {
+            let var = if matches!(store, Store::Redis) { "SLUICE_REDIS_URL" } else { "SLUICE_REDIS_CLUSTER_URL" };
+            let b = Arc::new(sluice_redis::RedisBackend::connect(&redis_url(var)).expect("redis"));
+            (StateConfig::Store { backend: b.clone(), client }, Some(b))
+        }
+    }
 }
 
 fn assert_same_in_all_modes(chain: &str, packets: &[Packet], what: &str) {
+    let stores = [
+        (Mode::External, Store::Embedded(1)),
+        (Mode::Cached, Store::Embedded(2)),
+        (Mode::Async, Store::Embedded(1)),
+        (Mode::Async, Store::Embedded(3)),
+    ];
+    assert_same_with(chain, packets, what, &stores);
+}
+
+fn assert_same_with(chain: &str, packets: &[Packet], what: &str, stores: &[(Mode, Store)]) {
     let reference = run_in(chain, packets, &StateConfig::Local);
     assert!(!reference.0.is_empty(), "{what}: no output at all");
-    for (mode, shards) in [(Mode::External, 1), (Mode::Cached, 2), (Mode::Async, 1), (Mode::Async, 3)] {
-        let got = run_in(chain, packets, &store(mode, shards));
-        assert_eq!(got.0.len(), reference.0.len(), "{what}: {mode:?} output count");
-        for (a, b) in got.0.iter().zip(&reference.0) {
-            assert!(a == b, "{what}: {mode:?} differs at clock {}", b.0);
+    for &(mode, where_) in stores {
+        let (state, redis) = store(mode, where_);
+        let got = run_in(chain, packets, &state);
+        if let Some(r) = redis {
+            let _ = r.clear();
         }
-        assert_eq!(got.1, reference.1, "{what}: {mode:?} decisions differ");
+        let mode = format!("{mode:?} on {where_:?}");
+        assert_eq!(got.0.len(), reference.0.len(), "{what}: {mode} output count");
+        for (a, b) in got.0.iter().zip(&reference.0) {
+            assert!(a == b, "{what}: {mode} differs at clock {}", b.0);
+        }
+        assert_eq!(got.1, reference.1, "{what}: {mode} decisions differ");
     }
 }
 
@@ -105,4 +152,29 @@ fn example_chain_is_identical_in_all_modes_with_its_decisions() {
     let reference = run_in(&chain, &packets, &StateConfig::Local);
     assert!(reference.1.iter().any(|e| e.contains("portscan")), "the demo's scan is detected: {:?}", reference.1);
     assert_same_in_all_modes(&chain, &packets, "example chain");
+}
+
+const REDIS_MODES: [(Mode, Store); 3] =
+    [(Mode::External, Store::Redis), (Mode::Cached, Store::Redis), (Mode::Async, Store::Redis)];
+
+#[test]
+fn every_nf_is_identical_in_all_modes_with_redis() {
+    let mut packets = Vec::new();
+    for t in ["ssh_ssh.pcap", "http_methods.pcap", "ftp_ipv4.pcap", "irc-basic.pcap", "dns-edns-cookie.pcap"] {
+        packets.extend(trace(t));
+    }
+    let generated = generated();
+    for (kind, config) in NF_CONFIGS {
+        assert_same_with(&single(kind, config), &packets, &format!("{kind} on captures"), &REDIS_MODES);
+        assert_same_with(&single(kind, config), &generated, &format!("{kind} on generated traffic"), &REDIS_MODES);
+    }
+}
+
+#[test]
+fn every_nf_is_identical_in_async_mode_with_redis_cluster() {
+    let mut packets = trace("http_methods.pcap");
+    packets.extend(generated());
+    for (kind, config) in NF_CONFIGS {
+        assert_same_with(&single(kind, config), &packets, kind, &[(Mode::Async, Store::RedisCluster)]);
+    }
 }
