@@ -137,13 +137,14 @@ struct EngineArgs {
     no_pin: bool,
     /// Where NF state lives: local (in each instance), or in the store with external (every
     /// operation waited for), cached (+ caching by scope and access pattern) or async
-    /// (+ updates not waited for).
-    #[arg(long, value_enum, default_value_t = ModeArg::Async)]
-    mode: ModeArg,
+    /// (+ updates not waited for). Default: the chain file's `state.mode`, else async.
+    #[arg(long, value_enum)]
+    mode: Option<ModeArg>,
     /// The state store: `embedded` (in this process), `redis://host:port` or
     /// `redis+cluster://host:port,host:port,...` (`?prefix=P&buckets=N` optional; Redis >= 7).
-    #[arg(long, default_value = "embedded")]
-    store: String,
+    /// Default: the chain file's `state.store`, else embedded.
+    #[arg(long)]
+    store: Option<String>,
     /// Threads of the embedded store.
     #[arg(long, default_value_t = 1)]
     store_threads: usize,
@@ -160,15 +161,24 @@ enum ModeArg {
     Async,
 }
 
-/// The state configuration the engine flags ask for.
-fn state_config(e: &EngineArgs) -> Result<StateConfig, Failure> {
-    let mode = match e.mode {
+/// The state configuration asked for: the command line's flags, else the chain file's
+/// `state:` section, else async mode on the embedded store.
+fn state_config(e: &EngineArgs, chain: &Chain) -> Result<StateConfig, Failure> {
+    let from_file = match chain.state.mode.as_deref() {
+        Some("local") => Some(ModeArg::Local),
+        Some("external") => Some(ModeArg::External),
+        Some("cached") => Some(ModeArg::Cached),
+        Some("async") => Some(ModeArg::Async),
+        _ => None,
+    };
+    let mode = match e.mode.or(from_file).unwrap_or(ModeArg::Async) {
         ModeArg::Local => return Ok(StateConfig::Local),
         ModeArg::External => sluice_store::Mode::External,
         ModeArg::Cached => sluice_store::Mode::Cached,
         ModeArg::Async => sluice_store::Mode::Async,
     };
-    let backend: std::sync::Arc<dyn sluice_store::Backend> = match e.store.as_str() {
+    let store = e.store.clone().or_else(|| chain.state.store.clone()).unwrap_or_else(|| "embedded".to_string());
+    let backend: std::sync::Arc<dyn sluice_store::Backend> = match store.as_str() {
         "embedded" => std::sync::Arc::new(
             sluice_store::EmbeddedStore::start(e.store_threads)
                 .map_err(|x| fail(exit::FAILED)(anyhow::Error::new(x)))?,
@@ -377,7 +387,7 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
             }
             (None, None) => return Err(fail(exit::INVALID)(anyhow::anyhow!("give --input, --gen or --bridge"))),
         };
-    let state = state_config(&a.engine)?;
+    let state = state_config(&a.engine, &chain)?;
     let plan =
         compile_with(&chain, &registry, &sample, &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     let mut sink: Box<dyn Sink> = match &a.output {
@@ -426,7 +436,7 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
     let [if0, if1] = ifs else {
         return Err(fail(exit::INVALID)(anyhow::anyhow!("--bridge takes two interfaces, IF0,IF1")));
     };
-    let state = state_config(&a.engine)?;
+    let state = state_config(&a.engine, &chain)?;
     let plan = compile_with(&chain, &sluice_nfs::registry(), &[], &state)
         .map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     let bridge = ports::Bridge::open(if0, if1).map_err(|e| fail(exit::FAILED)(anyhow::Error::new(e)))?;

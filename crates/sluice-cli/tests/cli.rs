@@ -143,3 +143,30 @@ fn gen_then_inspect_and_run_from_the_generator() {
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json report on stdout");
     assert_eq!(r["packets_in"].as_u64(), Some(1000));
 }
+
+#[test]
+fn chain_file_state_section_and_mode_flag() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let chain = dir.path().join("c.yaml");
+    std::fs::write(
+        &chain,
+        "state: { mode: local }\nvertices:\n  nat: { type: nat }\nedges:\n  - { from: input, to: nat }\n  - { from: nat, to: output }\n",
+    )
+    .expect("write");
+    let c = chain.to_str().expect("utf8");
+    let t = trace("ftp_retr.pcap");
+    let run_state = |extra: &[&str]| {
+        let mut args = vec!["run", "--chain", c, "--input", t.as_str(), "--json", "-", "--quiet"];
+        args.extend_from_slice(extra);
+        let o = sluice(&args);
+        assert!(o.status.success(), "{}", text(&o));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        r["state"].as_str().unwrap_or_default().to_string()
+    };
+    assert_eq!(run_state(&[]), "local");
+    assert!(run_state(&["--mode", "cached"]).starts_with("cached (embedded"));
+    std::fs::write(&chain, "state: { mode: fast }\nvertices:\n  nat: { type: nat }\nedges:\n  - { from: input, to: nat }\n  - { from: nat, to: output }\n").expect("write");
+    let o = sluice(&["validate", c]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("c.yaml:1: field `state.mode`"), "{}", text(&o));
+}

@@ -9,6 +9,7 @@
 //!   portscan:  { type: portscan }
 //!   lb:        { type: lb }
 //!   trojan:    { type: trojan }
+//! state: { mode: async, store: embedded }   # optional; --mode/--store override it
 //! edges:
 //!   - { from: input, to: nat }
 //!   - { from: nat, to: portscan }
@@ -48,6 +49,21 @@ pub struct ChainSpec {
     /// them, traffic from both sides follows `edges`.
     #[serde(default)]
     pub reverse_edges: Option<Vec<EdgeSpec>>,
+    /// Where NF state lives, unless the command line says otherwise.
+    #[serde(default)]
+    pub state: Option<StateSpec>,
+}
+
+/// The `state:` section of a chain file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateSpec {
+    /// `local`, `external`, `cached` or `async`.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// `embedded`, `redis://host:port` or `redis+cluster://host:port,...`.
+    #[serde(default)]
+    pub store: Option<String>,
 }
 
 fn default_name() -> String {
@@ -135,6 +151,8 @@ pub struct Chain {
     pub edges: Vec<Edge>,
     /// Edges for traffic entering on in port 1, if the chain has a separate reverse path.
     pub reverse_edges: Option<Vec<Edge>>,
+    /// Where NF state lives, as the chain file asks (the command line may override it).
+    pub state: StateSpec,
     /// Where it came from.
     pub source: PathBuf,
 }
@@ -217,7 +235,22 @@ impl Chain {
             Some(r) => Some(check_edges(r, "reverse_edges", &index, &err)?),
             None => None,
         };
-        let chain = Chain { name: spec.name, traffic, vertices, edges, reverse_edges, source: file.to_path_buf() };
+        let state = spec.state.unwrap_or_default();
+        if let Some(m) = &state.mode {
+            if !["local", "external", "cached", "async"].contains(&m.as_str()) {
+                return Err(err(&["state", "mode"], format!("mode `{m}` is not local, external, cached or async")));
+            }
+        }
+        if let Some(st) = &state.store {
+            if st != "embedded" && !st.starts_with("redis://") && !st.starts_with("redis+cluster://") {
+                return Err(err(
+                    &["state", "store"],
+                    format!("store `{st}` is not embedded, redis://host:port or redis+cluster://host:port,..."),
+                ));
+            }
+        }
+        let chain =
+            Chain { name: spec.name, traffic, vertices, edges, reverse_edges, state, source: file.to_path_buf() };
         chain.check_graph(text, &chain.edges, "edges", true)?;
         if let Some(r) = &chain.reverse_edges {
             chain.check_graph(text, r, "reverse_edges", false)?;
