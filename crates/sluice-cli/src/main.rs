@@ -2,6 +2,7 @@
 //! interfaces; generate and inspect traces; validate chain files; benchmark.
 
 mod bench;
+mod bench_store;
 mod ports;
 
 use anyhow::Context;
@@ -66,6 +67,10 @@ enum Command {
     /// Benchmark every NF alone and the example chain over packets held in memory: Mpps,
     /// per-core Mpps, latency percentiles; JSON and SVG output.
     Bench(bench::BenchArgs),
+    /// Benchmark externalised state: NAT, LB and the example chain in the local, external,
+    /// cached and async modes (embedded store and Redis), offloaded operations vs lock-RMW,
+    /// store operations per second next to redis-benchmark; ratios to local, JSON and SVG.
+    BenchStore(bench_store::BenchStoreArgs),
 }
 
 #[derive(Args)]
@@ -267,6 +272,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cmd_inspect(a),
         Command::Validate(a) => cmd_validate(a),
         Command::Bench(a) => bench::cmd_bench(a).map_err(fail(exit::FAILED)),
+        Command::BenchStore(a) => bench_store::cmd_bench_store(a).map_err(fail(exit::FAILED)),
         Command::Nfs => {
             for (name, about) in sluice_nfs::registry().types() {
                 println!("{name:<12} {about}");

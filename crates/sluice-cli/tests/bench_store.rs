@@ -1,0 +1,61 @@
+//! `sluice bench-store --quick`: the smoke run writes every embedded case, the offload/lock
+//! comparison and the plot. No timing assertions.
+
+use std::process::Command;
+
+#[test]
+fn quick_bench_store_writes_json_and_svg() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("store.json");
+    let svg = dir.path().join("store.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["bench-store", "--quick", "--json"])
+        .arg(&json)
+        .arg("--plot")
+        .arg(&svg)
+        .env_remove("SLUICE_REDIS_URL")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+
+    let modes = v["modes"].as_array().unwrap();
+    for nf in ["nat", "lb", "example"] {
+        for load in ["saturated", "paced"] {
+            for (mode, store) in
+                [("local", "none"), ("external", "embedded"), ("cached", "embedded"), ("async", "embedded")]
+            {
+                let case = modes
+                    .iter()
+                    .find(|m| m["nf"] == nf && m["load"] == load && m["mode"] == mode && m["store"] == store)
+                    .unwrap_or_else(|| panic!("missing case {nf} {mode} {store} {load}"));
+                let s = &case["summary"];
+                assert!(s["mpps"]["median"].as_f64().unwrap() > 0.0, "{nf} {mode} {load}: no throughput");
+                let p: Vec<f64> = ["p5_us", "p25_us", "p50_us", "p75_us", "p95_us"]
+                    .iter()
+                    .map(|k| s[k]["median"].as_f64().unwrap())
+                    .collect();
+                assert!(p.windows(2).all(|w| w[0] <= w[1]), "{nf} {mode} {load}: percentiles {p:?}");
+                assert!(case["mpps_ratio_to_local"].as_f64().unwrap() > 0.0);
+            }
+        }
+    }
+    // No Redis in a quick run, and it says so.
+    assert!(!modes.iter().any(|m| m["store"] == "redis"));
+    assert!(v["not_run"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("redis")));
+
+    let contention = v["contention"].as_array().unwrap();
+    let emb = contention.iter().find(|c| c["store"] == "embedded").expect("offload/lock comparison");
+    for side in ["offload", "lock_rmw"] {
+        let runs = emb[side].as_array().unwrap();
+        assert!(!runs.is_empty());
+        assert!(runs.iter().all(|r| r["ops_per_s"].as_f64().unwrap() > 0.0), "{side}");
+    }
+    assert!(emb["throughput_ratio"].as_f64().unwrap() > 0.0);
+
+    assert!(!v["ops"].as_array().unwrap().is_empty());
+    assert!(v["command"].as_str().unwrap().contains("bench-store"));
+    assert!(v["machine"]["nproc"].as_u64().unwrap() >= 1);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.contains("<svg"), "not an SVG");
+}
