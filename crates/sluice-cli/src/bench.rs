@@ -242,17 +242,17 @@ struct CaseResult {
 
 /// Where the numbers were taken.
 #[derive(Debug, Clone, Serialize)]
-struct Machine {
-    nproc: usize,
-    cpu_model: String,
-    kernel: String,
-    os: String,
-    arch: String,
-    rustc: Option<String>,
-    build_profile: String,
-    git_commit: Option<String>,
-    git_dirty: Option<bool>,
-    date_utc: String,
+pub(crate) struct Machine {
+    pub(crate) nproc: usize,
+    pub(crate) cpu_model: String,
+    pub(crate) kernel: String,
+    pub(crate) os: String,
+    pub(crate) arch: String,
+    pub(crate) rustc: Option<String>,
+    pub(crate) build_profile: String,
+    pub(crate) git_commit: Option<String>,
+    pub(crate) git_dirty: Option<bool>,
+    pub(crate) date_utc: String,
 }
 
 /// Whether an aim is met for one case, by both per-core definitions.
@@ -613,7 +613,7 @@ fn print_table(results: &[CaseResult], aims: &[AimResult], nproc: usize) {
 }
 
 /// CPU, kernel, toolchain, commit and date.
-fn machine_info(nproc: usize) -> Machine {
+pub(crate) fn machine_info(nproc: usize) -> Machine {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu_model = cpuinfo
         .lines()
@@ -641,7 +641,7 @@ fn machine_info(nproc: usize) -> Machine {
 }
 
 /// The command line, shell-quoted where needed.
-fn command_line() -> String {
+pub(crate) fn command_line() -> String {
     std::env::args()
         .map(|a| {
             if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=,:+@%".contains(c)) {
@@ -655,7 +655,7 @@ fn command_line() -> String {
 }
 
 /// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
-fn utc_now() -> String {
+pub(crate) fn utc_now() -> String {
     let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;

@@ -36,7 +36,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// The example chain (NAT → portscan → LB, Trojan detector off-path).
 const EXAMPLE_CHAIN: &str = include_str!("../../../chains/example.yaml");
@@ -347,15 +347,9 @@ struct OpsResult {
 /// Where the numbers were taken.
 #[derive(Debug, Clone, Serialize)]
 struct Machine {
-    nproc: usize,
-    cpu_model: String,
-    kernel: String,
-    rustc: Option<String>,
-    build_profile: String,
-    git_commit: Option<String>,
-    git_dirty: Option<bool>,
+    #[serde(flatten)]
+    base: crate::bench::Machine,
     redis_server: Option<String>,
-    date_utc: String,
 }
 
 /// An aim of the issue and whether it is met.
@@ -582,7 +576,7 @@ pub fn cmd_bench_store(a: BenchStoreArgs) -> Result<()> {
     let aims = check_aims(&modes);
     let result = BenchStoreResult {
         machine: machine_info(nproc, redis.as_deref()),
-        command: command_line(),
+        command: crate::bench::command_line(),
         repeat,
         workload: format!("{flows} flows x {ppf} packets, size {}", a.size),
         packets: packets.len(),
@@ -1246,62 +1240,13 @@ fn print_tables(r: &BenchStoreResult) {
     }
 }
 
-/// CPU, kernel, toolchain, commit, Redis version and date.
+/// The machine as `sluice bench` describes it, plus the Redis version.
 fn machine_info(nproc: usize, redis: Option<&str>) -> Machine {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu_model = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map_or_else(|| "unknown".to_string(), |(_, v)| v.trim().to_string());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map_or_else(|_| "unknown".to_string(), |s| s.trim().to_string());
-    let cmd = |prog: &str, args: &[&str]| -> Option<String> {
-        let out = std::process::Command::new(prog).args(args).output().ok()?;
+    let version = || {
+        let out = std::process::Command::new("redis-server").arg("--version").output().ok()?;
         out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
-    Machine {
-        nproc,
-        cpu_model,
-        kernel,
-        rustc: cmd("rustc", &["--version"]),
-        build_profile: if cfg!(debug_assertions) { "debug" } else { "release" }.to_string(),
-        git_commit: cmd("git", &["rev-parse", "HEAD"]),
-        git_dirty: cmd("git", &["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty()),
-        redis_server: redis.and_then(|_| cmd("redis-server", &["--version"])),
-        date_utc: utc_now(),
-    }
-}
-
-/// The command line, shell-quoted where needed.
-fn command_line() -> String {
-    std::env::args()
-        .map(|a| {
-            if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=,:+@%".contains(c)) {
-                a
-            } else {
-                format!("'{}'", a.replace('\'', "'\\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
-fn utc_now() -> String {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3_600, rem % 3_600 / 60, rem % 60)
+    Machine { base: crate::bench::machine_info(nproc), redis_server: redis.and_then(|_| version()) }
 }
 
 /// Colour of a mode.
@@ -1323,7 +1268,7 @@ fn plot(path: &Path, r: &BenchStoreResult) -> Result<()> {
     base.fill(&WHITE).map_err(|x| e(&x))?;
     let title = format!(
         "sluice bench-store: {} ({} packets), medians of {} ({}; {} cores)",
-        r.workload, r.packets, r.repeat, r.machine.cpu_model, r.machine.nproc
+        r.workload, r.packets, r.repeat, r.machine.base.cpu_model, r.machine.base.nproc
     );
     let root = base.titled(&title, ("sans-serif", 18)).map_err(|x| e(&x))?;
     let (lat_area, bar_area) = root.split_vertically(760);
