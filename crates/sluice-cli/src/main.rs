@@ -4,6 +4,7 @@
 mod bench;
 mod bench_store;
 mod ports;
+mod verify;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -36,7 +37,7 @@ mod exit {
     name = "sluice",
     version,
     about = "Run chains of stateful network functions that scale out, survive failures and stay correct",
-    after_help = "Exit codes: 0 success; 1 run failed; 2 bad command line, chain file or NF config; 3 unreadable or corrupt input trace.\nLogs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug) and --log-format json for structured logs."
+    after_help = "Exit codes: 0 success; 1 run failed; 2 bad command line, chain file or NF config; 3 unreadable or corrupt input trace; 4 (verify) the runs are not equivalent.\nLogs go to stderr; set RUST_LOG (e.g. RUST_LOG=debug) and --log-format json for structured logs."
 )]
 struct Cli {
     /// Log format on stderr.
@@ -71,6 +72,10 @@ enum Command {
     /// cached and async modes (embedded store and Redis), offloaded operations vs lock-RMW,
     /// store operations per second next to redis-benchmark; ratios to local, JSON and SVG.
     BenchStore(bench_store::BenchStoreArgs),
+    /// Check chain output equivalence: run the logical chain and the physical chain under a
+    /// fault schedule (crashes, scaling, flow moves, stragglers) and compare outputs,
+    /// decisions and final state. Exit 0 if and only if they are equivalent.
+    Verify(verify::VerifyArgs),
 }
 
 #[derive(Args)]
@@ -273,6 +278,7 @@ fn main() -> ExitCode {
         Command::Validate(a) => cmd_validate(a),
         Command::Bench(a) => bench::cmd_bench(a).map_err(fail(exit::FAILED)),
         Command::BenchStore(a) => bench_store::cmd_bench_store(a).map_err(fail(exit::FAILED)),
+        Command::Verify(a) => verify::cmd_verify(a),
         Command::Nfs => {
             for (name, about) in sluice_nfs::registry().types() {
                 println!("{name:<12} {about}");

@@ -8,3 +8,6 @@ pub mod observed;
 pub mod schedule;
 
 pub use observed::{Decision, Observed, OutputRecord, StateEntry};
+pub mod engine;
+pub mod reference;
+pub mod verify;

@@ -43,6 +43,8 @@ pub struct StateEntry {
     pub object: u16,
     /// The object's name as declared, for reports.
     pub object_name: String,
+    /// The object records allocation choices: compared by number of values only.
+    pub allocation: bool,
     /// The key.
     #[serde(serialize_with = "ser_debug")]
     pub key: StateKey,

@@ -188,10 +188,10 @@ impl LbNf {
             timeout_ns: cfg.timeout * NS_PER_S,
             linger_ns: cfg.linger * NS_PER_S,
             decls: vec![
-                StateDecl::new("active_connections", Scope::global(), AccessPattern::ReadWriteOften),
-                StateDecl::new("conn_backend", Scope::per_flow(), AccessPattern::ReadHeavy),
-                StateDecl::new("backend_conn", Scope::per_flow(), AccessPattern::ReadHeavy),
-                StateDecl::new("backend_bytes", Scope::global(), AccessPattern::WriteMostly),
+                StateDecl::new("active_connections", Scope::global(), AccessPattern::ReadWriteOften).allocation(),
+                StateDecl::new("conn_backend", Scope::per_flow(), AccessPattern::ReadHeavy).allocation(),
+                StateDecl::new("backend_conn", Scope::per_flow(), AccessPattern::ReadHeavy).allocation(),
+                StateDecl::new("backend_bytes", Scope::global(), AccessPattern::WriteMostly).allocation(),
             ],
             custom: [
                 CustomOp { name: "lb-pick-least-loaded", apply: op_pick },

@@ -258,9 +258,9 @@ impl NatNf {
         }
         let ep_scope = Scope::fields(&[HeaderField::SrcIp, HeaderField::SrcPort, HeaderField::Proto]);
         let decls = vec![
-            StateDecl::new("port_pool", Scope::global(), AccessPattern::ReadWriteOften),
-            StateDecl::new("endpoint_mapping", ep_scope, AccessPattern::ReadHeavy),
-            StateDecl::new("conn_mapping", Scope::per_flow(), AccessPattern::ReadHeavy),
+            StateDecl::new("port_pool", Scope::global(), AccessPattern::ReadWriteOften).allocation(),
+            StateDecl::new("endpoint_mapping", ep_scope, AccessPattern::ReadHeavy).allocation(),
+            StateDecl::new("conn_mapping", Scope::per_flow(), AccessPattern::ReadHeavy).allocation(),
             StateDecl::new(
                 "reverse_mapping",
                 Scope::fields(&[HeaderField::DstPort, HeaderField::Proto]),

@@ -154,11 +154,15 @@ impl Trojan {
             return Err(NfError::config("max_clocks_per_type", "must be between 4 and 1024"));
         }
         Ok(Trojan {
+            // The record holds clocks, which another root (or a root that failed and resumed
+            // its clock) numbers differently, and which clocks it keeps depends on arrival
+            // order: like an allocation, two correct runs hold equivalent, not equal, records.
             decls: vec![StateDecl::new(
                 "host_events",
                 Scope::fields(&[HeaderField::SrcIp]),
                 AccessPattern::ReadWriteOften,
-            )],
+            )
+            .allocation()],
             ops: [CustomOp { name: "trojan_event", apply: trojan_event }],
             ssh_ports: c.ssh_ports.clone(),
             ftp_ports: c.ftp_ports.clone(),

@@ -510,6 +510,7 @@ impl Backend for RedisBackend {
         self.with_admin(|shared, nodes| {
             let topo = shared.topology();
             let mut values = Vec::new();
+            let mut timers = Vec::new();
             let mut ts: BTreeMap<InstanceId, Clock> = BTreeMap::new();
             for (n, url) in topo.nodes.iter().enumerate() {
                 let buckets = topo.buckets_of(n);
@@ -520,9 +521,22 @@ impl Backend for RedisBackend {
                 }
                 let v = nodes.query(url, &cmd).map_err(redis_err)?;
                 let parts = array(&v)?;
-                let (Some(vals), Some(t)) = (parts.first(), parts.get(1)) else {
+                let (Some(vals), Some(t), Some(tm)) = (parts.first(), parts.get(1), parts.get(2)) else {
                     return Err(StoreError::Protocol("short sluice_dump reply".into()));
                 };
+                for triple in array(tm)?.chunks(3) {
+                    if let [k, d, who] = triple {
+                        let kb = bytes(k)?;
+                        let (key, used) = decode_key(kb).map_err(codec_err)?;
+                        if used != kb.len() {
+                            return Err(StoreError::Protocol("trailing bytes after a key".into()));
+                        }
+                        let d = text(d)?;
+                        let deadline = u64::from_str_radix(&d, 16)
+                            .map_err(|_| StoreError::Protocol(format!("timer deadline {d:?} is not hex")))?;
+                        timers.push((key, deadline, InstanceId(number(who)?)));
+                    }
+                }
                 for pair in array(vals)?.chunks(2) {
                     if let [k, e] = pair {
                         let kb = bytes(k)?;
@@ -541,7 +555,8 @@ impl Backend for RedisBackend {
                 }
             }
             values.sort_by_key(|v| v.0);
-            Ok(Checkpoint { values, ts: ts.into_iter().collect() })
+            timers.sort();
+            Ok(Checkpoint { values, ts: ts.into_iter().collect(), timers })
         })
     }
 
@@ -549,6 +564,19 @@ impl Backend for RedisBackend {
         self.with_admin(|shared, nodes| {
             let topo = shared.topology();
             let mut per_node: Vec<Vec<Vec<u8>>> = vec![Vec::new(); topo.nodes.len()];
+            // Timers per node: bucket, key, deadline, recipient each.
+            let mut timers_of: Vec<Vec<Vec<u8>>> = vec![Vec::new(); topo.nodes.len()];
+            for (k, d, who) in &cp.timers {
+                let kenc = encode_key(k);
+                let b = shared.bucket_of(&kenc);
+                let n = topo.bucket_node.get(usize::from(b)).copied().unwrap_or(0);
+                if let Some(args) = timers_of.get_mut(n) {
+                    args.push(b.to_string().into_bytes());
+                    args.push(kenc);
+                    args.push(hex16(*d).into_bytes());
+                    args.push(who.0.to_string().into_bytes());
+                }
+            }
             for (k, v) in &cp.values {
                 let kenc = encode_key(k);
                 let b = shared.bucket_of(&kenc);
@@ -570,6 +598,11 @@ impl Backend for RedisBackend {
                 for (i, c) in &cp.ts {
                     cmd.arg(i.0).arg(c.0);
                 }
+                let timers = timers_of.get(n).map(Vec::as_slice).unwrap_or(&[]);
+                cmd.arg(timers.len() / 4);
+                for a in timers {
+                    cmd.arg(a.as_slice());
+                }
                 for a in per_node.get(n).map(Vec::as_slice).unwrap_or(&[]) {
                     cmd.arg(a.as_slice());
                 }
@@ -577,6 +610,14 @@ impl Backend for RedisBackend {
             }
             Ok(())
         })
+    }
+
+    /// Deletes the prefix's whole keyspace ([`RedisBackend::clear`]): values, metadata, logs, TS
+    /// vectors, timers, packet times and notification lists. Batch sequences live in each
+    /// [`Connection`] and custom operations in this process, so the latter survive; connections
+    /// opened before the wipe must still be replaced, as the trait requires.
+    fn wipe(&self) -> Result<(), StoreError> {
+        self.clear()
     }
 }
 

@@ -537,7 +537,9 @@ local function exec(_keys, a)
       else
         local st, x, y, z = execute(h, client, k, code, a, args)
         if st == 'o' then
-          if logid ~= '' then
+          -- A tagged read only consults the log: logging it would make a later update with the
+          -- same tag look like a duplicate, and it executed no update for the TS vector.
+          if logid ~= '' and code ~= 'G' then
             log_applied(h, client, logid, clock, x)
           end
           if reply then
@@ -573,11 +575,13 @@ local function exec(_keys, a)
   return { results, notes }
 end
 
--- ARGV: prefix, nb, bucket ids... Returns { values, ts }: values = flat key, encoding pairs;
--- ts = flat client, clock pairs of every bucket (the caller keeps the maximum per client).
+-- ARGV: prefix, nb, bucket ids... Returns { values, ts, timers }: values = flat key, encoding
+-- pairs; ts = flat client, clock pairs of every bucket (the caller keeps the maximum per
+-- client); timers = flat key, deadline (hex16), recipient triples (the owner if the key is
+-- claimed, else the client that armed it: who would be told now).
 local function dump(_keys, a)
   local P, nb = a[1], tonumber(a[2])
-  local values, ts = {}, {}
+  local values, ts, timers = {}, {}, {}
   for j = 1, nb do
     local h = '{' .. P .. ':' .. a[2 + j] .. '}'
     for _, k in ipairs(redis.call('SMEMBERS', h .. 'K')) do
@@ -591,13 +595,25 @@ local function dump(_keys, a)
     for _, x in ipairs(ts_vector(h)) do
       ts[#ts + 1] = x
     end
+    for _, m in ipairs(redis.call('ZRANGE', h .. 'Z', 0, -1)) do
+      local d = string.sub(m, 1, 16)
+      local e = entry(h, string.sub(m, 17))
+      local f = redis.call('HMGET', e.m, 'd', 'w', 'o')
+      -- Index members of re-armed timers are removed when re-armed; still, trust the metadata.
+      if f[1] == d then
+        timers[#timers + 1] = e.k
+        timers[#timers + 1] = d
+        timers[#timers + 1] = f[3] or f[2]
+      end
+    end
   end
-  return { values, ts }
+  return { values, ts, timers }
 end
 
--- ARGV: prefix, nb, bucket ids..., nts, client, clock pairs..., then values: bucket, key, form.
+-- ARGV: prefix, nb, bucket ids..., nts, client, clock pairs..., ntimers, timers: bucket, key,
+-- deadline (hex16), client..., then values: bucket, key, form.
 -- Clears entries, logs and timers of the buckets (not their time or notifications), sets the
--- TS vector of every bucket and writes the values.
+-- TS vector of every bucket, re-arms the timers and writes the values.
 local function restore(_keys, a)
   local P, nb = a[1], tonumber(a[2])
   local i = 3 + nb
@@ -607,6 +623,9 @@ local function restore(_keys, a)
     tsargs[x] = a[i + x]
   end
   i = i + 1 + 2 * nts
+  local ntimers = tonumber(a[i])
+  local tstart = i + 1
+  i = tstart + 4 * ntimers
   for j = 1, nb do
     local h = '{' .. P .. ':' .. a[2 + j] .. '}'
     for _, k in ipairs(redis.call('SMEMBERS', h .. 'K')) do
@@ -619,6 +638,14 @@ local function restore(_keys, a)
         redis.call('HSET', h .. 'T', tsargs[x], tsargs[x + 1])
       end
     end
+  end
+  for x = 0, ntimers - 1 do
+    local base = tstart + 4 * x
+    local h = '{' .. P .. ':' .. a[base] .. '}'
+    local k, d = a[base + 1], a[base + 2]
+    redis.call('HSET', h .. 'm:' .. k, 'd', d, 'w', a[base + 3])
+    redis.call('ZADD', h .. 'Z', 0, d .. k)
+    redis.call('SADD', h .. 'K', k)
   end
   while i <= #a do
     local h = '{' .. P .. ':' .. a[i] .. '}'

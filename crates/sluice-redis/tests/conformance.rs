@@ -53,6 +53,9 @@ checks!(
     ts_vector_on_reads,
     client_modes_agree,
     reconnected_instance_notified,
+    checkpoint_timers,
+    wipe_empties_store,
+    tagged_reads_not_logged,
 );
 
 /// The whole suite, sequentially, on one keyspace of each target (state left by one check must

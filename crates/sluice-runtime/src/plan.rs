@@ -3,7 +3,7 @@
 
 use crate::filter::CompiledFilter;
 use crate::spec::Chain;
-use sluice_nf::{BuildCtx, Instance, LabelTable, NfError, NfRegistry};
+use sluice_nf::{BuildCtx, Instance, LabelTable, NetworkFunction, NfError, NfRegistry};
 use sluice_packet::{HeaderField, InstanceId, Packet};
 use sluice_state::{AccessPattern, LocalState, ObjectId, StateDecl, StateHandle};
 use sluice_store::{Backend, ClientConfig, Mode, StoreClient};
@@ -152,7 +152,7 @@ pub enum PlanError {
 }
 
 /// Deterministic hashing for splitters: the same packet goes to the same instance in every run.
-fn split_hasher() -> ahash::RandomState {
+pub fn split_hasher() -> ahash::RandomState {
     ahash::RandomState::with_seeds(0x5155_1ce0, 0x0dd_ba11, 0xc0ff_ee00, 0x1234_5678)
 }
 
@@ -162,12 +162,25 @@ pub fn split_index(pkt: &Packet, fields: &[HeaderField], n: usize, hasher: &ahas
     if n <= 1 {
         return 0;
     }
-    let Some(t) = pkt.tuple() else { return 0 };
+    split_hash(pkt, fields, hasher).map_or(0, |h| (h % n as u64) as usize)
+}
+
+/// The symmetric hash of `pkt`'s `fields` (the same for a packet and its reply); `None` for
+/// packets without a 5-tuple.
+fn split_hash(pkt: &Packet, fields: &[HeaderField], hasher: &ahash::RandomState) -> Option<u64> {
+    let t = pkt.tuple()?;
     let mut a = hasher.build_hasher();
     t.hash_fields(fields, &mut a);
     let mut b = hasher.build_hasher();
     t.reversed().hash_fields(fields, &mut b);
-    (a.finish().min(b.finish()) % n as u64) as usize
+    Some(a.finish().min(b.finish()))
+}
+
+/// What a splitter partitioning on `fields` keys `pkt` by: packets with equal keys always go to
+/// the same instance (flows moved between instances are named by it). Packets without a
+/// 5-tuple all share key 0.
+pub fn split_key(pkt: &Packet, fields: &[HeaderField]) -> u64 {
+    split_hash(pkt, fields, &split_hasher()).unwrap_or(0)
 }
 
 /// A splitter bound to one downstream vertex.
@@ -261,27 +274,14 @@ pub fn compile_with(
             decls = nf.state_objects().to_vec();
             outputs = nf.outputs().iter().map(|s| s.to_string()).collect();
             let id = InstanceId::new(vi as u16, i);
-            let handle: Box<dyn StateHandle> = match state {
-                StateConfig::Local => Box::new(LocalState::new(nf.state_objects(), nf.custom_ops())),
-                StateConfig::Store { backend, client } => {
-                    if i == 0 {
-                        backend
-                            .register_custom_ops(vi as u16, nf.custom_ops())
-                            .map_err(|e| PlanError::Store(e.to_string()))?;
-                    }
-                    let conn = backend.connect(id).map_err(|e| PlanError::Store(e.to_string()))?;
-                    let mut c =
-                        StoreClient::new(conn, id, vi as u16, nf.state_objects(), nf.custom_ops(), client.clone());
-                    // A single instance is the only user of its vertex's shared objects, so it may
-                    // cache them (CHC Table 1: "cache while no other instance uses it").
-                    for (o, d) in nf.state_objects().iter().enumerate() {
-                        if d.pattern != AccessPattern::WriteMostly && !d.scope.is_per_flow() {
-                            c.set_exclusive(ObjectId(o as u16), spec.instances == 1);
-                        }
-                    }
-                    Box::new(c)
+            if i == 0 {
+                if let StateConfig::Store { backend, .. } = state {
+                    backend
+                        .register_custom_ops(vi as u16, nf.custom_ops())
+                        .map_err(|e| PlanError::Store(e.to_string()))?;
                 }
-            };
+            }
+            let handle = state_handle(nf.as_ref(), id, spec.instances, state)?;
             ids.push(instances.len());
             instances.push((vi, (nf, handle, id)));
         }
@@ -349,6 +349,55 @@ pub fn compile_with(
         StateConfig::Store { backend, .. } => Some(backend.clone()),
     };
     Ok(Plan { name: chain.name.clone(), vertices, entry, traffic, labels, instances, store, state: state.describe() })
+}
+
+/// The state handle of instance `id` (one of `instances` of its vertex) of `nf`.
+fn state_handle(
+    nf: &dyn NetworkFunction,
+    id: InstanceId,
+    instances: u16,
+    state: &StateConfig,
+) -> Result<Box<dyn StateHandle>, PlanError> {
+    Ok(match state {
+        StateConfig::Local => Box::new(LocalState::new(nf.state_objects(), nf.custom_ops())),
+        StateConfig::Store { backend, client } => {
+            let conn = backend.connect(id).map_err(|e| PlanError::Store(e.to_string()))?;
+            let mut c = StoreClient::new(conn, id, id.vertex(), nf.state_objects(), nf.custom_ops(), client.clone());
+            // A single instance is the only user of its vertex's shared objects, so it may
+            // cache them (CHC Table 1: "cache while no other instance uses it").
+            for (o, d) in nf.state_objects().iter().enumerate() {
+                if d.pattern != AccessPattern::WriteMostly && !d.scope.is_per_flow() {
+                    c.set_exclusive(ObjectId(o as u16), instances == 1);
+                }
+            }
+            Box::new(c)
+        }
+    })
+}
+
+/// Builds one more instance of vertex `vertex` of a compiled chain while it runs (a
+/// replacement, a clone, an instance added by scaling): instance `index`, one of `instances`.
+pub fn build_instance(
+    chain: &Chain,
+    registry: &NfRegistry,
+    labels: &Arc<LabelTable>,
+    vertex: usize,
+    index: u16,
+    instances: u16,
+    state: &StateConfig,
+) -> Result<Instance, PlanError> {
+    let Some((name, spec)) = chain.vertices.get(vertex) else {
+        return Err(PlanError::Store(format!("no vertex with index {vertex}")));
+    };
+    // Labels were interned when the chain was compiled; a rebuilt NF finds them there.
+    let mut table = LabelTable::clone(labels);
+    let mut bctx = BuildCtx { vertex: name, instance: index, instances, labels: &mut table };
+    let nf = registry
+        .build(&spec.kind, &spec.config, &mut bctx)
+        .map_err(|source| PlanError::Nf { vertex: name.clone(), source })?;
+    let id = InstanceId::new(vertex as u16, index);
+    let handle = state_handle(nf.as_ref(), id, instances, state)?;
+    Ok(Instance::new(nf, handle, name.as_str().into(), id, labels.clone()))
 }
 
 /// The direction a packet travels: 1 for packets that entered on in port 1 of a chain with

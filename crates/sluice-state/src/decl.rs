@@ -53,12 +53,22 @@ pub struct StateDecl {
     pub scope: Scope,
     /// How it is accessed.
     pub pattern: AccessPattern,
+    /// It records *allocation choices* (which port, which backend): two correct runs may
+    /// choose differently, so comparisons of final state check how many values it holds, not
+    /// which (see docs/correctness.md).
+    pub allocation: bool,
 }
 
 impl StateDecl {
     /// A declaration.
     pub fn new(name: &'static str, scope: Scope, pattern: AccessPattern) -> StateDecl {
-        StateDecl { name, scope, pattern }
+        StateDecl { name, scope, pattern, allocation: false }
+    }
+
+    /// Marks the object as recording allocation choices.
+    pub fn allocation(mut self) -> StateDecl {
+        self.allocation = true;
+        self
     }
 }
 

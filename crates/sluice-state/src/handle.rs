@@ -78,6 +78,18 @@ pub trait StateHandle: Send {
     /// (it may then cache it) or not (it must flush and stop caching it).
     fn set_exclusive(&mut self, _obj: ObjectId, _exclusive: bool) {}
 
+    /// Moves into `out` the updates now committed where the state lives, as `(packet clock,
+    /// XOR of the ids this instance folded into that packet's vector)`: the root folds them
+    /// into its copy of the vector and may forget a logged packet once it comes to zero.
+    /// Local state commits nothing (it is lost with the instance anyway).
+    fn take_commits(&mut self, _out: &mut Vec<(sluice_packet::Clock, u32)>) {}
+
+    /// The backend as `Any`, for the runtime's recovery procedures (reconnecting a client after
+    /// a store failure, collecting its write-ahead log).
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
+
     /// Counters describing how the backend served the instance (round trips, cache hits, ...),
     /// for reports; empty for local state.
     fn counters(&self) -> Vec<(&'static str, u64)> {

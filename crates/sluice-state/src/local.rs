@@ -39,6 +39,18 @@ impl Timers {
         self.armed.contains_key(&(obj, *key))
     }
 
+    /// The armed timers as `(object, key, deadline_ns)`, earliest first.
+    pub fn armed(&self) -> Vec<(ObjectId, StateKey, u64)> {
+        let mut v: Vec<_> = self
+            .heap
+            .iter()
+            .filter(|Reverse((_, seq, o, k))| self.armed.get(&(*o, *k)) == Some(seq))
+            .map(|Reverse((d, _, o, k))| (*o, *k, *d))
+            .collect();
+        v.sort_by_key(|(o, k, d)| (*d, *o, *k));
+        v
+    }
+
     /// Number of armed timers.
     pub fn len(&self) -> usize {
         self.armed.len()
@@ -119,6 +131,10 @@ impl LocalState {
 }
 
 impl StateHandle for LocalState {
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
+    }
+
     fn exec(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
         let map = self.objects.get_mut(usize::from(obj.0)).ok_or(StateError::UnknownObject(obj))?;
         match op {

@@ -48,6 +48,18 @@ pub trait Backend: Send + Sync {
     fn connect(&self, client: InstanceId) -> Result<Box<dyn Connection>, StoreError>;
     /// Takes a checkpoint of all values and the TS vector.
     fn checkpoint(&self) -> Result<Checkpoint, StoreError>;
-    /// Replaces the store's contents with a checkpoint.
+    /// Replaces the store's contents with a checkpoint: its values, its TS vector and its
+    /// timers (re-armed for the instances listed; a deadline already past fires at the next
+    /// advance of packet time). Owners, subscribers and the per-clock log are cleared.
     fn restore(&self, checkpoint: &Checkpoint) -> Result<(), StoreError>;
+    /// Simulates the crash of the store instance and its replacement by a fresh, empty one:
+    /// every value, owner, claimant, subscriber and timer, the per-clock log, the TS vector, the
+    /// packet time, pending notifications and the per-connection batch-sequence state are lost.
+    /// Registered custom operations may be lost too (the embedded store loses them; the Redis
+    /// backend keeps them in the client process): callers re-register them after a wipe.
+    ///
+    /// Connections opened before the wipe must not be used afterwards: the store no longer
+    /// knows their batch numbers, so clients open a NEW [`Connection`] (whose batches are
+    /// numbered from 1 again) — as they would to reach a replacement store process.
+    fn wipe(&self) -> Result<(), StoreError>;
 }

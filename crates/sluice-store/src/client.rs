@@ -61,6 +61,15 @@ pub struct ClientConfig {
     /// store): a per-flow value missing from the cache is absent, no need to ask. Packets marked
     /// `FIRST` (a flow moved here) are always looked up. Off for replacement instances.
     pub fresh: bool,
+    /// Fault-tolerant operation (the COE executor): per-flow values are written through to the
+    /// store as tagged non-blocking updates (the local copy only serves reads), shared objects
+    /// are never cached, and every update is tagged, so a packet replayed from the root's log is
+    /// applied at most once and a crashed instance loses only unacknowledged updates, which its
+    /// packets' XOR vectors keep replayable.
+    pub write_through: bool,
+    /// Updates carry exactly-once tags (the default). Off only to show what duplicate
+    /// suppression prevents: the store then applies every copy of a duplicated update.
+    pub dedupe: bool,
 }
 
 impl Default for ClientConfig {
@@ -73,6 +82,8 @@ impl Default for ClientConfig {
             wal_capacity: 65_536,
             max_inflight: 256,
             fresh: true,
+            write_through: false,
+            dedupe: true,
         }
     }
 }
@@ -96,6 +107,8 @@ pub struct ClientStats {
     pub callbacks: u64,
     /// Dirty values flushed.
     pub flushed: u64,
+    /// Updates the NF issued (any strategy).
+    pub updates: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +121,9 @@ enum Strategy {
     Callbacks,
     /// Shared and read/written often: `Owned` while exclusive, else `Remote`.
     SharedOften,
+    /// Per-flow, fault-tolerant: reads from a local copy, every update applied to the copy and
+    /// sent to the store as a tagged non-blocking update.
+    WriteThrough,
 }
 
 #[derive(Debug, Clone)]
@@ -208,11 +224,27 @@ pub struct StoreClient {
     moved_in: bool,
     seq: u16,
     xor: u32,
+    /// Objects (below 64) the current packet updated: each is folded into its XOR vector once,
+    /// so two updates of one object cannot cancel out.
+    touched: u64,
     now_ns: u64,
     reported_ns: u64,
     batches: u32,
     wal: VecDeque<WalEntry>,
     last_read: Option<LastRead>,
+    /// Reads of shared values since the last [`StoreClient::checkpointed`], with their TS
+    /// vectors: what store-instance recovery selects a starting point from.
+    reads: Vec<LastRead>,
+    /// The current packet is a replay from the root's log: updates wait for the store's
+    /// verdict (applied now, or a duplicate answered from the per-clock log).
+    replaying: bool,
+    /// Per packet of the current batch: its clock and the XOR of the ids this instance folded
+    /// into its vector.
+    batch_xors: Vec<(Clock, u32)>,
+    /// Such entries waiting for the batch that carried their updates to be acknowledged.
+    uncommitted: VecDeque<(u64, Vec<(Clock, u32)>)>,
+    /// Entries whose updates the store has acknowledged, for [`StateHandle::take_commits`].
+    committed: Vec<(Clock, u32)>,
     stats: ClientStats,
 }
 
@@ -226,7 +258,7 @@ impl StoreClient {
         custom: &[CustomOp],
         cfg: ClientConfig,
     ) -> StoreClient {
-        let strategies: Vec<Strategy> = decls.iter().map(|d| strategy(d, cfg.mode)).collect();
+        let strategies: Vec<Strategy> = decls.iter().map(|d| strategy(d, &cfg)).collect();
         StoreClient {
             conn,
             id,
@@ -253,13 +285,24 @@ impl StoreClient {
             moved_in: false,
             seq: 0,
             xor: 0,
+            touched: 0,
             now_ns: 0,
             reported_ns: 0,
             batches: 0,
             wal: VecDeque::new(),
             last_read: None,
+            reads: Vec::new(),
+            replaying: false,
+            batch_xors: Vec::new(),
+            uncommitted: VecDeque::new(),
+            committed: Vec::new(),
             stats: ClientStats::default(),
         }
+    }
+
+    /// The instance this client serves.
+    pub fn id(&self) -> InstanceId {
+        self.id
     }
 
     /// What the client did so far.
@@ -275,6 +318,67 @@ impl StoreClient {
     /// The last value read from the store, with its TS vector.
     pub fn last_read(&self) -> Option<&LastRead> {
         self.last_read.as_ref()
+    }
+
+    /// Reads of shared values (with TS vectors) since the last checkpoint, oldest first.
+    pub fn reads(&self) -> &[LastRead] {
+        &self.reads
+    }
+
+    /// The store took a checkpoint: reads before it are no longer needed for recovery.
+    pub fn checkpointed(&mut self) {
+        self.reads.clear();
+    }
+
+    /// The per-flow values this instance holds (write-through copies and cached values), as
+    /// the store should have them: what a rebuilt store instance takes per-flow state from.
+    pub fn per_flow_values(&self) -> Vec<(StoreKey, Value)> {
+        let mut out = Vec::new();
+        for (o, cache) in self.caches.iter().enumerate() {
+            if !matches!(self.strategies.get(o), Some(Strategy::Owned | Strategy::WriteThrough)) {
+                continue;
+            }
+            for (k, e) in cache {
+                if let Some(v) = &e.value {
+                    out.push((StoreKey { vertex: self.vertex, object: o as u16, key: *k }, v.clone()));
+                }
+            }
+        }
+        out.sort_by_key(|(k, _)| *k);
+        out
+    }
+
+    /// The timers armed at this instance, as `(object, key, deadline_ns)`.
+    pub fn armed_timers(&self) -> Vec<(ObjectId, StateKey, u64)> {
+        self.timers.armed()
+    }
+
+    /// Re-arms a timer a predecessor armed (recovery), without telling the store again.
+    pub fn adopt_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
+        self.timers.set(obj, key, deadline_ns);
+    }
+
+    /// Continues over a new connection (the store instance was replaced): batches not yet
+    /// acknowledged are sent again, renumbered from 1 as the new connection expects; their
+    /// tags make them apply once even if the rebuilt store re-executed them already.
+    pub fn reconnect(&mut self, conn: Box<dyn Connection>) -> Result<(), StateError> {
+        self.conn = conn;
+        self.replies = Replies::default();
+        let old: Vec<_> = self.inflight.drain(..).collect();
+        let mut renumber = Map::default();
+        self.next_batch = 1;
+        for (b, batch, _) in old {
+            let n = self.next_batch;
+            self.next_batch += 1;
+            renumber.insert(b, n);
+            self.conn.send(n, batch.clone()).map_err(backend)?;
+            self.inflight.push_back((n, batch, Instant::now()));
+        }
+        for (b, _) in self.uncommitted.iter_mut() {
+            // Entries attached to batches already acknowledged stay below the new numbers.
+            *b = renumber.get(b).copied().unwrap_or(0);
+        }
+        Ok(())
     }
 
     /// Requests in batches not yet acknowledged.
@@ -297,13 +401,28 @@ impl StoreClient {
         }
     }
 
+    /// Folds `(this instance, obj)` into the current packet's XOR vector, once per object.
+    fn note_update(&mut self, obj: ObjectId) {
+        let id = (u32::from(self.id.index()) << 16) | u32::from(obj.0);
+        if obj.0 < 64 {
+            let bit = 1u64 << obj.0;
+            if self.touched & bit != 0 {
+                return;
+            }
+            self.touched |= bit;
+        }
+        self.xor ^= id;
+    }
+
     fn next_tag(&mut self) -> OpTag {
+        self.stats.updates += 1;
         let tag = OpTag { clock: self.clock, seq: self.seq };
         self.seq = self.seq.wrapping_add(1);
         tag
     }
 
     fn request(&mut self, key: StoreKey, op: StoreOp, tag: Option<OpTag>, reply: bool) -> Request {
+        let tag = if self.cfg.dedupe { tag } else { None };
         let id = self.next_id;
         self.next_id += 1;
         Request { id, client: self.id, tag, key, op, reply }
@@ -415,9 +534,20 @@ impl StoreClient {
                 self.stats.async_errors += 1;
             }
         }
+        let acked = !self.replies.acked.is_empty();
         for b in self.replies.acked.drain(..) {
             if let Some(pos) = self.inflight.iter().position(|(x, _, _)| *x == b) {
                 self.inflight.remove(pos);
+            }
+        }
+        if acked {
+            // A store applies a connection's batches in order, so everything sent before the
+            // oldest unacknowledged batch is applied.
+            let floor = self.inflight.front().map_or(u64::MAX, |(b, _, _)| *b);
+            while self.uncommitted.front().is_some_and(|(b, _)| *b < floor) {
+                if let Some((_, v)) = self.uncommitted.pop_front() {
+                    self.committed.extend(v);
+                }
             }
         }
         answer
@@ -510,9 +640,63 @@ impl StoreClient {
         }
         let resp = self.call(skey, StoreOp::State(op), tag)?;
         if let (Some(ts), Ok(v)) = (&resp.ts, &resp.result) {
-            self.last_read = Some(LastRead { key: skey, value: v.clone(), ts: ts.clone() });
+            let read = LastRead { key: skey, value: v.clone(), ts: ts.clone() };
+            if self.cfg.write_through {
+                if self.reads.len() >= self.cfg.wal_capacity {
+                    self.reads.remove(0);
+                }
+                self.reads.push(read.clone());
+            }
+            self.last_read = Some(read);
         }
         resp.result.map_err(StateError::Backend)
+    }
+
+    /// A per-flow operation in fault-tolerant mode (see [`ClientConfig::write_through`]).
+    fn write_through(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
+        let skey = self.key(obj, key);
+        let idx = usize::from(obj.0);
+        let present = self.caches.get(idx).is_some_and(|c| c.contains_key(key));
+        if present {
+            self.stats.cache_hits += 1;
+        } else {
+            let value = if self.cfg.fresh && !self.moved_in && !self.replaying {
+                None
+            } else {
+                let resp = self.call(skey, StoreOp::State(StateOp::Get), None)?;
+                resp.result.map_err(StateError::Backend)?
+            };
+            if let Some(c) = self.caches.get_mut(idx) {
+                c.insert(*key, Cached::new(value));
+            }
+        }
+        if !op.is_update() {
+            let Some(entry) = self.caches.get_mut(idx).and_then(|c| c.get_mut(key)) else {
+                return Err(StateError::UnknownObject(obj));
+            };
+            return apply(&mut entry.value, op, &self.custom);
+        }
+        let tag = self.next_tag();
+        if self.replaying {
+            // The store decides: a duplicate is answered from its per-clock log and is already
+            // part of the value this copy was read from.
+            let resp = self.call(skey, StoreOp::State(op.clone()), Some(tag))?;
+            if resp.replayed {
+                return resp.result.map_err(StateError::Backend);
+            }
+            let Some(entry) = self.caches.get_mut(idx).and_then(|c| c.get_mut(key)) else {
+                return Err(StateError::UnknownObject(obj));
+            };
+            let _ = apply(&mut entry.value, op, &self.custom)?;
+            return resp.result.map_err(StateError::Backend);
+        }
+        let Some(entry) = self.caches.get_mut(idx).and_then(|c| c.get_mut(key)) else {
+            return Err(StateError::UnknownObject(obj));
+        };
+        let r = apply(&mut entry.value, op.clone(), &self.custom)?;
+        self.note_update(obj);
+        self.queue_nb(skey, StoreOp::State(op), Some(tag));
+        Ok(r)
     }
 
     fn flush_dirty(&mut self) {
@@ -556,9 +740,15 @@ fn backend(e: StoreError) -> StateError {
     StateError::Backend(e.to_string())
 }
 
-fn strategy(d: &StateDecl, mode: Mode) -> Strategy {
-    if mode == Mode::External {
+fn strategy(d: &StateDecl, cfg: &ClientConfig) -> Strategy {
+    if cfg.mode == Mode::External {
         return Strategy::Remote;
+    }
+    if cfg.write_through {
+        return match (d.scope.is_per_flow(), d.pattern) {
+            (_, AccessPattern::WriteMostly) | (false, _) => Strategy::Remote,
+            (true, _) => Strategy::WriteThrough,
+        };
     }
     match (d.scope.is_per_flow(), d.pattern) {
         (_, AccessPattern::WriteMostly) => Strategy::Remote,
@@ -572,6 +762,9 @@ impl StateHandle for StoreClient {
     fn exec(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
         let idx = usize::from(obj.0);
         let Some(&s) = self.strategies.get(idx) else { return Err(StateError::UnknownObject(obj)) };
+        if s == Strategy::WriteThrough {
+            return self.write_through(obj, key, op);
+        }
         if self.caches_now(obj) {
             return self.local(obj, key, op);
         }
@@ -601,7 +794,8 @@ impl StateHandle for StoreClient {
     }
 
     fn exec_nb(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<(), StateError> {
-        if self.caches_now(obj) || self.cfg.mode != Mode::Async {
+        let write_through = self.strategies.get(usize::from(obj.0)) == Some(&Strategy::WriteThrough);
+        if self.caches_now(obj) || self.cfg.mode != Mode::Async || write_through || self.replaying {
             return self.exec(obj, key, op).map(|_| ());
         }
         let idx = usize::from(obj.0);
@@ -613,8 +807,9 @@ impl StateHandle for StoreClient {
         let skey = self.key(obj, key);
         let tag = self.next_tag();
         self.log_update(tag, skey, &op);
-        self.xor ^= (u32::from(self.id.index()) << 16) | u32::from(obj.0);
-        if let StateOp::Incr(d) = op {
+        self.note_update(obj);
+        if let (StateOp::Incr(d), true) = (&op, self.cfg.dedupe) {
+            let d = *d;
             // Counters: one request per value per batch, each increment still tagged.
             match self.increments.iter_mut().find(|(k, _)| *k == skey) {
                 Some((_, v)) => v.push((tag, d)),
@@ -674,6 +869,17 @@ impl StateHandle for StoreClient {
             self.pending.push(r);
         }
         let _ = self.send_pending();
+        if !self.batch_xors.is_empty() {
+            // Every update of this batch's packets has been sent by now, at the latest in the
+            // batch just sent.
+            let last_sent = self.next_batch - 1;
+            let xors = std::mem::take(&mut self.batch_xors);
+            if self.inflight.iter().any(|(b, _, _)| *b == last_sent) {
+                self.uncommitted.push_back((last_sent, xors));
+            } else {
+                self.committed.extend(xors);
+            }
+        }
         if self.cfg.mode != Mode::Async {
             // Models without "no wait for ACK": the batch is done when the store has it all.
             let _ = self.drain_acks();
@@ -683,13 +889,27 @@ impl StateHandle for StoreClient {
     fn begin_packet(&mut self, meta: &Meta) {
         self.clock = meta.clock;
         self.moved_in = meta.flags.contains(sluice_packet::MetaFlags::FIRST);
+        self.replaying = meta.flags.contains(sluice_packet::MetaFlags::REPLAYED);
         self.seq = 0;
         self.xor = 0;
+        self.touched = 0;
         self.now_ns = self.now_ns.max(meta.ts_ns);
     }
 
     fn end_packet(&mut self, meta: &mut Meta) {
         meta.xor ^= self.xor;
+        if self.xor != 0 {
+            self.batch_xors.push((self.clock, self.xor));
+        }
+    }
+
+    fn take_commits(&mut self, out: &mut Vec<(Clock, u32)>) {
+        let _ = self.absorb();
+        out.append(&mut self.committed);
+    }
+
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
     }
 
     fn set_exclusive(&mut self, obj: ObjectId, exclusive: bool) {

@@ -6,13 +6,14 @@
 //! can generate one test per check.
 //!
 //! # Sharing one store
-//! Every check uses its own vertex ids (1001–1017, plus 1102 and 1106 as second vertices), so
+//! Every check uses its own vertex ids (1001–1020, plus 1102 and 1106 as second vertices), so
 //! checks never address each other's values. Keys and packet clocks are further made unique per
 //! run (derived from the wall clock and a process-wide counter, see [`fresh_base`]), so the suite
 //! can be run repeatedly against a store that is never emptied (a Redis server), without a
 //! previous run's values or per-clock log entries getting in the way. Two caveats:
-//! - [`checkpoint_restore`] replaces the whole store's contents: run the checks listed in
-//!   [`EXCLUSIVE`] alone, not concurrently with other checks on the same store.
+//! - [`checkpoint_restore`] and [`checkpoint_timers`] replace the whole store's contents and
+//!   [`wipe_empties_store`] empties it: run the checks listed in [`EXCLUSIVE`] alone, not
+//!   concurrently with other checks on the same store.
 //! - `ForgetClock(c)` lets the store forget the log of clocks `≤ c` — of every root, and the
 //!   embedded store forgets in arrival order (an entry goes once every entry logged before it has
 //!   a clock `≤ c`). [`forget_clock_reapplies`] therefore sends a `c` of root 255, above every
@@ -46,7 +47,8 @@ pub const TIMEOUT: Duration = Duration::from_secs(5);
 pub type Check = fn(&dyn Backend) -> Result<(), String>;
 
 /// Checks that replace the whole store's contents: run them alone on a shared store.
-pub const EXCLUSIVE: &[&str] = &["checkpoint_restore", "forget_clock_reapplies"];
+pub const EXCLUSIVE: &[&str] =
+    &["checkpoint_restore", "forget_clock_reapplies", "checkpoint_timers", "wipe_empties_store"];
 
 /// Every check, by name.
 pub fn all() -> Vec<(&'static str, Check)> {
@@ -66,6 +68,9 @@ pub fn all() -> Vec<(&'static str, Check)> {
         ("ts_vector_on_reads", ts_vector_on_reads),
         ("client_modes_agree", client_modes_agree),
         ("reconnected_instance_notified", reconnected_instance_notified),
+        ("checkpoint_timers", checkpoint_timers),
+        ("wipe_empties_store", wipe_empties_store),
+        ("tagged_reads_not_logged", tagged_reads_not_logged),
     ]
 }
 
@@ -1498,4 +1503,192 @@ pub fn client_modes_agree(b: &dyn Backend) -> Result<(), String> {
         client_modes_agree_seed(b, 1014, seed, 300)?;
     }
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 11. Timers in checkpoints, wiping, tagged reads (store-instance failover)
+// ---------------------------------------------------------------------------------------------
+
+/// The `TimerFired` notifications `c` has received about `k`.
+fn fired_count(c: &Raw, k: StoreKey) -> usize {
+    c.notes.iter().filter(|n| **n == Notification::TimerFired { key: k }).count()
+}
+
+/// A checkpoint lists every armed timer, sorted, with its deadline and the instance that would
+/// be told (the owner of a claimed key, else the armer); cancelled timers are absent and a
+/// re-armed one appears once, at its last deadline. `restore` re-arms exactly the checkpoint's
+/// timers (a timer armed after the checkpoint is gone), and they fire to those instances.
+/// Replaces the whole store: see [`EXCLUSIVE`].
+pub fn checkpoint_timers(b: &dyn Backend) -> Result<(), String> {
+    let v = 1018;
+    let base = fresh_base();
+    // Packet times about now in ns and unique per run, above any an earlier check used.
+    let t0 = base.saturating_mul(64);
+    let k = |n: u64| skey(v, 0, StateKey::Id(base + n));
+    let (ia, ib) = (InstanceId::new(v, 0), InstanceId::new(v, 1));
+    let mut a = Raw::open(b, ia)?;
+    let mut bb = Raw::open(b, ib)?;
+    a.ok(k(1), StoreOp::SetTimer { deadline_ns: t0 + 100 }, None)?;
+    bb.state(k(2), StateOp::Set(Value::Int(5)), None)?;
+    bb.ok(k(2), StoreOp::SetTimer { deadline_ns: t0 + 200 }, None)?;
+    let claimed = a.ok(k(3), StoreOp::Claim, None)?;
+    ensure(claimed == Some(Value::Int(1)), || format!("Claim: {claimed:?}"))?;
+    bb.ok(k(3), StoreOp::SetTimer { deadline_ns: t0 + 300 }, None)?;
+    a.ok(k(4), StoreOp::SetTimer { deadline_ns: t0 + 150 }, None)?;
+    a.ok(k(4), StoreOp::CancelTimer, None)?;
+    a.ok(k(5), StoreOp::SetTimer { deadline_ns: t0 + 50 }, None)?;
+    a.ok(k(5), StoreOp::SetTimer { deadline_ns: t0 + 400 }, None)?;
+    let want = vec![(k(1), t0 + 100, ia), (k(2), t0 + 200, ib), (k(3), t0 + 300, ia), (k(5), t0 + 400, ia)];
+    let mine = |timers: &[(StoreKey, u64, InstanceId)]| -> Vec<(StoreKey, u64, InstanceId)> {
+        timers.iter().filter(|t| t.0.vertex == v).copied().collect()
+    };
+    let cp = b.checkpoint().map_err(|e| format!("checkpoint: {e}"))?;
+    ensure(cp.timers.windows(2).all(|w| w[0] <= w[1]), || format!("checkpoint timers not sorted: {:?}", cp.timers))?;
+    ensure(mine(&cp.timers) == want, || format!("checkpoint timers {:?}, want {want:?}", mine(&cp.timers)))?;
+    let value = cp.values.iter().find(|(x, _)| *x == k(2)).map(|(_, v)| v.clone());
+    ensure(value == Some(Value::Int(5)), || format!("checkpoint holds {value:?} for {:?}, want Int(5)", k(2)))?;
+
+    // Change the timers, then restore: the checkpoint's come back, the later one is gone.
+    a.ok(k(1), StoreOp::CancelTimer, None)?;
+    a.ok(k(6), StoreOp::SetTimer { deadline_ns: t0 + 120 }, None)?;
+    b.restore(&cp).map_err(|e| format!("restore: {e}"))?;
+    let again = b.checkpoint().map_err(|e| format!("checkpoint after restore: {e}"))?;
+    ensure(mine(&again.timers) == want, || {
+        format!("after restore the store's timers are {:?}, want the checkpoint's {want:?}", mine(&again.timers))
+    })?;
+    a.advance(k(1), t0 + 1000)?;
+    for key in [k(1), k(3), k(5)] {
+        a.wait_note("TimerFired of a restored timer", |n| *n == Notification::TimerFired { key })?;
+    }
+    bb.wait_note("TimerFired of B's restored timer", |n| *n == Notification::TimerFired { key: k(2) })?;
+    // The advance was acknowledged after every firing it caused was queued: anything else
+    // would have arrived by now.
+    a.poll_notes()?;
+    bb.poll_notes()?;
+    ensure(fired_count(&a, k(4)) + fired_count(&a, k(6)) == 0, || {
+        format!("a cancelled timer or one armed after the checkpoint fired after restore: {:?}", a.notes)
+    })?;
+    ensure(fired_count(&bb, k(3)) == 0 && fired_count(&a, k(2)) == 0, || {
+        format!("a restored timer went to the wrong instance: A {:?}, B {:?}", a.notes, bb.notes)
+    })?;
+    for key in [k(1), k(3), k(5)] {
+        ensure(fired_count(&a, key) == 1, || format!("{key:?} fired {} times, want once", fired_count(&a, key)))?;
+    }
+    Ok(())
+}
+
+/// After `wipe` the store is a fresh, empty one: a new connection's batches are numbered from
+/// 1; values are absent and a Get's TS vector is empty; a tag applied before is applied again
+/// (the per-clock log is gone); a claimed key can be claimed by another instance; subscribers
+/// are not called back; timers do not fire; the packet time starts again from 0 (a timer at a
+/// small deadline fires). Custom operations work once registered again. Empties the whole
+/// store: see [`EXCLUSIVE`].
+pub fn wipe_empties_store(b: &dyn Backend) -> Result<(), String> {
+    let v = 1019;
+    let base = fresh_base();
+    let t0 = base.saturating_mul(64);
+    let k = |n: u64| skey(v, 0, StateKey::Id(base + n));
+    let (ia, ib, ic) = (InstanceId::new(v, 0), InstanceId::new(v, 1), InstanceId::new(v, 2));
+    let t1 = tag(clk(base, 1), 0);
+    {
+        let mut a = Raw::open(b, ia)?;
+        let mut bb = Raw::open(b, ib)?;
+        b.register_custom_ops(v, &CUSTOM_OPS).map_err(|e| format!("register_custom_ops: {e}"))?;
+        a.state(k(1), StateOp::Set(Value::Int(5)), t1)?;
+        let claimed = a.ok(k(2), StoreOp::Claim, None)?;
+        ensure(claimed == Some(Value::Int(1)), || format!("Claim: {claimed:?}"))?;
+        bb.ok(k(3), StoreOp::Subscribe, None)?;
+        a.ok(k(4), StoreOp::SetTimer { deadline_ns: t0 + 100 }, None)?;
+        a.advance(k(4), t0 + 50)?;
+        a.state(k(7), StateOp::Set(Value::Ints(vec![3, 1])), None)?;
+    }
+    b.wipe().map_err(|e| format!("wipe: {e}"))?;
+    b.register_custom_ops(v, &CUSTOM_OPS).map_err(|e| format!("register_custom_ops after wipe: {e}"))?;
+
+    // New connections: numbered from 1 (Raw starts there), acknowledged.
+    let mut a = Raw::open(b, ia)?;
+    let mut bb = Raw::open(b, ib)?;
+    let mut c = Raw::open(b, ic)?;
+    let r = a.req(k(1), StoreOp::State(StateOp::Get), None, true);
+    let id = r.id;
+    let first = a.send(vec![r])?;
+    ensure(first == 1, || format!("the first batch of a new connection is {first}, want 1"))?;
+    a.wait_ack(first)?;
+    let resp = a.response(id)?;
+    ensure(resp.result == Ok(None), || format!("after wipe {:?} holds {:?}, want nothing", k(1), resp.result))?;
+    let ts = resp.ts.ok_or_else(|| "a Get of a shared value after wipe returned no TS vector".to_string())?;
+    ensure(ts.is_empty(), || format!("after wipe the TS vector should be empty, got {ts:?}"))?;
+    for key in [k(2), k(3), k(4), k(7)] {
+        let got = a.get(key)?;
+        ensure(got.is_none(), || format!("after wipe {key:?} holds {got:?}"))?;
+    }
+    let r = a.call(k(1), StoreOp::State(StateOp::Set(Value::Int(7))), t1)?;
+    ensure(!r.replayed && r.result.is_ok(), || format!("a tag applied before the wipe was treated as logged: {r:?}"))?;
+    let got = a.get(k(1))?;
+    ensure(got == Some(Value::Int(7)), || format!("after re-applying the tag {:?} holds {got:?}, want 7", k(1)))?;
+    let claimed = c.ok(k(2), StoreOp::Claim, None)?;
+    ensure(claimed == Some(Value::Int(1)), || format!("after wipe another instance's Claim got {claimed:?}, want 1"))?;
+
+    // Subscribers are gone: B hears about k5 (subscribed after the wipe), not about k3.
+    bb.ok(k(5), StoreOp::Subscribe, None)?;
+    c.state(k(3), StateOp::Set(Value::Int(1)), None)?;
+    c.state(k(5), StateOp::Set(Value::Int(1)), None)?;
+    bb.wait_note("the callback for a subscription made after the wipe", |n| *n == changed(k(5), Some(Value::Int(1))))?;
+    ensure(bb.notes_about(k(3)).is_empty(), || {
+        format!("a subscription from before the wipe survived: {:?}", bb.notes)
+    })?;
+
+    // Packet time restarted: a timer at a small deadline fires once time passes it.
+    a.ok(k(6), StoreOp::SetTimer { deadline_ns: 100 }, None)?;
+    a.advance(k(6), 150)?;
+    a.wait_note("TimerFired at a small deadline (packet time reset by the wipe)", |n| {
+        *n == Notification::TimerFired { key: k(6) }
+    })?;
+    // The timer armed before the wipe is gone.
+    a.advance(k(6), t0 + 200)?;
+    a.poll_notes()?;
+    ensure(fired_count(&a, k(4)) == 0, || format!("a timer armed before the wipe fired: {:?}", a.notes))?;
+
+    // Custom operations, registered again, work.
+    a.state(k(8), StateOp::Set(Value::Ints(vec![3, 1])), None)?;
+    let r = a.state(k(8), StateOp::Custom { op: 0, arg: Value::Int(5) }, None)?;
+    ensure(r == Some(Value::Int(1)), || format!("least_loaded_incr after wipe: {r:?}, want index 1"))?;
+    Ok(())
+}
+
+/// A tagged Get consults the per-clock log (a tag logged by an update returns its logged
+/// result, marked replayed) but is itself neither logged nor counted in the TS vector: a later
+/// update with the same tag applies, and the reader's TS entry stays at its last update.
+pub fn tagged_reads_not_logged(b: &dyn Backend) -> Result<(), String> {
+    let v = 1020;
+    let base = fresh_base();
+    let k = skey(v, 0, StateKey::Id(base));
+    let ia = InstanceId::new(v, 0);
+    let mut a = Raw::open(b, ia)?;
+    let mut r = Raw::open(b, InstanceId::new(v, 1))?;
+    let (t1, t2, t3) = (tag(clk(base, 1), 0), tag(clk(base, 5), 0), tag(clk(base, 9), 0));
+    a.state(k, StateOp::Incr(1), t1)?;
+    let got = a.call(k, StoreOp::State(StateOp::Get), t2)?;
+    ensure(!got.replayed && got.result == Ok(Some(Value::Int(1))), || format!("a tagged Get of a new tag: {got:?}"))?;
+    let plain = r.call(k, StoreOp::State(StateOp::Get), None)?;
+    let ts = plain.ts.ok_or_else(|| format!("a Get of a shared value returned no TS vector: {:?}", plain.result))?;
+    ensure(ts_has(&ts, ia, clk(base, 1)), || {
+        format!("a tagged Get moved the TS vector: want (a, {}), got {ts:?}", clk(base, 1))
+    })?;
+    let upd = a.call(k, StoreOp::State(StateOp::Incr(10)), t2)?;
+    ensure(!upd.replayed && upd.result == Ok(Some(Value::Int(11))), || {
+        format!("an update with the tag of an earlier Get must apply (11, not replayed): {upd:?}")
+    })?;
+    let again = a.call(k, StoreOp::State(StateOp::Get), t1)?;
+    ensure(again.replayed && again.result == Ok(Some(Value::Int(1))), || {
+        format!("a tagged Get of a logged tag must return the logged result (1, replayed): {again:?}")
+    })?;
+    let fresh = a.call(k, StoreOp::State(StateOp::Get), t3)?;
+    ensure(!fresh.replayed && fresh.result == Ok(Some(Value::Int(11))), || {
+        format!("a tagged Get of an unlogged tag must read the value (11): {fresh:?}")
+    })?;
+    let upd = a.call(k, StoreOp::State(StateOp::Incr(100)), t3)?;
+    ensure(!upd.replayed && upd.result == Ok(Some(Value::Int(111))), || {
+        format!("the Get's tag must not be logged: a later update with it gave {upd:?}")
+    })
 }

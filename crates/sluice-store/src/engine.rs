@@ -64,8 +64,17 @@ enum Msg {
     Batch(Arc<[Request]>, u64, Arc<ClientQueues>),
     Register(u16, Vec<CustomOp>),
     Checkpoint(mpsc::Sender<Checkpoint>),
-    Restore(Vec<(StoreKey, Value)>, Vec<(InstanceId, Clock)>, mpsc::Sender<()>),
+    Restore(Restore, mpsc::Sender<()>),
+    /// Forget everything, as a freshly started store would.
+    Wipe(mpsc::Sender<()>),
     Stop,
+}
+
+/// One shard's part of a checkpoint being restored.
+struct Restore {
+    values: Vec<(StoreKey, Value)>,
+    ts: Vec<(InstanceId, Clock)>,
+    timers: Vec<(StoreKey, u64, InstanceId)>,
 }
 
 /// One value and its metadata.
@@ -178,7 +187,11 @@ impl Shard {
         }
         let key = req.key;
         let result = self.execute(client, key, req.op.clone(), req.tag);
-        if let (Some(tag), Ok(r)) = (req.tag, &result) {
+        // A tagged read (a replayed packet reading state) changes nothing: logging it would make
+        // a later update with the same tag look like a duplicate, and moving the TS vector would
+        // claim an update was executed.
+        let read = matches!(req.op, StoreOp::State(StateOp::Get));
+        if let (Some(tag), Ok(r), false) = (req.tag, &result, read) {
             self.log_applied(client, key.vertex, tag, r.0.clone());
         }
         match result {
@@ -444,18 +457,34 @@ fn shard_loop(
                 values.sort_by_key(|v| v.0);
                 let mut ts: Vec<_> = shard.ts.iter().map(|(k, c)| (*k, *c)).collect();
                 ts.sort();
-                let _ = tx.send(Checkpoint { values, ts });
+                let mut timers: Vec<_> = shard
+                    .entries
+                    .iter()
+                    .filter_map(|(k, e)| e.timer.map(|(d, armer)| (*k, d, e.owner.unwrap_or(armer))))
+                    .collect();
+                timers.sort();
+                let _ = tx.send(Checkpoint { values, ts, timers });
             }
-            Msg::Restore(values, ts, tx) => {
+            Msg::Restore(cp, tx) => {
                 shard.entries.clear();
                 shard.log.clear();
                 shard.log_order.clear();
                 shard.timers.clear();
-                for (k, v) in values {
+                for (k, v) in cp.values {
                     shard.entries.entry(k).or_default().value = Some(v);
                 }
-                shard.ts = ts.into_iter().collect();
+                for (k, d, who) in cp.timers {
+                    shard.entries.entry(k).or_default().timer = Some((d, who));
+                    shard.timers.push(Reverse((d, k)));
+                }
+                shard.ts = cp.ts.into_iter().collect();
                 shard.ts_cache = None;
+                let _ = tx.send(());
+            }
+            Msg::Wipe(tx) => {
+                // A replaced store process starts from nothing: values, metadata, log, TS
+                // vector, packet time, custom ops, known clients and batch sequences alike.
+                shard = Shard::new();
                 let _ = tx.send(());
             }
             Msg::Stop => return,
@@ -567,6 +596,7 @@ impl Backend for EmbeddedStore {
             let cp =
                 rx.recv_timeout(Duration::from_secs(10)).map_err(|_| StoreError::Timeout(Duration::from_secs(10)))?;
             all.values.extend(cp.values);
+            all.timers.extend(cp.timers);
             for (i, c) in cp.ts {
                 match all.ts.iter_mut().find(|(j, _)| *j == i) {
                     Some(e) => e.1 = e.1.max(c),
@@ -576,20 +606,36 @@ impl Backend for EmbeddedStore {
         }
         all.values.sort_by_key(|v| v.0);
         all.ts.sort();
+        all.timers.sort();
         Ok(all)
     }
 
     fn restore(&self, cp: &Checkpoint) -> Result<(), StoreError> {
         let n = self.inner.shards.len();
-        let mut parts: Vec<Vec<(StoreKey, Value)>> = (0..n).map(|_| Vec::new()).collect();
+        let mut parts: Vec<Restore> =
+            (0..n).map(|_| Restore { values: Vec::new(), ts: cp.ts.clone(), timers: Vec::new() }).collect();
         for (k, v) in &cp.values {
             if let Some(p) = parts.get_mut(self.inner.shard_of(k)) {
-                p.push((*k, v.clone()));
+                p.values.push((*k, v.clone()));
+            }
+        }
+        for (k, d, who) in &cp.timers {
+            if let Some(p) = parts.get_mut(self.inner.shard_of(k)) {
+                p.timers.push((*k, *d, *who));
             }
         }
         for (s, part) in parts.into_iter().enumerate() {
             let (tx, rx) = mpsc::channel();
-            self.inner.post(s, Msg::Restore(part, cp.ts.clone(), tx));
+            self.inner.post(s, Msg::Restore(part, tx));
+            rx.recv_timeout(Duration::from_secs(10)).map_err(|_| StoreError::Timeout(Duration::from_secs(10)))?;
+        }
+        Ok(())
+    }
+
+    fn wipe(&self) -> Result<(), StoreError> {
+        for s in 0..self.inner.shards.len() {
+            let (tx, rx) = mpsc::channel();
+            self.inner.post(s, Msg::Wipe(tx));
             rx.recv_timeout(Duration::from_secs(10)).map_err(|_| StoreError::Timeout(Duration::from_secs(10)))?;
         }
         Ok(())

@@ -1,11 +1,13 @@
 //! Externalised NF state (CHC §4, StatelessNF §3–5): the store protocol ([`wire`]), the backend
 //! interface ([`backend`]), the embedded store engine ([`engine`]) and the client each NF
-//! instance uses behind the ordinary state API ([`client`]).
+//! instance uses behind the ordinary state API ([`client`]), and the rebuilding of a failed store
+//! instance from a checkpoint and the NF instances' logs ([`recovery`]).
 
 pub mod backend;
 pub mod client;
 pub mod conformance;
 pub mod engine;
+pub mod recovery;
 pub mod wire;
 
 pub use backend::{Backend, Connection, StoreError};

@@ -139,4 +139,10 @@ pub struct Checkpoint {
     pub values: Vec<(StoreKey, Value)>,
     /// The TS vector at the time of the checkpoint.
     pub ts: Vec<(InstanceId, Clock)>,
+    /// Every armed timer, sorted: the key, its deadline (nanoseconds of packet time) and the
+    /// instance that would be told if it fired now (the key's owner if it is claimed, else the
+    /// instance that armed it). Owners are not part of a checkpoint, so recording the recipient
+    /// rather than the armer keeps "who is told" unchanged across a restore; a recovering NF
+    /// instance finds here the timers its crashed predecessor armed.
+    pub timers: Vec<(StoreKey, u64, InstanceId)>,
 }

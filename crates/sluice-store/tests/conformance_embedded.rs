@@ -56,6 +56,9 @@ checks!(
     ts_vector_on_reads,
     client_modes_agree,
     reconnected_instance_notified,
+    checkpoint_timers,
+    wipe_empties_store,
+    tagged_reads_not_logged,
 );
 
 /// The whole suite, sequentially, on one store (as a Redis backend would run it).

@@ -1,0 +1,219 @@
+//! `sluice verify`: is the physical chain, under a fault schedule, equivalent to the logical one?
+
+use crate::{exit, fail, load_chain, Failure};
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use sluice_coe::compare::CompareOptions;
+use sluice_coe::engine::{EngineConfig, LogPlace, Switches};
+use sluice_coe::schedule::{Action, At, FaultEvent, FaultSchedule, ScaleTo};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Args)]
+#[command(after_help = "Explicit actions are added to the schedule's events; AT is a packet count (`20000`) or a \
+percentage of the trace (`40%`). Examples:\n  --crash nat:0@50%   --crash-root 30%   --crash-store 12000\n  \
+--scale portscan=3@40%   --move nat:0>1x4000@60%   --slow nat:0=3-10@1   --clone nat:0@30%\n\
+Exit codes: 0 equivalent; 4 not equivalent; 1 run failed; 2 bad command line, chain, schedule; 3 bad trace.")]
+pub struct VerifyArgs {
+    /// Chain file (YAML).
+    #[arg(long, short)]
+    chain: PathBuf,
+    /// Input trace (pcap or pcapng).
+    #[arg(long, short)]
+    input: PathBuf,
+    /// Fault schedule (YAML, see docs/faults.md).
+    #[arg(long, short)]
+    faults: Option<PathBuf>,
+    /// The physical chain's store: `embedded` or `redis://host:port[?prefix=P]` (the prefix
+    /// must be unused: the run starts from an empty store).
+    #[arg(long, default_value = "embedded")]
+    store: String,
+    /// Print the report as JSON on stdout (every difference with flow, NF and clock).
+    #[arg(long)]
+    json: bool,
+    /// Turn a mechanism off to see what it prevents (repeatable).
+    #[arg(long, value_enum)]
+    off: Vec<Mechanism>,
+    /// Where the root keeps its packet log.
+    #[arg(long, value_enum, default_value_t = LogArg::Root)]
+    log: LogArg,
+    /// Virtual time between input packets, ns.
+    #[arg(long, default_value_t = 2_000)]
+    arrival_ns: u64,
+    /// Virtual service time per packet per instance, ns.
+    #[arg(long, default_value_t = 1_000)]
+    service_ns: u64,
+    /// Most packets in the root's log.
+    #[arg(long, default_value_t = 1 << 20)]
+    log_capacity: usize,
+    /// Stop after this many input packets.
+    #[arg(long)]
+    limit: Option<u64>,
+    /// Crash instance I of vertex V: `V:I@AT`.
+    #[arg(long)]
+    crash: Vec<String>,
+    /// Crash the root at AT.
+    #[arg(long)]
+    crash_root: Vec<String>,
+    /// Crash the store at AT.
+    #[arg(long)]
+    crash_store: Vec<String>,
+    /// Scale vertex V to N instances: `V=N@AT`.
+    #[arg(long)]
+    scale: Vec<String>,
+    /// Move flows between instances: `V:A>B[xN]@AT` (all flows of A without `xN`).
+    #[arg(long = "move")]
+    moves: Vec<String>,
+    /// Slow an instance by a random delay per packet: `V:I=LO-HI@AT` (µs).
+    #[arg(long)]
+    slow: Vec<String>,
+    /// Clone instance I of vertex V (straggler mitigation): `V:I@AT`.
+    #[arg(long)]
+    clone: Vec<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mechanism {
+    /// Logical clocks (NFs see their own arrival order).
+    Clocks,
+    /// Duplicate suppression (queues, store).
+    Dedup,
+    /// The flow-move protocol.
+    Move,
+    /// The XOR check on the root's log.
+    Xor,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogArg {
+    Root,
+    Store,
+}
+
+/// Exit code for "the runs differ".
+const NOT_EQUIVALENT: u8 = 4;
+
+fn bad(msg: String) -> Failure {
+    fail(exit::INVALID)(anyhow::anyhow!(msg))
+}
+
+fn parse_at(s: &str) -> Result<At, Failure> {
+    let s = s.trim();
+    if let Some(p) = s.strip_suffix('%') {
+        let v: f64 = p.parse().map_err(|_| bad(format!("`{s}`: expected a percentage like `40%`")))?;
+        return Ok(At::Percent(v));
+    }
+    s.parse().map(At::Packet).map_err(|_| bad(format!("`{s}`: expected a packet count or a percentage")))
+}
+
+fn split_at(s: &str) -> Result<(&str, At), Failure> {
+    let (what, at) = s.rsplit_once('@').ok_or_else(|| bad(format!("`{s}`: missing `@AT`")))?;
+    Ok((what, parse_at(at)?))
+}
+
+fn vertex_instance(s: &str) -> Result<(String, u16), Failure> {
+    let (v, i) = s.split_once(':').ok_or_else(|| bad(format!("`{s}`: expected VERTEX:INSTANCE")))?;
+    let i = i.parse().map_err(|_| bad(format!("`{s}`: instance must be a number")))?;
+    Ok((v.to_string(), i))
+}
+
+/// The explicit actions of the command line as schedule events.
+fn cli_events(a: &VerifyArgs) -> Result<Vec<FaultEvent>, Failure> {
+    let mut out = Vec::new();
+    let mut push = |at: At, action: Action| out.push(FaultEvent { at, action, line: None });
+    for s in &a.crash {
+        let (w, at) = split_at(s)?;
+        let (vertex, instance) = vertex_instance(w)?;
+        push(at, Action::Crash { vertex, instance });
+    }
+    for s in &a.crash_root {
+        push(parse_at(s.trim_start_matches('@'))?, Action::CrashRoot);
+    }
+    for s in &a.crash_store {
+        push(parse_at(s.trim_start_matches('@'))?, Action::CrashStore);
+    }
+    for s in &a.scale {
+        let (w, at) = split_at(s)?;
+        let (v, n) = w.split_once('=').ok_or_else(|| bad(format!("`{s}`: expected VERTEX=N@AT")))?;
+        let n = n.parse().map_err(|_| bad(format!("`{s}`: N must be a number")))?;
+        push(at, Action::Scale { vertex: v.to_string(), to: ScaleTo::Exactly(n) });
+    }
+    for s in &a.moves {
+        let (w, at) = split_at(s)?;
+        let (v, rest) = w.split_once(':').ok_or_else(|| bad(format!("`{s}`: expected VERTEX:A>B[xN]@AT")))?;
+        let (pair, flows) = match rest.split_once('x') {
+            Some((p, n)) => (p, Some(n.parse().map_err(|_| bad(format!("`{s}`: N must be a number")))?)),
+            None => (rest, None),
+        };
+        let (from, to) = pair.split_once('>').ok_or_else(|| bad(format!("`{s}`: expected A>B")))?;
+        let from = from.parse().map_err(|_| bad(format!("`{s}`: A must be a number")))?;
+        let to = to.parse().map_err(|_| bad(format!("`{s}`: B must be a number")))?;
+        push(at, Action::Move { vertex: v.to_string(), from, to, flows });
+    }
+    for s in &a.slow {
+        let (w, at) = split_at(s)?;
+        let (vi, range) = w.split_once('=').ok_or_else(|| bad(format!("`{s}`: expected VERTEX:I=LO-HI@AT")))?;
+        let (vertex, instance) = vertex_instance(vi)?;
+        let (lo, hi) = range.split_once('-').ok_or_else(|| bad(format!("`{s}`: expected LO-HI microseconds")))?;
+        let lo = lo.parse().map_err(|_| bad(format!("`{s}`: LO must be a number")))?;
+        let hi = hi.parse().map_err(|_| bad(format!("`{s}`: HI must be a number")))?;
+        push(at, Action::Slow { vertex, instance, delay_us: (lo, hi) });
+    }
+    for s in &a.clone {
+        let (w, at) = split_at(s)?;
+        let (vertex, instance) = vertex_instance(w)?;
+        push(at, Action::Clone { vertex, instance });
+    }
+    Ok(out)
+}
+
+pub fn cmd_verify(a: VerifyArgs) -> Result<(), Failure> {
+    let chain = load_chain(&a.chain)?;
+    let mut schedule = match &a.faults {
+        Some(p) => FaultSchedule::load(p).map_err(|e| bad(e.to_string()))?,
+        None => FaultSchedule::default(),
+    };
+    schedule.events.extend(cli_events(&a)?);
+    schedule.validate(&chain).map_err(|e| bad(e.to_string()))?;
+    let packets = sluice_io::load(&a.input, a.limit.map(|l| l as usize))
+        .with_context(|| format!("reading {}", a.input.display()))
+        .map_err(fail(exit::BAD_INPUT))?;
+    let backend: Arc<dyn sluice_store::Backend> = match a.store.as_str() {
+        "embedded" => Arc::new(sluice_store::EmbeddedStore::start(1).map_err(|e| fail(exit::FAILED)(e.into()))?),
+        url if url.starts_with("redis://") => {
+            Arc::new(sluice_redis::RedisBackend::connect(url).map_err(|e| fail(exit::FAILED)(e.into()))?)
+        }
+        other => return Err(bad(format!("--store takes `embedded` or `redis://host:port`, not `{other}`"))),
+    };
+    let switches = Switches {
+        clocks: !a.off.contains(&Mechanism::Clocks),
+        duplicate_suppression: !a.off.contains(&Mechanism::Dedup),
+        move_protocol: !a.off.contains(&Mechanism::Move),
+        xor_check: !a.off.contains(&Mechanism::Xor),
+    };
+    let cfg = EngineConfig {
+        arrival_ns: a.arrival_ns.max(1),
+        service_ns: a.service_ns.max(1),
+        log_capacity: a.log_capacity.max(1),
+        log_place: if a.log == LogArg::Store { LogPlace::Store } else { LogPlace::Root },
+        switches,
+        ..EngineConfig::default()
+    };
+    let registry = sluice_nfs::registry();
+    let report =
+        sluice_coe::verify::verify(&chain, &registry, &packets, &schedule, backend, cfg, &CompareOptions::default())
+            .map_err(|e| fail(exit::FAILED)(e.into()))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report).map_err(|e| fail(exit::FAILED)(e.into()))?);
+    } else {
+        print!("{}", report.render());
+    }
+    if report.equivalent {
+        Ok(())
+    } else {
+        Err(Failure {
+            code: NOT_EQUIVALENT,
+            error: anyhow::anyhow!("the physical chain's output differs from the reference's"),
+        })
+    }
+}

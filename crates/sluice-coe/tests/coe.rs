@@ -1,0 +1,243 @@
+//! Chain output equivalence under faults: the acceptance tests of the fault-tolerant engine.
+//! Each test runs the logical chain and the physical chain and compares them with `verify`.
+
+mod common;
+
+use common::*;
+use sluice_coe::engine::{EngineConfig, Switches};
+use sluice_coe::schedule::{Action, At, ScaleTo};
+
+#[test]
+fn no_faults_is_equivalent_and_the_log_empties() {
+    let c = chain(EXAMPLE);
+    let p = demo(0.1, 3);
+    let r = run(&c, &p, vec![], EngineConfig::default(), embedded());
+    assert!(r.equivalent, "{}", r.render());
+    assert!(r.reference_outputs > 6000);
+    assert_eq!(r.engine.log_left, 0, "every packet committed and deleted from the log");
+    assert_eq!(r.engine.replayed, 0);
+}
+
+#[test]
+fn nf_crash_is_recovered_by_replay() {
+    let c = chain(EXAMPLE);
+    let p = demo(0.1, 3);
+    let events = vec![
+        event(At::Packet(2000), Action::Crash { vertex: "nat".into(), instance: 0 }),
+        event(At::Packet(4000), Action::Crash { vertex: "portscan".into(), instance: 1 }),
+        event(At::Packet(5000), Action::Crash { vertex: "lb".into(), instance: 0 }),
+    ];
+    let r = run(&c, &p, events, EngineConfig::default(), embedded());
+    assert!(r.equivalent, "{}", r.render());
+    assert!(r.engine.replayed > 0, "the root replayed its log");
+    let crashes: Vec<_> = r.episodes.iter().filter(|e| e.kind == "crash").collect();
+    assert_eq!(crashes.len(), 3);
+    assert!(crashes.iter().all(|e| e.back_to_normal_us.is_some()), "latency back to normal after each crash");
+    assert_eq!(r.engine.log_left, 0);
+}
+
+/// Test case 6: the XOR check keeps a packet whose non-blocking update was lost with a
+/// crashed instance; without it the update is gone for good.
+#[test]
+fn xor_check_keeps_uncommitted_packets_replayable() {
+    let c = chain(EXAMPLE);
+    let p = demo(0.1, 3);
+    // Crash right after a batch: its updates are sent but not acknowledged yet.
+    let events = || {
+        (1..=5).map(|i| event(At::Packet(1000 * i + 7), Action::Crash { vertex: "nat".into(), instance: 0 })).collect()
+    };
+    let with = run(&c, &p, events(), EngineConfig::default(), embedded());
+    assert!(with.equivalent, "{}", with.render());
+    let cfg =
+        EngineConfig { switches: Switches { xor_check: false, ..Switches::default() }, ..EngineConfig::default() };
+    let without = run(&c, &p, events(), cfg, embedded());
+    // Without the check the log forgets packets as soon as they leave: fewer are replayed.
+    assert!(
+        without.engine.replayed <= with.engine.replayed,
+        "replayed with {} without {}",
+        with.engine.replayed,
+        without.engine.replayed
+    );
+}
+
+#[test]
+fn root_crash_resumes_the_clock_and_the_flow_allocation() {
+    let c = chain(EXAMPLE);
+    let p = demo(0.1, 3);
+    let events = vec![event(At::Percent(35.0), Action::CrashRoot)];
+    let r = run(&c, &p, events, EngineConfig::default(), embedded());
+    assert!(r.equivalent, "{}", r.render());
+    let ep = r.episodes.iter().find(|e| e.kind == "crash_root").expect("root crash episode");
+    assert!(ep.flows > 0, "the new root learned the flow allocation from the instances");
+    assert!(ep.detail.contains("clock resumes"), "{}", ep.detail);
+}
+
+/// Correlated failure root + NF: recoverable when the log is kept in the store.
+#[test]
+fn root_and_nf_crash_with_the_log_in_the_store() {
+    let c = chain(EXAMPLE);
+    let p = demo(0.1, 3);
+    let events = vec![
+        event(At::Packet(2500), Action::CrashRoot),
+        event(At::Packet(2500), Action::Crash { vertex: "nat".into(), instance: 1 }),
+    ];
+    let cfg = EngineConfig { log_place: sluice_coe::engine::LogPlace::Store, ..EngineConfig::default() };
+    let r = run(&c, &p, events, cfg, embedded());
+    assert!(r.equivalent, "{}", r.render());
+}
+
+#[test]
+fn store_crash_is_rebuilt_from_checkpoint_logs_and_caches() {
+    let c = chain(EXAMPLE);
+    let p = demo(0.1, 3);
+    let cfg = EngineConfig { checkpoint_every: 1_500, ..EngineConfig::default() };
+    let events = vec![event(At::Packet(4_000), Action::CrashStore)];
+    let r = run(&c, &p, events, cfg, embedded());
+    assert!(r.equivalent, "{}", r.render());
+    let ep = r.episodes.iter().find(|e| e.kind == "crash_store").expect("store crash episode");
+    assert!(ep.wall_us > 0.0);
+}
+
+/// Acceptance: 4,000 flows moved mid-trace, none lost or reordered; the move time is measured.
+#[test]
+fn moving_4000_flows_loses_and_reorders_nothing() {
+    let c = chain(EXAMPLE);
+    let p = custom(28_000, 7, 5);
+    let events =
+        vec![event(At::Percent(90.0), Action::Move { vertex: "nat".into(), from: 0, to: 1, flows: Some(4000) })];
+    let r = run(&c, &p, events, EngineConfig::default(), embedded());
+    assert!(r.equivalent, "{}", r.render());
+    let ep = r.episodes.iter().find(|e| e.kind == "move").expect("move episode");
+    assert_eq!(ep.flows, 4000);
+    assert!(ep.wall_us > 0.0 && ep.virtual_us >= 0.0);
+}
+
+/// The move protocol is what keeps a moved flow's packets in order: without it the new
+/// instance serves a moved flow while the old one still holds its earlier packets.
+#[test]
+fn without_the_move_protocol_flows_are_reordered() {
+    let c = chain(NAT_LB);
+    let p = demo(0.2, 5);
+    let events = || {
+        vec![
+            event(At::Percent(40.0), Action::Slow { vertex: "nat".into(), instance: 0, delay_us: (5, 10) }),
+            event(At::Percent(50.0), Action::Move { vertex: "nat".into(), from: 0, to: 1, flows: None }),
+        ]
+    };
+    let on = run(&c, &p, events(), EngineConfig::default(), embedded());
+    assert!(on.equivalent, "{}", on.render());
+    let cfg =
+        EngineConfig { switches: Switches { move_protocol: false, ..Switches::default() }, ..EngineConfig::default() };
+    let off = run(&c, &p, events(), cfg, embedded());
+    assert!(!off.equivalent, "switching the splitter without the protocol went unnoticed");
+    assert!(off.comparison.stats.differences_by_kind.contains_key(&sluice_coe::compare::DiffKind::Reordered));
+}
+
+#[test]
+fn scaling_out_and_in_moves_only_what_it_must() {
+    let c = chain(EXAMPLE);
+    let p = demo(0.2, 7);
+    let events = vec![
+        event(At::Percent(20.0), Action::Scale { vertex: "portscan".into(), to: ScaleTo::Exactly(4) }),
+        event(At::Percent(40.0), Action::Scale { vertex: "nat".into(), to: ScaleTo::By(1) }),
+        event(At::Percent(70.0), Action::Scale { vertex: "portscan".into(), to: ScaleTo::Exactly(1) }),
+    ];
+    let r = run(&c, &p, events, EngineConfig::default(), embedded());
+    assert!(r.equivalent, "{}", r.render());
+    let out = r.episodes.iter().find(|e| e.kind == "scale_out").expect("scale out");
+    assert_eq!(out.flows, 0, "scaling out moves no flow");
+    assert!(
+        r.episodes.iter().any(|e| e.kind == "scale_in" && e.flows > 0),
+        "scaling in moves the removed instances' flows"
+    );
+}
+
+/// Acceptance (CHC Table 5): a straggler NAT cloned, portscan detector downstream.
+#[test]
+fn straggler_clone_sends_no_duplicates_downstream() {
+    let c = chain(STRAGGLER);
+    let p = demo(0.1, 3);
+    let events = || {
+        vec![
+            event(At::Packet(1), Action::Slow { vertex: "nat".into(), instance: 0, delay_us: (3, 10) }),
+            event(At::Percent(30.0), Action::Clone { vertex: "nat".into(), instance: 0 }),
+        ]
+    };
+    let cfg = EngineConfig { arrival_ns: 4_000, ..EngineConfig::default() };
+    let on = run(&c, &p, events(), cfg.clone(), embedded());
+    assert!(on.equivalent, "{}", on.render());
+    assert!(on.engine.duplicates_suppressed > 0, "the clone produced duplicates, and they were suppressed");
+    assert_eq!(on.engine.duplicate_packets.get("portscan").copied().unwrap_or(0), 0);
+    assert_eq!(on.engine.duplicate_updates.get("portscan").copied().unwrap_or(0), 0);
+    assert_eq!(on.engine.duplicate_outputs, 0);
+    assert!(
+        on.episodes.iter().any(|e| e.kind == "retire" && e.detail.contains("kept the clone")),
+        "the faster clone is kept"
+    );
+
+    let off_cfg = EngineConfig { switches: Switches { duplicate_suppression: false, ..Switches::default() }, ..cfg };
+    let off = run(&c, &p, events(), off_cfg, embedded());
+    assert!(!off.equivalent, "duplicates went unnoticed");
+    assert!(off.engine.duplicate_packets.get("portscan").copied().unwrap_or(0) > 0);
+    assert!(off.engine.duplicate_updates.get("portscan").copied().unwrap_or(0) > 0);
+}
+
+/// Acceptance (CHC R4): three scrubbers delay SSH, FTP and IRC traffic by 50-100 µs per
+/// packet; the Trojan detector still flags exactly the planted host, because it decides on
+/// chain-entry clocks. Without clocks, the misses show.
+#[test]
+fn trojan_detection_survives_delayed_scrubbers_only_with_clocks() {
+    let c = chain(TROJAN);
+    let p = demo(0.1, 3);
+    let events = || {
+        ["ssh_scrubber", "ftp_scrubber", "irc_scrubber"]
+            .iter()
+            .map(|v| event(At::Packet(1), Action::Slow { vertex: v.to_string(), instance: 0, delay_us: (50, 100) }))
+            .collect::<Vec<_>>()
+    };
+    let cfg = EngineConfig { arrival_ns: 200, ..EngineConfig::default() };
+    let on = run(&c, &p, events(), cfg.clone(), embedded());
+    assert!(on.equivalent, "{}", on.render());
+    assert_eq!(flagged(&on), vec![sluice_io::demo::DEMO_TROJAN_HOST.to_string()]);
+    let off_cfg = EngineConfig { switches: Switches { clocks: false, ..Switches::default() }, ..cfg };
+    let off = run(&c, &p, events(), off_cfg, embedded());
+    assert_ne!(
+        flagged(&off),
+        vec![sluice_io::demo::DEMO_TROJAN_HOST.to_string()],
+        "delays should confuse a clock-less detector"
+    );
+    assert!(!off.equivalent);
+}
+
+/// Vertex managers: a queue-depth policy scales a vertex out under load; a straggler policy
+/// clones the instance that is slower than its peers.
+#[test]
+fn policies_scale_and_clone() {
+    let c = chain(
+        r#"
+name: nat-lb
+vertices:
+  nat: { type: nat, instances: 2, config: { external_ip: 198.51.100.1, internal: ["10.0.0.0/8"] } }
+  lb: { type: lb, config: { backends: [10.1.0.1, 10.1.0.2, 10.1.0.3, 10.1.0.4] } }
+edges:
+  - { from: input, to: nat }
+  - { from: nat, to: lb }
+  - { from: lb, to: output }
+"#,
+    );
+    let p = demo(0.2, 9);
+    let text = r#"
+events:
+  - at: { packet: 1 }
+    slow: { vertex: nat, instance: 1, delay_us: [2, 4] }
+policies:
+  - { vertex: lb, scale_out_above: { queue: 20 }, max_instances: 3 }
+  - { vertex: nat, straggler_slower_by_percent: 100 }
+"#;
+    let schedule = sluice_coe::schedule::FaultSchedule::parse(text, std::path::Path::new("p.yaml")).expect("schedule");
+    let cfg = EngineConfig { arrival_ns: 600, ..EngineConfig::default() };
+    let r = run_schedule(&c, &p, &schedule, cfg, embedded());
+    assert!(r.equivalent, "{}", r.render());
+    assert!(r.episodes.iter().any(|e| e.kind == "clone"), "the straggler policy cloned: {:?}", r.episodes);
+    assert!(r.episodes.iter().any(|e| e.kind == "scale_out"), "the queue policy scaled out: {:?}", r.episodes);
+}

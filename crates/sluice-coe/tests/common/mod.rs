@@ -1,0 +1,151 @@
+//! Chains, traffic and helpers shared by the COE tests.
+#![allow(dead_code)]
+
+use sluice_coe::compare::CompareOptions;
+use sluice_coe::engine::EngineConfig;
+use sluice_coe::schedule::{Action, At, FaultEvent, FaultSchedule};
+use sluice_coe::verify::{verify, VerifyReport};
+use sluice_packet::{Meta, Packet};
+use sluice_runtime::Chain;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The CHC example chain with two NAT and two portscan instances.
+pub const EXAMPLE: &str = r#"
+name: example
+vertices:
+  nat: { type: nat, instances: 2, config: { external_ip: 198.51.100.1, internal: ["10.0.0.0/8"] } }
+  portscan: { type: portscan, instances: 2 }
+  lb: { type: lb, config: { backends: [10.1.0.1, 10.1.0.2, 10.1.0.3, 10.1.0.4] } }
+  trojan: { type: trojan }
+edges:
+  - { from: input, to: nat }
+  - { from: nat, to: portscan }
+  - { from: nat, to: trojan, mirror: true }
+  - { from: portscan, to: lb }
+  - { from: lb, to: output }
+"#;
+
+/// A single NAT (the straggler) in front of the portscan detector.
+pub const STRAGGLER: &str = r#"
+name: straggler
+vertices:
+  nat: { type: nat, config: { external_ip: 198.51.100.1, internal: ["10.0.0.0/8"] } }
+  portscan: { type: portscan }
+edges:
+  - { from: input, to: nat }
+  - { from: nat, to: portscan }
+  - { from: portscan, to: output }
+"#;
+
+/// Three scrubbers (SSH, IRC, FTP control and passive data) in front of the Trojan detector.
+/// SSH and IRC come first: their clients' ephemeral ports may fall in the FTP data range.
+pub const TROJAN: &str = r#"
+name: trojan-scrubbers
+vertices:
+  ssh_scrubber: { type: passthrough }
+  ftp_scrubber: { type: passthrough }
+  irc_scrubber: { type: passthrough }
+  trojan: { type: trojan }
+edges:
+  - { from: input, to: ssh_scrubber, filter: "tcp and port == 22" }
+  - { from: input, to: irc_scrubber, filter: "tcp and port == 6667" }
+  - { from: input, to: ftp_scrubber, filter: "tcp and (port == 21 or port in 40000-50000)" }
+  - { from: input, to: trojan }
+  - { from: ssh_scrubber, to: trojan }
+  - { from: ftp_scrubber, to: trojan }
+  - { from: irc_scrubber, to: trojan }
+  - { from: trojan, to: output }
+"#;
+
+pub fn chain(text: &str) -> Chain {
+    Chain::parse(text, Path::new("test.yaml")).expect("chain parses")
+}
+
+/// The demo workload (planted port scan and Trojan signature, decoys) at `scale`.
+pub fn demo(scale: f64, seed: u64) -> Vec<Packet> {
+    let mut cfg = sluice_io::GenConfig::new(sluice_io::Workload::Demo, seed);
+    cfg.scale = scale;
+    sluice_io::generate(&cfg)
+        .expect("generator")
+        .map(|(ts_ns, f)| Packet::from_slice(&f, Meta { ts_ns, ..Default::default() }))
+        .collect()
+}
+
+/// `flows` generated TCP flows of `packets` packets each.
+pub fn custom(flows: u64, packets: u32, seed: u64) -> Vec<Packet> {
+    let mut cfg = sluice_io::GenConfig::new(sluice_io::Workload::Custom { flows, packets_per_flow: packets }, seed);
+    cfg.size = sluice_io::FrameSize::Fixed(64);
+    sluice_io::generate(&cfg)
+        .expect("generator")
+        .map(|(ts_ns, f)| Packet::from_slice(&f, Meta { ts_ns, ..Default::default() }))
+        .collect()
+}
+
+/// NAT (two instances) in front of a load balancer.
+pub const NAT_LB: &str = r#"
+name: nat-lb
+vertices:
+  nat: { type: nat, instances: 2, config: { external_ip: 198.51.100.1, internal: ["10.0.0.0/8"] } }
+  lb: { type: lb, config: { backends: [10.1.0.1, 10.1.0.2, 10.1.0.3, 10.1.0.4] } }
+edges:
+  - { from: input, to: nat }
+  - { from: nat, to: lb }
+  - { from: lb, to: output }
+"#;
+
+/// A real capture from the shared traces.
+pub fn trace(name: &str) -> Vec<Packet> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces").join(name);
+    sluice_io::load(&path, None).expect("shared trace")
+}
+
+pub fn embedded() -> Arc<dyn sluice_store::Backend> {
+    Arc::new(sluice_store::EmbeddedStore::start(1).expect("store"))
+}
+
+/// A fresh keyspace on the test Redis (one bucket: the TS vector recovery uses is per bucket).
+pub fn redis(tag: &str) -> Option<Arc<dyn sluice_store::Backend>> {
+    let url = std::env::var("SLUICE_REDIS_URL").ok()?;
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let url = format!("{url}?prefix=coe-{tag}-{}-{n}&buckets=1", std::process::id());
+    let b = sluice_redis::RedisBackend::connect(&url).expect("redis");
+    b.clear().expect("clear");
+    Some(Arc::new(b))
+}
+
+pub fn event(at: At, action: Action) -> FaultEvent {
+    FaultEvent { at, action, line: None }
+}
+
+pub fn run(
+    c: &Chain,
+    packets: &[Packet],
+    events: Vec<FaultEvent>,
+    cfg: EngineConfig,
+    backend: Arc<dyn sluice_store::Backend>,
+) -> VerifyReport {
+    let schedule = FaultSchedule { events, ..FaultSchedule::default() };
+    run_schedule(c, packets, &schedule, cfg, backend)
+}
+
+pub fn run_schedule(
+    c: &Chain,
+    packets: &[Packet],
+    schedule: &FaultSchedule,
+    cfg: EngineConfig,
+    backend: Arc<dyn sluice_store::Backend>,
+) -> VerifyReport {
+    schedule.validate(c).expect("schedule valid");
+    verify(c, &sluice_nfs::registry(), packets, schedule, backend, cfg, &CompareOptions::default())
+        .expect("verify runs")
+}
+
+/// Hosts the Trojan detector flagged.
+pub fn flagged(r: &VerifyReport) -> Vec<String> {
+    let mut v: Vec<String> = r.events.iter().filter(|d| d.kind == "trojan").map(|d| d.subject.clone()).collect();
+    v.sort();
+    v.dedup();
+    v
+}
