@@ -332,6 +332,9 @@ pub struct Engine<'a> {
     /// Episodes waiting for the replay to drain.
     replay_episodes: Vec<(usize, u64)>,
     checkpoint: Option<sluice_store::Checkpoint>,
+    /// An instance's write-ahead log was lost with it (failover, retirement): checkpoint at
+    /// the next opportunity so store recovery never needs it.
+    checkpoint_due: bool,
     /// Latest packet time admitted: timers due by then fire before the final state is read.
     last_ts: u64,
 }
@@ -413,6 +416,7 @@ impl<'a> Engine<'a> {
             trials: Vec::new(),
             replay_episodes: Vec::new(),
             checkpoint: None,
+            checkpoint_due: false,
             last_ts: 0,
         })
     }
@@ -837,7 +841,11 @@ impl<'a> Engine<'a> {
 
     /// Checkpoints, vertex managers and clone trials, evaluated as input arrives.
     fn periodic(&mut self, count: u64) -> Result<(), EngineError> {
-        if self.cfg.checkpoint_every > 0 && count.is_multiple_of(self.cfg.checkpoint_every) {
+        let due = self.checkpoint_due && self.replays_in_flight.is_empty();
+        if due {
+            self.checkpoint_due = false;
+        }
+        if due || (self.cfg.checkpoint_every > 0 && count.is_multiple_of(self.cfg.checkpoint_every)) {
             self.take_checkpoint()?;
         }
         if self.cfg.manager_every > 0 && count.is_multiple_of(self.cfg.manager_every) && !self.policies.is_empty() {
@@ -997,7 +1005,8 @@ impl<'a> Engine<'a> {
         // state and timers to it.
         let instances = self.vertices.get(vertex).map_or(1, |v| v.members.len()) as u16;
         let mut inst = self.build(vertex, index, instances)?;
-        self.adopt_timers(&mut inst)?;
+        let id = inst.id();
+        self.adopt_timers(&mut inst, id)?;
         let mut fresh = new_node(vertex, index, inst);
         fresh.recovering = true;
         fresh.flows = self.nodes.get(node).map(|n| n.flows.clone()).unwrap_or_default();
@@ -1085,8 +1094,7 @@ impl<'a> Engine<'a> {
     }
 
     /// Re-arms, in a replacement, the timers its predecessor had armed (from the store's copy).
-    fn adopt_timers(&self, inst: &mut Instance) -> Result<(), EngineError> {
-        let id = inst.id();
+    fn adopt_timers(&self, inst: &mut Instance, id: InstanceId) -> Result<(), EngineError> {
         let cp = self.backend.checkpoint().map_err(store_err)?;
         if let Some(c) = client(inst) {
             for (key, deadline, owner) in &cp.timers {
@@ -1110,6 +1118,9 @@ impl<'a> Engine<'a> {
                 let pos = n.queue.len();
                 n.queue.insert(pos, Queued { at: now, item: Item::Packet(p) });
             }
+        }
+        if !self.replay_episodes.is_empty() {
+            self.checkpoint_due = true;
         }
         for (e, started) in self.replay_episodes.drain(..) {
             if let Some(ep) = self.report.episodes.get_mut(e) {
@@ -1199,12 +1210,22 @@ impl<'a> Engine<'a> {
             }
         }
         let checkpoint = self.checkpoint.clone().unwrap_or_default();
+        without_baseline_duplicates(&mut logs, &checkpoint);
         self.backend.wipe().map_err(store_err)?;
         // Custom operations first: re-executed updates may use them.
         self.reregister_custom_ops()?;
-        let plan = sluice_store::recovery::plan(&checkpoint, &logs, per_flow);
+        // Per-flow state comes from the instances' copies, which also know what was deleted
+        // since the checkpoint; none of it is re-executed from the logs.
+        let cached: HashSet<sluice_store::StoreKey> = per_flow.iter().map(|(k, _)| *k).collect();
+        let present: Vec<_> = per_flow.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect();
+        let alive: HashSet<sluice_store::StoreKey> = present.iter().map(|(k, _)| *k).collect();
+        let mut plan = sluice_store::recovery::plan(&checkpoint, &logs, present);
+        // A per-flow value an instance knows to be gone stays gone.
+        plan.values.retain(|(k, _)| !self.is_per_flow(k) || !cached.contains(k) || alive.contains(k));
+        plan.replay.retain(|(_, e)| !self.is_per_flow(&e.key));
         let stats =
             sluice_store::recovery::apply(self.backend.as_ref(), &plan, &checkpoint.timers).map_err(store_err)?;
+        self.mark_in_flight(&logs)?;
         for n in self.nodes.iter_mut().filter(|n| n.alive) {
             let id = n.inst.id();
             let conn = self.backend.connect(id).map_err(store_err)?;
@@ -1220,6 +1241,46 @@ impl<'a> Engine<'a> {
             ..Episode::default()
         });
         Ok(())
+    }
+
+    /// Tells a rebuilt store which updates of packets still in the root's log it holds: their
+    /// tags go into its per-clock log (as no-op updates of a scratch value), so a later replay
+    /// of those packets is recognised as a duplicate rather than applied twice.
+    fn mark_in_flight(&self, logs: &[sluice_store::recovery::RecoveryLog]) -> Result<(), EngineError> {
+        let mut reqs = Vec::new();
+        for l in logs {
+            for e in l.wal.iter().filter(|e| self.log.contains_key(&e.tag.clock)) {
+                let key = sluice_store::StoreKey {
+                    vertex: e.key.vertex,
+                    object: SCRATCH_OBJECT,
+                    key: sluice_state::StateKey::Unit,
+                };
+                let op = sluice_store::StoreOp::State(sluice_state::StateOp::Incr(0));
+                reqs.push(sluice_store::Request { id: 0, client: l.instance, tag: Some(e.tag), key, op, reply: false });
+            }
+        }
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.backend.connect(InstanceId(u32::MAX - 1)).map_err(store_err)?;
+        conn.send(1, reqs.into()).map_err(store_err)?;
+        let mut replies = sluice_store::Replies::default();
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while !replies.acked.contains(&1) {
+            if Instant::now() >= deadline {
+                return Err(EngineError::Store("rebuilt store did not acknowledge the in-flight marks".into()));
+            }
+            conn.wait(&mut replies, std::time::Duration::from_millis(100)).map_err(store_err)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `key` belongs to a per-flow object kept write-through by its instance.
+    fn is_per_flow(&self, key: &sluice_store::StoreKey) -> bool {
+        self.vertices
+            .get(usize::from(key.vertex))
+            .and_then(|v| v.decls.get(usize::from(key.object)))
+            .is_some_and(|d| d.scope.is_per_flow() && d.pattern != sluice_state::AccessPattern::WriteMostly)
     }
 
     fn reregister_custom_ops(&mut self) -> Result<(), EngineError> {
@@ -1358,6 +1419,7 @@ impl<'a> Engine<'a> {
         for p in leftover {
             self.finished(&p);
         }
+        self.checkpoint_due = true;
         Ok(())
     }
 
@@ -1447,7 +1509,10 @@ impl<'a> Engine<'a> {
             x.next_index += 1;
         }
         let instances = self.vertices.get(vertex).map_or(1, |x| x.members.len()) as u16 + 1;
-        let inst = self.build(vertex, index, instances)?;
+        let mut inst = self.build(vertex, index, instances)?;
+        // The clone takes over the straggler's timers too (from the store's copy).
+        let straggler = InstanceId::new(vertex as u16, self.nodes.get(node).map_or(0, |n| n.index));
+        self.adopt_timers(&mut inst, straggler)?;
         let id = inst.id();
         let mut c = new_node(vertex, index, inst);
         c.recovering = true;
@@ -1631,6 +1696,36 @@ impl<'a> Engine<'a> {
             ep.back_to_normal_us = back_to_normal(&latencies, ep.at_packet * self.cfg.arrival_ns);
         }
         Ok(self.report)
+    }
+}
+
+/// The object index of the scratch value in-flight marks update (beyond any NF's objects, so it
+/// is never part of the chain's state).
+const SCRATCH_OBJECT: u16 = u16::MAX;
+
+/// Drops from the write-ahead logs the updates after an instance's checkpoint position whose
+/// tag another instance of the vertex had already applied before the checkpoint: a clone
+/// repeats its straggler's updates (the store applied them once) and re-executing them would
+/// apply them twice.
+fn without_baseline_duplicates(logs: &mut [sluice_store::recovery::RecoveryLog], cp: &sluice_store::Checkpoint) {
+    let position = |l: &sluice_store::recovery::RecoveryLog| -> Option<usize> {
+        let ts = cp.ts.iter().find(|(i, _)| *i == l.instance).map(|(_, c)| *c)?;
+        l.wal.iter().rposition(|e| e.tag.clock == ts)
+    };
+    let mut baseline = HashSet::new();
+    for l in logs.iter() {
+        if let Some(p) = position(l) {
+            baseline.extend(l.wal[..=p].iter().map(|e| (e.key.vertex, e.tag)));
+        }
+    }
+    for l in logs.iter_mut() {
+        let start = position(l).map_or(0, |p| p + 1);
+        let mut i = 0;
+        l.wal.retain(|e| {
+            let keep = i < start || !baseline.contains(&(e.key.vertex, e.tag));
+            i += 1;
+            keep
+        });
     }
 }
 

@@ -564,10 +564,14 @@ impl FaultSchedule {
                     Some(m) => format!("; its scale-out policy allows up to {m}"),
                     None => String::new(),
                 };
+                let history = if now == from_file {
+                    "in the chain file".to_string()
+                } else {
+                    format!("after earlier `scale` events; {from_file} in the chain file")
+                };
                 format!(
-                    "vertex `{name}` has {now} instance(s) at this point of the schedule ({from_file} in the chain \
-                     file, changed by earlier `scale` events{managed}), so there is no instance {index}; \
-                     expected an index below {bound}, or scale the vertex out first"
+                    "vertex `{name}` has {now} instance(s) at this point of the schedule ({history}{managed}), so \
+                     there is no instance {index}; expected an index below {bound}, or scale the vertex out first"
                 )
             };
             let key = e.action.key();

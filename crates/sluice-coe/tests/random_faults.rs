@@ -34,7 +34,10 @@ fn property(n: u64, backend: &dyn Fn(u64) -> Arc<dyn sluice_store::Backend>, lab
     let c = chain(EXAMPLE);
     let loads = workloads();
     let mut failures = Vec::new();
-    for seed in 0..n {
+    // `COE_SEEDS=3,17` reruns chosen seeds (a failure prints its seed).
+    let chosen: Option<Vec<u64>> =
+        std::env::var("COE_SEEDS").ok().map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect());
+    for seed in (0..n).filter(|s| chosen.as_ref().is_none_or(|c| c.contains(s))) {
         let (name, packets) = &loads[(seed % loads.len() as u64) as usize];
         let mut schedule = FaultSchedule::random(seed, &c, packets.len() as u64, 4);
         keep(&mut schedule);

@@ -64,7 +64,7 @@ pub trait NetworkFunction: Send + Sync {
 /// without a chain.
 pub fn local_instance(registry: &NfRegistry, kind: &str, config: &serde_yaml::Value) -> Result<Instance, NfError> {
     let mut labels = LabelTable::default();
-    let mut bctx = BuildCtx { vertex: kind, instance: 0, instances: 1, labels: &mut labels };
+    let mut bctx = BuildCtx { vertex: kind, instance: 0, instances: 1, labels: &mut labels, shared_state: false };
     let nf = registry.build(kind, config, &mut bctx)?;
     let state = sluice_state::LocalState::new(nf.state_objects(), nf.custom_ops());
     Ok(Instance::new(

@@ -72,6 +72,10 @@ pub struct BuildCtx<'a> {
     pub instances: u16,
     /// The chain's labels; builders intern the labels their NF sets.
     pub labels: &'a mut LabelTable,
+    /// The instances of the vertex share their state through a store (rather than each
+    /// keeping its own): resources they used to split among themselves, such as a NAT's
+    /// ports, are one shared pool.
+    pub shared_state: bool,
 }
 
 /// Builds one NF instance from its YAML `config` block (`Null` when absent).

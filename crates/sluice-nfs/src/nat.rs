@@ -71,8 +71,8 @@
 //!
 //! With local state every instance has its own pool, so instance `i` of `n` owns the `i`-th of
 //! `n` equal, disjoint slices of `port_range`; two instances never hand out the same port. Once
-//! the state is externalised to a store, all instances will share one pool and the slicing
-//! should go (the builder would then fill the pool with the whole range).
+//! the state is externalised to a store, all instances share one pool holding the whole range
+//! (the builder is told so by `BuildCtx::shared_state`).
 //!
 //! # Drop reasons and events
 //!
@@ -203,7 +203,9 @@ pub struct NatNf {
 /// Builds an instance from its config.
 pub fn build(config: &serde_yaml::Value, ctx: &mut BuildCtx<'_>) -> Result<Box<dyn NetworkFunction>, NfError> {
     let cfg: NatConfig = parse_config(config)?;
-    Ok(Box::new(NatNf::new(&cfg, ctx.instance, ctx.instances)?))
+    // With shared state all instances draw from one pool holding the whole range.
+    let (instance, instances) = if ctx.shared_state { (0, 1) } else { (ctx.instance, ctx.instances) };
+    Ok(Box::new(NatNf::new(&cfg, instance, instances)?))
 }
 
 impl NatNf {

@@ -422,6 +422,6 @@ mod tests {
 
     fn dummy() -> BuildCtx<'static> {
         let labels = Box::leak(Box::default());
-        BuildCtx { vertex: "p", instance: 0, instances: 1, labels }
+        BuildCtx { vertex: "p", instance: 0, instances: 1, labels, shared_state: false }
     }
 }

@@ -267,7 +267,13 @@ pub fn compile_with(
         let mut decls = Vec::new();
         let mut outputs: Vec<String> = Vec::new();
         for i in 0..spec.instances {
-            let mut bctx = BuildCtx { vertex: name, instance: i, instances: spec.instances, labels: &mut labels };
+            let mut bctx = BuildCtx {
+                vertex: name,
+                instance: i,
+                instances: spec.instances,
+                labels: &mut labels,
+                shared_state: matches!(state, StateConfig::Store { .. }),
+            };
             let nf = registry
                 .build(&spec.kind, &spec.config, &mut bctx)
                 .map_err(|source| PlanError::Nf { vertex: name.clone(), source })?;
@@ -391,7 +397,13 @@ pub fn build_instance(
     };
     // Labels were interned when the chain was compiled; a rebuilt NF finds them there.
     let mut table = LabelTable::clone(labels);
-    let mut bctx = BuildCtx { vertex: name, instance: index, instances, labels: &mut table };
+    let mut bctx = BuildCtx {
+        vertex: name,
+        instance: index,
+        instances,
+        labels: &mut table,
+        shared_state: matches!(state, StateConfig::Store { .. }),
+    };
     let nf = registry
         .build(&spec.kind, &spec.config, &mut bctx)
         .map_err(|source| PlanError::Nf { vertex: name.clone(), source })?;

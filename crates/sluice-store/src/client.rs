@@ -331,17 +331,16 @@ impl StoreClient {
     }
 
     /// The per-flow values this instance holds (write-through copies and cached values), as
-    /// the store should have them: what a rebuilt store instance takes per-flow state from.
-    pub fn per_flow_values(&self) -> Vec<(StoreKey, Value)> {
+    /// the store should have them — `None` for a value it knows to be absent (deleted): what a
+    /// rebuilt store instance takes per-flow state from.
+    pub fn per_flow_values(&self) -> Vec<(StoreKey, Option<Value>)> {
         let mut out = Vec::new();
         for (o, cache) in self.caches.iter().enumerate() {
             if !matches!(self.strategies.get(o), Some(Strategy::Owned | Strategy::WriteThrough)) {
                 continue;
             }
             for (k, e) in cache {
-                if let Some(v) = &e.value {
-                    out.push((StoreKey { vertex: self.vertex, object: o as u16, key: *k }, v.clone()));
-                }
+                out.push((StoreKey { vertex: self.vertex, object: o as u16, key: *k }, e.value.clone()));
             }
         }
         out.sort_by_key(|(k, _)| *k);
@@ -635,10 +634,13 @@ impl StoreClient {
     fn remote(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
         let skey = self.key(obj, key);
         let tag = if op.is_update() { Some(self.next_tag()) } else { None };
-        if let Some(t) = tag {
+        let logged = tag.map(|t| (t, op.clone()));
+        let resp = self.call(skey, StoreOp::State(op), tag)?;
+        // An update the store recognised as a duplicate (a replay) is not logged again: a
+        // rebuilt store must not re-execute it.
+        if let (Some((t, op)), false) = (logged, resp.replayed) {
             self.log_update(t, skey, &op);
         }
-        let resp = self.call(skey, StoreOp::State(op), tag)?;
         if let (Some(ts), Ok(v)) = (&resp.ts, &resp.result) {
             let read = LastRead { key: skey, value: v.clone(), ts: ts.clone() };
             if self.cfg.write_through {
@@ -684,6 +686,8 @@ impl StoreClient {
             if resp.replayed {
                 return resp.result.map_err(StateError::Backend);
             }
+            // Logged like shared updates: a rebuilt store finds its TS clocks among them.
+            self.log_update(tag, skey, &op);
             let Some(entry) = self.caches.get_mut(idx).and_then(|c| c.get_mut(key)) else {
                 return Err(StateError::UnknownObject(obj));
             };
@@ -695,6 +699,7 @@ impl StoreClient {
         };
         let r = apply(&mut entry.value, op.clone(), &self.custom)?;
         self.note_update(obj);
+        self.log_update(tag, skey, &op);
         self.queue_nb(skey, StoreOp::State(op), Some(tag));
         Ok(r)
     }

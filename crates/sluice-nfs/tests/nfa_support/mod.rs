@@ -48,7 +48,8 @@ impl StateHandle for Probe {
 pub fn instance_of(kind: &str, config: &str, index: u16, count: u16) -> (Instance, Probe) {
     let config: serde_yaml::Value = serde_yaml::from_str(config).expect("yaml");
     let mut labels = LabelTable::default();
-    let mut bctx = BuildCtx { vertex: kind, instance: index, instances: count, labels: &mut labels };
+    let mut bctx =
+        BuildCtx { vertex: kind, instance: index, instances: count, labels: &mut labels, shared_state: false };
     let nf = sluice_nfs::registry().build(kind, &config, &mut bctx).expect("build");
     let probe = Probe(Arc::new(Mutex::new(LocalState::new(nf.state_objects(), nf.custom_ops()))));
     let inst = Instance::new(nf, Box::new(probe.clone()), kind.into(), InstanceId::new(0, index), Arc::new(labels));
