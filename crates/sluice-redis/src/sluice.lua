@@ -584,27 +584,23 @@ local function dump(_keys, a)
   local values, ts, timers = {}, {}, {}
   for j = 1, nb do
     local h = '{' .. P .. ':' .. a[2 + j] .. '}'
+    -- One metadata read per entry serves both the value and its timer (every entry with a
+    -- timer is in K): checkpoints run every few hundred milliseconds on large buckets.
     for _, k in ipairs(redis.call('SMEMBERS', h .. 'K')) do
       local e = entry(h, k)
-      local t = redis.call('HGET', e.m, 't')
-      if t then
+      local f = redis.call('HMGET', e.m, 't', 'd', 'w', 'o')
+      if f[1] then
         values[#values + 1] = k
-        values[#values + 1] = full_enc(e, t)
+        values[#values + 1] = full_enc(e, f[1])
+      end
+      if f[2] then
+        timers[#timers + 1] = k
+        timers[#timers + 1] = f[2]
+        timers[#timers + 1] = f[4] or f[3]
       end
     end
     for _, x in ipairs(ts_vector(h)) do
       ts[#ts + 1] = x
-    end
-    for _, m in ipairs(redis.call('ZRANGE', h .. 'Z', 0, -1)) do
-      local d = string.sub(m, 1, 16)
-      local e = entry(h, string.sub(m, 17))
-      local f = redis.call('HMGET', e.m, 'd', 'w', 'o')
-      -- Index members of re-armed timers are removed when re-armed; still, trust the metadata.
-      if f[1] == d then
-        timers[#timers + 1] = e.k
-        timers[#timers + 1] = d
-        timers[#timers + 1] = f[3] or f[2]
-      end
     end
   end
   return { values, ts, timers }
