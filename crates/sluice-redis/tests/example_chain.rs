@@ -19,7 +19,10 @@ type Outcome = (Vec<(u64, Vec<u8>)>, Vec<String>);
 
 fn run_in(chain: &Chain, packets: &[Packet], state: &StateConfig) -> Outcome {
     let plan = compile_with(chain, &sluice_nfs::registry(), packets, state).expect("plan");
-    let cfg = RunConfig { workers: 1, pin: false, batch: 32, window: 2048, ..RunConfig::default() };
+    // No periodic checkpoints: this test compares outputs across modes, and a checkpoint dumps
+    // the whole keyspace while the chain waits (checkpoint cost is measured in bench-store).
+    let cfg =
+        RunConfig { workers: 1, pin: false, batch: 32, window: 2048, checkpoint_every: None, ..RunConfig::default() };
     let mut sink = CollectSink::default();
     let r = run(plan, &cfg, &mut MemorySource::new(packets), &mut sink, RunHooks::default()).expect("run");
     assert!(r.balanced());
