@@ -1034,20 +1034,35 @@ impl<'a> Engine<'a> {
         }
         self.fix_lost_barriers();
         let id = InstanceId::new(vertex as u16, index);
-        let replayed = self.replay(id);
+        let detail = format!("instance {index} failed with {} queued packet(s)", lost.len());
+        self.replay_episode("crash", count, vertex, id, wall, detail);
+        self.check_replay_done();
+        Ok(())
+    }
+
+    /// Replays the log towards `target` and records the episode, whose virtual time runs until
+    /// the replay has drained.
+    fn replay_episode(
+        &mut self,
+        kind: &str,
+        count: u64,
+        vertex: usize,
+        target: InstanceId,
+        wall: Instant,
+        detail: String,
+    ) {
+        let replayed = self.replay(target);
         let name = self.vertices.get(vertex).map(|v| v.plan.name.to_string());
         self.report.episodes.push(Episode {
-            kind: "crash".into(),
+            kind: kind.into(),
             at_packet: count,
             vertex: name,
             wall_us: wall.elapsed().as_secs_f64() * 1e6,
             replayed,
-            detail: format!("instance {index} failed with {} queued packet(s)", lost.len()),
+            detail,
             ..Episode::default()
         });
         self.replay_episodes.push((self.report.episodes.len() - 1, self.now));
-        self.check_replay_done();
-        Ok(())
     }
 
     /// A barrier for a move from a node that crashed: the move's `from` now points at the
@@ -1521,17 +1536,7 @@ impl<'a> Engine<'a> {
         c.busy_until = self.now;
         let clone = self.nodes.len();
         self.nodes.push(c);
-        let replayed = self.replay(id);
-        let name = self.vertices.get(vertex).map(|v| v.plan.name.to_string());
-        self.report.episodes.push(Episode {
-            kind: "clone".into(),
-            at_packet: count,
-            vertex: name,
-            wall_us: wall.elapsed().as_secs_f64() * 1e6,
-            replayed,
-            ..Episode::default()
-        });
-        self.replay_episodes.push((self.report.episodes.len() - 1, self.now));
+        self.replay_episode("clone", count, vertex, id, wall, String::new());
         self.trials.push((node, clone, count + self.cfg.clone_trial));
         self.check_replay_done();
         Ok(())

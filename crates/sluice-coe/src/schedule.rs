@@ -178,31 +178,9 @@ pub struct Threshold {
     pub load: Option<f64>,
 }
 
-/// A fault schedule that cannot be read, or does not fit its chain.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct ScheduleError {
-    /// The schedule file (`<schedule>` when it was built in code).
-    pub file: PathBuf,
-    /// 1-based line, when known.
-    pub line: Option<usize>,
-    /// Dotted path of the field (`events.2.crash.vertex`), empty for the whole file.
-    pub field: String,
-    /// What is wrong and what is expected.
-    pub message: String,
-}
-
-impl fmt::Display for ScheduleError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file.display())?;
-        if let Some(l) = self.line {
-            write!(f, ":{l}")?;
-        }
-        if !self.field.is_empty() {
-            write!(f, ": field `{}`", self.field)?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
+/// A fault schedule that cannot be read, or does not fit its chain: located like a chain-file
+/// error (file, line, dotted field; `<schedule>` for schedules built in code).
+pub type ScheduleError = sluice_runtime::SpecError;
 
 impl At {
     /// The packet count this point stands for in a trace of `total_packets` packets

@@ -213,18 +213,7 @@ fn trojan_detection_survives_delayed_scrubbers_only_with_clocks() {
 /// clones the instance that is slower than its peers.
 #[test]
 fn policies_scale_and_clone() {
-    let c = chain(
-        r#"
-name: nat-lb
-vertices:
-  nat: { type: nat, instances: 2, config: { external_ip: 198.51.100.1, internal: ["10.0.0.0/8"] } }
-  lb: { type: lb, config: { backends: [10.1.0.1, 10.1.0.2, 10.1.0.3, 10.1.0.4] } }
-edges:
-  - { from: input, to: nat }
-  - { from: nat, to: lb }
-  - { from: lb, to: output }
-"#,
-    );
+    let c = chain(NAT_LB);
     let p = demo(0.2, 9);
     let text = r#"
 events:
