@@ -277,6 +277,9 @@ struct Vertex {
     arrivals: u64,
     /// The NF's state objects.
     decls: Vec<sluice_state::StateDecl>,
+    /// Vertices reachable from this one (itself included): a replay copy aimed at an instance
+    /// of vertex `t` only travels through vertices that reach `t`.
+    reaches: Vec<bool>,
 }
 
 struct LogEntry {
@@ -374,8 +377,13 @@ impl<'a> Engine<'a> {
                 next_index: vp.instances.len() as u16,
                 arrivals: 0,
                 decls: Vec::new(),
+                reaches: Vec::new(),
             })
             .collect();
+        let reach = reachability(&plan.vertices);
+        for (v, r) in vertices.iter_mut().zip(reach) {
+            v.reaches = r;
+        }
         let mut nodes = Vec::new();
         for (vi, mut inst) in plan.instances {
             if let Some(v) = vertices.get_mut(vi) {
@@ -484,6 +492,10 @@ impl<'a> Engine<'a> {
     fn settle_end(&mut self) -> Result<bool, EngineError> {
         self.collect_commits();
         self.check_replay_done();
+        // The replay's end may have just released held packets into queues: serve them.
+        if self.nodes.iter().any(|n| n.alive && !n.queue.is_empty()) {
+            return Ok(false);
+        }
         let held: usize = self
             .nodes
             .iter()
@@ -629,6 +641,11 @@ impl<'a> Engine<'a> {
     /// Puts `pkt` in the queue of the instance of `target` that serves it.
     fn deliver(&mut self, target: Target, pkt: Packet, at: u64) {
         let v = match target {
+            Target::Output if pkt.meta.flags.contains(MetaFlags::REPLAYED) && pkt.meta.target.is_some() => {
+                // A replay copy that never met its target has nothing to deliver.
+                self.finished(&pkt);
+                return;
+            }
             Target::Output => {
                 // The root hears the packet is done before it leaves (synchronous delete):
                 // a crash after this point cannot replay it into a duplicate. The output port
@@ -642,6 +659,17 @@ impl<'a> Engine<'a> {
             Target::Vertex(v) => v,
         };
         let replayed = pkt.meta.flags.contains(MetaFlags::REPLAYED) && pkt.meta.target.is_some();
+        if let Some(t) = pkt.meta.target.filter(|_| replayed) {
+            // Duplicate upstream processing is limited to the path towards the replay's
+            // target: elsewhere the copy would make NFs that already processed this clock
+            // run again against later state (a replayed SYN of a connection closed since,
+            // say), for no output anyone needs.
+            let toward = self.vertices.get(v).is_some_and(|x| x.reaches.get(usize::from(t.vertex())) == Some(&true));
+            if !toward {
+                self.finished(&pkt);
+                return;
+            }
+        }
         let Some(vx) = self.vertices.get_mut(v) else { return };
         let key = split_key(&pkt, &vx.plan.split);
         let slot = match vx.pins.get(&key) {
@@ -660,8 +688,10 @@ impl<'a> Engine<'a> {
         let clone = self.nodes.iter().position(|n| n.alive && n.clone_of == Some(slot));
         if !replayed {
             if let Some(c) = clone {
-                // Live traffic of a straggler goes to its clone as well.
-                let copy = pkt.clone();
+                // Live traffic of a straggler goes to its clone as well; like a mirror copy it
+                // starts with an empty XOR vector so the root folds upstream updates in once.
+                let mut copy = pkt.clone();
+                copy.meta.xor = 0;
                 self.add_ref(&copy);
                 self.enqueue(c, copy, at, key);
             }
@@ -780,7 +810,6 @@ impl<'a> Engine<'a> {
                 pkt.meta.clock = Clock::new(0, vx.arrivals);
             }
             let verdict = n.inst.process(&mut pkt);
-            pkt.meta.clock = real;
             if duplicate {
                 let name = vp.name.to_string();
                 *self.report.stats.duplicate_updates.entry(name).or_default() += updates_of(&mut n.inst) - before;
@@ -998,6 +1027,9 @@ impl<'a> Engine<'a> {
             if p.meta.flags.contains(MetaFlags::REPLAYED) {
                 if let Some(c) = self.replays_in_flight.get_mut(&p.meta.clock) {
                     *c = c.saturating_sub(1);
+                    if *c == 0 {
+                        self.replays_in_flight.remove(&p.meta.clock);
+                    }
                 }
             }
         }
@@ -1419,6 +1451,8 @@ impl<'a> Engine<'a> {
         let leftover: Vec<Packet> = match self.nodes.get_mut(node) {
             Some(n) => {
                 n.inst.state().flush().map_err(store_err)?;
+                // Its acknowledged updates count for the XOR check before it goes.
+                n.inst.state().take_commits(&mut self.commits);
                 n.alive = false;
                 n.queue
                     .drain(..)
@@ -1732,6 +1766,40 @@ fn without_baseline_duplicates(logs: &mut [sluice_store::recovery::RecoveryLog],
             keep
         });
     }
+}
+
+/// For every vertex, which vertices its routes reach (itself included).
+fn reachability(plan: &[VertexPlan]) -> Vec<Vec<bool>> {
+    let n = plan.len();
+    let next: Vec<Vec<usize>> = plan
+        .iter()
+        .map(|vp| {
+            vp.routes
+                .iter()
+                .flatten()
+                .flat_map(|r| r.main.iter().chain(r.mirrors.iter()))
+                .filter_map(|r| match r.to {
+                    Target::Vertex(w) => Some(w),
+                    Target::Output => None,
+                })
+                .collect()
+        })
+        .collect();
+    (0..n)
+        .map(|start| {
+            let mut seen = vec![false; n];
+            let mut stack = vec![start];
+            while let Some(v) = stack.pop() {
+                if let Some(s) = seen.get_mut(v) {
+                    if !*s {
+                        *s = true;
+                        stack.extend(next.get(v).into_iter().flatten().copied());
+                    }
+                }
+            }
+            seen
+        })
+        .collect()
 }
 
 fn new_node(vertex: usize, index: u16, inst: Instance) -> Node {

@@ -230,3 +230,60 @@ policies:
     assert!(r.episodes.iter().any(|e| e.kind == "clone"), "the straggler policy cloned: {:?}", r.episodes);
     assert!(r.episodes.iter().any(|e| e.kind == "scale_out"), "the queue policy scaled out: {:?}", r.episodes);
 }
+
+/// Regression (random schedule 80): with a slow load balancer the Trojan detector's
+/// replacement holds live packets until the replay has drained, which happens only once the
+/// LB's long queue is through; the held packets (here the planted host's IRC activity) must
+/// still be processed, and every packet must leave the log.
+#[test]
+fn packets_held_during_a_long_replay_are_processed() {
+    let c = chain(EXAMPLE);
+    let p = demo(0.05, 11);
+    let events = vec![
+        event(At::Packet(1822), Action::Slow { vertex: "lb".into(), instance: 0, delay_us: (8, 20) }),
+        event(At::Packet(2420), Action::Crash { vertex: "trojan".into(), instance: 0 }),
+    ];
+    let cfg = EngineConfig { checkpoint_every: 500, ..EngineConfig::default() };
+    let r = run(&c, &p, events, cfg, embedded());
+    assert!(r.equivalent, "{}", r.render());
+    assert_eq!(flagged(&r), vec!["192.168.66.7".to_string()]);
+    assert_eq!(r.engine.log_left, 0, "no packet stuck in the root's log");
+}
+
+/// Regression (random schedule 80 with its store crash): a replay aimed at the Trojan
+/// detector must not wander through the portscan detector and the load balancer, which had
+/// processed those clocks already; re-running the LB on a connection's SYN after its close
+/// re-opened the connection on another backend.
+#[test]
+fn replay_copies_only_travel_towards_their_target() {
+    let c = chain(EXAMPLE);
+    let p = demo(0.05, 11);
+    let events = vec![
+        event(At::Packet(1822), Action::Slow { vertex: "lb".into(), instance: 0, delay_us: (8, 20) }),
+        event(At::Packet(2420), Action::Crash { vertex: "trojan".into(), instance: 0 }),
+        event(At::Percent(83.9), Action::CrashStore),
+    ];
+    let cfg = EngineConfig { checkpoint_every: 500, ..EngineConfig::default() };
+    let r = run(&c, &p, events, cfg, embedded());
+    assert!(r.equivalent, "{}", r.render());
+    assert_eq!(r.engine.log_left, 0);
+}
+
+/// Regression (random schedule 184): the copy of live traffic a clone receives starts with an
+/// empty XOR vector; inheriting the upstream NFs' vector folded their updates in twice and
+/// kept those packets in the root's log forever.
+#[test]
+fn clone_trials_leave_nothing_in_the_log() {
+    let c = chain(EXAMPLE);
+    let p = demo(0.05, 11);
+    let events = vec![
+        event(At::Percent(3.7), Action::Clone { vertex: "lb".into(), instance: 0 }),
+        event(At::Packet(1272), Action::CrashStore),
+        event(At::Percent(43.8), Action::Scale { vertex: "nat".into(), to: ScaleTo::Exactly(1) }),
+        event(At::Percent(72.9), Action::Clone { vertex: "lb".into(), instance: 0 }),
+    ];
+    let cfg = EngineConfig { checkpoint_every: 500, ..EngineConfig::default() };
+    let r = run(&c, &p, events, cfg, embedded());
+    assert!(r.equivalent, "{}", r.render());
+    assert_eq!(r.engine.log_left, 0);
+}
