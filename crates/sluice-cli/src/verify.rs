@@ -82,6 +82,8 @@ enum Mechanism {
     Move,
     /// The XOR check on the root's log.
     Xor,
+    /// Recording non-deterministic values (random numbers, wall-clock time) by clock.
+    Nondet,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -190,6 +192,7 @@ pub fn cmd_verify(a: VerifyArgs) -> Result<(), Failure> {
         duplicate_suppression: !a.off.contains(&Mechanism::Dedup),
         move_protocol: !a.off.contains(&Mechanism::Move),
         xor_check: !a.off.contains(&Mechanism::Xor),
+        record_nondeterminism: !a.off.contains(&Mechanism::Nondet),
     };
     let cfg = EngineConfig {
         arrival_ns: a.arrival_ns.max(1),

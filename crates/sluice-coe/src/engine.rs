@@ -59,11 +59,20 @@ pub struct Switches {
     pub move_protocol: bool,
     /// The root keeps a packet until its updates are committed. Off: until its copies are done.
     pub xor_check: bool,
+    /// Non-deterministic values NFs draw (random numbers, wall-clock time) are recorded in the
+    /// store by clock, so a replay or a clone draws the same. Off: every draw is fresh.
+    pub record_nondeterminism: bool,
 }
 
 impl Default for Switches {
     fn default() -> Self {
-        Switches { clocks: true, duplicate_suppression: true, move_protocol: true, xor_check: true }
+        Switches {
+            clocks: true,
+            duplicate_suppression: true,
+            move_protocol: true,
+            xor_check: true,
+            record_nondeterminism: true,
+        }
     }
 }
 
@@ -280,6 +289,8 @@ struct Vertex {
     /// Vertices reachable from this one (itself included): a replay copy aimed at an instance
     /// of vertex `t` only travels through vertices that reach `t`.
     reaches: Vec<bool>,
+    /// During a clone trial: per flow, when the last of its packets processed here leaves.
+    flow_out: HashMap<u64, u64>,
 }
 
 struct LogEntry {
@@ -361,6 +372,7 @@ impl<'a> Engine<'a> {
             // Any instance may receive moved flows or replace another: always look up.
             fresh: false,
             dedupe: cfg.switches.duplicate_suppression,
+            record_nondeterminism: cfg.switches.record_nondeterminism,
             flush_every: 1,
             ..ClientConfig::default()
         };
@@ -378,6 +390,7 @@ impl<'a> Engine<'a> {
                 arrivals: 0,
                 decls: Vec::new(),
                 reaches: Vec::new(),
+                flow_out: HashMap::new(),
             })
             .collect();
         let reach = reachability(&plan.vertices);
@@ -736,6 +749,8 @@ impl<'a> Engine<'a> {
         let mut suppressed = Vec::new();
         let suppress = self.cfg.switches.duplicate_suppression;
         if let Some(n) = self.nodes.get_mut(node) {
+            let decided = self.vertices.get(n.vertex).map(|v| &v.decided);
+            let is_clone = n.clone_of.is_some();
             while batch.len() < self.cfg.batch {
                 match n.queue.front() {
                     Some(q) if q.at <= start => {}
@@ -747,11 +762,18 @@ impl<'a> Engine<'a> {
                         // Duplicates are dropped where they arrive, in arrival order; a replay
                         // copy on its way to its target passes.
                         let to_target = p.meta.flags.contains(MetaFlags::REPLAYED) && p.meta.target.is_some();
-                        if !n.seen.insert(p.meta.clock) && !to_target {
-                            if suppress {
-                                suppressed.push(p);
-                                continue;
-                            }
+                        let first_here = n.seen.insert(p.meta.clock);
+                        // Processed by another instance of the vertex already (a straggler
+                        // and its clone both receive live traffic): its effects are in the
+                        // store, and processing it again would read later state.
+                        let elsewhere = decided.is_some_and(|d| d.contains(&p.meta.clock));
+                        // A clone's replay need not redo what its straggler did: the store
+                        // has it (the straggler flushed when the clone started).
+                        if suppress && ((elsewhere && (!to_target || is_clone)) || (!first_here && !to_target)) {
+                            suppressed.push(p);
+                            continue;
+                        }
+                        if !first_here && !to_target {
                             let name = self.vertices.get(n.vertex).map(|v| v.plan.name.to_string()).unwrap_or_default();
                             *self.report.stats.duplicate_packets.entry(name).or_default() += 1;
                         }
@@ -770,7 +792,18 @@ impl<'a> Engine<'a> {
         }
         let mut t = start;
         if !batch.is_empty() {
+            let twin = self.twin_of(node);
+            if let Some(tw) = twin.and_then(|tw| self.nodes.get_mut(tw)) {
+                // The twin's updates reach the store before this instance reads what they touched.
+                tw.inst.state().flush().map_err(store_err)?;
+            }
             t = self.process_batch(node, batch, start)?;
+            if let Some(tw) = twin {
+                let written = self.nodes.get_mut(node).and_then(|n| client(&mut n.inst)).map(|c| c.take_written());
+                if let (Some(keys), Some(c)) = (written, self.nodes.get_mut(tw).and_then(|n| client(&mut n.inst))) {
+                    c.forget_cached(&keys);
+                }
+            }
         }
         if let Some(n) = self.nodes.get_mut(node) {
             n.busy_until = t;
@@ -781,7 +814,19 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
+    /// The other instance of a clone trial `node` is part of, while both run.
+    fn twin_of(&self, node: usize) -> Option<usize> {
+        let alive = |n: usize| self.nodes.get(n).is_some_and(|x| x.alive);
+        self.trials.iter().find_map(|&(s, c, _)| match node {
+            _ if !alive(s) || !alive(c) => None,
+            n if n == s => Some(c),
+            n if n == c => Some(s),
+            _ => None,
+        })
+    }
+
     fn process_batch(&mut self, node: usize, batch: Vec<Packet>, start: u64) -> Result<u64, EngineError> {
+        let twinned = self.twin_of(node).is_some();
         let mut t = start;
         let Some(n) = self.nodes.get_mut(node) else { return Ok(t) };
         let v = n.vertex;
@@ -797,6 +842,13 @@ impl<'a> Engine<'a> {
             t += service;
             n.busy_ns += service;
             n.processed += 1;
+            if twinned {
+                // A straggler and its clone take turns on a flow's packets: neither may emit
+                // one before the other has emitted the flow's previous one.
+                let key = split_key(&pkt, &vx.plan.split);
+                t = t.max(vx.flow_out.get(&key).map_or(0, |f| f + 1));
+                vx.flow_out.insert(key, t);
+            }
             let real = pkt.meta.clock;
             let replayed = pkt.meta.flags.contains(MetaFlags::REPLAYED);
             // The first processing of a clock at this vertex decides; later ones (replays,
@@ -1292,17 +1344,20 @@ impl<'a> Engine<'a> {
 
     /// Tells a rebuilt store which updates of packets still in the root's log it holds: their
     /// tags go into its per-clock log (as no-op updates of a scratch value), so a later replay
-    /// of those packets is recognised as a duplicate rather than applied twice.
+    /// of those packets is recognised as a duplicate rather than applied twice. Recorded
+    /// non-deterministic values are logged again with their value, so a replay still draws it.
     fn mark_in_flight(&self, logs: &[sluice_store::recovery::RecoveryLog]) -> Result<(), EngineError> {
         let mut reqs = Vec::new();
         for l in logs {
             for e in l.wal.iter().filter(|e| self.log.contains_key(&e.tag.clock)) {
-                let key = sluice_store::StoreKey {
-                    vertex: e.key.vertex,
-                    object: SCRATCH_OBJECT,
-                    key: sluice_state::StateKey::Unit,
+                let (object, op) = match &e.op {
+                    sluice_state::StateOp::Record(v) => {
+                        (sluice_store::NONDET_OBJECT, sluice_state::StateOp::Record(v.clone()))
+                    }
+                    _ => (SCRATCH_OBJECT, sluice_state::StateOp::Incr(0)),
                 };
-                let op = sluice_store::StoreOp::State(sluice_state::StateOp::Incr(0));
+                let key = sluice_store::StoreKey { vertex: e.key.vertex, object, key: sluice_state::StateKey::Unit };
+                let op = sluice_store::StoreOp::State(op);
                 reqs.push(sluice_store::Request { id: 0, client: l.instance, tag: Some(e.tag), key, op, reply: false });
             }
         }
@@ -1558,7 +1613,16 @@ impl<'a> Engine<'a> {
             x.next_index += 1;
         }
         let instances = self.vertices.get(vertex).map_or(1, |x| x.members.len()) as u16 + 1;
+        // The clone starts from the store: everything the straggler did is there first. From
+        // now on both serve the same flows, and each forgets its copies of what the other writes.
+        if let Some(c) = self.nodes.get_mut(node).and_then(|n| client(&mut n.inst)) {
+            sluice_state::StateHandle::flush(c).map_err(store_err)?;
+            c.track_written(true);
+        }
         let mut inst = self.build(vertex, index, instances)?;
+        if let Some(c) = client(&mut inst) {
+            c.track_written(true);
+        }
         // The clone takes over the straggler's timers too (from the store's copy).
         let straggler = InstanceId::new(vertex as u16, self.nodes.get(node).map_or(0, |n| n.index));
         self.adopt_timers(&mut inst, straggler)?;
@@ -1567,7 +1631,8 @@ impl<'a> Engine<'a> {
         c.recovering = true;
         c.clone_of = Some(node);
         c.flows = flows;
-        c.busy_until = self.now;
+        // After the straggler's batch in progress, whose packets are still leaving.
+        c.busy_until = self.now.max(self.nodes.get(node).map_or(0, |n| n.busy_until));
         let clone = self.nodes.len();
         self.nodes.push(c);
         self.replay_episode("clone", count, vertex, id, wall, String::new());
@@ -1593,8 +1658,14 @@ impl<'a> Engine<'a> {
         let c = (backlog(self.nodes.get(clone)), per_packet(self.nodes.get(clone)));
         let keep_clone = c.1 < s.1 || (c.1 == s.1 && c.0 < s.0);
         let (keep, drop) = if keep_clone { (clone, straggler) } else { (straggler, clone) };
+        if let Some(v) = self.nodes.get(keep).and_then(|n| self.vertices.get_mut(n.vertex)) {
+            v.flow_out.clear();
+        }
         if let Some(n) = self.nodes.get_mut(keep) {
             n.clone_of = None;
+            if let Some(c) = client(&mut n.inst) {
+                c.track_written(false);
+            }
         }
         if keep_clone {
             self.replace_everywhere(straggler, clone);

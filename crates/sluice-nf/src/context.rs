@@ -3,8 +3,9 @@
 use crate::event::Event;
 use crate::registry::LabelTable;
 use sluice_packet::{Clock, InstanceId, LabelId};
-use sluice_state::StateHandle;
+use sluice_state::{StateError, StateHandle, Value};
 use std::fmt::Display;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The processing context of one NF instance, valid for one packet or timer.
 pub struct NfContext<'a> {
@@ -41,6 +42,24 @@ impl<'a> NfContext<'a> {
     /// The id of a label name used in the chain, if any edge or NF uses it.
     pub fn label(&self, name: &str) -> Option<LabelId> {
         self.labels.get(name)
+    }
+
+    /// A random 64-bit number for the packet being processed. Drawn fresh the first time;
+    /// every later processing of the same packet (a replay after a failure, a clone beside a
+    /// straggler) gets the same number back, so its decisions repeat
+    /// ([`StateHandle::record`]). Fails only if the state store does.
+    pub fn random_u64(&mut self) -> Result<u64, StateError> {
+        let fresh = Value::Int(rand::random::<u64>() as i64);
+        Ok(self.state.record(fresh)?.as_int().map_or(0, |v| v as u64))
+    }
+
+    /// Wall-clock time, nanoseconds since the Unix epoch, as it was when this packet was first
+    /// processed; later processings of the packet get the same value, like
+    /// [`Self::random_u64`]. For timeouts use packet time ([`Self::now_ns`]), which a replay
+    /// repeats by itself.
+    pub fn wall_clock_ns(&mut self) -> Result<u64, StateError> {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        Ok(self.state.record(Value::Int(now as i64))?.as_int().map_or(now, |v| v as u64))
     }
 
     /// Emits a decision.

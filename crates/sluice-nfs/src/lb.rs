@@ -1,9 +1,11 @@
-//! Least-connections load balancer.
+//! Least-connections (or random) load balancer.
 //!
 //! # Semantics
 //!
 //! A new TCP or UDP connection to a virtual IP (VIP) is assigned the backend with the fewest
-//! active connections (ties broken round-robin, so an idle pool is used evenly). Its packets
+//! active connections (ties broken round-robin, so an idle pool is used evenly), or with
+//! `policy: random` a backend drawn at random ([`NfContext::random_u64`]: a packet processed
+//! again after a failure, or by a clone, draws the same backend). Its packets
 //! from the client have their destination rewritten to the backend: the address always, the
 //! port only when the backend names one. Packets of the same connection coming back from the
 //! backend have their source rewritten to the VIP endpoint the client used.
@@ -68,13 +70,14 @@
 //!       backends: [10.1.0.1, 10.1.0.2, "10.1.0.3:8080"]  # "ip" or "ip:port"
 //!       timeout: 300                                     # idle timeout, seconds
 //!       linger: 10                                       # mapping kept after close, seconds
+//!       policy: least_connections                        # or random
 //! edges:
 //!   - { from: input, to: lb }
 //!   - { from: lb, to: output }
 //! ```
 //! Defaults: no VIPs (balance everything), four backends `10.1.0.1`–`10.1.0.4`, `timeout`
-//! 300 s, `linger` 10 s, so `type: lb` works out of the box in tests and demos. All backends
-//! and VIPs must be of one IP family.
+//! 300 s, `linger` 10 s, `policy: least_connections`, so `type: lb` works out of the box in
+//! tests and demos. All backends and VIPs must be of one IP family.
 
 use crate::util::{parse_config, parse_endpoint, NS_PER_S};
 use serde::Deserialize;
@@ -97,6 +100,7 @@ pub const BYTES: ObjectId = ObjectId(3);
 const OP_PICK: u16 = 0;
 const OP_RELEASE: u16 = 1;
 const OP_CLOSE: u16 = 2;
+const OP_TAKE: u16 = 3;
 
 // Bits of a connection entry above the 16-bit backend index.
 const CLIENT_IS_A: i64 = 1;
@@ -117,6 +121,20 @@ pub struct LbConfig {
     /// How long a closed connection's mapping is kept for its last packets, seconds, counted
     /// from the packet that closed it.
     pub linger: u64,
+    /// How a new connection's backend is chosen.
+    pub policy: Policy,
+}
+
+/// How the load balancer chooses a new connection's backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// The backend with the fewest active connections (ties round-robin).
+    LeastConnections,
+    /// A backend drawn uniformly at random. The draw goes through
+    /// [`NfContext::random_u64`], so a replayed packet gets the backend its first processing
+    /// got.
+    Random,
 }
 
 impl Default for LbConfig {
@@ -126,6 +144,7 @@ impl Default for LbConfig {
             backends: (1..=4).map(|i| format!("10.1.0.{i}")).collect(),
             timeout: 300,
             linger: 10,
+            policy: Policy::LeastConnections,
         }
     }
 }
@@ -136,8 +155,9 @@ pub struct LbNf {
     backends: Vec<(IpAddr, Option<u16>)>,
     timeout_ns: u64,
     linger_ns: u64,
+    policy: Policy,
     decls: Vec<StateDecl>,
-    custom: [CustomOp; 3],
+    custom: [CustomOp; 4],
 }
 
 /// Builds an instance from its config.
@@ -187,6 +207,7 @@ impl LbNf {
             backends,
             timeout_ns: cfg.timeout * NS_PER_S,
             linger_ns: cfg.linger * NS_PER_S,
+            policy: cfg.policy,
             decls: vec![
                 StateDecl::new("active_connections", Scope::global(), AccessPattern::ReadWriteOften).allocation(),
                 StateDecl::new("conn_backend", Scope::per_flow(), AccessPattern::ReadHeavy).allocation(),
@@ -197,6 +218,7 @@ impl LbNf {
                 CustomOp { name: "lb-pick-least-loaded", apply: op_pick },
                 CustomOp { name: "lb-release", apply: op_release },
                 CustomOp { name: "lb-close", apply: op_close },
+                CustomOp { name: "lb-take", apply: op_take },
             ],
         })
     }
@@ -338,13 +360,20 @@ impl LbNf {
         if !self.is_vip(t.dst, t.dport) {
             return Ok(Verdict::Forward);
         }
-        // New connection: pick the least-loaded backend and count it, in one operation.
-        let n = Value::Int(self.backends.len() as i64);
-        let idx = ctx
-            .state
-            .custom(ACTIVE, &StateKey::Unit, OP_PICK, n)?
-            .and_then(|v| v.as_int())
-            .ok_or(StateError::Custom("pick returned no backend"))?;
+        let n = self.backends.len() as i64;
+        let idx = match self.policy {
+            // Pick the least-loaded backend and count it, in one operation.
+            Policy::LeastConnections => ctx
+                .state
+                .custom(ACTIVE, &StateKey::Unit, OP_PICK, Value::Int(n))?
+                .and_then(|v| v.as_int())
+                .ok_or(StateError::Custom("pick returned no backend"))?,
+            Policy::Random => {
+                let idx = (ctx.random_u64()? % n as u64) as i64;
+                ctx.state.custom(ACTIVE, &StateKey::Unit, OP_TAKE, Value::Ints(vec![n, idx]))?;
+                idx
+            }
+        };
         let Some((bip, bport)) = self.backend_ep(idx as usize, t.dport) else {
             return Ok(Verdict::Drop("lb-state-error"));
         };
@@ -417,6 +446,28 @@ fn op_pick(slot: &mut Option<Value>, arg: &Value) -> Result<Option<Value>, State
     Ok(Some(Value::Int(best as i64)))
 }
 
+/// Counts one more connection on a backend chosen by the caller; `arg` is `Ints([backend
+/// count, index])`. Returns the new count.
+fn op_take(slot: &mut Option<Value>, arg: &Value) -> Result<Option<Value>, StateError> {
+    let (n, i) = match arg {
+        Value::Ints(a) if a.len() == 2 && a[0] > 0 && (0..a[0]).contains(&a[1]) => (a[0] as usize, a[1] as usize),
+        _ => return Err(StateError::Custom("take needs the backend count and an index below it")),
+    };
+    let mut v = match slot.take() {
+        Some(Value::Ints(v)) => v,
+        None => Vec::new(),
+        Some(other) => {
+            *slot = Some(other);
+            return Err(StateError::Custom("active counts are not an integer record"));
+        }
+    };
+    v.resize(n + 1, 0);
+    v[i] += 1;
+    let r = v[i];
+    *slot = Some(Value::Ints(v));
+    Ok(Some(Value::Int(r)))
+}
+
 /// Counts one connection less on backend `arg` (never below zero); returns the new count.
 fn op_release(slot: &mut Option<Value>, arg: &Value) -> Result<Option<Value>, StateError> {
     let i = arg.as_int().and_then(|i| usize::try_from(i).ok()).ok_or(StateError::Custom("release needs an index"))?;
@@ -460,7 +511,7 @@ impl NetworkFunction for LbNf {
     }
 
     /// `0` pick the least-loaded backend and increment it, `1` decrement a backend's count,
-    /// `2` mark a connection closed (once).
+    /// `2` mark a connection closed (once), `3` increment a chosen backend's count.
     fn custom_ops(&self) -> &[CustomOp] {
         &self.custom
     }

@@ -727,6 +727,10 @@ impl RedisConnection {
                     }
                 }
                 StateOp::Custom { .. } => "R",
+                StateOp::Record(v) => {
+                    extra.push(encode_value(v));
+                    "E"
+                }
             },
             StoreOp::IncrMany(incrs) => {
                 extra.push(incrs.len().to_string().into_bytes());

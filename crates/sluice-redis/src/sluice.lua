@@ -335,6 +335,9 @@ local function state_update(e, code, a, i, t)
     return 'o', ''
   elseif code == 'R' then
     return 'f'
+  elseif code == 'E' then
+    -- Record: the answer is the argument; the per-clock log keeps it for repeats.
+    return 'o', a[i]
   elseif code == 'W' then
     local ver = a[i]
     local new, j = read_form(a, i + 1)
@@ -504,7 +507,7 @@ local function exec(_keys, a)
       local _, j = read_form(a, args)
       local _, j2 = read_form(a, j)
       nargs = j2 - args
-    elseif code == 'I' or code == 'P' or code == 'N' or code == 'A' then
+    elseif code == 'I' or code == 'P' or code == 'N' or code == 'A' or code == 'E' then
       nargs = 1
     elseif code == 'V' or code == 'F' then
       nargs = 2

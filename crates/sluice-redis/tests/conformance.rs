@@ -56,6 +56,7 @@ checks!(
     checkpoint_timers,
     wipe_empties_store,
     tagged_reads_not_logged,
+    recorded_values_repeat,
 );
 
 /// The whole suite, sequentially, on one keyspace of each target (state left by one check must

@@ -51,6 +51,16 @@ pub trait StateHandle: Send {
         self.exec(obj, key, op).map(|_| ())
     }
 
+    /// A value the NF drew from a non-deterministic source (a random number, the wall clock)
+    /// while processing the current packet. Processing the same packet again (a replay after a
+    /// failure, a clone beside a straggler) must see the same value, so a backend that can
+    /// replay records the first value under the packet's clock and the draw's position, and
+    /// returns the recorded value to every later draw at the same place (CHC §5: values are
+    /// written to the store keyed by clock). The local backend never replays: `fresh`.
+    fn record(&mut self, fresh: Value) -> Result<Value, StateError> {
+        Ok(fresh)
+    }
+
     /// Arms (or re-arms) a timer on `key` of `obj` for `deadline_ns` in packet time.
     fn set_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64);
 

@@ -79,6 +79,7 @@ pub fn apply(slot: &mut Option<Value>, op: StateOp, custom: &[CustomOp]) -> Resu
                 Ok(slot.clone())
             }
         }
+        StateOp::Record(v) => Ok(Some(v)),
         StateOp::Custom { op, arg } => {
             let c = custom.get(usize::from(op)).ok_or(StateError::UnknownCustomOp(op))?;
             let before = slot.clone();

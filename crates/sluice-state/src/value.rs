@@ -118,6 +118,11 @@ pub enum StateOp {
         /// Its argument.
         arg: Value,
     },
+    /// Record a value the NF drew from a non-deterministic source (a random number, the wall
+    /// clock). The value stored under the key is left alone. Result: the argument. Its use is
+    /// the tag it travels with: a store answers a repeat of the tag (a replayed packet, a
+    /// clone's copy) from its per-clock log, that is with the value recorded first.
+    Record(Value),
 }
 
 impl StateOp {

@@ -70,7 +70,16 @@ pub struct ClientConfig {
     /// Updates carry exactly-once tags (the default). Off only to show what duplicate
     /// suppression prevents: the store then applies every copy of a duplicated update.
     pub dedupe: bool,
+    /// Non-deterministic values an NF draws ([`StateHandle::record`]: random numbers, the
+    /// wall clock) are recorded in the store under the packet's clock, so that a replay or a
+    /// clone draws the same ones. Costs a round trip per draw; only the fault-tolerant
+    /// executor, which replays, turns it on.
+    pub record_nondeterminism: bool,
 }
+
+/// The object index under which [`StateHandle::record`] records values (no NF declares that
+/// many objects; the value itself is never written, only the per-clock log entry).
+pub const NONDET_OBJECT: u16 = u16::MAX - 1;
 
 impl Default for ClientConfig {
     fn default() -> Self {
@@ -84,6 +93,7 @@ impl Default for ClientConfig {
             fresh: true,
             write_through: false,
             dedupe: true,
+            record_nondeterminism: false,
         }
     }
 }
@@ -245,6 +255,9 @@ pub struct StoreClient {
     uncommitted: VecDeque<(u64, Vec<(Clock, u32)>)>,
     /// Entries whose updates the store has acknowledged, for [`StateHandle::take_commits`].
     committed: Vec<(Clock, u32)>,
+    /// Per-flow keys written through since the last [`StoreClient::take_written`], collected
+    /// only while another instance serves the same flows (a straggler and its clone).
+    written: Option<Vec<(ObjectId, StateKey)>>,
     stats: ClientStats,
 }
 
@@ -296,7 +309,29 @@ impl StoreClient {
             batch_xors: Vec::new(),
             uncommitted: VecDeque::new(),
             committed: Vec::new(),
+            written: None,
             stats: ClientStats::default(),
+        }
+    }
+
+    /// Starts (or stops) collecting the per-flow keys this instance writes through, for a
+    /// twin that serves the same flows to forget its copies of ([`StoreClient::forget_cached`]).
+    pub fn track_written(&mut self, on: bool) {
+        self.written = if on { Some(self.written.take().unwrap_or_default()) } else { None };
+    }
+
+    /// The per-flow keys written through since the last call (while tracking).
+    pub fn take_written(&mut self) -> Vec<(ObjectId, StateKey)> {
+        self.written.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Drops the local copies of these per-flow keys: another instance changed them, and the
+    /// next access reads them from the store.
+    pub fn forget_cached(&mut self, keys: &[(ObjectId, StateKey)]) {
+        for (obj, key) in keys {
+            if let Some(c) = self.caches.get_mut(usize::from(obj.0)) {
+                c.remove(key);
+            }
         }
     }
 
@@ -688,6 +723,9 @@ impl StoreClient {
             }
             // Logged like shared updates: a rebuilt store finds its TS clocks among them.
             self.log_update(tag, skey, &op);
+            if let Some(w) = &mut self.written {
+                w.push((obj, *key));
+            }
             let Some(entry) = self.caches.get_mut(idx).and_then(|c| c.get_mut(key)) else {
                 return Err(StateError::UnknownObject(obj));
             };
@@ -698,6 +736,9 @@ impl StoreClient {
             return Err(StateError::UnknownObject(obj));
         };
         let r = apply(&mut entry.value, op.clone(), &self.custom)?;
+        if let Some(w) = &mut self.written {
+            w.push((obj, *key));
+        }
         self.note_update(obj);
         self.log_update(tag, skey, &op);
         self.queue_nb(skey, StoreOp::State(op), Some(tag));
@@ -764,6 +805,22 @@ fn strategy(d: &StateDecl, cfg: &ClientConfig) -> Strategy {
 }
 
 impl StateHandle for StoreClient {
+    fn record(&mut self, fresh: Value) -> Result<Value, StateError> {
+        if !self.cfg.record_nondeterminism {
+            return Ok(fresh);
+        }
+        // Blocking: whoever asks first (the original, or a clone racing it) fixes the value.
+        let key = StoreKey { vertex: self.vertex, object: NONDET_OBJECT, key: StateKey::Unit };
+        let op = StateOp::Record(fresh.clone());
+        let tag = self.next_tag();
+        let resp = self.call(key, StoreOp::State(op.clone()), Some(tag))?;
+        if !resp.replayed {
+            // In the write-ahead log, so a rebuilt store can learn the value again.
+            self.log_update(tag, key, &op);
+        }
+        Ok(resp.result.map_err(StateError::Backend)?.unwrap_or(fresh))
+    }
+
     fn exec(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
         let idx = usize::from(obj.0);
         let Some(&s) = self.strategies.get(idx) else { return Err(StateError::UnknownObject(obj)) };

@@ -71,6 +71,7 @@ pub fn all() -> Vec<(&'static str, Check)> {
         ("checkpoint_timers", checkpoint_timers),
         ("wipe_empties_store", wipe_empties_store),
         ("tagged_reads_not_logged", tagged_reads_not_logged),
+        ("recorded_values_repeat", recorded_values_repeat),
     ]
 }
 
@@ -1691,4 +1692,69 @@ pub fn tagged_reads_not_logged(b: &dyn Backend) -> Result<(), String> {
     ensure(!upd.replayed && upd.result == Ok(Some(Value::Int(111))), || {
         format!("the Get's tag must not be logged: a later update with it gave {upd:?}")
     })
+}
+
+/// CHC's test case 11: a straggler and its clone (two instances of one vertex) drawing a
+/// non-deterministic value for the same packet get the value drawn first; another packet, or
+/// the next draw for the same packet, gets its own; a replay of the packet at a third instance
+/// gets the first values again.
+pub fn recorded_values_repeat(b: &dyn Backend) -> Result<(), String> {
+    let v = 1021;
+    let base = fresh_base();
+    let decls = [StateDecl::new("x", Scope::global(), AccessPattern::ReadHeavy)];
+    let cfg =
+        ClientConfig { mode: Mode::Async, write_through: true, record_nondeterminism: true, ..Default::default() };
+    let mk = |i: u16| -> Result<StoreClient, String> {
+        let id = InstanceId::new(v, i);
+        let conn = b.connect(id).map_err(|e| format!("connect: {e}"))?;
+        Ok(StoreClient::new(conn, id, v, &decls, &[], cfg.clone()))
+    };
+    let (mut straggler, mut clone, mut replacement) = (mk(0)?, mk(1)?, mk(2)?);
+    // Draws `fresh` values (in order) while processing packet `n`; returns what the store says.
+    let draw = |c: &mut StoreClient, n: u64, fresh: &[Value]| -> Result<Vec<Value>, String> {
+        c.begin_batch();
+        let mut m = meta(clk(base, n));
+        c.begin_packet(&m);
+        let got: Result<Vec<Value>, StateError> = fresh.iter().map(|f| c.record(f.clone())).collect();
+        c.end_packet(&mut m);
+        c.end_batch();
+        got.map_err(|e| e.to_string())
+    };
+    let wall = Value::Int(1_700_000_000_123_456_789);
+    let first = draw(&mut straggler, 1, &[Value::Int(7), wall.clone()])?;
+    ensure(first == vec![Value::Int(7), wall.clone()], || format!("first draws come back as drawn: {first:?}"))?;
+    let twin = draw(&mut clone, 1, &[Value::Int(8), Value::Int(99)])?;
+    ensure(twin == first, || format!("the clone's draws for the same packet: {twin:?}, want {first:?}"))?;
+    let other = draw(&mut clone, 2, &[Value::Int(9)])?;
+    ensure(other == vec![Value::Int(9)], || format!("another packet draws its own value: {other:?}"))?;
+    // The same clock again, as a replay at a third instance.
+    let mut m = meta(clk(base, 1));
+    m.flags.insert(sluice_packet::MetaFlags::REPLAYED);
+    replacement.begin_batch();
+    replacement.begin_packet(&m);
+    let again: Result<Vec<Value>, StateError> =
+        [Value::Int(10), Value::Int(11)].into_iter().map(|f| replacement.record(f)).collect();
+    replacement.end_packet(&mut m);
+    replacement.end_batch();
+    let again = again.map_err(|e| e.to_string())?;
+    ensure(again == first, || format!("a replay draws the first values: {again:?}, want {first:?}"))?;
+    // With recording off (the switch `sluice verify --off nondet` turns), a replay draws anew:
+    // what the recording prevents.
+    let id = InstanceId::new(v, 3);
+    let conn = b.connect(id).map_err(|e| format!("connect: {e}"))?;
+    let mut unrecorded =
+        StoreClient::new(conn, id, v, &decls, &[], ClientConfig { record_nondeterminism: false, ..cfg.clone() });
+    let mut m = meta(clk(base, 1));
+    m.flags.insert(sluice_packet::MetaFlags::REPLAYED);
+    unrecorded.begin_batch();
+    unrecorded.begin_packet(&m);
+    let fresh = unrecorded.record(Value::Int(12)).map_err(|e| e.to_string())?;
+    unrecorded.end_packet(&mut m);
+    unrecorded.end_batch();
+    ensure(fresh == Value::Int(12), || format!("without recording the draw is fresh: {fresh:?}"))?;
+    // The local backend never replays: every draw is fresh.
+    let mut local = LocalState::new(&decls, &[]);
+    let fresh = local.record(Value::Int(5)).map_err(|e| e.to_string())?;
+    ensure(fresh == Value::Int(5), || format!("local state returns the draw: {fresh:?}"))?;
+    Ok(())
 }

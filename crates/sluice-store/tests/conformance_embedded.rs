@@ -59,6 +59,7 @@ checks!(
     checkpoint_timers,
     wipe_empties_store,
     tagged_reads_not_logged,
+    recorded_values_repeat,
 );
 
 /// The whole suite, sequentially, on one store (as a Redis backend would run it).
