@@ -149,3 +149,38 @@ pub fn flagged(r: &VerifyReport) -> Vec<String> {
     v.dedup();
     v
 }
+
+/// The demo workload with the planted Trojan signature (SSH, FTP downloads of an HTML, a ZIP and
+/// an EXE file, IRC) at `extra` more points, as CHC's R4 experiment plants it at 11: each copy is
+/// the planted host's whole session, for host `192.168.77.i`, inserted back to back at
+/// `i / (extra + 1)` of the trace. Returns the packets and every host that carries a signature.
+pub fn trojan_workload(extra: u8, seed: u64) -> (Vec<Packet>, Vec<String>) {
+    use std::net::{IpAddr, Ipv4Addr};
+    let base = demo(0.1, seed);
+    let host = IpAddr::V4(sluice_io::demo::DEMO_TROJAN_HOST);
+    let signature: Vec<Packet> =
+        base.iter().filter(|p| p.tuple().is_some_and(|t| t.src == host || t.dst == host)).cloned().collect();
+    let mut hosts = vec![host.to_string()];
+    let mut out = Vec::with_capacity(base.len() + signature.len() * usize::from(extra));
+    let mut points: Vec<(usize, u8)> =
+        (1..=extra).map(|i| (base.len() * usize::from(i) / (usize::from(extra) + 1), i)).collect();
+    points.reverse();
+    for (at, p) in base.into_iter().enumerate() {
+        while points.last().is_some_and(|(x, _)| *x == at) {
+            let Some((_, i)) = points.pop() else { break };
+            let copy = IpAddr::V4(Ipv4Addr::new(192, 168, 77, i));
+            hosts.push(copy.to_string());
+            for s in &signature {
+                let mut s = s.clone();
+                let Some(t) = s.tuple() else { continue };
+                let r = if t.src == host { s.rewrite_src(copy, t.sport) } else { s.rewrite_dst(copy, t.dport) };
+                r.expect("rewrite the planted host");
+                s.meta.ts_ns = p.meta.ts_ns;
+                out.push(s);
+            }
+        }
+        out.push(p);
+    }
+    hosts.sort();
+    (out, hosts)
+}
