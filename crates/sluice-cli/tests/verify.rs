@@ -1,0 +1,89 @@
+//! `sluice verify` as the docs show it: every bundled fault schedule names the command that runs
+//! it in its header, and that command must do what the header says (exit 0: equivalent; with a
+//! mechanism switched off, exit 4 and a JSON report listing the differences).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(p)
+}
+
+/// The `sluice verify ...` command lines in a schedule file's header comments.
+fn documented_commands(file: &Path) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(file).expect("schedule file");
+    text.lines()
+        .filter_map(|l| l.trim_start_matches('#').trim().strip_prefix("sluice verify "))
+        .map(|rest| rest.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+/// Runs `sluice verify` with `args` (paths relative to the repository) on the first `limit`
+/// packets; returns the exit code and stdout.
+fn verify(args: &[String], limit: &str, json: bool) -> (i32, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.current_dir(repo("")).arg("verify").args(args).args(["--limit", limit]);
+    if json {
+        cmd.arg("--json");
+    }
+    let o = cmd.output().expect("run sluice verify");
+    let code = o.status.code().unwrap_or(-1);
+    (code, String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn every_bundled_schedule_runs_as_documented() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo("faults"))
+        .expect("faults/")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 7, "the bundled schedules: {files:?}");
+    let mut ran = 0;
+    for f in &files {
+        let commands = documented_commands(f);
+        assert!(!commands.is_empty(), "{} names no `sluice verify` command in its header", f.display());
+        for args in commands {
+            // A third of the demo trace keeps the suite short; percentages scale with it.
+            let (code, out) = verify(&args, "20000", false);
+            let want = if args.iter().any(|a| a == "--off") { 4 } else { 0 };
+            assert_eq!(code, want, "{}: sluice verify {}\n{out}", f.display(), args.join(" "));
+            ran += 1;
+        }
+    }
+    assert!(ran > files.len(), "some schedule documents a second command");
+}
+
+#[test]
+fn without_duplicate_suppression_the_json_report_lists_the_duplicates() {
+    let args: Vec<String> = [
+        "--chain",
+        "chains/nat-portscan.yaml",
+        "--input",
+        "traces/demo.pcap",
+        "--faults",
+        "faults/straggler.yaml",
+        "--arrival-ns",
+        "4000",
+        "--off",
+        "dedup",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (code, out) = verify(&args, "30000", true);
+    assert_eq!(code, 4, "{out}");
+    let json_end = out.rfind('}').expect("JSON report on stdout");
+    let report: serde_json::Value = serde_json::from_str(&out[..=json_end]).expect("JSON report");
+    assert_eq!(report["equivalent"], false);
+    let engine = &report["engine"];
+    assert!(engine["duplicate_packets"]["portscan"].as_u64().unwrap_or(0) > 0, "{engine}");
+    assert!(engine["duplicate_outputs"].as_u64().unwrap_or(0) > 0, "{engine}");
+    let diffs = report["comparison"]["differences"].as_array().expect("differences");
+    let dup = diffs.iter().find(|d| d["kind"] == "duplicated").expect("a duplicated output is listed");
+    // Every difference names where it happened.
+    for field in ["clock", "input", "flow"] {
+        assert!(!dup[field].is_null(), "difference without {field}: {dup}");
+    }
+}
