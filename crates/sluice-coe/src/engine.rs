@@ -33,6 +33,7 @@
 
 use crate::observed::{Decision, Observed, OutputRecord, StateEntry};
 use crate::reference::drop_decision;
+use crate::root_log::StoreLog;
 use crate::schedule::{Action, FaultEvent, Policy, ScaleTo};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -82,7 +83,8 @@ impl Default for Switches {
 pub enum LogPlace {
     /// In the root's memory: fast, lost with the root.
     Root,
-    /// With the state store: survives a root crash (modelled: its cost is not simulated).
+    /// In the state store ([`crate::root_log`]): every packet is written, and acknowledged,
+    /// before it enters the chain; survives a root crash.
     Store,
 }
 
@@ -206,6 +208,11 @@ pub struct EngineStats {
     pub store_duplicates: u64,
     /// Packets still in the root's log at the end (0 when everything committed).
     pub log_left: u64,
+    /// With the log in the store: packets written to it (each acknowledged before it entered
+    /// the chain) and the mean wall time of a write, µs.
+    pub log_store_writes: u64,
+    /// See `log_store_writes`.
+    pub log_store_write_us: f64,
     /// Most packets in the log at once.
     pub log_peak: u64,
     /// Clocks persisted by the root.
@@ -351,6 +358,8 @@ pub struct Engine<'a> {
     checkpoint_due: bool,
     /// Latest packet time admitted: timers due by then fire before the final state is read.
     last_ts: u64,
+    /// The log's copy in the store (`LogPlace::Store`).
+    store_log: Option<StoreLog>,
 }
 
 fn store_err(e: impl std::fmt::Display) -> EngineError {
@@ -377,6 +386,7 @@ impl<'a> Engine<'a> {
             ..ClientConfig::default()
         };
         let state = StateConfig::Store { backend: backend.clone(), client };
+        let (cfg_log_place, backend_for_log) = (cfg.log_place, backend.clone());
         let plan = compile_with(chain, registry, &[], &state)?;
         let mut vertices: Vec<Vertex> = plan
             .vertices
@@ -439,6 +449,10 @@ impl<'a> Engine<'a> {
             checkpoint: None,
             checkpoint_due: false,
             last_ts: 0,
+            store_log: match cfg_log_place {
+                LogPlace::Store => Some(StoreLog::connect(&backend_for_log).map_err(store_err)?),
+                LogPlace::Root => None,
+            },
         })
     }
 
@@ -556,6 +570,10 @@ impl<'a> Engine<'a> {
         let clock = pkt.meta.clock;
         self.clock_input.insert(clock, input);
         self.report.stats.admitted += 1;
+        if let Some(sl) = &mut self.store_log {
+            // Durable before it enters the chain.
+            sl.write(input, &pkt).map_err(store_err)?;
+        }
         self.log.insert(clock, LogEntry { input, pkt: pkt.clone(), refs: 1, xor: 0, replayed: false });
         self.report.stats.log_peak = self.report.stats.log_peak.max(self.log.len() as u64);
         if self.traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
@@ -623,6 +641,9 @@ impl<'a> Engine<'a> {
         if let Some(e) = self.log.get(&clock) {
             if e.refs == 0 && (!xor_check || e.xor == 0 || e.replayed) {
                 self.log.remove(&clock);
+                if let Some(sl) = &mut self.store_log {
+                    sl.delete(clock);
+                }
             }
         }
     }
@@ -1232,9 +1253,12 @@ impl<'a> Engine<'a> {
         let wall = Instant::now();
         let lost_log = self.cfg.log_place == LogPlace::Root;
         let logged = self.log.len();
+        let mut read_back = String::new();
         if lost_log {
             // In-flight packets finish without a log entry; none can be replayed any more.
             self.log.clear();
+        } else {
+            read_back = self.reload_log("the new root")?;
         }
         // The new root resumes past any clock the old one may have used.
         self.seq = self.persisted + self.cfg.clock_persist_every;
@@ -1276,14 +1300,41 @@ impl<'a> Engine<'a> {
             wall_us: wall.elapsed().as_secs_f64() * 1e6,
             flows: restored,
             detail: format!(
-                "clock resumes at {}; {} logged packet(s) {}",
+                "clock resumes at {}; {}",
                 self.seq,
-                logged,
-                if lost_log { "lost with the root's log" } else { "kept in the store" }
+                if lost_log { format!("{logged} logged packet(s) lost with the root's log") } else { read_back }
             ),
             ..Episode::default()
         });
         Ok(())
+    }
+
+    /// Replaces the in-memory log by what the store holds (`LogPlace::Store`): after a root
+    /// crash the new root has nothing else; after a store crash the store has only what its
+    /// checkpoint kept. Entries the store lost cannot be replayed any more; entries the old
+    /// root had deleted (its delete had not reached the store) are deleted again. The copies
+    /// in flight and the XOR vectors of the entries are kept with the log.
+    fn reload_log(&mut self, who: &str) -> Result<String, EngineError> {
+        let Some(sl) = &mut self.store_log else { return Ok(String::new()) };
+        let stored = StoreLog::read(&self.backend).map_err(store_err)?;
+        let old = std::mem::take(&mut self.log);
+        let (mut kept, mut stale) = (0u64, 0u64);
+        for (clock, logged) in stored {
+            match old.get(&clock) {
+                Some(e) => {
+                    kept += 1;
+                    let entry = LogEntry { input: logged.input, pkt: logged.packet, ..*e };
+                    self.log.insert(clock, entry);
+                }
+                None => {
+                    stale += 1;
+                    sl.delete(clock);
+                }
+            }
+        }
+        sl.sync().map_err(store_err)?;
+        let lost = old.len() as u64 - kept;
+        Ok(format!("{who} read {kept} logged packet(s) back from the store ({lost} lost, {stale} already done)"))
     }
 
     fn crash_store(&mut self, count: u64) -> Result<(), EngineError> {
@@ -1332,11 +1383,16 @@ impl<'a> Engine<'a> {
                 c.reconnect(conn).map_err(store_err)?;
             }
         }
+        let mut detail = format!("{stats:?}");
+        if let Some(sl) = &mut self.store_log {
+            sl.reconnect(&self.backend).map_err(store_err)?;
+            detail = format!("{detail}; the root's log: {}", self.reload_log("the root")?);
+        }
         self.report.episodes.push(Episode {
             kind: "crash_store".into(),
             at_packet: count,
             wall_us: wall.elapsed().as_secs_f64() * 1e6,
-            detail: format!("{stats:?}"),
+            detail,
             ..Episode::default()
         });
         Ok(())
@@ -1796,6 +1852,11 @@ impl<'a> Engine<'a> {
         self.report.observed.root_dropped.sort_unstable();
         self.report.observed.state.sort_by(|a, b| (&a.vertex, a.object, a.key).cmp(&(&b.vertex, b.object, b.key)));
         self.report.stats.log_left = self.log.len() as u64;
+        if let Some(sl) = &mut self.store_log {
+            sl.sync().map_err(store_err)?;
+            self.report.stats.log_store_writes = sl.writes;
+            self.report.stats.log_store_write_us = sl.wall.as_secs_f64() * 1e6 / sl.writes.max(1) as f64;
+        }
         let mut lat: Vec<u64> = self.latencies.iter().map(|l| l.1).collect();
         lat.sort_unstable();
         let pct = |p: f64| lat.get(((lat.len() as f64 - 1.0) * p).round() as usize).map_or(0.0, |v| *v as f64 / 1e3);

@@ -1,13 +1,18 @@
 //! Chain output equivalence (COE) for Sluice chains.
 //!
 //! * [`observed`]: what a run produced (outputs, decisions, final state), keyed by input packet;
+//! * [`reference`]: the logical chain's run (one instance per NF, no faults, entry order);
+//! * [`engine`]: the physical chain under faults, with CHC's protocols;
+//! * [`root_log`]: the root's packet log kept in the state store (`--log store`);
 //! * [`compare`]: the comparison `sluice verify` makes between the reference and the physical run;
-//! * [`schedule`]: fault schedules (YAML) and random schedules for property tests.
+//! * [`schedule`]: fault schedules (YAML) and random schedules for property tests;
+//! * [`verify`]: both runs and the comparison, as `sluice verify` does them.
 pub mod compare;
+pub mod engine;
 pub mod observed;
+pub mod reference;
+pub mod root_log;
 pub mod schedule;
+pub mod verify;
 
 pub use observed::{Decision, Observed, OutputRecord, StateEntry};
-pub mod engine;
-pub mod reference;
-pub mod verify;

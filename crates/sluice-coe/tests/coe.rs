@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use sluice_coe::engine::{EngineConfig, Switches};
+use sluice_coe::engine::{EngineConfig, LogPlace, Switches};
 use sluice_coe::schedule::{Action, At, ScaleTo};
 
 #[test]
@@ -81,9 +81,36 @@ fn root_and_nf_crash_with_the_log_in_the_store() {
         event(At::Packet(2500), Action::CrashRoot),
         event(At::Packet(2500), Action::Crash { vertex: "nat".into(), instance: 1 }),
     ];
-    let cfg = EngineConfig { log_place: sluice_coe::engine::LogPlace::Store, ..EngineConfig::default() };
+    let cfg = EngineConfig { log_place: LogPlace::Store, ..EngineConfig::default() };
+    let r = run(&c, &p, events.clone(), cfg.clone(), embedded());
+    assert!(r.equivalent, "{}", r.render());
+    assert_eq!(r.engine.log_store_writes, r.engine.admitted, "every packet written to the store first");
+    assert_eq!(r.engine.log_left, 0);
+    let ep = r.episodes.iter().find(|e| e.kind == "crash_root").expect("root crash episode");
+    assert!(ep.detail.contains("back from the store (0 lost"), "{}", ep.detail);
+    assert!(r.engine.replayed > 0, "the NAT's replacement got the logged packets replayed");
+
+    // The same with the log in the root's memory: the packets the NAT held are lost with it.
+    let lost = run(&c, &p, events, EngineConfig { log_place: LogPlace::Root, ..cfg }, embedded());
+    assert!(!lost.equivalent, "root + NF must not be recoverable with the log at the root");
+}
+
+/// The root's log in the store survives a store crash as far as the store's checkpoint does:
+/// entries written since are lost (the store is not replicated), the rest are read back.
+#[test]
+fn the_log_in_the_store_is_rebuilt_with_the_store() {
+    let c = chain(EXAMPLE);
+    let p = demo(0.1, 3);
+    let events = vec![
+        event(At::Packet(1), Action::Slow { vertex: "lb".into(), instance: 0, delay_us: (1, 3) }),
+        event(At::Packet(4_000), Action::CrashStore),
+    ];
+    let cfg = EngineConfig { log_place: LogPlace::Store, checkpoint_every: 1_000, ..EngineConfig::default() };
     let r = run(&c, &p, events, cfg, embedded());
     assert!(r.equivalent, "{}", r.render());
+    assert_eq!(r.engine.log_left, 0, "every entry deleted in the store too");
+    let ep = r.episodes.iter().find(|e| e.kind == "crash_store").expect("store crash episode");
+    assert!(ep.detail.contains("the root's log: the root read"), "{}", ep.detail);
 }
 
 #[test]
