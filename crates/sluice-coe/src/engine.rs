@@ -883,6 +883,7 @@ impl<'a> Engine<'a> {
                 pkt.meta.clock = Clock::new(0, vx.arrivals);
             }
             let verdict = n.inst.process(&mut pkt);
+            pkt.meta.clock = real;
             if duplicate {
                 let name = vp.name.to_string();
                 *self.report.stats.duplicate_updates.entry(name).or_default() += updates_of(&mut n.inst) - before;
