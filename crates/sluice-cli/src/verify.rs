@@ -37,6 +37,10 @@ pub struct VerifyArgs {
     /// Where the root keeps its packet log.
     #[arg(long, value_enum, default_value_t = LogArg::Root)]
     log: LogArg,
+    /// The root hears that a packet is done after the last NF emitted it (saves the last NF a
+    /// round trip; a crash in between delivers the packet twice). Default: before.
+    #[arg(long)]
+    async_delete: bool,
     /// Virtual time between input packets, ns.
     #[arg(long, default_value_t = 2_000)]
     arrival_ns: u64,
@@ -199,6 +203,7 @@ pub fn cmd_verify(a: VerifyArgs) -> Result<(), Failure> {
         service_ns: a.service_ns.max(1),
         log_capacity: a.log_capacity.max(1),
         log_place: if a.log == LogArg::Store { LogPlace::Store } else { LogPlace::Root },
+        async_delete: a.async_delete,
         switches,
         ..EngineConfig::default()
     };

@@ -107,8 +107,9 @@ pub struct EngineConfig {
     pub clock_persist_every: u64,
     /// A store checkpoint is taken every this many input packets (0: never).
     pub checkpoint_every: u64,
-    /// The root hears of finished packets asynchronously (CHC's asynchronous delete) rather
-    /// than before the last NF emits them.
+    /// The root hears that a packet is done `link_ns` after the last NF emitted it (CHC's
+    /// asynchronous delete, which saves the last NF a round trip) rather than before: a crash
+    /// in between replays the packet, and the receiver gets it twice.
     pub async_delete: bool,
     /// Vertex managers evaluate policies every this many input packets.
     pub manager_every: u64,
@@ -300,12 +301,25 @@ struct Vertex {
     flow_out: HashMap<u64, u64>,
 }
 
+/// A packet leaving the chain.
+struct Leaving {
+    at: u64,
+    order: u64,
+    ingress: u64,
+    clock: Clock,
+    bytes: Vec<u8>,
+    /// A replay of a packet the root knew had left already.
+    emitted: bool,
+}
+
 struct LogEntry {
     input: u64,
     pkt: Packet,
     refs: u32,
     xor: u32,
     replayed: bool,
+    /// The root has heard that a copy left the chain.
+    left: bool,
 }
 
 /// A flow move in progress.
@@ -337,8 +351,11 @@ pub struct Engine<'a> {
     seq: u64,
     persisted: u64,
     root_id: u8,
-    /// Packets leaving the chain: (virtual time, order, ingress time, clock, frame).
-    leaving: Vec<(u64, u64, u64, Clock, Vec<u8>)>,
+    /// Packets leaving the chain: (virtual time, order, ingress time, clock, frame, whether
+    /// the root had marked it as already emitted).
+    leaving: Vec<Leaving>,
+    /// With asynchronous deletes: packets that left, whose "done" reaches the root at a time.
+    late_deletes: VecDeque<(u64, Packet)>,
     /// Replay copies still travelling.
     replays_in_flight: HashMap<Clock, u32>,
     moves: Vec<Move>,
@@ -437,6 +454,7 @@ impl<'a> Engine<'a> {
             persisted: 0,
             root_id: 0,
             leaving: Vec::new(),
+            late_deletes: VecDeque::new(),
             replays_in_flight: HashMap::new(),
             moves: Vec::new(),
             commits: Vec::new(),
@@ -465,6 +483,15 @@ impl<'a> Engine<'a> {
         loop {
             let t_in = if next_input < packets.len() { next_input as u64 * self.cfg.arrival_ns } else { u64::MAX };
             let (t_node, node) = self.next_node();
+            if let Some(&(t_del, _)) = self.late_deletes.front() {
+                if t_del <= t_in.min(t_node) {
+                    self.now = self.now.max(t_del);
+                    if let Some((_, p)) = self.late_deletes.pop_front() {
+                        self.left_chain(&p);
+                    }
+                    continue;
+                }
+            }
             if t_in == u64::MAX && t_node == u64::MAX {
                 if self.settle_end()? {
                     break;
@@ -574,7 +601,7 @@ impl<'a> Engine<'a> {
             // Durable before it enters the chain.
             sl.write(input, &pkt).map_err(store_err)?;
         }
-        self.log.insert(clock, LogEntry { input, pkt: pkt.clone(), refs: 1, xor: 0, replayed: false });
+        self.log.insert(clock, LogEntry { input, pkt: pkt.clone(), refs: 1, xor: 0, replayed: false, left: false });
         self.report.stats.log_peak = self.report.stats.log_peak.max(self.log.len() as u64);
         if self.traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
             self.deliver(Target::Output, pkt, self.now);
@@ -636,6 +663,14 @@ impl<'a> Engine<'a> {
         self.maybe_delete(clock);
     }
 
+    /// A copy left the chain and the root heard of it.
+    fn left_chain(&mut self, pkt: &Packet) {
+        if let Some(e) = self.log.get_mut(&pkt.meta.clock) {
+            e.left = true;
+        }
+        self.finished(pkt);
+    }
+
     fn maybe_delete(&mut self, clock: Clock) {
         let xor_check = self.cfg.switches.xor_check;
         if let Some(e) = self.log.get(&clock) {
@@ -681,13 +716,23 @@ impl<'a> Engine<'a> {
                 return;
             }
             Target::Output => {
-                // The root hears the packet is done before it leaves (synchronous delete):
-                // a crash after this point cannot replay it into a duplicate. The output port
-                // sees packets in the order of their virtual arrival; duplicates are dropped
-                // there (see `finish`).
                 let order = self.leaving.len() as u64;
-                self.leaving.push((at, order, pkt.meta.ingress_ns, pkt.meta.clock, pkt.data().to_vec()));
-                self.finished(&pkt);
+                self.leaving.push(Leaving {
+                    at,
+                    order,
+                    ingress: pkt.meta.ingress_ns,
+                    clock: pkt.meta.clock,
+                    bytes: pkt.data().to_vec(),
+                    emitted: pkt.meta.flags.contains(MetaFlags::EMITTED),
+                });
+                if self.cfg.async_delete {
+                    // The root hears of it after it left: a crash before then replays it.
+                    self.late_deletes.push_back((at + self.cfg.link_ns, pkt));
+                } else {
+                    // The root hears the packet is done before it leaves (synchronous
+                    // delete): a crash after this point cannot replay it into a duplicate.
+                    self.left_chain(&pkt);
+                }
                 return;
             }
             Target::Vertex(v) => v,
@@ -1052,11 +1097,16 @@ impl<'a> Engine<'a> {
 
     /// Replays every logged packet (in clock order), aimed at `target`.
     fn replay(&mut self, target: InstanceId) -> u64 {
-        let entries: Vec<Packet> = self.log.values().map(|e| e.pkt.clone()).collect();
+        // An entry whose copy the root knows has left is kept only for its uncommitted
+        // updates: the replay must not emit it again.
+        let entries: Vec<(Packet, bool)> = self.log.values().map(|e| (e.pkt.clone(), e.left)).collect();
         let mut n = 0;
         let len = entries.len();
-        for (i, mut pkt) in entries.into_iter().enumerate() {
+        for (i, (mut pkt, emitted)) in entries.into_iter().enumerate() {
             pkt.meta.flags.insert(MetaFlags::REPLAYED);
+            if emitted {
+                pkt.meta.flags.insert(MetaFlags::EMITTED);
+            }
             if i + 1 == len {
                 pkt.meta.flags.insert(MetaFlags::LAST);
             }
@@ -1820,16 +1870,17 @@ impl<'a> Engine<'a> {
                 self.report.stats.store_duplicates += c.stats().duplicates;
             }
         }
-        // The output port: in arrival order, each clock once.
+        // The receiver, in arrival order. The chain's egress drops only replays of packets the
+        // root knew had left; anything else the last NF emits twice reaches the receiver twice.
         let mut leaving = std::mem::take(&mut self.leaving);
-        leaving.sort_by_key(|l| (l.0, l.1));
+        leaving.sort_by_key(|l| (l.at, l.order));
         let mut out_seen = HashSet::new();
-        for (at, _, ingress, clock, bytes) in leaving {
+        for Leaving { at, ingress, clock, bytes, emitted, .. } in leaving {
+            if emitted && self.cfg.switches.duplicate_suppression {
+                self.report.stats.duplicates_suppressed += 1;
+                continue;
+            }
             if !out_seen.insert(clock) {
-                if self.cfg.switches.duplicate_suppression {
-                    self.report.stats.duplicates_suppressed += 1;
-                    continue;
-                }
                 self.report.stats.duplicate_outputs += 1;
             }
             let input = self.clock_input.get(&clock).copied().unwrap_or(u64::MAX);

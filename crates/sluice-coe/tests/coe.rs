@@ -354,3 +354,29 @@ edges:
     assert_eq!(r.engine.log_left, 0);
     assert!(r.engine.replayed > 0);
 }
+
+/// CHC's last-NF rule (test case 5): the root hears that a packet is done *before* the last NF
+/// emits it, so a crash of the last NF right after emitting cannot replay it into a duplicate
+/// at the receiver. With the asynchronous delete (the root hears of it after it left) the
+/// crash replays the packets whose delete was still on its way, and the receiver gets them
+/// twice.
+#[test]
+fn synchronous_delete_keeps_duplicates_from_the_receiver() {
+    let c = chain(NAT_LB);
+    let p = demo(0.1, 3);
+    let events = || {
+        (1..=6).map(|i| event(At::Packet(1000 * i + 3), Action::Crash { vertex: "lb".into(), instance: 0 })).collect()
+    };
+    let sync = run(&c, &p, events(), EngineConfig::default(), embedded());
+    assert!(sync.equivalent, "{}", sync.render());
+    assert_eq!(sync.engine.duplicate_outputs, 0);
+    let cfg = EngineConfig { async_delete: true, ..EngineConfig::default() };
+    let late = run(&c, &p, events(), cfg, embedded());
+    assert!(late.engine.duplicate_outputs > 0, "{:?}", late.engine);
+    assert!(!late.equivalent);
+    assert!(
+        late.comparison.differences.iter().all(|d| d.kind == sluice_coe::compare::DiffKind::Duplicated),
+        "{}",
+        late.comparison.summary()
+    );
+}

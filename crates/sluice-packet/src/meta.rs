@@ -67,6 +67,9 @@ impl MetaFlags {
     pub const LAST: MetaFlags = MetaFlags(2);
     /// The packet is a replay from the root's log.
     pub const REPLAYED: MetaFlags = MetaFlags(4);
+    /// A replay of a packet the root knows has already left the chain (it is replayed to redo
+    /// state updates that were not committed): its output is dropped at the chain's egress.
+    pub const EMITTED: MetaFlags = MetaFlags(8);
 
     /// Whether every flag in `other` is set.
     pub fn contains(self, other: MetaFlags) -> bool {
