@@ -50,6 +50,11 @@ pub struct VerifyArgs {
     /// Most packets in the root's log.
     #[arg(long, default_value_t = 1 << 20)]
     log_capacity: usize,
+    /// The store is checkpointed every this many input packets (and after every failover);
+    /// a store crash re-executes the write-ahead logs since the last one. 0: only after
+    /// failovers.
+    #[arg(long, default_value_t = 10_000)]
+    checkpoint_every: u64,
     /// Stop after this many input packets.
     #[arg(long)]
     limit: Option<u64>,
@@ -202,6 +207,7 @@ pub fn cmd_verify(a: VerifyArgs) -> Result<(), Failure> {
         arrival_ns: a.arrival_ns.max(1),
         service_ns: a.service_ns.max(1),
         log_capacity: a.log_capacity.max(1),
+        checkpoint_every: a.checkpoint_every,
         log_place: if a.log == LogArg::Store { LogPlace::Store } else { LogPlace::Root },
         async_delete: a.async_delete,
         switches,

@@ -105,8 +105,12 @@ pub struct EngineConfig {
     pub log_place: LogPlace,
     /// The root persists its clock every this many packets.
     pub clock_persist_every: u64,
-    /// A store checkpoint is taken every this many input packets (0: never).
+    /// A store checkpoint is taken every this many input packets (0: never), and also after
+    /// failovers and whenever an instance's write-ahead log is half full of updates made since
+    /// the last one.
     pub checkpoint_every: u64,
+    /// Entries each instance keeps in its write-ahead log.
+    pub wal_capacity: usize,
     /// The root hears that a packet is done `link_ns` after the last NF emitted it (CHC's
     /// asynchronous delete, which saves the last NF a round trip) rather than before: a crash
     /// in between replays the packet, and the receiver gets it twice.
@@ -133,6 +137,7 @@ impl Default for EngineConfig {
             log_place: LogPlace::Root,
             clock_persist_every: 100,
             checkpoint_every: 10_000,
+            wal_capacity: ClientConfig::default().wal_capacity,
             async_delete: false,
             manager_every: 1_000,
             clone_trial: 2_000,
@@ -399,6 +404,7 @@ impl<'a> Engine<'a> {
             fresh: false,
             dedupe: cfg.switches.duplicate_suppression,
             record_nondeterminism: cfg.switches.record_nondeterminism,
+            wal_capacity: cfg.wal_capacity.max(2),
             flush_every: 1,
             ..ClientConfig::default()
         };
@@ -989,7 +995,11 @@ impl<'a> Engine<'a> {
 
     /// Checkpoints, vertex managers and clone trials, evaluated as input arrives.
     fn periodic(&mut self, count: u64) -> Result<(), EngineError> {
-        let due = self.checkpoint_due && self.replays_in_flight.is_empty();
+        // A write-ahead log half full of updates since the last checkpoint: a rebuild would
+        // soon miss some.
+        let wal_full =
+            self.nodes.iter_mut().filter(|n| n.alive).any(|n| client(&mut n.inst).is_some_and(|c| !c.wal_has_room()));
+        let due = (self.checkpoint_due || wal_full) && self.replays_in_flight.is_empty();
         if due {
             self.checkpoint_due = false;
         }

@@ -380,3 +380,17 @@ fn synchronous_delete_keeps_duplicates_from_the_receiver() {
         late.comparison.summary()
     );
 }
+
+/// A store rebuild needs every update made since the last checkpoint, and a write-ahead log
+/// keeps only so many: with no periodic checkpoints, the engine checkpoints whenever a log is
+/// half full of them, so a store crash late in the trace is still rebuilt exactly.
+#[test]
+fn full_write_ahead_logs_force_a_checkpoint() {
+    let c = chain(EXAMPLE);
+    let p = demo(0.1, 3);
+    let cfg = EngineConfig { checkpoint_every: 0, wal_capacity: 1_000, ..EngineConfig::default() };
+    let events = vec![event(At::Percent(90.0), Action::CrashStore)];
+    let r = run(&c, &p, events, cfg, embedded());
+    assert!(r.equivalent, "{}", r.render());
+    assert!(r.engine.checkpoints > 2, "checkpoints forced by full logs: {}", r.engine.checkpoints);
+}

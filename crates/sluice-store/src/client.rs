@@ -245,6 +245,8 @@ pub struct StoreClient {
     /// Reads of shared values since the last [`StoreClient::checkpointed`], with their TS
     /// vectors: what store-instance recovery selects a starting point from.
     reads: Vec<LastRead>,
+    /// Updates logged since the last checkpoint.
+    wal_since_checkpoint: usize,
     /// The current packet is a replay from the root's log: updates wait for the store's
     /// verdict (applied now, or a duplicate answered from the per-clock log).
     replaying: bool,
@@ -305,6 +307,7 @@ impl StoreClient {
             wal: VecDeque::new(),
             last_read: None,
             reads: Vec::new(),
+            wal_since_checkpoint: 0,
             replaying: false,
             batch_xors: Vec::new(),
             uncommitted: VecDeque::new(),
@@ -363,6 +366,14 @@ impl StoreClient {
     /// The store took a checkpoint: reads before it are no longer needed for recovery.
     pub fn checkpointed(&mut self) {
         self.reads.clear();
+        self.wal_since_checkpoint = 0;
+    }
+
+    /// Whether the write-ahead log holds less than half of its capacity of updates made since
+    /// the last checkpoint. A store rebuild needs all of them: past the capacity the oldest
+    /// are gone, so the owner of the store should checkpoint before (the COE engine does).
+    pub fn wal_has_room(&self) -> bool {
+        self.wal_since_checkpoint < self.cfg.wal_capacity / 2
     }
 
     /// The per-flow values this instance holds (write-through copies and cached values), as
@@ -627,6 +638,7 @@ impl StoreClient {
             self.wal.pop_front();
         }
         self.wal.push_back(WalEntry { tag, key, op: op.clone() });
+        self.wal_since_checkpoint += 1;
     }
 
     fn local(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
