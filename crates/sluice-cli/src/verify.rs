@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 #[derive(Args)]
 #[command(after_help = "Explicit actions are added to the schedule's events; AT is a packet count (`20000`) or a \
-percentage of the trace (`40%`). Examples:\n  --crash nat:0@50%   --crash-root 30%   --crash-store 12000\n  \
+percentage of the trace (`40%`). Examples:\n  --crash nat:0@50%   --crash-root 30% (--roots 2: --crash-root 1@30%)   --crash-store 12000\n  \
 --scale portscan=3@40%   --move nat:0>1x4000@60%   --slow nat:0=3-10@1   --clone nat:0@30%\n\
 Exit codes: 0 equivalent; 4 not equivalent; 1 run failed; 2 bad command line, chain, schedule; 3 bad trace.")]
 pub struct VerifyArgs {
@@ -37,6 +37,9 @@ pub struct VerifyArgs {
     /// Where the root keeps its packet log.
     #[arg(long, value_enum, default_value_t = LogArg::Root)]
     log: LogArg,
+    /// Roots over statically partitioned input (by source address), each with its own clock.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
+    roots: u8,
     /// The root hears that a packet is done after the last NF emitted it (saves the last NF a
     /// round trip; a crash in between delivers the packet twice). Default: before.
     #[arg(long)]
@@ -61,7 +64,7 @@ pub struct VerifyArgs {
     /// Crash instance I of vertex V: `V:I@AT`.
     #[arg(long)]
     crash: Vec<String>,
-    /// Crash the root at AT.
+    /// Crash the root at AT; with several roots, root R: `R@AT`.
     #[arg(long)]
     crash_root: Vec<String>,
     /// Crash the store at AT.
@@ -138,7 +141,14 @@ fn cli_events(a: &VerifyArgs) -> Result<Vec<FaultEvent>, Failure> {
         push(at, Action::Crash { vertex, instance });
     }
     for s in &a.crash_root {
-        push(parse_at(s.trim_start_matches('@'))?, Action::CrashRoot);
+        let (root, at) = match s.rsplit_once('@') {
+            Some((r, at)) if !r.is_empty() => {
+                let root = r.parse().map_err(|_| bad(format!("`{s}`: expected R@AT with R a root number")))?;
+                (root, parse_at(at)?)
+            }
+            _ => (0, parse_at(s.trim_start_matches('@'))?),
+        };
+        push(at, Action::CrashRoot { root });
     }
     for s in &a.crash_store {
         push(parse_at(s.trim_start_matches('@'))?, Action::CrashStore);
@@ -210,6 +220,7 @@ pub fn cmd_verify(a: VerifyArgs) -> Result<(), Failure> {
         checkpoint_every: a.checkpoint_every,
         log_place: if a.log == LogArg::Store { LogPlace::Store } else { LogPlace::Root },
         async_delete: a.async_delete,
+        roots: a.roots,
         switches,
         ..EngineConfig::default()
     };

@@ -105,6 +105,10 @@ pub struct EngineConfig {
     pub log_place: LogPlace,
     /// The root persists its clock every this many packets.
     pub clock_persist_every: u64,
+    /// Roots over statically partitioned input (by source address, so a host's packets all
+    /// enter at one root and keep their order in its clocks), each with its own clock (root id
+    /// in the high bits) and log entries.
+    pub roots: u8,
     /// A store checkpoint is taken every this many input packets (0: never), and also after
     /// failovers and whenever an instance's write-ahead log is half full of updates made since
     /// the last one.
@@ -136,6 +140,7 @@ impl Default for EngineConfig {
             log_capacity: 1 << 20,
             log_place: LogPlace::Root,
             clock_persist_every: 100,
+            roots: 1,
             checkpoint_every: 10_000,
             wal_capacity: ClientConfig::default().wal_capacity,
             async_delete: false,
@@ -306,6 +311,13 @@ struct Vertex {
     flow_out: HashMap<u64, u64>,
 }
 
+/// A root's logical clock: the last sequence number it stamped and the last it persisted.
+#[derive(Debug, Clone, Copy, Default)]
+struct RootClock {
+    seq: u64,
+    persisted: u64,
+}
+
 /// A packet leaving the chain.
 struct Leaving {
     at: u64,
@@ -353,9 +365,10 @@ pub struct Engine<'a> {
     nodes: Vec<Node>,
     log: BTreeMap<Clock, LogEntry>,
     clock_input: HashMap<Clock, u64>,
-    seq: u64,
-    persisted: u64,
-    root_id: u8,
+    /// The roots' clocks.
+    roots: Vec<RootClock>,
+    /// The clock of the last packet admitted.
+    last_clock: Clock,
     /// Packets leaving the chain: (virtual time, order, ingress time, clock, frame, whether
     /// the root had marked it as already emitted).
     leaving: Vec<Leaving>,
@@ -410,6 +423,7 @@ impl<'a> Engine<'a> {
         };
         let state = StateConfig::Store { backend: backend.clone(), client };
         let (cfg_log_place, backend_for_log) = (cfg.log_place, backend.clone());
+        let roots = vec![RootClock::default(); usize::from(cfg.roots.max(1))];
         let plan = compile_with(chain, registry, &[], &state)?;
         let mut vertices: Vec<Vertex> = plan
             .vertices
@@ -456,9 +470,8 @@ impl<'a> Engine<'a> {
             nodes,
             log: BTreeMap::new(),
             clock_input: HashMap::new(),
-            seq: 0,
-            persisted: 0,
-            root_id: 0,
+            roots,
+            last_clock: Clock::default(),
             leaving: Vec::new(),
             late_deletes: VecDeque::new(),
             replays_in_flight: HashMap::new(),
@@ -590,13 +603,17 @@ impl<'a> Engine<'a> {
             self.report.observed.root_dropped.push(input);
             return Ok(());
         }
-        self.seq += 1;
-        if self.seq >= self.persisted + self.cfg.clock_persist_every {
-            self.persisted = self.seq;
+        let root = self.root_of(original);
+        let persist_every = self.cfg.clock_persist_every;
+        let Some(rc) = self.roots.get_mut(usize::from(root)) else { return Ok(()) };
+        rc.seq += 1;
+        if rc.seq >= rc.persisted + persist_every {
+            rc.persisted = rc.seq;
             self.report.stats.clock_persists += 1;
         }
         let mut pkt = original.clone();
-        pkt.meta.clock = Clock::new(self.root_id, self.seq);
+        pkt.meta.clock = Clock::new(root, rc.seq);
+        self.last_clock = pkt.meta.clock;
         pkt.meta.ingress_ns = self.now;
         pkt.meta.xor = 0;
         self.last_ts = self.last_ts.max(pkt.meta.ts_ns);
@@ -616,6 +633,24 @@ impl<'a> Engine<'a> {
         let routes = self.entry[direction(&pkt, self.entry.len())].clone();
         self.route(&routes, pkt, self.now, "input", input);
         Ok(())
+    }
+
+    /// The root whose share of the input `pkt` is: a static partition by source address.
+    fn root_of(&self, pkt: &Packet) -> u8 {
+        let n = self.roots.len() as u64;
+        if n <= 1 {
+            return 0;
+        }
+        let h = match pkt.tuple().map(|t| t.src) {
+            Some(std::net::IpAddr::V4(a)) => u64::from(u32::from(a)),
+            Some(std::net::IpAddr::V6(a)) => {
+                let b = a.octets();
+                b.iter().fold(0u64, |h, x| h.rotate_left(8) ^ u64::from(*x))
+            }
+            None => 0,
+        };
+        // Multiplicative hashing spreads neighbouring addresses over the roots.
+        ((h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % n) as u8
     }
 
     /// Sends `pkt` along `routes` at time `at`.
@@ -1043,7 +1078,7 @@ impl<'a> Engine<'a> {
                 let node = self.find(count, vertex, *instance)?;
                 self.crash(count, node)
             }
-            Action::CrashRoot => self.crash_root(count),
+            Action::CrashRoot { root } => self.crash_root(count, *root),
             Action::CrashStore => self.crash_store(count),
             Action::Scale { vertex, to } => {
                 let v = self.vertex_index(count, vertex)?;
@@ -1310,20 +1345,30 @@ impl<'a> Engine<'a> {
         }
     }
 
-    fn crash_root(&mut self, count: u64) -> Result<(), EngineError> {
+    fn crash_root(&mut self, count: u64, root: u8) -> Result<(), EngineError> {
         let wall = Instant::now();
+        let roots = self.roots.len();
+        if usize::from(root) >= roots {
+            return Err(EngineError::Fault {
+                at: count,
+                msg: format!("no root {root}: the chain has {roots} root(s)"),
+            });
+        }
         let lost_log = self.cfg.log_place == LogPlace::Root;
-        let logged = self.log.len();
+        let logged = self.log.keys().filter(|c| c.root() == root).count();
         let mut read_back = String::new();
         if lost_log {
             // In-flight packets finish without a log entry; none can be replayed any more.
-            self.log.clear();
+            self.log.retain(|c, _| c.root() != root);
         } else {
             read_back = self.reload_log("the new root")?;
         }
         // The new root resumes past any clock the old one may have used.
-        self.seq = self.persisted + self.cfg.clock_persist_every;
-        self.persisted = self.seq;
+        let persist_every = self.cfg.clock_persist_every;
+        let Some(rc) = self.roots.get_mut(usize::from(root)) else { return Ok(()) };
+        rc.seq = rc.persisted + persist_every;
+        rc.persisted = rc.seq;
+        let resumed = rc.seq;
         // The root's splitter learns the flow allocation from the instances of the vertices
         // it feeds.
         let entry_vertices: HashSet<usize> = self
@@ -1361,8 +1406,8 @@ impl<'a> Engine<'a> {
             wall_us: wall.elapsed().as_secs_f64() * 1e6,
             flows: restored,
             detail: format!(
-                "clock resumes at {}; {}",
-                self.seq,
+                "{}clock resumes at {resumed}; {}",
+                if roots > 1 { format!("root {root}: ") } else { String::new() },
                 if lost_log { format!("{logged} logged packet(s) lost with the root's log") } else { read_back }
             ),
             ..Episode::default()
@@ -1851,7 +1896,7 @@ impl<'a> Engine<'a> {
     /// Ends the run: flushes instances, fires due timers, reads the final state.
     fn finish(mut self) -> Result<EngineReport, EngineError> {
         let last_ts = self.last_ts;
-        let end = Clock::new(self.root_id, self.seq);
+        let end = self.last_clock;
         for n in self.nodes.iter_mut().filter(|n| n.alive) {
             n.inst.begin_batch();
             n.inst.advance_time(last_ts, end);

@@ -90,10 +90,13 @@ pub enum Action {
         /// The instance index (0-based).
         instance: u16,
     },
-    /// The root fails: in-flight input is lost like network drops; a new root resumes the
+    /// A root fails: in-flight input is lost like network drops; a new root resumes the
     /// logical clock at the last persisted value plus the persistence interval and reads the
     /// flow allocation back from the instances.
-    CrashRoot,
+    CrashRoot {
+        /// Which root, with several (`EngineConfig::roots`); 0 is the first.
+        root: u8,
+    },
     /// The store instance fails and is rebuilt: per-flow state from the instances' caches,
     /// shared state from the last checkpoint plus the instances' write-ahead logs.
     CrashStore,
@@ -208,7 +211,7 @@ impl Action {
     pub fn key(&self) -> &'static str {
         match self {
             Action::Crash { .. } => "crash",
-            Action::CrashRoot => "crash_root",
+            Action::CrashRoot { .. } => "crash_root",
             Action::CrashStore => "crash_store",
             Action::Scale { .. } => "scale",
             Action::Move { .. } => "move",
@@ -225,7 +228,7 @@ impl Action {
             | Action::Move { vertex, .. }
             | Action::Slow { vertex, .. }
             | Action::Clone { vertex, .. } => Some(vertex),
-            Action::CrashRoot | Action::CrashStore => None,
+            Action::CrashRoot { .. } | Action::CrashStore => None,
         }
     }
 
@@ -235,7 +238,8 @@ impl Action {
             Action::Crash { vertex, instance } | Action::Clone { vertex, instance } => {
                 format!("{{ vertex: {}, instance: {instance} }}", yaml_string(vertex))
             }
-            Action::CrashRoot | Action::CrashStore => "{}".to_string(),
+            Action::CrashRoot { root: 0 } | Action::CrashStore => "{}".to_string(),
+            Action::CrashRoot { root } => format!("{{ root: {root} }}"),
             Action::Scale { vertex, to: ScaleTo::Exactly(n) } => {
                 format!("{{ vertex: {}, to: {n} }}", yaml_string(vertex))
             }
@@ -255,7 +259,8 @@ impl fmt::Display for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Action::Crash { vertex, instance } => write!(f, "crash {vertex}:{instance}"),
-            Action::CrashRoot => write!(f, "crash the root"),
+            Action::CrashRoot { root: 0 } => write!(f, "crash the root"),
+            Action::CrashRoot { root } => write!(f, "crash root {root}"),
             Action::CrashStore => write!(f, "crash the store"),
             Action::Scale { vertex, to: ScaleTo::Exactly(n) } => write!(f, "scale {vertex} to {n}"),
             Action::Scale { vertex, to: ScaleTo::By(d) } => write!(f, "scale {vertex} by {d:+}"),
@@ -587,7 +592,7 @@ impl FaultSchedule {
                         *c = u16::try_from(target).unwrap_or(MAX_INSTANCES);
                     }
                 }
-                Action::CrashRoot | Action::CrashStore => {}
+                Action::CrashRoot { .. } | Action::CrashStore => {}
             }
         }
         Ok(())
@@ -754,14 +759,14 @@ fn policy_problems(i: usize, p: &Policy) -> Vec<Problem> {
 /// One random action for [`FaultSchedule::random`], updating the instance counts.
 fn random_action(rng: &mut ChaCha8Rng, names: &[&str], counts: &mut [u16]) -> Action {
     if names.is_empty() || counts.len() != names.len() {
-        return if rng.gen_bool(0.5) { Action::CrashRoot } else { Action::CrashStore };
+        return if rng.gen_bool(0.5) { Action::CrashRoot { root: 0 } } else { Action::CrashStore };
     }
     let v = rng.gen_range(0..names.len());
     let vertex = names.get(v).copied().unwrap_or_default().to_string();
     let now = counts.get(v).copied().unwrap_or(1).max(1);
     match rng.gen_range(0..7) {
         0 => Action::Crash { vertex, instance: rng.gen_range(0..now) },
-        1 => Action::CrashRoot,
+        1 => Action::CrashRoot { root: 0 },
         2 => Action::CrashStore,
         3 => random_scale(rng, v, names, counts),
         4 => {
@@ -1119,11 +1124,25 @@ impl Parser<'_> {
             }
         };
         match key {
-            "crash_root" | "crash_store" => {
+            "crash_store" => {
                 if !v.is_null() {
                     self.entries(v, path, &[], &format!("`{key}`, which takes no fields (write `{key}: {{}}`)"))?;
                 }
-                Ok(if key == "crash_root" { Action::CrashRoot } else { Action::CrashStore })
+                Ok(Action::CrashStore)
+            }
+            "crash_root" => {
+                if v.is_null() {
+                    return Ok(Action::CrashRoot { root: 0 });
+                }
+                let e = self.entries(v, path, &["root"], "`crash_root`")?;
+                let root = match e.iter().find(|(k, _)| k == "root") {
+                    Some((_, v)) => {
+                        let r = self.small(v, &field("root"), "a root number (0 is the first root)")?;
+                        u8::try_from(r).map_err(|_| self.err(&field("root"), "a root number below 256"))?
+                    }
+                    None => 0,
+                };
+                Ok(Action::CrashRoot { root })
             }
             "crash" | "clone" => {
                 let e = self.entries(v, path, &["vertex", "instance"], &format!("`{key}`"))?;
@@ -1333,7 +1352,7 @@ policies:
         assert_eq!(s.events[0].at, At::Packet(20000));
         assert_eq!(s.events[0].action, Action::Crash { vertex: "nat".into(), instance: 0 });
         assert_eq!(s.events[0].line, Some(4));
-        assert_eq!(s.events[1].action, Action::CrashRoot);
+        assert_eq!(s.events[1].action, Action::CrashRoot { root: 0 });
         assert_eq!(s.events[1].at, At::Percent(40.0));
         assert_eq!(s.events[2].action, Action::CrashStore);
         assert_eq!(s.events[3].action, Action::Scale { vertex: "portscan".into(), to: ScaleTo::Exactly(3) });
@@ -1351,7 +1370,7 @@ policies:
         let s = parsed("events:\n  - at: { packet: 5 }\n    scale: { vertex: nat, by: -1 }\n  - at: { packet: 6 }\n    crash_root:\n  - at: { packet: 7 }\n    crash: { vertex: nat }\n");
         assert_eq!(s.seed, 0);
         assert_eq!(s.events[0].action, Action::Scale { vertex: "nat".into(), to: ScaleTo::By(-1) });
-        assert_eq!(s.events[1].action, Action::CrashRoot);
+        assert_eq!(s.events[1].action, Action::CrashRoot { root: 0 });
         assert_eq!(s.events[2].action, Action::Crash { vertex: "nat".into(), instance: 0 });
         // An example chain with two NATs takes the full example once portscan is known.
         let c = chain(&EXAMPLE_CHAIN.replace("    type: nat\n", "    type: nat\n    instances: 2\n"));
@@ -1361,12 +1380,30 @@ policies:
     }
 
     #[test]
+    fn crash_root_names_a_root() {
+        let s = parsed(
+            "events:\n  - at: { packet: 5 }\n    crash_root: { root: 2 }\n  - at: { packet: 6 }\n    crash_root: {}\n",
+        );
+        assert_eq!(s.events[0].action, Action::CrashRoot { root: 2 });
+        assert_eq!(s.events[1].action, Action::CrashRoot { root: 0 });
+        let again = parsed(&s.to_yaml());
+        assert_eq!(
+            again.events.iter().map(|e| e.action.clone()).collect::<Vec<_>>(),
+            vec![Action::CrashRoot { root: 2 }, Action::CrashRoot { root: 0 }]
+        );
+        let e = parse_err("events:\n  - at: { packet: 5 }\n    crash_root: { root: 300 }\n");
+        assert_eq!(e.field, "events.0.crash_root.root");
+        let e = parse_err("events:\n  - at: { packet: 5 }\n    crash_root: { rot: 1 }\n");
+        assert!(e.to_string().contains("rot"), "{e}");
+    }
+
+    #[test]
     fn serializes_for_reports() {
         let s = parsed(FULL);
         let json = serde_json::to_value(&s).unwrap_or_default();
         assert_eq!(json["events"][0]["at"]["packet"], 20000);
         assert_eq!(json["events"][0]["action"]["crash"]["vertex"], "nat");
-        assert_eq!(json["events"][1]["action"], "crash_root");
+        assert_eq!(json["events"][1]["action"]["crash_root"]["root"], 0);
         assert_eq!(json["events"][3]["action"]["scale"]["to"]["exactly"], 3);
         assert_eq!(json["policies"][0]["scale_out_above"]["queue"], 2000);
     }

@@ -109,5 +109,6 @@ fn random_schedules_redis() {
     // Redis, so the traces are cut to 1,200 packets and four schedules run at a time (the
     // threads mostly wait on the network). `COE_REDIS_SCHEDULES` changes the count.
     let n = std::env::var("COE_REDIS_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
-    property(n, 1_200, 4, &|s| redis(&format!("r{s}")).expect("redis"), "redis");
+    let limit = std::env::var("COE_REDIS_PACKETS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_200);
+    property(n, limit, 4, &|s| redis(&format!("r{s}")).expect("redis"), "redis");
 }
