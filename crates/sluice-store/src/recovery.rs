@@ -25,7 +25,8 @@ use crate::client::WalEntry;
 use crate::wire::{Checkpoint, Replies, Request, StoreKey, StoreOp, TsVector};
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -179,9 +180,22 @@ pub fn plan(checkpoint: &Checkpoint, logs: &[RecoveryLog], per_flow: Vec<(StoreK
     let mut ts: BTreeMap<InstanceId, Clock> = checkpoint.ts.iter().copied().collect();
     let mut values: BTreeMap<StoreKey, Value> = BTreeMap::new();
     let mut replay: Vec<(ReplayOrder, InstanceId, WalEntry)> = Vec::new();
+    // Each log's entries and reads by key, and where each log starts after the checkpoint:
+    // one pass over the logs instead of one per key.
+    let mut entries_of: HashMap<StoreKey, Vec<(usize, usize)>> = HashMap::new();
+    let mut reads_of: HashMap<StoreKey, Vec<&ReadRecord>> = HashMap::new();
+    for (li, l) in logs.iter().enumerate() {
+        for (pos, e) in l.wal.iter().enumerate() {
+            entries_of.entry(e.key).or_default().push((li, pos));
+        }
+        for r in &l.reads {
+            reads_of.entry(r.key).or_default().push(r);
+        }
+    }
+    let after_checkpoint: Vec<usize> = logs.iter().map(|l| cut(&l.wal, l.instance, &checkpoint.ts)).collect();
     for key in keys.iter().filter(|k| !per_flow_keys.contains(k)) {
-        let reads: Vec<&ReadRecord> = logs.iter().flat_map(|l| l.reads.iter()).filter(|r| r.key == *key).collect();
-        let chosen = select_ts(&reads, &wals).and_then(|i| reads.get(i));
+        let reads: &[&ReadRecord] = reads_of.get(key).map_or(&[], Vec::as_slice);
+        let chosen = select_ts(reads, &wals).and_then(|i| reads.get(i).copied());
         let (start, start_ts): (Option<Value>, &[(InstanceId, Clock)]) = match chosen {
             Some(r) => (r.value.clone(), &r.ts),
             None => (at_checkpoint.get(key).map(|v| (*v).clone()), &checkpoint.ts),
@@ -193,9 +207,13 @@ pub fn plan(checkpoint: &Checkpoint, logs: &[RecoveryLog], per_flow: Vec<(StoreK
         if let Some(v) = start {
             values.insert(*key, v);
         }
-        for (li, l) in logs.iter().enumerate() {
-            let from = cut(&l.wal, l.instance, start_ts);
-            for (pos, e) in l.wal.iter().enumerate().skip(from).filter(|(_, e)| e.key == *key) {
+        let from: Cow<'_, [usize]> = match chosen {
+            Some(_) => Cow::Owned(logs.iter().map(|l| cut(&l.wal, l.instance, start_ts)).collect()),
+            None => Cow::Borrowed(&after_checkpoint),
+        };
+        for &(li, pos) in entries_of.get(key).map_or(&[][..], Vec::as_slice) {
+            let (Some(l), Some(&f)) = (logs.get(li), from.get(li)) else { continue };
+            if let (true, Some(e)) = (pos >= f, l.wal.get(pos)) {
                 replay.push(((e.tag.clock, l.instance, li, pos), l.instance, e.clone()));
             }
         }
