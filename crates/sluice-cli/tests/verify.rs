@@ -87,3 +87,22 @@ fn without_duplicate_suppression_the_json_report_lists_the_duplicates() {
         assert!(!dup[field].is_null(), "difference without {field}: {dup}");
     }
 }
+
+#[test]
+fn several_roots_from_the_command_line() {
+    let args: Vec<String> =
+        "--chain chains/example.yaml --input traces/demo.pcap --roots 2 --log store --crash-root 1@30% --crash nat:0@30%"
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+    let (code, out) = verify(&args, "10000", false);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("root 1: clock resumes"), "{out}");
+    let bad: Vec<String> = "--chain chains/example.yaml --input traces/demo.pcap --roots 2 --crash-root 2@30%"
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    let (code, out) = verify(&bad, "10000", false);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("no root 2"), "{out}");
+}
