@@ -858,6 +858,7 @@ impl<'a> Engine<'a> {
         if let Some(n) = self.nodes.get_mut(node) {
             let decided = self.vertices.get(n.vertex).map(|v| &v.decided);
             let is_clone = n.clone_of.is_some();
+            let id = n.inst.id();
             while batch.len() < self.cfg.batch {
                 match n.queue.front() {
                     Some(q) if q.at <= start => {}
@@ -875,8 +876,13 @@ impl<'a> Engine<'a> {
                         // store, and processing it again would read later state.
                         let elsewhere = decided.is_some_and(|d| d.contains(&p.meta.clock));
                         // A clone's replay need not redo what its straggler did: the store
-                        // has it (the straggler flushed when the clone started).
-                        if suppress && ((elsewhere && (!to_target || is_clone)) || (!first_here && !to_target)) {
+                        // has it (the straggler flushed when the clone started). And the target
+                        // of a replay drops a clock it has processed already (two failures at
+                        // once replay some packets twice); upstream of it the copy passes.
+                        let at_target = to_target && p.meta.target == Some(id);
+                        if suppress
+                            && ((elsewhere && (!to_target || is_clone)) || (!first_here && (!to_target || at_target)))
+                        {
                             suppressed.push(p);
                             continue;
                         }

@@ -438,3 +438,21 @@ fn several_roots_partition_the_input() {
     );
     assert!(err.is_err_and(|e| e.to_string().contains("no root 3")));
 }
+
+/// Regression (faults/root-and-nf.yaml cut to 20,000 packets): two NFs on one path fail at
+/// once, so some packets are replayed twice towards the last NF — once behind the first
+/// replay's target, once aimed at the last NF itself. The last NF must process (and emit)
+/// each of them once: the receiver gets no duplicate.
+#[test]
+fn two_failures_at_once_emit_each_packet_once() {
+    let c = chain(EXAMPLE);
+    let p = demo(0.1, 3);
+    let mut events = Vec::new();
+    for i in 1..=6 {
+        events.push(event(At::Packet(1000 * i + 3), Action::Crash { vertex: "portscan".into(), instance: 0 }));
+        events.push(event(At::Packet(1000 * i + 3), Action::Crash { vertex: "lb".into(), instance: 0 }));
+    }
+    let r = run(&c, &p, events, EngineConfig::default(), embedded());
+    assert!(r.equivalent, "{}", r.render());
+    assert_eq!(r.engine.duplicate_outputs, 0);
+}
