@@ -534,6 +534,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn take_counts_the_chosen_backend_and_refuses_bad_arguments() {
+        let mut s = None;
+        let take = |s: &mut Option<Value>, i: i64| op_take(s, &Value::Ints(vec![3, i]));
+        assert_eq!(take(&mut s, 2).unwrap(), Some(Value::Int(1)));
+        assert_eq!(take(&mut s, 2).unwrap(), Some(Value::Int(2)));
+        assert_eq!(take(&mut s, 0).unwrap(), Some(Value::Int(1)));
+        assert_eq!(s, Some(Value::Ints(vec![1, 0, 2, 0])));
+        for bad in [Value::Ints(vec![3, 3]), Value::Ints(vec![3, -1]), Value::Ints(vec![0, 0]), Value::Int(1)] {
+            assert!(op_take(&mut s, &bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(s, Some(Value::Ints(vec![1, 0, 2, 0])), "a refused take leaves the counts");
+    }
+
+    #[test]
     fn pick_is_least_loaded_with_round_robin_ties() {
         let mut s = None;
         let n = Value::Int(3);

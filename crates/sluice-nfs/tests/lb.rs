@@ -364,3 +364,27 @@ proptest! {
         }
     }
 }
+
+/// `policy: random`: every connection sticks to the backend drawn for it, draws spread over all
+/// backends, and the active counts still add up to the open connections.
+#[test]
+fn random_policy_sticks_per_connection_and_spreads() {
+    let (mut lb, probe) = instance("lb", "policy: random");
+    let mut chosen: HashMap<FlowKey, usize> = HashMap::new();
+    for i in 0..400u16 {
+        let client = [192, 168, 7, (i % 200) as u8 + 1];
+        for flags in [SYN, ACK] {
+            let mut p = raw(&tcp_frame(client, 30_000 + i, [203, 0, 113, 10], 80, 1, 1, flags, b""), 0);
+            let key = p.tuple().map(|t| t.flow_key()).expect("tcp");
+            assert_eq!(lb.process(&mut p), Verdict::Forward);
+            let b = backend_index(p.tuple().expect("tcp").dst);
+            assert_eq!(*chosen.entry(key).or_insert(b), b, "connection {i} moved between backends");
+        }
+    }
+    let per_backend = chosen.values().fold([0usize; 4], |mut n, b| {
+        n[*b] += 1;
+        n
+    });
+    assert!(per_backend.iter().all(|n| *n > 40), "uneven draws: {per_backend:?}");
+    assert_eq!(counts(&probe, 4).iter().sum::<i64>(), 400);
+}
