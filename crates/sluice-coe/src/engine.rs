@@ -217,6 +217,11 @@ pub struct EngineStats {
     pub duplicate_outputs: u64,
     /// Updates the store recognised as duplicates (answered from its per-clock log).
     pub store_duplicates: u64,
+    /// Per vertex, over all its instances: operations that waited for the store, and
+    /// operations served by an instance's local copy.
+    pub round_trips: BTreeMap<String, u64>,
+    /// See `round_trips`.
+    pub cache_hits: BTreeMap<String, u64>,
     /// Packets still in the root's log at the end (0 when everything committed).
     pub log_left: u64,
     /// With the log in the store: packets written to it (each acknowledged before it entered
@@ -1221,6 +1226,8 @@ impl<'a> Engine<'a> {
         let new = self.nodes.len();
         self.nodes.push(fresh);
         self.replace_everywhere(node, new);
+        // A straggler's clone may still be running beside the replacement.
+        self.refresh_sharing(vertex)?;
         // Moves from or to the failed instance continue with its replacement.
         for m in &mut self.moves {
             if m.from == node {
@@ -1669,6 +1676,38 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
+    /// CHC's cache transitions for cross-flow objects: an instance caches its vertex's shared
+    /// objects (write-through: a local copy serves reads, every update still goes to the store
+    /// tagged) only while it is the vertex's only live instance. When a second one appears
+    /// (scale-out, clone) the first stops caching and flushes before anyone else reads; when
+    /// one is left it caches again, from what the store holds.
+    fn refresh_sharing(&mut self, v: usize) -> Result<(), EngineError> {
+        let Some(vx) = self.vertices.get(v) else { return Ok(()) };
+        let shared: Vec<sluice_state::ObjectId> = vx
+            .decls
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| !d.scope.is_per_flow() && d.pattern != sluice_state::AccessPattern::WriteMostly)
+            .map(|(o, _)| sluice_state::ObjectId(o as u16))
+            .collect();
+        if shared.is_empty() {
+            return Ok(());
+        }
+        let users: Vec<usize> =
+            (0..self.nodes.len()).filter(|&i| self.nodes[i].alive && self.nodes[i].vertex == v).collect();
+        let exclusive = users.len() == 1;
+        for u in users {
+            let Some(n) = self.nodes.get_mut(u) else { continue };
+            for &o in &shared {
+                n.inst.state().set_exclusive(o, exclusive);
+            }
+            if !exclusive {
+                n.inst.state().flush().map_err(store_err)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Takes a node out of service cleanly (its updates flushed, its queue already drained).
     fn retire(&mut self, node: usize) -> Result<(), EngineError> {
         let leftover: Vec<Packet> = match self.nodes.get_mut(node) {
@@ -1692,6 +1731,9 @@ impl<'a> Engine<'a> {
             self.finished(&p);
         }
         self.checkpoint_due = true;
+        if let Some(v) = self.nodes.get(node).map(|n| n.vertex) {
+            self.refresh_sharing(v)?;
+        }
         Ok(())
     }
 
@@ -1726,6 +1768,7 @@ impl<'a> Engine<'a> {
                 }
                 x.members.extend(added);
             }
+            self.refresh_sharing(v)?;
             let name = self.vertices.get(v).map(|x| x.plan.name.to_string());
             self.report.episodes.push(Episode {
                 kind: "scale_out".into(),
@@ -1765,6 +1808,7 @@ impl<'a> Engine<'a> {
                 for c in self.nodes.iter_mut().filter(|c| c.alive && c.clone_of == Some(r)) {
                     c.alive = false;
                 }
+                self.refresh_sharing(v)?;
             }
         }
         Ok(())
@@ -1803,6 +1847,7 @@ impl<'a> Engine<'a> {
         c.busy_until = self.now.max(self.nodes.get(node).map_or(0, |n| n.busy_until));
         let clone = self.nodes.len();
         self.nodes.push(c);
+        self.refresh_sharing(vertex)?;
         self.replay_episode("clone", count, vertex, id, wall, String::new());
         self.trials.push((node, clone, count + self.cfg.clone_trial));
         self.check_replay_done();
@@ -1928,7 +1973,11 @@ impl<'a> Engine<'a> {
                 });
             }
             if let Some(c) = client(&mut n.inst) {
-                self.report.stats.store_duplicates += c.stats().duplicates;
+                let s = c.stats();
+                self.report.stats.store_duplicates += s.duplicates;
+                let name = self.vertices.get(n.vertex).map(|v| v.plan.name.to_string()).unwrap_or_default();
+                *self.report.stats.round_trips.entry(name.clone()).or_default() += s.round_trips;
+                *self.report.stats.cache_hits.entry(name).or_default() += s.cache_hits;
             }
         }
         // The receiver, in arrival order. The chain's egress drops only replays of packets the

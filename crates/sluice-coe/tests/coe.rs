@@ -456,3 +456,42 @@ fn two_failures_at_once_emit_each_packet_once() {
     assert!(r.equivalent, "{}", r.render());
     assert_eq!(r.engine.duplicate_outputs, 0);
 }
+
+/// CHC test case 10, cache transitions: the portscan detector's per-host likelihoods are
+/// cross-flow; a single instance keeps a write-through copy of them. Scaled to two instances it
+/// flushes and both go to the store for every operation; merged back to one, the copy is used
+/// again. Every variant stays equivalent; the store round trips show the transitions.
+#[test]
+fn shared_objects_are_cached_only_while_one_instance_uses_them() {
+    let c = chain(
+        r#"
+name: scan-cache
+vertices:
+  nat: { type: nat, config: { external_ip: 198.51.100.1, internal: ["10.0.0.0/8"] } }
+  portscan: { type: portscan }
+  lb: { type: lb }
+edges:
+  - { from: input, to: nat }
+  - { from: nat, to: portscan }
+  - { from: portscan, to: lb }
+  - { from: lb, to: output }
+"#,
+    );
+    let p = demo(0.1, 3);
+    let scale =
+        |at: f64, n: u16| event(At::Percent(at), Action::Scale { vertex: "portscan".into(), to: ScaleTo::Exactly(n) });
+    let trips = |events: Vec<sluice_coe::schedule::FaultEvent>| {
+        let r = run(&c, &p, events, EngineConfig::default(), embedded());
+        assert!(r.equivalent, "{}", r.render());
+        let get = |m: &std::collections::BTreeMap<String, u64>| m.get("portscan").copied().unwrap_or(0);
+        (get(&r.engine.round_trips), get(&r.engine.cache_hits))
+    };
+    let (alone, alone_hits) = trips(vec![]);
+    let (split, _) = trips(vec![scale(30.0, 2)]);
+    let (merged, merged_hits) = trips(vec![scale(30.0, 2), scale(60.0, 1)]);
+    eprintln!(
+        "portscan round trips: one instance {alone}, split at 30% {split}, split at 30% and merged at 60% {merged}"
+    );
+    assert!(alone_hits > 0 && merged_hits > 0, "the copy serves operations: {alone_hits}, {merged_hits}");
+    assert!(alone < merged && merged < split, "round trips {alone} < {merged} < {split}");
+}

@@ -61,9 +61,10 @@ pub struct ClientConfig {
     /// store): a per-flow value missing from the cache is absent, no need to ask. Packets marked
     /// `FIRST` (a flow moved here) are always looked up. Off for replacement instances.
     pub fresh: bool,
-    /// Fault-tolerant operation (the COE executor): per-flow values are written through to the
-    /// store as tagged non-blocking updates (the local copy only serves reads), shared objects
-    /// are never cached, and every update is tagged, so a packet replayed from the root's log is
+    /// Fault-tolerant operation (the COE executor): per-flow values, and shared ones while this
+    /// instance is their only user (`set_exclusive`), are written through to the store as
+    /// tagged non-blocking updates (the local copy only serves reads), and every update is
+    /// tagged, so a packet replayed from the root's log is
     /// applied at most once and a crashed instance loses only unacknowledged updates, which its
     /// packets' XOR vectors keep replayable.
     pub write_through: bool,
@@ -134,6 +135,9 @@ enum Strategy {
     /// Per-flow, fault-tolerant: reads from a local copy, every update applied to the copy and
     /// sent to the store as a tagged non-blocking update.
     WriteThrough,
+    /// Shared, fault-tolerant: `WriteThrough` while this instance is the object's only user
+    /// (`set_exclusive`), else `Remote`.
+    SharedWriteThrough,
 }
 
 #[derive(Debug, Clone)]
@@ -439,7 +443,7 @@ impl StoreClient {
         match self.strategies.get(usize::from(obj.0)) {
             Some(Strategy::Owned) => true,
             // Without other users, a shared object needs neither callbacks nor remote updates.
-            Some(Strategy::SharedOften | Strategy::Callbacks) => {
+            Some(Strategy::SharedOften | Strategy::Callbacks | Strategy::SharedWriteThrough) => {
                 self.exclusive.get(usize::from(obj.0)).copied().unwrap_or(false)
             }
             _ => false,
@@ -804,7 +808,8 @@ fn strategy(d: &StateDecl, cfg: &ClientConfig) -> Strategy {
     }
     if cfg.write_through {
         return match (d.scope.is_per_flow(), d.pattern) {
-            (_, AccessPattern::WriteMostly) | (false, _) => Strategy::Remote,
+            (_, AccessPattern::WriteMostly) => Strategy::Remote,
+            (false, _) => Strategy::SharedWriteThrough,
             (true, _) => Strategy::WriteThrough,
         };
     }
@@ -836,7 +841,7 @@ impl StateHandle for StoreClient {
     fn exec(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
         let idx = usize::from(obj.0);
         let Some(&s) = self.strategies.get(idx) else { return Err(StateError::UnknownObject(obj)) };
-        if s == Strategy::WriteThrough {
+        if s == Strategy::WriteThrough || (s == Strategy::SharedWriteThrough && self.caches_now(obj)) {
             return self.write_through(obj, key, op);
         }
         if self.caches_now(obj) {
@@ -868,6 +873,7 @@ impl StateHandle for StoreClient {
     }
 
     fn exec_nb(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<(), StateError> {
+        // (A shared write-through object while exclusive is covered by `caches_now`.)
         let write_through = self.strategies.get(usize::from(obj.0)) == Some(&Strategy::WriteThrough);
         if self.caches_now(obj) || self.cfg.mode != Mode::Async || write_through || self.replaying {
             return self.exec(obj, key, op).map(|_| ());
