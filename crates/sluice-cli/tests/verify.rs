@@ -10,12 +10,14 @@ fn repo(p: &str) -> PathBuf {
 }
 
 /// The `sluice verify ...` command lines in a schedule file's header comments.
+/// Splits a command line written in a test into arguments.
+fn words(line: &str) -> Vec<String> {
+    line.split_whitespace().map(str::to_string).collect()
+}
+
 fn documented_commands(file: &Path) -> Vec<Vec<String>> {
     let text = std::fs::read_to_string(file).expect("schedule file");
-    text.lines()
-        .filter_map(|l| l.trim_start_matches('#').trim().strip_prefix("sluice verify "))
-        .map(|rest| rest.split_whitespace().map(str::to_string).collect())
-        .collect()
+    text.lines().filter_map(|l| l.trim_start_matches('#').trim().strip_prefix("sluice verify ")).map(words).collect()
 }
 
 /// Runs `sluice verify` with `args` (paths relative to the repository) on the first `limit`
@@ -57,21 +59,9 @@ fn every_bundled_schedule_runs_as_documented() {
 
 #[test]
 fn without_duplicate_suppression_the_json_report_lists_the_duplicates() {
-    let args: Vec<String> = [
-        "--chain",
-        "chains/nat-portscan.yaml",
-        "--input",
-        "traces/demo.pcap",
-        "--faults",
-        "faults/straggler.yaml",
-        "--arrival-ns",
-        "4000",
-        "--off",
-        "dedup",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = words(
+        "--chain chains/nat-portscan.yaml --input traces/demo.pcap --faults faults/straggler.yaml --arrival-ns 4000 --off dedup",
+    );
     let (code, out) = verify(&args, "30000", true);
     assert_eq!(code, 4, "{out}");
     let json_end = out.rfind('}').expect("JSON report on stdout");
@@ -90,18 +80,13 @@ fn without_duplicate_suppression_the_json_report_lists_the_duplicates() {
 
 #[test]
 fn several_roots_from_the_command_line() {
-    let args: Vec<String> =
-        "--chain chains/example.yaml --input traces/demo.pcap --roots 2 --log store --crash-root 1@30% --crash nat:0@30%"
-            .split_whitespace()
-            .map(str::to_string)
-            .collect();
+    let args = words(
+        "--chain chains/example.yaml --input traces/demo.pcap --roots 2 --log store --crash-root 1@30% --crash nat:0@30%",
+    );
     let (code, out) = verify(&args, "10000", false);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("root 1: clock resumes"), "{out}");
-    let bad: Vec<String> = "--chain chains/example.yaml --input traces/demo.pcap --roots 2 --crash-root 2@30%"
-        .split_whitespace()
-        .map(str::to_string)
-        .collect();
+    let bad = words("--chain chains/example.yaml --input traces/demo.pcap --roots 2 --crash-root 2@30%");
     let (code, out) = verify(&bad, "10000", false);
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("no root 2"), "{out}");
