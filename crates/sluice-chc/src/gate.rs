@@ -1,0 +1,185 @@
+//! What an instance does with the packets that reach it, and what a vertex remembers of the
+//! clocks it processed.
+//!
+//! A packet arriving at an instance is queued, or **held**: while the instance recovers (a
+//! replacement or a clone waiting for the root's replay to drain, so per-flow order holds) live
+//! packets wait; while a flow moves in, that flow's packets wait for the old instance's barrier.
+//! When a packet is taken from the queue, a **duplicate** is suppressed: a clock this instance
+//! received before, or one another instance of the vertex processed (a straggler and its clone
+//! both receive live traffic). A replay copy on its way to its target passes; the target itself
+//! drops a clock it has processed already (two failures at once replay some packets twice).
+
+use sluice_packet::{Clock, InstanceId, MetaFlags, Packet};
+use std::collections::{HashMap, HashSet};
+
+/// What happens to a packet taken from an instance's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dequeue {
+    /// Process it. `duplicate`: this instance received the clock before and suppression is
+    /// off, so the NF sees it again (counted).
+    Process {
+        /// A duplicate that reached the NF.
+        duplicate: bool,
+    },
+    /// Drop it as a duplicate; the copy is done.
+    Suppress,
+}
+
+/// Per-instance arrival and dequeue logic.
+#[derive(Debug, Clone, Default)]
+pub struct Gate {
+    /// Clocks that arrived here.
+    seen: HashSet<Clock>,
+    /// Live packets are held while a replay drains.
+    recovering: bool,
+    held: Vec<Packet>,
+    /// Per flow moving in: its packets, held until the old instance's barrier passes.
+    move_held: HashMap<u64, Vec<Packet>>,
+    /// Flows (split keys) this instance has received: what it reports to a recovering root,
+    /// and which flows move when it is removed.
+    flows: HashSet<u64>,
+}
+
+impl Gate {
+    /// A gate for a new instance. A `recovering` one (a replacement, a clone) holds live packets
+    /// until [`Gate::end_recovery`].
+    pub fn new(recovering: bool) -> Gate {
+        Gate { recovering, ..Gate::default() }
+    }
+
+    /// `pkt` of flow `key` reaches the instance: `Some` to queue it, `None` if it is held.
+    pub fn arrive(&mut self, key: u64, pkt: Packet) -> Option<Packet> {
+        self.flows.insert(key);
+        if let Some(h) = self.move_held.get_mut(&key) {
+            h.push(pkt);
+            return None;
+        }
+        if self.recovering && !pkt.meta.flags.contains(MetaFlags::REPLAYED) {
+            self.held.push(pkt);
+            return None;
+        }
+        Some(pkt)
+    }
+
+    /// `pkt` is taken from the queue of instance `id` of a vertex that has already processed
+    /// the clocks in `decided`. `is_clone`: this instance is a straggler's clone on trial.
+    pub fn dequeue(
+        &mut self,
+        pkt: &Packet,
+        id: InstanceId,
+        is_clone: bool,
+        decided: &Decided,
+        suppress: bool,
+    ) -> Dequeue {
+        let clock = pkt.meta.clock;
+        let to_target = pkt.meta.flags.contains(MetaFlags::REPLAYED) && pkt.meta.target.is_some();
+        let first_here = self.seen.insert(clock);
+        // Processed by another instance of the vertex already: its effects are in the store,
+        // and processing it again would read later state.
+        let elsewhere = decided.contains(clock);
+        // A clone's replay need not redo what its straggler did (the store has it), and the
+        // target of a replay drops a clock it processed already; upstream of it the copy passes.
+        let at_target = to_target && pkt.meta.target == Some(id);
+        if suppress && ((elsewhere && (!to_target || is_clone)) || (!first_here && (!to_target || at_target))) {
+            return Dequeue::Suppress;
+        }
+        Dequeue::Process { duplicate: !first_here && !to_target }
+    }
+
+    /// Whether live packets are held for a replay.
+    pub fn recovering(&self) -> bool {
+        self.recovering
+    }
+
+    /// The replay drained: the held live packets, in arrival order, to queue.
+    pub fn end_recovery(&mut self) -> Vec<Packet> {
+        self.recovering = false;
+        std::mem::take(&mut self.held)
+    }
+
+    /// Flows `keys` are moving in: hold their packets.
+    pub fn hold_flows(&mut self, keys: &[u64]) {
+        for k in keys {
+            self.move_held.entry(*k).or_default();
+        }
+    }
+
+    /// The old instance passed the barrier: flow `key`'s held packets, in arrival order, the
+    /// first marked `FIRST` (so the instance looks its state up).
+    pub fn release_flow(&mut self, key: u64) -> Vec<Packet> {
+        let mut held = self.move_held.remove(&key).unwrap_or_default();
+        if let Some(p) = held.first_mut() {
+            p.meta.flags.insert(MetaFlags::FIRST);
+        }
+        if !held.is_empty() {
+            self.flows.insert(key);
+        }
+        held
+    }
+
+    /// The instance failed: every packet it held (its queue is the driver's).
+    pub fn drain_held(&mut self) -> Vec<Packet> {
+        let mut lost = std::mem::take(&mut self.held);
+        lost.extend(self.move_held.drain().flat_map(|(_, v)| v));
+        lost
+    }
+
+    /// Packets held, for a replay or a move.
+    pub fn held(&self) -> usize {
+        self.held.len() + self.move_held.values().map(Vec::len).sum::<usize>()
+    }
+
+    /// The flows this instance has received.
+    pub fn flows(&self) -> &HashSet<u64> {
+        &self.flows
+    }
+
+    /// Takes over the flows a failed predecessor had received.
+    pub fn inherit_flows(&mut self, flows: HashSet<u64>) {
+        self.flows = flows;
+    }
+
+    /// Flows moved away.
+    pub fn forget_flows(&mut self, keys: &[u64]) {
+        for k in keys {
+            self.flows.remove(k);
+        }
+    }
+
+    /// Flows moved in without the move protocol.
+    pub fn add_flows(&mut self, keys: &[u64]) {
+        self.flows.extend(keys.iter().copied());
+    }
+}
+
+/// The clocks a vertex has processed (at any of its instances): the first processing of a clock
+/// decides (its drops and events are recorded); later ones are duplicates or replays.
+#[derive(Debug, Clone, Default)]
+pub struct Decided {
+    clocks: HashSet<Clock>,
+}
+
+/// What the vertex makes of a processing of a clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Processing {
+    /// Record the decisions of this processing.
+    pub record: bool,
+    /// A duplicate processing of a live packet (not a replay): its updates are counted.
+    pub duplicate: bool,
+}
+
+impl Decided {
+    /// Whether the vertex has processed `clock`.
+    pub fn contains(&self, clock: Clock) -> bool {
+        self.clocks.contains(&clock)
+    }
+
+    /// The vertex processes `clock` (a replay copy if `replayed`).
+    pub fn process(&mut self, clock: Clock, replayed: bool, suppress: bool) -> Processing {
+        let first = self.clocks.insert(clock);
+        Processing { record: first || !suppress, duplicate: !first && !replayed }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,93 @@
+use super::*;
+use crate::test_support::udp;
+
+fn live(clock: u64) -> Packet {
+    let mut p = udp(1, 1);
+    p.meta.clock = Clock::new(0, clock);
+    p
+}
+
+fn replay(clock: u64, target: InstanceId) -> Packet {
+    let mut p = live(clock);
+    p.meta.flags.insert(MetaFlags::REPLAYED);
+    p.meta.target = Some(target);
+    p
+}
+
+const ME: InstanceId = InstanceId(0x0001_0000);
+const OTHER: InstanceId = InstanceId(0x0002_0000);
+
+#[test]
+fn a_recovering_instance_holds_live_packets_until_the_replay_drains() {
+    let mut g = Gate::new(true);
+    assert!(g.arrive(7, live(5)).is_none());
+    assert!(g.arrive(7, replay(1, ME)).is_some(), "replay copies pass");
+    assert_eq!(g.held(), 1);
+    let held = g.end_recovery();
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].meta.clock, Clock::new(0, 5));
+    assert!(g.arrive(7, live(6)).is_some());
+    assert!(g.flows().contains(&7));
+}
+
+#[test]
+fn a_moved_flow_is_held_then_released_with_its_first_packet_marked() {
+    let mut g = Gate::new(false);
+    g.hold_flows(&[3]);
+    assert!(g.arrive(3, live(1)).is_none());
+    assert!(g.arrive(3, live(2)).is_none());
+    assert!(g.arrive(4, live(3)).is_some(), "other flows are not held");
+    let out = g.release_flow(3);
+    assert_eq!(out.len(), 2);
+    assert!(out[0].meta.flags.contains(MetaFlags::FIRST));
+    assert!(!out[1].meta.flags.contains(MetaFlags::FIRST));
+    assert!(g.arrive(3, live(4)).is_some());
+}
+
+#[test]
+fn duplicates_are_suppressed_where_they_arrive() {
+    let decided = Decided::default();
+    let mut g = Gate::new(false);
+    assert_eq!(g.dequeue(&live(1), ME, false, &decided, true), Dequeue::Process { duplicate: false });
+    assert_eq!(g.dequeue(&live(1), ME, false, &decided, true), Dequeue::Suppress);
+    // Suppression off: the NF sees it again, counted as a duplicate.
+    assert_eq!(g.dequeue(&live(1), ME, false, &decided, false), Dequeue::Process { duplicate: true });
+}
+
+#[test]
+fn replay_copies_pass_upstream_and_the_target_drops_what_it_processed() {
+    let decided = Decided::default();
+    let mut g = Gate::new(false);
+    g.dequeue(&live(1), ME, false, &decided, true);
+    // On the way to another instance: passes although this one saw the clock.
+    assert_eq!(g.dequeue(&replay(1, OTHER), ME, false, &decided, true), Dequeue::Process { duplicate: false });
+    // Aimed at this instance, which processed it already: dropped.
+    assert_eq!(g.dequeue(&replay(1, ME), ME, false, &decided, true), Dequeue::Suppress);
+    assert_eq!(g.dequeue(&replay(2, ME), ME, false, &decided, true), Dequeue::Process { duplicate: false });
+}
+
+#[test]
+fn a_clock_processed_elsewhere_in_the_vertex_is_not_processed_again() {
+    let mut decided = Decided::default();
+    assert_eq!(decided.process(Clock::new(0, 9), false, true), Processing { record: true, duplicate: false });
+    let mut twin = Gate::new(false);
+    assert_eq!(twin.dequeue(&live(9), ME, false, &decided, true), Dequeue::Suppress);
+    // A clone's replay skips what its straggler did; a replacement's replay does not.
+    assert_eq!(twin.dequeue(&replay(9, ME), ME, true, &decided, true), Dequeue::Suppress);
+    let mut fresh = Gate::new(true);
+    assert_eq!(fresh.dequeue(&replay(9, ME), ME, false, &decided, true), Dequeue::Process { duplicate: false });
+    // Processing it again records nothing; a live duplicate's updates are counted.
+    assert_eq!(decided.process(Clock::new(0, 9), true, true), Processing { record: false, duplicate: false });
+    assert_eq!(decided.process(Clock::new(0, 9), false, true), Processing { record: false, duplicate: true });
+    assert_eq!(decided.process(Clock::new(0, 9), false, false), Processing { record: true, duplicate: true });
+}
+
+#[test]
+fn a_crash_loses_what_was_held() {
+    let mut g = Gate::new(true);
+    g.hold_flows(&[1]);
+    g.arrive(1, live(1));
+    g.arrive(2, live(2));
+    assert_eq!(g.drain_held().len(), 2);
+    assert_eq!(g.held(), 0);
+}

@@ -1,0 +1,115 @@
+//! The flow-move protocol (CHC R2): loss-free and order-preserving.
+//!
+//! 1. The splitter pins the moved flows to the new instance.
+//! 2. The old instance gets a **barrier** at the end of its queue: everything sent to it
+//!    before the move is ahead of it.
+//! 3. The new instance **holds** the moved flows' packets.
+//! 4. When the old instance reaches the barrier, it **flushes** (the store acknowledges every
+//!    update it made), forgets the flows, and the new instance **releases** the held packets,
+//!    the first of each flow marked `FIRST`; a scale-in then **retires** the old instance.
+//!
+//! Because the new instance starts after the old one's last packet of a flow was processed,
+//! downstream sees the old instance's last packet before the new instance's first.
+
+use crate::NodeId;
+
+/// Identifies a move in progress; a barrier carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MoveId(pub usize);
+
+/// A flow move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Move {
+    /// The old instance.
+    pub from: NodeId,
+    /// The new instance.
+    pub to: NodeId,
+    /// The flows (split keys) moved.
+    pub keys: Vec<u64>,
+    /// Remove `from` once the barrier passes (scale-in).
+    pub retire_from: bool,
+    /// The driver's tag for the move (e.g. the episode it reports on).
+    pub tag: usize,
+}
+
+/// What the driver does to start a move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MoveStart {
+    /// Protocol on: pin the keys to `to` (done), hold them at `to`, put a barrier carrying `id`
+    /// at the end of `from`'s queue.
+    Barrier {
+        /// The barrier's move.
+        id: MoveId,
+    },
+    /// Protocol off: the splitter just switched; `to` serves the flows at once (and `from` is
+    /// retired now if the move was a scale-in).
+    Switched,
+}
+
+/// After a crash, what a move that involved the failed instance needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoveRepair {
+    /// The old instance failed: its barrier was lost with its queue. Put a barrier for `id` at
+    /// the front of the replacement's queue (it has nothing of the flows left to process).
+    Barrier(MoveId),
+    /// The new instance failed: the replacement holds the move's flows again.
+    Hold(MoveId),
+}
+
+/// The moves in progress.
+#[derive(Debug, Clone, Default)]
+pub struct Moves {
+    moves: Vec<Option<Move>>,
+}
+
+impl Moves {
+    /// Starts a move (the caller has pinned the keys). With the protocol off nothing waits.
+    pub fn start(&mut self, m: Move, protocol: bool) -> MoveStart {
+        if !protocol {
+            return MoveStart::Switched;
+        }
+        self.moves.push(Some(m));
+        MoveStart::Barrier { id: MoveId(self.moves.len() - 1) }
+    }
+
+    /// The move `id`, if in progress.
+    pub fn get(&self, id: MoveId) -> Option<&Move> {
+        self.moves.get(id.0).and_then(Option::as_ref)
+    }
+
+    /// The old instance reached the barrier of `id`: the move completes. The driver flushes
+    /// `from`, makes it forget the keys, releases them at `to`, and retires `from` if asked.
+    pub fn barrier_passed(&mut self, id: MoveId) -> Option<Move> {
+        let m = self.moves.get_mut(id.0).and_then(Option::take);
+        if self.moves.iter().all(Option::is_none) {
+            // Ids stay stable while any move is in progress; none is.
+            self.moves.clear();
+        }
+        m
+    }
+
+    /// Instance `old` failed and `new` replaces it: moves from or to it continue with `new`.
+    pub fn replace(&mut self, old: NodeId, new: NodeId) -> Vec<MoveRepair> {
+        let mut repairs = Vec::new();
+        for (i, m) in self.moves.iter_mut().enumerate() {
+            let Some(m) = m else { continue };
+            if m.from == old {
+                m.from = new;
+                repairs.push(MoveRepair::Barrier(MoveId(i)));
+            }
+            if m.to == old {
+                m.to = new;
+                repairs.push(MoveRepair::Hold(MoveId(i)));
+            }
+        }
+        repairs
+    }
+
+    /// Whether any move is in progress (vertex managers wait for it).
+    pub fn busy(&self) -> bool {
+        self.moves.iter().any(Option::is_some)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,99 @@
+//! Planning a store rebuild (CHC R6): what the new store gets from the last checkpoint, from
+//! the instances' write-ahead logs (TS selection, in `sluice_store::recovery`) and from the
+//! instances' own copies of per-flow state, and which in-flight updates it must recognise.
+//! Pure planning: the driver wipes the store, applies the plan, and reconnects the clients.
+
+use sluice_packet::Clock;
+use sluice_state::{StateDecl, StateKey, StateOp, Value};
+use sluice_store::recovery::{plan, RebuildPlan, RecoveryLog};
+use sluice_store::{Checkpoint, Request, StoreKey, StoreOp, NONDET_OBJECT};
+use std::collections::HashSet;
+
+/// The object index of the scratch value in-flight marks update (beyond any NF's objects, so it
+/// is never part of the chain's state).
+pub const SCRATCH_OBJECT: u16 = u16::MAX;
+
+/// Whether `key` belongs to a per-flow object its instance keeps write-through (so the
+/// instance's copy, not the log, is the truth), given each vertex's declared objects.
+pub fn is_per_flow(decls: &[Vec<StateDecl>], key: &StoreKey) -> bool {
+    decls
+        .get(usize::from(key.vertex))
+        .and_then(|d| d.get(usize::from(key.object)))
+        .is_some_and(|d| d.scope.is_per_flow() && d.pattern != sluice_state::AccessPattern::WriteMostly)
+}
+
+/// The rebuild plan: shared state from the checkpoint and the write-ahead logs (TS selection);
+/// per-flow state from the instances' copies (`per_flow`: every per-flow key an instance holds,
+/// `None` where it knows the value was deleted since the checkpoint), none of it re-executed.
+pub fn rebuild_plan(
+    checkpoint: &Checkpoint,
+    logs: &mut [RecoveryLog],
+    per_flow: Vec<(StoreKey, Option<Value>)>,
+    decls: &[Vec<StateDecl>],
+) -> RebuildPlan {
+    without_baseline_duplicates(logs, checkpoint);
+    let cached: HashSet<StoreKey> = per_flow.iter().map(|(k, _)| *k).collect();
+    let present: Vec<_> = per_flow.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect();
+    let alive: HashSet<StoreKey> = present.iter().map(|(k, _)| *k).collect();
+    let mut p = plan(checkpoint, logs, present);
+    // A per-flow value an instance knows to be gone stays gone.
+    p.values.retain(|(k, _)| !is_per_flow(decls, k) || !cached.contains(k) || alive.contains(k));
+    p.replay.retain(|(_, e)| !is_per_flow(decls, &e.key));
+    p
+}
+
+/// Drops from the write-ahead logs the updates after an instance's checkpoint position whose
+/// tag another instance of the vertex had already applied before the checkpoint: a clone
+/// repeats its straggler's updates (the store applied them once) and re-executing them would
+/// apply them twice.
+pub fn without_baseline_duplicates(logs: &mut [RecoveryLog], cp: &Checkpoint) {
+    let position = |l: &RecoveryLog| -> Option<usize> {
+        let ts = cp.ts.iter().find(|(i, _)| *i == l.instance).map(|(_, c)| *c)?;
+        l.wal.iter().rposition(|e| e.tag.clock == ts)
+    };
+    let mut baseline = HashSet::new();
+    for l in logs.iter() {
+        if let Some(p) = position(l) {
+            baseline.extend(l.wal[..=p].iter().map(|e| (e.key.vertex, e.tag)));
+        }
+    }
+    for l in logs.iter_mut() {
+        let start = position(l).map_or(0, |p| p + 1);
+        let mut i = 0;
+        l.wal.retain(|e| {
+            let keep = i < start || !baseline.contains(&(e.key.vertex, e.tag));
+            i += 1;
+            keep
+        });
+    }
+}
+
+/// The requests that tell a rebuilt store which updates of packets still in the root's log
+/// (`in_log`) it holds: their tags go into its per-clock log (as no-op updates of a scratch
+/// value), so a later replay of those packets is recognised as a duplicate rather than applied
+/// twice. Recorded non-deterministic values are logged again with their value, so a replay
+/// still draws it.
+pub fn in_flight_marks(logs: &[RecoveryLog], in_log: impl Fn(Clock) -> bool) -> Vec<Request> {
+    let mut reqs = Vec::new();
+    for l in logs {
+        for e in l.wal.iter().filter(|e| in_log(e.tag.clock)) {
+            let (object, op) = match &e.op {
+                StateOp::Record(v) => (NONDET_OBJECT, StateOp::Record(v.clone())),
+                _ => (SCRATCH_OBJECT, StateOp::Incr(0)),
+            };
+            let key = StoreKey { vertex: e.key.vertex, object, key: StateKey::Unit };
+            reqs.push(Request {
+                id: 0,
+                client: l.instance,
+                tag: Some(e.tag),
+                key,
+                op: StoreOp::State(op),
+                reply: false,
+            });
+        }
+    }
+    reqs
+}
+
+#[cfg(test)]
+mod tests;

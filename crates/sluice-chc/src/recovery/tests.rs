@@ -1,0 +1,66 @@
+use super::*;
+use sluice_packet::InstanceId;
+use sluice_state::{AccessPattern, Scope};
+use sluice_store::client::WalEntry;
+use sluice_store::OpTag;
+
+fn key(object: u16, k: u64) -> StoreKey {
+    StoreKey { vertex: 0, object, key: StateKey::Id(k) }
+}
+
+fn entry(object: u16, clock: u64) -> WalEntry {
+    WalEntry { tag: OpTag { clock: Clock::new(0, clock), seq: 0 }, key: key(object, 1), op: StateOp::Incr(1) }
+}
+
+fn log(instance: u32, wal: Vec<WalEntry>) -> RecoveryLog {
+    RecoveryLog { instance: InstanceId(instance), wal, reads: Vec::new() }
+}
+
+#[test]
+fn a_clones_repeats_of_updates_in_the_checkpoint_are_not_reexecuted() {
+    // The straggler (1) applied clocks 1-2 before the checkpoint; its clone (2) repeated 2 after
+    // its own checkpoint position and did 3.
+    let mut logs = vec![log(1, vec![entry(0, 1), entry(0, 2)]), log(2, vec![entry(0, 1), entry(0, 2), entry(0, 3)])];
+    let cp = Checkpoint {
+        ts: vec![(InstanceId(1), Clock::new(0, 2)), (InstanceId(2), Clock::new(0, 1))],
+        ..Checkpoint::default()
+    };
+    without_baseline_duplicates(&mut logs, &cp);
+    let clocks: Vec<u64> = logs[1].wal.iter().map(|e| e.tag.clock.seq()).collect();
+    assert_eq!(clocks, vec![1, 3]);
+    assert_eq!(logs[0].wal.len(), 2);
+}
+
+#[test]
+fn in_flight_marks_cover_only_logged_clocks_and_repeat_recorded_values() {
+    let mut rec = entry(0, 2);
+    rec.op = StateOp::Record(Value::Int(77));
+    let logs = vec![log(1, vec![entry(0, 1), rec, entry(0, 3)])];
+    let reqs = in_flight_marks(&logs, |c| c.seq() >= 2);
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[0].key.object, NONDET_OBJECT);
+    assert!(matches!(&reqs[0].op, StoreOp::State(StateOp::Record(Value::Int(77)))));
+    assert_eq!(reqs[1].key.object, SCRATCH_OBJECT);
+    assert!(reqs.iter().all(|r| r.tag.is_some() && !r.reply));
+}
+
+#[test]
+fn per_flow_values_come_from_instances_and_deleted_ones_stay_gone() {
+    let decls = vec![vec![
+        StateDecl::new("shared", Scope::global(), AccessPattern::ReadWriteOften),
+        StateDecl::new("flow", Scope::per_flow(), AccessPattern::ReadWriteOften),
+    ]];
+    assert!(!is_per_flow(&decls, &key(0, 1)) && is_per_flow(&decls, &key(1, 1)));
+    let cp = Checkpoint {
+        values: vec![(key(0, 1), Value::Int(5)), (key(1, 1), Value::Int(1)), (key(1, 2), Value::Int(2))],
+        ..Checkpoint::default()
+    };
+    let mut logs = vec![log(1, vec![WalEntry { key: key(1, 1), ..entry(1, 4) }])];
+    // The instance holds flow 1 at 9 and knows flow 2 was deleted.
+    let per_flow = vec![(key(1, 1), Some(Value::Int(9))), (key(1, 2), None)];
+    let p = rebuild_plan(&cp, &mut logs, per_flow, &decls);
+    assert!(p.replay.is_empty(), "per-flow updates are not re-executed");
+    assert!(p.values.contains(&(key(1, 1), Value::Int(9))));
+    assert!(p.values.contains(&(key(0, 1), Value::Int(5))));
+    assert!(!p.values.iter().any(|(k, _)| *k == key(1, 2)));
+}

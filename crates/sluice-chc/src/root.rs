@@ -1,0 +1,378 @@
+//! The root: logical clocks, the packet log, the XOR check and delete, replay selection, and
+//! what a new root does after a crash.
+//!
+//! Every admitted packet gets a clock (root id in the high bits) and an entry in the log. The
+//! entry stays until every copy of the packet is done (left the chain, dropped, consumed,
+//! suppressed) *and* its XOR vector folds to zero: each instance XORs a value into a packet per
+//! object it updates and reports the same value once the store has acknowledged the update
+//! (a *commit*). A copy that was replayed redid its updates with blocking, tagged operations, so
+//! its entry no longer waits for commits. Deleted entries are announced through
+//! [`Root::take_deleted`] so a driver keeping the log in a store deletes them there too.
+
+use sluice_packet::{Clock, InstanceId, MetaFlags, Packet};
+use std::collections::{BTreeMap, HashMap};
+
+/// Root parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct RootConfig {
+    /// Most packets in the log; input past it is dropped.
+    pub log_capacity: usize,
+    /// The clock is persisted every this many packets of a root.
+    pub clock_persist_every: u64,
+    /// Roots over statically partitioned input (by source address).
+    pub roots: u8,
+    /// Keep an entry until its updates are committed (the XOR check); off: until its copies
+    /// are done.
+    pub xor_check: bool,
+}
+
+impl Default for RootConfig {
+    fn default() -> Self {
+        RootConfig { log_capacity: 1 << 20, clock_persist_every: 100, roots: 1, xor_check: true }
+    }
+}
+
+/// A root's logical clock: the last sequence number stamped and the last one persisted.
+#[derive(Debug, Clone, Copy, Default)]
+struct RootClock {
+    seq: u64,
+    persisted: u64,
+}
+
+/// One packet in the log.
+#[derive(Debug, Clone)]
+struct LogEntry {
+    input: u64,
+    packet: Packet,
+    /// Copies still travelling.
+    refs: u32,
+    /// XOR of the values the copies carried out and the commits reported.
+    xor: u32,
+    /// A replay copy went all the way: its updates are committed.
+    replayed: bool,
+    /// The root has heard that a copy left the chain.
+    left: bool,
+}
+
+/// What [`Root::admit`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Stamped with `clock` and logged; `persist` is the sequence number to persist now, if the
+    /// persistence interval is reached.
+    Admitted {
+        /// The packet's clock.
+        clock: Clock,
+        /// Persist this sequence number of the packet's root.
+        persist: Option<u64>,
+    },
+    /// The log is full: the packet is dropped (and reported).
+    LogFull,
+}
+
+/// What a root crash did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RootCrash {
+    /// The root's packets that were in the log.
+    pub logged: usize,
+    /// Whether they were lost with the root (log at the root) rather than kept in the store.
+    pub lost: bool,
+    /// The sequence number the new root resumes from (persisted, so no clock is reused).
+    pub resumed: u64,
+}
+
+/// What reading the log back from its store copy did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Reload {
+    /// Entries found in the store and still expected.
+    pub kept: u64,
+    /// Entries the store no longer had: they cannot be replayed any more.
+    pub lost: u64,
+    /// Entries the store still had although the old root had deleted them: delete again.
+    pub stale: Vec<Clock>,
+}
+
+/// The root has no such root id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoSuchRoot {
+    /// The id asked for.
+    pub root: u8,
+    /// How many roots there are.
+    pub roots: usize,
+}
+
+/// Counters of the root.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RootStats {
+    /// Packets admitted.
+    pub admitted: u64,
+    /// Packets dropped because the log was full.
+    pub log_full: u64,
+    /// Clocks persisted.
+    pub clock_persists: u64,
+    /// Most entries in the log at once.
+    pub log_peak: u64,
+    /// Copies replayed.
+    pub replayed: u64,
+}
+
+/// The root's state machine.
+#[derive(Debug, Clone)]
+pub struct Root {
+    cfg: RootConfig,
+    clocks: Vec<RootClock>,
+    log: BTreeMap<Clock, LogEntry>,
+    clock_input: HashMap<Clock, u64>,
+    replays_in_flight: HashMap<Clock, u32>,
+    last_clock: Clock,
+    deleted: Vec<Clock>,
+    stats: RootStats,
+}
+
+impl Root {
+    /// A root (or several, `cfg.roots`) with empty logs.
+    pub fn new(cfg: RootConfig) -> Root {
+        Root {
+            clocks: vec![RootClock::default(); usize::from(cfg.roots.max(1))],
+            cfg,
+            log: BTreeMap::new(),
+            clock_input: HashMap::new(),
+            replays_in_flight: HashMap::new(),
+            last_clock: Clock::default(),
+            deleted: Vec::new(),
+            stats: RootStats::default(),
+        }
+    }
+
+    /// How many roots share the input.
+    pub fn roots(&self) -> usize {
+        self.clocks.len()
+    }
+
+    /// The root whose share of the input `pkt` is: a static partition by source address, so a
+    /// host's packets all enter at one root and keep their order in its clocks.
+    pub fn partition(&self, pkt: &Packet) -> u8 {
+        let n = self.clocks.len() as u64;
+        if n <= 1 {
+            return 0;
+        }
+        let h = match pkt.tuple().map(|t| t.src) {
+            Some(std::net::IpAddr::V4(a)) => u64::from(u32::from(a)),
+            Some(std::net::IpAddr::V6(a)) => a.octets().iter().fold(0u64, |h, x| h.rotate_left(8) ^ u64::from(*x)),
+            None => 0,
+        };
+        // Multiplicative hashing spreads neighbouring addresses over the roots.
+        ((h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % n) as u8
+    }
+
+    /// Input packet number `input` arrives: stamp its clock (and ingress time), log it.
+    pub fn admit(&mut self, input: u64, pkt: &mut Packet, now_ns: u64) -> Admission {
+        if self.log.len() >= self.cfg.log_capacity {
+            self.stats.log_full += 1;
+            return Admission::LogFull;
+        }
+        let root = self.partition(pkt);
+        let every = self.cfg.clock_persist_every;
+        let Some(rc) = self.clocks.get_mut(usize::from(root)) else { return Admission::LogFull };
+        rc.seq += 1;
+        let mut persist = None;
+        if rc.seq >= rc.persisted + every {
+            rc.persisted = rc.seq;
+            persist = Some(rc.seq);
+            self.stats.clock_persists += 1;
+        }
+        let clock = Clock::new(root, rc.seq);
+        pkt.meta.clock = clock;
+        pkt.meta.ingress_ns = now_ns;
+        pkt.meta.xor = 0;
+        self.last_clock = clock;
+        self.clock_input.insert(clock, input);
+        self.stats.admitted += 1;
+        let entry = LogEntry { input, packet: pkt.clone(), refs: 1, xor: 0, replayed: false, left: false };
+        self.log.insert(clock, entry);
+        self.stats.log_peak = self.stats.log_peak.max(self.log.len() as u64);
+        Admission::Admitted { clock, persist }
+    }
+
+    /// Another copy of `pkt` is on its way (a mirror copy, a clone's copy, a replay).
+    pub fn copy_sent(&mut self, pkt: &Packet) {
+        if let Some(e) = self.log.get_mut(&pkt.meta.clock) {
+            e.refs += 1;
+        }
+        if pkt.meta.flags.contains(MetaFlags::REPLAYED) {
+            *self.replays_in_flight.entry(pkt.meta.clock).or_default() += 1;
+        }
+    }
+
+    /// A copy is done (dropped, consumed, suppressed, or it left and [`Root::copy_left`] was
+    /// not used): fold its XOR vector in, delete the entry if nothing else is pending.
+    pub fn copy_finished(&mut self, pkt: &Packet) {
+        let clock = pkt.meta.clock;
+        if pkt.meta.flags.contains(MetaFlags::REPLAYED) && self.replay_copy_gone(clock) {
+            // The replay applied every update along its path with blocking, tagged operations:
+            // whatever the lost copy left uncommitted is committed now.
+            if let Some(e) = self.log.get_mut(&clock) {
+                e.replayed = true;
+            }
+        }
+        if let Some(e) = self.log.get_mut(&clock) {
+            e.refs = e.refs.saturating_sub(1);
+            e.xor ^= pkt.meta.xor;
+        }
+        self.maybe_delete(clock);
+    }
+
+    /// A copy left the chain and the root heard of it.
+    pub fn copy_left(&mut self, pkt: &Packet) {
+        if let Some(e) = self.log.get_mut(&pkt.meta.clock) {
+            e.left = true;
+        }
+        self.copy_finished(pkt);
+    }
+
+    /// A copy was lost with a failed instance: its updates will be redone by the replay, so
+    /// its vector is not folded in and the entry stays.
+    pub fn copy_lost(&mut self, pkt: &Packet) {
+        if let Some(e) = self.log.get_mut(&pkt.meta.clock) {
+            e.refs = e.refs.saturating_sub(1);
+        }
+        if pkt.meta.flags.contains(MetaFlags::REPLAYED) {
+            self.replay_copy_gone(pkt.meta.clock);
+        }
+    }
+
+    /// One replay copy of `clock` is gone; whether it was the last.
+    fn replay_copy_gone(&mut self, clock: Clock) -> bool {
+        let Some(n) = self.replays_in_flight.get_mut(&clock) else { return false };
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.replays_in_flight.remove(&clock);
+            return true;
+        }
+        false
+    }
+
+    /// An instance reports that the store acknowledged updates made for `clock`.
+    pub fn commit(&mut self, clock: Clock, xor: u32) {
+        if let Some(e) = self.log.get_mut(&clock) {
+            e.xor ^= xor;
+        }
+        self.maybe_delete(clock);
+    }
+
+    fn maybe_delete(&mut self, clock: Clock) {
+        let Some(e) = self.log.get(&clock) else { return };
+        if e.refs == 0 && (!self.cfg.xor_check || e.xor == 0 || e.replayed) {
+            self.log.remove(&clock);
+            self.deleted.push(clock);
+        }
+    }
+
+    /// Entries deleted since the last call, oldest first (for the log's copy in a store).
+    pub fn take_deleted(&mut self) -> Vec<Clock> {
+        std::mem::take(&mut self.deleted)
+    }
+
+    /// Copies of every logged packet, in clock order, marked as replayed and aimed at `target`
+    /// (the last one marked `LAST`); each counts as a copy on its way. An entry whose copy the
+    /// root knows has left is replayed only for its uncommitted updates: marked `EMITTED`, so
+    /// the chain's egress drops it. Returns each copy with its input packet number.
+    pub fn replay_to(&mut self, target: InstanceId) -> Vec<(u64, Packet)> {
+        let len = self.log.len();
+        let mut copies = Vec::with_capacity(len);
+        for (i, e) in self.log.values().enumerate() {
+            let mut pkt = e.packet.clone();
+            pkt.meta.flags.insert(MetaFlags::REPLAYED);
+            if e.left {
+                pkt.meta.flags.insert(MetaFlags::EMITTED);
+            }
+            if i + 1 == len {
+                pkt.meta.flags.insert(MetaFlags::LAST);
+            }
+            pkt.meta.target = Some(target);
+            pkt.meta.xor = 0;
+            copies.push((e.input, pkt));
+        }
+        for (_, p) in &copies {
+            self.copy_sent(p);
+        }
+        self.stats.replayed += copies.len() as u64;
+        copies
+    }
+
+    /// No replayed copy is travelling any more.
+    pub fn replay_drained(&self) -> bool {
+        self.replays_in_flight.is_empty()
+    }
+
+    /// Root `root` failed and a new one takes over: it resumes the clock past anything the old
+    /// one may have stamped. With the log at the root (`log_lost`) the root's entries are gone:
+    /// their copies in flight finish without an entry and can no longer be replayed.
+    pub fn crash(&mut self, root: u8, log_lost: bool) -> Result<RootCrash, NoSuchRoot> {
+        let roots = self.clocks.len();
+        let every = self.cfg.clock_persist_every;
+        let Some(rc) = self.clocks.get_mut(usize::from(root)) else { return Err(NoSuchRoot { root, roots }) };
+        rc.seq = rc.persisted + every;
+        rc.persisted = rc.seq;
+        let resumed = rc.seq;
+        let logged = self.log.keys().filter(|c| c.root() == root).count();
+        if log_lost {
+            self.log.retain(|c, _| c.root() != root);
+        }
+        Ok(RootCrash { logged, lost: log_lost, resumed })
+    }
+
+    /// Replaces the log by what its store copy holds (after a root or store crash): entries
+    /// the store lost cannot be replayed; entries the old root had deleted are listed to be
+    /// deleted again. Copies in flight and XOR vectors are kept with their entries.
+    pub fn reload(&mut self, stored: BTreeMap<Clock, (u64, Packet)>) -> Reload {
+        let old = std::mem::take(&mut self.log);
+        let mut r = Reload::default();
+        for (clock, (input, packet)) in stored {
+            match old.get(&clock) {
+                Some(e) => {
+                    r.kept += 1;
+                    self.log.insert(clock, LogEntry { input, packet, ..e.clone() });
+                }
+                None => r.stale.push(clock),
+            }
+        }
+        r.lost = old.len() as u64 - r.kept;
+        r
+    }
+
+    /// Whether `clock` is still in the log.
+    pub fn is_logged(&self, clock: Clock) -> bool {
+        self.log.contains_key(&clock)
+    }
+
+    /// Packets in the log.
+    pub fn logged(&self) -> usize {
+        self.log.len()
+    }
+
+    /// The input packet number `clock` was stamped on.
+    pub fn input_of(&self, clock: Clock) -> Option<u64> {
+        self.clock_input.get(&clock).copied()
+    }
+
+    /// The clock of the last packet admitted.
+    pub fn last_clock(&self) -> Clock {
+        self.last_clock
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> RootStats {
+        self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+impl std::fmt::Display for NoSuchRoot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no root {}: the chain has {} root(s)", self.root, self.roots)
+    }
+}
+
+impl std::error::Error for NoSuchRoot {}

@@ -1,0 +1,131 @@
+use super::*;
+use crate::test_support::udp;
+
+fn root(cap: usize) -> Root {
+    Root::new(RootConfig { log_capacity: cap, clock_persist_every: 3, roots: 1, xor_check: true })
+}
+
+fn admit(r: &mut Root, input: u64) -> Packet {
+    let mut p = udp(1, 1000 + input as u16);
+    assert!(matches!(r.admit(input, &mut p, 7), Admission::Admitted { .. }));
+    p
+}
+
+#[test]
+fn admission_stamps_clocks_in_order_and_persists_every_n() {
+    let mut r = root(10);
+    let mut persisted = Vec::new();
+    for i in 0..7 {
+        let mut p = udp(1, 1);
+        match r.admit(i, &mut p, 100) {
+            Admission::Admitted { clock, persist } => {
+                assert_eq!(clock, Clock::new(0, i + 1));
+                assert_eq!(p.meta.clock, clock);
+                assert_eq!(p.meta.ingress_ns, 100);
+                persisted.extend(persist);
+            }
+            Admission::LogFull => panic!("log full at {i}"),
+        }
+    }
+    assert_eq!(persisted, vec![3, 6]);
+    assert_eq!(r.logged(), 7);
+    assert_eq!(r.input_of(Clock::new(0, 4)), Some(3));
+}
+
+#[test]
+fn a_full_log_drops_input() {
+    let mut r = root(2);
+    admit(&mut r, 0);
+    admit(&mut r, 1);
+    let mut p = udp(1, 9);
+    assert_eq!(r.admit(2, &mut p, 0), Admission::LogFull);
+    assert_eq!(r.stats().log_full, 1);
+}
+
+#[test]
+fn an_entry_waits_for_every_copy_and_every_commit() {
+    let mut r = root(10);
+    let mut p = admit(&mut r, 0);
+    let mirror = p.clone();
+    r.copy_sent(&mirror);
+    // The main copy leaves carrying one update's XOR bit; the mirror copy is consumed.
+    p.meta.xor = 0x0001_0002;
+    r.copy_left(&p);
+    assert!(r.is_logged(p.meta.clock), "a copy is still travelling");
+    r.copy_finished(&mirror);
+    assert!(r.is_logged(p.meta.clock), "its update is not committed");
+    r.commit(p.meta.clock, 0x0001_0002);
+    assert!(!r.is_logged(p.meta.clock));
+    assert_eq!(r.take_deleted(), vec![p.meta.clock]);
+    assert!(r.take_deleted().is_empty());
+}
+
+#[test]
+fn without_the_xor_check_done_copies_are_enough() {
+    let mut r = Root::new(RootConfig { xor_check: false, ..RootConfig::default() });
+    let mut p = admit(&mut r, 0);
+    p.meta.xor = 5;
+    r.copy_finished(&p);
+    assert_eq!(r.logged(), 0);
+}
+
+#[test]
+fn replay_marks_copies_and_a_drained_replay_commits_its_entries() {
+    let mut r = root(10);
+    let mut a = admit(&mut r, 0);
+    let b = admit(&mut r, 1);
+    // `a` left with an uncommitted update; `b` was lost with a crashed instance.
+    a.meta.xor = 9;
+    r.copy_left(&a);
+    r.copy_lost(&b);
+    let target = InstanceId::new(1, 0);
+    let copies = r.replay_to(target);
+    assert_eq!(copies.len(), 2);
+    let (first, last) = (&copies[0].1, &copies[1].1);
+    assert!(first.meta.flags.contains(MetaFlags::REPLAYED) && first.meta.flags.contains(MetaFlags::EMITTED));
+    assert!(!last.meta.flags.contains(MetaFlags::EMITTED) && last.meta.flags.contains(MetaFlags::LAST));
+    assert!(copies.iter().all(|(_, p)| p.meta.target == Some(target) && p.meta.xor == 0));
+    assert!(!r.replay_drained());
+    for (_, p) in &copies {
+        r.copy_finished(p);
+    }
+    assert!(r.replay_drained());
+    assert_eq!(r.logged(), 0, "replayed entries need no commit: the replay used tagged, blocking updates");
+}
+
+#[test]
+fn a_root_crash_resumes_past_the_persisted_clock_and_loses_only_its_entries() {
+    let mut r = Root::new(RootConfig { log_capacity: 100, clock_persist_every: 10, roots: 2, xor_check: true });
+    let mut by_root = [0usize; 2];
+    for i in 0..40u8 {
+        let mut p = udp(i, 1);
+        r.admit(u64::from(i), &mut p, 0);
+        by_root[usize::from(p.meta.clock.root())] += 1;
+    }
+    assert!(by_root[0] > 0 && by_root[1] > 0, "source addresses spread over both roots");
+    let crash = r.crash(1, true).unwrap();
+    assert_eq!(crash.logged, by_root[1]);
+    assert_eq!(crash.resumed, (by_root[1] as u64 / 10) * 10 + 10);
+    assert_eq!(r.logged(), by_root[0]);
+    assert_eq!(r.crash(2, true), Err(NoSuchRoot { root: 2, roots: 2 }));
+    // The next clock of root 1 is past anything the old root stamped.
+    let mut q = (0..=255u8).map(|i| udp(i, 1)).find(|p| r.partition(p) == 1).expect("a source of root 1");
+    r.admit(99, &mut q, 0);
+    assert_eq!(q.meta.clock, Clock::new(1, crash.resumed + 1));
+}
+
+#[test]
+fn reload_keeps_what_the_store_has_and_deletes_what_was_done() {
+    let mut r = root(10);
+    let a = admit(&mut r, 0);
+    let b = admit(&mut r, 1);
+    let mut done = admit(&mut r, 2);
+    done.meta.xor = 0;
+    r.copy_left(&done);
+    let mut stored = BTreeMap::new();
+    stored.insert(a.meta.clock, (0, a.clone()));
+    stored.insert(done.meta.clock, (2, done.clone()));
+    let re = r.reload(stored);
+    assert_eq!(re, Reload { kept: 1, lost: 1, stale: vec![done.meta.clock] });
+    assert!(r.is_logged(a.meta.clock) && !r.is_logged(b.meta.clock));
+}

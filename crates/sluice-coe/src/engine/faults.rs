@@ -1,0 +1,343 @@
+//! Faults and their recovery in the driver: instance, root and store crashes, and the replay
+//! episodes that follow. The core decides (what the root replays, what the store rebuild
+//! contains, where moves continue); the driver builds instances and talks to the store.
+
+use super::{client, store_err, Engine, EngineError, Episode, Item, LogPlace, Node};
+use crate::root_log::StoreLog;
+use crate::schedule::{Action, ScaleTo};
+use sluice_chc::moves::MoveRepair;
+use sluice_chc::recovery::{in_flight_marks, rebuild_plan};
+use sluice_chc::NodeId;
+use sluice_nf::Instance;
+use sluice_packet::InstanceId;
+use sluice_runtime::plan::{build_instance, Target};
+use sluice_store::recovery::{ReadRecord, RecoveryLog};
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+impl Engine<'_> {
+    /// Applies one fault-schedule action.
+    pub(super) fn apply(&mut self, count: u64, action: &Action) -> Result<(), EngineError> {
+        match action {
+            Action::Crash { vertex, instance } => {
+                let node = self.find(count, vertex, *instance)?;
+                self.crash(count, node)
+            }
+            Action::CrashRoot { root } => self.crash_root(count, *root),
+            Action::CrashStore => self.crash_store(count),
+            Action::Scale { vertex, to } => {
+                let v = self.vertex_index(count, vertex)?;
+                let now = self.vertices.get(v).map_or(0, |x| x.splitter.members().len()) as i64;
+                let target = match to {
+                    ScaleTo::Exactly(n) => i64::from(*n),
+                    ScaleTo::By(d) => now + i64::from(*d),
+                };
+                self.scale(count, v, target.clamp(1, 64) as usize)
+            }
+            Action::Move { vertex, from, to, flows } => {
+                let a = self.find(count, vertex, *from)?;
+                let b = self.find(count, vertex, *to)?;
+                let mut keys: Vec<u64> =
+                    self.node(a).map(|n| n.gate.flows().iter().copied().collect()).unwrap_or_default();
+                keys.sort_unstable();
+                keys.truncate(flows.map_or(usize::MAX, |f| f as usize));
+                self.start_move(count, a, b, keys, false)
+            }
+            Action::Slow { vertex, instance, delay_us } => {
+                let node = self.find(count, vertex, *instance)?;
+                if let Some(n) = self.node_mut(node) {
+                    n.slow = if delay_us.1 == 0 { None } else { Some(*delay_us) };
+                }
+                Ok(())
+            }
+            Action::Clone { vertex, instance } => {
+                let node = self.find(count, vertex, *instance)?;
+                self.clone_instance(count, node)
+            }
+        }
+    }
+
+    pub(super) fn vertex_index(&self, count: u64, name: &str) -> Result<usize, EngineError> {
+        self.vertices
+            .iter()
+            .position(|v| &*v.plan.name == name)
+            .ok_or_else(|| EngineError::Fault { at: count, msg: format!("no vertex `{name}`") })
+    }
+
+    /// The live node holding slot `instance` of `vertex`.
+    fn find(&self, count: u64, vertex: &str, instance: u16) -> Result<NodeId, EngineError> {
+        let v = self.vertex_index(count, vertex)?;
+        let members = self.vertices.get(v).map_or(&[][..], |x| x.splitter.members());
+        members.get(usize::from(instance)).copied().ok_or_else(|| EngineError::Fault {
+            at: count,
+            msg: format!("vertex `{vertex}` has {} instance(s) at this point, no instance {instance}", members.len()),
+        })
+    }
+
+    pub(super) fn build(&mut self, vertex: usize, index: u16, instances: u16) -> Result<Instance, EngineError> {
+        Ok(build_instance(self.chain, self.registry, &self.labels, vertex, index, instances, &self.state)?)
+    }
+
+    /// A new node; its id in the core.
+    pub(super) fn add_node(&mut self, n: Node) -> NodeId {
+        self.nodes.push(n);
+        NodeId(self.nodes.len() - 1)
+    }
+
+    fn crash(&mut self, count: u64, node: NodeId) -> Result<(), EngineError> {
+        let wall = Instant::now();
+        let Some(n) = self.node_mut(node) else { return Ok(()) };
+        n.alive = false;
+        let mut lost = n.drain_queue();
+        lost.extend(n.gate.drain_held());
+        let (vertex, index, flows) = (n.vertex, n.index, n.gate.flows().clone());
+        for p in &lost {
+            // The copy is gone; its updates are re-done by the replay.
+            self.root.copy_lost(p);
+        }
+        // The replacement takes the failed instance's id: the store attaches its per-flow
+        // state and timers to it.
+        let instances = self.vertices.get(vertex).map_or(1, |v| v.splitter.members().len()) as u16;
+        let mut inst = self.build(vertex, index, instances)?;
+        let id = inst.id();
+        self.adopt_timers(&mut inst, id)?;
+        let mut fresh = Node::new(vertex, index, inst, true);
+        fresh.gate.inherit_flows(flows);
+        fresh.busy_until = self.now;
+        let new = self.add_node(fresh);
+        if let Some(vx) = self.vertices.get_mut(vertex) {
+            vx.splitter.replace(node, new);
+        }
+        self.trials.replace(node, new);
+        // A straggler's clone may still be running beside the replacement.
+        self.refresh_sharing(vertex)?;
+        // Moves from or to the failed instance continue with its replacement.
+        let now = self.now;
+        for repair in self.moves.replace(node, new) {
+            match repair {
+                MoveRepair::Barrier(id) => {
+                    // Its barrier was lost with its queue: the replacement passes it at once.
+                    if let Some(n) = self.node_mut(new) {
+                        n.queue.push_front(super::Queued { at: now, item: Item::Barrier(id) });
+                    }
+                }
+                MoveRepair::Hold(id) => {
+                    let keys = self.moves.get(id).map(|m| m.keys.clone()).unwrap_or_default();
+                    if let Some(n) = self.node_mut(new) {
+                        n.gate.hold_flows(&keys);
+                    }
+                }
+            }
+        }
+        let detail = format!("instance {index} failed with {} queued packet(s)", lost.len());
+        self.replay_episode("crash", count, vertex, id, wall, detail);
+        self.check_replay_done();
+        Ok(())
+    }
+
+    /// Replays the log towards `target` and records the episode, whose virtual time runs until
+    /// the replay has drained.
+    pub(super) fn replay_episode(
+        &mut self,
+        kind: &str,
+        count: u64,
+        vertex: usize,
+        target: InstanceId,
+        wall: Instant,
+        detail: String,
+    ) {
+        let copies = self.root.replay_to(target);
+        let replayed = copies.len() as u64;
+        for (input, pkt) in copies {
+            self.enter(input, pkt);
+        }
+        self.report.stats.replayed += replayed;
+        self.report.episodes.push(Episode {
+            kind: kind.into(),
+            at_packet: count,
+            vertex: self.vertex_name(vertex),
+            wall_us: wall.elapsed().as_secs_f64() * 1e6,
+            replayed,
+            detail,
+            ..Episode::default()
+        });
+        self.replay_episodes.push((self.report.episodes.len() - 1, self.now));
+    }
+
+    /// Re-arms, in a replacement, the timers its predecessor had armed (from the store's copy).
+    pub(super) fn adopt_timers(&self, inst: &mut Instance, id: InstanceId) -> Result<(), EngineError> {
+        let cp = self.backend.checkpoint().map_err(store_err)?;
+        if let Some(c) = client(inst) {
+            for (key, deadline, owner) in &cp.timers {
+                if *owner == id && key.vertex == id.vertex() {
+                    c.adopt_timer(sluice_state::ObjectId(key.object), &key.key, *deadline);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases recovering nodes once no replayed copy is travelling.
+    pub(super) fn check_replay_done(&mut self) {
+        if !self.root.replay_drained() {
+            return;
+        }
+        let now = self.now;
+        for n in self.nodes.iter_mut().filter(|n| n.alive && n.gate.recovering()) {
+            for p in n.gate.end_recovery() {
+                n.queue.push_back(super::Queued { at: now, item: Item::Packet(p) });
+            }
+        }
+        if !self.replay_episodes.is_empty() {
+            self.checkpoint_due = true;
+        }
+        for (e, started) in self.replay_episodes.drain(..) {
+            if let Some(ep) = self.report.episodes.get_mut(e) {
+                ep.virtual_us = now.saturating_sub(started) as f64 / 1e3;
+            }
+        }
+    }
+
+    fn crash_root(&mut self, count: u64, root: u8) -> Result<(), EngineError> {
+        let wall = Instant::now();
+        let lost_log = self.cfg.log_place == LogPlace::Root;
+        let crash =
+            self.root.crash(root, lost_log).map_err(|e| EngineError::Fault { at: count, msg: e.to_string() })?;
+        let read_back = if lost_log { String::new() } else { self.reload_log("the new root")? };
+        // The root's splitter learns the flow allocation from the instances of the vertices
+        // it feeds.
+        let entry_vertices: HashSet<usize> = self
+            .entry
+            .iter()
+            .flat_map(|r| r.main.iter().chain(r.mirrors.iter()))
+            .filter_map(|r| match r.to {
+                Target::Vertex(v) => Some(v),
+                Target::Output => None,
+            })
+            .collect();
+        let mut restored = 0u64;
+        for v in entry_vertices {
+            let Some(vx) = self.vertices.get_mut(v) else { continue };
+            let nodes = &self.nodes;
+            restored += vx.splitter.relearn(|m| nodes.get(m.0).map(|n| n.gate.flows()));
+        }
+        let roots = self.root.roots();
+        self.report.episodes.push(Episode {
+            kind: "crash_root".into(),
+            at_packet: count,
+            wall_us: wall.elapsed().as_secs_f64() * 1e6,
+            flows: restored,
+            detail: format!(
+                "{}clock resumes at {}; {}",
+                if roots > 1 { format!("root {root}: ") } else { String::new() },
+                crash.resumed,
+                if lost_log {
+                    format!("{} logged packet(s) lost with the root's log", crash.logged)
+                } else {
+                    read_back
+                }
+            ),
+            ..Episode::default()
+        });
+        Ok(())
+    }
+
+    /// Replaces the root's log by what the store holds (`LogPlace::Store`): after a root crash
+    /// the new root has nothing else; after a store crash the store has only what its
+    /// checkpoint kept.
+    fn reload_log(&mut self, who: &str) -> Result<String, EngineError> {
+        self.sync_deletes();
+        let Some(sl) = &mut self.store_log else { return Ok(String::new()) };
+        let stored: BTreeMap<_, _> = StoreLog::read(&self.backend)
+            .map_err(store_err)?
+            .into_iter()
+            .map(|(c, l)| (c, (l.input, l.packet)))
+            .collect();
+        let r = self.root.reload(stored);
+        for c in &r.stale {
+            sl.delete(*c);
+        }
+        sl.sync().map_err(store_err)?;
+        Ok(format!(
+            "{who} read {} logged packet(s) back from the store ({} lost, {} already done)",
+            r.kept,
+            r.lost,
+            r.stale.len()
+        ))
+    }
+
+    fn crash_store(&mut self, count: u64) -> Result<(), EngineError> {
+        let wall = Instant::now();
+        let mut logs = Vec::new();
+        let mut per_flow = Vec::new();
+        for n in self.nodes.iter_mut().filter(|n| n.alive) {
+            if let Some(c) = client(&mut n.inst) {
+                let reads =
+                    c.reads().iter().map(|r| ReadRecord { key: r.key, value: r.value.clone(), ts: r.ts.clone() });
+                logs.push(RecoveryLog {
+                    instance: c.id(),
+                    wal: c.wal().iter().cloned().collect(),
+                    reads: reads.collect(),
+                });
+                per_flow.extend(c.per_flow_values());
+            }
+        }
+        let checkpoint = self.checkpoint.clone().unwrap_or_default();
+        let decls: Vec<_> = self.vertices.iter().map(|v| v.decls.clone()).collect();
+        let plan = rebuild_plan(&checkpoint, &mut logs, per_flow, &decls);
+        self.backend.wipe().map_err(store_err)?;
+        // Custom operations first: re-executed updates may use them.
+        self.reregister_custom_ops()?;
+        let stats =
+            sluice_store::recovery::apply(self.backend.as_ref(), &plan, &checkpoint.timers).map_err(store_err)?;
+        self.mark_in_flight(&logs)?;
+        for n in self.nodes.iter_mut().filter(|n| n.alive) {
+            let conn = self.backend.connect(n.inst.id()).map_err(store_err)?;
+            if let Some(c) = client(&mut n.inst) {
+                c.reconnect(conn).map_err(store_err)?;
+            }
+        }
+        let mut detail = format!("{stats:?}");
+        if let Some(sl) = &mut self.store_log {
+            sl.reconnect(&self.backend).map_err(store_err)?;
+            detail = format!("{detail}; the root's log: {}", self.reload_log("the root")?);
+        }
+        self.report.episodes.push(Episode {
+            kind: "crash_store".into(),
+            at_packet: count,
+            wall_us: wall.elapsed().as_secs_f64() * 1e6,
+            detail,
+            ..Episode::default()
+        });
+        Ok(())
+    }
+
+    /// Sends the core's in-flight marks to the rebuilt store and waits for them.
+    fn mark_in_flight(&self, logs: &[RecoveryLog]) -> Result<(), EngineError> {
+        let reqs = in_flight_marks(logs, |c| self.root.is_logged(c));
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.backend.connect(InstanceId(u32::MAX - 1)).map_err(store_err)?;
+        conn.send(1, reqs.into()).map_err(store_err)?;
+        let mut replies = sluice_store::Replies::default();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !replies.acked.contains(&1) {
+            if Instant::now() >= deadline {
+                return Err(EngineError::Store("rebuilt store did not acknowledge the in-flight marks".into()));
+            }
+            conn.wait(&mut replies, Duration::from_millis(100)).map_err(store_err)?;
+        }
+        Ok(())
+    }
+
+    fn reregister_custom_ops(&mut self) -> Result<(), EngineError> {
+        let mut done = HashSet::new();
+        for n in &self.nodes {
+            if done.insert(n.vertex) {
+                self.backend.register_custom_ops(n.vertex as u16, n.inst.nf().custom_ops()).map_err(store_err)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,318 @@
+//! How a packet travels in the driver: admitted by the root, routed, placed by a splitter,
+//! queued or held by an instance's gate, served in batches, and handed on or out.
+
+use super::{client, store_err, Engine, EngineError, Item, Leaving, Node};
+use crate::observed::Decision;
+use crate::reference::drop_decision;
+use sluice_chc::gate::Dequeue;
+use sluice_chc::root::Admission;
+use sluice_chc::NodeId;
+use sluice_nf::{Instance, Verdict};
+use sluice_packet::{Clock, MetaFlags, Packet, ParseStatus};
+use sluice_runtime::plan::{direction, split_key, Routes, Target};
+
+impl Engine<'_> {
+    /// Input packet `input` reaches the root.
+    pub(super) fn admit(&mut self, input: u64, original: &Packet) -> Result<(), EngineError> {
+        if matches!(original.hdr().status, ParseStatus::Truncated | ParseStatus::Malformed) {
+            self.report.stats.malformed += 1;
+            self.report.observed.root_dropped.push(input);
+            return Ok(());
+        }
+        let mut pkt = original.clone();
+        if self.root.admit(input, &mut pkt, self.now) == Admission::LogFull {
+            self.report.observed.root_dropped.push(input);
+            return Ok(());
+        }
+        self.last_ts = self.last_ts.max(pkt.meta.ts_ns);
+        self.sync_deletes();
+        if let Some(sl) = &mut self.store_log {
+            // Durable before it enters the chain.
+            sl.write(input, &pkt).map_err(store_err)?;
+        }
+        self.enter(input, pkt);
+        Ok(())
+    }
+
+    /// Sends a packet (or a replay copy) the root logged into the chain.
+    pub(super) fn enter(&mut self, input: u64, pkt: Packet) {
+        if self.traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
+            self.deliver(Target::Output, pkt, self.now);
+            return;
+        }
+        let routes = self.entry[direction(&pkt, self.entry.len())].clone();
+        self.route(&routes, pkt, self.now, "input", input);
+    }
+
+    /// Sends `pkt` along `routes` at time `at`.
+    fn route(&mut self, routes: &Routes, pkt: Packet, at: u64, from: &str, input: u64) {
+        for t in routes.mirror_targets(&pkt).collect::<Vec<_>>() {
+            let mut copy = pkt.clone();
+            // The original carries the vector of the updates so far; a copy starts empty so
+            // that the root folds each update in once.
+            copy.meta.xor = 0;
+            self.root.copy_sent(&copy);
+            self.deliver(t, copy, at + self.cfg.link_ns);
+        }
+        match routes.main_target(&pkt) {
+            Some(t) => self.deliver(t, pkt, at + self.cfg.link_ns),
+            None => {
+                self.report.observed.decisions.push(drop_decision(input, from, "no-route"));
+                self.root.copy_finished(&pkt);
+            }
+        }
+    }
+
+    /// A packet leaves the chain at `at`.
+    fn leave(&mut self, pkt: Packet, at: u64) {
+        if pkt.meta.flags.contains(MetaFlags::REPLAYED) && pkt.meta.target.is_some() {
+            // A replay copy that never met its target has nothing to deliver.
+            self.root.copy_finished(&pkt);
+            return;
+        }
+        let order = self.leaving.len() as u64;
+        self.leaving.push(Leaving {
+            at,
+            order,
+            ingress: pkt.meta.ingress_ns,
+            clock: pkt.meta.clock,
+            bytes: pkt.data().to_vec(),
+            emitted: pkt.meta.flags.contains(MetaFlags::EMITTED),
+        });
+        if self.cfg.async_delete {
+            // The root hears of it after it left: a crash before then replays it.
+            self.late_deletes.push_back((at + self.cfg.link_ns, pkt));
+        } else {
+            // The root hears the packet is done before it leaves (synchronous delete): a
+            // crash after this point cannot replay it into a duplicate.
+            self.root.copy_left(&pkt);
+        }
+    }
+
+    /// Puts `pkt` in the queue of the instance of `target` that serves it.
+    pub(super) fn deliver(&mut self, target: Target, pkt: Packet, at: u64) {
+        let v = match target {
+            Target::Output => return self.leave(pkt, at),
+            Target::Vertex(v) => v,
+        };
+        let replayed = pkt.meta.flags.contains(MetaFlags::REPLAYED) && pkt.meta.target.is_some();
+        if let Some(t) = pkt.meta.target.filter(|_| replayed) {
+            // Duplicate upstream processing is limited to the path towards the replay's
+            // target: elsewhere the copy would make NFs that already processed this clock
+            // run again against later state, for no output anyone needs.
+            let toward = self.vertices.get(v).is_some_and(|x| x.reaches.get(usize::from(t.vertex())) == Some(&true));
+            if !toward {
+                self.root.copy_finished(&pkt);
+                return;
+            }
+        }
+        let Some(vx) = self.vertices.get(v) else { return };
+        let key = split_key(&pkt, &vx.plan.split);
+        let hasher = sluice_runtime::plan::split_hasher();
+        let place =
+            vx.splitter.place(key, replayed, |n| sluice_runtime::plan::split_index(&pkt, &vx.plan.split, n, &hasher));
+        let Some(place) = place else {
+            self.root.copy_finished(&pkt);
+            return;
+        };
+        if let Some(c) = place.copy_to {
+            // Live traffic of a straggler goes to its clone as well; like a mirror copy it
+            // starts with an empty XOR vector so the root folds upstream updates in once.
+            let mut copy = pkt.clone();
+            copy.meta.xor = 0;
+            self.root.copy_sent(&copy);
+            self.enqueue(c, copy, at, key);
+        }
+        self.enqueue(place.node, pkt, at, key);
+    }
+
+    fn enqueue(&mut self, node: NodeId, pkt: Packet, at: u64, key: u64) {
+        let Some(n) = self.nodes.get_mut(node.0).filter(|n| n.alive) else {
+            self.root.copy_finished(&pkt);
+            return;
+        };
+        if let Some(pkt) = n.gate.arrive(key, pkt) {
+            let at = n.released.get(&key).map_or(at, |r| at.max(*r));
+            n.insert(at, Item::Packet(pkt));
+        }
+    }
+
+    /// Serves one batch at `node`.
+    pub(super) fn serve(&mut self, node: NodeId) -> Result<(), EngineError> {
+        let Some(start) = self.node(node).and_then(|n| n.queue.front().map(|q| n.busy_until.max(q.at))) else {
+            return Ok(());
+        };
+        let (batch, barrier) = self.take_batch(node, start);
+        let mut t = start;
+        if !batch.is_empty() {
+            let twin = self.twin_of(node);
+            if let Some(tw) = twin.and_then(|tw| self.nodes.get_mut(tw.0)) {
+                // The twin's updates reach the store before this instance reads what they touched.
+                tw.inst.state().flush().map_err(store_err)?;
+            }
+            t = self.process_batch(node, batch, start)?;
+            if let Some(tw) = twin {
+                let written = self.node_mut(node).and_then(|n| client(&mut n.inst)).map(|c| c.take_written());
+                if let (Some(keys), Some(c)) = (written, self.node_mut(tw).and_then(|n| client(&mut n.inst))) {
+                    c.forget_cached(&keys);
+                }
+            }
+        }
+        if let Some(n) = self.node_mut(node) {
+            n.busy_until = t;
+        }
+        if let Some(m) = barrier {
+            self.barrier_passed(m)?;
+        }
+        Ok(())
+    }
+
+    /// Takes the packets ready at `start` from `node`'s queue, up to a batch or a barrier;
+    /// duplicates are suppressed where they arrive, in arrival order.
+    fn take_batch(&mut self, node: NodeId, start: u64) -> (Vec<Packet>, Option<sluice_chc::moves::MoveId>) {
+        let suppress = self.cfg.switches.duplicate_suppression;
+        let (mut batch, mut barrier, mut suppressed) = (Vec::new(), None, Vec::new());
+        let Some(n) = self.nodes.get_mut(node.0) else { return (batch, barrier) };
+        let Some(vx) = self.vertices.get(n.vertex) else { return (batch, barrier) };
+        let is_clone = vx.splitter.straggler_of(node).is_some();
+        let id = n.inst.id();
+        while batch.len() < self.cfg.batch && n.queue.front().is_some_and(|q| q.at <= start) {
+            let Some(q) = n.queue.pop_front() else { break };
+            match q.item {
+                Item::Packet(p) => match n.gate.dequeue(&p, id, is_clone, &vx.decided, suppress) {
+                    Dequeue::Suppress => suppressed.push(p),
+                    Dequeue::Process { duplicate } => {
+                        if duplicate {
+                            *self.report.stats.duplicate_packets.entry(vx.plan.name.to_string()).or_default() += 1;
+                        }
+                        batch.push(p);
+                    }
+                },
+                Item::Barrier(m) => {
+                    barrier = Some(m);
+                    break;
+                }
+            }
+        }
+        self.report.stats.duplicates_suppressed += suppressed.len() as u64;
+        for p in &suppressed {
+            self.root.copy_finished(p);
+        }
+        (batch, barrier)
+    }
+
+    /// The other instance of a clone trial `node` is part of, while both run.
+    pub(super) fn twin_of(&self, node: NodeId) -> Option<NodeId> {
+        let v = self.node(node)?.vertex;
+        let twin = self.vertices.get(v)?.splitter.twin_of(node)?;
+        (self.alive(node) && self.alive(twin)).then_some(twin)
+    }
+
+    fn process_batch(&mut self, node: NodeId, batch: Vec<Packet>, start: u64) -> Result<u64, EngineError> {
+        let twinned = self.twin_of(node).is_some();
+        let suppress = self.cfg.switches.duplicate_suppression;
+        let clocks = self.cfg.switches.clocks;
+        let mut t = start;
+        let Some(n) = self.nodes.get_mut(node.0) else { return Ok(t) };
+        let Some(vx) = self.vertices.get_mut(n.vertex) else { return Ok(t) };
+        let name = vx.plan.name.clone();
+        n.inst.begin_batch();
+        let mut outs: Vec<(Packet, Verdict, u64, bool)> = Vec::with_capacity(batch.len());
+        for mut pkt in batch {
+            let mut service = self.cfg.service_ns;
+            if let Some((lo, hi)) = n.slow {
+                service += rand::Rng::gen_range(&mut self.rng, lo..=hi) * 1_000;
+            }
+            t += service;
+            n.busy_ns += service;
+            n.processed += 1;
+            if twinned {
+                // A straggler and its clone take turns on a flow's packets: neither may emit
+                // one before the other has emitted the flow's previous one.
+                let key = split_key(&pkt, &vx.plan.split);
+                t = t.max(vx.flow_out.get(&key).map_or(0, |f| f + 1));
+                vx.flow_out.insert(key, t);
+            }
+            let real = pkt.meta.clock;
+            let replayed = pkt.meta.flags.contains(MetaFlags::REPLAYED);
+            let p = vx.decided.process(real, replayed, suppress);
+            let before = if p.duplicate { updates_of(&mut n.inst) } else { 0 };
+            if !clocks {
+                vx.arrivals += 1;
+                pkt.meta.clock = Clock::new(0, vx.arrivals);
+            }
+            let verdict = n.inst.process(&mut pkt);
+            pkt.meta.clock = real;
+            if p.duplicate {
+                let added = updates_of(&mut n.inst) - before;
+                *self.report.stats.duplicate_updates.entry(name.to_string()).or_default() += added;
+            }
+            for mut e in n.inst.take_events() {
+                if !clocks {
+                    // Events carry the clock the NF saw; the record keeps the real one.
+                    e.clock = real;
+                }
+                if p.record {
+                    let input = self.root.input_of(e.clock).unwrap_or(u64::MAX);
+                    let (vertex, kind, subject, detail) = (e.nf.clone(), e.kind.to_string(), e.subject, e.detail);
+                    self.report.observed.decisions.push(Decision { input, vertex, kind, subject, detail });
+                }
+            }
+            // The target of a replay clears its mark: downstream the copy is subject to
+            // duplicate suppression like any packet (it stays a replay copy for the root).
+            if pkt.meta.target == Some(n.inst.id()) {
+                pkt.meta.target = None;
+            }
+            outs.push((pkt, verdict, t, p.record));
+        }
+        n.inst.end_batch();
+        let v = n.vertex;
+        for (pkt, verdict, at, record) in outs {
+            self.hand_on(v, pkt, verdict, at, record);
+        }
+        Ok(t)
+    }
+
+    /// What vertex `v` does with a packet its NF processed: drop it, consume it (off-path), or
+    /// route it by the NF's output.
+    fn hand_on(&mut self, v: usize, pkt: Packet, verdict: Verdict, at: u64, record: bool) {
+        let Some(vp) = self.vertices.get(v).map(|x| &x.plan) else { return };
+        let name = vp.name.clone();
+        let input = self.root.input_of(pkt.meta.clock).unwrap_or(u64::MAX);
+        let out = match verdict {
+            Verdict::Forward => 0,
+            Verdict::Output(i) => usize::from(i) + 1,
+            Verdict::Drop(reason) => {
+                if record {
+                    self.report.observed.decisions.push(drop_decision(input, &name, reason));
+                }
+                self.root.copy_finished(&pkt);
+                return;
+            }
+        };
+        if vp.off_path {
+            self.root.copy_finished(&pkt);
+            return;
+        }
+        match vp.routes.get(direction(&pkt, vp.routes.len())).and_then(|r| r.get(out)).cloned() {
+            Some(routes) => self.route(&routes, pkt, at, &name, input),
+            None => {
+                if record {
+                    self.report.observed.decisions.push(drop_decision(input, &name, "no-route"));
+                }
+                self.root.copy_finished(&pkt);
+            }
+        }
+    }
+}
+
+fn updates_of(inst: &mut Instance) -> u64 {
+    client(inst).map_or(0, |c| c.stats().updates)
+}
+
+impl Node {
+    /// Backlog: queued and held packets.
+    pub(super) fn backlog(&self) -> u64 {
+        self.queue.len() as u64 + self.gate.held() as u64
+    }
+}

@@ -1,0 +1,451 @@
+//! The fault-tolerant executor: a physical chain whose instances keep their state in a store,
+//! driven through a fault schedule, with CHC's protocols keeping its output equivalent to the
+//! logical chain's.
+//!
+//! # Model
+//! The engine is a discrete-event simulation in *virtual time* over the real parts: real NF
+//! instances, the real store client (write-through per-flow state, tagged updates, XOR vectors,
+//! write-ahead log) and a real store (embedded or Redis). Packets arrive at the root every
+//! `arrival_ns`; an instance serves a batch from its queue in `service_ns` per packet plus any
+//! delay a `slow` event gave it; outputs reach the next queue `link_ns` later. Events run in
+//! virtual-time order on one thread, so a fault lands at an exact point of the input and a
+//! failing schedule can be replayed. Wall-clock time is measured separately for the recovery
+//! procedures (how long the framework's own work takes).
+//!
+//! # Protocols (CHC §5; the state machines are in `sluice-chc`, see docs/correctness.md)
+//! * **Root**: stamps clocks (root id in the high bits), keeps every packet in its log until
+//!   every copy of it has left the chain *and* every update made for it is committed (its XOR
+//!   vector folds to zero with the commits the instances report); drops input past the log
+//!   bound; persists the clock every `clock_persist_every` packets.
+//! * **Replay**: after an instance crash or when a clone starts, the root replays its log in
+//!   clock order. Replayed packets are marked; every instance processes them with blocking,
+//!   tagged updates, which the store applies at most once (the per-clock log answers
+//!   duplicates with the logged result, so replay repeats allocations). A recovering instance
+//!   holds live packets until the replay has drained.
+//! * **Duplicate suppression**: a clock already delivered to a vertex (or to the output) is
+//!   dropped at the queue; replayed packets pass until their target instance clears the mark.
+//! * **Flow moves**: the splitter pins the moved flows to the new instance and puts a barrier
+//!   (the *last* mark) in the old instance's queue; the new instance holds the moved flows'
+//!   packets until the old one has processed the barrier and flushed its updates; the first
+//!   packet it then processes per flow carries the *first* mark.
+//! * **Scaling** pins existing flows to their instances before adding one (nothing moves) and
+//!   moves only the flows of an instance being removed.
+
+//!
+//! # Driver and core
+//! The protocol decisions (clocks, the log, XOR/delete, replay selection, holding and duplicate
+//! suppression, splitting and pins, moves, vertex managers, store-recovery planning) are made by
+//! `sluice-chc`'s state machines. This module is the virtual-time *driver*: it owns the queues,
+//! the NF instances, the store handles and the event loop, feeds the core what happens and
+//! carries out what it returns.
+
+mod config;
+mod faults;
+mod finish;
+mod flow;
+mod scaling;
+
+pub use config::{EngineConfig, EngineError, EngineReport, EngineStats, Episode, LogPlace, Switches};
+
+use crate::root_log::StoreLog;
+use crate::schedule::{FaultEvent, Policy};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use sluice_chc::gate::{Decided, Gate};
+use sluice_chc::manager::Trials;
+use sluice_chc::moves::{MoveId, Moves};
+use sluice_chc::root::{Root, RootConfig};
+use sluice_chc::splitter::{reachability, Splitter};
+use sluice_chc::NodeId;
+use sluice_nf::{Instance, LabelTable, NfRegistry};
+use sluice_packet::Packet;
+use sluice_runtime::plan::{Routes, Target, VertexPlan};
+use sluice_runtime::{compile_with, Chain, StateConfig};
+use sluice_store::{Backend, ClientConfig, Mode, StoreClient};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Something in a queue: a packet, or the barrier that ends a flow move at the old instance.
+enum Item {
+    Packet(Packet),
+    Barrier(MoveId),
+}
+
+struct Queued {
+    at: u64,
+    item: Item,
+}
+
+/// One physical NF instance: the NF, its queue in virtual time, and its gate (the core's
+/// holding and duplicate logic).
+struct Node {
+    vertex: usize,
+    index: u16,
+    inst: Instance,
+    queue: VecDeque<Queued>,
+    busy_until: u64,
+    alive: bool,
+    slow: Option<(u64, u64)>,
+    gate: Gate,
+    processed: u64,
+    busy_ns: u64,
+    /// Per moved flow: when its held packets were released. The old instance's barrier is
+    /// passed at the end of a batch that is still being served in virtual time; later packets
+    /// of the flow queue behind the released ones.
+    released: HashMap<u64, u64>,
+}
+
+impl Node {
+    fn new(vertex: usize, index: u16, inst: Instance, recovering: bool) -> Node {
+        Node {
+            vertex,
+            index,
+            inst,
+            queue: VecDeque::new(),
+            busy_until: 0,
+            alive: true,
+            slow: None,
+            gate: Gate::new(recovering),
+            processed: 0,
+            busy_ns: 0,
+            released: HashMap::new(),
+        }
+    }
+
+    /// Inserts at `at`, keeping the queue in arrival order.
+    fn insert(&mut self, at: u64, item: Item) {
+        let pos = self.queue.iter().rposition(|q| q.at <= at).map_or(0, |p| p + 1);
+        self.queue.insert(pos, Queued { at, item });
+    }
+
+    /// Empties the queue: the packets in it (barriers dropped).
+    fn drain_queue(&mut self) -> Vec<Packet> {
+        self.queue
+            .drain(..)
+            .filter_map(|q| match q.item {
+                Item::Packet(p) => Some(p),
+                Item::Barrier(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// A vertex of the physical chain.
+struct Vertex {
+    plan: VertexPlan,
+    /// The core's splitter: members, pins, clones.
+    splitter: Splitter,
+    /// The clocks this vertex has processed.
+    decided: Decided,
+    next_index: u16,
+    /// Arrival counter, the vertex's own order (clocks switched off).
+    arrivals: u64,
+    /// The NF's state objects.
+    decls: Vec<sluice_state::StateDecl>,
+    /// Vertices reachable from this one (itself included).
+    reaches: Vec<bool>,
+    /// During a clone trial: per flow, when the last of its packets processed here leaves.
+    flow_out: HashMap<u64, u64>,
+}
+
+/// A packet leaving the chain.
+struct Leaving {
+    at: u64,
+    order: u64,
+    ingress: u64,
+    clock: sluice_packet::Clock,
+    bytes: Vec<u8>,
+    /// A replay of a packet the root knew had left already.
+    emitted: bool,
+}
+
+/// The engine.
+pub struct Engine<'a> {
+    chain: &'a Chain,
+    registry: &'a NfRegistry,
+    cfg: EngineConfig,
+    backend: Arc<dyn Backend>,
+    state: StateConfig,
+    labels: Arc<LabelTable>,
+    entry: Vec<Routes>,
+    traffic: Option<sluice_runtime::filter::CompiledFilter>,
+    vertices: Vec<Vertex>,
+    nodes: Vec<Node>,
+    /// The core's root: clocks, log, XOR check, replay selection.
+    root: Root,
+    leaving: Vec<Leaving>,
+    /// With asynchronous deletes: packets that left, whose "done" reaches the root at a time.
+    late_deletes: VecDeque<(u64, Packet)>,
+    /// The core's moves in progress, and when each started (wall, virtual).
+    moves: Moves,
+    move_started: HashMap<MoveId, (Instant, u64)>,
+    commits: Vec<(sluice_packet::Clock, u32)>,
+    now: u64,
+    rng: ChaCha8Rng,
+    report: EngineReport,
+    latencies: Vec<(u64, u64)>,
+    policies: Vec<Policy>,
+    trials: Trials,
+    /// Episodes waiting for the replay to drain.
+    replay_episodes: Vec<(usize, u64)>,
+    checkpoint: Option<sluice_store::Checkpoint>,
+    /// An instance's write-ahead log was lost with it (failover, retirement): checkpoint at
+    /// the next opportunity so store recovery never needs it.
+    checkpoint_due: bool,
+    /// Latest packet time admitted: timers due by then fire before the final state is read.
+    last_ts: u64,
+    /// The log's copy in the store (`LogPlace::Store`).
+    store_log: Option<StoreLog>,
+}
+
+fn store_err(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Store(e.to_string())
+}
+
+impl<'a> Engine<'a> {
+    /// Builds the physical chain of `chain` over `backend` (which must be empty).
+    pub fn new(
+        chain: &'a Chain,
+        registry: &'a NfRegistry,
+        backend: Arc<dyn Backend>,
+        cfg: EngineConfig,
+        policies: Vec<Policy>,
+    ) -> Result<Engine<'a>, EngineError> {
+        let client = ClientConfig {
+            mode: Mode::Async,
+            write_through: true,
+            // Any instance may receive moved flows or replace another: always look up.
+            fresh: false,
+            dedupe: cfg.switches.duplicate_suppression,
+            record_nondeterminism: cfg.switches.record_nondeterminism,
+            wal_capacity: cfg.wal_capacity.max(2),
+            flush_every: 1,
+            ..ClientConfig::default()
+        };
+        let state = StateConfig::Store { backend: backend.clone(), client };
+        let plan = compile_with(chain, registry, &[], &state)?;
+        let next: Vec<Vec<usize>> = plan.vertices.iter().map(successors).collect();
+        let mut vertices: Vec<Vertex> = plan
+            .vertices
+            .iter()
+            .zip(reachability(&next))
+            .map(|(vp, reaches)| Vertex {
+                plan: vp.clone(),
+                splitter: Splitter::default(),
+                decided: Decided::default(),
+                next_index: vp.instances.len() as u16,
+                arrivals: 0,
+                decls: Vec::new(),
+                reaches,
+                flow_out: HashMap::new(),
+            })
+            .collect();
+        let mut nodes = Vec::new();
+        let mut members: Vec<Vec<NodeId>> = vec![Vec::new(); vertices.len()];
+        for (vi, mut inst) in plan.instances {
+            if let Some(v) = vertices.get_mut(vi) {
+                if v.decls.is_empty() {
+                    v.decls = inst.nf().state_objects().to_vec();
+                }
+            }
+            if let Some(m) = members.get_mut(vi) {
+                m.push(NodeId(nodes.len()));
+            }
+            let index = inst.id().index();
+            let _ = inst.state();
+            nodes.push(Node::new(vi, index, inst, false));
+        }
+        for (v, m) in vertices.iter_mut().zip(members) {
+            v.splitter = Splitter::new(m);
+        }
+        let root = Root::new(RootConfig {
+            log_capacity: cfg.log_capacity,
+            clock_persist_every: cfg.clock_persist_every,
+            roots: cfg.roots,
+            xor_check: cfg.switches.xor_check,
+        });
+        let store_log = match cfg.log_place {
+            LogPlace::Store => Some(StoreLog::connect(&backend).map_err(store_err)?),
+            LogPlace::Root => None,
+        };
+        Ok(Engine {
+            chain,
+            registry,
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            cfg,
+            backend,
+            state,
+            labels: plan.labels,
+            entry: plan.entry,
+            traffic: plan.traffic,
+            vertices,
+            nodes,
+            root,
+            leaving: Vec::new(),
+            late_deletes: VecDeque::new(),
+            moves: Moves::default(),
+            move_started: HashMap::new(),
+            commits: Vec::new(),
+            now: 0,
+            report: EngineReport::default(),
+            latencies: Vec::new(),
+            policies,
+            trials: Trials::default(),
+            replay_episodes: Vec::new(),
+            checkpoint: None,
+            checkpoint_due: false,
+            last_ts: 0,
+            store_log,
+        })
+    }
+
+    /// Runs `packets` through the physical chain with `faults` (absolute packet counts, sorted).
+    pub fn run(mut self, packets: &[Packet], faults: &[(u64, FaultEvent)]) -> Result<EngineReport, EngineError> {
+        self.report.observed.inputs = packets.len() as u64;
+        let mut next_input = 0usize;
+        let mut next_fault = 0usize;
+        let mut events = 0u64;
+        loop {
+            let t_in = if next_input < packets.len() { next_input as u64 * self.cfg.arrival_ns } else { u64::MAX };
+            let (t_node, node) = self.next_node();
+            if let Some(&(t_del, _)) = self.late_deletes.front() {
+                if t_del <= t_in.min(t_node) {
+                    self.now = self.now.max(t_del);
+                    if let Some((_, p)) = self.late_deletes.pop_front() {
+                        self.root.copy_left(&p);
+                    }
+                    continue;
+                }
+            }
+            if t_in == u64::MAX && t_node == u64::MAX {
+                if self.settle_end()? {
+                    break;
+                }
+                continue;
+            }
+            if t_in <= t_node {
+                self.now = self.now.max(t_in);
+                let Some(pkt) = packets.get(next_input) else { break };
+                self.admit(next_input as u64, pkt)?;
+                next_input += 1;
+                let count = next_input as u64;
+                while let Some((at, ev)) = faults.get(next_fault) {
+                    if *at > count {
+                        break;
+                    }
+                    next_fault += 1;
+                    self.apply(count, &ev.action)?;
+                }
+                self.periodic(count)?;
+            } else {
+                self.now = self.now.max(t_node);
+                self.serve(node)?;
+            }
+            events += 1;
+            if events.is_multiple_of(64) {
+                self.collect_commits();
+            }
+        }
+        self.finish()
+    }
+
+    /// The node that can start next and when.
+    fn next_node(&self) -> (u64, NodeId) {
+        let mut best = (u64::MAX, NodeId(usize::MAX));
+        for (i, n) in self.nodes.iter().enumerate() {
+            if !n.alive {
+                continue;
+            }
+            if let Some(q) = n.queue.front() {
+                let t = n.busy_until.max(q.at);
+                if t < best.0 {
+                    best = (t, NodeId(i));
+                }
+            }
+        }
+        best
+    }
+
+    /// Input is over and every queue is empty: wait for what is still held to be released.
+    /// Returns whether the run is complete.
+    fn settle_end(&mut self) -> Result<bool, EngineError> {
+        self.collect_commits();
+        self.check_replay_done();
+        // The replay's end may have just released held packets into queues: serve them.
+        if self.nodes.iter().any(|n| n.alive && !n.queue.is_empty()) {
+            return Ok(false);
+        }
+        let held: usize = self.nodes.iter().filter(|n| n.alive).map(|n| n.gate.held()).sum();
+        if held == 0 && !self.moves.busy() {
+            return Ok(true);
+        }
+        // Something is held with nothing left to release it: release it rather than lose it.
+        let now = self.now;
+        for n in self.nodes.iter_mut().filter(|n| n.alive) {
+            for p in n.gate.end_recovery() {
+                n.queue.push_back(Queued { at: now, item: Item::Packet(p) });
+            }
+        }
+        if held > 0 && !self.moves.busy() {
+            return Ok(false);
+        }
+        Err(EngineError::Store("a flow move never completed: its barrier was lost".into()))
+    }
+
+    fn node(&self, n: NodeId) -> Option<&Node> {
+        self.nodes.get(n.0)
+    }
+
+    fn node_mut(&mut self, n: NodeId) -> Option<&mut Node> {
+        self.nodes.get_mut(n.0)
+    }
+
+    fn alive(&self, n: NodeId) -> bool {
+        self.node(n).is_some_and(|x| x.alive)
+    }
+
+    /// Folds the commits the instances' clients report into the root's XOR vectors.
+    fn collect_commits(&mut self) {
+        let mut out = std::mem::take(&mut self.commits);
+        for n in self.nodes.iter_mut().filter(|n| n.alive) {
+            n.inst.state().take_commits(&mut out);
+        }
+        for (clock, x) in out.drain(..) {
+            self.root.commit(clock, x);
+        }
+        self.commits = out;
+        self.sync_deletes();
+    }
+
+    /// Passes the root's deletes to the log's copy in the store.
+    fn sync_deletes(&mut self) {
+        let deleted = self.root.take_deleted();
+        if let Some(sl) = &mut self.store_log {
+            for c in deleted {
+                sl.delete(c);
+            }
+        }
+    }
+
+    fn vertex_name(&self, v: usize) -> Option<String> {
+        self.vertices.get(v).map(|x| x.plan.name.to_string())
+    }
+}
+
+/// The vertices `vp`'s routes lead to.
+fn successors(vp: &VertexPlan) -> Vec<usize> {
+    vp.routes
+        .iter()
+        .flatten()
+        .flat_map(|r| r.main.iter().chain(r.mirrors.iter()))
+        .filter_map(|r| match r.to {
+            Target::Vertex(w) => Some(w),
+            Target::Output => None,
+        })
+        .collect()
+}
+
+fn client(inst: &mut Instance) -> Option<&mut StoreClient> {
+    inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>())
+}

@@ -1,0 +1,365 @@
+//! Reconfiguration in the driver: flow moves, scaling, clone trials, vertex managers, cache
+//! transitions and checkpoints. The core's splitter, moves and manager decide; the driver
+//! builds and retires instances and flushes their clients.
+
+use super::{client, store_err, Engine, EngineError, Episode, Item, Node, Queued};
+use sluice_chc::manager::{evaluate, keep_clone, Decision, InstanceLoad, ManagerPolicy, Trial};
+use sluice_chc::moves::{Move, MoveId, MoveStart};
+use sluice_chc::NodeId;
+use sluice_packet::InstanceId;
+use std::time::Instant;
+
+impl Engine<'_> {
+    /// Checkpoints, vertex managers and clone trials, evaluated as input arrives.
+    pub(super) fn periodic(&mut self, count: u64) -> Result<(), EngineError> {
+        // A write-ahead log half full of updates since the last checkpoint: a rebuild would
+        // soon miss some. (Looked at every 64 packets: far fewer than half a log fills.)
+        let wal_full = count.is_multiple_of(64)
+            && self
+                .nodes
+                .iter_mut()
+                .filter(|n| n.alive)
+                .any(|n| client(&mut n.inst).is_some_and(|c| !c.wal_has_room()));
+        let due = (self.checkpoint_due || wal_full) && self.root.replay_drained();
+        if due {
+            self.checkpoint_due = false;
+        }
+        if due || (self.cfg.checkpoint_every > 0 && count.is_multiple_of(self.cfg.checkpoint_every)) {
+            self.take_checkpoint()?;
+        }
+        if self.cfg.manager_every > 0 && count.is_multiple_of(self.cfg.manager_every) && !self.policies.is_empty() {
+            self.manage(count)?;
+        }
+        self.check_replay_done();
+        for t in self.trials.due(count) {
+            self.end_trial(count, t)?;
+        }
+        Ok(())
+    }
+
+    fn take_checkpoint(&mut self) -> Result<(), EngineError> {
+        // Flush so the checkpoint and the clients' logs agree on what it contains.
+        for n in self.nodes.iter_mut().filter(|n| n.alive) {
+            n.inst.state().flush().map_err(store_err)?;
+        }
+        let cp = self.backend.checkpoint().map_err(store_err)?;
+        for n in self.nodes.iter_mut().filter(|n| n.alive) {
+            if let Some(c) = client(&mut n.inst) {
+                c.checkpointed();
+            }
+        }
+        self.checkpoint = Some(cp);
+        self.report.stats.checkpoints += 1;
+        Ok(())
+    }
+
+    pub(super) fn start_move(
+        &mut self,
+        count: u64,
+        from: NodeId,
+        to: NodeId,
+        keys: Vec<u64>,
+        retire_from: bool,
+    ) -> Result<(), EngineError> {
+        let v = self.node(from).map_or(usize::MAX, |n| n.vertex);
+        if let Some(vx) = self.vertices.get_mut(v) {
+            vx.splitter.pin(&keys, to);
+        }
+        self.report.episodes.push(Episode {
+            kind: if retire_from { "scale_in".into() } else { "move".into() },
+            at_packet: count,
+            vertex: self.vertex_name(v),
+            flows: keys.len() as u64,
+            ..Episode::default()
+        });
+        let tag = self.report.episodes.len() - 1;
+        let m = Move { from, to, keys, retire_from, tag };
+        match self.moves.start(m.clone(), self.cfg.switches.move_protocol) {
+            MoveStart::Switched => {
+                if let Some(n) = self.node_mut(to) {
+                    n.gate.add_flows(&m.keys);
+                }
+                if retire_from {
+                    self.retire(from)?;
+                }
+            }
+            MoveStart::Barrier { id } => {
+                if let Some(n) = self.node_mut(to) {
+                    n.gate.hold_flows(&m.keys);
+                }
+                let now = self.now;
+                if let Some(n) = self.node_mut(from) {
+                    n.queue.push_back(Queued { at: now, item: Item::Barrier(id) });
+                }
+                self.move_started.insert(id, (Instant::now(), now));
+            }
+        }
+        Ok(())
+    }
+
+    /// The old instance processed everything sent before the move: it flushes, and the new
+    /// instance takes the flows over.
+    pub(super) fn barrier_passed(&mut self, id: MoveId) -> Result<(), EngineError> {
+        let Some(m) = self.moves.barrier_passed(id) else { return Ok(()) };
+        if let Some(n) = self.node_mut(m.from) {
+            // Steps 5-6: the old instance's updates are at the store before anyone reads them.
+            n.inst.state().flush().map_err(store_err)?;
+            n.gate.forget_flows(&m.keys);
+        }
+        self.collect_commits();
+        let now = self.now.max(self.node(m.from).map_or(0, |n| n.busy_until));
+        if let Some(n) = self.node_mut(m.to) {
+            // Step 7: the held packets go first, the first of each flow marked as such.
+            for k in &m.keys {
+                let held = n.gate.release_flow(*k);
+                if !held.is_empty() {
+                    n.released.insert(*k, now);
+                }
+                for p in held {
+                    n.insert(now, Item::Packet(p));
+                }
+            }
+        }
+        if let (Some(ep), Some((sw, sv))) = (self.report.episodes.get_mut(m.tag), self.move_started.remove(&id)) {
+            ep.wall_us = sw.elapsed().as_secs_f64() * 1e6;
+            ep.virtual_us = now.saturating_sub(sv) as f64 / 1e3;
+        }
+        if m.retire_from {
+            self.retire(m.from)?;
+        }
+        Ok(())
+    }
+
+    /// CHC's cache transitions for cross-flow objects: an instance caches its vertex's shared
+    /// objects (write-through) only while it is the vertex's only live instance. When a second
+    /// one appears (scale-out, clone) the first stops caching and flushes before anyone else
+    /// reads; when one is left it caches again, from what the store holds.
+    pub(super) fn refresh_sharing(&mut self, v: usize) -> Result<(), EngineError> {
+        let Some(vx) = self.vertices.get(v) else { return Ok(()) };
+        let shared: Vec<sluice_state::ObjectId> = vx
+            .decls
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| !d.scope.is_per_flow() && d.pattern != sluice_state::AccessPattern::WriteMostly)
+            .map(|(o, _)| sluice_state::ObjectId(o as u16))
+            .collect();
+        if shared.is_empty() {
+            return Ok(());
+        }
+        let users = self.nodes.iter().filter(|n| n.alive && n.vertex == v).count();
+        let exclusive = users == 1;
+        for n in self.nodes.iter_mut().filter(|n| n.alive && n.vertex == v) {
+            for &o in &shared {
+                n.inst.state().set_exclusive(o, exclusive);
+            }
+            if !exclusive {
+                n.inst.state().flush().map_err(store_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes a node out of service cleanly (its updates flushed, what it still queued done).
+    pub(super) fn retire(&mut self, node: NodeId) -> Result<(), EngineError> {
+        let Some(n) = self.nodes.get_mut(node.0) else { return Ok(()) };
+        n.inst.state().flush().map_err(store_err)?;
+        // Its acknowledged updates count for the XOR check before it goes.
+        n.inst.state().take_commits(&mut self.commits);
+        n.alive = false;
+        let leftover = n.drain_queue();
+        let v = n.vertex;
+        if let Some(vx) = self.vertices.get_mut(v) {
+            vx.splitter.end_trial(node);
+        }
+        self.collect_commits();
+        for p in leftover {
+            self.root.copy_finished(&p);
+        }
+        self.checkpoint_due = true;
+        self.refresh_sharing(v)
+    }
+
+    pub(super) fn scale(&mut self, count: u64, v: usize, target: usize) -> Result<(), EngineError> {
+        let current = self.vertices.get(v).map_or(0, |x| x.splitter.members().len());
+        if target > current {
+            self.scale_out(count, v, current, target)
+        } else if target < current {
+            self.scale_in(count, v, target)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn scale_out(&mut self, count: u64, v: usize, current: usize, target: usize) -> Result<(), EngineError> {
+        let wall = Instant::now();
+        let mut added = Vec::new();
+        for _ in current..target {
+            let index = self.vertices.get(v).map_or(0, |x| x.next_index);
+            let inst = self.build(v, index, target as u16)?;
+            let mut n = Node::new(v, index, inst, false);
+            n.busy_until = self.now;
+            added.push(self.add_node(n));
+            if let Some(x) = self.vertices.get_mut(v) {
+                x.next_index += 1;
+            }
+        }
+        // Existing flows stay where they are: the splitter pins each to its instance.
+        if let Some(x) = self.vertices.get_mut(v) {
+            let nodes = &self.nodes;
+            x.splitter.scale_out(&added, |m| nodes.get(m.0).map(|n| n.gate.flows()));
+        }
+        self.refresh_sharing(v)?;
+        self.report.episodes.push(Episode {
+            kind: "scale_out".into(),
+            at_packet: count,
+            vertex: self.vertex_name(v),
+            wall_us: wall.elapsed().as_secs_f64() * 1e6,
+            detail: format!("{current} -> {target} instances; no flow moved"),
+            ..Episode::default()
+        });
+        Ok(())
+    }
+
+    /// Removes the last instances; only their flows move.
+    fn scale_in(&mut self, count: u64, v: usize, target: usize) -> Result<(), EngineError> {
+        let Some(x) = self.vertices.get_mut(v) else { return Ok(()) };
+        let clones: Vec<NodeId> = x.splitter.members()[target.min(x.splitter.members().len())..]
+            .iter()
+            .filter_map(|m| x.splitter.clone_of(*m))
+            .collect();
+        let nodes = &self.nodes;
+        let plan = x.splitter.scale_in(target, |m| nodes.get(m.0).map(|n| n.gate.flows()));
+        // Clones of a removed instance go with it.
+        for c in clones {
+            self.retire(c)?;
+        }
+        for (removed, groups) in plan {
+            if groups.is_empty() {
+                self.retire(removed)?;
+            }
+            let last = groups.len().saturating_sub(1);
+            for (i, (to, keys)) in groups.into_iter().enumerate() {
+                self.start_move(count, removed, to, keys, i == last)?;
+            }
+            self.refresh_sharing(v)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn clone_instance(&mut self, count: u64, node: NodeId) -> Result<(), EngineError> {
+        let Some((vertex, flows, straggler_index, busy)) =
+            self.node(node).map(|n| (n.vertex, n.gate.flows().clone(), n.index, n.busy_until))
+        else {
+            return Ok(());
+        };
+        if self.vertices.get(vertex).is_some_and(|x| x.splitter.clone_of(node).is_some()) {
+            return Ok(());
+        }
+        let wall = Instant::now();
+        let index = self.vertices.get(vertex).map_or(0, |x| x.next_index);
+        if let Some(x) = self.vertices.get_mut(vertex) {
+            x.next_index += 1;
+        }
+        let instances = self.vertices.get(vertex).map_or(1, |x| x.splitter.members().len()) as u16 + 1;
+        // The clone starts from the store: everything the straggler did is there first. From
+        // now on both serve the same flows, and each forgets its copies of what the other writes.
+        if let Some(c) = self.node_mut(node).and_then(|n| client(&mut n.inst)) {
+            sluice_state::StateHandle::flush(c).map_err(store_err)?;
+            c.track_written(true);
+        }
+        let mut inst = self.build(vertex, index, instances)?;
+        if let Some(c) = client(&mut inst) {
+            c.track_written(true);
+        }
+        // The clone takes over the straggler's timers too (from the store's copy).
+        self.adopt_timers(&mut inst, InstanceId::new(vertex as u16, straggler_index))?;
+        let id = inst.id();
+        let mut c = Node::new(vertex, index, inst, true);
+        c.gate.inherit_flows(flows);
+        // After the straggler's batch in progress, whose packets are still leaving.
+        c.busy_until = self.now.max(busy);
+        let clone = self.add_node(c);
+        if let Some(x) = self.vertices.get_mut(vertex) {
+            x.splitter.add_clone(node, clone);
+        }
+        self.refresh_sharing(vertex)?;
+        self.replay_episode("clone", count, vertex, id, wall, String::new());
+        self.trials.start(Trial { straggler: node, clone, until: count + self.cfg.clone_trial });
+        self.check_replay_done();
+        Ok(())
+    }
+
+    fn load(&self, node: NodeId) -> InstanceLoad {
+        let n = self.node(node);
+        InstanceLoad {
+            node,
+            backlog: n.map_or(u64::MAX, Node::backlog),
+            ns_per_packet: n.map_or(f64::MAX, |n| n.busy_ns as f64 / n.processed.max(1) as f64),
+            cloning: n.and_then(|n| self.vertices.get(n.vertex)).is_some_and(|v| v.splitter.clone_of(node).is_some()),
+        }
+    }
+
+    /// Keeps the faster of a straggler and its clone.
+    fn end_trial(&mut self, count: u64, t: Trial) -> Result<(), EngineError> {
+        if !self.alive(t.clone) {
+            return Ok(());
+        }
+        if !self.alive(t.straggler) {
+            // The straggler is gone: the clone is just a clone of nothing.
+            return self.retire(t.clone);
+        }
+        let (s, c) = (self.load(t.straggler), self.load(t.clone));
+        let kept_clone = keep_clone(&s, &c);
+        let (keep, drop) = if kept_clone { (t.clone, t.straggler) } else { (t.straggler, t.clone) };
+        let v = self.node(keep).map_or(usize::MAX, |n| n.vertex);
+        if let Some(vx) = self.vertices.get_mut(v) {
+            vx.flow_out.clear();
+            vx.splitter.end_trial(t.straggler);
+            if kept_clone {
+                vx.splitter.replace(t.straggler, t.clone);
+            }
+        }
+        if let Some(c) = self.node_mut(keep).and_then(|n| client(&mut n.inst)) {
+            c.track_written(false);
+        }
+        self.retire(drop)?;
+        let (kept, other) = if kept_clone { (("clone", c), ("original", s)) } else { (("original", s), ("clone", c)) };
+        self.report.episodes.push(Episode {
+            kind: "retire".into(),
+            at_packet: count,
+            vertex: self.vertex_name(v),
+            detail: format!(
+                "kept the {} ({:.0} ns/packet) over the {} ({:.0} ns/packet)",
+                kept.0, kept.1.ns_per_packet, other.0, other.1.ns_per_packet
+            ),
+            ..Episode::default()
+        });
+        Ok(())
+    }
+
+    /// Vertex managers: aggregate per-instance statistics and apply the operator's policies.
+    fn manage(&mut self, count: u64) -> Result<(), EngineError> {
+        for p in self.policies.clone() {
+            let Ok(v) = self.vertex_index(count, &p.vertex) else { continue };
+            let members = self.vertices.get(v).map(|x| x.splitter.members().to_vec()).unwrap_or_default();
+            let loads: Vec<InstanceLoad> = members
+                .iter()
+                .map(|&m| InstanceLoad { backlog: self.node(m).map_or(0, |n| n.queue.len() as u64), ..self.load(m) })
+                .collect();
+            let policy = ManagerPolicy {
+                max_instances: usize::from(p.max_instances.unwrap_or(8)),
+                min_instances: usize::from(p.min_instances.unwrap_or(1)),
+                scale_out_queue_above: p.scale_out_above.as_ref().and_then(|t| t.queue),
+                scale_in_queue_below: p.scale_in_below.as_ref().and_then(|t| t.queue),
+                straggler_slower_by_percent: p.straggler_slower_by_percent,
+            };
+            for d in evaluate(&policy, &loads, self.moves.busy()) {
+                match d {
+                    Decision::ScaleTo(n) => self.scale(count, v, n)?,
+                    Decision::Clone(m) => self.clone_instance(count, m)?,
+                }
+            }
+        }
+        Ok(())
+    }
+}
