@@ -71,9 +71,16 @@ impl Gate {
         decided: &Decided,
         suppress: bool,
     ) -> Dequeue {
+        let d = self.peek(pkt, id, is_clone, decided, suppress);
+        self.seen.insert(pkt.meta.clock);
+        d
+    }
+
+    /// What [`Gate::dequeue`] would decide for `pkt`, without taking it.
+    pub fn peek(&self, pkt: &Packet, id: InstanceId, is_clone: bool, decided: &Decided, suppress: bool) -> Dequeue {
         let clock = pkt.meta.clock;
         let to_target = pkt.meta.flags.contains(MetaFlags::REPLAYED) && pkt.meta.target.is_some();
-        let first_here = self.seen.insert(clock);
+        let first_here = !self.seen.contains(&clock);
         // Processed by another instance of the vertex already: its effects are in the store,
         // and processing it again would read later state.
         let elsewhere = decided.contains(clock);
@@ -115,6 +122,14 @@ impl Gate {
             self.flows.insert(key);
         }
         held
+    }
+
+    /// Takes the packets held for a replay that `moved` selects (flows handed to another
+    /// instance with their queued packets), in arrival order.
+    pub fn take_held(&mut self, mut moved: impl FnMut(&Packet) -> bool) -> Vec<Packet> {
+        let (out, keep) = std::mem::take(&mut self.held).into_iter().partition(|p| moved(p));
+        self.held = keep;
+        out
     }
 
     /// The instance failed: every packet it held (its queue is the driver's).

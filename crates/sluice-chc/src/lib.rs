@@ -14,6 +14,7 @@
 //! * [`splitter`]: which instance of a vertex serves a flow: members, pins, clones, and the flow
 //!   allocation scaling and root recovery rebuild;
 //! * [`moves`]: the flow-move protocol (barrier, hold, flush, release, retire);
+//! * [`order`]: chain-entry order for NFs whose cross-flow decisions depend on it;
 //! * [`manager`]: vertex managers (policies on queue depth, straggler detection) and clone trials;
 //! * [`recovery`]: planning a store rebuild from a checkpoint and the instances' logs.
 //!
@@ -22,6 +23,7 @@
 pub mod gate;
 pub mod manager;
 pub mod moves;
+pub mod order;
 pub mod recovery;
 pub mod root;
 pub mod splitter;

@@ -5,7 +5,8 @@
 
 use sluice_packet::Clock;
 use sluice_state::{StateDecl, StateKey, StateOp, Value};
-use sluice_store::recovery::{plan, RebuildPlan, RecoveryLog};
+use sluice_store::client::WalEntry;
+use sluice_store::recovery::{plan_in_order, RebuildPlan, RecoveryLog};
 use sluice_store::{Checkpoint, Request, StoreKey, StoreOp, NONDET_OBJECT};
 use std::collections::HashSet;
 
@@ -25,17 +26,21 @@ pub fn is_per_flow(decls: &[Vec<StateDecl>], key: &StoreKey) -> bool {
 /// The rebuild plan: shared state from the checkpoint and the write-ahead logs (TS selection);
 /// per-flow state from the instances' copies (`per_flow`: every per-flow key an instance holds,
 /// `None` where it knows the value was deleted since the checkpoint), none of it re-executed.
+/// Re-executed updates keep each instance's log order; across instances they go in chain-entry
+/// order (`entry_time` of a clock, then the clock), the order order-sensitive NFs applied them.
 pub fn rebuild_plan(
     checkpoint: &Checkpoint,
     logs: &mut [RecoveryLog],
     per_flow: Vec<(StoreKey, Option<Value>)>,
     decls: &[Vec<StateDecl>],
+    entry_time: &dyn Fn(Clock) -> u64,
 ) -> RebuildPlan {
     without_baseline_duplicates(logs, checkpoint);
     let cached: HashSet<StoreKey> = per_flow.iter().map(|(k, _)| *k).collect();
     let present: Vec<_> = per_flow.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))).collect();
     let alive: HashSet<StoreKey> = present.iter().map(|(k, _)| *k).collect();
-    let mut p = plan(checkpoint, logs, present);
+    let rank = |e: &WalEntry| (entry_time(e.tag.clock), e.tag.clock);
+    let mut p = plan_in_order(checkpoint, logs, present, &rank);
     // A per-flow value an instance knows to be gone stays gone.
     p.values.retain(|(k, _)| !is_per_flow(decls, k) || !cached.contains(k) || alive.contains(k));
     p.replay.retain(|(_, e)| !is_per_flow(decls, &e.key));
@@ -45,20 +50,22 @@ pub fn rebuild_plan(
 /// Drops from the write-ahead logs the updates after an instance's checkpoint position whose
 /// tag another instance of the vertex had already applied before the checkpoint: a clone
 /// repeats its straggler's updates (the store applied them once) and re-executing them would
-/// apply them twice.
+/// apply them twice. Positions are the logs' `after_checkpoint` (or found from the checkpoint's
+/// TS vector where a log does not say).
 pub fn without_baseline_duplicates(logs: &mut [RecoveryLog], cp: &Checkpoint) {
-    let position = |l: &RecoveryLog| -> Option<usize> {
-        let ts = cp.ts.iter().find(|(i, _)| *i == l.instance).map(|(_, c)| *c)?;
-        l.wal.iter().rposition(|e| e.tag.clock == ts)
+    let position = |l: &RecoveryLog| -> usize {
+        l.after_checkpoint.unwrap_or_else(|| {
+            let ts = cp.ts.iter().find(|(i, _)| *i == l.instance).map(|(_, c)| *c);
+            ts.and_then(|ts| l.wal.iter().rposition(|e| e.tag.clock == ts)).map_or(0, |p| p + 1)
+        })
     };
     let mut baseline = HashSet::new();
     for l in logs.iter() {
-        if let Some(p) = position(l) {
-            baseline.extend(l.wal[..=p].iter().map(|e| (e.key.vertex, e.tag)));
-        }
+        let p = position(l).min(l.wal.len());
+        baseline.extend(l.wal[..p].iter().map(|e| (e.key.vertex, e.tag)));
     }
     for l in logs.iter_mut() {
-        let start = position(l).map_or(0, |p| p + 1);
+        let start = position(l);
         let mut i = 0;
         l.wal.retain(|e| {
             let keep = i < start || !baseline.contains(&(e.key.vertex, e.tag));

@@ -121,7 +121,8 @@ pub struct Root {
     cfg: RootConfig,
     clocks: Vec<RootClock>,
     log: BTreeMap<Clock, LogEntry>,
-    clock_input: HashMap<Clock, u64>,
+    /// Per clock: the input packet number and its entry time.
+    clock_input: HashMap<Clock, (u64, u64)>,
     replays_in_flight: HashMap<Clock, u32>,
     last_clock: Clock,
     deleted: Vec<Clock>,
@@ -185,7 +186,7 @@ impl Root {
         pkt.meta.ingress_ns = now_ns;
         pkt.meta.xor = 0;
         self.last_clock = clock;
-        self.clock_input.insert(clock, input);
+        self.clock_input.insert(clock, (input, pkt.meta.ts_ns));
         self.stats.admitted += 1;
         let entry = LogEntry { input, packet: pkt.clone(), refs: 1, xor: 0, replayed: false, left: false };
         self.log.insert(clock, entry);
@@ -352,7 +353,12 @@ impl Root {
 
     /// The input packet number `clock` was stamped on.
     pub fn input_of(&self, clock: Clock) -> Option<u64> {
-        self.clock_input.get(&clock).copied()
+        self.clock_input.get(&clock).map(|c| c.0)
+    }
+
+    /// When the packet stamped `clock` entered the chain (its packet time); 0 if unknown.
+    pub fn entry_time(&self, clock: Clock) -> u64 {
+        self.clock_input.get(&clock).map_or(0, |c| c.1)
     }
 
     /// The clock of the last packet admitted.

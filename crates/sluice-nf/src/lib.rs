@@ -53,11 +53,31 @@ pub trait NetworkFunction: Send + Sync {
         &[]
     }
 
+    /// The order this NF needs its packets in across flows. Most NFs keep per-flow state, or
+    /// shared state whose final value does not depend on the order of updates (counters,
+    /// allocations), and take packets as they arrive. An NF whose decisions depend on the order
+    /// of packets of *different* flows (the portscan detector's walk over a host's connection
+    /// outcomes) asks for [`InputOrder::Clock`]: the framework then hands it packets in
+    /// chain-entry order (logical clocks), whatever reordered flows in front of it.
+    fn input_order(&self) -> InputOrder {
+        InputOrder::Arrival
+    }
+
     /// Processes one packet. Called only for parsed IP packets, in per-flow arrival order.
     fn process(&self, pkt: &mut Packet, ctx: &mut NfContext<'_>) -> Verdict;
 
     /// A timer this NF armed has expired ("now" is the packet time that passed its deadline).
     fn on_timer(&self, _fired: TimerFired, _ctx: &mut NfContext<'_>) {}
+}
+
+/// The order an NF needs its input in (see [`NetworkFunction::input_order`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InputOrder {
+    /// Arrival order; only each flow's packets keep their order.
+    #[default]
+    Arrival,
+    /// Chain-entry order across flows (logical clocks; with several roots, entry time).
+    Clock,
 }
 
 /// Builds a single instance of `kind` with local state, for tests and tools that drive one NF

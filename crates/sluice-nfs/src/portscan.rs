@@ -69,8 +69,8 @@
 use crate::util::parse_config;
 use serde::Deserialize;
 use sluice_nf::{
-    AccessPattern, BuildCtx, CustomOp, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl, StateError,
-    StateKey, StateOp, TimerFired, Value, Verdict,
+    AccessPattern, BuildCtx, CustomOp, InputOrder, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl,
+    StateError, StateKey, StateOp, TimerFired, Value, Verdict,
 };
 use sluice_packet::{FlowKey, HeaderField, Packet, Proto, L4};
 use std::net::IpAddr;
@@ -304,6 +304,12 @@ impl NetworkFunction for Portscan {
 
     fn custom_ops(&self) -> &[CustomOp] {
         &self.ops
+    }
+
+    /// A host's walk, the point at which it crosses a threshold, and so which of its packets
+    /// are blocked, depend on the order of its connection outcomes across flows (CHC R4).
+    fn input_order(&self) -> InputOrder {
+        InputOrder::Clock
     }
 
     fn process(&self, pkt: &mut Packet, ctx: &mut NfContext<'_>) -> Verdict {

@@ -146,21 +146,12 @@ local function ts_vector(h)
   return redis.call('HGETALL', h .. 'T')
 end
 
--- a < b for decimal texts of non-negative integers (u64 clocks do not fit Lua's doubles).
-local function dec_lt(a, b)
-  if #a ~= #b then
-    return #a < #b
-  end
-  return a < b
-end
-
--- Logs the result of a tagged update and keeps the client's highest clock in the TS vector.
+-- Logs the result of a tagged update; the TS vector keeps the client's last update applied, in
+-- the order applied (clocks need not grow along a client's log: several roots, a restarted root,
+-- replays). A duplicate changes neither.
 local function log_applied(h, client, logid, clock, result)
   if redis.call('HSET', h .. 'L', logid, result) == 1 then
     redis.call('ZADD', h .. 'X', 0, logid)
-  end
-  local cur = redis.call('HGET', h .. 'T', client)
-  if not cur or dec_lt(cur, clock) then
     redis.call('HSET', h .. 'T', client, clock)
   end
 end

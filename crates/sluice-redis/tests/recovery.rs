@@ -75,8 +75,8 @@ fn wipe_and_rebuild_one_bucket() {
 
     b.wipe().expect("wipe");
     let logs = vec![
-        RecoveryLog { instance: ia, wal: wa, reads: vec![] },
-        RecoveryLog { instance: ib, wal: wb, reads: vec![r] },
+        RecoveryLog { instance: ia, wal: wa, reads: vec![], after_checkpoint: None },
+        RecoveryLog { instance: ib, wal: wb, reads: vec![r], after_checkpoint: None },
     ];
     let p = plan(&cp, &logs, Vec::new());
     let stats = apply(b, &p, &cp.timers).expect("apply");

@@ -373,6 +373,12 @@ impl StoreClient {
         self.wal_since_checkpoint = 0;
     }
 
+    /// Updates logged since the last checkpoint (more than the log holds if some were pushed
+    /// out of it).
+    pub fn wal_since_checkpoint(&self) -> usize {
+        self.wal_since_checkpoint
+    }
+
     /// Whether the write-ahead log holds less than half of its capacity of updates made since
     /// the last checkpoint. A store rebuild needs all of them: past the capacity the oldest
     /// are gone, so the owner of the store should checkpoint before (the COE engine does).

@@ -327,13 +327,12 @@ impl Shard {
         let k = (tag.clock, vertex, tag.seq);
         if self.log.insert(k, result).is_none() {
             self.log_order.entry(tag.clock.root()).or_default().push_back(k);
-        }
-        let prev = self.ts.insert(client, tag.clock);
-        if prev.is_none_or(|p| p < tag.clock) {
+            // The instance's last update applied, in the order applied: not the greatest clock,
+            // since clocks need not grow along an instance's log (several roots; a root that
+            // restarted past its persisted clock while older packets were in flight; replays).
+            // A duplicate changes nothing, so it does not move the vector either.
+            self.ts.insert(client, tag.clock);
             self.ts_cache = None;
-        } else if let Some(p) = prev {
-            // Keep the latest clock per instance.
-            self.ts.insert(client, p);
         }
     }
 

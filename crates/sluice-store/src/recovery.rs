@@ -62,6 +62,10 @@ pub struct RecoveryLog {
     pub wal: Vec<WalEntry>,
     /// Its reads of shared values since the checkpoint, in the order it made them.
     pub reads: Vec<ReadRecord>,
+    /// Where in `wal` the updates made after the checkpoint start, when the caller knows
+    /// (it flushed before the checkpoint, so everything before was in it). `None`: found from
+    /// the checkpoint's TS vector, which assumes each clock appears once in the log.
+    pub after_checkpoint: Option<usize>,
 }
 
 /// What to load into the replacement store.
@@ -154,9 +158,6 @@ fn cut(wal: &[WalEntry], who: InstanceId, ts: &[(InstanceId, Clock)]) -> usize {
     }
 }
 
-/// (clock, instance, log index, WAL position): orders the replay deterministically.
-type ReplayOrder = (Clock, InstanceId, usize, usize);
-
 /// Plans the rebuild of a store instance from its last `checkpoint` and the NF instances'
 /// `logs` (reads since the checkpoint, WALs of shared-state updates). Per shared key K:
 /// - if some instance read K since the checkpoint, [`select_ts`] picks one of those reads
@@ -169,6 +170,19 @@ type ReplayOrder = (Clock, InstanceId, usize, usize);
 /// cached by their owners) are taken as they are, and their keys are never re-executed even
 /// if a WAL mentions them.
 pub fn plan(checkpoint: &Checkpoint, logs: &[RecoveryLog], per_flow: Vec<(StoreKey, Value)>) -> RebuildPlan {
+    plan_in_order(checkpoint, logs, per_flow, &|e| (0, e.tag.clock))
+}
+
+/// [`plan`], with the re-executed updates in an order the caller ranks: each instance's updates
+/// keep their log order (the order the store applied them), and the instances' logs are merged
+/// by `rank` (e.g. chain-entry time and clock: with several roots clocks alone do not say which
+/// packet entered first).
+pub fn plan_in_order(
+    checkpoint: &Checkpoint,
+    logs: &[RecoveryLog],
+    per_flow: Vec<(StoreKey, Value)>,
+    rank: &dyn Fn(&WalEntry) -> (u64, Clock),
+) -> RebuildPlan {
     let per_flow_keys: BTreeSet<StoreKey> = per_flow.iter().map(|(k, _)| *k).collect();
     let wals: Vec<(InstanceId, &[WalEntry])> = logs.iter().map(|l| (l.instance, l.wal.as_slice())).collect();
     let at_checkpoint: BTreeMap<StoreKey, &Value> = checkpoint.values.iter().map(|(k, v)| (*k, v)).collect();
@@ -179,7 +193,7 @@ pub fn plan(checkpoint: &Checkpoint, logs: &[RecoveryLog], per_flow: Vec<(StoreK
     }
     let mut ts: BTreeMap<InstanceId, Clock> = checkpoint.ts.iter().copied().collect();
     let mut values: BTreeMap<StoreKey, Value> = BTreeMap::new();
-    let mut replay: Vec<(ReplayOrder, InstanceId, WalEntry)> = Vec::new();
+    let mut replay: Vec<(usize, usize, WalEntry)> = Vec::new();
     // Each log's entries and reads by key, and where each log starts after the checkpoint:
     // one pass over the logs instead of one per key.
     let mut entries_of: HashMap<StoreKey, Vec<(usize, usize)>> = HashMap::new();
@@ -192,7 +206,8 @@ pub fn plan(checkpoint: &Checkpoint, logs: &[RecoveryLog], per_flow: Vec<(StoreK
             reads_of.entry(r.key).or_default().push(r);
         }
     }
-    let after_checkpoint: Vec<usize> = logs.iter().map(|l| cut(&l.wal, l.instance, &checkpoint.ts)).collect();
+    let after_checkpoint: Vec<usize> =
+        logs.iter().map(|l| l.after_checkpoint.unwrap_or_else(|| cut(&l.wal, l.instance, &checkpoint.ts))).collect();
     for key in keys.iter().filter(|k| !per_flow_keys.contains(k)) {
         let reads: &[&ReadRecord] = reads_of.get(key).map_or(&[], Vec::as_slice);
         let chosen = select_ts(reads, &wals).and_then(|i| reads.get(i).copied());
@@ -214,17 +229,40 @@ pub fn plan(checkpoint: &Checkpoint, logs: &[RecoveryLog], per_flow: Vec<(StoreK
         for &(li, pos) in entries_of.get(key).map_or(&[][..], Vec::as_slice) {
             let (Some(l), Some(&f)) = (logs.get(li), from.get(li)) else { continue };
             if let (true, Some(e)) = (pos >= f, l.wal.get(pos)) {
-                replay.push(((e.tag.clock, l.instance, li, pos), l.instance, e.clone()));
+                replay.push((li, pos, e.clone()));
             }
         }
     }
     values.extend(per_flow);
-    replay.sort_by_key(|r| r.0);
     RebuildPlan {
         values: values.into_iter().collect(),
-        replay: replay.into_iter().map(|(_, who, e)| (who, e)).collect(),
+        replay: merge(logs, replay, rank),
         ts: ts.into_iter().collect(),
     }
+}
+
+/// Orders the updates to re-execute (log index, position, entry): each log's in log order,
+/// the logs merged by `rank` of their next update (ties: the lower log index).
+fn merge(
+    logs: &[RecoveryLog],
+    mut picked: Vec<(usize, usize, WalEntry)>,
+    rank: &dyn Fn(&WalEntry) -> (u64, Clock),
+) -> Vec<(InstanceId, WalEntry)> {
+    picked.sort_by_key(|(li, pos, _)| (*li, *pos));
+    let mut streams: Vec<std::collections::VecDeque<WalEntry>> = vec![Default::default(); logs.len()];
+    for (li, _, e) in picked {
+        if let Some(s) = streams.get_mut(li) {
+            s.push_back(e);
+        }
+    }
+    let mut out = Vec::new();
+    loop {
+        let next = streams.iter().enumerate().filter_map(|(li, s)| s.front().map(|e| (rank(e), li))).min();
+        let Some((_, li)) = next else { break };
+        let (Some(e), Some(l)) = (streams.get_mut(li).and_then(|s| s.pop_front()), logs.get(li)) else { break };
+        out.push((l.instance, e));
+    }
+    out
 }
 
 /// One instance's connection to the rebuilt store.
@@ -390,10 +428,10 @@ mod tests {
         assert_eq!(select_ts(&[&r27, &r18, &r19], &reversed), Some(1));
 
         let logs = vec![
-            RecoveryLog { instance: i1, wal: w1, reads: vec![] },
-            RecoveryLog { instance: i2, wal: vec![], reads: vec![r27] },
-            RecoveryLog { instance: i3, wal: w3, reads: vec![r18] },
-            RecoveryLog { instance: i4, wal: w4, reads: vec![r19] },
+            RecoveryLog { instance: i1, wal: w1, reads: vec![], after_checkpoint: None },
+            RecoveryLog { instance: i2, wal: vec![], reads: vec![r27], after_checkpoint: None },
+            RecoveryLog { instance: i3, wal: w3, reads: vec![r18], after_checkpoint: None },
+            RecoveryLog { instance: i4, wal: w4, reads: vec![r19], after_checkpoint: None },
         ];
         let p = plan(&cp, &logs, Vec::new());
         assert_eq!(p.values, vec![(k, Value::Int(101))], "starts from R18's value");
@@ -435,9 +473,19 @@ mod tests {
             timers: Vec::new(),
         };
         let logs = vec![
-            RecoveryLog { instance: i1, wal: vec![upd(10, k, 1), upd(12, k, 2), upd(13, born, 5)], reads: vec![] },
-            RecoveryLog { instance: i3, wal: vec![upd(8, k, 4), upd(14, k, 8), upd(15, flow, 9)], reads: vec![] },
-            RecoveryLog { instance: i4, wal: vec![upd(11, k, 16)], reads: vec![] },
+            RecoveryLog {
+                instance: i1,
+                wal: vec![upd(10, k, 1), upd(12, k, 2), upd(13, born, 5)],
+                reads: vec![],
+                after_checkpoint: None,
+            },
+            RecoveryLog {
+                instance: i3,
+                wal: vec![upd(8, k, 4), upd(14, k, 8), upd(15, flow, 9)],
+                reads: vec![],
+                after_checkpoint: None,
+            },
+            RecoveryLog { instance: i4, wal: vec![upd(11, k, 16)], reads: vec![], after_checkpoint: None },
         ];
         let p = plan(&cp, &logs, vec![(flow, Value::Int(42))]);
         assert_eq!(p.values, vec![(k, Value::Int(100)), (kept, Value::Int(7)), (flow, Value::Int(42))]);
@@ -520,8 +568,8 @@ mod tests {
 
         store.wipe().expect("wipe");
         let logs = vec![
-            RecoveryLog { instance: ia, wal: wa, reads: vec![] },
-            RecoveryLog { instance: ib, wal: wb, reads: vec![r] },
+            RecoveryLog { instance: ia, wal: wa, reads: vec![], after_checkpoint: None },
+            RecoveryLog { instance: ib, wal: wb, reads: vec![r], after_checkpoint: None },
         ];
         let p = plan(&cp, &logs, Vec::new());
         assert_eq!(p.replay.len(), 2, "B's read covers clocks 1-4: {:?}", p.replay);
@@ -620,8 +668,13 @@ mod tests {
 
         store.wipe().expect("wipe");
         let logs = vec![
-            RecoveryLog { instance: ia, wal: a.wal().iter().cloned().collect(), reads: vec![] },
-            RecoveryLog { instance: ib, wal: b.wal().iter().cloned().collect(), reads: vec![read_b] },
+            RecoveryLog { instance: ia, wal: a.wal().iter().cloned().collect(), reads: vec![], after_checkpoint: None },
+            RecoveryLog {
+                instance: ib,
+                wal: b.wal().iter().cloned().collect(),
+                reads: vec![read_b],
+                after_checkpoint: None,
+            },
         ];
         assert_eq!(logs.iter().map(|l| l.wal.len()).sum::<usize>(), 8, "every increment is in a WAL");
         let p = plan(&cp, &logs, Vec::new());

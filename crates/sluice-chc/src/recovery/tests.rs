@@ -13,7 +13,7 @@ fn entry(object: u16, clock: u64) -> WalEntry {
 }
 
 fn log(instance: u32, wal: Vec<WalEntry>) -> RecoveryLog {
-    RecoveryLog { instance: InstanceId(instance), wal, reads: Vec::new() }
+    RecoveryLog { instance: InstanceId(instance), wal, reads: Vec::new(), after_checkpoint: None }
 }
 
 #[test]
@@ -58,7 +58,7 @@ fn per_flow_values_come_from_instances_and_deleted_ones_stay_gone() {
     let mut logs = vec![log(1, vec![WalEntry { key: key(1, 1), ..entry(1, 4) }])];
     // The instance holds flow 1 at 9 and knows flow 2 was deleted.
     let per_flow = vec![(key(1, 1), Some(Value::Int(9))), (key(1, 2), None)];
-    let p = rebuild_plan(&cp, &mut logs, per_flow, &decls);
+    let p = rebuild_plan(&cp, &mut logs, per_flow, &decls, &|_| 0);
     assert!(p.replay.is_empty(), "per-flow updates are not re-executed");
     assert!(p.values.contains(&(key(1, 1), Value::Int(9))));
     assert!(p.values.contains(&(key(0, 1), Value::Int(5))));

@@ -88,8 +88,7 @@ impl Engine<'_> {
         let wall = Instant::now();
         let Some(n) = self.node_mut(node) else { return Ok(()) };
         n.alive = false;
-        let mut lost = n.drain_queue();
-        lost.extend(n.gate.drain_held());
+        let lost = n.drain();
         let (vertex, index, flows) = (n.vertex, n.index, n.gate.flows().clone());
         for p in &lost {
             // The copy is gone; its updates are re-done by the replay.
@@ -274,17 +273,19 @@ impl Engine<'_> {
             if let Some(c) = client(&mut n.inst) {
                 let reads =
                     c.reads().iter().map(|r| ReadRecord { key: r.key, value: r.value.clone(), ts: r.ts.clone() });
-                logs.push(RecoveryLog {
-                    instance: c.id(),
-                    wal: c.wal().iter().cloned().collect(),
-                    reads: reads.collect(),
-                });
+                let wal: Vec<_> = c.wal().iter().cloned().collect();
+                // Every instance flushed before the checkpoint: what it logged before is in it.
+                let after_checkpoint = Some(wal.len().saturating_sub(c.wal_since_checkpoint()));
+                logs.push(RecoveryLog { instance: c.id(), wal, reads: reads.collect(), after_checkpoint });
                 per_flow.extend(c.per_flow_values());
             }
         }
         let checkpoint = self.checkpoint.clone().unwrap_or_default();
         let decls: Vec<_> = self.vertices.iter().map(|v| v.decls.clone()).collect();
-        let plan = rebuild_plan(&checkpoint, &mut logs, per_flow, &decls);
+        let multi_root = self.root.roots() > 1;
+        let root = &self.root;
+        let entry_time = |c| if multi_root { root.entry_time(c) } else { 0 };
+        let plan = rebuild_plan(&checkpoint, &mut logs, per_flow, &decls, &entry_time);
         self.backend.wipe().map_err(store_err)?;
         // Custom operations first: re-executed updates may use them.
         self.reregister_custom_ops()?;

@@ -1,10 +1,11 @@
 //! How a packet travels in the driver: admitted by the root, routed, placed by a splitter,
 //! queued or held by an instance's gate, served in batches, and handed on or out.
 
-use super::{client, store_err, Engine, EngineError, Item, Leaving, Node};
+use super::{client, store_err, Engine, EngineError, Item, Leaving, Node, Queued};
 use crate::observed::Decision;
 use crate::reference::drop_decision;
 use sluice_chc::gate::Dequeue;
+use sluice_chc::order::OrderKey;
 use sluice_chc::root::Admission;
 use sluice_chc::NodeId;
 use sluice_nf::{Instance, Verdict};
@@ -126,25 +127,37 @@ impl Engine<'_> {
         self.enqueue(place.node, pkt, at, key);
     }
 
-    fn enqueue(&mut self, node: NodeId, pkt: Packet, at: u64, key: u64) {
+    pub(super) fn enqueue(&mut self, node: NodeId, pkt: Packet, at: u64, key: u64) {
         let Some(n) = self.nodes.get_mut(node.0).filter(|n| n.alive) else {
             self.root.copy_finished(&pkt);
             return;
         };
+        n.pending.add(sluice_chc::order::OrderKey::of(&pkt.meta, self.root.roots()));
         if let Some(pkt) = n.gate.arrive(key, pkt) {
             let at = n.released.get(&key).map_or(at, |r| at.max(*r));
             n.insert(at, Item::Packet(pkt));
         }
     }
 
-    /// Serves one batch at `node`.
-    pub(super) fn serve(&mut self, node: NodeId) -> Result<(), EngineError> {
-        let Some(start) = self.node(node).and_then(|n| n.queue.front().map(|q| n.busy_until.max(q.at))) else {
-            return Ok(());
+    /// Serves one batch at `node`; whether anything happened (an order-sensitive instance
+    /// whose next packet must wait does nothing).
+    pub(super) fn serve(&mut self, node: NodeId) -> Result<bool, EngineError> {
+        let Some(n) = self.node(node) else { return Ok(false) };
+        let Some(front) = n.queue.front().map(|q| n.busy_until.max(q.at)) else { return Ok(false) };
+        let ordered = self.vertices.get(n.vertex).is_some_and(|v| v.ordered);
+        let (batch, barrier, suppressed, start) = if ordered {
+            let (batch, suppressed, at) = self.take_in_order(node);
+            (batch, None, suppressed, front.max(at).max(self.now))
+        } else {
+            let (batch, barrier, suppressed) = self.take_batch(node, front);
+            (batch, barrier, suppressed, front)
         };
-        let (batch, barrier) = self.take_batch(node, start);
+        let progress = suppressed || !batch.is_empty() || barrier.is_some();
         let mut t = start;
         if !batch.is_empty() {
+            if ordered {
+                self.advance_siblings(node, &batch)?;
+            }
             let twin = self.twin_of(node);
             if let Some(tw) = twin.and_then(|tw| self.nodes.get_mut(tw.0)) {
                 // The twin's updates reach the store before this instance reads what they touched.
@@ -159,35 +172,40 @@ impl Engine<'_> {
             }
         }
         if let Some(n) = self.node_mut(node) {
-            n.busy_until = t;
+            n.busy_until = n.busy_until.max(t);
         }
         if let Some(m) = barrier {
             self.barrier_passed(m)?;
         }
-        Ok(())
+        Ok(progress)
     }
 
     /// Takes the packets ready at `start` from `node`'s queue, up to a batch or a barrier;
-    /// duplicates are suppressed where they arrive, in arrival order.
-    fn take_batch(&mut self, node: NodeId, start: u64) -> (Vec<Packet>, Option<sluice_chc::moves::MoveId>) {
+    /// duplicates are suppressed where they arrive, in arrival order. Returns the batch, the
+    /// barrier reached, and whether any packet was suppressed.
+    fn take_batch(&mut self, node: NodeId, start: u64) -> (Vec<Packet>, Option<sluice_chc::moves::MoveId>, bool) {
         let suppress = self.cfg.switches.duplicate_suppression;
+        let roots = self.root.roots();
         let (mut batch, mut barrier, mut suppressed) = (Vec::new(), None, Vec::new());
-        let Some(n) = self.nodes.get_mut(node.0) else { return (batch, barrier) };
-        let Some(vx) = self.vertices.get(n.vertex) else { return (batch, barrier) };
+        let Some(n) = self.nodes.get_mut(node.0) else { return (batch, barrier, false) };
+        let Some(vx) = self.vertices.get(n.vertex) else { return (batch, barrier, false) };
         let is_clone = vx.splitter.straggler_of(node).is_some();
         let id = n.inst.id();
         while batch.len() < self.cfg.batch && n.queue.front().is_some_and(|q| q.at <= start) {
             let Some(q) = n.queue.pop_front() else { break };
             match q.item {
-                Item::Packet(p) => match n.gate.dequeue(&p, id, is_clone, &vx.decided, suppress) {
-                    Dequeue::Suppress => suppressed.push(p),
-                    Dequeue::Process { duplicate } => {
-                        if duplicate {
-                            *self.report.stats.duplicate_packets.entry(vx.plan.name.to_string()).or_default() += 1;
+                Item::Packet(p) => {
+                    n.pending.remove(OrderKey::of(&p.meta, roots));
+                    match n.gate.dequeue(&p, id, is_clone, &vx.decided, suppress) {
+                        Dequeue::Suppress => suppressed.push(p),
+                        Dequeue::Process { duplicate } => {
+                            if duplicate {
+                                *self.report.stats.duplicate_packets.entry(vx.plan.name.to_string()).or_default() += 1;
+                            }
+                            batch.push(p);
                         }
-                        batch.push(p);
                     }
-                },
+                }
                 Item::Barrier(m) => {
                     barrier = Some(m);
                     break;
@@ -198,7 +216,80 @@ impl Engine<'_> {
         for p in &suppressed {
             self.root.copy_finished(p);
         }
-        (batch, barrier)
+        (batch, barrier, !suppressed.is_empty())
+    }
+
+    /// An order-sensitive instance takes its packets in entry order: duplicates are dropped
+    /// first, and the next packet only once nothing earlier can still reach the vertex (queued
+    /// or held at it or at any vertex leading to it). Returns a batch of at most one packet,
+    /// whether any was suppressed, and when the packet taken arrived.
+    fn take_in_order(&mut self, node: NodeId) -> (Vec<Packet>, bool, u64) {
+        let suppress = self.cfg.switches.duplicate_suppression;
+        let roots = self.root.roots();
+        let Some(v) = self.node(node).map(|n| n.vertex) else { return (Vec::new(), false, 0) };
+        let mut suppressed = false;
+        loop {
+            let least = self.least_pending(v);
+            let Some(n) = self.nodes.get_mut(node.0) else { break };
+            let Some(vx) = self.vertices.get(v) else { break };
+            let keyed = n.queue.iter().enumerate().filter_map(|(i, q)| match &q.item {
+                Item::Packet(p) => Some((OrderKey::of(&p.meta, roots), i)),
+                Item::Barrier(_) => None,
+            });
+            let Some((key, i)) = keyed.min() else { break };
+            let is_clone = vx.splitter.straggler_of(node).is_some();
+            let id = n.inst.id();
+            let Some(Item::Packet(p)) = n.queue.get(i).map(|q| &q.item) else { break };
+            let verdict = n.gate.peek(p, id, is_clone, &vx.decided, suppress);
+            if matches!(verdict, Dequeue::Process { .. }) && least.is_some_and(|l| l < key) {
+                break;
+            }
+            let Some(Queued { at, item: Item::Packet(p) }) = n.queue.remove(i) else { break };
+            n.pending.remove(key);
+            match n.gate.dequeue(&p, id, is_clone, &vx.decided, suppress) {
+                Dequeue::Suppress => {
+                    suppressed = true;
+                    self.report.stats.duplicates_suppressed += 1;
+                    self.root.copy_finished(&p);
+                }
+                Dequeue::Process { duplicate } => {
+                    if duplicate {
+                        *self.report.stats.duplicate_packets.entry(vx.plan.name.to_string()).or_default() += 1;
+                    }
+                    return (vec![p], suppressed, at);
+                }
+            }
+        }
+        (Vec::new(), suppressed, 0)
+    }
+
+    /// The least entry-order key queued or held at vertex `v` or at any vertex leading to it.
+    fn least_pending(&self, v: usize) -> Option<OrderKey> {
+        let vx = self.vertices.get(v)?;
+        let places: Vec<usize> = std::iter::once(v).chain(vx.upstream.iter().copied()).collect();
+        self.nodes.iter().filter(|n| n.alive && places.contains(&n.vertex)).filter_map(|n| n.pending.least()).min()
+    }
+
+    /// Before an order-sensitive vertex processes a packet, every instance of it reaches the
+    /// packet's time, so the timers due by then fire first, as in the logical NF.
+    fn advance_siblings(&mut self, node: NodeId, batch: &[Packet]) -> Result<(), EngineError> {
+        let Some(last) = batch.last() else { return Ok(()) };
+        let (ts, clock) = (last.meta.ts_ns, last.meta.clock);
+        let Some(v) = self.node(node).map(|n| n.vertex) else { return Ok(()) };
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            if i == node.0 || !n.alive || n.vertex != v {
+                continue;
+            }
+            n.inst.begin_batch();
+            n.inst.advance_time(ts, clock);
+            n.inst.end_batch();
+            for e in n.inst.take_events() {
+                let input = self.root.input_of(e.clock).unwrap_or(u64::MAX);
+                let (vertex, kind, subject, detail) = (e.nf.clone(), e.kind.to_string(), e.subject, e.detail);
+                self.report.observed.decisions.push(Decision { input, vertex, kind, subject, detail });
+            }
+        }
+        Ok(())
     }
 
     /// The other instance of a clone trial `node` is part of, while both run.

@@ -54,6 +54,7 @@ use rand_chacha::ChaCha8Rng;
 use sluice_chc::gate::{Decided, Gate};
 use sluice_chc::manager::Trials;
 use sluice_chc::moves::{MoveId, Moves};
+use sluice_chc::order::Pending;
 use sluice_chc::root::{Root, RootConfig};
 use sluice_chc::splitter::{reachability, Splitter};
 use sluice_chc::NodeId;
@@ -94,6 +95,12 @@ struct Node {
     /// passed at the end of a batch that is still being served in virtual time; later packets
     /// of the flow queue behind the released ones.
     released: HashMap<u64, u64>,
+    /// Entry-order keys of the packets queued or held here (what an order-sensitive vertex
+    /// downstream, or this one, waits for).
+    pending: Pending,
+    /// An order-sensitive instance whose next packet must wait for an earlier one elsewhere:
+    /// not served until something else happens.
+    blocked: bool,
 }
 
 impl Node {
@@ -110,6 +117,8 @@ impl Node {
             processed: 0,
             busy_ns: 0,
             released: HashMap::new(),
+            pending: Pending::default(),
+            blocked: false,
         }
     }
 
@@ -119,15 +128,19 @@ impl Node {
         self.queue.insert(pos, Queued { at, item });
     }
 
-    /// Empties the queue: the packets in it (barriers dropped).
-    fn drain_queue(&mut self) -> Vec<Packet> {
-        self.queue
+    /// Empties the queue and the holds: every packet still here (barriers dropped).
+    fn drain(&mut self) -> Vec<Packet> {
+        let mut out: Vec<Packet> = self
+            .queue
             .drain(..)
             .filter_map(|q| match q.item {
                 Item::Packet(p) => Some(p),
                 Item::Barrier(_) => None,
             })
-            .collect()
+            .collect();
+        out.extend(self.gate.drain_held());
+        self.pending.clear();
+        out
     }
 }
 
@@ -147,6 +160,10 @@ struct Vertex {
     reaches: Vec<bool>,
     /// During a clone trial: per flow, when the last of its packets processed here leaves.
     flow_out: HashMap<u64, u64>,
+    /// The NF needs chain-entry order across flows (`InputOrder::Clock`).
+    ordered: bool,
+    /// The vertices that lead to this one (itself excluded).
+    upstream: Vec<usize>,
 }
 
 /// A packet leaving the chain.
@@ -239,8 +256,14 @@ impl<'a> Engine<'a> {
                 decls: Vec::new(),
                 reaches,
                 flow_out: HashMap::new(),
+                ordered: false,
+                upstream: Vec::new(),
             })
             .collect();
+        let reach: Vec<Vec<bool>> = vertices.iter().map(|v| v.reaches.clone()).collect();
+        for (v, vx) in vertices.iter_mut().enumerate() {
+            vx.upstream = (0..reach.len()).filter(|&u| u != v && reach[u].get(v) == Some(&true)).collect();
+        }
         let mut nodes = Vec::new();
         let mut members: Vec<Vec<NodeId>> = vec![Vec::new(); vertices.len()];
         for (vi, mut inst) in plan.instances {
@@ -248,6 +271,7 @@ impl<'a> Engine<'a> {
                 if v.decls.is_empty() {
                     v.decls = inst.nf().state_objects().to_vec();
                 }
+                v.ordered = inst.nf().input_order() == sluice_nf::InputOrder::Clock;
             }
             if let Some(m) = members.get_mut(vi) {
                 m.push(NodeId(nodes.len()));
@@ -306,6 +330,7 @@ impl<'a> Engine<'a> {
         let mut next_input = 0usize;
         let mut next_fault = 0usize;
         let mut events = 0u64;
+        let mut stalls = 0u32;
         loop {
             let t_in = if next_input < packets.len() { next_input as u64 * self.cfg.arrival_ns } else { u64::MAX };
             let (t_node, node) = self.next_node();
@@ -315,16 +340,18 @@ impl<'a> Engine<'a> {
                     if let Some((_, p)) = self.late_deletes.pop_front() {
                         self.root.copy_left(&p);
                     }
+                    self.unblock();
                     continue;
                 }
             }
             if t_in == u64::MAX && t_node == u64::MAX {
-                if self.settle_end()? {
+                if self.settle_end(&mut stalls)? {
                     break;
                 }
                 continue;
             }
             if t_in <= t_node {
+                stalls = 0;
                 self.now = self.now.max(t_in);
                 let Some(pkt) = packets.get(next_input) else { break };
                 self.admit(next_input as u64, pkt)?;
@@ -338,9 +365,15 @@ impl<'a> Engine<'a> {
                     self.apply(count, &ev.action)?;
                 }
                 self.periodic(count)?;
+                self.unblock();
             } else {
                 self.now = self.now.max(t_node);
-                self.serve(node)?;
+                if self.serve(node)? {
+                    stalls = 0;
+                    self.unblock();
+                } else if let Some(n) = self.node_mut(node) {
+                    n.blocked = true;
+                }
             }
             events += 1;
             if events.is_multiple_of(64) {
@@ -354,7 +387,7 @@ impl<'a> Engine<'a> {
     fn next_node(&self) -> (u64, NodeId) {
         let mut best = (u64::MAX, NodeId(usize::MAX));
         for (i, n) in self.nodes.iter().enumerate() {
-            if !n.alive {
+            if !n.alive || n.blocked {
                 continue;
             }
             if let Some(q) = n.queue.front() {
@@ -367,13 +400,19 @@ impl<'a> Engine<'a> {
         best
     }
 
-    /// Input is over and every queue is empty: wait for what is still held to be released.
-    /// Returns whether the run is complete.
-    fn settle_end(&mut self) -> Result<bool, EngineError> {
+    /// Input is over and no queue can be served: wait for what is still held to be released.
+    /// Returns whether the run is complete. `stalls` counts calls without progress in between:
+    /// order-sensitive instances that stay blocked with nothing else to do are a deadlock.
+    fn settle_end(&mut self, stalls: &mut u32) -> Result<bool, EngineError> {
         self.collect_commits();
         self.check_replay_done();
         // The replay's end may have just released held packets into queues: serve them.
         if self.nodes.iter().any(|n| n.alive && !n.queue.is_empty()) {
+            *stalls += 1;
+            if *stalls > 3 {
+                return Err(EngineError::Store("order-sensitive instances wait for each other (deadlock)".into()));
+            }
+            self.unblock();
             return Ok(false);
         }
         let held: usize = self.nodes.iter().filter(|n| n.alive).map(|n| n.gate.held()).sum();
@@ -391,6 +430,13 @@ impl<'a> Engine<'a> {
             return Ok(false);
         }
         Err(EngineError::Store("a flow move never completed: its barrier was lost".into()))
+    }
+
+    /// Something happened: blocked instances look again.
+    fn unblock(&mut self) {
+        for n in &mut self.nodes {
+            n.blocked = false;
+        }
     }
 
     fn node(&self, n: NodeId) -> Option<&Node> {

@@ -73,6 +73,9 @@ impl Engine<'_> {
             ..Episode::default()
         });
         let tag = self.report.episodes.len() - 1;
+        if self.cfg.switches.move_protocol && self.vertices.get(v).is_some_and(|x| x.ordered) {
+            return self.hand_over(tag, from, to, &keys, retire_from);
+        }
         let m = Move { from, to, keys, retire_from, tag };
         match self.moves.start(m.clone(), self.cfg.switches.move_protocol) {
             MoveStart::Switched => {
@@ -93,6 +96,71 @@ impl Engine<'_> {
                 }
                 self.move_started.insert(id, (Instant::now(), now));
             }
+        }
+        Ok(())
+    }
+
+    /// A flow move at an order-sensitive vertex: the old instance hands the moved flows'
+    /// packets it has not processed yet to the new one, flushes, and the new one serves them
+    /// (the first of each flow marked `FIRST`) after the old one's last output of the flow.
+    /// Waiting for a barrier behind packets of other flows could deadlock with the entry order
+    /// (an earlier packet of a moved flow held at the new instance, the barrier behind a later
+    /// one at the old). Same guarantees as the barrier: nothing lost, per-flow order kept.
+    fn hand_over(
+        &mut self,
+        tag: usize,
+        from: NodeId,
+        to: NodeId,
+        keys: &[u64],
+        retire: bool,
+    ) -> Result<(), EngineError> {
+        let wall = Instant::now();
+        let roots = self.root.roots();
+        let Some(split) = self.node(from).and_then(|n| self.vertices.get(n.vertex)).map(|v| v.plan.split.clone())
+        else {
+            return Ok(());
+        };
+        let moved: std::collections::HashSet<u64> = keys.iter().copied().collect();
+        let is_moved = |p: &sluice_packet::Packet| moved.contains(&sluice_runtime::plan::split_key(p, &split));
+        let now = self.now;
+        let Some(n) = self.nodes.get_mut(from.0) else { return Ok(()) };
+        let (mut stolen, mut kept) = (Vec::new(), std::collections::VecDeque::new());
+        for q in n.queue.drain(..) {
+            match q.item {
+                Item::Packet(p) if is_moved(&p) => stolen.push(p),
+                item => kept.push_back(Queued { at: q.at, item }),
+            }
+        }
+        n.queue = kept;
+        stolen.extend(n.gate.take_held(is_moved));
+        for p in &stolen {
+            n.pending.remove(sluice_chc::order::OrderKey::of(&p.meta, roots));
+        }
+        // Steps 5-6: the old instance's updates are at the store before anyone reads them.
+        n.inst.state().flush().map_err(store_err)?;
+        n.gate.forget_flows(keys);
+        let after = now.max(n.busy_until);
+        self.collect_commits();
+        let mut first = std::collections::HashSet::new();
+        for mut p in stolen {
+            let key = sluice_runtime::plan::split_key(&p, &split);
+            if first.insert(key) {
+                p.meta.flags.insert(sluice_packet::MetaFlags::FIRST);
+            }
+            if let Some(n) = self.node_mut(to) {
+                n.released.insert(key, after);
+            }
+            self.enqueue(to, p, after, key);
+        }
+        if let Some(n) = self.node_mut(to) {
+            n.gate.add_flows(keys);
+        }
+        if let Some(ep) = self.report.episodes.get_mut(tag) {
+            ep.wall_us = wall.elapsed().as_secs_f64() * 1e6;
+            ep.detail = "handed over with their queued packets (order-sensitive NF)".into();
+        }
+        if retire {
+            self.retire(from)?;
         }
         Ok(())
     }
@@ -166,7 +234,7 @@ impl Engine<'_> {
         // Its acknowledged updates count for the XOR check before it goes.
         n.inst.state().take_commits(&mut self.commits);
         n.alive = false;
-        let leftover = n.drain_queue();
+        let leftover = n.drain();
         let v = n.vertex;
         if let Some(vx) = self.vertices.get_mut(v) {
             vx.splitter.end_trial(node);
@@ -321,6 +389,12 @@ impl Engine<'_> {
         }
         if let Some(c) = self.node_mut(keep).and_then(|n| client(&mut n.inst)) {
             c.track_written(false);
+        }
+        // The twins took turns on flows until now: the one kept emits a flow's next packet only
+        // after the retired one's last.
+        let drop_busy = self.node(drop).map_or(0, |n| n.busy_until);
+        if let Some(n) = self.node_mut(keep) {
+            n.busy_until = n.busy_until.max(drop_busy);
         }
         self.retire(drop)?;
         let (kept, other) = if kept_clone { (("clone", c), ("original", s)) } else { (("original", s), ("clone", c)) };
