@@ -12,6 +12,19 @@
 use sluice_packet::{Clock, InstanceId, MetaFlags, Packet};
 use std::collections::{HashMap, HashSet};
 
+/// What happens to a packet that reaches an instance.
+#[derive(Debug, Clone)]
+pub enum Arrival {
+    /// Queue it.
+    Queue(Packet),
+    /// Held (for a replay or a flow move); nothing to do now.
+    Held,
+    /// A live copy of a packet the root's replay towards this instance also carries: the replay
+    /// copy does its work, so this copy is done now (holding it would hold up order-sensitive
+    /// vertices behind a packet that will never be processed).
+    Covered(Packet),
+}
+
 /// What happens to a packet taken from an instance's queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dequeue {
@@ -38,6 +51,8 @@ pub struct Gate {
     /// Flows (split keys) this instance has received: what it reports to a recovering root,
     /// and which flows move when it is removed.
     flows: HashSet<u64>,
+    /// Clocks the root replayed towards this instance.
+    covered: HashSet<Clock>,
 }
 
 impl Gate {
@@ -47,18 +62,27 @@ impl Gate {
         Gate { recovering, ..Gate::default() }
     }
 
-    /// `pkt` of flow `key` reaches the instance: `Some` to queue it, `None` if it is held.
-    pub fn arrive(&mut self, key: u64, pkt: Packet) -> Option<Packet> {
+    /// `pkt` of flow `key` reaches the instance.
+    pub fn arrive(&mut self, key: u64, pkt: Packet) -> Arrival {
         self.flows.insert(key);
+        let live = !pkt.meta.flags.contains(MetaFlags::REPLAYED);
         if let Some(h) = self.move_held.get_mut(&key) {
             h.push(pkt);
-            return None;
+            return Arrival::Held;
         }
-        if self.recovering && !pkt.meta.flags.contains(MetaFlags::REPLAYED) {
+        if self.recovering && live {
+            if self.covered.contains(&pkt.meta.clock) {
+                return Arrival::Covered(pkt);
+            }
             self.held.push(pkt);
-            return None;
+            return Arrival::Held;
         }
-        Some(pkt)
+        Arrival::Queue(pkt)
+    }
+
+    /// The root replays `clocks` towards this instance.
+    pub fn cover(&mut self, clocks: impl IntoIterator<Item = Clock>) {
+        self.covered.extend(clocks);
     }
 
     /// `pkt` is taken from the queue of instance `id` of a vertex that has already processed
@@ -79,14 +103,14 @@ impl Gate {
     /// What [`Gate::dequeue`] would decide for `pkt`, without taking it.
     pub fn peek(&self, pkt: &Packet, id: InstanceId, is_clone: bool, decided: &Decided, suppress: bool) -> Dequeue {
         let clock = pkt.meta.clock;
-        let to_target = pkt.meta.flags.contains(MetaFlags::REPLAYED) && pkt.meta.target.is_some();
+        let to_target = pkt.meta.replay_target().is_some();
         let first_here = !self.seen.contains(&clock);
         // Processed by another instance of the vertex already: its effects are in the store,
         // and processing it again would read later state.
         let elsewhere = decided.contains(clock);
         // A clone's replay need not redo what its straggler did (the store has it), and the
         // target of a replay drops a clock it processed already; upstream of it the copy passes.
-        let at_target = to_target && pkt.meta.target == Some(id);
+        let at_target = pkt.meta.replay_target() == Some(id);
         if suppress && ((elsewhere && (!to_target || is_clone)) || (!first_here && (!to_target || at_target))) {
             return Dequeue::Suppress;
         }
@@ -101,6 +125,7 @@ impl Gate {
     /// The replay drained: the held live packets, in arrival order, to queue.
     pub fn end_recovery(&mut self) -> Vec<Packet> {
         self.recovering = false;
+        self.covered.clear();
         std::mem::take(&mut self.held)
     }
 

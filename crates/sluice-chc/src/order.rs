@@ -54,6 +54,12 @@ impl Pending {
         self.keys.keys().next().copied()
     }
 
+    /// The least key waiting here that `counts` (e.g. not a clock the vertex processed already,
+    /// whose copy will be dropped as a duplicate rather than processed).
+    pub fn least_where(&self, mut counts: impl FnMut(OrderKey) -> bool) -> Option<OrderKey> {
+        self.keys.keys().copied().find(|k| counts(*k))
+    }
+
     /// Nothing waits here.
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
@@ -97,6 +103,7 @@ mod tests {
         p.add(k(3));
         p.add(k(3));
         assert_eq!(p.least(), Some(k(3)));
+        assert_eq!(p.least_where(|x| x != k(3)), Some(k(5)));
         p.remove(k(3));
         assert_eq!(p.least(), Some(k(3)));
         p.remove(k(3));

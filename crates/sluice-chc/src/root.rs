@@ -124,6 +124,8 @@ pub struct Root {
     /// Per clock: the input packet number and its entry time.
     clock_input: HashMap<Clock, (u64, u64)>,
     replays_in_flight: HashMap<Clock, u32>,
+    /// Replay copies travelling, by the instance their replay is aimed at.
+    replays_to: HashMap<InstanceId, u32>,
     last_clock: Clock,
     deleted: Vec<Clock>,
     stats: RootStats,
@@ -138,6 +140,7 @@ impl Root {
             log: BTreeMap::new(),
             clock_input: HashMap::new(),
             replays_in_flight: HashMap::new(),
+            replays_to: HashMap::new(),
             last_clock: Clock::default(),
             deleted: Vec::new(),
             stats: RootStats::default(),
@@ -201,6 +204,9 @@ impl Root {
         }
         if pkt.meta.flags.contains(MetaFlags::REPLAYED) {
             *self.replays_in_flight.entry(pkt.meta.clock).or_default() += 1;
+            if let Some(t) = pkt.meta.target {
+                *self.replays_to.entry(t).or_default() += 1;
+            }
         }
     }
 
@@ -208,7 +214,7 @@ impl Root {
     /// not used): fold its XOR vector in, delete the entry if nothing else is pending.
     pub fn copy_finished(&mut self, pkt: &Packet) {
         let clock = pkt.meta.clock;
-        if pkt.meta.flags.contains(MetaFlags::REPLAYED) && self.replay_copy_gone(clock) {
+        if pkt.meta.flags.contains(MetaFlags::REPLAYED) && self.replay_copy_gone(pkt) {
             // The replay applied every update along its path with blocking, tagged operations:
             // whatever the lost copy left uncommitted is committed now.
             if let Some(e) = self.log.get_mut(&clock) {
@@ -237,12 +243,21 @@ impl Root {
             e.refs = e.refs.saturating_sub(1);
         }
         if pkt.meta.flags.contains(MetaFlags::REPLAYED) {
-            self.replay_copy_gone(pkt.meta.clock);
+            self.replay_copy_gone(pkt);
         }
     }
 
-    /// One replay copy of `clock` is gone; whether it was the last.
-    fn replay_copy_gone(&mut self, clock: Clock) -> bool {
+    /// One replay copy is gone; whether it was the last of its clock.
+    fn replay_copy_gone(&mut self, pkt: &Packet) -> bool {
+        if let Some(t) = pkt.meta.target {
+            if let Some(n) = self.replays_to.get_mut(&t) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.replays_to.remove(&t);
+                }
+            }
+        }
+        let clock = pkt.meta.clock;
         let Some(n) = self.replays_in_flight.get_mut(&clock) else { return false };
         *n = n.saturating_sub(1);
         if *n == 0 {
@@ -298,6 +313,19 @@ impl Root {
         }
         self.stats.replayed += copies.len() as u64;
         copies
+    }
+
+    /// The clocks with replay copies travelling, and how many (diagnostics).
+    pub fn replays_travelling(&self) -> Vec<(Clock, u32)> {
+        let mut v: Vec<_> = self.replays_in_flight.iter().map(|(c, n)| (*c, *n)).collect();
+        v.sort();
+        v
+    }
+
+    /// No copy of a replay aimed at `target` is travelling any more: the instance has what the
+    /// log held when its replay started, and may serve the live packets it held.
+    pub fn replay_drained_to(&self, target: InstanceId) -> bool {
+        !self.replays_to.contains_key(&target)
     }
 
     /// No replayed copy is travelling any more.

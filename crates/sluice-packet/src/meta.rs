@@ -70,6 +70,9 @@ impl MetaFlags {
     /// A replay of a packet the root knows has already left the chain (it is replayed to redo
     /// state updates that were not committed): its output is dropped at the chain's egress.
     pub const EMITTED: MetaFlags = MetaFlags(8);
+    /// A replay copy that has passed its target instance: downstream it is subject to duplicate
+    /// suppression like any packet, while the root still knows which replay it belongs to.
+    pub const REACHED: MetaFlags = MetaFlags(16);
 
     /// Whether every flag in `other` is set.
     pub fn contains(self, other: MetaFlags) -> bool {
@@ -159,4 +162,12 @@ pub struct Meta {
     pub ingress_ns: u64,
     /// Interface or input port the packet came in on.
     pub in_port: u16,
+}
+
+impl Meta {
+    /// The instance a replay copy is on its way to, until it has passed it.
+    pub fn replay_target(&self) -> Option<InstanceId> {
+        let on_way = self.flags.contains(MetaFlags::REPLAYED) && !self.flags.contains(MetaFlags::REACHED);
+        self.target.filter(|_| on_way)
+    }
 }

@@ -20,13 +20,16 @@ const OTHER: InstanceId = InstanceId(0x0002_0000);
 #[test]
 fn a_recovering_instance_holds_live_packets_until_the_replay_drains() {
     let mut g = Gate::new(true);
-    assert!(g.arrive(7, live(5)).is_none());
-    assert!(g.arrive(7, replay(1, ME)).is_some(), "replay copies pass");
+    g.cover([Clock::new(0, 1), Clock::new(0, 2)]);
+    assert!(matches!(g.arrive(7, live(5)), Arrival::Held));
+    assert!(matches!(g.arrive(7, replay(1, ME)), Arrival::Queue(_)), "replay copies pass");
+    assert!(matches!(g.arrive(7, live(2)), Arrival::Covered(_)), "the replay carries clock 2");
     assert_eq!(g.held(), 1);
     let held = g.end_recovery();
     assert_eq!(held.len(), 1);
     assert_eq!(held[0].meta.clock, Clock::new(0, 5));
-    assert!(g.arrive(7, live(6)).is_some());
+    assert!(matches!(g.arrive(7, live(6)), Arrival::Queue(_)));
+    assert!(matches!(g.arrive(7, live(2)), Arrival::Queue(_)), "after the replay: dequeue suppresses it");
     assert!(g.flows().contains(&7));
 }
 
@@ -34,14 +37,14 @@ fn a_recovering_instance_holds_live_packets_until_the_replay_drains() {
 fn a_moved_flow_is_held_then_released_with_its_first_packet_marked() {
     let mut g = Gate::new(false);
     g.hold_flows(&[3]);
-    assert!(g.arrive(3, live(1)).is_none());
-    assert!(g.arrive(3, live(2)).is_none());
-    assert!(g.arrive(4, live(3)).is_some(), "other flows are not held");
+    assert!(matches!(g.arrive(3, live(1)), Arrival::Held));
+    assert!(matches!(g.arrive(3, live(2)), Arrival::Held));
+    assert!(matches!(g.arrive(4, live(3)), Arrival::Queue(_)), "other flows are not held");
     let out = g.release_flow(3);
     assert_eq!(out.len(), 2);
     assert!(out[0].meta.flags.contains(MetaFlags::FIRST));
     assert!(!out[1].meta.flags.contains(MetaFlags::FIRST));
-    assert!(g.arrive(3, live(4)).is_some());
+    assert!(matches!(g.arrive(3, live(4)), Arrival::Queue(_)));
 }
 
 #[test]

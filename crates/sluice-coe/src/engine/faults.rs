@@ -147,6 +147,11 @@ impl Engine<'_> {
     ) {
         let copies = self.root.replay_to(target);
         let replayed = copies.len() as u64;
+        let clocks: Vec<_> = copies.iter().map(|(_, p)| p.meta.clock).collect();
+        let node = self.nodes.iter_mut().rev().find(|n| n.alive && n.inst.id() == target);
+        if let Some(n) = node {
+            n.gate.cover(clocks);
+        }
         for (input, pkt) in copies {
             self.enter(input, pkt);
         }
@@ -160,7 +165,7 @@ impl Engine<'_> {
             detail,
             ..Episode::default()
         });
-        self.replay_episodes.push((self.report.episodes.len() - 1, self.now));
+        self.replay_episodes.push((self.report.episodes.len() - 1, self.now, target));
     }
 
     /// Re-arms, in a replacement, the timers its predecessor had armed (from the store's copy).
@@ -176,21 +181,25 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// Releases recovering nodes once no replayed copy is travelling.
+    /// Releases a recovering node once no copy of the replay aimed at it is travelling.
     pub(super) fn check_replay_done(&mut self) {
-        if !self.root.replay_drained() {
-            return;
-        }
         let now = self.now;
         for n in self.nodes.iter_mut().filter(|n| n.alive && n.gate.recovering()) {
+            if !self.root.replay_drained_to(n.inst.id()) {
+                continue;
+            }
             for p in n.gate.end_recovery() {
                 n.queue.push_back(super::Queued { at: now, item: Item::Packet(p) });
             }
         }
-        if !self.replay_episodes.is_empty() {
+        let root = &self.root;
+        let (done, waiting): (Vec<_>, Vec<_>) =
+            self.replay_episodes.drain(..).partition(|(_, _, target)| root.replay_drained_to(*target));
+        self.replay_episodes = waiting;
+        if !done.is_empty() {
             self.checkpoint_due = true;
         }
-        for (e, started) in self.replay_episodes.drain(..) {
+        for (e, started, _) in done {
             if let Some(ep) = self.report.episodes.get_mut(e) {
                 ep.virtual_us = now.saturating_sub(started) as f64 / 1e3;
             }

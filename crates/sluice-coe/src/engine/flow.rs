@@ -4,7 +4,7 @@
 use super::{client, store_err, Engine, EngineError, Item, Leaving, Node, Queued};
 use crate::observed::Decision;
 use crate::reference::drop_decision;
-use sluice_chc::gate::Dequeue;
+use sluice_chc::gate::{Arrival, Dequeue};
 use sluice_chc::order::OrderKey;
 use sluice_chc::root::Admission;
 use sluice_chc::NodeId;
@@ -66,7 +66,7 @@ impl Engine<'_> {
 
     /// A packet leaves the chain at `at`.
     fn leave(&mut self, pkt: Packet, at: u64) {
-        if pkt.meta.flags.contains(MetaFlags::REPLAYED) && pkt.meta.target.is_some() {
+        if pkt.meta.replay_target().is_some() {
             // A replay copy that never met its target has nothing to deliver.
             self.root.copy_finished(&pkt);
             return;
@@ -96,8 +96,8 @@ impl Engine<'_> {
             Target::Output => return self.leave(pkt, at),
             Target::Vertex(v) => v,
         };
-        let replayed = pkt.meta.flags.contains(MetaFlags::REPLAYED) && pkt.meta.target.is_some();
-        if let Some(t) = pkt.meta.target.filter(|_| replayed) {
+        let replayed = pkt.meta.replay_target().is_some();
+        if let Some(t) = pkt.meta.replay_target() {
             // Duplicate upstream processing is limited to the path towards the replay's
             // target: elsewhere the copy would make NFs that already processed this clock
             // run again against later state, for no output anyone needs.
@@ -132,10 +132,18 @@ impl Engine<'_> {
             self.root.copy_finished(&pkt);
             return;
         };
-        n.pending.add(sluice_chc::order::OrderKey::of(&pkt.meta, self.root.roots()));
-        if let Some(pkt) = n.gate.arrive(key, pkt) {
-            let at = n.released.get(&key).map_or(at, |r| at.max(*r));
-            n.insert(at, Item::Packet(pkt));
+        let order = OrderKey::of(&pkt.meta, self.root.roots());
+        match n.gate.arrive(key, pkt) {
+            Arrival::Queue(pkt) => {
+                n.pending.add(order);
+                let at = n.released.get(&key).map_or(at, |r| at.max(*r));
+                n.insert(at, Item::Packet(pkt));
+            }
+            Arrival::Held => n.pending.add(order),
+            Arrival::Covered(pkt) => {
+                self.report.stats.duplicates_suppressed += 1;
+                self.root.copy_finished(&pkt);
+            }
         }
     }
 
@@ -264,10 +272,14 @@ impl Engine<'_> {
     }
 
     /// The least entry-order key queued or held at vertex `v` or at any vertex leading to it.
+    /// At `v` itself, copies of clocks it has processed already do not count: they will be
+    /// dropped as duplicates (a replacement or a clone holding a live copy its twin processed).
     fn least_pending(&self, v: usize) -> Option<OrderKey> {
         let vx = self.vertices.get(v)?;
-        let places: Vec<usize> = std::iter::once(v).chain(vx.upstream.iter().copied()).collect();
-        self.nodes.iter().filter(|n| n.alive && places.contains(&n.vertex)).filter_map(|n| n.pending.least()).min()
+        let own = self.nodes.iter().filter(|n| n.alive && n.vertex == v);
+        let own = own.filter_map(|n| n.pending.least_where(|k| !vx.decided.contains(k.clock))).min();
+        let up = self.nodes.iter().filter(|n| n.alive && vx.upstream.contains(&n.vertex));
+        own.into_iter().chain(up.filter_map(|n| n.pending.least())).min()
     }
 
     /// Before an order-sensitive vertex processes a packet, every instance of it reaches the
@@ -351,8 +363,8 @@ impl Engine<'_> {
             }
             // The target of a replay clears its mark: downstream the copy is subject to
             // duplicate suppression like any packet (it stays a replay copy for the root).
-            if pkt.meta.target == Some(n.inst.id()) {
-                pkt.meta.target = None;
+            if pkt.meta.replay_target() == Some(n.inst.id()) {
+                pkt.meta.flags.insert(MetaFlags::REACHED);
             }
             outs.push((pkt, verdict, t, p.record));
         }

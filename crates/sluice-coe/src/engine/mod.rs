@@ -204,8 +204,8 @@ pub struct Engine<'a> {
     latencies: Vec<(u64, u64)>,
     policies: Vec<Policy>,
     trials: Trials,
-    /// Episodes waiting for the replay to drain.
-    replay_episodes: Vec<(usize, u64)>,
+    /// Episodes waiting for their replay to drain: (episode, start, replay target).
+    replay_episodes: Vec<(usize, u64, sluice_packet::InstanceId)>,
     checkpoint: Option<sluice_store::Checkpoint>,
     /// An instance's write-ahead log was lost with it (failover, retirement): checkpoint at
     /// the next opportunity so store recovery never needs it.
@@ -410,6 +410,37 @@ impl<'a> Engine<'a> {
         if self.nodes.iter().any(|n| n.alive && !n.queue.is_empty()) {
             *stalls += 1;
             if *stalls > 3 {
+                if std::env::var("COE_DEBUG").is_ok() {
+                    eprintln!(
+                        "replays travelling: {:?}",
+                        self.root.replays_travelling().iter().take(5).collect::<Vec<_>>()
+                    );
+                    for (i, n) in self.nodes.iter().enumerate().filter(|(_, n)| n.alive) {
+                        let keys: Vec<String> = n
+                            .queue
+                            .iter()
+                            .filter_map(|q| match &q.item {
+                                Item::Packet(p) => Some(format!(
+                                    "{}{}",
+                                    p.meta.clock,
+                                    if p.meta.flags.contains(sluice_packet::MetaFlags::REPLAYED) { "R" } else { "" }
+                                )),
+                                _ => Some("B".into()),
+                            })
+                            .take(8)
+                            .collect();
+                        let _ = i;
+                        eprintln!(
+                            "node {i} v{} rec {} held {} least {:?} queue {:?} replay_drained {}",
+                            n.vertex,
+                            n.gate.recovering(),
+                            n.gate.held(),
+                            n.pending.least(),
+                            keys,
+                            self.root.replay_drained()
+                        );
+                    }
+                }
                 return Err(EngineError::Store("order-sensitive instances wait for each other (deadlock)".into()));
             }
             self.unblock();
