@@ -96,7 +96,12 @@ impl Gate {
         suppress: bool,
     ) -> Dequeue {
         let d = self.peek(pkt, id, is_clone, decided, suppress);
-        self.seen.insert(pkt.meta.clock);
+        // A replay copy passing through on its way to another instance is not this instance's
+        // copy of the packet: the live copy may still come, and must not be taken for a
+        // duplicate of it.
+        if pkt.meta.replay_target().is_none_or(|t| t == id) {
+            self.seen.insert(pkt.meta.clock);
+        }
         d
     }
 
@@ -190,6 +195,16 @@ impl Gate {
     pub fn add_flows(&mut self, keys: &[u64]) {
         self.flows.extend(keys.iter().copied());
     }
+}
+
+/// Whether `pkt`, taken from the queue of instance `id` to be processed, is a replay copy passing
+/// through on its way to another instance while the vertex has not processed its clock yet:
+/// then the live copy (or the copy the replay towards this vertex's own instance carries) is
+/// still to come, and the replay copy waits for it, to pass through as a duplicate whose updates
+/// the store answers from its per-clock log. Processed first, it would apply the packet's updates
+/// to this instance's local copies once, and the live copy a second time.
+pub fn passes_too_early(pkt: &Packet, id: InstanceId, decided: &Decided) -> bool {
+    pkt.meta.replay_target().is_some_and(|t| t != id) && !decided.contains(pkt.meta.clock)
 }
 
 /// The clocks a vertex has processed (at any of its instances): the first processing of a clock

@@ -4,7 +4,7 @@
 use super::{client, store_err, Engine, EngineError, Item, Leaving, Node, Queued};
 use crate::observed::Decision;
 use crate::reference::drop_decision;
-use sluice_chc::gate::{Arrival, Dequeue};
+use sluice_chc::gate::{passes_too_early, Arrival, Dequeue};
 use sluice_chc::order::OrderKey;
 use sluice_chc::root::Admission;
 use sluice_chc::NodeId;
@@ -194,7 +194,7 @@ impl Engine<'_> {
     fn take_batch(&mut self, node: NodeId, start: u64) -> (Vec<Packet>, Option<sluice_chc::moves::MoveId>, bool) {
         let suppress = self.cfg.switches.duplicate_suppression;
         let roots = self.root.roots();
-        let (mut batch, mut barrier, mut suppressed) = (Vec::new(), None, Vec::new());
+        let (mut batch, mut barrier, mut suppressed, mut deferred) = (Vec::new(), None, Vec::new(), Vec::new());
         let Some(n) = self.nodes.get_mut(node.0) else { return (batch, barrier, false) };
         let Some(vx) = self.vertices.get(n.vertex) else { return (batch, barrier, false) };
         let is_clone = vx.splitter.straggler_of(node).is_some();
@@ -206,6 +206,9 @@ impl Engine<'_> {
                     n.pending.remove(OrderKey::of(&p.meta, roots));
                     match n.gate.dequeue(&p, id, is_clone, &vx.decided, suppress) {
                         Dequeue::Suppress => suppressed.push(p),
+                        Dequeue::Process { .. } if suppress && passes_too_early(&p, id, &vx.decided) => {
+                            deferred.push(p)
+                        }
                         Dequeue::Process { duplicate } => {
                             if duplicate {
                                 *self.report.stats.duplicate_packets.entry(vx.plan.name.to_string()).or_default() += 1;
@@ -224,7 +227,9 @@ impl Engine<'_> {
         for p in &suppressed {
             self.root.copy_finished(p);
         }
-        (batch, barrier, !suppressed.is_empty())
+        let waited = !deferred.is_empty();
+        self.defer(node, deferred);
+        (batch, barrier, !suppressed.is_empty() || waited)
     }
 
     /// An order-sensitive instance takes its packets in entry order: duplicates are dropped
@@ -249,7 +254,8 @@ impl Engine<'_> {
             let id = n.inst.id();
             let Some(Item::Packet(p)) = n.queue.get(i).map(|q| &q.item) else { break };
             let verdict = n.gate.peek(p, id, is_clone, &vx.decided, suppress);
-            if matches!(verdict, Dequeue::Process { .. }) && least.is_some_and(|l| l < key) {
+            let early = suppress && passes_too_early(p, id, &vx.decided);
+            if matches!(verdict, Dequeue::Process { .. }) && !early && least.is_some_and(|l| l < key) {
                 break;
             }
             let Some(Queued { at, item: Item::Packet(p) }) = n.queue.remove(i) else { break };
@@ -260,6 +266,10 @@ impl Engine<'_> {
                     self.report.stats.duplicates_suppressed += 1;
                     self.root.copy_finished(&p);
                 }
+                Dequeue::Process { .. } if early => {
+                    suppressed = true;
+                    self.defer(node, vec![p]);
+                }
                 Dequeue::Process { duplicate } => {
                     if duplicate {
                         *self.report.stats.duplicate_packets.entry(vx.plan.name.to_string()).or_default() += 1;
@@ -269,6 +279,15 @@ impl Engine<'_> {
             }
         }
         (Vec::new(), suppressed, 0)
+    }
+
+    /// Replay copies passing through `node` wait until its vertex has processed their clock.
+    fn defer(&mut self, node: NodeId, copies: Vec<Packet>) {
+        let Some(v) = self.node(node).map(|n| n.vertex) else { return };
+        let Some(vx) = self.vertices.get_mut(v) else { return };
+        for p in copies {
+            vx.awaiting.entry(p.meta.clock).or_default().push((node, p));
+        }
     }
 
     /// The least entry-order key queued or held at vertex `v` or at any vertex leading to it.
@@ -321,6 +340,7 @@ impl Engine<'_> {
         let name = vx.plan.name.clone();
         n.inst.begin_batch();
         let mut outs: Vec<(Packet, Verdict, u64, bool)> = Vec::with_capacity(batch.len());
+        let mut released = Vec::new();
         for mut pkt in batch {
             let mut service = self.cfg.service_ns;
             if let Some((lo, hi)) = n.slow {
@@ -339,6 +359,10 @@ impl Engine<'_> {
             let real = pkt.meta.clock;
             let replayed = pkt.meta.flags.contains(MetaFlags::REPLAYED);
             let p = vx.decided.process(real, replayed, suppress);
+            if let Some(w) = vx.awaiting.remove(&real) {
+                // The clock is processed: replay copies waiting for it pass through behind it.
+                released.extend(w.into_iter().map(|(_, p)| p));
+            }
             let before = if p.duplicate { updates_of(&mut n.inst) } else { 0 };
             if !clocks {
                 vx.arrivals += 1;
@@ -370,8 +394,13 @@ impl Engine<'_> {
         }
         n.inst.end_batch();
         let v = n.vertex;
+        let split = vx.plan.split.clone();
         for (pkt, verdict, at, record) in outs {
             self.hand_on(v, pkt, verdict, at, record);
+        }
+        for p in released {
+            let key = split_key(&p, &split);
+            self.enqueue(node, p, t, key);
         }
         Ok(t)
     }

@@ -164,6 +164,9 @@ struct Vertex {
     ordered: bool,
     /// The vertices that lead to this one (itself excluded).
     upstream: Vec<usize>,
+    /// Replay copies passing through that wait for the vertex to process their clock
+    /// (`sluice_chc::gate::passes_too_early`), with the instance they wait at.
+    awaiting: HashMap<sluice_packet::Clock, Vec<(NodeId, Packet)>>,
 }
 
 /// A packet leaving the chain.
@@ -258,6 +261,7 @@ impl<'a> Engine<'a> {
                 flow_out: HashMap::new(),
                 ordered: false,
                 upstream: Vec::new(),
+                awaiting: HashMap::new(),
             })
             .collect();
         let reach: Vec<Vec<bool>> = vertices.iter().map(|v| v.reaches.clone()).collect();
@@ -410,43 +414,27 @@ impl<'a> Engine<'a> {
         if self.nodes.iter().any(|n| n.alive && !n.queue.is_empty()) {
             *stalls += 1;
             if *stalls > 3 {
-                if std::env::var("COE_DEBUG").is_ok() {
-                    eprintln!(
-                        "replays travelling: {:?}",
-                        self.root.replays_travelling().iter().take(5).collect::<Vec<_>>()
-                    );
-                    for (i, n) in self.nodes.iter().enumerate().filter(|(_, n)| n.alive) {
-                        let keys: Vec<String> = n
-                            .queue
-                            .iter()
-                            .filter_map(|q| match &q.item {
-                                Item::Packet(p) => Some(format!(
-                                    "{}{}",
-                                    p.meta.clock,
-                                    if p.meta.flags.contains(sluice_packet::MetaFlags::REPLAYED) { "R" } else { "" }
-                                )),
-                                _ => Some("B".into()),
-                            })
-                            .take(8)
-                            .collect();
-                        let _ = i;
-                        eprintln!(
-                            "node {i} v{} rec {} held {} least {:?} queue {:?} replay_drained {}",
-                            n.vertex,
-                            n.gate.recovering(),
-                            n.gate.held(),
-                            n.pending.least(),
-                            keys,
-                            self.root.replay_drained()
-                        );
-                    }
-                }
+                self.log_waiting();
                 return Err(EngineError::Store("order-sensitive instances wait for each other (deadlock)".into()));
             }
             self.unblock();
             return Ok(false);
         }
         let held: usize = self.nodes.iter().filter(|n| n.alive).map(|n| n.gate.held()).sum();
+        let awaiting: Vec<(NodeId, Packet)> =
+            self.vertices.iter_mut().flat_map(|v| v.awaiting.drain().flat_map(|(_, w)| w)).collect();
+        if !awaiting.is_empty() {
+            // Their clock will not come: they pass through as they are.
+            for (node, p) in awaiting {
+                if let Some(n) = self.nodes.get_mut(node.0).filter(|n| n.alive) {
+                    n.pending.add(sluice_chc::order::OrderKey::of(&p.meta, self.root.roots()));
+                    n.queue.push_back(Queued { at: self.now, item: Item::Packet(p) });
+                } else {
+                    self.root.copy_finished(&p);
+                }
+            }
+            return Ok(false);
+        }
         if held == 0 && !self.moves.busy() {
             return Ok(true);
         }
@@ -461,6 +449,31 @@ impl<'a> Engine<'a> {
             return Ok(false);
         }
         Err(EngineError::Store("a flow move never completed: its barrier was lost".into()))
+    }
+
+    /// What every instance still waits with, when a run cannot finish (at debug level).
+    fn log_waiting(&self) {
+        for (i, n) in self.nodes.iter().enumerate().filter(|(_, n)| n.alive) {
+            let queued: Vec<String> = n
+                .queue
+                .iter()
+                .take(8)
+                .map(|q| match &q.item {
+                    Item::Packet(p) => p.meta.clock.to_string(),
+                    Item::Barrier(_) => "barrier".into(),
+                })
+                .collect();
+            tracing::debug!(
+                node = i,
+                vertex = n.vertex,
+                recovering = n.gate.recovering(),
+                held = n.gate.held(),
+                least = ?n.pending.least(),
+                ?queued,
+                "waiting"
+            );
+        }
+        tracing::debug!(travelling = ?self.root.replays_travelling().iter().take(8).collect::<Vec<_>>(), "replays");
     }
 
     /// Something happened: blocked instances look again.
