@@ -278,6 +278,7 @@ impl Engine<'_> {
         let wall = Instant::now();
         let mut logs = Vec::new();
         let mut per_flow = Vec::new();
+        let mut timers = Vec::new();
         for n in self.nodes.iter_mut().filter(|n| n.alive) {
             if let Some(c) = client(&mut n.inst) {
                 let reads =
@@ -287,6 +288,13 @@ impl Engine<'_> {
                 let after_checkpoint = Some(wal.len().saturating_sub(c.wal_since_checkpoint()));
                 logs.push(RecoveryLog { instance: c.id(), wal, reads: reads.collect(), after_checkpoint });
                 per_flow.extend(c.per_flow_values());
+                // The timers the instance has armed: the rebuilt store's copy (what a
+                // replacement adopts) comes from them, not from the checkpoint, which misses
+                // every timer armed since.
+                let id = c.id();
+                timers.extend(c.armed_timers().into_iter().map(|(o, key, deadline)| {
+                    (sluice_store::StoreKey { vertex: id.vertex(), object: o.0, key }, deadline, id)
+                }));
             }
         }
         let checkpoint = self.checkpoint.clone().unwrap_or_default();
@@ -298,8 +306,8 @@ impl Engine<'_> {
         self.backend.wipe().map_err(store_err)?;
         // Custom operations first: re-executed updates may use them.
         self.reregister_custom_ops()?;
-        let stats =
-            sluice_store::recovery::apply(self.backend.as_ref(), &plan, &checkpoint.timers).map_err(store_err)?;
+        timers.sort();
+        let stats = sluice_store::recovery::apply(self.backend.as_ref(), &plan, &timers).map_err(store_err)?;
         self.mark_in_flight(&logs)?;
         for n in self.nodes.iter_mut().filter(|n| n.alive) {
             let conn = self.backend.connect(n.inst.id()).map_err(store_err)?;

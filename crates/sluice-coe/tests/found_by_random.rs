@@ -1,0 +1,89 @@
+//! Failures random fault schedules found, each reduced to the fewest events that still showed
+//! it, kept as tests (the fix is named in each).
+
+mod common;
+
+use common::*;
+use sluice_coe::engine::{EngineConfig, LogPlace};
+use sluice_coe::schedule::{Action, At, FaultEvent, ScaleTo};
+
+fn http() -> Vec<sluice_packet::Packet> {
+    trace("http_methods.pcap")
+}
+
+fn check(events: Vec<FaultEvent>, packets: &[sluice_packet::Packet], cfg: EngineConfig) {
+    let c = chain(EXAMPLE);
+    let r = run(&c, packets, events, cfg, embedded());
+    assert!(r.equivalent, "{}", r.render());
+    assert_eq!(r.engine.log_left, 0, "everything left the chain committed");
+}
+
+/// A NAT replacement held a live packet while a replay aimed at a portscan clone passed through
+/// it first; the live copy was then dropped as a duplicate, and its output lost. Fix: a replay
+/// copy passing through waits until the vertex has processed its clock.
+#[test]
+fn a_replay_passing_a_recovering_instance_does_not_eat_the_live_copy() {
+    let events = vec![
+        event(At::Packet(160), Action::Slow { vertex: "trojan".into(), instance: 0, delay_us: (7, 11) }),
+        event(At::Packet(279), Action::Crash { vertex: "nat".into(), instance: 0 }),
+        event(At::Percent(56.1), Action::Clone { vertex: "portscan".into(), instance: 1 }),
+    ];
+    check(
+        events,
+        &http(),
+        EngineConfig { checkpoint_every: 500, log_place: LogPlace::Store, ..EngineConfig::default() },
+    );
+}
+
+/// A store rebuilt before the last checkpoint lost the timers armed since it, so a load
+/// balancer that crashed afterwards never expired the connections whose timers its replacement
+/// should have adopted. Fix: a rebuilt store takes its timers from the instances.
+#[test]
+fn timers_survive_a_store_rebuild_and_a_later_crash() {
+    let events = vec![
+        event(At::Packet(120), Action::CrashStore),
+        event(At::Percent(32.9), Action::Crash { vertex: "lb".into(), instance: 0 }),
+    ];
+    check(events, &http(), EngineConfig { checkpoint_every: 500, ..EngineConfig::default() });
+}
+
+/// A clone of a portscan replacement still recovering: each held live packets the other had
+/// processed, and the order-sensitive vertex waited for them (a deadlock). Fix: a vertex skips
+/// its own duplicates when it looks for earlier packets, and each instance waits only for its
+/// own replay.
+#[test]
+fn a_clone_of_a_recovering_order_sensitive_instance_does_not_deadlock() {
+    let events = vec![
+        event(At::Packet(19), Action::Crash { vertex: "portscan".into(), instance: 0 }),
+        event(At::Packet(23), Action::Clone { vertex: "portscan".into(), instance: 0 }),
+        event(At::Packet(85), Action::Clone { vertex: "trojan".into(), instance: 0 }),
+        event(At::Percent(34.5), Action::Scale { vertex: "nat".into(), to: ScaleTo::Exactly(1) }),
+        event(At::Percent(52.2), Action::Clone { vertex: "trojan".into(), instance: 0 }),
+        event(At::Packet(375), Action::Slow { vertex: "portscan".into(), instance: 1, delay_us: (3, 15) }),
+        event(At::Packet(397), Action::CrashStore),
+        event(At::Percent(79.1), Action::Slow { vertex: "trojan".into(), instance: 0, delay_us: (1, 19) }),
+    ];
+    let cfg = EngineConfig {
+        roots: 3,
+        log_place: LogPlace::Store,
+        async_delete: true,
+        checkpoint_every: 500,
+        ..EngineConfig::default()
+    };
+    check(events, &http(), cfg);
+}
+
+/// A live packet delayed in a slow NAT reached a portscan clone after the clone's replay had
+/// started: held, it made the replay copies behind it wait, and the replay never drained. Fix:
+/// a live copy the replay towards an instance also carries is done on arrival.
+#[test]
+fn a_late_live_copy_does_not_hold_up_a_clones_replay() {
+    let events = vec![
+        event(At::Packet(61), Action::Scale { vertex: "lb".into(), to: ScaleTo::By(3) }),
+        event(At::Percent(40.7), Action::Slow { vertex: "trojan".into(), instance: 0, delay_us: (0, 0) }),
+        event(At::Packet(463), Action::Slow { vertex: "nat".into(), instance: 1, delay_us: (1, 3) }),
+        event(At::Percent(91.8), Action::Clone { vertex: "portscan".into(), instance: 0 }),
+    ];
+    let cfg = EngineConfig { roots: 3, async_delete: true, checkpoint_every: 500, ..EngineConfig::default() };
+    check(events, &http(), cfg);
+}
