@@ -86,16 +86,21 @@ impl Gate {
     }
 
     /// `pkt` is taken from the queue of instance `id` of a vertex that has already processed
-    /// the clocks in `decided`. `is_clone`: this instance is a straggler's clone on trial.
+    /// the clocks in `decided`. `skip_done`: a replay copy aimed at this instance whose clock the
+    /// vertex processed already is skipped, its effects being in the store — for a straggler's
+    /// clone (the straggler flushed when the clone started) and for a replacement when the
+    /// root knows the clock's updates are committed. Re-running the NF on such a packet would
+    /// read state later packets have changed since (a connection closed and expired since, say)
+    /// and could act on it again.
     pub fn dequeue(
         &mut self,
         pkt: &Packet,
         id: InstanceId,
-        is_clone: bool,
+        skip_done: bool,
         decided: &Decided,
         suppress: bool,
     ) -> Dequeue {
-        let d = self.peek(pkt, id, is_clone, decided, suppress);
+        let d = self.peek(pkt, id, skip_done, decided, suppress);
         // A replay copy passing through on its way to another instance is not this instance's
         // copy of the packet: the live copy may still come, and must not be taken for a
         // duplicate of it.
@@ -106,17 +111,19 @@ impl Gate {
     }
 
     /// What [`Gate::dequeue`] would decide for `pkt`, without taking it.
-    pub fn peek(&self, pkt: &Packet, id: InstanceId, is_clone: bool, decided: &Decided, suppress: bool) -> Dequeue {
+    pub fn peek(&self, pkt: &Packet, id: InstanceId, skip_done: bool, decided: &Decided, suppress: bool) -> Dequeue {
         let clock = pkt.meta.clock;
         let to_target = pkt.meta.replay_target().is_some();
         let first_here = !self.seen.contains(&clock);
         // Processed by another instance of the vertex already: its effects are in the store,
         // and processing it again would read later state.
         let elsewhere = decided.contains(clock);
-        // A clone's replay need not redo what its straggler did (the store has it), and the
+        // A replay need not redo what the vertex did whose effects are in the store, and the
         // target of a replay drops a clock it processed already; upstream of it the copy passes.
         let at_target = pkt.meta.replay_target() == Some(id);
-        if suppress && ((elsewhere && (!to_target || is_clone)) || (!first_here && (!to_target || at_target))) {
+        if suppress
+            && ((elsewhere && (!to_target || (at_target && skip_done))) || (!first_here && (!to_target || at_target)))
+        {
             return Dequeue::Suppress;
         }
         Dequeue::Process { duplicate: !first_here && !to_target }

@@ -369,6 +369,12 @@ impl Root {
         r
     }
 
+    /// Whether every update made for `clock` so far is committed: its entry's XOR vector folds
+    /// to zero (or a replay redid them); a clock no longer logged is done.
+    pub fn committed(&self, clock: Clock) -> bool {
+        self.log.get(&clock).is_none_or(|e| e.xor == 0 || e.replayed)
+    }
+
     /// Whether `clock` is still in the log.
     pub fn is_logged(&self, clock: Clock) -> bool {
         self.log.contains_key(&clock)

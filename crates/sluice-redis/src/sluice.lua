@@ -449,9 +449,9 @@ local function advance(h, thex, bound)
     local e = entry(h, string.sub(m, 17))
     local f = redis.call('HMGET', e.m, 'd', 'w', 'o')
     if f[1] == d then
-      redis.call('HDEL', e.m, 'd', 'w')
+      -- It stays armed until its owner cancels it, in the batch that carries its expiry's
+      -- updates: an owner that fails first leaves it for its replacement to adopt.
       notify(h, f[3] or f[2], 'T' .. e.k)
-      cleanup(e)
     end
   end
 end

@@ -347,10 +347,12 @@ impl Shard {
             }
             self.timers.pop();
             let Some(e) = self.entries.get_mut(&key) else { continue };
-            // Stale heap entries (re-armed or cancelled timers) do not match.
+            // Stale heap entries (re-armed or cancelled timers) do not match. A timer that
+            // fired stays armed until its owner cancels it, which it does in the same batch as
+            // the updates its expiry made: an owner that fails before that batch arrives leaves
+            // the timer for its replacement to adopt and fire again.
             if let Some((d, owner)) = e.timer {
                 if d == deadline {
-                    e.timer = None;
                     let to = e.owner.unwrap_or(owner);
                     self.notify(to, Notification::TimerFired { key });
                 }

@@ -204,7 +204,8 @@ impl Engine<'_> {
             match q.item {
                 Item::Packet(p) => {
                     n.pending.remove(OrderKey::of(&p.meta, roots));
-                    match n.gate.dequeue(&p, id, is_clone, &vx.decided, suppress) {
+                    let skip_done = is_clone || self.root.committed(p.meta.clock);
+                    match n.gate.dequeue(&p, id, skip_done, &vx.decided, suppress) {
                         Dequeue::Suppress => suppressed.push(p),
                         Dequeue::Process { .. } if suppress && passes_too_early(&p, id, &vx.decided) => {
                             deferred.push(p)
@@ -253,14 +254,15 @@ impl Engine<'_> {
             let is_clone = vx.splitter.straggler_of(node).is_some();
             let id = n.inst.id();
             let Some(Item::Packet(p)) = n.queue.get(i).map(|q| &q.item) else { break };
-            let verdict = n.gate.peek(p, id, is_clone, &vx.decided, suppress);
+            let skip_done = is_clone || self.root.committed(p.meta.clock);
+            let verdict = n.gate.peek(p, id, skip_done, &vx.decided, suppress);
             let early = suppress && passes_too_early(p, id, &vx.decided);
             if matches!(verdict, Dequeue::Process { .. }) && !early && least.is_some_and(|l| l < key) {
                 break;
             }
             let Some(Queued { at, item: Item::Packet(p) }) = n.queue.remove(i) else { break };
             n.pending.remove(key);
-            match n.gate.dequeue(&p, id, is_clone, &vx.decided, suppress) {
+            match n.gate.dequeue(&p, id, skip_done, &vx.decided, suppress) {
                 Dequeue::Suppress => {
                     suppressed = true;
                     self.report.stats.duplicates_suppressed += 1;
