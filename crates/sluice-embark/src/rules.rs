@@ -147,10 +147,12 @@ fn collect_ranges(nfs: &[NfSpec]) -> Result<(Vec<(u128, u128)>, Vec<(u128, u128)
                 }
             }
             "ids" | "passthrough" => {}
-            other => return Err(EmbarkError::BadRule(format!(
+            other => {
+                return Err(EmbarkError::BadRule(format!(
                 "{}: NF type `{other}` cannot run on Embark traffic (supported: firewall, nat, lb, ids, passthrough)",
                 nf.name
-            ))),
+            )))
+            }
         }
     }
     Ok((addrs, ports))
