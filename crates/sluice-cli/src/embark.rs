@@ -280,7 +280,11 @@ fn bench(input: &PathBuf, repeat: usize) -> Result<()> {
             encrypted = out;
         }
         let s = median(r);
-        println!("encrypt {label}: {:.3} Mpps, {:.2} Gbit/s", packets.len() as f64 / s / 1e6, bytes as f64 * 8.0 / s / 1e9);
+        println!(
+            "encrypt {label}: {:.3} Mpps, {:.2} Gbit/s",
+            packets.len() as f64 / s / 1e6,
+            bytes as f64 * 8.0 / s / 1e9
+        );
     }
     let gw = Gateway::new(&key, state.clone())?;
     let mut r = Vec::new();
@@ -318,7 +322,12 @@ fn bench(input: &PathBuf, repeat: usize) -> Result<()> {
             }
             *slot = median(r);
         }
-        println!("{kind}: plaintext {:.3} Mpps, ciphertext {:.3} Mpps, ratio {:.3}", rates[0], rates[1], rates[1] / rates[0]);
+        println!(
+            "{kind}: plaintext {:.3} Mpps, ciphertext {:.3} Mpps, ratio {:.3}",
+            rates[0],
+            rates[1],
+            rates[1] / rates[0]
+        );
     }
     Ok(())
 }

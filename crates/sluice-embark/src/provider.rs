@@ -219,7 +219,7 @@ pub fn compare(
                     }
                 }
             }
-            (Outcome::Drop { nf, reason }, _) if &got == &want => {
+            (Outcome::Drop { nf, reason }, _) if got == want => {
                 *c.dropped.entry(format!("{nf}: {reason}")).or_default() += 1;
             }
             _ => diff(&mut c, i, format!("plaintext {want:?}, encrypted {got:?}")),

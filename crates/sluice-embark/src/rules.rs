@@ -54,6 +54,9 @@ fn bad(nf: &str, field: &str, m: impl std::fmt::Display) -> EmbarkError {
     EmbarkError::BadRule(format!("{nf}: {field}: {m}"))
 }
 
+/// An inclusive range of values.
+type Range = (u128, u128);
+
 /// An address prefix as an inclusive range of 128-bit values (`None`: any).
 fn cidr_range(s: &str) -> Result<Option<(u128, u128)>, String> {
     let s = s.trim();
@@ -101,7 +104,7 @@ fn port_range(v: Option<&Value>) -> Result<Option<(u128, u128)>, String> {
 }
 
 /// A load balancer VIP: `ip`, `ip:port`, `[v6]:port`, `prefix`, `prefix@port`, `prefix@lo-hi`.
-fn vip_ranges(s: &str) -> Result<(Option<(u128, u128)>, Option<(u128, u128)>), String> {
+fn vip_ranges(s: &str) -> Result<(Option<Range>, Option<Range>), String> {
     if let Some((a, p)) = s.split_once('@') {
         return Ok((cidr_range(a)?, port_range(Some(&Value::String(p.into())))?));
     }
@@ -117,7 +120,7 @@ fn str_list<'a>(cfg: &'a Value, key: &str) -> Vec<&'a str> {
 }
 
 /// Everything the interval maps must cut at.
-fn collect_ranges(nfs: &[NfSpec]) -> Result<(Vec<(u128, u128)>, Vec<(u128, u128)>), EmbarkError> {
+fn collect_ranges(nfs: &[NfSpec]) -> Result<(Vec<Range>, Vec<Range>), EmbarkError> {
     let (mut addrs, mut ports) = (Vec::new(), Vec::new());
     for nf in nfs {
         let c = &nf.config;

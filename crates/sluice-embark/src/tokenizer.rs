@@ -92,11 +92,11 @@ impl Tokenizer {
         }
         let flags = pkt.hdr().tcp_flags;
         let payload = pkt.payload();
-        if !self.flows.contains_key(&fk) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.flows.entry(fk) {
             if flags.rst() || (payload.is_empty() && !flags.syn()) {
                 return None;
             }
-            self.flows.insert(fk, new_flow(now));
+            slot.insert(new_flow(now));
         }
         if flags.rst() {
             self.flows.remove(&fk);
