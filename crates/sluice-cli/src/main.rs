@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_store;
+mod embark;
 mod ports;
 mod verify;
 
@@ -76,6 +77,8 @@ enum Command {
     /// fault schedule (crashes, scaling, flow moves, stragglers) and compare outputs,
     /// decisions and final state. Exit 0 if and only if they are equivalent.
     Verify(verify::VerifyArgs),
+    /// NFs over encrypted traffic (Embark): keygen, encrypt-rules, gateway, run, bench.
+    Embark(embark::EmbarkArgs),
 }
 
 #[derive(Args)]
@@ -279,6 +282,11 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::cmd_bench(a).map_err(fail(exit::FAILED)),
         Command::BenchStore(a) => bench_store::cmd_bench_store(a).map_err(fail(exit::FAILED)),
         Command::Verify(a) => verify::cmd_verify(a),
+        Command::Embark(a) => match embark::cmd(a) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::from(4),
+            Err(e) => Err(fail(exit::FAILED)(e)),
+        },
         Command::Nfs => {
             for (name, about) in sluice_nfs::registry().types() {
                 println!("{name:<12} {about}");

@@ -621,7 +621,11 @@ impl NetworkFunction for Ids {
 }
 
 /// Builds an instance from its config.
-pub fn build(config: &serde_yaml::Value, _ctx: &mut BuildCtx<'_>) -> Result<Box<dyn NetworkFunction>, NfError> {
+pub fn build(config: &serde_yaml::Value, ctx: &mut BuildCtx<'_>) -> Result<Box<dyn NetworkFunction>, NfError> {
+    // Rules encrypted by an Embark gateway select the encrypted mode.
+    if config.get("encrypted").is_some() {
+        return crate::ids_enc::build(config, ctx);
+    }
     let c: Config = parse_config(config)?;
     Ok(Box::new(Ids::new(&c)?))
 }

@@ -66,7 +66,7 @@
 //!   lb:
 //!     type: lb
 //!     config:
-//!       vips: ["203.0.113.10:80", "203.0.113.10:443"]   # "ip" or "ip:port"; empty: every destination
+//!       vips: ["203.0.113.10:80", "203.0.113.10:443"]   # "ip", "ip:port", "net/len", "net/len@80-90"; empty: all
 //!       backends: [10.1.0.1, 10.1.0.2, "10.1.0.3:8080"]  # "ip" or "ip:port"
 //!       timeout: 300                                     # idle timeout, seconds
 //!       linger: 10                                       # mapping kept after close, seconds
@@ -79,7 +79,7 @@
 //! 300 s, `linger` 10 s, `policy: least_connections`, so `type: lb` works out of the box in
 //! tests and demos. All backends and VIPs must be of one IP family.
 
-use crate::util::{parse_config, parse_endpoint, NS_PER_S};
+use crate::util::{parse_config, parse_endpoint, Cidr, NS_PER_S};
 use serde::Deserialize;
 use sluice_nf::{
     AccessPattern, BuildCtx, CustomOp, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl, StateError,
@@ -151,7 +151,7 @@ impl Default for LbConfig {
 
 /// The load balancer. Holds only its validated configuration.
 pub struct LbNf {
-    vips: Vec<(IpAddr, Option<u16>)>,
+    vips: Vec<Vip>,
     backends: Vec<(IpAddr, Option<u16>)>,
     timeout_ns: u64,
     linger_ns: u64,
@@ -164,6 +164,39 @@ pub struct LbNf {
 pub fn build(config: &serde_yaml::Value, _ctx: &mut BuildCtx<'_>) -> Result<Box<dyn NetworkFunction>, NfError> {
     let cfg: LbConfig = parse_config(config)?;
     Ok(Box::new(LbNf::new(&cfg)?))
+}
+
+/// A VIP: `ip`, `ip:port`, `[v6]:port`, a prefix `net/len` (every address in it is a VIP,
+/// as a balancer announcing a whole range does), or `net/len@port` / `net/len@first-last`.
+type Vip = (Cidr, Option<(u16, u16)>);
+
+fn parse_vips(list: &[String]) -> Result<Vec<Vip>, NfError> {
+    let mut out = Vec::with_capacity(list.len());
+    for (i, s) in list.iter().enumerate() {
+        let err = |m: String| NfError::config(format!("vips[{i}]"), m);
+        let vip = if let Some((net, ports)) = s.split_once('@') {
+            let net = Cidr::parse(net).map_err(err)?;
+            let num = |x: &str| x.trim().parse::<u16>().map_err(|_| err(format!("`{s}`: bad port `{x}`")));
+            let (lo, hi) = match ports.split_once('-') {
+                Some((a, b)) => (num(a)?, num(b)?),
+                None => (num(ports)?, num(ports)?),
+            };
+            if lo > hi {
+                return Err(err(format!("`{s}`: port range is inverted")));
+            }
+            (net, Some((lo, hi)))
+        } else if s.contains('/') {
+            (Cidr::parse(s).map_err(err)?, None)
+        } else {
+            let (ip, port) = parse_endpoint(s).map_err(err)?;
+            (Cidr::parse(&ip.to_string()).map_err(err)?, port.map(|p| (p, p)))
+        };
+        if vip.0 == Cidr::Any {
+            return Err(err("`any` is not a VIP (leave `vips` empty to balance everything)".into()));
+        }
+        out.push(vip);
+    }
+    Ok(out)
 }
 
 fn parse_endpoints(field: &str, list: &[String]) -> Result<Vec<(IpAddr, Option<u16>)>, NfError> {
@@ -183,12 +216,12 @@ impl LbNf {
             return Err(NfError::config("backends", "at most 4096 backends are supported"));
         }
         let backends = parse_endpoints("backends", &cfg.backends)?;
-        let vips = parse_endpoints("vips", &cfg.vips)?;
+        let vips = parse_vips(&cfg.vips)?;
         let v4 = backends[0].0.is_ipv4();
         if let Some(i) = backends.iter().position(|b| b.0.is_ipv4() != v4) {
             return Err(NfError::config(format!("backends[{i}]"), "all backends must be of one IP family"));
         }
-        if let Some(i) = vips.iter().position(|b| b.0.is_ipv4() != v4) {
+        if let Some(i) = vips.iter().position(|b| !matches!((b.0, v4), (Cidr::V4(..), true) | (Cidr::V6(..), false))) {
             return Err(NfError::config(format!("vips[{i}]"), "VIPs must be of the backends' IP family"));
         }
         for i in 0..backends.len() {
@@ -232,7 +265,7 @@ impl LbNf {
         if self.vips.is_empty() {
             return ip.is_ipv4() == self.backends[0].0.is_ipv4();
         }
-        self.vips.iter().any(|&(v, p)| v == ip && (p.is_none() || p == Some(port)))
+        self.vips.iter().any(|&(v, p)| v.contains(ip) && p.is_none_or(|(lo, hi)| lo <= port && port <= hi))
     }
 
     /// Whether `ip` is the address of a VIP, whatever its port.
@@ -240,7 +273,7 @@ impl LbNf {
         if self.vips.is_empty() {
             return ip.is_ipv4() == self.backends[0].0.is_ipv4();
         }
-        self.vips.iter().any(|&(v, _)| v == ip)
+        self.vips.iter().any(|&(v, _)| v.contains(ip))
     }
 
     /// The backend's endpoint for a connection whose VIP port is `vport`.

@@ -4,6 +4,7 @@
 
 pub mod firewall;
 pub mod ids;
+pub mod ids_enc;
 pub mod lb;
 pub mod nat;
 pub mod portscan;
