@@ -94,6 +94,10 @@ impl Engine<'_> {
             // The copy is gone; its updates are re-done by the replay.
             self.root.copy_lost(p);
         }
+        // The failed instance's write-ahead log is gone: checkpoint now, so a store rebuild
+        // never needs it (what it had sent is in the store; what it had not, the replay redoes
+        // and the replacement logs).
+        self.take_checkpoint()?;
         // The replacement takes the failed instance's id: the store attaches its per-flow
         // state and timers to it.
         let instances = self.vertices.get(vertex).map_or(1, |v| v.splitter.members().len()) as u16;

@@ -37,7 +37,7 @@ impl Engine<'_> {
         Ok(())
     }
 
-    fn take_checkpoint(&mut self) -> Result<(), EngineError> {
+    pub(super) fn take_checkpoint(&mut self) -> Result<(), EngineError> {
         // Flush so the checkpoint and the clients' logs agree on what it contains.
         for n in self.nodes.iter_mut().filter(|n| n.alive) {
             n.inst.state().flush().map_err(store_err)?;
@@ -243,7 +243,8 @@ impl Engine<'_> {
         for p in leftover {
             self.root.copy_finished(&p);
         }
-        self.checkpoint_due = true;
+        // Its write-ahead log goes with it: checkpoint now, so a store rebuild never needs it.
+        self.take_checkpoint()?;
         self.refresh_sharing(v)
     }
 
