@@ -8,6 +8,7 @@
 //!
 //! * [`root`]: logical clocks, the packet log with reference counts and XOR vectors, delete,
 //!   clock persistence, replay selection, root recovery;
+//! * [`egress`]: duplicate suppression where packets leave the chain;
 //! * [`gate`]: what an instance does with a packet that reaches it (queue, hold while a replay
 //!   drains or a flow move completes, suppress a duplicate) and the vertex-wide record of the
 //!   clocks already processed;
@@ -20,6 +21,7 @@
 //!
 //! The design follows CHC (NSDI'19); docs/ARCHITECTURE.md shows the core between its drivers.
 
+pub mod egress;
 pub mod gate;
 pub mod manager;
 pub mod moves;

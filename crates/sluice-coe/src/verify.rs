@@ -64,8 +64,8 @@ impl VerifyReport {
             e.admitted, e.root_dropped, e.malformed, e.replayed, e.log_peak, e.log_left
         ));
         s.push_str(&format!(
-            "  duplicates: {} suppressed at queues, {} reached the output, {} store updates answered from the per-clock log\n",
-            e.duplicates_suppressed, e.duplicate_outputs, e.store_duplicates
+            "  duplicates: {} suppressed ({} at the egress), {} reached the receiver, {} store updates answered from the per-clock log\n",
+            e.duplicates_suppressed, e.egress_duplicates, e.duplicate_outputs, e.store_duplicates
         ));
         for (v, n) in &e.duplicate_packets {
             let u = e.duplicate_updates.get(v).copied().unwrap_or(0);

@@ -143,8 +143,11 @@ pub struct EngineStats {
     pub duplicate_packets: BTreeMap<String, u64>,
     /// Updates issued while processing duplicate packets, by vertex.
     pub duplicate_updates: BTreeMap<String, u64>,
-    /// Duplicate packets that reached the output.
+    /// Duplicate packets that reached the receiver (duplicate suppression off).
     pub duplicate_outputs: u64,
+    /// Later copies of a clock the chain's egress dropped (a last NF that failed before the
+    /// root's delete re-emits its output after the replay).
+    pub egress_duplicates: u64,
     /// Updates the store recognised as duplicates (answered from its per-clock log).
     pub store_duplicates: u64,
     /// Per vertex, over all its instances: operations that waited for the store, and

@@ -3,6 +3,7 @@
 
 use super::{client, store_err, Engine, EngineError, EngineReport, Leaving};
 use crate::observed::{Decision, OutputRecord, StateEntry};
+use sluice_chc::egress::Egress;
 use std::collections::HashSet;
 
 impl Engine<'_> {
@@ -42,13 +43,17 @@ impl Engine<'_> {
                 *self.report.stats.cache_hits.entry(name).or_default() += s.cache_hits;
             }
         }
-        // The receiver, in arrival order. The chain's egress drops only replays of packets the
-        // root knew had left; anything else the last NF emits twice reaches the receiver twice.
+        // The receiver, in arrival order. The chain's egress drops replays of packets the root
+        // knew had left, and any later copy of a clock (a failure of the last NF before the
+        // root's delete, asynchronous or not, re-emits it). Clocks are never reused, so the
+        // run-long record here drops exactly what the core's egress, forgetting deleted clocks,
+        // would.
         let mut leaving = std::mem::take(&mut self.leaving);
         leaving.sort_by_key(|l| (l.at, l.order));
+        let mut egress = Egress::default();
         let mut out_seen = HashSet::new();
         for Leaving { at, ingress, clock, bytes, emitted, .. } in leaving {
-            if emitted && self.cfg.switches.duplicate_suppression {
+            if self.cfg.switches.duplicate_suppression && (emitted || !egress.pass(clock)) {
                 self.report.stats.duplicates_suppressed += 1;
                 continue;
             }
@@ -75,6 +80,7 @@ impl Engine<'_> {
         self.report.observed.decisions.sort();
         self.report.observed.root_dropped.sort_unstable();
         self.report.observed.state.sort_by(|a, b| (&a.vertex, a.object, a.key).cmp(&(&b.vertex, b.object, b.key)));
+        self.report.stats.egress_duplicates = egress.dropped();
         let rs = self.root.stats();
         self.report.stats.admitted = rs.admitted;
         self.report.stats.root_dropped = rs.log_full;

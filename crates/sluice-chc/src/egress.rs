@@ -1,0 +1,55 @@
+//! The chain's egress: the last place a packet passes before the receiver. A clock reaches it
+//! more than once when a replay re-emits a packet whose first copy already left — after a
+//! failure of the last NF between its output and the root's delete (the asynchronous delete
+//! widens that window), or when the root replays an entry only to redo uncommitted updates.
+//! The egress passes the first copy of each clock and drops later ones. A clock the root has
+//! deleted is never replayed again, so the egress forgets it then; its memory is bounded by the
+//! root's log.
+
+use sluice_packet::Clock;
+use std::collections::HashSet;
+
+/// Duplicate suppression at the chain's exit.
+#[derive(Debug, Clone, Default)]
+pub struct Egress {
+    emitted: HashSet<Clock>,
+    dropped: u64,
+}
+
+impl Egress {
+    /// A copy of `clock` reaches the egress: whether it goes on to the receiver.
+    pub fn pass(&mut self, clock: Clock) -> bool {
+        let first = self.emitted.insert(clock);
+        if !first {
+            self.dropped += 1;
+        }
+        first
+    }
+
+    /// The root deleted `clock`: no copy of it can come again.
+    pub fn forget(&mut self, clock: Clock) {
+        self.emitted.remove(&clock);
+    }
+
+    /// Copies dropped as duplicates.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_copy_of_a_clock_passes_and_later_ones_do_not() {
+        let mut e = Egress::default();
+        let c = Clock::new(0, 7);
+        assert!(e.pass(c));
+        assert!(!e.pass(c));
+        assert!(e.pass(Clock::new(0, 8)));
+        assert_eq!(e.dropped(), 1);
+        e.forget(c);
+        assert!(e.pass(c), "forgotten once the root deleted it");
+    }
+}
