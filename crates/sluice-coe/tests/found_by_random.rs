@@ -87,3 +87,46 @@ fn a_late_live_copy_does_not_hold_up_a_clones_replay() {
     let cfg = EngineConfig { roots: 3, async_delete: true, checkpoint_every: 500, ..EngineConfig::default() };
     check(events, &http(), cfg);
 }
+
+/// Scaling the load balancer in moved the removed instance's connections but not their timers:
+/// the connections never expired. Fix: the new instance takes over the moved flows' timers (and
+/// an instance that goes hands the rest to one that stays).
+#[test]
+fn moved_flows_keep_their_timers() {
+    let events = vec![
+        event(At::Percent(15.0), Action::Scale { vertex: "lb".into(), to: ScaleTo::Exactly(3) }),
+        event(At::Packet(345), Action::Scale { vertex: "lb".into(), to: ScaleTo::Exactly(2) }),
+    ];
+    let cfg = EngineConfig { roots: 3, log_place: LogPlace::Store, checkpoint_every: 500, ..EngineConfig::default() };
+    check(events, &http(), cfg);
+}
+
+/// After a flow move the old instance still held its copy of a moved flow's per-flow state;
+/// a store rebuilt later took that stale copy and brought back an entry the new instance had
+/// deleted. Fix: the old instance drops its copies of the moved flows.
+#[test]
+fn a_store_rebuild_after_a_move_takes_no_stale_copy() {
+    let events = vec![
+        event(At::Percent(56.0), Action::Move { vertex: "portscan".into(), from: 1, to: 0, flows: Some(1254) }),
+        event(At::Packet(3297), Action::CrashStore),
+    ];
+    check(events, &demo(0.05, 12), EngineConfig { checkpoint_every: 500, ..EngineConfig::default() });
+}
+
+/// A store crash a few packets after a NAT crash, while the NAT's replay was still draining:
+/// the rebuild needed the failed NAT's write-ahead log. Fix: checkpoint at the failover.
+#[test]
+fn a_store_crash_right_after_an_nf_crash_is_rebuilt_exactly() {
+    let events = vec![
+        event(At::Percent(50.3), Action::Crash { vertex: "nat".into(), instance: 0 }),
+        event(At::Percent(50.7), Action::CrashStore),
+    ];
+    let cfg = EngineConfig {
+        roots: 3,
+        log_place: LogPlace::Store,
+        async_delete: true,
+        checkpoint_every: 500,
+        ..EngineConfig::default()
+    };
+    check(events, &http(), cfg);
+}

@@ -168,12 +168,24 @@ pub fn split_index(pkt: &Packet, fields: &[HeaderField], n: usize, hasher: &ahas
 /// The symmetric hash of `pkt`'s `fields` (the same for a packet and its reply); `None` for
 /// packets without a 5-tuple.
 fn split_hash(pkt: &Packet, fields: &[HeaderField], hasher: &ahash::RandomState) -> Option<u64> {
-    let t = pkt.tuple()?;
+    Some(tuple_hash(&pkt.tuple()?, fields, hasher))
+}
+
+/// The symmetric hash of a 5-tuple's `fields`.
+fn tuple_hash(t: &sluice_packet::FiveTuple, fields: &[HeaderField], hasher: &ahash::RandomState) -> u64 {
     let mut a = hasher.build_hasher();
     t.hash_fields(fields, &mut a);
     let mut b = hasher.build_hasher();
     t.reversed().hash_fields(fields, &mut b);
-    Some(a.finish().min(b.finish()))
+    a.finish().min(b.finish())
+}
+
+/// The split key of the connection a per-flow state key names (what [`split_key`] gives its
+/// packets); `None` for keys that are not a connection.
+pub fn split_key_of_state(key: &sluice_state::StateKey, fields: &[HeaderField]) -> Option<u64> {
+    let sluice_state::StateKey::Flow(fk) = key else { return None };
+    let t = sluice_packet::FiveTuple { src: fk.a.0, sport: fk.a.1, dst: fk.b.0, dport: fk.b.1, proto: fk.proto };
+    Some(tuple_hash(&t, fields, &split_hasher()))
 }
 
 /// What a splitter partitioning on `fields` keys `pkt` by: packets with equal keys always go to

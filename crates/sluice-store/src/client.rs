@@ -342,6 +342,34 @@ impl StoreClient {
         }
     }
 
+    /// Flows this instance served were handed to another instance (`moved` says which keys):
+    /// its copies of their per-flow values are dropped, so a stale copy can never come back (a
+    /// store rebuild takes per-flow state from the instances' copies), and their timers are
+    /// returned for the new instance, cancelled here without telling the store (the new
+    /// instance re-arms them). Call it after a flush.
+    pub fn hand_over(&mut self, moved: impl Fn(&StateKey) -> bool) -> Vec<(ObjectId, StateKey, u64)> {
+        for (o, cache) in self.caches.iter_mut().enumerate() {
+            if matches!(self.strategies.get(o), Some(Strategy::Owned | Strategy::WriteThrough)) {
+                cache.retain(|k, e| e.dirty || !moved(k));
+            }
+        }
+        let timers: Vec<_> = self.timers.armed().into_iter().filter(|(_, k, _)| moved(k)).collect();
+        for (o, k, _) in &timers {
+            self.timers.cancel(*o, k);
+            self.timer_changes.remove(&(*o, *k));
+        }
+        timers
+    }
+
+    /// Takes over timers another instance armed (flows moved here, an instance retired): armed
+    /// here, and the store told at the end of the next batch that this instance arms them.
+    pub fn take_over_timers(&mut self, timers: &[(ObjectId, StateKey, u64)]) {
+        for (o, k, d) in timers {
+            self.timers.set(*o, k, *d);
+            self.timer_changes.insert((*o, *k), Some(*d));
+        }
+    }
+
     /// The instance this client serves.
     pub fn id(&self) -> InstanceId {
         self.id

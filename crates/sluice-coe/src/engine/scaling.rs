@@ -7,6 +7,7 @@ use sluice_chc::manager::{evaluate, keep_clone, Decision, InstanceLoad, ManagerP
 use sluice_chc::moves::{Move, MoveId, MoveStart};
 use sluice_chc::NodeId;
 use sluice_packet::InstanceId;
+use sluice_runtime::plan::split_key_of_state;
 use std::time::Instant;
 
 impl Engine<'_> {
@@ -140,6 +141,7 @@ impl Engine<'_> {
         n.inst.state().flush().map_err(store_err)?;
         n.gate.forget_flows(keys);
         let after = now.max(n.busy_until);
+        self.hand_over_state(from, to, keys)?;
         self.collect_commits();
         let mut first = std::collections::HashSet::new();
         for mut p in stolen {
@@ -165,6 +167,39 @@ impl Engine<'_> {
         Ok(())
     }
 
+    /// After a move: the old instance drops its copies of the moved flows' per-flow state (a
+    /// stale copy must not come back in a store rebuild) and the new one takes over their
+    /// timers (the old one would fire them for flows it no longer serves, or never, if it goes).
+    fn hand_over_state(&mut self, from: NodeId, to: NodeId, keys: &[u64]) -> Result<(), EngineError> {
+        let Some(split) = self.node(from).and_then(|n| self.vertices.get(n.vertex)).map(|v| v.plan.split.clone())
+        else {
+            return Ok(());
+        };
+        let moved: std::collections::HashSet<u64> = keys.iter().copied().collect();
+        let is_moved = |k: &sluice_state::StateKey| split_key_of_state(k, &split).is_some_and(|sk| moved.contains(&sk));
+        let timers = self.node_mut(from).and_then(|n| client(&mut n.inst)).map(|c| c.hand_over(is_moved));
+        self.take_over_timers(to, timers.unwrap_or_default())
+    }
+
+    /// `node` arms `timers` from now on (and tells the store).
+    fn take_over_timers(
+        &mut self,
+        node: NodeId,
+        timers: Vec<(sluice_state::ObjectId, sluice_state::StateKey, u64)>,
+    ) -> Result<(), EngineError> {
+        if timers.is_empty() {
+            return Ok(());
+        }
+        let Some(n) = self.node_mut(node) else { return Ok(()) };
+        if let Some(c) = client(&mut n.inst) {
+            c.take_over_timers(&timers);
+        }
+        // The store hears of them with the next batch: send it now.
+        n.inst.begin_batch();
+        n.inst.end_batch();
+        n.inst.state().flush().map_err(store_err)
+    }
+
     /// The old instance processed everything sent before the move: it flushes, and the new
     /// instance takes the flows over.
     pub(super) fn barrier_passed(&mut self, id: MoveId) -> Result<(), EngineError> {
@@ -174,6 +209,7 @@ impl Engine<'_> {
             n.inst.state().flush().map_err(store_err)?;
             n.gate.forget_flows(&m.keys);
         }
+        self.hand_over_state(m.from, m.to, &m.keys)?;
         self.collect_commits();
         let now = self.now.max(self.node(m.from).map_or(0, |n| n.busy_until));
         if let Some(n) = self.node_mut(m.to) {
@@ -231,6 +267,15 @@ impl Engine<'_> {
     pub(super) fn retire(&mut self, node: NodeId) -> Result<(), EngineError> {
         let Some(n) = self.nodes.get_mut(node.0) else { return Ok(()) };
         n.inst.state().flush().map_err(store_err)?;
+        // Timers it still arms (cross-flow ones, or a trial's loser's) go to an instance that
+        // stays.
+        let timers = client(&mut n.inst).map(|c| c.hand_over(|_| true)).unwrap_or_default();
+        let v = n.vertex;
+        let heir = self.vertices.get(v).and_then(|x| x.splitter.members().iter().copied().find(|m| *m != node));
+        if let Some(h) = heir.filter(|h| self.alive(*h)) {
+            self.take_over_timers(h, timers)?;
+        }
+        let Some(n) = self.nodes.get_mut(node.0) else { return Ok(()) };
         // Its acknowledged updates count for the XOR check before it goes.
         n.inst.state().take_commits(&mut self.commits);
         n.alive = false;
