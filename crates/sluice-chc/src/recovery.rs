@@ -41,9 +41,11 @@ pub fn rebuild_plan(
     let alive: HashSet<StoreKey> = present.iter().map(|(k, _)| *k).collect();
     let rank = |e: &WalEntry| (entry_time(e.tag.clock), e.tag.clock);
     let mut p = plan_in_order(checkpoint, logs, present, &rank);
-    // A per-flow value an instance knows to be gone stays gone.
+    // A per-flow value an instance knows to be gone stays gone; one no instance holds a copy of
+    // (its flow moved away from the instance that wrote it) comes from the checkpoint and the
+    // write-ahead logs like shared state.
     p.values.retain(|(k, _)| !is_per_flow(decls, k) || !cached.contains(k) || alive.contains(k));
-    p.replay.retain(|(_, e)| !is_per_flow(decls, &e.key));
+    p.replay.retain(|(_, e)| !is_per_flow(decls, &e.key) || !cached.contains(&e.key));
     p
 }
 

@@ -130,3 +130,52 @@ fn a_store_crash_right_after_an_nf_crash_is_rebuilt_exactly() {
     };
     check(events, &http(), cfg);
 }
+
+/// A slow load balancer crashed: the replacement started while the failed instance's last batch
+/// was still leaving in virtual time, and overtook it. Fix: the replacement starts after it.
+#[test]
+fn a_replacement_does_not_overtake_its_predecessors_last_batch() {
+    let events = vec![
+        event(At::Packet(29), Action::Slow { vertex: "lb".into(), instance: 0, delay_us: (7, 15) }),
+        event(At::Percent(17.4), Action::Crash { vertex: "lb".into(), instance: 0 }),
+    ];
+    check(events, &http(), EngineConfig { roots: 3, checkpoint_every: 500, ..EngineConfig::default() });
+}
+
+/// A flow move right after a store crash: the moved flows' per-flow values were only in the old
+/// instance's copies, which the move dropped. Fix: per-flow values no instance holds come from
+/// the write-ahead logs.
+#[test]
+fn per_flow_state_of_moved_flows_survives_a_store_crash() {
+    let events = vec![
+        event(At::Packet(24), Action::Move { vertex: "portscan".into(), from: 0, to: 1, flows: None }),
+        event(At::Percent(7.3), Action::CrashStore),
+    ];
+    let cfg = EngineConfig { roots: 2, async_delete: true, checkpoint_every: 500, ..EngineConfig::default() };
+    check(events, &demo(0.05, 12), cfg);
+}
+
+/// A straggler on trial crashed: its replacement's replay copies went to the clone, and the
+/// live copies the replacement dropped as covered by the replay were lost. Fix: at the target's
+/// vertex a replay copy goes to the target only.
+#[test]
+fn a_straggler_crashing_during_its_trial_loses_nothing() {
+    let events = vec![
+        event(At::Packet(4), Action::Slow { vertex: "portscan".into(), instance: 0, delay_us: (9, 9) }),
+        event(At::Packet(281), Action::Clone { vertex: "portscan".into(), instance: 1 }),
+        event(At::Percent(44.8), Action::Crash { vertex: "portscan".into(), instance: 1 }),
+    ];
+    let cfg = EngineConfig { roots: 2, log_place: LogPlace::Store, checkpoint_every: 500, ..EngineConfig::default() };
+    check(events, &demo(0.05, 12), cfg);
+}
+
+/// A flow move from a straggler that then lost its trial: the barrier went with the retired
+/// straggler and the move never completed. Fix: moves continue with the clone kept.
+#[test]
+fn a_move_from_a_straggler_that_loses_its_trial_completes() {
+    let events = vec![
+        event(At::Percent(18.1), Action::Clone { vertex: "nat".into(), instance: 0 }),
+        event(At::Percent(70.7), Action::Move { vertex: "nat".into(), from: 0, to: 1, flows: Some(282) }),
+    ];
+    check(events, &demo(0.05, 12), EngineConfig { roots: 2, checkpoint_every: 500, ..EngineConfig::default() });
+}

@@ -64,3 +64,11 @@ fn per_flow_values_come_from_instances_and_deleted_ones_stay_gone() {
     assert!(p.values.contains(&(key(0, 1), Value::Int(5))));
     assert!(!p.values.iter().any(|(k, _)| *k == key(1, 2)));
 }
+
+#[test]
+fn per_flow_updates_no_instance_holds_a_copy_of_are_reexecuted() {
+    let decls = vec![vec![StateDecl::new("flow", Scope::per_flow(), AccessPattern::ReadWriteOften)]];
+    let mut logs = vec![log(1, vec![WalEntry { key: key(0, 7), ..entry(0, 3) }])];
+    let p = rebuild_plan(&Checkpoint::default(), &mut logs, Vec::new(), &decls, &|_| 0);
+    assert_eq!(p.replay.len(), 1, "the flow moved away from its writer: its log rebuilds it");
+}

@@ -89,7 +89,7 @@ impl Engine<'_> {
         let Some(n) = self.node_mut(node) else { return Ok(()) };
         n.alive = false;
         let lost = n.drain();
-        let (vertex, index, flows) = (n.vertex, n.index, n.gate.flows().clone());
+        let (vertex, index, flows, busy_until) = (n.vertex, n.index, n.gate.flows().clone(), n.busy_until);
         for p in &lost {
             // The copy is gone; its updates are re-done by the replay.
             self.root.copy_lost(p);
@@ -106,7 +106,9 @@ impl Engine<'_> {
         self.adopt_timers(&mut inst, id)?;
         let mut fresh = Node::new(vertex, index, inst, true);
         fresh.gate.inherit_flows(flows);
-        fresh.busy_until = self.now;
+        // The engine serves a batch at once and schedules its outputs while the batch runs in
+        // virtual time: the failure is after that batch, and the replacement starts then.
+        fresh.busy_until = self.now.max(busy_until);
         let new = self.add_node(fresh);
         if let Some(vx) = self.vertices.get_mut(vertex) {
             vx.splitter.replace(node, new);

@@ -116,6 +116,23 @@ impl Engine<'_> {
             self.root.copy_finished(&pkt);
             return;
         };
+        let mut place = place;
+        if let Some(t) = pkt.meta.replay_target().filter(|t| usize::from(t.vertex()) == v) {
+            // At the target's own vertex a replay copy goes to the target (the slot's instance
+            // or its clone, whichever it is) and nowhere else: a copy of another instance's flow
+            // has nothing to do there, nor anywhere after.
+            let slot =
+                vx.splitter.slot_of(key, |n| sluice_runtime::plan::split_index(&pkt, &vx.plan.split, n, &hasher));
+            let clone = slot.and_then(|s| vx.splitter.clone_of(s));
+            let is_t = |x: Option<NodeId>| x.filter(|x| self.node(*x).is_some_and(|n| n.alive && n.inst.id() == t));
+            match is_t(slot).or(is_t(clone)) {
+                Some(node) => place.node = node,
+                None => {
+                    self.root.copy_finished(&pkt);
+                    return;
+                }
+            }
+        }
         if let Some(c) = place.copy_to {
             // Live traffic of a straggler goes to its clone as well; like a mirror copy it
             // starts with an empty XOR vector so the root folds upstream updates in once.

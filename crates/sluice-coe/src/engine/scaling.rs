@@ -4,7 +4,7 @@
 
 use super::{client, store_err, Engine, EngineError, Episode, Item, Node, Queued};
 use sluice_chc::manager::{evaluate, keep_clone, Decision, InstanceLoad, ManagerPolicy, Trial};
-use sluice_chc::moves::{Move, MoveId, MoveStart};
+use sluice_chc::moves::{Move, MoveId, MoveRepair, MoveStart};
 use sluice_chc::NodeId;
 use sluice_packet::InstanceId;
 use sluice_runtime::plan::split_key_of_state;
@@ -435,6 +435,22 @@ impl Engine<'_> {
         }
         if let Some(c) = self.node_mut(keep).and_then(|n| client(&mut n.inst)) {
             c.track_written(false);
+        }
+        if kept_clone {
+            // Moves from or to the straggler continue with the clone, which has the same flows
+            // queued: the barrier goes behind what it holds.
+            let now = self.now;
+            for repair in self.moves.replace(t.straggler, t.clone) {
+                let Some(n) = self.nodes.get_mut(t.clone.0) else { continue };
+                match repair {
+                    MoveRepair::Barrier(id) => n.queue.push_back(Queued { at: now, item: Item::Barrier(id) }),
+                    MoveRepair::Hold(id) => {
+                        if let Some(m) = self.moves.get(id) {
+                            n.gate.hold_flows(&m.keys);
+                        }
+                    }
+                }
+            }
         }
         // The twins took turns on flows until now: the one kept emits a flow's next packet only
         // after the retired one's last.
