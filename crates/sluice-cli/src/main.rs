@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_store;
+mod fuzz;
 mod ports;
 mod verify;
 
@@ -76,6 +77,11 @@ enum Command {
     /// fault schedule (crashes, scaling, flow moves, stragglers) and compare outputs,
     /// decisions and final state. Exit 0 if and only if they are equivalent.
     Verify(verify::VerifyArgs),
+    /// Run many random fault schedules with random run options (roots, log place,
+    /// asynchronous delete, checkpoints) over chains and traces, check each like `verify`,
+    /// group the failures by symptom and shrink them to minimal regression files. Exit 0 if
+    /// and only if every run is equivalent.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 #[derive(Args)]
@@ -279,6 +285,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::cmd_bench(a).map_err(fail(exit::FAILED)),
         Command::BenchStore(a) => bench_store::cmd_bench_store(a).map_err(fail(exit::FAILED)),
         Command::Verify(a) => verify::cmd_verify(a),
+        Command::Fuzz(a) => fuzz::cmd_fuzz(a),
         Command::Nfs => {
             for (name, about) in sluice_nfs::registry().types() {
                 println!("{name:<12} {about}");

@@ -1,9 +1,9 @@
 //! Checks of a built schedule: ranges that need no chain, then the schedule against a chain
 //! (vertex names, instance indices as scaling goes on).
 
-use super::model::{Action, At, FaultSchedule, Policy, ScaleTo};
+use super::model::{Action, At, FaultSchedule, Policy, RunOptions, ScaleTo};
 use super::yaml::number;
-use super::{ScheduleError, MAX_DELAY_US, MAX_INSTANCES};
+use super::{ScheduleError, MAX_DELAY_US, MAX_INSTANCES, MAX_ROOTS};
 use sluice_runtime::Chain;
 use std::path::PathBuf;
 
@@ -12,6 +12,8 @@ use std::path::PathBuf;
 pub(super) enum Item {
     Event(usize),
     Policy(usize),
+    /// The `run:` section.
+    Run,
 }
 
 /// A problem in a built schedule: the item, the field path below it, and the message.
@@ -52,9 +54,9 @@ impl FaultSchedule {
         self.check(chain, Some(total_packets))
     }
 
-    /// The checks that need no chain, in file order: events, then policies.
+    /// The checks that need no chain: the run options, events, then policies.
     pub(super) fn static_problems(&self) -> Vec<Problem> {
-        let mut out = Vec::new();
+        let mut out = run_problems(&self.run);
         for (i, e) in self.events.iter().enumerate() {
             match e.at {
                 At::Packet(0) => out.push(Problem::event(
@@ -74,6 +76,15 @@ impl FaultSchedule {
             }
             if let Some(p) = action_problem(&e.action) {
                 out.push(Problem { item: Item::Event(i), ..p });
+            }
+            if let (Action::CrashRoot { root }, Some(roots)) = (&e.action, self.run.roots) {
+                if *root >= roots {
+                    out.push(Problem::event(
+                        i,
+                        &["crash_root", "root"],
+                        format!("there is no root {root}: `run.roots` gives the run {roots} root(s), numbered from 0"),
+                    ));
+                }
             }
         }
         for (i, p) in self.policies.iter().enumerate() {
@@ -227,6 +238,16 @@ impl FaultSchedule {
                 ("events", i, e.and_then(|e| e.line), e.map(|e| e.to_string()))
             }
             Item::Policy(i) => ("policies", i, self.policies.get(i).and_then(|p| p.line), None),
+            Item::Run => {
+                let mut field = vec!["run".to_string()];
+                field.extend(p.field);
+                return ScheduleError {
+                    file: self.source.clone().unwrap_or_else(|| PathBuf::from("<schedule>")),
+                    line: self.run.line,
+                    field: field.join("."),
+                    message: p.message,
+                };
+            }
         };
         let mut field = vec![list.to_string(), index.to_string()];
         field.extend(p.field);
@@ -242,6 +263,19 @@ impl FaultSchedule {
             message,
         }
     }
+}
+
+/// Range problems of the `run:` section.
+fn run_problems(r: &RunOptions) -> Vec<Problem> {
+    let mut out = Vec::new();
+    let p = |field: &str, message: String| Problem { item: Item::Run, field: vec![field.to_string()], message };
+    if let Some(n) = r.roots.filter(|n| !(1..=MAX_ROOTS).contains(n)) {
+        out.push(p("roots", format!("{n} root(s): expected 1 to {MAX_ROOTS}")));
+    }
+    if r.limit == Some(0) {
+        out.push(p("limit", "expected at least 1 input packet (leave `limit` out for the whole trace)".into()));
+    }
+    out
 }
 
 /// Range problems of an action (the item is filled in by the caller).

@@ -1,9 +1,10 @@
 //! The schedule's data model: events, their points and actions, policies.
 
 use super::yaml::number;
+use crate::engine::{EngineConfig, LogPlace};
 use serde::Serialize;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// A fault schedule: events at points of the input trace, and vertex-manager policies.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -14,9 +15,99 @@ pub struct FaultSchedule {
     pub events: Vec<FaultEvent>,
     /// Operator policies the vertex managers evaluate during the run.
     pub policies: Vec<Policy>,
+    /// How to run the schedule (`run:`): engine options, and the chain and trace it was made
+    /// for; explicit command-line flags override them.
+    #[serde(skip_serializing_if = "RunOptions::is_empty")]
+    pub run: RunOptions,
     /// The file the schedule came from, for error messages (`None` when built in code).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<PathBuf>,
+}
+
+/// The optional `run:` section of a schedule file: the engine options and inputs of the run
+/// the schedule was made for, so that a file alone describes a reproducible run. Every field
+/// is optional; an absent one leaves the engine's default (or the command line's value).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RunOptions {
+    /// Roots over statically partitioned input (1 to [`super::MAX_ROOTS`]; default 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roots: Option<u8>,
+    /// Where the root keeps its packet log (default: at the root).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log: Option<LogPlace>,
+    /// The root hears that a packet is done after the last NF emitted it (default: before).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub async_delete: Option<bool>,
+    /// Store checkpoint every this many input packets (0: only after failovers; default
+    /// 10,000).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every: Option<u64>,
+    /// The chain file, relative to the schedule file's directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chain: Option<PathBuf>,
+    /// The input trace, relative to the schedule file's directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input: Option<PathBuf>,
+    /// Only the first this many packets of the input (at least 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
+    /// The 1-based line of `run:` in its file.
+    #[serde(skip_serializing)]
+    pub line: Option<usize>,
+}
+
+impl RunOptions {
+    /// Whether no option is set.
+    pub fn is_empty(&self) -> bool {
+        *self == RunOptions { line: self.line, ..RunOptions::default() }
+    }
+
+    /// Sets the options that are given on `cfg`; the others keep `cfg`'s values.
+    pub fn apply(&self, cfg: &mut EngineConfig) {
+        if let Some(r) = self.roots {
+            cfg.roots = r;
+        }
+        if let Some(l) = self.log {
+            cfg.log_place = l;
+        }
+        if let Some(a) = self.async_delete {
+            cfg.async_delete = a;
+        }
+        if let Some(c) = self.checkpoint_every {
+            cfg.checkpoint_every = c;
+        }
+    }
+
+    /// The options of `self`, overridden by those `over` gives (command-line flags given
+    /// explicitly override the file).
+    pub fn overridden_by(&self, over: &RunOptions) -> RunOptions {
+        RunOptions {
+            roots: over.roots.or(self.roots),
+            log: over.log.or(self.log),
+            async_delete: over.async_delete.or(self.async_delete),
+            checkpoint_every: over.checkpoint_every.or(self.checkpoint_every),
+            chain: over.chain.clone().or_else(|| self.chain.clone()),
+            input: over.input.clone().or_else(|| self.input.clone()),
+            limit: over.limit.or(self.limit),
+            line: self.line,
+        }
+    }
+
+    /// The roots the run has (the option, else 1).
+    pub fn root_count(&self) -> u8 {
+        self.roots.unwrap_or(1).max(1)
+    }
+}
+
+impl FaultSchedule {
+    /// A path of the `run:` section resolved against the schedule file's directory (as is
+    /// when the schedule was built in code or the path is absolute).
+    pub fn run_path(&self, path: &Path) -> PathBuf {
+        match self.source.as_deref().and_then(Path::parent) {
+            Some(dir) if path.is_relative() => dir.join(path),
+            _ => path.to_path_buf(),
+        }
+    }
 }
 
 /// One event: an action at a point of the input trace.

@@ -3,8 +3,9 @@
 
 use super::check::{Item, Problem};
 use super::locate::{item_line, line_of};
-use super::model::{Action, At, FaultEvent, FaultSchedule, Policy, ScaleTo, Threshold};
-use super::{ScheduleError, ACTIONS};
+use super::model::{Action, At, FaultEvent, FaultSchedule, Policy, RunOptions, ScaleTo, Threshold};
+use super::{ScheduleError, ACTIONS, RUN_FIELDS};
+use crate::engine::LogPlace;
 use serde_yaml::Value;
 use std::path::Path;
 
@@ -71,6 +72,11 @@ impl Parser<'_> {
         let (list, i) = match p.item {
             Item::Event(i) => ("events", i),
             Item::Policy(i) => ("policies", i),
+            Item::Run => {
+                let mut path = vec!["run".to_string()];
+                path.extend(p.field);
+                return self.err(&path, p.message);
+            }
         };
         let mut path = vec![list.to_string(), i.to_string()];
         path.extend(p.field);
@@ -87,12 +93,13 @@ impl Parser<'_> {
         if doc.is_null() {
             return Err(self.err(&[], "the schedule is empty; expected a mapping with `events:` and/or `policies:`"));
         }
-        let top = self.entries(&doc, &[], &["seed", "events", "policies"], "the schedule")?;
+        let top = self.entries(&doc, &[], &["seed", "run", "events", "policies"], "the schedule")?;
         let mut s = FaultSchedule::default();
         for (k, v) in top {
             let path = [k.clone()];
             match k.as_str() {
                 "seed" => s.seed = self.uint(v, &path, "a seed (a whole number, 0 or more)")?,
+                "run" => s.run = self.run_options(v)?,
                 "events" => {
                     for (i, e) in self.list(v, &path, "a list of events")?.iter().enumerate() {
                         s.events.push(self.event(i, e)?);
@@ -327,6 +334,61 @@ impl Parser<'_> {
                 Ok(Action::Slow { vertex, instance, delay_us })
             }
         }
+    }
+
+    /// The `run:` section.
+    fn run_options(&self, v: &Value) -> Result<RunOptions, ScheduleError> {
+        let path = vec!["run".to_string()];
+        let mut r = RunOptions { line: line_of(self.text, &["run"]), ..RunOptions::default() };
+        if v.is_null() {
+            return Ok(r);
+        }
+        for (k, val) in self.entries(v, &path, &RUN_FIELDS, "the run options")? {
+            let f = vec!["run".to_string(), k.clone()];
+            match k.as_str() {
+                "roots" => {
+                    let n = self.small(val, &f, "a number of roots (1 to 64)")?;
+                    let n = u8::try_from(n)
+                        .map_err(|_| self.err(&f, format!("{n} roots is too many; expected 1 to 64")))?;
+                    r.roots = Some(n);
+                }
+                "log" => {
+                    r.log = Some(match val.as_str() {
+                        Some("root") => LogPlace::Root,
+                        Some("store") => LogPlace::Store,
+                        _ => {
+                            return Err(self.err(
+                                &f,
+                                format!(
+                                    "expected `root` or `store` (where the root keeps its packet log); found {}",
+                                    shown(val)
+                                ),
+                            ))
+                        }
+                    })
+                }
+                "async_delete" => {
+                    let b = val
+                        .as_bool()
+                        .ok_or_else(|| self.err(&f, format!("expected true or false; found {}", shown(val))))?;
+                    r.async_delete = Some(b);
+                }
+                "checkpoint_every" => {
+                    r.checkpoint_every =
+                        Some(self.uint(val, &f, "a number of input packets (0: only after failovers)")?)
+                }
+                "limit" => r.limit = Some(self.uint(val, &f, "a number of input packets (1 or more)")?),
+                _ => {
+                    let s = self.string(val, &f, "a file path (relative to this file's directory)")?;
+                    if k == "chain" {
+                        r.chain = Some(s.into());
+                    } else {
+                        r.input = Some(s.into());
+                    }
+                }
+            }
+        }
+        Ok(r)
     }
 
     fn threshold(&self, v: &Value, path: &[String]) -> Result<Threshold, ScheduleError> {

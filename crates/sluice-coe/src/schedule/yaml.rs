@@ -1,12 +1,14 @@
 //! Writing a schedule back out as schedule-file YAML.
 
-use super::model::{Action, At, FaultSchedule, ScaleTo, Threshold};
+use super::model::{Action, At, FaultSchedule, RunOptions, ScaleTo, Threshold};
+use crate::engine::LogPlace;
 
 impl FaultSchedule {
     /// The schedule as schedule-file YAML, which [`Self::parse`] reads back to the same
     /// seed, events and policies (lines aside).
     pub fn to_yaml(&self) -> String {
         let mut s = format!("seed: {}\n", self.seed);
+        s.push_str(&self.run.to_yaml());
         if self.events.is_empty() {
             s.push_str("events: []\n");
         } else {
@@ -52,6 +54,38 @@ impl FaultSchedule {
             }
         }
         s
+    }
+}
+
+impl RunOptions {
+    /// The `run:` section as a flow mapping line, or nothing when no option is set.
+    pub fn to_yaml(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(r) = self.roots {
+            parts.push(format!("roots: {r}"));
+        }
+        if let Some(l) = self.log {
+            parts.push(format!("log: {}", if l == LogPlace::Store { "store" } else { "root" }));
+        }
+        if let Some(a) = self.async_delete {
+            parts.push(format!("async_delete: {a}"));
+        }
+        if let Some(c) = self.checkpoint_every {
+            parts.push(format!("checkpoint_every: {c}"));
+        }
+        for (k, p) in [("chain", &self.chain), ("input", &self.input)] {
+            if let Some(p) = p {
+                parts.push(format!("{k}: {}", yaml_path(&p.to_string_lossy())));
+            }
+        }
+        if let Some(l) = self.limit {
+            parts.push(format!("limit: {l}"));
+        }
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!("run: {{ {} }}\n", parts.join(", "))
+        }
     }
 }
 
@@ -103,5 +137,19 @@ pub(super) fn yaml_string(s: &str) -> String {
         s.to_string()
     } else {
         serde_json::to_string(s).unwrap_or_else(|_| format!("{s:?}"))
+    }
+}
+
+/// A file path as a YAML scalar: plain when made of the characters paths usually have (so
+/// `../../chains/example.yaml` stays readable), else as [`yaml_string`] writes it.
+fn yaml_path(s: &str) -> String {
+    let plain = s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '/')
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || "._/-+".contains(c))
+        && s.parse::<f64>().is_err()
+        && !["true", "false", "yes", "no", "on", "off", "y", "n", "null"].contains(&s.to_ascii_lowercase().as_str());
+    if plain {
+        s.to_string()
+    } else {
+        yaml_string(s)
     }
 }
