@@ -29,6 +29,8 @@ mod yaml;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_run;
 
 pub use model::{Action, At, FaultEvent, FaultSchedule, Policy, RunOptions, ScaleTo, Threshold};
 pub use random::RANDOM_CHECKPOINTS;

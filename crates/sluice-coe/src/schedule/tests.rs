@@ -4,9 +4,9 @@ use super::*;
 use sluice_runtime::Chain;
 use std::path::{Path, PathBuf};
 
-const EXAMPLE_CHAIN: &str = include_str!("../../../../chains/example.yaml");
+pub(super) const EXAMPLE_CHAIN: &str = include_str!("../../../../chains/example.yaml");
 /// Packets in traces/demo.pcap.
-const DEMO_PACKETS: u64 = 65_744;
+pub(super) const DEMO_PACKETS: u64 = 65_744;
 const DOC: &str = include_str!("../../../../docs/faults.md");
 const FILES: [(&str, &str); 7] = [
     ("nf-crash.yaml", include_str!("../../../../faults/nf-crash.yaml")),
@@ -17,27 +17,27 @@ const FILES: [(&str, &str); 7] = [
     ("root-and-nf.yaml", include_str!("../../../../faults/root-and-nf.yaml")),
     ("store-crash.yaml", include_str!("../../../../faults/store-crash.yaml")),
 ];
-const SMALL_CHAIN: &str = "name: small\nvertices:\n  nat:\n    type: nat\n    instances: 2\n    config: { external_ip: 198.51.100.1, internal: [\"10.0.0.0/8\"] }\n  portscan: { type: portscan }\nedges:\n  - { from: input, to: nat }\n  - { from: nat, to: portscan }\n  - { from: portscan, to: output }\n";
+pub(super) const SMALL_CHAIN: &str = "name: small\nvertices:\n  nat:\n    type: nat\n    instances: 2\n    config: { external_ip: 198.51.100.1, internal: [\"10.0.0.0/8\"] }\n  portscan: { type: portscan }\nedges:\n  - { from: input, to: nat }\n  - { from: nat, to: portscan }\n  - { from: portscan, to: output }\n";
 
-fn chain(text: &str) -> Chain {
+pub(super) fn chain(text: &str) -> Chain {
     match Chain::parse(text, Path::new("chain.yaml")) {
         Ok(c) => c,
         Err(e) => panic!("test chain: {e}"),
     }
 }
 
-fn parse(text: &str) -> Result<FaultSchedule, ScheduleError> {
+pub(super) fn parse(text: &str) -> Result<FaultSchedule, ScheduleError> {
     FaultSchedule::parse(text, Path::new("f.yaml"))
 }
 
-fn parsed(text: &str) -> FaultSchedule {
+pub(super) fn parsed(text: &str) -> FaultSchedule {
     match parse(text) {
         Ok(s) => s,
         Err(e) => panic!("{e}\n{text}"),
     }
 }
 
-fn parse_err(text: &str) -> ScheduleError {
+pub(super) fn parse_err(text: &str) -> ScheduleError {
     match parse(text) {
         Ok(s) => panic!("expected an error for\n{text}\ngot {s:?}"),
         Err(e) => e,
@@ -52,11 +52,12 @@ fn validate_err(text: &str, c: &Chain) -> ScheduleError {
 }
 
 /// Seed, events and policies without lines or source.
-fn content(s: &FaultSchedule) -> FaultSchedule {
+pub(super) fn content(s: &FaultSchedule) -> FaultSchedule {
     let mut s = s.clone();
     s.source = None;
     s.events.iter_mut().for_each(|e| e.line = None);
     s.policies.iter_mut().for_each(|p| p.line = None);
+    s.run.line = None;
     s
 }
 
@@ -188,7 +189,8 @@ fn fault_files_parse_and_validate() {
     // Every file under faults/ is tested here.
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../faults");
     if let Ok(entries) = std::fs::read_dir(&dir) {
-        for entry in entries.flatten() {
+        // Directories (faults/regressions/) have tests of their own.
+        for entry in entries.flatten().filter(|e| e.path().is_file()) {
             let name = entry.file_name().to_string_lossy().to_string();
             assert!(FILES.iter().any(|(n, _)| *n == name), "faults/{name} is not in the test's FILES");
         }
