@@ -251,8 +251,8 @@ fn classes(failures: &[FailedRun]) -> BTreeMap<(String, String), Vec<u64>> {
     out
 }
 
-/// Shrinks the first failure of every class (chain and symptom classes) and writes it to
-/// `dir`.
+/// Shrinks the first failure of every class (chain and symptom classes), `--jobs` at a
+/// time, and writes each to `dir`.
 fn shrink_all(
     a: &FuzzArgs,
     dir: &Path,
@@ -263,38 +263,60 @@ fn shrink_all(
 ) -> Result<(), Failure> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display())).map_err(fail(exit::FAILED))?;
     let firsts: Vec<u64> = classes(failures).values().filter_map(|s| s.first().copied()).collect();
-    for f in failures.iter_mut().filter(|f| firsts.contains(&f.seed)) {
-        let Some(input) = inputs
-            .iter()
-            .find(|i| i.chain_path.display().to_string() == f.chain && i.trace_path.display().to_string() == f.input)
-        else {
-            continue;
-        };
-        let schedule = FaultSchedule::random(f.seed, &input.chain, input.packets.len() as u64, a.max_events);
-        let target = Target { chain: &input.chain, registry, packets: &input.packets };
-        let mut shrinker = Shrinker::new(target, store, f.seed.wrapping_mul(1_000_003));
-        eprintln!("shrinking seed {} ({}) ...", f.seed, f.outcome.symptom_line());
-        let r = shrinker
-            .shrink(&schedule, &f.outcome, a.shrink_budget)
-            .with_context(|| format!("shrinking seed {}", f.seed))
-            .map_err(fail(exit::FAILED))?;
-        let name = file_name(&input.chain.name, &r.outcome, f.seed);
-        let path = dir.join(&name);
-        let header = RegressionHeader {
-            chain: format!("{} ({})", input.chain.name, input.chain_path.display()),
-            input: format!("{} ({} packets)", input.trace_path.display(), input.packets.len()),
-            seed: f.seed,
-            symptom: r.outcome.symptom_line(),
-            summary: r.outcome.summary.clone(),
-        };
-        let text = fuzz::regression_yaml(&r.schedule, &input.chain_path, &input.trace_path, &path, &header);
-        std::fs::write(&path, text)
-            .with_context(|| format!("writing {}", path.display()))
-            .map_err(fail(exit::FAILED))?;
-        eprintln!("  {} runs: {} event(s) -> {}", r.runs, r.schedule.events.len(), path.display());
-        f.shrunk_to = Some(path.display().to_string());
+    let todo: Vec<&FailedRun> = failures.iter().filter(|f| firsts.contains(&f.seed)).collect();
+    let next = AtomicUsize::new(0);
+    let written: Mutex<Vec<(u64, anyhow::Result<PathBuf>)>> = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..a.jobs.max(1) {
+            scope.spawn(|| {
+                while let Some(f) = todo.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    let r = shrink_one(a, dir, inputs, registry, store, f);
+                    written.lock().unwrap_or_else(|e| e.into_inner()).push((f.seed, r));
+                }
+            });
+        }
+    });
+    for (seed, r) in written.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        let path = r.map_err(fail(exit::FAILED))?;
+        if let Some(f) = failures.iter_mut().find(|f| f.seed == seed) {
+            f.shrunk_to = Some(path.display().to_string());
+        }
     }
     Ok(())
+}
+
+/// Shrinks one failure and writes its regression file; returns the file's path.
+fn shrink_one(
+    a: &FuzzArgs,
+    dir: &Path,
+    inputs: &[Input],
+    registry: &NfRegistry,
+    store: &StoreFactory<'_>,
+    f: &FailedRun,
+) -> anyhow::Result<PathBuf> {
+    let input = inputs
+        .iter()
+        .find(|i| i.chain_path.display().to_string() == f.chain && i.trace_path.display().to_string() == f.input)
+        .ok_or_else(|| anyhow::anyhow!("seed {}: its chain and trace are gone", f.seed))?;
+    let schedule = FaultSchedule::random(f.seed, &input.chain, input.packets.len() as u64, a.max_events);
+    let target = Target { chain: &input.chain, registry, packets: &input.packets };
+    let mut shrinker = Shrinker::new(target, store, f.seed.wrapping_mul(1_000_003));
+    eprintln!("shrinking seed {} ({}) ...", f.seed, f.outcome.symptom_line());
+    let r = shrinker
+        .shrink(&schedule, &f.outcome, a.shrink_budget)
+        .with_context(|| format!("shrinking seed {}", f.seed))?;
+    let path = dir.join(file_name(&input.chain.name, &r.outcome, f.seed));
+    let header = RegressionHeader {
+        chain: format!("{} ({})", input.chain.name, input.chain_path.display()),
+        input: format!("{} ({} packets)", input.trace_path.display(), input.packets.len()),
+        seed: f.seed,
+        symptom: r.outcome.symptom_line(),
+        summary: r.outcome.summary.clone(),
+    };
+    let text = fuzz::regression_yaml(&r.schedule, &input.chain_path, &input.trace_path, &path, &header);
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("  seed {}: {} runs, {} event(s) -> {}", f.seed, r.runs, r.schedule.events.len(), path.display());
+    Ok(path)
 }
 
 /// `<chain>-<first symptom>-s<seed>.yaml`, in characters safe for file names.
