@@ -305,6 +305,8 @@ fn shrink_one(
     let r = shrinker
         .shrink(&schedule, &f.outcome, a.shrink_budget)
         .with_context(|| format!("shrinking seed {}", f.seed))?;
+    let reproduced =
+        shrinker.confirm(&r.schedule, &r.outcome, 3).with_context(|| format!("rerunning seed {}", f.seed))?;
     let path = dir.join(file_name(&input.chain.name, &r.outcome, f.seed));
     let header = RegressionHeader {
         chain: format!("{} ({})", input.chain.name, input.chain_path.display()),
@@ -312,6 +314,7 @@ fn shrink_one(
         seed: f.seed,
         symptom: r.outcome.symptom_line(),
         summary: r.outcome.summary.clone(),
+        reproduced: Some((reproduced, 3)),
     };
     let text = fuzz::regression_yaml(&r.schedule, &input.chain_path, &input.trace_path, &path, &header);
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;

@@ -17,6 +17,8 @@ pub struct RegressionHeader {
     pub symptom: String,
     /// `verify`'s account of the differences.
     pub summary: String,
+    /// Of how many reruns of the minimal case, how many failed the same way.
+    pub reproduced: Option<(usize, usize)>,
 }
 
 /// The text of a regression file at `file` (its directory decides the relative paths of the
@@ -40,6 +42,13 @@ pub fn regression_yaml(
     ));
     out.push_str(&format!("# chain: {}\n# input: {}\n", h.chain, h.input));
     out.push_str(&format!("# symptom: {}\n", h.symptom));
+    if h.symptom.contains("log_left") {
+        out.push_str("#   (log_left: `sluice verify` shows it as `left N` on its `root:` line and still exits 0;\n");
+        out.push_str("#   the tests and `sluice fuzz` count packets left in the root's log as a failure)\n");
+    }
+    if let Some((k, n)) = h.reproduced {
+        out.push_str(&format!("# reproduced: {k} of {n} reruns failed the same way\n"));
+    }
     out.push_str(&format!(
         "# reproduce: sluice verify --chain {} --input {} --faults {name}\n",
         chain.display(),

@@ -49,6 +49,19 @@ impl<'a> Shrinker<'a> {
         }
     }
 
+    /// How many of `n` reruns of `schedule` fail with one of the symptom classes of
+    /// `outcome`. The engine drives real store threads, so a run can depend on timing; a
+    /// regression file says how reliably its case fails.
+    pub fn confirm(&mut self, schedule: &FaultSchedule, outcome: &Outcome, n: usize) -> Result<usize, EngineError> {
+        let class = outcome.class();
+        let mut failed = 0;
+        for _ in 0..n {
+            let o = self.run(schedule)?;
+            failed += usize::from(o.failed() && o.class().iter().any(|c| class.contains(c)));
+        }
+        Ok(failed)
+    }
+
     /// Whether `candidate` is a run worth trying: valid for the chain over its cut of the
     /// trace and not one of the unrecoverable combinations.
     fn admissible(&self, candidate: &FaultSchedule) -> bool {
