@@ -128,7 +128,7 @@ fn embedded_store(_: u64) -> Result<Arc<dyn sluice_store::Backend>, String> {
 
 #[test]
 fn random_runs_embedded() {
-    let n = std::env::var("COE_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(240);
+    let n = std::env::var("COE_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(400);
     property(n, 2, &embedded_store, "embedded");
 }
 
