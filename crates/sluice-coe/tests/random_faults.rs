@@ -137,10 +137,10 @@ fn random_runs_redis() {
     let Some(_) = redis("probe") else {
         panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
     };
-    // The same runs as on the embedded store. Every operation of the physical chain that
+    // The first runs of the embedded test, on Redis. Every operation of the physical chain that
     // must wait for the store is a round trip to Redis, so four runs go at a time (the
     // threads mostly wait on the network). `COE_REDIS_RUNS` changes the count.
-    let n = std::env::var("COE_REDIS_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
+    let n = std::env::var("COE_REDIS_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(120);
     let store = |s: u64| redis(&format!("r{s}")).ok_or_else(|| "SLUICE_REDIS_URL is not set".to_string());
     property(n, 4, &store, "redis");
 }
