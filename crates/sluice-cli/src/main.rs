@@ -4,6 +4,7 @@
 mod bench;
 mod bench_store;
 mod embark;
+mod fuzz;
 mod ports;
 mod verify;
 
@@ -79,6 +80,11 @@ enum Command {
     Verify(verify::VerifyArgs),
     /// NFs over encrypted traffic (Embark): keygen, encrypt-rules, gateway, run, bench.
     Embark(embark::EmbarkArgs),
+    /// Run many random fault schedules with random run options (roots, log place,
+    /// asynchronous delete, checkpoints) over chains and traces, check each like `verify`,
+    /// group the failures by symptom and shrink them to minimal regression files. Exit 0 if
+    /// and only if every run is equivalent.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 #[derive(Args)]
@@ -287,6 +293,7 @@ fn main() -> ExitCode {
             Ok(false) => return ExitCode::from(4),
             Err(e) => Err(fail(exit::FAILED)(e)),
         },
+        Command::Fuzz(a) => fuzz::cmd_fuzz(a),
         Command::Nfs => {
             for (name, about) in sluice_nfs::registry().types() {
                 println!("{name:<12} {about}");

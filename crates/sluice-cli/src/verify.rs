@@ -5,22 +5,23 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use sluice_coe::compare::CompareOptions;
 use sluice_coe::engine::{EngineConfig, LogPlace, Switches};
-use sluice_coe::schedule::{Action, At, FaultEvent, FaultSchedule, ScaleTo};
-use std::path::PathBuf;
+use sluice_coe::schedule::{Action, At, FaultEvent, FaultSchedule, RunOptions, ScaleTo};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(Args)]
-#[command(after_help = "Explicit actions are added to the schedule's events; AT is a packet count (`20000`) or a \
+#[command(after_help = "A schedule's `run:` section (roots, log, async_delete, checkpoint_every, chain, input, \
+limit) sets the run's options; flags given explicitly override it. Explicit actions are added to the schedule's events; AT is a packet count (`20000`) or a \
 percentage of the trace (`40%`). Examples:\n  --crash nat:0@50%   --crash-root 30% (--roots 2: --crash-root 1@30%)   --crash-store 12000\n  \
 --scale portscan=3@40%   --move nat:0>1x4000@60%   --slow nat:0=3-10@1   --clone nat:0@30%\n\
 Exit codes: 0 equivalent; 4 not equivalent; 1 run failed; 2 bad command line, chain, schedule; 3 bad trace.")]
 pub struct VerifyArgs {
-    /// Chain file (YAML).
+    /// Chain file (YAML). Default: the schedule's `run.chain`.
     #[arg(long, short)]
-    chain: PathBuf,
-    /// Input trace (pcap or pcapng).
+    chain: Option<PathBuf>,
+    /// Input trace (pcap or pcapng). Default: the schedule's `run.input`.
     #[arg(long, short)]
-    input: PathBuf,
+    input: Option<PathBuf>,
     /// Fault schedule (YAML, see docs/faults.md).
     #[arg(long, short)]
     faults: Option<PathBuf>,
@@ -34,16 +35,18 @@ pub struct VerifyArgs {
     /// Turn a mechanism off to see what it prevents (repeatable).
     #[arg(long, value_enum)]
     off: Vec<Mechanism>,
-    /// Where the root keeps its packet log.
-    #[arg(long, value_enum, default_value_t = LogArg::Root)]
-    log: LogArg,
+    /// Where the root keeps its packet log. Default: the schedule's `run.log`, else `root`.
+    #[arg(long, value_enum)]
+    log: Option<LogArg>,
     /// Roots over statically partitioned input (by source address), each with its own clock.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
-    roots: u8,
+    /// Default: the schedule's `run.roots`, else 1.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=64))]
+    roots: Option<u8>,
     /// The root hears that a packet is done after the last NF emitted it (saves the last NF a
-    /// round trip; a crash in between delivers the packet twice). Default: before.
-    #[arg(long)]
-    async_delete: bool,
+    /// round trip; a crash in between delivers the packet twice). `--async-delete=false`
+    /// overrides a schedule's `run.async_delete: true`. Default: the schedule's, else false.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    async_delete: Option<bool>,
     /// Virtual time between input packets, ns.
     #[arg(long, default_value_t = 2_000)]
     arrival_ns: u64,
@@ -55,10 +58,11 @@ pub struct VerifyArgs {
     log_capacity: usize,
     /// The store is checkpointed every this many input packets (and after every failover);
     /// a store crash re-executes the write-ahead logs since the last one. 0: only after
-    /// failovers.
-    #[arg(long, default_value_t = 10_000)]
-    checkpoint_every: u64,
-    /// Stop after this many input packets.
+    /// failovers. Default: the schedule's `run.checkpoint_every`, else 10000.
+    #[arg(long)]
+    checkpoint_every: Option<u64>,
+    /// Stop after this many input packets. Default: the schedule's `run.limit`, else the
+    /// whole trace.
     #[arg(long)]
     limit: Option<u64>,
     /// Crash instance I of vertex V: `V:I@AT`.
@@ -131,6 +135,22 @@ fn vertex_instance(s: &str) -> Result<(String, u16), Failure> {
     Ok((v.to_string(), i))
 }
 
+/// A file the run needs: the flag when given, else the schedule's `run:` path (relative to
+/// the schedule file), else an error naming both.
+fn run_file(
+    schedule: &FaultSchedule,
+    flag: Option<&Path>,
+    from_run: Option<&Path>,
+    name: &str,
+    field: &str,
+) -> Result<PathBuf, Failure> {
+    match (flag, from_run) {
+        (Some(p), _) => Ok(p.to_path_buf()),
+        (None, Some(p)) => Ok(schedule.run_path(p)),
+        (None, None) => Err(bad(format!("{name} is required (or `run.{field}` in the --faults schedule)"))),
+    }
+}
+
 /// The explicit actions of the command line as schedule events.
 fn cli_events(a: &VerifyArgs) -> Result<Vec<FaultEvent>, Failure> {
     let mut out = Vec::new();
@@ -189,15 +209,27 @@ fn cli_events(a: &VerifyArgs) -> Result<Vec<FaultEvent>, Failure> {
 }
 
 pub fn cmd_verify(a: VerifyArgs) -> Result<(), Failure> {
-    let chain = load_chain(&a.chain)?;
     let mut schedule = match &a.faults {
         Some(p) => FaultSchedule::load(p).map_err(|e| bad(e.to_string()))?,
         None => FaultSchedule::default(),
     };
+    // Explicit flags override the schedule's `run:` section.
+    let over = RunOptions {
+        roots: a.roots,
+        log: a.log.map(|l| if l == LogArg::Store { LogPlace::Store } else { LogPlace::Root }),
+        async_delete: a.async_delete,
+        checkpoint_every: a.checkpoint_every,
+        limit: a.limit,
+        ..RunOptions::default()
+    };
+    schedule.run = schedule.run.overridden_by(&over);
+    let chain_path = run_file(&schedule, a.chain.as_deref(), schedule.run.chain.as_deref(), "--chain", "chain")?;
+    let input = run_file(&schedule, a.input.as_deref(), schedule.run.input.as_deref(), "--input", "input")?;
+    let chain = load_chain(&chain_path)?;
     schedule.events.extend(cli_events(&a)?);
     schedule.validate(&chain).map_err(|e| bad(e.to_string()))?;
-    let packets = sluice_io::load(&a.input, a.limit.map(|l| l as usize))
-        .with_context(|| format!("reading {}", a.input.display()))
+    let packets = sluice_io::load(&input, schedule.run.limit.map(|l| l as usize))
+        .with_context(|| format!("reading {}", input.display()))
         .map_err(fail(exit::BAD_INPUT))?;
     let backend: Arc<dyn sluice_store::Backend> = match a.store.as_str() {
         "embedded" => Arc::new(sluice_store::EmbeddedStore::start(1).map_err(|e| fail(exit::FAILED)(e.into()))?),
@@ -213,17 +245,14 @@ pub fn cmd_verify(a: VerifyArgs) -> Result<(), Failure> {
         xor_check: !a.off.contains(&Mechanism::Xor),
         record_nondeterminism: !a.off.contains(&Mechanism::Nondet),
     };
-    let cfg = EngineConfig {
+    let mut cfg = EngineConfig {
         arrival_ns: a.arrival_ns.max(1),
         service_ns: a.service_ns.max(1),
         log_capacity: a.log_capacity.max(1),
-        checkpoint_every: a.checkpoint_every,
-        log_place: if a.log == LogArg::Store { LogPlace::Store } else { LogPlace::Root },
-        async_delete: a.async_delete,
-        roots: a.roots,
         switches,
         ..EngineConfig::default()
     };
+    schedule.run.apply(&mut cfg);
     let registry = sluice_nfs::registry();
     let report =
         sluice_coe::verify::verify(&chain, &registry, &packets, &schedule, backend, cfg, &CompareOptions::default())

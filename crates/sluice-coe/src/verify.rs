@@ -3,6 +3,7 @@
 
 use crate::compare::{compare, CompareOptions, Comparison};
 use crate::engine::{Engine, EngineConfig, EngineError, EngineStats, Episode, Switches};
+use crate::observed::Observed;
 use crate::reference::run_reference;
 use crate::schedule::FaultSchedule;
 use sluice_nf::NfRegistry;
@@ -100,18 +101,37 @@ pub fn verify(
     packets: &[Packet],
     schedule: &FaultSchedule,
     backend: Arc<dyn Backend>,
-    mut cfg: EngineConfig,
+    cfg: EngineConfig,
     opts: &CompareOptions,
 ) -> Result<VerifyReport, EngineError> {
     let t0 = Instant::now();
     let reference = run_reference(chain, registry, packets)?;
+    let mut report = verify_against(&reference, chain, registry, packets, schedule, backend, cfg, opts)?;
+    report.elapsed_s = t0.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// As [`verify`], against a reference run already made over the same `packets` (the reference
+/// does not depend on the schedule, so runs of many schedules over one trace share it).
+#[allow(clippy::too_many_arguments)]
+pub fn verify_against(
+    reference: &Observed,
+    chain: &Chain,
+    registry: &NfRegistry,
+    packets: &[Packet],
+    schedule: &FaultSchedule,
+    backend: Arc<dyn Backend>,
+    mut cfg: EngineConfig,
+    opts: &CompareOptions,
+) -> Result<VerifyReport, EngineError> {
+    let t0 = Instant::now();
     cfg.seed = schedule.seed;
     let store = backend.name();
     let switches = cfg.switches;
     let faults: Vec<_> = schedule.resolve(packets.len() as u64).into_iter().map(|(at, ev)| (at, ev.clone())).collect();
     let engine = Engine::new(chain, registry, backend, cfg, schedule.policies.clone())?;
     let physical = engine.run(packets, &faults)?;
-    let comparison = compare(&reference, &physical.observed, opts);
+    let comparison = compare(reference, &physical.observed, opts);
     Ok(VerifyReport {
         chain: chain.name.clone(),
         store,

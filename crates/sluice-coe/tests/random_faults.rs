@@ -1,76 +1,103 @@
-//! Acceptance: random fault schedules over real captures and generated workloads; `verify`
-//! must find every physical run equivalent to the reference, on the embedded store and on
-//! Redis. A failing case prints its seed and schedule (YAML) so it can be rerun with
-//! `sluice verify --faults`.
+//! Acceptance: random runs — a fault schedule of every kind on every vertex and random run
+//! options (`FaultSchedule::random`) — over the shipped chains, `traces/demo.pcap` and real
+//! captures; every run must be equivalent to the reference and leave nothing in the root's
+//! log, on the embedded store and on Redis. And every minimal failing case ever found
+//! (`faults/regressions/*.yaml`) must now pass. A failing run prints its seed and its schedule
+//! (with the `run:` section) for `sluice verify --faults`.
 
 mod common;
 
 use common::*;
-use sluice_coe::engine::EngineConfig;
-use sluice_coe::schedule::{Action, FaultSchedule};
+use sluice_coe::fuzz::{self, StoreFactory, Target};
+use sluice_coe::observed::Observed;
+use sluice_coe::schedule::{FaultSchedule, RANDOM_MAX_EVENTS};
+use sluice_nf::NfRegistry;
 use sluice_packet::Packet;
+use sluice_runtime::Chain;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// The workloads: generated demo traffic (two seeds), and real captures from the shared traces.
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
+}
+
+/// The shipped chains the runs take in turn.
+const CHAINS: [&str; 3] = ["chains/example.yaml", "chains/nat-portscan.yaml", "chains/nat-trojan.yaml"];
+
+/// The traces the runs take in turn, cut so that 200 runs take a few minutes on two cores:
+/// the bundled demo trace (planted port scan and Trojan signature), and real captures.
 fn workloads() -> Vec<(&'static str, Vec<Packet>)> {
+    let demo = sluice_io::load(repo("traces/demo.pcap"), Some(6_000)).expect("traces/demo.pcap");
     vec![
-        ("demo-a", demo(0.05, 11)),
-        ("demo-b", demo(0.05, 12)),
-        ("echo-connections", trace("echo-connections.pcap").into_iter().take(4_000).collect()),
-        ("http_methods", trace("http_methods.pcap")),
+        ("demo.pcap", demo),
+        ("echo-connections.pcap", trace("echo-connections.pcap").into_iter().take(4_000).collect()),
+        ("http_methods.pcap", trace("http_methods.pcap")),
+        ("ssh_ssh.pcap", trace("ssh_ssh.pcap")),
     ]
 }
 
-/// Random schedules are drawn for chains whose cross-flow state does not depend on the order
-/// across flows (slowing one of several instances reorders flows like a network would; see
-/// docs/correctness.md): slow events go only to single-instance vertices here.
-fn keep(schedule: &mut FaultSchedule) {
-    schedule.events.retain(|e| {
-        !matches!(e.action, Action::Slow { .. }) || matches!(&e.action, Action::Slow { vertex, .. } if vertex == "lb")
-    });
+/// A chain, a trace and the reference run over it (made on first use).
+struct Case {
+    chain_file: &'static str,
+    chain: Chain,
+    trace: &'static str,
+    packets: Vec<Packet>,
+    reference: Mutex<Option<Arc<Observed>>>,
 }
 
-/// Runs schedules `0..n` (or the seeds in `COE_SEEDS=3,17`, to rerun chosen ones) over the
-/// workloads cut to `limit` packets, on `threads` threads, each schedule on a fresh store from
-/// `backend`. Every schedule must be equivalent and leave nothing in the root's log.
-fn property(
-    n: u64,
-    limit: usize,
-    threads: usize,
-    backend: &(dyn Fn(u64) -> Arc<dyn sluice_store::Backend> + Sync),
-    label: &str,
-) {
-    let c = chain(EXAMPLE);
-    let loads: Vec<(&str, Vec<Packet>)> =
-        workloads().into_iter().map(|(n, p)| (n, p.into_iter().take(limit).collect())).collect();
+impl Case {
+    fn reference(&self, registry: &NfRegistry) -> Arc<Observed> {
+        let mut slot = self.reference.lock().unwrap_or_else(|e| e.into_inner());
+        slot.get_or_insert_with(|| {
+            let target = Target { chain: &self.chain, registry, packets: &self.packets };
+            Arc::new(fuzz::reference(&target, &self.packets).expect("reference run"))
+        })
+        .clone()
+    }
+}
+
+/// Every chain over every workload; run `seed` takes case `seed mod len`.
+fn cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    for (trace, packets) in workloads() {
+        for chain_file in CHAINS {
+            let chain = Chain::load(&repo(chain_file)).expect("shipped chain");
+            out.push(Case { chain_file, chain, trace, packets: packets.clone(), reference: Mutex::new(None) });
+        }
+    }
+    out
+}
+
+/// Runs seeds `0..n` (or those in `COE_SEEDS=3,17`, to rerun chosen ones) on `threads`
+/// threads, each on a fresh store from `store`. Every run must be equivalent and leave nothing
+/// in the root's log.
+fn property(n: u64, threads: usize, store: &StoreFactory<'_>, label: &str) {
+    let cases = cases();
+    let registry = sluice_nfs::registry();
     let chosen: Option<Vec<u64>> =
         std::env::var("COE_SEEDS").ok().map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect());
     let seeds: Vec<u64> = (0..n).filter(|s| chosen.as_ref().is_none_or(|c| c.contains(s))).collect();
     let next = AtomicUsize::new(0);
     let failures = Mutex::new(Vec::new());
+    let t0 = std::time::Instant::now();
     let run_one = |seed: u64| -> Option<String> {
-        let (name, packets) = &loads[(seed % loads.len() as u64) as usize];
-        let mut schedule = FaultSchedule::random(seed, &c, packets.len() as u64, 4);
-        keep(&mut schedule);
-        let cfg = EngineConfig { checkpoint_every: 500, ..EngineConfig::default() };
-        let store = backend(seed);
-        let r = run_schedule(&c, packets, &schedule, cfg, store.clone());
-        // Leave the test server as it was found.
-        let _ = store.wipe();
-        // Equivalent, and nothing left behind: every packet the root logged has left the
-        // chain with all its updates committed (a packet stuck in the log would be replayed
-        // after any later failure, and the log would fill).
-        (!r.equivalent || r.engine.log_left != 0).then(|| {
+        let case = cases.get((seed % cases.len() as u64) as usize)?;
+        let schedule = FaultSchedule::random(seed, &case.chain, case.packets.len() as u64, RANDOM_MAX_EVENTS);
+        let target = Target { chain: &case.chain, registry: &registry, packets: &case.packets };
+        let o = fuzz::check(&target, &schedule, &case.reference(&registry), store, seed).expect("a store for the run");
+        o.failed().then(|| {
             format!(
-                "{label} seed {seed} on {name}: {} packet(s) left in the root's log\n{}\n{}",
-                r.engine.log_left,
+                "{label} seed {seed}: {} over {} — {}\n{}{}",
+                case.chain_file,
+                case.trace,
+                o.symptom_line(),
                 schedule.to_yaml(),
-                r.comparison.summary()
+                o.summary
             )
         })
     };
-    // Schedules are independent (each has its own store or keyspace): share them out.
+    // Runs are independent (each has its own store or keyspace): share them out.
     std::thread::scope(|scope| {
         for _ in 0..threads.max(1) {
             scope.spawn(|| {
@@ -87,29 +114,65 @@ fn property(
     let text: Vec<String> = failures.iter().map(|(_, f)| f.clone()).collect();
     assert!(
         failures.is_empty(),
-        "{} of {} {label} schedules failed:\n{}",
+        "{} of {} {label} random runs failed (rerun one with COE_SEEDS=N, or shrink with `sluice fuzz --shrink`):\n{}",
         failures.len(),
         seeds.len(),
         text.join("\n")
     );
-    eprintln!("{label}: {} random schedules, every one equivalent", seeds.len());
+    eprintln!("{label}: {} random runs in {:.0} s, every one equivalent", seeds.len(), t0.elapsed().as_secs_f64());
+}
+
+fn embedded_store(_: u64) -> Result<Arc<dyn sluice_store::Backend>, String> {
+    Ok(embedded())
 }
 
 #[test]
-fn random_schedules_embedded() {
-    property(200, usize::MAX, 2, &|_| embedded(), "embedded");
+fn random_runs_embedded() {
+    let n = std::env::var("COE_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(400);
+    property(n, 2, &embedded_store, "embedded");
 }
 
 #[test]
-fn random_schedules_redis() {
+fn random_runs_redis() {
     let Some(_) = redis("probe") else {
         panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
     };
-    // The same schedules over the same workloads as on the embedded store. Every operation of
-    // the physical chain that must wait for the store is a round trip to Redis, so four
-    // schedules run at a time (the threads mostly wait on the network). `COE_REDIS_SCHEDULES`
-    // changes the count, `COE_REDIS_PACKETS` cuts the workloads (quicker local runs).
-    let n = std::env::var("COE_REDIS_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
-    let limit = std::env::var("COE_REDIS_PACKETS").ok().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX);
-    property(n, limit, 4, &|s| redis(&format!("r{s}")).expect("redis"), "redis");
+    // The first runs of the embedded test, on Redis. Every operation of the physical chain that
+    // must wait for the store is a round trip to Redis, so four runs go at a time (the
+    // threads mostly wait on the network). `COE_REDIS_RUNS` changes the count.
+    let n = std::env::var("COE_REDIS_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(120);
+    let store = |s: u64| redis(&format!("r{s}")).ok_or_else(|| "SLUICE_REDIS_URL is not set".to_string());
+    property(n, 4, &store, "redis");
+}
+
+/// Every minimal failing case found so far (`faults/regressions/*.yaml`, written by `sluice
+/// fuzz --shrink`) names its chain, trace, packet limit and engine options in its `run:`
+/// section; each must now be equivalent and leave nothing in the root's log.
+#[test]
+fn regressions_are_equivalent() {
+    let dir = repo("faults/regressions");
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(&dir).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|x| x == "yaml"));
+    files.sort();
+    let registry = sluice_nfs::registry();
+    let mut failed = Vec::new();
+    for f in &files {
+        let schedule = FaultSchedule::load(f).unwrap_or_else(|e| panic!("{e}"));
+        let (Some(c), Some(i)) = (&schedule.run.chain, &schedule.run.input) else {
+            panic!("{}: a regression's `run:` section names its `chain` and `input`", f.display());
+        };
+        let chain = Chain::load(&schedule.run_path(c)).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let limit = schedule.run.limit.map(|l| l as usize);
+        let packets = sluice_io::load(schedule.run_path(i), limit).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        schedule.validate_for_trace(&chain, packets.len() as u64).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(schedule.unrecoverable(&chain, packets.len() as u64), None, "{}", f.display());
+        let target = Target { chain: &chain, registry: &registry, packets: &packets };
+        let reference = fuzz::reference(&target, &packets).expect("reference run");
+        let o = fuzz::check(&target, &schedule, &reference, &embedded_store, 0).expect("store");
+        if o.failed() {
+            failed.push(format!("{}: {}", f.display(), o.symptom_line()));
+        }
+    }
+    assert!(failed.is_empty(), "{} of {} regression(s) fail:\n{}", failed.len(), files.len(), failed.join("\n"));
 }
