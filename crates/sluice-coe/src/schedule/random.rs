@@ -5,7 +5,7 @@
 //! [`Unrecoverable`]: super::Unrecoverable
 
 use super::model::{Action, At, FaultEvent, FaultSchedule, RunOptions, ScaleTo};
-use super::unrecoverable::{conflicts, last_vertices};
+use super::unrecoverable::conflicts;
 use super::{RANDOM_MAX_DELAY_US, RANDOM_MAX_INSTANCES, RANDOM_MAX_ROOTS};
 use crate::engine::LogPlace;
 use rand::{Rng, SeedableRng};
@@ -41,10 +41,8 @@ impl FaultSchedule {
         let mut g = Drawer {
             names: chain.vertices.iter().map(|(n, _)| n.clone()).collect(),
             counts: chain.vertices.iter().map(|(_, v)| v.instances.clamp(1, RANDOM_MAX_INSTANCES)).collect(),
-            last: last_vertices(chain),
             roots: run.root_count(),
             log: run.log.unwrap_or(LogPlace::Root),
-            async_delete: run.async_delete.unwrap_or(false),
         };
         let mut events: Vec<(u64, FaultEvent)> = Vec::with_capacity(n + 1);
         for (count, at) in points {
@@ -108,10 +106,8 @@ fn random_points(rng: &mut ChaCha8Rng, total: u64, n: usize) -> Vec<(u64, At)> {
 struct Drawer {
     names: Vec<String>,
     counts: Vec<u16>,
-    last: Vec<String>,
     roots: u8,
     log: LogPlace,
-    async_delete: bool,
 }
 
 impl Drawer {
@@ -125,7 +121,7 @@ impl Drawer {
             let v = rng.gen_range(0..self.names.len().max(1));
             let kind = rng.gen_range(0..7);
             let candidate = self.candidate(rng, kind, v, budget);
-            let ok = candidate.iter().all(|a| !conflicts(a, &same, self.log, self.async_delete, &self.last));
+            let ok = candidate.iter().all(|a| !conflicts(a, &same, self.log));
             if ok {
                 for a in &candidate {
                     self.follow(a);

@@ -10,13 +10,8 @@
 //!   count while `run.log` is `root` (the default): the packets the NF held can no longer be
 //!   replayed (with `log: store` this is recoverable and is drawn).
 //!
-//! One more combination is a documented trade-off rather than a correlated failure (R6,
-//! "Delete before output"):
-//!
-//! * **asynchronous delete + a crash of a last NF**: with `run.async_delete: true`, a `crash`
-//!   of an instance of a vertex with an edge to `output` replays packets it has already
-//!   emitted, and the receiver gets them twice. That is what `async_delete` trades for one
-//!   round trip, so it is not a bug for `verify` to report.
+//! (A crash of a last NF with the asynchronous delete is recoverable: the chain's egress passes
+//! the first copy of each clock, so the packets it re-emits do not reach the receiver twice.)
 
 use super::model::{Action, FaultSchedule};
 use crate::engine::LogPlace;
@@ -36,12 +31,6 @@ pub enum Unrecoverable {
         /// The packet count.
         at: u64,
     },
-    /// An instance of a vertex that emits to the chain's output crashes while the root
-    /// deletes asynchronously.
-    AsyncDeleteLastNfCrash {
-        /// The packet count.
-        at: u64,
-    },
 }
 
 impl fmt::Display for Unrecoverable {
@@ -53,11 +42,6 @@ impl fmt::Display for Unrecoverable {
             Unrecoverable::RootAndNfWithRootLog { at } => {
                 write!(f, "a root and an NF instance fail together at packet {at} with the log at the root")
             }
-            Unrecoverable::AsyncDeleteLastNfCrash { at } => write!(
-                f,
-                "an instance of a last NF crashes at packet {at} with the asynchronous delete (the receiver may get \
-                 packets twice)"
-            ),
         }
     }
 }
@@ -77,16 +61,8 @@ pub fn last_vertices(chain: &Chain) -> Vec<String> {
 }
 
 /// Whether `action`, happening at the same packet count as every one of `same_point`, would
-/// make an unrecoverable combination under the run options `log` and `async_delete`, with
-/// `last` the vertices that emit to the output.
-pub fn conflicts(action: &Action, same_point: &[&Action], log: LogPlace, async_delete: bool, last: &[String]) -> bool {
-    if async_delete {
-        if let Action::Crash { vertex, .. } = action {
-            if last.contains(vertex) {
-                return true;
-            }
-        }
-    }
+/// make an unrecoverable combination with the log at `log`.
+pub fn conflicts(action: &Action, same_point: &[&Action], log: LogPlace) -> bool {
     same_point.iter().any(|other| pair(action, other, log).is_some() || pair(other, action, log).is_some())
 }
 
@@ -106,18 +82,10 @@ impl FaultSchedule {
     /// The first unrecoverable combination in the schedule for a trace of `total_packets`
     /// packets, under its `run:` options (defaults where absent: log at the root,
     /// synchronous delete), or `None` if every fault in it is one the protocols recover from.
-    pub fn unrecoverable(&self, chain: &Chain, total_packets: u64) -> Option<Unrecoverable> {
+    pub fn unrecoverable(&self, _chain: &Chain, total_packets: u64) -> Option<Unrecoverable> {
         let log = self.run.log.unwrap_or(LogPlace::Root);
-        let last = last_vertices(chain);
         let resolved = self.resolve(total_packets);
         for (i, (at, e)) in resolved.iter().enumerate() {
-            if self.run.async_delete == Some(true) {
-                if let Action::Crash { vertex, .. } = &e.action {
-                    if last.contains(vertex) {
-                        return Some(Unrecoverable::AsyncDeleteLastNfCrash { at: *at });
-                    }
-                }
-            }
             for (other_at, other) in resolved.iter().skip(i + 1).take_while(|(c, _)| c == at) {
                 let found = pair(&e.action, &other.action, log).or_else(|| pair(&other.action, &e.action, log));
                 if let Some(make) = found {
