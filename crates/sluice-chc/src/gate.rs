@@ -204,6 +204,14 @@ impl Gate {
     }
 }
 
+/// Whether `pkt`, taken from the queue of instance `id`, is a replay copy on its way to another
+/// instance. Once the vertex has processed its clock, such a copy leaves as that processing
+/// left (the driver keeps what the NF emitted per clock while the root logs it): running the NF
+/// again would act on state later packets have changed.
+pub fn passes_through(pkt: &Packet, id: InstanceId) -> bool {
+    pkt.meta.replay_target().is_some_and(|t| t != id)
+}
+
 /// Whether `pkt`, taken from the queue of instance `id` to be processed, is a replay copy passing
 /// through on its way to another instance while the vertex has not processed its clock yet:
 /// then the live copy (or the copy the replay towards this vertex's own instance carries) is

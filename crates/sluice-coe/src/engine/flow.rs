@@ -4,7 +4,7 @@
 use super::{client, store_err, Engine, EngineError, Item, Leaving, Node, Queued};
 use crate::observed::Decision;
 use crate::reference::drop_decision;
-use sluice_chc::gate::{passes_too_early, Arrival, Dequeue};
+use sluice_chc::gate::{passes_through, passes_too_early, Arrival, Dequeue};
 use sluice_chc::order::OrderKey;
 use sluice_chc::root::Admission;
 use sluice_chc::NodeId;
@@ -212,6 +212,7 @@ impl Engine<'_> {
         let suppress = self.cfg.switches.duplicate_suppression;
         let roots = self.root.roots();
         let (mut batch, mut barrier, mut suppressed, mut deferred) = (Vec::new(), None, Vec::new(), Vec::new());
+        let mut through = Vec::new();
         let Some(n) = self.nodes.get_mut(node.0) else { return (batch, barrier, false) };
         let Some(vx) = self.vertices.get(n.vertex) else { return (batch, barrier, false) };
         let is_clone = vx.splitter.straggler_of(node).is_some();
@@ -226,6 +227,11 @@ impl Engine<'_> {
                         Dequeue::Suppress => suppressed.push(p),
                         Dequeue::Process { .. } if suppress && passes_too_early(&p, id, &vx.decided) => {
                             deferred.push(p)
+                        }
+                        Dequeue::Process { .. }
+                            if suppress && passes_through(&p, id) && vx.emitted.contains_key(&p.meta.clock) =>
+                        {
+                            through.push(p)
                         }
                         Dequeue::Process { duplicate } => {
                             if duplicate {
@@ -245,8 +251,11 @@ impl Engine<'_> {
         for p in &suppressed {
             self.root.copy_finished(p);
         }
-        let waited = !deferred.is_empty();
+        let waited = !deferred.is_empty() || !through.is_empty();
         self.defer(node, deferred);
+        for p in through {
+            self.pass_through(node, p, start);
+        }
         (batch, barrier, !suppressed.is_empty() || waited)
     }
 
@@ -274,7 +283,8 @@ impl Engine<'_> {
             let skip_done = is_clone || self.root.committed(p.meta.clock);
             let verdict = n.gate.peek(p, id, skip_done, &vx.decided, suppress);
             let early = suppress && passes_too_early(p, id, &vx.decided);
-            if matches!(verdict, Dequeue::Process { .. }) && !early && least.is_some_and(|l| l < key) {
+            let through = suppress && passes_through(p, id) && vx.emitted.contains_key(&p.meta.clock);
+            if matches!(verdict, Dequeue::Process { .. }) && !early && !through && least.is_some_and(|l| l < key) {
                 break;
             }
             let Some(Queued { at, item: Item::Packet(p) }) = n.queue.remove(i) else { break };
@@ -289,6 +299,11 @@ impl Engine<'_> {
                     suppressed = true;
                     self.defer(node, vec![p]);
                 }
+                Dequeue::Process { .. } if through => {
+                    suppressed = true;
+                    let now = self.now;
+                    self.pass_through(node, p, now.max(at));
+                }
                 Dequeue::Process { duplicate } => {
                     if duplicate {
                         *self.report.stats.duplicate_packets.entry(vx.plan.name.to_string()).or_default() += 1;
@@ -298,6 +313,22 @@ impl Engine<'_> {
             }
         }
         (Vec::new(), suppressed, 0)
+    }
+
+    /// A replay copy passing through on its way downstream leaves `node`'s vertex as the NF's
+    /// first processing of its clock left it (recorded), carrying the replay's marks: the NF
+    /// does not run again.
+    fn pass_through(&mut self, node: NodeId, pkt: Packet, at: u64) {
+        let Some(v) = self.node(node).map(|n| n.vertex) else { return };
+        let Some((logged, verdict)) = self.vertices.get(v).and_then(|x| x.emitted.get(&pkt.meta.clock)).cloned() else {
+            return self.root.copy_finished(&pkt);
+        };
+        let mut out = logged;
+        out.meta.flags = pkt.meta.flags;
+        out.meta.target = pkt.meta.target;
+        out.meta.xor = pkt.meta.xor;
+        out.meta.ingress_ns = pkt.meta.ingress_ns;
+        self.hand_on(v, out, verdict, at + self.cfg.service_ns, false);
     }
 
     /// Replay copies passing through `node` wait until its vertex has processed their clock.
@@ -408,6 +439,9 @@ impl Engine<'_> {
             // duplicate suppression like any packet (it stays a replay copy for the root).
             if pkt.meta.replay_target() == Some(n.inst.id()) {
                 pkt.meta.flags.insert(MetaFlags::REACHED);
+            }
+            if p.record && suppress {
+                vx.emitted.entry(real).or_insert_with(|| (pkt.clone(), verdict));
             }
             outs.push((pkt, verdict, t, p.record));
         }

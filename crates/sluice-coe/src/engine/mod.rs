@@ -167,6 +167,11 @@ struct Vertex {
     /// Replay copies passing through that wait for the vertex to process their clock
     /// (`sluice_chc::gate::passes_too_early`), with the instance they wait at.
     awaiting: HashMap<sluice_packet::Clock, Vec<(NodeId, Packet)>>,
+    /// What the NF emitted for each clock still in the root's log, so a replay copy passing
+    /// through on its way to an instance downstream takes the same output without the NF
+    /// running again on state later packets have changed (which could repeat its updates
+    /// under other tags, or re-create what has expired since).
+    emitted: HashMap<sluice_packet::Clock, (Packet, sluice_nf::Verdict)>,
 }
 
 /// A packet leaving the chain.
@@ -262,6 +267,7 @@ impl<'a> Engine<'a> {
                 ordered: false,
                 upstream: Vec::new(),
                 awaiting: HashMap::new(),
+                emitted: HashMap::new(),
             })
             .collect();
         let reach: Vec<Vec<bool>> = vertices.iter().map(|v| v.reaches.clone()).collect();
@@ -508,9 +514,17 @@ impl<'a> Engine<'a> {
         self.sync_deletes();
     }
 
-    /// Passes the root's deletes to the log's copy in the store.
+    /// Passes the root's deletes to the log's copy in the store and to the vertices' records
+    /// of what they emitted.
     fn sync_deletes(&mut self) {
         let deleted = self.root.take_deleted();
+        for v in &mut self.vertices {
+            if !v.emitted.is_empty() {
+                for c in &deleted {
+                    v.emitted.remove(c);
+                }
+            }
+        }
         if let Some(sl) = &mut self.store_log {
             for c in deleted {
                 sl.delete(c);
