@@ -748,6 +748,10 @@ impl RedisConnection {
                 "A"
             }
             StoreOp::CancelTimer => "a",
+            StoreOp::ExpireTimer { deadline_ns } => {
+                extra.push(hex16(*deadline_ns).into_bytes());
+                "x"
+            }
             StoreOp::Claim => "M",
             StoreOp::Release => "m",
             StoreOp::ForgetClock(_) | StoreOp::AdvanceTime(_) => "V",

@@ -386,6 +386,16 @@ local function execute(h, client, k, code, a, i)
     end
     cleanup(e)
     return 'o', ''
+  elseif code == 'x' then
+    -- The caller's copy of the timer fired: expire it only if the store's is still that one.
+    local d = redis.call('HGET', e.m, 'd')
+    if d ~= a[i] then
+      return 'o', '0'
+    end
+    redis.call('ZREM', h .. 'Z', d .. k)
+    redis.call('HDEL', e.m, 'd', 'w')
+    cleanup(e)
+    return 'o', '1'
   elseif code == 'M' then
     if not o then
       redis.call('HSET', e.m, 'o', client)
@@ -498,7 +508,7 @@ local function exec(_keys, a)
       local _, j = read_form(a, args)
       local _, j2 = read_form(a, j)
       nargs = j2 - args
-    elseif code == 'I' or code == 'P' or code == 'N' or code == 'A' or code == 'E' then
+    elseif code == 'I' or code == 'P' or code == 'N' or code == 'A' or code == 'x' or code == 'E' then
       nargs = 1
     elseif code == 'V' or code == 'F' then
       nargs = 2

@@ -63,16 +63,24 @@ impl Timers {
 
     /// Removes and returns up to `max` timers due at `now_ns`, earliest first.
     pub fn expired(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>) {
+        let mut deadlines = Vec::new();
+        self.expired_at(now_ns, max, out, &mut deadlines);
+    }
+
+    /// [`Timers::expired`], also giving each fired timer's deadline (in `deadlines`, in the
+    /// same order as the timers appended to `out`).
+    pub fn expired_at(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>, deadlines: &mut Vec<u64>) {
         let mut n = 0;
         while n < max {
             match self.heap.peek() {
                 Some(Reverse((deadline, ..))) if *deadline <= now_ns => {}
                 _ => break,
             }
-            let Some(Reverse((_, seq, object, key))) = self.heap.pop() else { break };
+            let Some(Reverse((deadline, seq, object, key))) = self.heap.pop() else { break };
             if self.armed.get(&(object, key)) == Some(&seq) {
                 self.armed.remove(&(object, key));
                 out.push(TimerFired { object, key });
+                deadlines.push(deadline);
                 n += 1;
             }
         }

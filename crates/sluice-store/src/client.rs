@@ -951,9 +951,29 @@ impl StateHandle for StoreClient {
     fn expired(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>) {
         self.now_ns = self.now_ns.max(now_ns);
         let start = out.len();
-        self.timers.expired(now_ns, max, out);
-        for f in &out[start..] {
+        let mut deadlines = Vec::new();
+        self.timers.expired_at(now_ns, max, out, &mut deadlines);
+        if out.len() == start {
+            return;
+        }
+        let fired: Vec<TimerFired> = out.drain(start..).collect();
+        for (f, deadline_ns) in fired.into_iter().zip(deadlines) {
+            let shared = !matches!(self.strategies.get(usize::from(f.object.0)), Some(Strategy::WriteThrough));
+            if self.cfg.write_through && shared {
+                // Several instances may arm timers on a shared key: only a copy the store still
+                // holds expires it (one round trip per expiry of a shared key).
+                let key = self.key(f.object, &f.key);
+                let op = StoreOp::ExpireTimer { deadline_ns };
+                match self.call(key, op, None).map(|r| r.result) {
+                    Ok(Ok(Some(Value::Int(1)))) => out.push(f),
+                    // Stale (re-armed or cancelled elsewhere), or the store is unreachable: a
+                    // retransmitted batch or a replacement fires it again.
+                    _ => {}
+                }
+                continue;
+            }
             self.timer_changes.insert((f.object, f.key), None);
+            out.push(f);
         }
     }
 

@@ -257,6 +257,13 @@ impl Shard {
                 entry.timer = None;
                 None
             }
+            StoreOp::ExpireTimer { deadline_ns } => match entry.timer {
+                Some((d, _)) if d == deadline_ns => {
+                    entry.timer = None;
+                    Some(Value::Int(1))
+                }
+                _ => Some(Value::Int(0)),
+            },
             StoreOp::Claim => match entry.owner {
                 None => {
                     entry.owner = Some(client);

@@ -48,6 +48,16 @@ pub enum StoreOp {
     },
     /// Cancel the timer on the key.
     CancelTimer,
+    /// The requester's copy of the timer on the key fired at `deadline_ns`. If the store's timer
+    /// on the key is still that one, it is cancelled and the result is `Int(1)`: the requester
+    /// acts on the expiry. Otherwise (another instance re-armed it since, or cancelled it) the
+    /// result is `Int(0)` and nothing changes: the requester's copy was stale. Instances sharing
+    /// a cross-flow object each keep the timers they armed; this makes exactly one of them
+    /// expire a key, at the deadline the logical NF would.
+    ExpireTimer {
+        /// The deadline the requester's copy had, nanoseconds of packet time.
+        deadline_ns: u64,
+    },
     /// Take ownership of a per-flow value. Result: `Int(1)` if the requester owns it now,
     /// `Int(0)` if another live owner holds it (the requester is then told on release).
     Claim,
