@@ -1,0 +1,228 @@
+//! [`RedisBackend`]: connecting (loading the function library), clearing the keyspace, and
+//! the [`Backend`] operations that act on the whole store (checkpoint, restore, wipe).
+
+use crate::codec::{decode_opt, encode_key, Form};
+use crate::config::parse_url;
+use crate::connection::RedisConnection;
+use crate::reply::{
+    array, bytes, codec_err, decode_whole_key, invalid, is_connection_error, number, redis_err, text, ts_of,
+};
+use crate::request::hex16;
+use crate::topology::{lock_mutex, write_lock, Nodes, Shared, Topology};
+use crate::LIBRARY;
+use sluice_packet::{Clock, InstanceId};
+use sluice_state::CustomOp;
+use sluice_store::{Backend, Checkpoint, Connection, StoreError};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// A Sluice store in Redis (one server or a cluster). Cheap to clone; every
+/// [`Backend::connect`] opens the instance's own connections.
+#[derive(Clone)]
+pub struct RedisBackend {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend").field("url", &self.shared.cfg.display).finish()
+    }
+}
+
+impl RedisBackend {
+    /// Connects to `redis://host:port` or `redis+cluster://h1:p1,h2:p2,...` (see the crate
+    /// docs for the parameters), reads the cluster's slot map and loads the function library
+    /// on every node.
+    pub fn connect(url: &str) -> Result<RedisBackend, StoreError> {
+        let cfg = parse_url(url)?;
+        let shared = Arc::new(Shared {
+            cfg,
+            topology: RwLock::new(Topology { nodes: Vec::new(), bucket_node: Vec::new() }),
+            custom: RwLock::new(HashMap::new()),
+            admin: Mutex::new(Nodes::default()),
+        });
+        let backend = RedisBackend { shared };
+        backend.with_admin(|shared, nodes| {
+            let topo = shared.refresh(nodes)?;
+            for url in &topo.nodes {
+                let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(LIBRARY).clone();
+                nodes.query(url, &load).map_err(|e| {
+                    if is_connection_error(&e) {
+                        invalid(format!("{url}: {e}"))
+                    } else {
+                        invalid(format!("{url}: cannot load the Sluice function library (Redis >= 7 needed): {e}"))
+                    }
+                })?;
+            }
+            Ok(())
+        })?;
+        Ok(backend)
+    }
+
+    /// The key prefix (namespace) of this store.
+    pub fn prefix(&self) -> &str {
+        &self.shared.cfg.prefix
+    }
+
+    /// The number of buckets (shards).
+    pub fn buckets(&self) -> u16 {
+        self.shared.cfg.buckets
+    }
+
+    /// Deletes every key of this store's prefix on every node (tests, resets).
+    pub fn clear(&self) -> Result<(), StoreError> {
+        self.with_admin(|shared, nodes| {
+            let topo = shared.topology();
+            let pattern = format!("{{{}:*", shared.cfg.prefix);
+            for url in &topo.nodes {
+                let mut cursor: u64 = 0;
+                loop {
+                    let scan = redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000).clone();
+                    let v = nodes.query(url, &scan).map_err(redis_err)?;
+                    let a = array(&v)?;
+                    let (Some(next), Some(keys)) = (a.first(), a.get(1)) else {
+                        return Err(StoreError::Protocol("short SCAN reply".into()));
+                    };
+                    cursor = number(next)?;
+                    for k in array(keys)? {
+                        let del = redis::cmd("UNLINK").arg(bytes(k)?).clone();
+                        nodes.query(url, &del).map_err(redis_err)?;
+                    }
+                    if cursor == 0 {
+                        break;
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Runs `f` on the admin connections (checkpoint, restore, clear), one caller at a time.
+    fn with_admin<T>(&self, f: impl FnOnce(&Shared, &mut Nodes) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        f(&self.shared, &mut lock_mutex(&self.shared.admin))
+    }
+}
+
+impl Backend for RedisBackend {
+    fn name(&self) -> String {
+        format!("{} (prefix {}, {} buckets)", self.shared.cfg.display, self.shared.cfg.prefix, self.shared.cfg.buckets)
+    }
+
+    fn register_custom_ops(&self, vertex: u16, ops: &[CustomOp]) -> Result<(), StoreError> {
+        write_lock(&self.shared.custom).insert(vertex, ops.to_vec());
+        Ok(())
+    }
+
+    fn connect(&self, client: InstanceId) -> Result<Box<dyn Connection>, StoreError> {
+        Ok(Box::new(RedisConnection::open(self.shared.clone(), client)?))
+    }
+
+    fn checkpoint(&self) -> Result<Checkpoint, StoreError> {
+        self.with_admin(|shared, nodes| {
+            let topo = shared.topology();
+            let mut values = Vec::new();
+            let mut timers = Vec::new();
+            let mut ts: BTreeMap<InstanceId, Clock> = BTreeMap::new();
+            for (n, url) in topo.nodes.iter().enumerate() {
+                let cmd = bucket_fcall("sluice_dump", &shared.cfg.prefix, &topo.buckets_of(n));
+                let v = nodes.query(url, &cmd).map_err(redis_err)?;
+                let parts = array(&v)?;
+                let (Some(vals), Some(t), Some(tm)) = (parts.first(), parts.get(1), parts.get(2)) else {
+                    return Err(StoreError::Protocol("short sluice_dump reply".into()));
+                };
+                for triple in array(tm)?.chunks(3) {
+                    if let [k, d, who] = triple {
+                        let key = decode_whole_key(bytes(k)?)?;
+                        let d = text(d)?;
+                        let deadline = u64::from_str_radix(&d, 16)
+                            .map_err(|_| StoreError::Protocol(format!("timer deadline {d:?} is not hex")))?;
+                        timers.push((key, deadline, InstanceId(number(who)?)));
+                    }
+                }
+                for pair in array(vals)?.chunks(2) {
+                    if let [k, e] = pair {
+                        let key = decode_whole_key(bytes(k)?)?;
+                        if let Some(value) = decode_opt(bytes(e)?).map_err(codec_err)? {
+                            values.push((key, value));
+                        }
+                    }
+                }
+                for (i, c) in ts_of(t)? {
+                    let e = ts.entry(i).or_insert(c);
+                    *e = (*e).max(c);
+                }
+            }
+            values.sort_by_key(|v| v.0);
+            timers.sort();
+            Ok(Checkpoint { values, ts: ts.into_iter().collect(), timers })
+        })
+    }
+
+    fn restore(&self, cp: &Checkpoint) -> Result<(), StoreError> {
+        self.with_admin(|shared, nodes| {
+            let topo = shared.topology();
+            let mut per_node: Vec<Vec<Vec<u8>>> = vec![Vec::new(); topo.nodes.len()];
+            // Timers per node: bucket, key, deadline, recipient each.
+            let mut timers_of: Vec<Vec<Vec<u8>>> = vec![Vec::new(); topo.nodes.len()];
+            // A key's encoding, its bucket and the node serving it.
+            let place = |k| {
+                let kenc = encode_key(k);
+                let b = shared.bucket_of(&kenc);
+                (kenc, b, topo.node_of(b))
+            };
+            for (k, d, who) in &cp.timers {
+                let (kenc, b, n) = place(k);
+                if let Some(args) = timers_of.get_mut(n) {
+                    args.push(b.to_string().into_bytes());
+                    args.push(kenc);
+                    args.push(hex16(*d).into_bytes());
+                    args.push(who.0.to_string().into_bytes());
+                }
+            }
+            for (k, v) in &cp.values {
+                let (kenc, b, n) = place(k);
+                if let Some(args) = per_node.get_mut(n) {
+                    args.push(b.to_string().into_bytes());
+                    args.push(kenc);
+                    Form::of(Some(v)).push_args(args);
+                }
+            }
+            for (n, url) in topo.nodes.iter().enumerate() {
+                let mut cmd = bucket_fcall("sluice_restore", &shared.cfg.prefix, &topo.buckets_of(n));
+                cmd.arg(cp.ts.len());
+                for (i, c) in &cp.ts {
+                    cmd.arg(i.0).arg(c.0);
+                }
+                let timers = timers_of.get(n).map(Vec::as_slice).unwrap_or(&[]);
+                cmd.arg(timers.len() / 4);
+                for a in timers {
+                    cmd.arg(a.as_slice());
+                }
+                for a in per_node.get(n).map(Vec::as_slice).unwrap_or(&[]) {
+                    cmd.arg(a.as_slice());
+                }
+                nodes.query(url, &cmd).map_err(redis_err)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Deletes the prefix's whole keyspace ([`RedisBackend::clear`]): values, metadata, logs, TS
+    /// vectors, timers, packet times and notification lists. Batch sequences live in each
+    /// [`Connection`] and custom operations in this process, so the latter survive; connections
+    /// opened before the wipe must still be replaced, as the trait requires.
+    fn wipe(&self) -> Result<(), StoreError> {
+        self.clear()
+    }
+}
+
+/// An `FCALL` of a function that takes the prefix and the buckets a node serves (more
+/// arguments may follow).
+fn bucket_fcall(function: &str, prefix: &str, buckets: &[u16]) -> redis::Cmd {
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(function).arg(0).arg(prefix).arg(buckets.len());
+    for b in buckets {
+        cmd.arg(*b);
+    }
+    cmd
+}

@@ -1,0 +1,380 @@
+//! [`RedisConnection`]: one instance's connection, applying batches in number order through
+//! `sluice_exec` (one call per node), running in the client what Redis cannot, and draining
+//! notifications.
+
+use crate::codec::{decode_key, decode_opt, encode_opt, Form};
+use crate::config::Mode;
+use crate::reply::{array, bytes, codec_err, invalid, is_topology_error, number, redis_err, text, ts_of};
+use crate::request::{header, is_broadcast, push_tagged, Op};
+use crate::topology::{Nodes, Shared};
+use sluice_packet::InstanceId;
+use sluice_state::{ops::apply, StateError, StateOp};
+use sluice_store::{Connection, Notification, Replies, Request, Response, StoreError, StoreOp, TsVector};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Conditional writes of one client operation retried at most this often under contention.
+const MAX_CONFLICTS: usize = 10_000;
+/// Times a call is regrouped after the cluster's slot map changed.
+const MAX_REROUTES: usize = 5;
+
+/// The name of a state operation a node reports a type error for, as [`StateError`] spells it.
+fn static_op(s: &str) -> Option<&'static str> {
+    ["incr", "push", "pop", "pop_n"].into_iter().find(|x| *x == s)
+}
+
+/// The name of a value type a node reports, as [`StateError`] spells it.
+fn static_kind(s: &str) -> Option<&'static str> {
+    ["int", "float", "endpoint", "tuple", "ints", "list", "bytes"].into_iter().find(|x| *x == s)
+}
+
+/// What a node answered about one operation.
+enum Outcome {
+    /// Done (answer included when wanted or failed).
+    Done(Option<Response>),
+    /// Must be applied in the client: the value's encoding and version, and for an
+    /// `IncrMany` which of its tags were logged already.
+    Fallback(Vec<u8>, String, Vec<bool>),
+}
+
+/// One instance's connection: its own connection to every node.
+pub(crate) struct RedisConnection {
+    shared: Arc<Shared>,
+    /// The instance id, as `sluice_exec` takes it.
+    client_arg: Vec<u8>,
+    nodes: Nodes,
+    /// The next batch number to apply (numbers are per connection, from 1).
+    next_batch: u64,
+    /// Batches that arrived before their predecessors.
+    held: BTreeMap<u64, Arc<[Request]>>,
+    /// Answers not yet polled.
+    responses: VecDeque<Response>,
+    /// Batches applied and not yet reported as acknowledged.
+    acked: Vec<u64>,
+    /// Notifications drained from the nodes and not yet handed out.
+    notes: Vec<Notification>,
+}
+
+impl RedisConnection {
+    /// Opens `client`'s connection to every node of the current slot map, failing now rather
+    /// than at the first batch if a node is unreachable.
+    pub(crate) fn open(shared: Arc<Shared>, client: InstanceId) -> Result<RedisConnection, StoreError> {
+        let nodes = shared.topology().nodes;
+        let mut conn = RedisConnection {
+            shared,
+            client_arg: client.0.to_string().into_bytes(),
+            nodes: Nodes::default(),
+            next_batch: 1,
+            held: BTreeMap::new(),
+            responses: VecDeque::new(),
+            acked: Vec::new(),
+            notes: Vec::new(),
+        };
+        for url in nodes {
+            conn.nodes.get(&url)?;
+        }
+        Ok(conn)
+    }
+
+    /// Calls `sluice_exec` on a node; `Err(Ok(()))` when the slot map changed under it.
+    fn call(
+        &mut self,
+        url: &str,
+        buckets: &[u16],
+        ops: &[&Op],
+        drain: bool,
+    ) -> Result<Result<redis::Value, ()>, StoreError> {
+        let cluster = matches!(self.shared.cfg.mode, Mode::Cluster(_));
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg("sluice_exec")
+            .arg(0)
+            .arg(&self.shared.cfg.prefix)
+            .arg(self.client_arg.as_slice())
+            .arg(if cluster { "1" } else { "0" })
+            .arg(if drain { "1" } else { "0" })
+            .arg(buckets.len());
+        for b in buckets {
+            cmd.arg(*b);
+        }
+        for op in ops {
+            for a in &op.args {
+                cmd.arg(a.as_slice());
+            }
+        }
+        match self.nodes.query(url, &cmd) {
+            Ok(v) => Ok(Ok(v)),
+            Err(e) if cluster && is_topology_error(&e) => Ok(Err(())),
+            Err(e) => Err(redis_err(e)),
+        }
+    }
+
+    /// Decodes drained notifications into `notes`.
+    fn decode_notes(&mut self, v: &redis::Value) -> Result<(), StoreError> {
+        for n in array(v)? {
+            let b = bytes(n)?;
+            let Some((kind, rest)) = b.split_first() else { continue };
+            let (key, used) = decode_key(rest).map_err(codec_err)?;
+            let after = rest.get(used..).unwrap_or(&[]);
+            self.notes.push(match kind {
+                b'C' => Notification::Changed { key, value: decode_opt(after).map_err(codec_err)? },
+                b'T' => Notification::TimerFired { key },
+                b'H' => Notification::Handover { key },
+                k => return Err(StoreError::Protocol(format!("unknown notification kind {k:#x}"))),
+            });
+        }
+        Ok(())
+    }
+
+    /// Interprets one entry of `sluice_exec`'s results.
+    fn outcome(&self, batch: &[Request], op: &Op, r: &[redis::Value]) -> Result<Outcome, StoreError> {
+        let req = batch.get(op.req).ok_or_else(|| StoreError::Protocol("result for no request".into()))?;
+        let kind = r.get(1).map(text).transpose()?.unwrap_or_default();
+        let field = |i: usize| r.get(i).ok_or_else(|| StoreError::Protocol("short result".into()));
+        let resp = |result, replayed, ts| Response { id: req.id, result, replayed, ts };
+        Ok(match kind.as_str() {
+            "o" => {
+                let value = decode_opt(bytes(field(2)?)?).map_err(codec_err)?;
+                let ts: Option<TsVector> = match r.get(3) {
+                    Some(t) => Some(ts_of(t)?.into()),
+                    None => None,
+                };
+                Outcome::Done(Some(resp(Ok(value), false, ts)))
+            }
+            "r" => Outcome::Done(Some(resp(Ok(decode_opt(bytes(field(2)?)?).map_err(codec_err)?), true, None))),
+            "e" => {
+                let code = text(field(2)?)?;
+                let a = text(field(3)?)?;
+                let b = r.get(4).map(text).transpose()?.unwrap_or_default();
+                let msg = match code.as_str() {
+                    "owned" => format!("{:?} is owned by instance {}", req.key, a),
+                    "wrong" => match (static_op(&a), static_kind(&b)) {
+                        (Some(op), Some(found)) => StateError::WrongType { op, found }.to_string(),
+                        _ => format!("operation {a} does not apply to a {b} value"),
+                    },
+                    _ => return Err(StoreError::Protocol(format!("{code}: {a}"))),
+                };
+                Outcome::Done(Some(resp(Err(msg), false, None)))
+            }
+            "f" => {
+                let logged = match r.get(4) {
+                    Some(f) => bytes(f)?.iter().map(|b| *b == b'1').collect(),
+                    None => Vec::new(),
+                };
+                Outcome::Fallback(bytes(field(2)?)?.to_vec(), text(field(3)?)?, logged)
+            }
+            other => return Err(StoreError::Protocol(format!("unknown result kind {other:?}"))),
+        })
+    }
+
+    /// Applies an operation the store could not apply itself; returns the conditional write to
+    /// send in its place, or the failure to answer.
+    fn fallback(
+        &self,
+        batch: &[Request],
+        op: &Op,
+        enc: &[u8],
+        ver: &str,
+        logged: &[bool],
+    ) -> Result<Result<Op, Response>, StoreError> {
+        let req = batch.get(op.req).ok_or_else(|| StoreError::Protocol("fallback for no request".into()))?;
+        let fail =
+            |e: StateError| Ok(Err(Response { id: req.id, result: Err(e.to_string()), replayed: false, ts: None }));
+        let mut slot = decode_opt(enc).map_err(codec_err)?;
+        // The increments of an IncrMany applied here, to log with the write.
+        let mut applied: Vec<Vec<u8>> = Vec::new();
+        let result = match &req.op {
+            StoreOp::State(sop) => {
+                let custom = self.shared.custom_ops(req.key.vertex);
+                match apply(&mut slot, sop.clone(), &custom) {
+                    Ok(r) => r,
+                    Err(e) => return fail(e),
+                }
+            }
+            StoreOp::IncrMany(incrs) => {
+                for (i, (tag, d)) in incrs.iter().enumerate() {
+                    if logged.get(i).copied().unwrap_or(false) {
+                        continue;
+                    }
+                    match apply(&mut slot, StateOp::Incr(*d), &[]) {
+                        Ok(r) => push_tagged(&mut applied, *tag, req.key.vertex, encode_opt(r.as_ref())),
+                        Err(e) => return fail(e),
+                    }
+                }
+                None
+            }
+            other => return Err(StoreError::Protocol(format!("fallback for {other:?}"))),
+        };
+        let mut args = header("W", op.bucket, &op.kenc, req, req.reply);
+        args.push(ver.as_bytes().to_vec());
+        Form::of(slot.as_ref()).push_args(&mut args);
+        args.push(encode_opt(result.as_ref()));
+        args.push((applied.len() / 3).to_string().into_bytes());
+        args.extend(applied);
+        Ok(Ok(Op { req: op.req, bucket: op.bucket, kenc: op.kenc.clone(), args }))
+    }
+
+    /// Executes `ops` (in order) on the nodes of the current slot map.
+    fn run(&mut self, batch: &[Request], ops: Vec<Op>, depth: usize) -> Result<(), StoreError> {
+        let topo = self.shared.topology();
+        let mut groups: Vec<Vec<Op>> = vec![Vec::new(); topo.nodes.len()];
+        for op in ops {
+            match op.bucket {
+                None => groups.iter_mut().for_each(|g| g.push(op.clone())),
+                Some(b) => {
+                    if let Some(g) = groups.get_mut(topo.node_of(b)) {
+                        g.push(op);
+                    }
+                }
+            }
+        }
+        for (n, group) in groups.into_iter().enumerate() {
+            if group.is_empty() {
+                continue;
+            }
+            let url = topo.nodes.get(n).cloned().ok_or_else(|| invalid("node vanished"))?;
+            let buckets = topo.buckets_of(n);
+            if let Some(rest) = self.run_group(batch, &url, &buckets, group)? {
+                if depth >= MAX_REROUTES {
+                    return Err(invalid("the cluster's slot map keeps changing"));
+                }
+                self.shared.refresh(&mut self.nodes)?;
+                self.run(batch, rest, depth + 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Executes one node's operations; returns those left when the node no longer serves them.
+    fn run_group(
+        &mut self,
+        batch: &[Request],
+        url: &str,
+        buckets: &[u16],
+        mut ops: Vec<Op>,
+    ) -> Result<Option<Vec<Op>>, StoreError> {
+        let mut start = 0;
+        let mut conflicts = 0;
+        while start < ops.len() {
+            let refs: Vec<&Op> = ops[start..].iter().collect();
+            let reply = match self.call(url, buckets, &refs, false)? {
+                Ok(v) => v,
+                Err(()) => return Ok(Some(ops.split_off(start))),
+            };
+            let parts = array(&reply)?;
+            let results = parts.first().map(array).transpose()?.unwrap_or(&[]);
+            let mut next = ops.len();
+            for r in results {
+                let r = array(r)?;
+                let idx: usize = r.first().map(number).transpose()?.unwrap_or(0);
+                let pos = start + idx.checked_sub(1).ok_or_else(|| StoreError::Protocol("result index 0".into()))?;
+                let op = ops.get(pos).ok_or_else(|| StoreError::Protocol("result index out of range".into()))?;
+                match self.outcome(batch, op, r)? {
+                    Outcome::Done(Some(resp)) => self.responses.push_back(resp),
+                    Outcome::Done(None) => {}
+                    Outcome::Fallback(enc, ver, logged) => {
+                        if op.args.first().is_some_and(|c| c == b"W") {
+                            conflicts += 1;
+                            if conflicts > MAX_CONFLICTS {
+                                let id = batch.get(op.req).map(|r| r.id).unwrap_or(0);
+                                self.responses.push_back(Response {
+                                    id,
+                                    result: Err("too many concurrent updates to apply a custom operation".into()),
+                                    replayed: false,
+                                    ts: None,
+                                });
+                                next = pos + 1;
+                                break;
+                            }
+                        }
+                        match self.fallback(batch, op, &enc, &ver, &logged)? {
+                            Ok(write) => {
+                                ops[pos] = write;
+                                next = pos;
+                            }
+                            Err(resp) => {
+                                self.responses.push_back(resp);
+                                next = pos + 1;
+                            }
+                        }
+                        break;
+                    }
+                }
+            }
+            start = next;
+        }
+        Ok(None)
+    }
+
+    /// Drains this instance's notification lists on every node.
+    fn drain_notifications(&mut self) -> Result<(), StoreError> {
+        let topo = self.shared.topology();
+        for (n, url) in topo.nodes.iter().enumerate() {
+            let buckets = topo.buckets_of(n);
+            let reply = match self.call(url, &buckets, &[], true)? {
+                Ok(v) => v,
+                Err(()) => {
+                    // Buckets moved: the next poll uses the new map.
+                    self.shared.refresh(&mut self.nodes)?;
+                    continue;
+                }
+            };
+            let parts = array(&reply)?;
+            if let Some(notes) = parts.get(1) {
+                self.decode_notes(notes)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Connection for RedisConnection {
+    fn send(&mut self, number: u64, batch: Arc<[Request]>) -> Result<(), StoreError> {
+        if number < self.next_batch {
+            // Applied before (a retransmission): acknowledge again.
+            self.acked.push(number);
+            return Ok(());
+        }
+        self.held.insert(number, batch);
+        // Apply in number order, holding a batch until those before it have arrived.
+        while let Some(batch) = self.held.remove(&self.next_batch) {
+            let number = self.next_batch;
+            let ops: Vec<Op> = batch.iter().enumerate().map(|(i, r)| Op::encode(&self.shared, i, r)).collect();
+            if let Err(e) = self.run(&batch, ops, 0) {
+                // Not acknowledged: the client sends it again (tagged updates apply once).
+                self.held.insert(number, batch);
+                return Err(e);
+            }
+            for r in batch.iter() {
+                if r.reply && is_broadcast(&r.op) {
+                    self.responses.push_back(Response { id: r.id, result: Ok(None), replayed: false, ts: None });
+                }
+            }
+            self.acked.push(number);
+            self.next_batch += 1;
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut Replies) -> Result<(), StoreError> {
+        out.responses.extend(self.responses.drain(..));
+        out.acked.append(&mut self.acked);
+        Ok(())
+    }
+
+    fn wait(&mut self, out: &mut Replies, timeout: Duration) -> Result<(), StoreError> {
+        let before = out.responses.len() + out.acked.len();
+        self.poll(out)?;
+        if out.responses.len() + out.acked.len() == before {
+            // Requests execute inside `send`: nothing more can arrive. Do not spin the caller.
+            std::thread::sleep(timeout.min(Duration::from_millis(1)));
+        }
+        Ok(())
+    }
+
+    fn notifications(&mut self, out: &mut Vec<Notification>) -> Result<(), StoreError> {
+        self.drain_notifications()?;
+        out.append(&mut self.notes);
+        Ok(())
+    }
+}

@@ -1,0 +1,96 @@
+//! Reading Redis replies, and Redis errors as store errors.
+
+use crate::codec::{self, decode_key};
+use sluice_packet::{Clock, InstanceId};
+use sluice_store::{StoreError, StoreKey};
+
+/// A backend-level failure (bad URL, unreachable node, unusable cluster).
+pub(crate) fn invalid(msg: impl Into<String>) -> StoreError {
+    StoreError::Unavailable(msg.into())
+}
+
+/// Whether the connection itself failed (it is then dropped and opened again).
+pub(crate) fn is_connection_error(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
+}
+
+/// A Redis error as a store error: connection trouble makes the store unavailable, anything
+/// else is a protocol error.
+pub(crate) fn redis_err(e: redis::RedisError) -> StoreError {
+    if is_connection_error(&e) {
+        StoreError::Unavailable(e.to_string())
+    } else {
+        StoreError::Protocol(e.to_string())
+    }
+}
+
+/// Whether a failed call should be retried on a fresh slot map.
+pub(crate) fn is_topology_error(e: &redis::RedisError) -> bool {
+    let s = e.to_string();
+    e.is_cluster_error()
+        || s.contains("non local key")
+        || s.contains("MOVED")
+        || s.contains("ASK")
+        || s.contains("CLUSTERDOWN")
+        || s.contains("TRYAGAIN")
+}
+
+/// A string reply's bytes (nil is empty).
+pub(crate) fn bytes(v: &redis::Value) -> Result<&[u8], StoreError> {
+    match v {
+        redis::Value::BulkString(b) => Ok(b),
+        redis::Value::SimpleString(s) => Ok(s.as_bytes()),
+        redis::Value::Nil => Ok(&[]),
+        other => Err(StoreError::Protocol(format!("expected a string, got {other:?}"))),
+    }
+}
+
+/// A string or integer reply as text.
+pub(crate) fn text(v: &redis::Value) -> Result<String, StoreError> {
+    match v {
+        redis::Value::Int(i) => Ok(i.to_string()),
+        other => String::from_utf8(bytes(other)?.to_vec()).map_err(|_| StoreError::Protocol("not UTF-8".into())),
+    }
+}
+
+/// An array (or set) reply's elements (nil is empty).
+pub(crate) fn array(v: &redis::Value) -> Result<&[redis::Value], StoreError> {
+    match v {
+        redis::Value::Array(a) | redis::Value::Set(a) => Ok(a),
+        redis::Value::Nil => Ok(&[]),
+        other => Err(StoreError::Protocol(format!("expected an array, got {other:?}"))),
+    }
+}
+
+/// A reply holding a number, as text or as an integer.
+pub(crate) fn number<T: std::str::FromStr>(v: &redis::Value) -> Result<T, StoreError> {
+    let s = text(v)?;
+    s.parse().map_err(|_| StoreError::Protocol(format!("expected a number, got {s:?}")))
+}
+
+/// A value or key that does not decode, as a protocol error.
+pub(crate) fn codec_err(e: codec::CodecError) -> StoreError {
+    StoreError::Protocol(e.to_string())
+}
+
+/// A flat `client, clock, ...` array as a sorted TS vector.
+pub(crate) fn ts_of(v: &redis::Value) -> Result<Vec<(InstanceId, Clock)>, StoreError> {
+    let a = array(v)?;
+    let mut ts = Vec::with_capacity(a.len() / 2);
+    for pair in a.chunks(2) {
+        if let [c, k] = pair {
+            ts.push((InstanceId(number(c)?), Clock(number(k)?)));
+        }
+    }
+    ts.sort();
+    Ok(ts)
+}
+
+/// A key encoding that must be exactly one key.
+pub(crate) fn decode_whole_key(kb: &[u8]) -> Result<StoreKey, StoreError> {
+    let (key, used) = decode_key(kb).map_err(codec_err)?;
+    if used != kb.len() {
+        return Err(StoreError::Protocol("trailing bytes after a key".into()));
+    }
+    Ok(key)
+}

@@ -1,0 +1,204 @@
+//! Checks of the per-clock log: a tagged update is applied once however often it is sent,
+//! `ForgetClock` ends that, a tagged read consults the log without joining it, and recorded
+//! non-deterministic values repeat for a packet's replays.
+
+use super::raw::Raw;
+use super::support::{clk, ensure, fresh_base, meta, open_client, skey, tag, ts_has};
+use crate::backend::Backend;
+use crate::client::{ClientConfig, Mode, StoreClient};
+use crate::wire::{OpTag, Request, StoreOp};
+use sluice_packet::{Clock, InstanceId, Meta, MetaFlags};
+use sluice_state::{AccessPattern, LocalState, Scope, StateDecl, StateError, StateHandle, StateKey, StateOp, Value};
+use std::sync::Arc;
+
+/// A retransmitted tagged update is applied once: the same `Incr` and tag sent again (another
+/// batch) is answered from the log with the first result and `replayed = true`; the same for a
+/// retransmitted batch without `reply`; and from another instance of the same vertex (a clone
+/// replaying the packet). The same tag at another vertex is a different update (tags are
+/// per vertex), and a new tag applies normally.
+pub fn retransmit_applied_once(b: &dyn Backend) -> Result<(), String> {
+    let v = 1006;
+    let base = fresh_base();
+    let k = skey(v, 0, StateKey::Id(base));
+    let mut a = Raw::open(b, InstanceId::new(v, 0))?;
+    let t = tag(clk(base, 1), 0);
+    let r1 = a.call(k, StoreOp::State(StateOp::Incr(5)), t)?;
+    ensure(r1.result == Ok(Some(Value::Int(5))) && !r1.replayed, || format!("first tagged Incr(5): {r1:?}"))?;
+    let r2 = a.call(k, StoreOp::State(StateOp::Incr(5)), t)?;
+    ensure(r2.result == Ok(Some(Value::Int(5))) && r2.replayed, || {
+        format!("retransmitted Incr(5) should return the logged Int(5) with replayed=true, got {r2:?}")
+    })?;
+    let now = a.get(k)?;
+    ensure(now == Some(Value::Int(5)), || format!("after a retransmitted Incr(5): {now:?}, want 5"))?;
+
+    // Retransmission of a whole non-reply batch (the client's case).
+    let t2 = tag(clk(base, 2), 0);
+    let t3 = tag(clk(base, 2), 1);
+    let batch: Arc<[Request]> = vec![
+        a.req(k, StoreOp::State(StateOp::Incr(7)), t2, false),
+        a.req(k, StoreOp::State(StateOp::Incr(100)), t3, false),
+    ]
+    .into();
+    for _ in 0..3 {
+        let bn = a.send_arc(batch.clone())?;
+        a.wait_ack(bn)?;
+    }
+    let now = a.get(k)?;
+    ensure(now == Some(Value::Int(112)), || format!("a batch of Incr(7), Incr(100) sent 3 times: {now:?}, want 112"))?;
+
+    // IncrMany: each increment is applied once, whichever requests carry it.
+    let m = skey(v, 1, StateKey::Id(base));
+    let (u1, u2, u3) = (
+        OpTag { clock: clk(base, 4), seq: 0 },
+        OpTag { clock: clk(base, 4), seq: 1 },
+        OpTag { clock: clk(base, 5), seq: 0 },
+    );
+    a.apply_nb(m, StoreOp::IncrMany(vec![(u1, 1), (u2, 2)]), None)?;
+    a.apply_nb(m, StoreOp::IncrMany(vec![(u1, 1), (u2, 2)]), None)?;
+    a.apply_nb(m, StoreOp::IncrMany(vec![(u2, 2), (u3, 4)]), None)?;
+    let now = a.get(m)?;
+    ensure(now == Some(Value::Int(7)), || {
+        format!("IncrMany [u1+1,u2+2] twice then [u2+2,u3+4]: {now:?}, want 7 (each tag applied once)")
+    })?;
+    let r = a.call(m, StoreOp::State(StateOp::Incr(4)), Some(u3))?;
+    ensure(r.replayed && a.get(m)? == Some(Value::Int(7)), || {
+        format!("an Incr with a tag applied by IncrMany should be a replay: {r:?}")
+    })?;
+
+    // A clone (another instance of the vertex) replaying the same packet clock and seq.
+    let mut clone = Raw::open(b, InstanceId::new(v, 1))?;
+    let r3 = clone.call(k, StoreOp::State(StateOp::Incr(5)), t)?;
+    ensure(r3.result == Ok(Some(Value::Int(5))) && r3.replayed, || {
+        format!("a clone replaying the tag should get the logged Int(5), replayed=true: {r3:?}")
+    })?;
+    clone.apply_nb(k, StoreOp::State(StateOp::Incr(7)), t2)?;
+    let now = clone.get(k)?;
+    ensure(now == Some(Value::Int(112)), || format!("after a clone replayed two updates: {now:?}, want 112"))?;
+
+    // The same tag at another vertex (the next NF processing the same packet) is applied.
+    let other = skey(v + 100, 0, StateKey::Id(base));
+    let mut o = Raw::open(b, InstanceId::new(v + 100, 0))?;
+    let r4 = o.call(other, StoreOp::State(StateOp::Incr(5)), t)?;
+    ensure(r4.result == Ok(Some(Value::Int(5))) && !r4.replayed, || {
+        format!("the same clock/seq at another vertex must be applied, got {r4:?}")
+    })?;
+    // A new tag applies normally.
+    let r5 = clone.call(k, StoreOp::State(StateOp::Incr(1)), tag(clk(base, 3), 0))?;
+    ensure(r5.result == Ok(Some(Value::Int(113))) && !r5.replayed, || format!("new tag: {r5:?}"))
+}
+
+/// The contract of `ForgetClock(c)`: once `c` is above every clock logged before (the root is
+/// done with all those packets), the store forgets their per-clock log, so a tag of such a clock
+/// sent again is applied again; tags of later clocks are still recognised. Uses clocks of root
+/// 255 (above every other root's): run it alone on a shared store, see [`EXCLUSIVE`](super::EXCLUSIVE).
+pub fn forget_clock_reapplies(b: &dyn Backend) -> Result<(), String> {
+    let v = 1007;
+    let base = fresh_base();
+    let k = skey(v, 0, StateKey::Id(base));
+    let mut a = Raw::open(b, InstanceId::new(v, 0))?;
+    let old = tag(Clock::new(255, base + 1), 0);
+    let young = tag(Clock::new(255, base + 10), 0);
+    a.state(k, StateOp::Incr(1), old)?;
+    a.state(k, StateOp::Incr(10), young)?;
+    let r = a.call(k, StoreOp::State(StateOp::Incr(1)), old)?;
+    ensure(r.replayed && r.result == Ok(Some(Value::Int(1))), || format!("before ForgetClock: {r:?}"))?;
+    a.apply_nb(k, StoreOp::ForgetClock(Clock::new(255, base + 5)), None)?;
+    let r = a.call(k, StoreOp::State(StateOp::Incr(1)), old)?;
+    ensure(!r.replayed && r.result == Ok(Some(Value::Int(12))), || {
+        format!("after ForgetClock(c ≥ its clock) a tag applies again (12, not replayed), got {r:?}")
+    })?;
+    let r = a.call(k, StoreOp::State(StateOp::Incr(10)), young)?;
+    ensure(r.replayed && r.result == Ok(Some(Value::Int(11))), || {
+        format!("ForgetClock(c) must keep the log of clocks > c: replaying the younger tag gave {r:?}")
+    })?;
+    let now = a.get(k)?;
+    ensure(now == Some(Value::Int(12)), || format!("final value {now:?}, want 12"))
+}
+
+/// A tagged Get consults the per-clock log (a tag logged by an update returns its logged
+/// result, marked replayed) but is itself neither logged nor counted in the TS vector: a later
+/// update with the same tag applies, and the reader's TS entry stays at its last update.
+pub fn tagged_reads_not_logged(b: &dyn Backend) -> Result<(), String> {
+    let v = 1020;
+    let base = fresh_base();
+    let k = skey(v, 0, StateKey::Id(base));
+    let ia = InstanceId::new(v, 0);
+    let mut a = Raw::open(b, ia)?;
+    let mut r = Raw::open(b, InstanceId::new(v, 1))?;
+    let (t1, t2, t3) = (tag(clk(base, 1), 0), tag(clk(base, 5), 0), tag(clk(base, 9), 0));
+    a.state(k, StateOp::Incr(1), t1)?;
+    let got = a.call(k, StoreOp::State(StateOp::Get), t2)?;
+    ensure(!got.replayed && got.result == Ok(Some(Value::Int(1))), || format!("a tagged Get of a new tag: {got:?}"))?;
+    let plain = r.call(k, StoreOp::State(StateOp::Get), None)?;
+    let ts = plain.ts.ok_or_else(|| format!("a Get of a shared value returned no TS vector: {:?}", plain.result))?;
+    ensure(ts_has(&ts, ia, clk(base, 1)), || {
+        format!("a tagged Get moved the TS vector: want (a, {}), got {ts:?}", clk(base, 1))
+    })?;
+    let upd = a.call(k, StoreOp::State(StateOp::Incr(10)), t2)?;
+    ensure(!upd.replayed && upd.result == Ok(Some(Value::Int(11))), || {
+        format!("an update with the tag of an earlier Get must apply (11, not replayed): {upd:?}")
+    })?;
+    let again = a.call(k, StoreOp::State(StateOp::Get), t1)?;
+    ensure(again.replayed && again.result == Ok(Some(Value::Int(1))), || {
+        format!("a tagged Get of a logged tag must return the logged result (1, replayed): {again:?}")
+    })?;
+    let fresh = a.call(k, StoreOp::State(StateOp::Get), t3)?;
+    ensure(!fresh.replayed && fresh.result == Ok(Some(Value::Int(11))), || {
+        format!("a tagged Get of an unlogged tag must read the value (11): {fresh:?}")
+    })?;
+    let upd = a.call(k, StoreOp::State(StateOp::Incr(100)), t3)?;
+    ensure(!upd.replayed && upd.result == Ok(Some(Value::Int(111))), || {
+        format!("the Get's tag must not be logged: a later update with it gave {upd:?}")
+    })
+}
+
+/// CHC's test case 11: a straggler and its clone (two instances of one vertex) drawing a
+/// non-deterministic value for the same packet get the value drawn first; another packet, or
+/// the next draw for the same packet, gets its own; a replay of the packet at a third instance
+/// gets the first values again.
+pub fn recorded_values_repeat(b: &dyn Backend) -> Result<(), String> {
+    let v = 1021;
+    let base = fresh_base();
+    let decls = [StateDecl::new("x", Scope::global(), AccessPattern::ReadHeavy)];
+    let cfg =
+        ClientConfig { mode: Mode::Async, write_through: true, record_nondeterminism: true, ..Default::default() };
+    let mk = |i: u16| open_client(b, InstanceId::new(v, i), &decls, &[], cfg.clone());
+    let (mut straggler, mut clone, mut replacement) = (mk(0)?, mk(1)?, mk(2)?);
+    // Draws `fresh` values (in order) while processing the packet of `m`; returns what the
+    // store says.
+    let draw = |c: &mut StoreClient, mut m: Meta, fresh: &[Value]| -> Result<Vec<Value>, String> {
+        c.begin_batch();
+        c.begin_packet(&m);
+        let got: Result<Vec<Value>, StateError> = fresh.iter().map(|f| c.record(f.clone())).collect();
+        c.end_packet(&mut m);
+        c.end_batch();
+        got.map_err(|e| e.to_string())
+    };
+    let packet = |n: u64| meta(clk(base, n));
+    let replay_of_first = || {
+        let mut m = meta(clk(base, 1));
+        m.flags.insert(MetaFlags::REPLAYED);
+        m
+    };
+    let wall = Value::Int(1_700_000_000_123_456_789);
+    let first = draw(&mut straggler, packet(1), &[Value::Int(7), wall.clone()])?;
+    ensure(first == vec![Value::Int(7), wall.clone()], || format!("first draws come back as drawn: {first:?}"))?;
+    let twin = draw(&mut clone, packet(1), &[Value::Int(8), Value::Int(99)])?;
+    ensure(twin == first, || format!("the clone's draws for the same packet: {twin:?}, want {first:?}"))?;
+    let other = draw(&mut clone, packet(2), &[Value::Int(9)])?;
+    ensure(other == vec![Value::Int(9)], || format!("another packet draws its own value: {other:?}"))?;
+    // The same clock again, as a replay at a third instance.
+    let again = draw(&mut replacement, replay_of_first(), &[Value::Int(10), Value::Int(11)])?;
+    ensure(again == first, || format!("a replay draws the first values: {again:?}, want {first:?}"))?;
+    // With recording off (the switch `sluice verify --off nondet` turns), a replay draws anew:
+    // what the recording prevents.
+    let unrecorded_cfg = ClientConfig { record_nondeterminism: false, ..cfg.clone() };
+    let mut unrecorded = open_client(b, InstanceId::new(v, 3), &decls, &[], unrecorded_cfg)?;
+    let fresh = draw(&mut unrecorded, replay_of_first(), &[Value::Int(12)])?;
+    ensure(fresh == vec![Value::Int(12)], || format!("without recording the draw is fresh: {fresh:?}"))?;
+    // The local backend never replays: every draw is fresh.
+    let mut local = LocalState::new(&decls, &[]);
+    let fresh = local.record(Value::Int(5)).map_err(|e| e.to_string())?;
+    ensure(fresh == Value::Int(5), || format!("local state returns the draw: {fresh:?}"))?;
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! Checks of timers: each fires once, at its (last) deadline, to the owner or the armer.
+
+use super::raw::Raw;
+use super::support::{changed, ensure, fired_count, fresh_base, note_key, packet_time_base, skey, timer_fired};
+use crate::backend::Backend;
+use crate::wire::{Notification, StoreKey, StoreOp};
+use sluice_packet::InstanceId;
+use sluice_state::{StateKey, StateOp, Value};
+
+/// A timer fires once, to the instance that armed it (to the owner if the key is claimed): not
+/// before its deadline, once past it, not again; a re-armed timer fires at its new deadline
+/// only; a cancelled timer never fires. Packet times are far above any the store has seen (and
+/// unique per run), so the check works on a store that keeps its time.
+pub fn timers_fire_once(b: &dyn Backend) -> Result<(), String> {
+    let v = 1011;
+    let base = fresh_base();
+    let t0 = packet_time_base(base);
+    let (k1, k2, k3) =
+        (skey(v, 0, StateKey::Id(base)), skey(v, 0, StateKey::Id(base + 1)), skey(v, 0, StateKey::Id(base + 2)));
+    let mut a = Raw::open(b, InstanceId::new(v, 0))?;
+    let mut bb = Raw::open(b, InstanceId::new(v, 1))?;
+    let fired = |k: StoreKey| move |n: &Notification| *n == timer_fired(k);
+    // "Nothing more was delivered" is checked after a sentinel: a value change on the same key
+    // that the watcher is called back for; anything the timer sent earlier arrived before it.
+    let mut sentinel = 0i64;
+    let mut sync = |watcher: &mut Raw, writer: &mut Raw, k: StoreKey| -> Result<(), String> {
+        sentinel += 1;
+        writer.state(k, StateOp::Set(Value::Int(sentinel)), None)?;
+        let want = changed(k, Some(Value::Int(sentinel)));
+        watcher.wait_note("the sentinel callback", |n| *n == want)
+    };
+    for k in [k1, k2, k3] {
+        a.ok(k, StoreOp::Subscribe, None)?;
+    }
+    bb.ok(k3, StoreOp::Subscribe, None)?;
+
+    // Not before the deadline; once past it; not again.
+    a.ok(k1, StoreOp::SetTimer { deadline_ns: t0 + 100 }, None)?;
+    a.advance(k1, t0 + 50)?;
+    sync(&mut a, &mut bb, k1)?;
+    ensure(fired_count(&a, k1) == 0, || format!("a timer fired before its deadline: {:?}", a.notes_about(k1)))?;
+    a.advance(k1, t0 + 150)?;
+    a.wait_note("TimerFired(k1) past its deadline", fired(k1))?;
+    a.advance(k1, t0 + 300)?;
+    sync(&mut a, &mut bb, k1)?;
+    ensure(fired_count(&a, k1) == 1, || format!("a timer fired more than once: {:?}", a.notes_about(k1)))?;
+    // Re-armed twice: fires at the last deadline only.
+    a.ok(k1, StoreOp::SetTimer { deadline_ns: t0 + 500 }, None)?;
+    a.ok(k1, StoreOp::SetTimer { deadline_ns: t0 + 700 }, None)?;
+    a.advance(k1, t0 + 600)?;
+    sync(&mut a, &mut bb, k1)?;
+    ensure(fired_count(&a, k1) == 1, || {
+        format!("a re-armed timer fired at its old deadline: {:?}", a.notes_about(k1))
+    })?;
+    a.advance(k1, t0 + 800)?;
+    a.wait_until("a second TimerFired(k1) at the re-armed deadline", |notes| {
+        notes.iter().filter(|n| **n == timer_fired(k1)).count() >= 2
+    })?;
+    sync(&mut a, &mut bb, k1)?;
+    ensure(fired_count(&a, k1) == 2, || format!("the re-armed timer fired more than once: {:?}", a.notes_about(k1)))?;
+
+    // Cancelled: never fires.
+    a.ok(k2, StoreOp::SetTimer { deadline_ns: t0 + 1000 }, None)?;
+    a.ok(k2, StoreOp::CancelTimer, None)?;
+    a.advance(k2, t0 + 1100)?;
+    sync(&mut a, &mut bb, k2)?;
+    ensure(fired_count(&a, k2) == 0, || format!("a cancelled timer fired: {:?}", a.notes_about(k2)))?;
+
+    // The owner of a claimed key is told, not the instance that armed the timer.
+    let r = a.ok(k3, StoreOp::Claim, None)?;
+    ensure(r == Some(Value::Int(1)), || format!("Claim: {r:?}"))?;
+    bb.ok(k3, StoreOp::SetTimer { deadline_ns: t0 + 1500 }, None)?;
+    a.advance(k3, t0 + 1600)?;
+    a.wait_note("TimerFired(k3) at the owner", fired(k3))?;
+    sync(&mut bb, &mut a, k3)?;
+    ensure(fired_count(&bb, k3) == 0, || {
+        format!("the armer was told of a timer on a key it does not own: {:?}", bb.notes)
+    })?;
+    a.ok(k3, StoreOp::Release, None)?;
+    bb.ok(k3, StoreOp::SetTimer { deadline_ns: t0 + 1700 }, None)?;
+    a.advance(k3, t0 + 1800)?;
+    bb.wait_note("TimerFired(k3) at the armer once the key is unowned", fired(k3))?;
+    sync(&mut a, &mut bb, k3)?;
+    ensure(fired_count(&a, k3) == 1, || format!("the former owner was told of B's timer: {:?}", a.notes_about(k3)))?;
+    let stray: Vec<_> = bb.notes.iter().filter(|n| note_key(n) != k3).collect();
+    ensure(stray.is_empty(), || format!("B received notifications for A's timers: {stray:?}"))
+}
