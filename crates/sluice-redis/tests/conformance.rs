@@ -49,6 +49,7 @@ checks!(
     callbacks_client,
     ownership_handover,
     timers_fire_once,
+    only_the_current_timer_expires,
     checkpoint_restore,
     ts_vector_on_reads,
     client_modes_agree,

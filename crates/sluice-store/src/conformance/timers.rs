@@ -85,3 +85,30 @@ pub fn timers_fire_once(b: &dyn Backend) -> Result<(), String> {
     let stray: Vec<_> = bb.notes.iter().filter(|n| note_key(n) != k3).collect();
     ensure(stray.is_empty(), || format!("B received notifications for A's timers: {stray:?}"))
 }
+
+/// Two instances armed a timer on one shared key, the second re-arming it: when the first
+/// one's copy fires, `ExpireTimer` with its deadline expires nothing (`Int(0)`); the second's
+/// expires it once (`Int(1)`, then `Int(0)`), and it is gone from checkpoints. A timer that
+/// fired stays in checkpoints until its owner expires or cancels it.
+pub fn only_the_current_timer_expires(b: &dyn Backend) -> Result<(), String> {
+    let v = 1013;
+    let base = fresh_base();
+    let t0 = packet_time_base(base);
+    let k = skey(v, 0, StateKey::Id(base));
+    let mut a = Raw::open(b, InstanceId::new(v, 0))?;
+    let mut c = Raw::open(b, InstanceId::new(v, 1))?;
+    a.ok(k, StoreOp::SetTimer { deadline_ns: t0 + 100 }, None)?;
+    c.ok(k, StoreOp::SetTimer { deadline_ns: t0 + 200 }, None)?;
+    c.advance(k, t0 + 300)?;
+    let armed = |b: &dyn Backend| -> Result<bool, String> {
+        Ok(b.checkpoint().map_err(|e| e.to_string())?.timers.iter().any(|(key, _, _)| *key == k))
+    };
+    ensure(armed(b)?, || "a timer that fired left checkpoints before its owner expired it".into())?;
+    let stale = a.ok(k, StoreOp::ExpireTimer { deadline_ns: t0 + 100 }, None)?;
+    ensure(stale == Some(Value::Int(0)), || format!("a stale copy expired the timer: {stale:?}"))?;
+    let current = c.ok(k, StoreOp::ExpireTimer { deadline_ns: t0 + 200 }, None)?;
+    ensure(current == Some(Value::Int(1)), || format!("the current copy did not expire it: {current:?}"))?;
+    let again = c.ok(k, StoreOp::ExpireTimer { deadline_ns: t0 + 200 }, None)?;
+    ensure(again == Some(Value::Int(0)), || format!("a timer expired twice: {again:?}"))?;
+    ensure(!armed(b)?, || "an expired timer is still in checkpoints".into())
+}
