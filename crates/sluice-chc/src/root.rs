@@ -322,6 +322,24 @@ impl Root {
         v
     }
 
+    /// A fresh replay copy of one logged clock aimed at `target` (a copy of another replay lost
+    /// with a failed instance on its way), counted as a copy on its way; `None` if `clock` is
+    /// no longer logged.
+    pub fn replay_clock_to(&mut self, clock: Clock, target: InstanceId) -> Option<(u64, Packet)> {
+        let e = self.log.get(&clock)?;
+        let mut pkt = e.packet.clone();
+        pkt.meta.flags.insert(MetaFlags::REPLAYED);
+        if e.left {
+            pkt.meta.flags.insert(MetaFlags::EMITTED);
+        }
+        pkt.meta.target = Some(target);
+        pkt.meta.xor = 0;
+        let input = e.input;
+        self.copy_sent(&pkt);
+        self.stats.replayed += 1;
+        Some((input, pkt))
+    }
+
     /// No copy of a replay aimed at `target` is travelling any more: the instance has what the
     /// log held when its replay started, and may serve the live packets it held.
     pub fn replay_drained_to(&self, target: InstanceId) -> bool {

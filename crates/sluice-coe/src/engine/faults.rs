@@ -94,6 +94,14 @@ impl Engine<'_> {
             // The copy is gone; its updates are re-done by the replay.
             self.root.copy_lost(p);
         }
+        // Copies of another replay lost on their way to their target: sent again (two
+        // failures at once).
+        let again: Vec<_> = lost
+            .iter()
+            .filter_map(|p| p.meta.replay_target().map(|t| (p.meta.clock, t)))
+            .filter(|(_, t)| *t != InstanceId::new(vertex as u16, index))
+            .filter_map(|(c, t)| self.root.replay_clock_to(c, t))
+            .collect();
         // The failed instance's write-ahead log is gone: checkpoint now, so a store rebuild
         // never needs it (what it had sent is in the store; what it had not, the replay redoes
         // and the replacement logs).
@@ -136,6 +144,10 @@ impl Engine<'_> {
         }
         let detail = format!("instance {index} failed with {} queued packet(s)", lost.len());
         self.replay_episode("crash", count, vertex, id, wall, detail);
+        self.report.stats.replayed += again.len() as u64;
+        for (input, p) in again {
+            self.enter(input, p);
+        }
         self.check_replay_done();
         Ok(())
     }
