@@ -964,11 +964,10 @@ impl StateHandle for StoreClient {
                 // holds expires it (one round trip per expiry of a shared key).
                 let key = self.key(f.object, &f.key);
                 let op = StoreOp::ExpireTimer { deadline_ns };
-                match self.call(key, op, None).map(|r| r.result) {
-                    Ok(Ok(Some(Value::Int(1)))) => out.push(f),
-                    // Stale (re-armed or cancelled elsewhere), or the store is unreachable: a
-                    // retransmitted batch or a replacement fires it again.
-                    _ => {}
+                // Otherwise stale (re-armed or cancelled elsewhere), or the store is
+                // unreachable: a replacement adopts it and fires it again.
+                if let Ok(Ok(Some(Value::Int(1)))) = self.call(key, op, None).map(|r| r.result) {
+                    out.push(f);
                 }
                 continue;
             }
