@@ -156,6 +156,9 @@ impl Engine<'_> {
         }
         if let Some(n) = self.node_mut(to) {
             n.gate.add_flows(keys);
+            for k in keys {
+                n.released.insert(*k, after);
+            }
         }
         if let Some(ep) = self.report.episodes.get_mut(tag) {
             ep.wall_us = wall.elapsed().as_secs_f64() * 1e6;
@@ -217,10 +220,10 @@ impl Engine<'_> {
             let Some(n) = self.node_mut(to) else { continue };
             // Step 7: the held packets go first, the first of each flow marked as such.
             for k in &m.keys {
+                // Packets of the flow that reach the new instance later still start after the
+                // old instance's last one left, held here or not.
+                n.released.insert(*k, now);
                 let held = n.gate.release_flow(*k);
-                if !held.is_empty() {
-                    n.released.insert(*k, now);
-                }
                 for p in held {
                     n.insert(now, Item::Packet(p));
                 }
