@@ -3,8 +3,8 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use sluice_embark::compare::{compare_with_swap, Comparison, SwapPlan};
 use sluice_embark::gateway::{Gateway, GatewayState};
-use sluice_embark::provider::compare;
 use sluice_embark::rules::{encrypt_provider, ProviderConfig};
 use sluice_embark::MasterKey;
 use sluice_io::{Precision, TraceWriter};
@@ -24,14 +24,16 @@ enum EmbarkCmd {
         out: PathBuf,
     },
     /// Encrypt a provider chain's rules: writes the provider's encrypted chain and the
-    /// gateway's secret state.
+    /// gateway's secret state. A rule update is a new encryption with a higher --generation,
+    /// swapped in with `run --swap-at` (docs/embark.md, "Rule updates").
     EncryptRules {
         #[arg(long)]
         key: PathBuf,
         /// Plaintext provider chain (e.g. chains/embark/provider.yaml).
         #[arg(long)]
         chain: PathBuf,
-        /// Rule generation (bump it for every update).
+        /// Rule generation, carried by every packet and token record made under these rules
+        /// (bump it for every update; a swap needs a higher one).
         #[arg(long, default_value_t = 1)]
         generation: u32,
         #[arg(long)]
@@ -54,7 +56,8 @@ enum EmbarkCmd {
         output: PathBuf,
     },
     /// Gateway → provider chain (encrypted rules) → gateway over a trace, compared packet for
-    /// packet with the plaintext chain. Exit 4 if they differ.
+    /// packet with the plaintext chain, optionally with a rule swap mid-trace (--swap-at).
+    /// Exit 4 if they differ or a packet met rules of another generation.
     Run {
         #[arg(long)]
         key: PathBuf,
@@ -71,6 +74,25 @@ enum EmbarkCmd {
         /// Write the comparison as JSON.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Swap to the next rule generation at this input packet (a count, or a percentage
+        /// such as `50%`): the gateway switches, the provider runs both generations' chains
+        /// side by side until the old one's last packet is through, then retires it. Needs
+        /// --next-chain, --next-encrypted-chain and --next-state.
+        #[arg(long, requires_all = ["next_chain", "next_encrypted_chain", "next_state"])]
+        swap_at: Option<String>,
+        /// The next generation's plaintext chain (the reference after the swap).
+        #[arg(long)]
+        next_chain: Option<PathBuf>,
+        /// The next generation's encrypted chain (`encrypt-rules --generation N+1`).
+        #[arg(long)]
+        next_encrypted_chain: Option<PathBuf>,
+        /// The next generation's gateway state.
+        #[arg(long)]
+        next_state: Option<PathBuf>,
+        /// Packets in flight between gateway and provider (processed in order): with a swap,
+        /// the old generation's last packets reach the provider after the gateway switched.
+        #[arg(long, default_value_t = 64)]
+        in_flight: usize,
     },
     /// PrefixMatch, NF-on-ciphertext and gateway benchmarks.
     Bench {
@@ -161,39 +183,105 @@ pub fn cmd(a: EmbarkArgs) -> Result<bool> {
             w.finish()?;
             println!("{} packets in, {n} written to {}; dropped: {errors:?}", packets.len(), output.display());
         }
-        EmbarkCmd::Run { key, state, chain, encrypted_chain, input, json } => {
+        EmbarkCmd::Run {
+            key,
+            state,
+            chain,
+            encrypted_chain,
+            input,
+            json,
+            swap_at,
+            next_chain,
+            next_encrypted_chain,
+            next_state,
+            in_flight,
+        } => {
             let key = read_key(&key)?;
-            let enc = read_chain(&encrypted_chain)?;
-            if enc.key_id.as_deref() != Some(key.id().as_str()) {
-                bail!("{} was encrypted for key {:?}, not {}", encrypted_chain.display(), enc.key_id, key.id());
-            }
+            let enc = read_encrypted_chain(&encrypted_chain, &key)?;
             let mut gw = Gateway::new(&key, read_state(&state)?)?;
             let packets = sluice_io::load(&input, None)?;
-            let c = compare(&sluice_nfs::registry(), &read_chain(&chain)?, &enc, &mut gw, &packets)?;
-            println!("packets          {}", c.packets);
-            println!("forwarded        {} ({} after undoing a NAT port choice)", c.forwarded, c.nat_renamed);
-            println!("dropped          {:?}", c.dropped);
-            println!("IDS alerts       {}", c.alerts);
-            println!("token records    {} ({} bytes)", c.token_records, c.token_bytes);
-            println!("bytes            {} plaintext, {} encrypted data", c.plain_bytes, c.enc_bytes);
-            println!("gateway refused  {:?}", c.gateway_errors);
-            if let Some(j) = json {
-                std::fs::write(j, serde_json::to_string_pretty(&c)?)?;
-            }
-            if c.differences.is_empty() {
-                println!("equivalent: every decision and every delivered packet equal");
-            } else {
-                for d in &c.differences {
-                    println!("DIFFERENCE {d}");
-                }
-                return Ok(false);
-            }
+            let next = match (swap_at, next_chain, next_encrypted_chain, next_state) {
+                (Some(at), Some(p), Some(e), Some(s)) => Some((
+                    parse_at(&at, packets.len())?,
+                    read_chain(&p)?,
+                    read_encrypted_chain(&e, &key)?,
+                    read_state(&s)?,
+                )),
+                _ => None,
+            };
+            let plan = next.as_ref().map(|(at, plain, enc, st)| SwapPlan {
+                at: *at,
+                plain,
+                enc,
+                state: st.clone(),
+                key: &key,
+            });
+            let reg = sluice_nfs::registry();
+            let c = compare_with_swap(&reg, &read_chain(&chain)?, &enc, &mut gw, &packets, plan, in_flight)?;
+            return report(&c, json.as_ref());
         }
         EmbarkCmd::Bench { input, repeat, part, nf_packets } => {
             crate::embark_bench::bench(&input, repeat.max(1), part, nf_packets)?
         }
     }
     Ok(true)
+}
+
+/// An encrypted chain, refused unless encrypted for `key`.
+fn read_encrypted_chain(p: &PathBuf, key: &MasterKey) -> Result<ProviderConfig> {
+    let enc = read_chain(p)?;
+    if enc.key_id.as_deref() != Some(key.id().as_str()) {
+        bail!("{} was encrypted for key {:?}, not {}", p.display(), enc.key_id, key.id());
+    }
+    Ok(enc)
+}
+
+/// A packet index written as a count or a percentage of `n`.
+fn parse_at(s: &str, n: usize) -> Result<usize> {
+    let at = match s.trim().strip_suffix('%') {
+        Some(pct) => {
+            let pct: f64 = pct.trim().parse().with_context(|| format!("--swap-at {s}: not a percentage"))?;
+            if !(0.0..=100.0).contains(&pct) {
+                bail!("--swap-at {s}: a percentage is between 0 and 100");
+            }
+            (n as f64 * pct / 100.0).round() as usize
+        }
+        None => s.trim().parse().with_context(|| format!("--swap-at {s}: not a packet count or percentage"))?,
+    };
+    if at > n {
+        bail!("--swap-at {s}: the trace has {n} packets");
+    }
+    Ok(at)
+}
+
+/// Prints a comparison; `false` if the paths differ.
+fn report(c: &Comparison, json: Option<&PathBuf>) -> Result<bool> {
+    println!("packets          {}", c.packets);
+    println!("forwarded        {} ({} after undoing a NAT port choice)", c.forwarded, c.nat_renamed);
+    println!("dropped          {:?}", c.dropped);
+    println!("IDS alerts       {}", c.alerts);
+    println!("token records    {} ({} bytes)", c.token_records, c.token_bytes);
+    println!("bytes            {} plaintext, {} encrypted data", c.plain_bytes, c.enc_bytes);
+    println!("gateway refused  {:?}", c.gateway_errors);
+    println!("provider refused {:?} (packets of a generation without live rules, or mixed)", c.refused);
+    if let Some(at) = c.swap_at {
+        println!(
+            "rule swap        at packet {at}; {} old-generation packets in flight went through the old chain; old generation retired after packet {}",
+            c.old_after_swap,
+            c.retired_after.map_or("-".into(), |r| r.to_string())
+        );
+    }
+    if let Some(j) = json {
+        std::fs::write(j, serde_json::to_string_pretty(c)?)?;
+    }
+    if c.differences.is_empty() && c.refused.is_empty() {
+        println!("equivalent: every decision and every delivered packet equal");
+        return Ok(true);
+    }
+    for d in &c.differences {
+        println!("DIFFERENCE {d}");
+    }
+    Ok(false)
 }
 
 fn write_secret(p: &PathBuf, text: &str) -> Result<()> {
