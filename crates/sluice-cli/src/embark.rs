@@ -3,16 +3,12 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use rand::SeedableRng;
+use sluice_embark::compare::{compare_with_swap, Comparison, SwapPlan};
 use sluice_embark::gateway::{Gateway, GatewayState};
-use sluice_embark::keys::FlowPrf;
-use sluice_embark::prefixmatch::{Domain, PrefixMatch};
-use sluice_embark::provider::{compare, ProviderChain};
 use sluice_embark::rules::{encrypt_provider, ProviderConfig};
 use sluice_embark::MasterKey;
 use sluice_io::{Precision, TraceWriter};
 use std::path::PathBuf;
-use std::time::Instant;
 
 #[derive(Args)]
 pub struct EmbarkArgs {
@@ -28,14 +24,16 @@ enum EmbarkCmd {
         out: PathBuf,
     },
     /// Encrypt a provider chain's rules: writes the provider's encrypted chain and the
-    /// gateway's secret state.
+    /// gateway's secret state. A rule update is a new encryption with a higher --generation,
+    /// swapped in with `run --swap-at` (docs/embark.md, "Rule updates").
     EncryptRules {
         #[arg(long)]
         key: PathBuf,
         /// Plaintext provider chain (e.g. chains/embark/provider.yaml).
         #[arg(long)]
         chain: PathBuf,
-        /// Rule generation (bump it for every update).
+        /// Rule generation, carried by every packet and token record made under these rules
+        /// (bump it for every update; a swap needs a higher one).
         #[arg(long, default_value_t = 1)]
         generation: u32,
         #[arg(long)]
@@ -58,7 +56,8 @@ enum EmbarkCmd {
         output: PathBuf,
     },
     /// Gateway → provider chain (encrypted rules) → gateway over a trace, compared packet for
-    /// packet with the plaintext chain. Exit 4 if they differ.
+    /// packet with the plaintext chain, optionally with a rule swap mid-trace (--swap-at).
+    /// Exit 4 if they differ or a packet met rules of another generation.
     Run {
         #[arg(long)]
         key: PathBuf,
@@ -75,6 +74,25 @@ enum EmbarkCmd {
         /// Write the comparison as JSON.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Swap to the next rule generation at this input packet (a count, or a percentage
+        /// such as `50%`): the gateway switches, the provider runs both generations' chains
+        /// side by side until the old one's last packet is through, then retires it. Needs
+        /// --next-chain, --next-encrypted-chain and --next-state.
+        #[arg(long, requires_all = ["next_chain", "next_encrypted_chain", "next_state"])]
+        swap_at: Option<String>,
+        /// The next generation's plaintext chain (the reference after the swap).
+        #[arg(long)]
+        next_chain: Option<PathBuf>,
+        /// The next generation's encrypted chain (`encrypt-rules --generation N+1`).
+        #[arg(long)]
+        next_encrypted_chain: Option<PathBuf>,
+        /// The next generation's gateway state.
+        #[arg(long)]
+        next_state: Option<PathBuf>,
+        /// Packets in flight between gateway and provider (processed in order): with a swap,
+        /// the old generation's last packets reach the provider after the gateway switched.
+        #[arg(long, default_value_t = 64)]
+        in_flight: usize,
     },
     /// PrefixMatch, NF-on-ciphertext and gateway benchmarks.
     Bench {
@@ -84,6 +102,13 @@ enum EmbarkCmd {
         /// Repetitions (the median is reported).
         #[arg(long, default_value_t = 5)]
         repeat: usize,
+        /// Which measurements to run.
+        #[arg(long, value_enum, default_value = "all")]
+        part: crate::embark_bench::Part,
+        /// Compare the NFs over the first N IP packets only (default: all of them; a few
+        /// thousand fit in the CPU caches).
+        #[arg(long)]
+        nf_packets: Option<usize>,
     },
 }
 
@@ -158,37 +183,105 @@ pub fn cmd(a: EmbarkArgs) -> Result<bool> {
             w.finish()?;
             println!("{} packets in, {n} written to {}; dropped: {errors:?}", packets.len(), output.display());
         }
-        EmbarkCmd::Run { key, state, chain, encrypted_chain, input, json } => {
+        EmbarkCmd::Run {
+            key,
+            state,
+            chain,
+            encrypted_chain,
+            input,
+            json,
+            swap_at,
+            next_chain,
+            next_encrypted_chain,
+            next_state,
+            in_flight,
+        } => {
             let key = read_key(&key)?;
-            let enc = read_chain(&encrypted_chain)?;
-            if enc.key_id.as_deref() != Some(key.id().as_str()) {
-                bail!("{} was encrypted for key {:?}, not {}", encrypted_chain.display(), enc.key_id, key.id());
-            }
+            let enc = read_encrypted_chain(&encrypted_chain, &key)?;
             let mut gw = Gateway::new(&key, read_state(&state)?)?;
             let packets = sluice_io::load(&input, None)?;
-            let c = compare(&sluice_nfs::registry(), &read_chain(&chain)?, &enc, &mut gw, &packets)?;
-            println!("packets          {}", c.packets);
-            println!("forwarded        {} ({} after undoing a NAT port choice)", c.forwarded, c.nat_renamed);
-            println!("dropped          {:?}", c.dropped);
-            println!("IDS alerts       {}", c.alerts);
-            println!("token records    {} ({} bytes)", c.token_records, c.token_bytes);
-            println!("bytes            {} plaintext, {} encrypted data", c.plain_bytes, c.enc_bytes);
-            println!("gateway refused  {:?}", c.gateway_errors);
-            if let Some(j) = json {
-                std::fs::write(j, serde_json::to_string_pretty(&c)?)?;
-            }
-            if c.differences.is_empty() {
-                println!("equivalent: every decision and every delivered packet equal");
-            } else {
-                for d in &c.differences {
-                    println!("DIFFERENCE {d}");
-                }
-                return Ok(false);
-            }
+            let next = match (swap_at, next_chain, next_encrypted_chain, next_state) {
+                (Some(at), Some(p), Some(e), Some(s)) => Some((
+                    parse_at(&at, packets.len())?,
+                    read_chain(&p)?,
+                    read_encrypted_chain(&e, &key)?,
+                    read_state(&s)?,
+                )),
+                _ => None,
+            };
+            let plan = next.as_ref().map(|(at, plain, enc, st)| SwapPlan {
+                at: *at,
+                plain,
+                enc,
+                state: st.clone(),
+                key: &key,
+            });
+            let reg = sluice_nfs::registry();
+            let c = compare_with_swap(&reg, &read_chain(&chain)?, &enc, &mut gw, &packets, plan, in_flight)?;
+            return report(&c, json.as_ref());
         }
-        EmbarkCmd::Bench { input, repeat } => bench(&input, repeat.max(1))?,
+        EmbarkCmd::Bench { input, repeat, part, nf_packets } => {
+            crate::embark_bench::bench(&input, repeat.max(1), part, nf_packets)?
+        }
     }
     Ok(true)
+}
+
+/// An encrypted chain, refused unless encrypted for `key`.
+fn read_encrypted_chain(p: &PathBuf, key: &MasterKey) -> Result<ProviderConfig> {
+    let enc = read_chain(p)?;
+    if enc.key_id.as_deref() != Some(key.id().as_str()) {
+        bail!("{} was encrypted for key {:?}, not {}", p.display(), enc.key_id, key.id());
+    }
+    Ok(enc)
+}
+
+/// A packet index written as a count or a percentage of `n`.
+fn parse_at(s: &str, n: usize) -> Result<usize> {
+    let at = match s.trim().strip_suffix('%') {
+        Some(pct) => {
+            let pct: f64 = pct.trim().parse().with_context(|| format!("--swap-at {s}: not a percentage"))?;
+            if !(0.0..=100.0).contains(&pct) {
+                bail!("--swap-at {s}: a percentage is between 0 and 100");
+            }
+            (n as f64 * pct / 100.0).round() as usize
+        }
+        None => s.trim().parse().with_context(|| format!("--swap-at {s}: not a packet count or percentage"))?,
+    };
+    if at > n {
+        bail!("--swap-at {s}: the trace has {n} packets");
+    }
+    Ok(at)
+}
+
+/// Prints a comparison; `false` if the paths differ.
+fn report(c: &Comparison, json: Option<&PathBuf>) -> Result<bool> {
+    println!("packets          {}", c.packets);
+    println!("forwarded        {} ({} after undoing a NAT port choice)", c.forwarded, c.nat_renamed);
+    println!("dropped          {:?}", c.dropped);
+    println!("IDS alerts       {}", c.alerts);
+    println!("token records    {} ({} bytes)", c.token_records, c.token_bytes);
+    println!("bytes            {} plaintext, {} encrypted data", c.plain_bytes, c.enc_bytes);
+    println!("gateway refused  {:?}", c.gateway_errors);
+    println!("provider refused {:?} (packets of a generation without live rules, or mixed)", c.refused);
+    if let Some(at) = c.swap_at {
+        println!(
+            "rule swap        at packet {at}; {} old-generation packets in flight went through the old chain; old generation retired after packet {}",
+            c.old_after_swap,
+            c.retired_after.map_or("-".into(), |r| r.to_string())
+        );
+    }
+    if let Some(j) = json {
+        std::fs::write(j, serde_json::to_string_pretty(c)?)?;
+    }
+    if c.differences.is_empty() && c.refused.is_empty() {
+        println!("equivalent: every decision and every delivered packet equal");
+        return Ok(true);
+    }
+    for d in &c.differences {
+        println!("DIFFERENCE {d}");
+    }
+    Ok(false)
 }
 
 fn write_secret(p: &PathBuf, text: &str) -> Result<()> {
@@ -200,134 +293,5 @@ fn write_secret(p: &PathBuf, text: &str) -> Result<()> {
     #[cfg(unix)]
     o.mode(0o600);
     o.open(p).with_context(|| format!("creating {}", p.display()))?.write_all(text.as_bytes())?;
-    Ok(())
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-/// Random firewall-like address rules: prefixes /8 to /32 of IPv4 (mapped) and /32 to /64 of
-/// IPv6.
-fn random_rules(n: usize, rng: &mut rand::rngs::StdRng) -> Vec<(u128, u128)> {
-    use rand::Rng;
-    (0..n)
-        .map(|_| {
-            let (net, len) = if rng.gen_bool(0.7) {
-                ((0xffffu128 << 32) | u128::from(rng.gen::<u32>()), 96 + rng.gen_range(8..=32))
-            } else {
-                (rng.gen::<u128>(), rng.gen_range(32..=64))
-            };
-            let span = if len == 128 { 0 } else { (1u128 << (128 - len)) - 1 };
-            (net & !span, (net & !span) | span)
-        })
-        .collect()
-}
-
-fn bench(input: &PathBuf, repeat: usize) -> Result<()> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
-    println!("# PrefixMatch (median of {repeat})");
-    for n in [10_000usize, 100_000] {
-        let rules = random_rules(n, &mut rng);
-        let t0 = Instant::now();
-        let pm = PrefixMatch::build(Domain::Addr, &rules, &mut rng)?;
-        let build = t0.elapsed().as_secs_f64();
-        let values: Vec<u128> = (0..200_000).map(|_| rand::Rng::gen::<u128>(&mut rng) | (0xffff << 32)).collect();
-        let prf = FlowPrf::from_seed([5; 16]);
-        let mut per = Vec::new();
-        for _ in 0..repeat {
-            let t = Instant::now();
-            let mut acc = 0u128;
-            for v in &values {
-                acc ^= pm.encrypt(*v & ((1 << 48) - 1) | (0xffff << 32), &prf)?;
-            }
-            std::hint::black_box(acc);
-            per.push(t.elapsed().as_secs_f64() * 1e6 / values.len() as f64);
-        }
-        println!(
-            "encrypt, {n} rules: {:.3} us/value; map {} intervals, {} labels /{}, {:.1} MB; built in {:.2} s",
-            median(per),
-            pm.intervals(),
-            pm.label_count(),
-            pm.prefix_len(),
-            pm.heap_bytes() as f64 / 1e6,
-            build
-        );
-    }
-    let packets = sluice_io::load(input, None)?;
-    let key = MasterKey::from_bytes([3; 32]);
-    let chain: ProviderConfig = read_chain(&PathBuf::from("chains/embark/provider.yaml"))?;
-    let (enc, state) = encrypt_provider(&key, &chain, 1, &mut rng)?;
-    let mut no_kw = state.clone();
-    no_kw.tokenizer = None;
-    // Gateway throughput, one core.
-    println!("# Gateway, one core, {} packets of {} (median of {repeat})", packets.len(), input.display());
-    let bytes: u64 = packets.iter().map(|p| p.len() as u64).sum();
-    let mut encrypted = Vec::new();
-    for (label, st) in [("headers only", no_kw.clone()), ("with KeywordMatch", state.clone())] {
-        let mut r = Vec::new();
-        for _ in 0..repeat {
-            let mut gw = Gateway::new(&key, st.clone())?;
-            let t = Instant::now();
-            let mut out = Vec::with_capacity(packets.len());
-            for p in packets.iter().filter(|p| p.hdr().is_ip()) {
-                if let Ok(e) = gw.encrypt(p) {
-                    out.push(e);
-                }
-            }
-            r.push(t.elapsed().as_secs_f64());
-            encrypted = out;
-        }
-        let s = median(r);
-        println!(
-            "encrypt {label}: {:.3} Mpps, {:.2} Gbit/s",
-            packets.len() as f64 / s / 1e6,
-            bytes as f64 * 8.0 / s / 1e9
-        );
-    }
-    let gw = Gateway::new(&key, state.clone())?;
-    let mut r = Vec::new();
-    for _ in 0..repeat {
-        let t = Instant::now();
-        for e in &encrypted {
-            std::hint::black_box(gw.decrypt(&e.data).ok());
-        }
-        r.push(t.elapsed().as_secs_f64());
-    }
-    println!("decrypt: {:.3} Mpps", encrypted.len() as f64 / median(r) / 1e6);
-    // NFs on ciphertext vs plaintext.
-    println!("# NFs alone, plaintext vs ciphertext (median of {repeat})");
-    let reg = sluice_nfs::registry();
-    for kind in ["firewall", "lb", "nat"] {
-        let one = |cfg: &ProviderConfig| ProviderConfig {
-            key_id: cfg.key_id.clone(),
-            generation: cfg.generation,
-            nfs: cfg.nfs.iter().filter(|n| n.kind == kind).cloned().collect(),
-        };
-        let (pc, ec) = (one(&chain), one(&enc));
-        let plain_pk: Vec<_> = packets.iter().filter(|p| p.hdr().is_ip()).cloned().collect();
-        let enc_pk: Vec<_> = encrypted.iter().map(|e| e.data.clone()).collect();
-        let mut rates = [0.0f64; 2];
-        for (slot, (cfg, pk)) in rates.iter_mut().zip([(&pc, &plain_pk), (&ec, &enc_pk)]) {
-            let mut r = Vec::new();
-            for _ in 0..repeat {
-                let mut ch = ProviderChain::build(&reg, cfg)?;
-                let mut pk = pk.clone();
-                let t = Instant::now();
-                for p in &mut pk {
-                    std::hint::black_box(ch.process(p));
-                }
-                r.push(pk.len() as f64 / t.elapsed().as_secs_f64() / 1e6);
-            }
-            *slot = median(r);
-        }
-        println!(
-            "{kind}: plaintext {:.3} Mpps, ciphertext {:.3} Mpps, ratio {:.3}",
-            rates[0],
-            rates[1],
-            rates[1] / rates[0]
-        );
-    }
     Ok(())
 }

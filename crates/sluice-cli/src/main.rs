@@ -4,6 +4,7 @@
 mod bench;
 mod bench_store;
 mod embark;
+mod embark_bench;
 mod fuzz;
 mod ports;
 mod verify;

@@ -93,6 +93,9 @@ pub struct Gateway {
     tokenizer: Option<Tokenizer>,
     nonce_prefix: [u8; 4],
     counter: u64,
+    /// During a rule swap: the previous generation's gateway, kept to decrypt that
+    /// generation's packets still coming back from the provider (never to encrypt).
+    previous: Option<Box<Gateway>>,
 }
 
 /// Where the parts of an original frame are.
@@ -225,6 +228,7 @@ impl Gateway {
             tokenizer,
             nonce_prefix: rand::random(),
             counter: 0,
+            previous: None,
             state,
         })
     }
@@ -232,6 +236,41 @@ impl Gateway {
     /// The rule generation this gateway encrypts for.
     pub fn generation(&self) -> u32 {
         self.state.generation
+    }
+
+    /// The generation whose packets are still accepted on the way back during a swap.
+    pub fn previous_generation(&self) -> Option<u32> {
+        self.previous.as_ref().map(|g| g.generation())
+    }
+
+    /// Starts a rule swap: from now on packets are encrypted under `state` (a later
+    /// generation, same key); packets of the current generation coming back are still
+    /// decrypted until [`Gateway::retire_previous`]. The nonce sequence continues, so no
+    /// nonce is used twice under the packet key. Refused while a previous swap is under way.
+    pub fn rekey(&mut self, key: &MasterKey, state: GatewayState) -> Result<(), EmbarkError> {
+        if self.previous.is_some() {
+            return Err(EmbarkError::BadRule(
+                "a rule swap is already under way: retire the previous generation first".into(),
+            ));
+        }
+        if state.generation <= self.state.generation {
+            return Err(EmbarkError::BadRule(format!(
+                "new rule generation {} must be greater than the current {}",
+                state.generation, self.state.generation
+            )));
+        }
+        let mut next = Gateway::new(key, state)?;
+        next.nonce_prefix = self.nonce_prefix;
+        next.counter = self.counter;
+        let old = std::mem::replace(self, next);
+        self.previous = Some(Box::new(old));
+        Ok(())
+    }
+
+    /// Ends a rule swap: the previous generation's packets are refused from now on. Returns
+    /// the generation retired, if a swap was under way.
+    pub fn retire_previous(&mut self) -> Option<u32> {
+        self.previous.take().map(|g| g.generation())
     }
 
     fn prf(&self, t: &FiveTuple) -> FlowPrf {
@@ -415,10 +454,13 @@ impl Gateway {
         }
         let gen = u32::from_be_bytes([opt[0], opt[1], opt[2], opt[3]]);
         if gen != self.state.generation {
-            return Err(EmbarkError::WrongKey(format!(
-                "packet of rule generation {gen}, gateway at {}",
-                self.state.generation
-            )));
+            return match &self.previous {
+                Some(prev) if prev.generation() == gen => prev.decrypt(pkt),
+                _ => Err(EmbarkError::WrongKey(format!(
+                    "packet of rule generation {gen}, gateway at {}",
+                    self.state.generation
+                ))),
+            };
         }
         let nonce: [u8; 12] = opt[4..16].try_into().map_err(|_| bad("nonce"))?;
         let tag: [u8; 16] = opt[16..32].try_into().map_err(|_| bad("tag"))?;
@@ -493,6 +535,33 @@ impl Gateway {
             return Ok(orig);
         }
         self.pool_enc.get(&cur).copied().ok_or(EmbarkError::Malformed("address rewritten to a value not in the pool"))
+    }
+}
+
+/// The rule generation an encrypted frame was made under, read without any key: the Embark
+/// option's first field for a data packet, the record header's for a token record. `None` for
+/// a frame that is neither (not IPv6, no Embark option, cut short).
+pub fn frame_generation(d: &[u8]) -> Option<u32> {
+    if d.get(12..14)? != [0x86, 0xdd] {
+        return None;
+    }
+    let word = |at: usize| d.get(at..at + 4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    let ext = ETH_LEN + IP6_LEN;
+    match *d.get(ETH_LEN + 6)? {
+        TOKEN_PROTO => word(ext + crate::keyword::RECORD_GENERATION_OFFSET),
+        60 => {
+            let end = ext + (usize::from(*d.get(ext + 1)?) + 1) * 8;
+            let mut i = ext + 2;
+            while i < end {
+                match *d.get(i)? {
+                    0 => i += 1,
+                    OPTION_TYPE => return word(i + 2),
+                    _ => i += 2 + usize::from(*d.get(i + 1)?),
+                }
+            }
+            None
+        }
+        _ => None,
     }
 }
 

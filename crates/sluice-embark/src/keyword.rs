@@ -230,6 +230,8 @@ pub struct TokenRecord {
     pub uri: Option<[u8; 16]>,
 }
 
+/// Offset of the generation in an encoded record (after magic, version and flags).
+pub const RECORD_GENERATION_OFFSET: usize = 6;
 const REC_HEADER: usize = 4 + 1 + 1 + 4 + 2 + 2 + 8 + 8 + 4;
 const TOKEN_LEN: usize = 13;
 
@@ -291,7 +293,7 @@ impl TokenRecord {
             None
         };
         Ok(TokenRecord {
-            generation: u32at(6),
+            generation: u32at(RECORD_GENERATION_OFFSET),
             sport: u16at(10),
             dport: u16at(12),
             salt: u64at(14),

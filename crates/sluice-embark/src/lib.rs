@@ -11,16 +11,20 @@
 //!   destination option, token records; and the way back;
 //! * [`rules`]: turning a provider chain's plaintext NF configuration into the encrypted one
 //!   plus the gateway's secret state;
-//! * [`provider`]: a sequential driver for the provider's chain (tests, the CLI).
+//! * [`provider`]: a sequential driver for the provider's chain (tests, the CLI);
+//! * [`swap`]: rule updates, a coordinated swap with no packet under mixed generations;
+//! * [`compare`]: the plaintext chain against the encrypted path, packet for packet.
 //!
 //! See `docs/embark.md` for the threat model and what exactly leaks.
 
+pub mod compare;
 pub mod gateway;
 pub mod keys;
 pub mod keyword;
 pub mod prefixmatch;
 pub mod provider;
 pub mod rules;
+pub mod swap;
 mod tokenizer;
 
 pub use keys::MasterKey;

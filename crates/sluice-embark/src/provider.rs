@@ -23,11 +23,15 @@ pub enum Outcome {
     },
     /// A token record, consumed by the IDS.
     Consumed,
+    /// Refused before any NF saw it: the packet (or a token record sent with it) was made
+    /// under another rule generation than the rules it would meet (see [`crate::swap`]).
+    Refused(String),
 }
 
 /// The provider's chain.
 pub struct ProviderChain {
     nfs: Vec<(Instance, bool)>,
+    generation: Option<u32>,
 }
 
 impl ProviderChain {
@@ -49,15 +53,36 @@ impl ProviderChain {
             let inst = Instance::new(nf, Box::new(state), spec.name.as_str().into(), id, Arc::new(labels));
             nfs.push((inst, spec.kind == "ids"));
         }
-        Ok(ProviderChain { nfs })
+        Ok(ProviderChain { nfs, generation: cfg.generation })
+    }
+
+    /// The rule generation of an encrypted chain (`None`: plaintext rules).
+    pub fn generation(&self) -> Option<u32> {
+        self.generation
+    }
+
+    /// `Err` (why) if `pkt` was not made under this chain's rule generation. A plaintext chain
+    /// takes every packet.
+    fn check_generation(&self, pkt: &Packet) -> Result<(), String> {
+        let Some(g) = self.generation else { return Ok(()) };
+        match crate::gateway::frame_generation(pkt.data()) {
+            Some(x) if x == g => Ok(()),
+            Some(x) => Err(format!("packet of rule generation {x} met rules of generation {g}")),
+            None => Err(format!("packet without a rule generation met rules of generation {g}")),
+        }
     }
 
     /// Runs a data packet through the chain with the token records the gateway sent before
     /// it. The records reach an IDS just before the data packet does (the IDS reads both
     /// channels in step), and are discarded with the packet if an NF before the IDS drops it.
+    /// A data packet or token record of another generation refuses the whole unit: no NF
+    /// sees any of it.
     pub fn process_with_tokens(&mut self, pkt: &mut Packet, tokens: &mut [Packet]) -> Outcome {
         if pkt.tuple().is_some_and(|t| t.proto.0 == TOKEN_PROTO) {
             return Outcome::Consumed;
+        }
+        if let Some(why) = std::iter::once(&*pkt).chain(tokens.iter()).find_map(|p| self.check_generation(p).err()) {
+            return Outcome::Refused(why);
         }
         for (inst, is_ids) in &mut self.nfs {
             if *is_ids {
@@ -74,6 +99,9 @@ impl ProviderChain {
 
     /// Runs one packet through the chain.
     pub fn process(&mut self, pkt: &mut Packet) -> Outcome {
+        if let Err(why) = self.check_generation(pkt) {
+            return Outcome::Refused(why);
+        }
         let token = pkt.tuple().is_some_and(|t| t.proto.0 == TOKEN_PROTO);
         for (inst, is_ids) in &mut self.nfs {
             if token && !*is_ids {
@@ -97,157 +125,4 @@ impl ProviderChain {
     pub fn take_events(&mut self) -> Vec<Event> {
         self.nfs.iter_mut().flat_map(|(i, _)| i.take_events()).collect()
     }
-}
-
-/// The result of running a trace through the plaintext chain and through gateway → encrypted
-/// chain → gateway, packet by packet.
-#[derive(Debug, Default, Clone, serde::Serialize)]
-pub struct Comparison {
-    /// Input packets.
-    pub packets: u64,
-    /// Packets neither path handles as IP (passed outside the chain on both).
-    pub non_ip: u64,
-    /// Packets both paths forwarded.
-    pub forwarded: u64,
-    /// Drops on the plaintext path, by `nf: reason`.
-    pub dropped: std::collections::BTreeMap<String, u64>,
-    /// Packets the gateway refused, by error.
-    pub gateway_errors: std::collections::BTreeMap<String, u64>,
-    /// Delivered packets equal to the plaintext path's only after undoing a different NAT
-    /// port choice (per-connection seeds turn the NAT's endpoint-independent mapping into a
-    /// per-connection one, so the encrypted path may use other external ports).
-    pub nat_renamed: u64,
-    /// Decisions compared (outcomes plus events).
-    pub events: u64,
-    /// IDS alerts on the plaintext path.
-    pub alerts: u64,
-    /// Token records and their bytes.
-    pub token_records: u64,
-    /// Bytes of token records.
-    pub token_bytes: u64,
-    /// Bytes of plaintext frames and of encrypted data frames.
-    pub plain_bytes: u64,
-    /// Bytes of encrypted data frames.
-    pub enc_bytes: u64,
-    /// Every difference, with the input packet's index (empty: equivalent).
-    pub differences: Vec<String>,
-}
-
-/// A decision as compared: firewall/NAT/LB/IDS outcomes and events, reduced to what must be
-/// equal (an IDS alert by rule id; a firewall deny by kind, since encrypted rules are
-/// expanded and renumbered).
-fn event_key(e: &Event) -> String {
-    let detail = match e.kind {
-        "alert" => {
-            let mut d: Vec<&str> =
-                e.detail.split(' ').filter(|w| w.starts_with("rule=") || *w == "action=drop").collect();
-            d.sort_unstable();
-            d.join(" ")
-        }
-        _ => String::new(),
-    };
-    format!("{} {} {}", e.nf, e.kind, detail)
-}
-
-/// Runs `packets` through both paths and compares them packet for packet.
-pub fn compare(
-    registry: &NfRegistry,
-    plain: &ProviderConfig,
-    enc: &ProviderConfig,
-    gw: &mut crate::gateway::Gateway,
-    packets: &[Packet],
-) -> Result<Comparison, NfError> {
-    let mut pc = ProviderChain::build(registry, plain)?;
-    let mut ec = ProviderChain::build(registry, enc)?;
-    let mut c = Comparison::default();
-    let mut renamed = std::collections::HashMap::new();
-    let diff = |c: &mut Comparison, i: usize, m: String| {
-        if c.differences.len() < 50 {
-            c.differences.push(format!("packet {i}: {m}"));
-        }
-    };
-    for (i, orig) in packets.iter().enumerate() {
-        c.packets += 1;
-        let mut p = orig.clone();
-        p.meta.clock = sluice_packet::Clock(i as u64);
-        if !p.hdr().is_ip() {
-            c.non_ip += 1;
-            continue;
-        }
-        c.plain_bytes += p.len() as u64;
-        let want = pc.process(&mut p);
-        let mut want_ev: Vec<String> = pc.take_events().iter().map(event_key).collect();
-        let mut src = orig.clone();
-        src.meta.clock = p.meta.clock;
-        let e = match gw.encrypt(&src) {
-            Ok(e) => e,
-            Err(err) => {
-                *c.gateway_errors.entry(err.to_string()).or_default() += 1;
-                diff(&mut c, i, format!("gateway refused it: {err}"));
-                continue;
-            }
-        };
-        let mut tokens = e.tokens;
-        c.token_records += tokens.len() as u64;
-        c.token_bytes += tokens.iter().map(|t| t.len() as u64).sum::<u64>();
-        let mut data = e.data;
-        c.enc_bytes += data.len() as u64;
-        let got = ec.process_with_tokens(&mut data, &mut tokens);
-        let mut got_ev: Vec<String> = ec.take_events().iter().map(event_key).collect();
-        want_ev.sort();
-        got_ev.sort();
-        c.events += 1 + want_ev.len() as u64;
-        c.alerts += want_ev.iter().filter(|k| k.contains(" alert ")).count() as u64;
-        if want_ev != got_ev {
-            diff(&mut c, i, format!("events {want_ev:?} (plaintext) vs {got_ev:?} (encrypted)"));
-        }
-        match (&want, &got) {
-            (Outcome::Forward, Outcome::Forward) => {
-                c.forwarded += 1;
-                match gw.decrypt(&data) {
-                    Ok(back) if back.data() == p.data() => {}
-                    Ok(mut back) => {
-                        if let Err(m) = nat_renamed(&mut back, &p, &mut renamed) {
-                            diff(&mut c, i, m);
-                        } else {
-                            c.nat_renamed += 1;
-                        }
-                    }
-                    Err(err) => {
-                        *c.gateway_errors.entry(err.to_string()).or_default() += 1;
-                        diff(&mut c, i, format!("inbound gateway refused it: {err}"));
-                    }
-                }
-            }
-            (Outcome::Drop { nf, reason }, _) if got == want => {
-                *c.dropped.entry(format!("{nf}: {reason}")).or_default() += 1;
-            }
-            _ => diff(&mut c, i, format!("plaintext {want:?}, encrypted {got:?}")),
-        }
-    }
-    Ok(c)
-}
-
-/// Checks that `back` (delivered on the encrypted path) equals `want` (plaintext path) up to
-/// the NAT's choice of external source port, and that this choice is consistent: one
-/// encrypted-path port always stands for the same plaintext-path port.
-fn nat_renamed(
-    back: &mut Packet,
-    want: &Packet,
-    map: &mut std::collections::HashMap<(u8, u16), u16>,
-) -> Result<(), String> {
-    let (Some(b), Some(w)) = (back.tuple(), want.tuple()) else { return Err("delivered packet does not parse".into()) };
-    let same_but_port = b.src == w.src && b.dst == w.dst && b.dport == w.dport && b.proto == w.proto;
-    if !same_but_port {
-        return Err(format!("delivered bytes differ: {w} (plaintext) vs {b} (encrypted)"));
-    }
-    let plain = *map.entry((b.proto.0, b.sport)).or_insert(w.sport);
-    if plain != w.sport {
-        return Err(format!("NAT port {} stands for {plain} and {}", b.sport, w.sport));
-    }
-    back.rewrite_src(b.src, w.sport).map_err(|e| e.to_string())?;
-    if back.data() != want.data() {
-        return Err(format!("delivered bytes differ beyond the NAT port: {w}"));
-    }
-    Ok(())
 }

@@ -3,8 +3,8 @@
 //! plaintext path, packet for packet, and every delivered packet is byte-identical.
 
 use rand::SeedableRng;
+use sluice_embark::compare::compare;
 use sluice_embark::gateway::Gateway;
-use sluice_embark::provider::compare;
 use sluice_embark::rules::{encrypt_provider, ProviderConfig};
 use sluice_embark::MasterKey;
 use std::path::PathBuf;

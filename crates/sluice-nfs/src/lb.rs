@@ -265,7 +265,8 @@ impl LbNf {
         if self.vips.is_empty() {
             return ip.is_ipv4() == self.backends[0].0.is_ipv4();
         }
-        self.vips.iter().any(|&(v, p)| v.contains(ip) && p.is_none_or(|(lo, hi)| lo <= port && port <= hi))
+        // The port test first: it is one comparison, the address test a mask per family.
+        self.vips.iter().any(|&(v, p)| p.is_none_or(|(lo, hi)| lo <= port && port <= hi) && v.contains(ip))
     }
 
     /// Whether `ip` is the address of a VIP, whatever its port.

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::net::IpAddr;
 
 /// The key of one value inside a state object, derived from the object's scope.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum StateKey {
     /// The single value of a global object.
     Unit,
@@ -17,6 +17,35 @@ pub enum StateKey {
     Endpoint(IpAddr, u16, u8),
     /// A small integer key (a port, a backend index, ...).
     Id(u64),
+}
+
+/// Addresses go in as machine words ([`sluice_packet::hash_ip`]): every per-packet state
+/// operation hashes its key, and IPv6 (or Embark's encrypted) addresses would otherwise cost a
+/// length prefix and a 16-byte slice each.
+impl std::hash::Hash for StateKey {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        use sluice_packet::hash_ip;
+        match self {
+            StateKey::Unit => h.write_u8(0),
+            StateKey::Flow(k) => {
+                h.write_u8(1);
+                k.hash(h);
+            }
+            StateKey::Addr(a) => {
+                h.write_u8(2);
+                hash_ip(a, h);
+            }
+            StateKey::Endpoint(a, port, proto) => {
+                h.write_u8(3);
+                hash_ip(a, h);
+                h.write_u32((u32::from(*port) << 8) | u32::from(*proto));
+            }
+            StateKey::Id(i) => {
+                h.write_u8(4);
+                h.write_u64(*i);
+            }
+        }
+    }
 }
 
 /// A stored value. Variants are few and mostly `Copy`-sized so that reading state on the fast
