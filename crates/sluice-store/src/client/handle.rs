@@ -1,0 +1,233 @@
+//! The client as the state handle NF instances use: operations, timers, batches and packets.
+
+use super::*;
+
+impl StateHandle for StoreClient {
+    fn record(&mut self, fresh: Value) -> Result<Value, StateError> {
+        if !self.cfg.record_nondeterminism {
+            return Ok(fresh);
+        }
+        // Blocking: whoever asks first (the original, or a clone racing it) fixes the value.
+        let key = StoreKey { vertex: self.vertex, object: NONDET_OBJECT, key: StateKey::Unit };
+        let op = StateOp::Record(fresh.clone());
+        let tag = self.next_tag();
+        let resp = self.call(key, StoreOp::State(op.clone()), Some(tag))?;
+        if !resp.replayed {
+            // In the write-ahead log, so a rebuilt store can learn the value again.
+            self.log_update(tag, key, &op);
+        }
+        Ok(resp.result.map_err(StateError::Backend)?.unwrap_or(fresh))
+    }
+
+    fn exec(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
+        let idx = usize::from(obj.0);
+        let Some(&s) = self.strategies.get(idx) else { return Err(StateError::UnknownObject(obj)) };
+        if s == Strategy::WriteThrough || (s == Strategy::SharedWriteThrough && self.caches_now(obj)) {
+            return self.write_through(obj, key, op);
+        }
+        if self.caches_now(obj) {
+            return self.local(obj, key, op);
+        }
+        if s == Strategy::Callbacks {
+            if op == StateOp::Get {
+                if let Some(e) = self.caches.get(idx).and_then(|c| c.get(key)) {
+                    self.stats.cache_hits += 1;
+                    return Ok(e.value.clone());
+                }
+                let skey = self.key(obj, key);
+                let resp = self.call(skey, StoreOp::Subscribe, None)?;
+                let value = resp.result.clone().map_err(StateError::Backend)?;
+                if let Some(ts) = resp.ts {
+                    self.last_read = Some(LastRead { key: skey, value: value.clone(), ts });
+                }
+                if let Some(c) = self.caches.get_mut(idx) {
+                    c.insert(*key, Cached::new(value.clone()));
+                }
+                return Ok(value);
+            }
+            // Our own update is not called back to us: forget the cached copy.
+            if let Some(c) = self.caches.get_mut(idx) {
+                c.remove(key);
+            }
+        }
+        self.remote(obj, key, op)
+    }
+
+    fn exec_nb(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<(), StateError> {
+        // (A shared write-through object while exclusive is covered by `caches_now`.)
+        let write_through = self.strategies.get(usize::from(obj.0)) == Some(&Strategy::WriteThrough);
+        if self.caches_now(obj) || self.cfg.mode != Mode::Async || write_through || self.replaying {
+            return self.exec(obj, key, op).map(|_| ());
+        }
+        let idx = usize::from(obj.0);
+        if self.strategies.get(idx) == Some(&Strategy::Callbacks) {
+            if let Some(c) = self.caches.get_mut(idx) {
+                c.remove(key);
+            }
+        }
+        let skey = self.key(obj, key);
+        let tag = self.next_tag();
+        self.log_update(tag, skey, &op);
+        self.note_update(obj);
+        if let (StateOp::Incr(d), true) = (&op, self.cfg.dedupe) {
+            let d = *d;
+            // Counters: one request per value per batch, each increment still tagged.
+            match self.increments.iter_mut().find(|(k, _)| *k == skey) {
+                Some((_, v)) => v.push((tag, d)),
+                None => self.increments.push((skey, vec![(tag, d)])),
+            }
+            return Ok(());
+        }
+        self.queue_nb(skey, StoreOp::State(op), Some(tag));
+        Ok(())
+    }
+
+    fn set_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
+        // Fired here, at the same packet as with local state; the store keeps a copy (sent once
+        // per batch) so that a replacement instance is told if this one is gone.
+        self.timers.set(obj, key, deadline_ns);
+        self.timer_changes.insert((obj, *key), Some(deadline_ns));
+    }
+
+    fn cancel_timer(&mut self, obj: ObjectId, key: &StateKey) {
+        if self.timers.cancel(obj, key) {
+            self.timer_changes.insert((obj, *key), None);
+        }
+    }
+
+    fn expired(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>) {
+        self.now_ns = self.now_ns.max(now_ns);
+        let start = out.len();
+        let mut deadlines = Vec::new();
+        self.timers.expired_at(now_ns, max, out, &mut deadlines);
+        if out.len() == start {
+            return;
+        }
+        let fired: Vec<TimerFired> = out.drain(start..).collect();
+        for (f, deadline_ns) in fired.into_iter().zip(deadlines) {
+            let shared = !matches!(self.strategies.get(usize::from(f.object.0)), Some(Strategy::WriteThrough));
+            if self.cfg.write_through && shared {
+                // Several instances may arm timers on a shared key: only a copy the store still
+                // holds expires it (one round trip per expiry of a shared key).
+                let key = self.key(f.object, &f.key);
+                let op = StoreOp::ExpireTimer { deadline_ns };
+                // Otherwise stale (re-armed or cancelled elsewhere), or the store is
+                // unreachable: a replacement adopts it and fires it again.
+                if let Ok(Ok(Some(Value::Int(1)))) = self.call(key, op, None).map(|r| r.result) {
+                    out.push(f);
+                }
+                continue;
+            }
+            self.timer_changes.insert((f.object, f.key), None);
+            out.push(f);
+        }
+    }
+
+    fn begin_batch(&mut self) {
+        self.batch_start = Instant::now();
+        let _ = self.absorb();
+    }
+
+    fn end_batch(&mut self) {
+        self.batches = self.batches.wrapping_add(1);
+        if self.cfg.flush_every > 0 && self.batches.is_multiple_of(self.cfg.flush_every) {
+            self.flush_dirty();
+        }
+        let changes: Vec<_> = self.timer_changes.drain().collect();
+        for ((obj, key), change) in changes {
+            let skey = self.key(obj, &key);
+            let op = match change {
+                Some(deadline_ns) => StoreOp::SetTimer { deadline_ns },
+                None => StoreOp::CancelTimer,
+            };
+            self.queue_nb(skey, op, None);
+        }
+        if self.now_ns > self.reported_ns {
+            self.reported_ns = self.now_ns;
+            let key = StoreKey { vertex: self.vertex, object: 0, key: StateKey::Unit };
+            let r = self.request(key, StoreOp::AdvanceTime(self.now_ns), None, false);
+            self.pending.push(r);
+        }
+        let _ = self.send_pending();
+        if !self.batch_xors.is_empty() {
+            // Every update of this batch's packets has been sent by now, at the latest in the
+            // batch just sent.
+            let last_sent = self.next_batch - 1;
+            let xors = std::mem::take(&mut self.batch_xors);
+            if self.inflight.iter().any(|(b, _, _)| *b == last_sent) {
+                self.uncommitted.push_back((last_sent, xors));
+            } else {
+                self.committed.extend(xors);
+            }
+        }
+        if self.cfg.mode != Mode::Async {
+            // Models without "no wait for ACK": the batch is done when the store has it all.
+            let _ = self.drain_acks();
+        }
+    }
+
+    fn begin_packet(&mut self, meta: &Meta) {
+        self.clock = meta.clock;
+        self.moved_in = meta.flags.contains(sluice_packet::MetaFlags::FIRST);
+        self.replaying = meta.flags.contains(sluice_packet::MetaFlags::REPLAYED);
+        self.seq = 0;
+        self.xor = 0;
+        self.touched = 0;
+        self.now_ns = self.now_ns.max(meta.ts_ns);
+    }
+
+    fn end_packet(&mut self, meta: &mut Meta) {
+        meta.xor ^= self.xor;
+        if self.xor != 0 {
+            self.batch_xors.push((self.clock, self.xor));
+        }
+    }
+
+    fn take_commits(&mut self, out: &mut Vec<(Clock, u32)>) {
+        let _ = self.absorb();
+        out.append(&mut self.committed);
+    }
+
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
+    }
+
+    fn set_exclusive(&mut self, obj: ObjectId, exclusive: bool) {
+        let idx = usize::from(obj.0);
+        let was = self.exclusive.get(idx).copied().unwrap_or(false);
+        if let Some(e) = self.exclusive.get_mut(idx) {
+            *e = exclusive;
+        }
+        if let Some(f) = self.exclusive_from_start.get_mut(idx) {
+            *f = exclusive && self.batches == 0 && (*f || !was);
+        }
+        if was && !exclusive {
+            // Another instance starts using the object: hand our copy to the store first.
+            self.flush_dirty();
+            if let Some(c) = self.caches.get_mut(idx) {
+                c.clear();
+            }
+            let _ = self.send_pending();
+        }
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = self.stats;
+        vec![
+            ("requests", s.requests),
+            ("round_trips", s.round_trips),
+            ("cache_hits", s.cache_hits),
+            ("retransmits", s.retransmits),
+            ("duplicates", s.duplicates),
+            ("async_errors", s.async_errors),
+            ("callbacks", s.callbacks),
+            ("flushed", s.flushed),
+        ]
+    }
+
+    fn flush(&mut self) -> Result<(), StateError> {
+        self.flush_dirty();
+        self.send_pending()?;
+        self.drain_acks()
+    }
+}

@@ -1,0 +1,155 @@
+//! What the client keeps for recovery and reconfiguration: its write-ahead log and reads, its
+//! copies of per-flow state and its timers, and what a flow move, a clone trial, a checkpoint,
+//! a store rebuild or a new connection do with them.
+
+use super::*;
+
+impl StoreClient {
+    /// Starts (or stops) collecting the per-flow keys this instance writes through, for a
+    /// twin that serves the same flows to forget its copies of ([`StoreClient::forget_cached`]).
+    pub fn track_written(&mut self, on: bool) {
+        self.written = if on { Some(self.written.take().unwrap_or_default()) } else { None };
+    }
+
+    /// The per-flow keys written through since the last call (while tracking).
+    pub fn take_written(&mut self) -> Vec<(ObjectId, StateKey)> {
+        self.written.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Drops the local copies of these per-flow keys: another instance changed them, and the
+    /// next access reads them from the store.
+    pub fn forget_cached(&mut self, keys: &[(ObjectId, StateKey)]) {
+        for (obj, key) in keys {
+            if let Some(c) = self.caches.get_mut(usize::from(obj.0)) {
+                c.remove(key);
+            }
+        }
+    }
+
+    /// Flows this instance served were handed to another instance (`moved` says which keys):
+    /// its copies of their per-flow values are dropped, so a stale copy can never come back (a
+    /// store rebuild takes per-flow state from the instances' copies), and their timers are
+    /// returned for the new instance, cancelled here without telling the store (the new
+    /// instance re-arms them). Call it after a flush.
+    pub fn hand_over(&mut self, moved: impl Fn(&StateKey) -> bool) -> Vec<(ObjectId, StateKey, u64)> {
+        for (o, cache) in self.caches.iter_mut().enumerate() {
+            if matches!(self.strategies.get(o), Some(Strategy::Owned | Strategy::WriteThrough)) {
+                cache.retain(|k, e| e.dirty || !moved(k));
+            }
+        }
+        let timers: Vec<_> = self.timers.armed().into_iter().filter(|(_, k, _)| moved(k)).collect();
+        for (o, k, _) in &timers {
+            self.timers.cancel(*o, k);
+            self.timer_changes.remove(&(*o, *k));
+        }
+        timers
+    }
+
+    /// Takes over timers another instance armed (flows moved here, an instance retired): armed
+    /// here, and the store told at the end of the next batch that this instance arms them.
+    pub fn take_over_timers(&mut self, timers: &[(ObjectId, StateKey, u64)]) {
+        for (o, k, d) in timers {
+            self.timers.set(*o, k, *d);
+            self.timer_changes.insert((*o, *k), Some(*d));
+        }
+    }
+
+    /// The instance this client serves.
+    pub fn id(&self) -> InstanceId {
+        self.id
+    }
+
+    /// What the client did so far.
+    pub fn stats(&self) -> ClientStats {
+        self.stats
+    }
+
+    /// The write-ahead log of shared-state updates, oldest first.
+    pub fn wal(&self) -> &VecDeque<WalEntry> {
+        &self.wal
+    }
+
+    /// The last value read from the store, with its TS vector.
+    pub fn last_read(&self) -> Option<&LastRead> {
+        self.last_read.as_ref()
+    }
+
+    /// Reads of shared values (with TS vectors) since the last checkpoint, oldest first.
+    pub fn reads(&self) -> &[LastRead] {
+        &self.reads
+    }
+
+    /// The store took a checkpoint: reads before it are no longer needed for recovery.
+    pub fn checkpointed(&mut self) {
+        self.reads.clear();
+        self.wal_since_checkpoint = 0;
+    }
+
+    /// Updates logged since the last checkpoint (more than the log holds if some were pushed
+    /// out of it).
+    pub fn wal_since_checkpoint(&self) -> usize {
+        self.wal_since_checkpoint
+    }
+
+    /// Whether the write-ahead log holds less than half of its capacity of updates made since
+    /// the last checkpoint. A store rebuild needs all of them: past the capacity the oldest
+    /// are gone, so the owner of the store should checkpoint before (the COE engine does).
+    pub fn wal_has_room(&self) -> bool {
+        self.wal_since_checkpoint < self.cfg.wal_capacity / 2
+    }
+
+    /// The per-flow values this instance holds (write-through copies and cached values), as
+    /// the store should have them — `None` for a value it knows to be absent (deleted): what a
+    /// rebuilt store instance takes per-flow state from.
+    pub fn per_flow_values(&self) -> Vec<(StoreKey, Option<Value>)> {
+        let mut out = Vec::new();
+        for (o, cache) in self.caches.iter().enumerate() {
+            if !matches!(self.strategies.get(o), Some(Strategy::Owned | Strategy::WriteThrough)) {
+                continue;
+            }
+            for (k, e) in cache {
+                out.push((StoreKey { vertex: self.vertex, object: o as u16, key: *k }, e.value.clone()));
+            }
+        }
+        out.sort_by_key(|(k, _)| *k);
+        out
+    }
+
+    /// The timers armed at this instance, as `(object, key, deadline_ns)`.
+    pub fn armed_timers(&self) -> Vec<(ObjectId, StateKey, u64)> {
+        self.timers.armed()
+    }
+
+    /// Re-arms a timer a predecessor armed (recovery), without telling the store again.
+    pub fn adopt_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
+        self.timers.set(obj, key, deadline_ns);
+    }
+
+    /// Continues over a new connection (the store instance was replaced): batches not yet
+    /// acknowledged are sent again, renumbered from 1 as the new connection expects; their
+    /// tags make them apply once even if the rebuilt store re-executed them already.
+    pub fn reconnect(&mut self, conn: Box<dyn Connection>) -> Result<(), StateError> {
+        self.conn = conn;
+        self.replies = Replies::default();
+        let old: Vec<_> = self.inflight.drain(..).collect();
+        let mut renumber = Map::default();
+        self.next_batch = 1;
+        for (b, batch, _) in old {
+            let n = self.next_batch;
+            self.next_batch += 1;
+            renumber.insert(b, n);
+            self.conn.send(n, batch.clone()).map_err(backend)?;
+            self.inflight.push_back((n, batch, Instant::now()));
+        }
+        for (b, _) in self.uncommitted.iter_mut() {
+            // Entries attached to batches already acknowledged stay below the new numbers.
+            *b = renumber.get(b).copied().unwrap_or(0);
+        }
+        Ok(())
+    }
+
+    /// Requests in batches not yet acknowledged.
+    pub fn unacknowledged(&self) -> usize {
+        self.inflight.iter().map(|(_, b, _)| b.len()).sum()
+    }
+}
