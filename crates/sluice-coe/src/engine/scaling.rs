@@ -140,7 +140,7 @@ impl Engine<'_> {
         // Steps 5-6: the old instance's updates are at the store before anyone reads them.
         n.inst.state().flush().map_err(store_err)?;
         n.gate.forget_flows(keys);
-        let after = now.max(n.busy_until);
+        let after = now.max(self.flows_out_at(from, keys));
         self.hand_over_state(from, to, keys)?;
         self.collect_commits();
         let mut first = std::collections::HashSet::new();
@@ -168,6 +168,16 @@ impl Engine<'_> {
             self.retire(from)?;
         }
         Ok(())
+    }
+
+    /// When the last packet of `keys` that `from` (or its clone, while they take turns on a
+    /// flow) has processed leaves it: a moved flow's next packet starts after that. The
+    /// barrier alone does not tell: the straggler skips packets its clone has decided, and the
+    /// clone's outputs of a flow are timed after the straggler's previous one.
+    fn flows_out_at(&self, from: NodeId, keys: &[u64]) -> u64 {
+        let busy = self.node(from).map_or(0, |n| n.busy_until);
+        let Some(vx) = self.node(from).and_then(|n| self.vertices.get(n.vertex)) else { return busy };
+        keys.iter().filter_map(|k| vx.flow_out.get(k)).fold(busy, |t, f| t.max(*f))
     }
 
     /// After a move: the old instance drops its copies of the moved flows' per-flow state (a
@@ -214,7 +224,7 @@ impl Engine<'_> {
         }
         self.hand_over_state(m.from, m.to, &m.keys)?;
         self.collect_commits();
-        let now = self.now.max(self.node(m.from).map_or(0, |n| n.busy_until));
+        let now = self.now.max(self.flows_out_at(m.from, &m.keys));
         let twin = self.node(m.to).and_then(|n| self.vertices.get(n.vertex)).and_then(|v| v.splitter.clone_of(m.to));
         for to in std::iter::once(m.to).chain(twin) {
             let Some(n) = self.node_mut(to) else { continue };
