@@ -49,8 +49,11 @@ pub enum MoveStart {
 /// After a crash, what a move that involved the failed instance needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MoveRepair {
-    /// The old instance failed: its barrier was lost with its queue. Put a barrier for `id` at
-    /// the front of the replacement's queue (it has nothing of the flows left to process).
+    /// The old instance failed: its barrier was lost with its queue, and so were the moved
+    /// flows' packets sent to it before the move. The root's replay towards the replacement
+    /// redoes them (they reach it although the flows are pinned elsewhere, see
+    /// [`Moves::moving_out`]); once that replay has drained, put a barrier for `id` at the end
+    /// of the replacement's queue, behind them.
     Barrier(MoveId),
     /// The new instance failed: the replacement holds the move's flows again.
     Hold(MoveId),
@@ -103,6 +106,12 @@ impl Moves {
             }
         }
         repairs
+    }
+
+    /// Whether flow `key` is moving away from `node` (its barrier not passed yet): packets
+    /// of it sent before the move, replayed to `node`, are still `node`'s to process.
+    pub fn moving_out(&self, node: NodeId, key: u64) -> bool {
+        self.moves.iter().flatten().any(|m| m.from == node && m.keys.contains(&key))
     }
 
     /// The flows moving into `node` (a clone of it must hold them too).

@@ -43,3 +43,17 @@ fn a_crash_on_either_side_is_repaired_on_the_replacement() {
     assert_eq!(m.get(a).map(|x| x.from), Some(NodeId(9)));
     assert_eq!(m.get(b).map(|x| x.to), Some(NodeId(9)));
 }
+
+#[test]
+fn flows_moving_out_stay_the_old_instances_until_the_barrier() {
+    let mut m = Moves::default();
+    let MoveStart::Barrier { id } = m.start(mv(0, 1, false), true) else { panic!() };
+    assert!(m.moving_out(NodeId(0), 1) && m.moving_out(NodeId(0), 2));
+    assert!(!m.moving_out(NodeId(0), 3), "not a moved flow");
+    assert!(!m.moving_out(NodeId(1), 1), "moving in, not out");
+    // The old instance fails: its replacement is where the flows' replayed packets go.
+    assert_eq!(m.replace(NodeId(0), NodeId(7)), vec![MoveRepair::Barrier(id)]);
+    assert!(m.moving_out(NodeId(7), 1) && !m.moving_out(NodeId(0), 1));
+    assert!(m.barrier_passed(id).is_some());
+    assert!(!m.moving_out(NodeId(7), 1), "the barrier passed: the flows are the new instance's");
+}

@@ -125,13 +125,13 @@ impl Engine<'_> {
         // A straggler's clone may still be running beside the replacement.
         self.refresh_sharing(vertex)?;
         // Moves from or to the failed instance continue with its replacement.
-        let now = self.now;
         for repair in self.moves.replace(node, new) {
             match repair {
                 MoveRepair::Barrier(id) => {
-                    // Its barrier was lost with its queue: the replacement passes it at once.
+                    // Its barrier was lost with its queue: the replacement passes it after
+                    // redoing the moved flows' lost packets.
                     if let Some(n) = self.node_mut(new) {
-                        n.queue.push_front(super::Queued { at: now, item: Item::Barrier(id) });
+                        n.barriers_after_replay.push(id);
                     }
                 }
                 MoveRepair::Hold(id) => {
@@ -205,6 +205,9 @@ impl Engine<'_> {
         for n in self.nodes.iter_mut().filter(|n| n.alive && n.gate.recovering()) {
             if !self.root.replay_drained_to(n.inst.id()) {
                 continue;
+            }
+            for id in n.barriers_after_replay.drain(..) {
+                n.queue.push_back(super::Queued { at: now, item: Item::Barrier(id) });
             }
             for p in n.gate.end_recovery() {
                 n.queue.push_back(super::Queued { at: now, item: Item::Packet(p) });

@@ -125,7 +125,13 @@ impl Engine<'_> {
                 vx.splitter.slot_of(key, |n| sluice_runtime::plan::split_index(&pkt, &vx.plan.split, n, &hasher));
             let clone = slot.and_then(|s| vx.splitter.clone_of(s));
             let is_t = |x: Option<NodeId>| x.filter(|x| self.node(*x).is_some_and(|n| n.alive && n.inst.id() == t));
-            match is_t(slot).or(is_t(clone)) {
+            // A flow moving away from the target is still the target's until the barrier: the
+            // replacement of a failed old instance redoes what was sent to it before the move.
+            let leaving = || {
+                let node = self.nodes.iter().rposition(|n| n.alive && n.vertex == v && n.inst.id() == t);
+                node.map(NodeId).filter(|n| self.moves.moving_out(*n, key))
+            };
+            match is_t(slot).or(is_t(clone)).or_else(leaving) {
                 Some(node) => place.node = node,
                 None => {
                     self.root.copy_finished(&pkt);

@@ -101,6 +101,9 @@ struct Node {
     /// An order-sensitive instance whose next packet must wait for an earlier one elsewhere:
     /// not served until something else happens.
     blocked: bool,
+    /// Barriers of moves away from the failed instance this one replaced: passed once the
+    /// root's replay here has drained (the replay redoes the moved flows' lost packets first).
+    barriers_after_replay: Vec<sluice_chc::moves::MoveId>,
 }
 
 impl Node {
@@ -119,6 +122,7 @@ impl Node {
             released: HashMap::new(),
             pending: Pending::default(),
             blocked: false,
+            barriers_after_replay: Vec::new(),
         }
     }
 
