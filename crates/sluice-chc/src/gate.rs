@@ -65,7 +65,10 @@ impl Gate {
     /// `pkt` of flow `key` reaches the instance.
     pub fn arrive(&mut self, key: u64, pkt: Packet) -> Arrival {
         self.flows.insert(key);
-        let live = !pkt.meta.flags.contains(MetaFlags::REPLAYED);
+        // A replay copy past its target (an upstream instance's replay) travels on as a packet
+        // like any other: it waits behind this instance's replay as live ones do, or a later
+        // packet of a flow would overtake the earlier ones the replay carries.
+        let live = pkt.meta.replay_target().is_none();
         if let Some(h) = self.move_held.get_mut(&key) {
             h.push(pkt);
             return Arrival::Held;
@@ -83,6 +86,11 @@ impl Gate {
     /// The root replays `clocks` towards this instance.
     pub fn cover(&mut self, clocks: impl IntoIterator<Item = Clock>) {
         self.covered.extend(clocks);
+    }
+
+    /// Whether the root's replay towards this instance carries `clock`.
+    pub fn covers(&self, clock: Clock) -> bool {
+        self.covered.contains(&clock)
     }
 
     /// `pkt` is taken from the queue of instance `id` of a vertex that has already processed
@@ -179,6 +187,11 @@ impl Gate {
     /// Packets held, for a replay or a move.
     pub fn held(&self) -> usize {
         self.held.len() + self.move_held.values().map(Vec::len).sum::<usize>()
+    }
+
+    /// Whether any packet held here (for a replay or a move) satisfies `f`.
+    pub fn held_any(&self, mut f: impl FnMut(&Packet) -> bool) -> bool {
+        self.held.iter().chain(self.move_held.values().flatten()).any(&mut f)
     }
 
     /// The flows this instance has received.

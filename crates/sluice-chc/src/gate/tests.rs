@@ -25,12 +25,27 @@ fn a_recovering_instance_holds_live_packets_until_the_replay_drains() {
     assert!(matches!(g.arrive(7, replay(1, ME)), Arrival::Queue(_)), "replay copies pass");
     assert!(matches!(g.arrive(7, live(2)), Arrival::Covered(_)), "the replay carries clock 2");
     assert_eq!(g.held(), 1);
+    assert!(g.covers(Clock::new(0, 1)) && !g.covers(Clock::new(0, 5)));
+    assert!(g.held_any(|p| p.meta.clock == Clock::new(0, 5)) && !g.held_any(|p| p.meta.clock == Clock::new(0, 1)));
     let held = g.end_recovery();
     assert_eq!(held.len(), 1);
     assert_eq!(held[0].meta.clock, Clock::new(0, 5));
     assert!(matches!(g.arrive(7, live(6)), Arrival::Queue(_)));
     assert!(matches!(g.arrive(7, live(2)), Arrival::Queue(_)), "after the replay: dequeue suppresses it");
     assert!(g.flows().contains(&7));
+}
+
+#[test]
+fn a_replay_copy_past_its_target_waits_like_a_live_packet() {
+    let mut g = Gate::new(true);
+    g.cover([Clock::new(0, 1), Clock::new(0, 2)]);
+    let mut reached = replay(5, OTHER);
+    reached.meta.flags.insert(MetaFlags::REACHED);
+    assert!(matches!(g.arrive(7, reached), Arrival::Held), "behind the replay's clocks 1 and 2");
+    let mut covered = replay(2, OTHER);
+    covered.meta.flags.insert(MetaFlags::REACHED);
+    assert!(matches!(g.arrive(7, covered), Arrival::Covered(_)), "this replay carries clock 2");
+    assert!(matches!(g.arrive(7, replay(6, OTHER)), Arrival::Queue(_)), "on its way to its target: passes");
 }
 
 #[test]

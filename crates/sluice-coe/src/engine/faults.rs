@@ -88,6 +88,8 @@ impl Engine<'_> {
         let wall = Instant::now();
         let Some(n) = self.node_mut(node) else { return Ok(()) };
         n.alive = false;
+        // Clones waiting for what it held: that is lost now, and replayed only if logged.
+        let marks = n.clone_marks();
         let lost = n.drain();
         let (vertex, index, flows, busy_until) = (n.vertex, n.index, n.gate.flows().clone(), n.busy_until);
         for p in &lost {
@@ -148,6 +150,11 @@ impl Engine<'_> {
         for (input, p) in again {
             self.enter(input, p);
         }
+        for c in marks {
+            if let Some(c) = self.node_mut(c) {
+                c.waits_for_straggler = false;
+            }
+        }
         self.check_replay_done();
         Ok(())
     }
@@ -202,7 +209,7 @@ impl Engine<'_> {
     /// Releases a recovering node once no copy of the replay aimed at it is travelling.
     pub(super) fn check_replay_done(&mut self) {
         let now = self.now;
-        for n in self.nodes.iter_mut().filter(|n| n.alive && n.gate.recovering()) {
+        for n in self.nodes.iter_mut().filter(|n| n.alive && n.gate.recovering() && !n.waits_for_straggler) {
             if !self.root.replay_drained_to(n.inst.id()) {
                 continue;
             }

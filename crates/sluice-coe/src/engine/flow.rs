@@ -176,14 +176,20 @@ impl Engine<'_> {
         let Some(n) = self.node(node) else { return Ok(false) };
         let Some(front) = n.queue.front().map(|q| n.busy_until.max(q.at)) else { return Ok(false) };
         let ordered = self.vertices.get(n.vertex).is_some_and(|v| v.ordered);
-        let (batch, barrier, suppressed, start) = if ordered {
+        let (batch, mark, suppressed, start) = if ordered {
             let (batch, suppressed, at) = self.take_in_order(node);
-            (batch, None, suppressed, front.max(at).max(self.now))
+            // Packets are taken in entry order, not queue order: a mark passes once nothing
+            // queued before it is left.
+            let mark = self.nodes.get_mut(node.0).and_then(|n| match n.queue.front().map(|q| &q.item) {
+                Some(Item::Barrier(_) | Item::CloneStart(_)) => n.queue.pop_front().map(|q| q.item),
+                _ => None,
+            });
+            (batch, mark, suppressed, front.max(at).max(self.now))
         } else {
-            let (batch, barrier, suppressed) = self.take_batch(node, front);
-            (batch, barrier, suppressed, front)
+            let (batch, mark, suppressed) = self.take_batch(node, front);
+            (batch, mark, suppressed, front)
         };
-        let progress = suppressed || !batch.is_empty() || barrier.is_some();
+        let progress = suppressed || !batch.is_empty() || mark.is_some();
         let mut t = start;
         if !batch.is_empty() {
             if ordered {
@@ -205,8 +211,10 @@ impl Engine<'_> {
         if let Some(n) = self.node_mut(node) {
             n.busy_until = n.busy_until.max(t);
         }
-        if let Some(m) = barrier {
-            self.barrier_passed(m)?;
+        match mark {
+            Some(Item::Barrier(m)) => self.barrier_passed(m)?,
+            Some(Item::CloneStart(c)) => self.straggler_caught_up(c),
+            _ => {}
         }
         Ok(progress)
     }
@@ -214,7 +222,7 @@ impl Engine<'_> {
     /// Takes the packets ready at `start` from `node`'s queue, up to a batch or a barrier;
     /// duplicates are suppressed where they arrive, in arrival order. Returns the batch, the
     /// barrier reached, and whether any packet was suppressed.
-    fn take_batch(&mut self, node: NodeId, start: u64) -> (Vec<Packet>, Option<sluice_chc::moves::MoveId>, bool) {
+    fn take_batch(&mut self, node: NodeId, start: u64) -> (Vec<Packet>, Option<Item>, bool) {
         let suppress = self.cfg.switches.duplicate_suppression;
         let roots = self.root.roots();
         let (mut batch, mut barrier, mut suppressed, mut deferred) = (Vec::new(), None, Vec::new(), Vec::new());
@@ -247,8 +255,8 @@ impl Engine<'_> {
                         }
                     }
                 }
-                Item::Barrier(m) => {
-                    barrier = Some(m);
+                mark => {
+                    barrier = Some(mark);
                     break;
                 }
             }
@@ -280,7 +288,7 @@ impl Engine<'_> {
             let Some(vx) = self.vertices.get(v) else { break };
             let keyed = n.queue.iter().enumerate().filter_map(|(i, q)| match &q.item {
                 Item::Packet(p) => Some((OrderKey::of(&p.meta, roots), i)),
-                Item::Barrier(_) => None,
+                _ => None,
             });
             let Some((key, i)) = keyed.min() else { break };
             let is_clone = vx.splitter.straggler_of(node).is_some();

@@ -71,6 +71,10 @@ use std::time::Instant;
 enum Item {
     Packet(Packet),
     Barrier(MoveId),
+    /// Behind the packets a straggler held when its clone started that the root's replay to
+    /// the clone does not carry (the root lost its log): the clone ends its recovery only
+    /// once the straggler has emitted them, so per-flow order holds.
+    CloneStart(NodeId),
 }
 
 struct Queued {
@@ -104,6 +108,8 @@ struct Node {
     /// Barriers of moves away from the failed instance this one replaced: passed once the
     /// root's replay here has drained (the replay redoes the moved flows' lost packets first).
     barriers_after_replay: Vec<sluice_chc::moves::MoveId>,
+    /// A clone waiting for its straggler to pass the [`Item::CloneStart`] mark.
+    waits_for_straggler: bool,
 }
 
 impl Node {
@@ -123,6 +129,7 @@ impl Node {
             pending: Pending::default(),
             blocked: false,
             barriers_after_replay: Vec::new(),
+            waits_for_straggler: false,
         }
     }
 
@@ -133,13 +140,24 @@ impl Node {
     }
 
     /// Empties the queue and the holds: every packet still here (barriers dropped).
+    /// The clones waiting for a mark in this node's queue.
+    fn clone_marks(&self) -> Vec<NodeId> {
+        self.queue
+            .iter()
+            .filter_map(|q| match q.item {
+                Item::CloneStart(c) => Some(c),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn drain(&mut self) -> Vec<Packet> {
         let mut out: Vec<Packet> = self
             .queue
             .drain(..)
             .filter_map(|q| match q.item {
                 Item::Packet(p) => Some(p),
-                Item::Barrier(_) => None,
+                Item::Barrier(_) | Item::CloneStart(_) => None,
             })
             .collect();
         out.extend(self.gate.drain_held());
@@ -471,6 +489,7 @@ impl<'a> Engine<'a> {
                 .map(|q| match &q.item {
                     Item::Packet(p) => p.meta.clock.to_string(),
                     Item::Barrier(_) => "barrier".into(),
+                    Item::CloneStart(_) => "clone start".into(),
                 })
                 .collect();
             tracing::debug!(

@@ -294,6 +294,7 @@ impl Engine<'_> {
         // Its acknowledged updates count for the XOR check before it goes.
         n.inst.state().take_commits(&mut self.commits);
         n.alive = false;
+        let marks = n.clone_marks();
         let leftover = n.drain();
         let v = n.vertex;
         if let Some(vx) = self.vertices.get_mut(v) {
@@ -302,6 +303,9 @@ impl Engine<'_> {
         self.collect_commits();
         for p in leftover {
             self.root.copy_finished(&p);
+        }
+        for c in marks {
+            self.straggler_caught_up(c);
         }
         // Its write-ahead log goes with it: checkpoint now, so a store rebuild never needs it.
         self.take_checkpoint()?;
@@ -416,9 +420,41 @@ impl Engine<'_> {
         }
         self.refresh_sharing(vertex)?;
         self.replay_episode("clone", count, vertex, id, wall, String::new());
+        self.mark_clone_start(node, clone);
         self.trials.start(Trial { straggler: node, clone, until: count + self.cfg.clone_trial });
         self.check_replay_done();
         Ok(())
+    }
+
+    /// When the straggler holds packets the replay to its clone does not carry (the root lost
+    /// its log since they entered), the clone would overtake them on their flows: it waits,
+    /// recovering, until the straggler has processed them.
+    fn mark_clone_start(&mut self, straggler: NodeId, clone: NodeId) {
+        let Some(c) = self.node(clone) else { return };
+        let Some(s) = self.node(straggler) else { return };
+        let decided = self.vertices.get(s.vertex).map(|v| &v.decided);
+        let uncovered = |p: &sluice_packet::Packet| {
+            !c.gate.covers(p.meta.clock) && !decided.is_some_and(|d| d.contains(p.meta.clock))
+        };
+        let queued = s.queue.iter().any(|q| matches!(&q.item, Item::Packet(p) if uncovered(p)));
+        if !queued && !s.gate.held_any(uncovered) {
+            return;
+        }
+        let now = self.now;
+        if let Some(s) = self.node_mut(straggler) {
+            s.queue.push_back(Queued { at: now, item: Item::CloneStart(clone) });
+        }
+        if let Some(c) = self.node_mut(clone) {
+            c.waits_for_straggler = true;
+        }
+    }
+
+    /// The straggler passed its clone's start mark (or is gone): the clone's recovery may end.
+    pub(super) fn straggler_caught_up(&mut self, clone: NodeId) {
+        if let Some(c) = self.node_mut(clone) {
+            c.waits_for_straggler = false;
+        }
+        self.check_replay_done();
     }
 
     fn load(&self, node: NodeId) -> InstanceLoad {
@@ -439,6 +475,11 @@ impl Engine<'_> {
         if !self.alive(t.straggler) {
             // The straggler is gone: the clone is just a clone of nothing.
             return self.retire(t.clone);
+        }
+        if self.node(t.clone).is_some_and(|c| c.waits_for_straggler) {
+            // The straggler still holds packets only it has: the trial goes on.
+            self.trials.start(Trial { until: count + 1, ..t });
+            return Ok(());
         }
         let (s, c) = (self.load(t.straggler), self.load(t.clone));
         let kept_clone = keep_clone(&s, &c);
