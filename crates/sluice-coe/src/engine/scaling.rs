@@ -295,14 +295,22 @@ impl Engine<'_> {
         n.inst.state().take_commits(&mut self.commits);
         n.alive = false;
         let marks = n.clone_marks();
+        let id = n.inst.id();
         let leftover = n.drain();
         let v = n.vertex;
         if let Some(vx) = self.vertices.get_mut(v) {
             vx.splitter.end_trial(node);
         }
         self.collect_commits();
+        let now = self.now;
         for p in leftover {
-            self.root.copy_finished(&p);
+            if p.meta.replay_target().is_some_and(|t| t != id) {
+                // A copy of another instance's replay, passing through: only this instance
+                // had it, so it goes on through the instance that stays.
+                self.deliver(sluice_runtime::plan::Target::Vertex(v), p, now);
+            } else {
+                self.root.copy_finished(&p);
+            }
         }
         for c in marks {
             self.straggler_caught_up(c);
