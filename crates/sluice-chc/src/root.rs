@@ -10,7 +10,7 @@
 //! [`Root::take_deleted`] so a driver keeping the log in a store deletes them there too.
 
 use sluice_packet::{Clock, InstanceId, MetaFlags, Packet};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Root parameters.
 #[derive(Debug, Clone, Copy)]
@@ -128,6 +128,9 @@ pub struct Root {
     replays_to: HashMap<InstanceId, u32>,
     last_clock: Clock,
     deleted: Vec<Clock>,
+    /// Clocks whose entries a root lost with its log while they were still in flight: no
+    /// replay can bring them back.
+    unlogged: HashSet<Clock>,
     stats: RootStats,
 }
 
@@ -143,6 +146,7 @@ impl Root {
             replays_to: HashMap::new(),
             last_clock: Clock::default(),
             deleted: Vec::new(),
+            unlogged: HashSet::new(),
             stats: RootStats::default(),
         }
     }
@@ -363,7 +367,14 @@ impl Root {
         let resumed = rc.seq;
         let logged = self.log.keys().filter(|c| c.root() == root).count();
         if log_lost {
-            self.log.retain(|c, _| c.root() != root);
+            let unlogged = &mut self.unlogged;
+            self.log.retain(|c, _| {
+                let keep = c.root() != root;
+                if !keep {
+                    unlogged.insert(*c);
+                }
+                keep
+            });
         }
         Ok(RootCrash { logged, lost: log_lost, resumed })
     }
@@ -384,6 +395,8 @@ impl Root {
             }
         }
         r.lost = old.len() as u64 - r.kept;
+        // What the store lost (written since its checkpoint) is beyond replay, like a lost root log.
+        self.unlogged.extend(old.keys().filter(|c| !self.log.contains_key(c)));
         r
     }
 
@@ -391,6 +404,14 @@ impl Root {
     /// to zero (or a replay redid them); a clock no longer logged is done.
     pub fn committed(&self, clock: Clock) -> bool {
         self.log.get(&clock).is_none_or(|e| e.xor == 0 || e.replayed)
+    }
+
+    /// Whether `clock`'s log entry was lost while the packet was in flight (with a root that
+    /// kept the log, or with a store that had not checkpointed it yet): a copy of it lost now
+    /// (an instance failing with it queued) is lost for good. CHC cannot recover an NF failing
+    /// together with the component that held its packets' log (docs/correctness.md).
+    pub fn lost_with_log(&self, clock: Clock) -> bool {
+        self.unlogged.contains(&clock)
     }
 
     /// Whether `clock` is still in the log.

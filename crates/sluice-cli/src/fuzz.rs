@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 draws its own schedule (1 to --max-events events of every kind on every vertex, several at one point at times) and \
 run options (roots 1-3, log at the root or in the store, asynchronous delete on or off, checkpoints every 0, 500 \
 or 10000 packets), leaving out only the combinations the protocols cannot recover from (docs/faults.md, \
-\"Random runs\"). A run fails when `verify` finds it not equivalent or packets are left in the root's log.\n\
+\"Random runs\"). A run fails when `verify` finds it not equivalent or packets are left in the root's log, unless it met a failure CHC cannot recover from (an instance failing with packets whose log entries were lost in a root or store crash): such a run is reported as outside the guarantee, neither pass nor failure.\n\
 Examples:\n  sluice fuzz --chain chains/example.yaml --input traces/demo.pcap --n 200\n  \
 sluice fuzz --chain chains/example.yaml --chain chains/nat-portscan.yaml --input traces/demo.pcap --n 1000 --jobs 2 \
 --shrink faults/regressions\n\
@@ -182,7 +182,7 @@ pub fn cmd_fuzz(a: FuzzArgs) -> Result<(), Failure> {
         let target = Target { chain: &input.chain, registry: &registry, packets: &input.packets };
         let outcome = fuzz::check(&target, &schedule, &reference, &*store, seed)
             .with_context(|| format!("seed {seed}: the run could not be made"))?;
-        Ok(outcome.failed().then(|| FailedRun {
+        Ok((outcome.failed() || outcome.outside_guarantee()).then(|| FailedRun {
             seed,
             chain: input.chain_path.display().to_string(),
             input: input.trace_path.display().to_string(),
@@ -225,10 +225,13 @@ pub fn cmd_fuzz(a: FuzzArgs) -> Result<(), Failure> {
     }
     let mut failures = failures.into_inner().unwrap_or_else(|e| e.into_inner());
     failures.sort_by_key(|f| f.seed);
+    // Runs that met a failure CHC cannot recover from are reported apart: neither passes nor
+    // failures.
+    let (outside, mut failures): (Vec<_>, Vec<_>) = failures.into_iter().partition(|f| f.outcome.outside_guarantee());
     if let Some(dir) = &a.shrink {
         shrink_all(&a, dir, &inputs, &registry, &*store, &mut failures)?;
     }
-    report(&a, &failures)?;
+    report(&a, &failures, &outside)?;
     if failures.is_empty() {
         Ok(())
     } else {
@@ -342,7 +345,7 @@ fn file_name(chain: &str, outcome: &Outcome, seed: u64) -> String {
     format!("{}-{}-s{seed}.yaml", safe(chain), safe(&symptom))
 }
 
-fn report(a: &FuzzArgs, failures: &[FailedRun]) -> Result<(), Failure> {
+fn report(a: &FuzzArgs, failures: &[FailedRun], outside: &[FailedRun]) -> Result<(), Failure> {
     let groups = classes(failures);
     if a.json {
         let classes: Vec<serde_json::Value> = groups
@@ -353,8 +356,10 @@ fn report(a: &FuzzArgs, failures: &[FailedRun]) -> Result<(), Failure> {
             "runs": a.n,
             "first_seed": a.seed,
             "failed": failures.len(),
+            "outside_guarantee": outside.len(),
             "classes": classes,
             "failures": failures,
+            "outside_guarantee_runs": outside,
         });
         println!("{}", serde_json::to_string_pretty(&v).map_err(|e| fail(exit::FAILED)(e.into()))?);
         return Ok(());
@@ -367,7 +372,20 @@ fn report(a: &FuzzArgs, failures: &[FailedRun]) -> Result<(), Failure> {
         }
         print!("{}", f.schedule);
     }
-    println!("{} of {} random run(s) equivalent", a.n - failures.len() as u64, a.n);
+    for f in outside {
+        println!("--- seed {} outside the guarantee: {} over {}", f.seed, f.chain, f.input);
+        for u in &f.outcome.unrecoverable {
+            println!("    {u}");
+        }
+    }
+    let differing = (failures.len() + outside.len()) as u64;
+    println!("{} of {} random run(s) equivalent", a.n - differing, a.n);
+    if !outside.is_empty() {
+        println!(
+            "  {} run(s) outside the guarantee: they met a failure CHC cannot recover from (docs/correctness.md, \"Correlated failures\"); not counted as failures",
+            outside.len()
+        );
+    }
     for ((chain, class), seeds) in &groups {
         let shown: Vec<String> = seeds.iter().take(8).map(u64::to_string).collect();
         let more = if seeds.len() > 8 { ", ..." } else { "" };

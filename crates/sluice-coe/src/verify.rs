@@ -60,6 +60,9 @@ impl VerifyReport {
             self.reference_outputs, self.physical_outputs
         ));
         let e = &self.engine;
+        for u in &e.unrecoverable {
+            s.push_str(&format!("  outside the guarantee (CHC cannot recover this): {u}\n"));
+        }
         s.push_str(&format!(
             "  root: {} admitted, {} dropped (log full), {} malformed; {} replayed; log peak {}, left {}\n",
             e.admitted, e.root_dropped, e.malformed, e.replayed, e.log_peak, e.log_left

@@ -93,6 +93,40 @@ fn root_and_nf_crash_with_the_log_in_the_store() {
     // The same with the log in the root's memory: the packets the NAT held are lost with it.
     let lost = run(&c, &p, events, EngineConfig { log_place: LogPlace::Root, ..cfg }, embedded());
     assert!(!lost.equivalent, "root + NF must not be recoverable with the log at the root");
+    // ... and the run says so: the NAT failed with packets whose log entries went with the root.
+    assert!(r.engine.unrecoverable.is_empty(), "{:?}", r.engine.unrecoverable);
+    assert_eq!(lost.engine.unrecoverable.len(), 1, "{:?}", lost.engine.unrecoverable);
+    assert!(lost.engine.unrecoverable[0].contains("of `nat` failed with"), "{:?}", lost.engine.unrecoverable);
+}
+
+/// The same combination at different packets: the root loses its log at one point, and the NAT,
+/// slow, still holds packets admitted before it when it fails much later. The run is flagged as
+/// outside the guarantee; a NAT failure once those packets are gone is not.
+#[test]
+fn a_later_nf_crash_holding_packets_of_a_lost_log_is_flagged() {
+    let c = chain(EXAMPLE);
+    let p = demo(0.1, 3);
+    let slow = event(At::Packet(1), Action::Slow { vertex: "nat".into(), instance: 0, delay_us: (20, 30) });
+    let events = |crash_at| {
+        vec![
+            slow.clone(),
+            event(At::Packet(2_000), Action::CrashRoot { root: 0 }),
+            event(At::Packet(crash_at), Action::Crash { vertex: "nat".into(), instance: 0 }),
+        ]
+    };
+    let cfg = EngineConfig { log_place: LogPlace::Root, ..EngineConfig::default() };
+    let held = run(&c, &p, events(3_000), cfg.clone(), embedded());
+    assert!(!held.equivalent);
+    assert!(held.engine.unrecoverable.iter().any(|u| u.contains("packet 3000")), "{:?}", held.engine.unrecoverable);
+    assert!(held.render().contains("outside the guarantee"), "{}", held.render());
+    let p = demo(0.1, 3);
+    let fast = vec![
+        event(At::Packet(2_000), Action::CrashRoot { root: 0 }),
+        event(At::Packet(3_000), Action::Crash { vertex: "nat".into(), instance: 0 }),
+    ];
+    let drained = run(&c, &p, fast, cfg, embedded());
+    assert!(drained.engine.unrecoverable.is_empty(), "{:?}", drained.engine.unrecoverable);
+    assert!(drained.equivalent, "{}", drained.render());
 }
 
 /// The root's log in the store survives a store crash as far as the store's checkpoint does:

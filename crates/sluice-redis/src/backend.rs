@@ -1,7 +1,7 @@
 //! [`RedisBackend`]: connecting (loading the function library), clearing the keyspace, and
 //! the [`Backend`] operations that act on the whole store (checkpoint, restore, wipe).
 
-use crate::codec::{decode_opt, encode_key, Form};
+use crate::codec::{decode_opt, encode_key, encode_opt, Form};
 use crate::config::parse_url;
 use crate::connection::RedisConnection;
 use crate::reply::{
@@ -12,7 +12,7 @@ use crate::topology::{lock_mutex, write_lock, Nodes, Shared, Topology};
 use crate::LIBRARY;
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::CustomOp;
-use sluice_store::{Backend, Checkpoint, Connection, StoreError};
+use sluice_store::{Backend, Checkpoint, Connection, LoggedResult, StoreError};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -122,14 +122,22 @@ impl Backend for RedisBackend {
             let topo = shared.topology();
             let mut values = Vec::new();
             let mut timers = Vec::new();
+            let mut log = Vec::new();
             let mut ts: BTreeMap<InstanceId, Clock> = BTreeMap::new();
             for (n, url) in topo.nodes.iter().enumerate() {
                 let cmd = bucket_fcall("sluice_dump", &shared.cfg.prefix, &topo.buckets_of(n));
                 let v = nodes.query(url, &cmd).map_err(redis_err)?;
                 let parts = array(&v)?;
-                let (Some(vals), Some(t), Some(tm)) = (parts.first(), parts.get(1), parts.get(2)) else {
+                let (Some(vals), Some(t), Some(tm), Some(lg)) =
+                    (parts.first(), parts.get(1), parts.get(2), parts.get(3))
+                else {
                     return Err(StoreError::Protocol("short sluice_dump reply".into()));
                 };
+                for triple in array(lg)?.chunks(3) {
+                    if let [b, id, r] = triple {
+                        log.push(logged_result(number(b)?, bytes(id)?, bytes(r)?)?);
+                    }
+                }
                 for triple in array(tm)?.chunks(3) {
                     if let [k, d, who] = triple {
                         let key = decode_whole_key(bytes(k)?)?;
@@ -154,7 +162,8 @@ impl Backend for RedisBackend {
             }
             values.sort_by_key(|v| v.0);
             timers.sort();
-            Ok(Checkpoint { values, ts: ts.into_iter().collect(), timers })
+            log.sort_by_key(|l: &LoggedResult| (l.clock, l.vertex, l.seq));
+            Ok(Checkpoint { values, ts: ts.into_iter().collect(), timers, log })
         })
     }
 
@@ -179,6 +188,16 @@ impl Backend for RedisBackend {
                     args.push(who.0.to_string().into_bytes());
                 }
             }
+            // The per-clock log per node: bucket, logid, result each.
+            let mut log_of: Vec<Vec<Vec<u8>>> = vec![Vec::new(); topo.nodes.len()];
+            for l in &cp.log {
+                let Ok(b) = u16::try_from(l.part) else { continue };
+                if let Some(args) = log_of.get_mut(topo.node_of(b)) {
+                    args.push(b.to_string().into_bytes());
+                    args.push(format!("{}{:04x}{:04x}", hex16(l.clock.0), l.vertex, l.seq).into_bytes());
+                    args.push(encode_opt(l.result.as_ref()));
+                }
+            }
             for (k, v) in &cp.values {
                 let (kenc, b, n) = place(k);
                 if let Some(args) = per_node.get_mut(n) {
@@ -196,6 +215,11 @@ impl Backend for RedisBackend {
                 let timers = timers_of.get(n).map(Vec::as_slice).unwrap_or(&[]);
                 cmd.arg(timers.len() / 4);
                 for a in timers {
+                    cmd.arg(a.as_slice());
+                }
+                let log = log_of.get(n).map(Vec::as_slice).unwrap_or(&[]);
+                cmd.arg(log.len() / 3);
+                for a in log {
                     cmd.arg(a.as_slice());
                 }
                 for a in per_node.get(n).map(Vec::as_slice).unwrap_or(&[]) {
@@ -225,4 +249,23 @@ fn bucket_fcall(function: &str, prefix: &str, buckets: &[u16]) -> redis::Cmd {
         cmd.arg(*b);
     }
     cmd
+}
+
+/// One entry of a bucket's per-clock log from `sluice_dump`: its id is the clock (16 hex
+/// digits), the vertex and the update's index (4 each).
+fn logged_result(bucket: u32, id: &[u8], result: &[u8]) -> Result<LoggedResult, StoreError> {
+    let bad =
+        || StoreError::Protocol(format!("per-clock log id {:?} is not 24 hex digits", String::from_utf8_lossy(id)));
+    let id = std::str::from_utf8(id).map_err(|_| bad())?;
+    let (Some(c), Some(v), Some(s)) = (id.get(0..16), id.get(16..20), id.get(20..24)) else { return Err(bad()) };
+    if id.len() != 24 {
+        return Err(bad());
+    }
+    Ok(LoggedResult {
+        part: bucket,
+        clock: Clock(u64::from_str_radix(c, 16).map_err(|_| bad())?),
+        vertex: u16::from_str_radix(v, 16).map_err(|_| bad())?,
+        seq: u16::from_str_radix(s, 16).map_err(|_| bad())?,
+        result: decode_opt(result).map_err(codec_err)?,
+    })
 }

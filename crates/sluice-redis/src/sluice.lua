@@ -579,15 +579,22 @@ local function exec(_keys, a)
   return { results, notes }
 end
 
--- ARGV: prefix, nb, bucket ids... Returns { values, ts, timers }: values = flat key, encoding
--- pairs; ts = flat client, clock pairs of every bucket (the caller keeps the maximum per
--- client); timers = flat key, deadline (hex16), recipient triples (the owner if the key is
--- claimed, else the client that armed it: who would be told now).
+-- ARGV: prefix, nb, bucket ids... Returns { values, ts, timers, log }: values = flat key,
+-- encoding pairs; ts = flat client, clock pairs of every bucket (the caller keeps the maximum
+-- per client); timers = flat key, deadline (hex16), recipient triples (the owner if the key is
+-- claimed, else the client that armed it: who would be told now); log = flat bucket, logid,
+-- result triples (the per-clock log).
 local function dump(_keys, a)
   local P, nb = a[1], tonumber(a[2])
-  local values, ts, timers = {}, {}, {}
+  local values, ts, timers, log = {}, {}, {}, {}
   for j = 1, nb do
     local h = '{' .. P .. ':' .. a[2 + j] .. '}'
+    local kv = redis.call('HGETALL', h .. 'L')
+    for x = 1, #kv, 2 do
+      log[#log + 1] = a[2 + j]
+      log[#log + 1] = kv[x]
+      log[#log + 1] = kv[x + 1]
+    end
     -- One metadata read per entry serves both the value and its timer (every entry with a
     -- timer is in K): checkpoints run every few hundred milliseconds on large buckets.
     for _, k in ipairs(redis.call('SMEMBERS', h .. 'K')) do
@@ -607,13 +614,15 @@ local function dump(_keys, a)
       ts[#ts + 1] = x
     end
   end
-  return { values, ts, timers }
+  return { values, ts, timers, log }
 end
 
 -- ARGV: prefix, nb, bucket ids..., nts, client, clock pairs..., ntimers, timers: bucket, key,
--- deadline (hex16), client..., then values: bucket, key, form.
+-- deadline (hex16), client..., nlog, log: bucket, logid, result..., then values: bucket, key,
+-- form.
 -- Clears entries, logs and timers of the buckets (not their time or notifications), sets the
--- TS vector of every bucket, re-arms the timers and writes the values.
+-- TS vector of every bucket, re-arms the timers, restores the per-clock log and writes the
+-- values.
 local function restore(_keys, a)
   local P, nb = a[1], tonumber(a[2])
   local i = 3 + nb
@@ -626,6 +635,9 @@ local function restore(_keys, a)
   local ntimers = tonumber(a[i])
   local tstart = i + 1
   i = tstart + 4 * ntimers
+  local nlog = tonumber(a[i])
+  local lstart = i + 1
+  i = lstart + 3 * nlog
   for j = 1, nb do
     local h = '{' .. P .. ':' .. a[2 + j] .. '}'
     for _, k in ipairs(redis.call('SMEMBERS', h .. 'K')) do
@@ -646,6 +658,12 @@ local function restore(_keys, a)
     redis.call('HSET', h .. 'm:' .. k, 'd', d, 'w', a[base + 3])
     redis.call('ZADD', h .. 'Z', 0, d .. k)
     redis.call('SADD', h .. 'K', k)
+  end
+  for x = 0, nlog - 1 do
+    local base = lstart + 3 * x
+    local h = '{' .. P .. ':' .. a[base] .. '}'
+    redis.call('HSET', h .. 'L', a[base + 1], a[base + 2])
+    redis.call('ZADD', h .. 'X', 0, a[base + 1])
   end
   while i <= #a do
     local h = '{' .. P .. ':' .. a[i] .. '}'

@@ -4,7 +4,9 @@
 //! issue order) and answers through the client's own lock-free queues.
 
 use crate::backend::{Backend, Connection, StoreError};
-use crate::wire::{Checkpoint, Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp, TsVector};
+use crate::wire::{
+    Checkpoint, LoggedResult, Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp, TsVector,
+};
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::{ops::apply, CustomOp, StateOp, Value};
@@ -75,6 +77,7 @@ struct Restore {
     values: Vec<(StoreKey, Value)>,
     ts: Vec<(InstanceId, Clock)>,
     timers: Vec<(StoreKey, u64, InstanceId)>,
+    log: Vec<LoggedResult>,
 }
 
 /// One value and its metadata.
@@ -471,7 +474,19 @@ fn shard_loop(
                     .filter_map(|(k, e)| e.timer.map(|(d, armer)| (*k, d, e.owner.unwrap_or(armer))))
                     .collect();
                 timers.sort();
-                let _ = tx.send(Checkpoint { values, ts, timers });
+                let mut log: Vec<_> = shard
+                    .log
+                    .iter()
+                    .map(|(&(clock, vertex, seq), result)| LoggedResult {
+                        part: 0,
+                        clock,
+                        vertex,
+                        seq,
+                        result: result.clone(),
+                    })
+                    .collect();
+                log.sort_by_key(|l| (l.clock, l.vertex, l.seq));
+                let _ = tx.send(Checkpoint { values, ts, timers, log });
             }
             Msg::Restore(cp, tx) => {
                 shard.entries.clear();
@@ -487,6 +502,12 @@ fn shard_loop(
                 }
                 shard.ts = cp.ts.into_iter().collect();
                 shard.ts_cache = None;
+                for l in cp.log {
+                    let k = (l.clock, l.vertex, l.seq);
+                    if shard.log.insert(k, l.result).is_none() {
+                        shard.log_order.entry(l.clock.root()).or_default().push_back(k);
+                    }
+                }
                 let _ = tx.send(());
             }
             Msg::Wipe(tx) => {
@@ -605,6 +626,7 @@ impl Backend for EmbeddedStore {
                 rx.recv_timeout(Duration::from_secs(10)).map_err(|_| StoreError::Timeout(Duration::from_secs(10)))?;
             all.values.extend(cp.values);
             all.timers.extend(cp.timers);
+            all.log.extend(cp.log.into_iter().map(|l| LoggedResult { part: s as u32, ..l }));
             for (i, c) in cp.ts {
                 match all.ts.iter_mut().find(|(j, _)| *j == i) {
                     Some(e) => e.1 = e.1.max(c),
@@ -620,8 +642,14 @@ impl Backend for EmbeddedStore {
 
     fn restore(&self, cp: &Checkpoint) -> Result<(), StoreError> {
         let n = self.inner.shards.len();
-        let mut parts: Vec<Restore> =
-            (0..n).map(|_| Restore { values: Vec::new(), ts: cp.ts.clone(), timers: Vec::new() }).collect();
+        let mut parts: Vec<Restore> = (0..n)
+            .map(|_| Restore { values: Vec::new(), ts: cp.ts.clone(), timers: Vec::new(), log: Vec::new() })
+            .collect();
+        for l in &cp.log {
+            if let Some(p) = parts.get_mut(l.part as usize % n.max(1)) {
+                p.log.push(l.clone());
+            }
+        }
         for (k, v) in &cp.values {
             if let Some(p) = parts.get_mut(self.inner.shard_of(k)) {
                 p.values.push((*k, v.clone()));

@@ -13,4 +13,6 @@ pub mod wire;
 pub use backend::{Backend, Connection, StoreError};
 pub use client::{ClientConfig, ClientStats, Mode, StoreClient, NONDET_OBJECT};
 pub use engine::EmbeddedStore;
-pub use wire::{Checkpoint, Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp, TsVector};
+pub use wire::{
+    Checkpoint, LoggedResult, Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp, TsVector,
+};

@@ -22,7 +22,7 @@
 
 use crate::backend::{Backend, Connection, StoreError};
 use crate::client::WalEntry;
-use crate::wire::{Checkpoint, Replies, Request, StoreKey, StoreOp, TsVector};
+use crate::wire::{Checkpoint, LoggedResult, Replies, Request, StoreKey, StoreOp, TsVector};
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::Value;
 use std::borrow::Cow;
@@ -83,6 +83,9 @@ pub struct RebuildPlan {
     /// replayed) would be missing from the rebuilt store's TS vector, and a second failover
     /// would re-execute its whole WAL.
     pub ts: Vec<(InstanceId, Clock)>,
+    /// The checkpoint's per-clock log, restored with the values (callers drop the entries of
+    /// packets no longer in flight).
+    pub log: Vec<LoggedResult>,
 }
 
 /// What [`apply`] did.
@@ -238,6 +241,7 @@ pub fn plan_in_order(
         values: values.into_iter().collect(),
         replay: merge(logs, replay, rank),
         ts: ts.into_iter().collect(),
+        log: checkpoint.log.clone(),
     }
 }
 
@@ -310,7 +314,7 @@ pub fn apply(
     let start = Instant::now();
     let mut timers = timers.to_vec();
     timers.sort();
-    backend.restore(&Checkpoint { values: plan.values.clone(), ts: plan.ts.clone(), timers })?;
+    backend.restore(&Checkpoint { values: plan.values.clone(), ts: plan.ts.clone(), timers, log: plan.log.clone() })?;
     let mut conns: BTreeMap<InstanceId, Replayer> = BTreeMap::new();
     let mut next_id = 1u64;
     let mut failed = 0u64;
@@ -412,6 +416,7 @@ mod tests {
             values: vec![(k, Value::Int(100))],
             ts: vec![(i1, c(10)), (i3, c(8)), (i4, c(9))],
             timers: Vec::new(),
+            log: Vec::new(),
         };
         let r19 = read(k, 100, &[(i1, 10), (i3, 8), (i4, 17)]);
         let r27 = read(k, 100, &[(i1, 10), (i3, 16), (i4, 17)]);
@@ -471,6 +476,7 @@ mod tests {
             values: vec![(k, Value::Int(100)), (kept, Value::Int(7)), (flow, Value::Int(1))],
             ts: vec![(i1, c(10)), (i3, c(8))],
             timers: Vec::new(),
+            log: Vec::new(),
         };
         let logs = vec![
             RecoveryLog {

@@ -142,7 +142,7 @@ pub enum Notification {
     },
 }
 
-/// A consistent copy of a store's shared state and its TS vector.
+/// A consistent copy of a store's shared state, its TS vector, timers and per-clock log.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Checkpoint {
     /// Every value.
@@ -155,4 +155,26 @@ pub struct Checkpoint {
     /// rather than the armer keeps "who is told" unchanged across a restore; a recovering NF
     /// instance finds here the timers its crashed predecessor armed.
     pub timers: Vec<(StoreKey, u64, InstanceId)>,
+    /// The per-clock log: the results of the tagged updates of packets still in flight. A
+    /// store rebuilt from the checkpoint answers a replay of those updates from it instead of
+    /// applying them twice (an instance that failed after the checkpoint took its write-ahead
+    /// log with it, so nothing else could tell the rebuilt store they were applied).
+    pub log: Vec<LoggedResult>,
+}
+
+/// One entry of a store's per-clock log: the update tagged (`clock`, `vertex`, `seq`) was
+/// applied and returned `result`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoggedResult {
+    /// Where the store keeps it (an embedded store's shard, a Redis bucket): a checkpoint is
+    /// restored into a store of the same layout.
+    pub part: u32,
+    /// The packet's clock.
+    pub clock: Clock,
+    /// The vertex of the NF that made the update.
+    pub vertex: u16,
+    /// The update's index among the packet's updates at that vertex.
+    pub seq: u16,
+    /// What the update returned.
+    pub result: Option<Value>,
 }

@@ -107,6 +107,9 @@ fn a_root_crash_resumes_past_the_persisted_clock_and_loses_only_its_entries() {
     assert_eq!(crash.logged, by_root[1]);
     assert_eq!(crash.resumed, (by_root[1] as u64 / 10) * 10 + 10);
     assert_eq!(r.logged(), by_root[0]);
+    let lost = (0..40u64).map(|s| Clock::new(1, s + 1)).filter(|c| r.lost_with_log(*c)).count();
+    assert_eq!(lost, by_root[1], "every entry of root 1 was in flight and is now beyond replay");
+    assert!(!r.lost_with_log(Clock::new(0, 1)), "root 0 kept its log");
     assert_eq!(r.crash(2, true), Err(NoSuchRoot { root: 2, roots: 2 }));
     // The next clock of root 1 is past anything the old root stamped.
     let mut q = (0..=255u8).map(|i| udp(i, 1)).find(|p| r.partition(p) == 1).expect("a source of root 1");
@@ -128,4 +131,6 @@ fn reload_keeps_what_the_store_has_and_deletes_what_was_done() {
     let re = r.reload(stored);
     assert_eq!(re, Reload { kept: 1, lost: 1, stale: vec![done.meta.clock] });
     assert!(r.is_logged(a.meta.clock) && !r.is_logged(b.meta.clock));
+    assert!(r.lost_with_log(b.meta.clock), "b was in flight and its entry is gone");
+    assert!(!r.lost_with_log(a.meta.clock) && !r.lost_with_log(done.meta.clock));
 }

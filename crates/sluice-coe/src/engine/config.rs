@@ -157,6 +157,10 @@ pub struct EngineStats {
     pub cache_hits: BTreeMap<String, u64>,
     /// Packets still in the root's log at the end (0 when everything committed).
     pub log_left: u64,
+    /// What happened in the run that CHC cannot recover from (docs/correctness.md,
+    /// "Correlated failures"), e.g. an instance failing with packets whose log entries a
+    /// root lost in its own crash. A run with any is outside the guarantee.
+    pub unrecoverable: Vec<String>,
     /// With the log in the store: packets written to it (each acknowledged before it entered
     /// the chain) and the mean wall time of a write, µs.
     pub log_store_writes: u64,

@@ -96,6 +96,17 @@ impl Engine<'_> {
             // The copy is gone; its updates are re-done by the replay.
             self.root.copy_lost(p);
         }
+        let decided = self.vertices.get(vertex).map(|v| &v.decided);
+        let beyond_replay = lost
+            .iter()
+            .filter(|p| self.root.lost_with_log(p.meta.clock) && !decided.is_some_and(|d| d.contains(p.meta.clock)))
+            .count();
+        if beyond_replay > 0 {
+            self.report.stats.unrecoverable.push(format!(
+                "packet {count}: instance {index} of `{}` failed with {beyond_replay} packet(s) whose log entries were lost in a root or store crash (an NF failing with the holder of the log)",
+                self.vertex_name(vertex).unwrap_or_default()
+            ));
+        }
         // Copies of another replay lost on their way to their target: sent again (two
         // failures at once).
         let again: Vec<_> = lost
@@ -330,7 +341,10 @@ impl Engine<'_> {
         let multi_root = self.root.roots() > 1;
         let root = &self.root;
         let entry_time = |c| if multi_root { root.entry_time(c) } else { 0 };
-        let plan = rebuild_plan(&checkpoint, &mut logs, per_flow, &decls, &entry_time);
+        let mut plan = rebuild_plan(&checkpoint, &mut logs, per_flow, &decls, &entry_time);
+        // The checkpoint's per-clock log, for packets still in flight: their replay (to an
+        // instance that failed after the checkpoint) is answered from it, not applied twice.
+        plan.log.retain(|l| self.root.is_logged(l.clock));
         self.backend.wipe().map_err(store_err)?;
         // Custom operations first: re-executed updates may use them.
         self.reregister_custom_ops()?;

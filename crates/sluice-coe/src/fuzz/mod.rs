@@ -81,13 +81,27 @@ pub struct Outcome {
     pub log_left: u64,
     /// What differed, without repeats.
     pub symptoms: BTreeSet<Symptom>,
+    /// What happened that CHC cannot recover from (`EngineStats::unrecoverable`).
+    pub unrecoverable: Vec<String>,
     /// `verify`'s account of the differences.
     pub summary: String,
 }
 
 impl Outcome {
-    /// Whether the run failed: not equivalent, or packets left in the log.
+    /// Whether the run failed: not equivalent, or packets left in the log, although nothing
+    /// in it was beyond what CHC recovers from.
     pub fn failed(&self) -> bool {
+        self.differs() && self.unrecoverable.is_empty()
+    }
+
+    /// Whether the run differs from the reference but met a failure CHC cannot recover from
+    /// (docs/correctness.md, "Correlated failures"): outside the guarantee, neither a pass nor
+    /// a failure, and reported as such.
+    pub fn outside_guarantee(&self) -> bool {
+        self.differs() && !self.unrecoverable.is_empty()
+    }
+
+    fn differs(&self) -> bool {
         !self.equivalent || self.log_left != 0
     }
 
@@ -120,6 +134,7 @@ impl Outcome {
             equivalent: false,
             log_left: 0,
             symptoms: [symptom].into(),
+            unrecoverable: Vec::new(),
             summary: format!("the run failed: {text}\n"),
         }
     }
@@ -129,7 +144,13 @@ impl Outcome {
         if r.engine.log_left != 0 {
             symptoms.insert(Symptom { kind: "log_left".into(), vertex: None, object: None });
         }
-        Outcome { equivalent: r.equivalent, log_left: r.engine.log_left, symptoms, summary: r.comparison.summary() }
+        Outcome {
+            equivalent: r.equivalent,
+            log_left: r.engine.log_left,
+            symptoms,
+            unrecoverable: r.engine.unrecoverable.clone(),
+            summary: r.comparison.summary(),
+        }
     }
 }
 

@@ -14,7 +14,9 @@ use std::collections::VecDeque;
 /// Checkpoint and restore round-trip: values written by two instances with tagged updates are
 /// in the checkpoint; so is the TS vector (per instance, the clock of its last tagged update).
 /// After changing, deleting and adding values, `restore` brings back exactly the checkpoint's
-/// values, and a Get of a shared value returns a TS vector holding the checkpoint's clocks.
+/// values, and a Get of a shared value returns a TS vector holding the checkpoint's clocks. The
+/// per-clock log comes back too: an update replayed with its tag after the restore is answered
+/// from it, not applied again.
 /// Replaces the whole store: see [`EXCLUSIVE`](super::EXCLUSIVE).
 pub fn checkpoint_restore(b: &dyn Backend) -> Result<(), String> {
     let v = 1012;
@@ -54,6 +56,15 @@ pub fn checkpoint_restore(b: &dyn Backend) -> Result<(), String> {
         let got = r.get(*key)?;
         ensure(got == *val, || format!("after restore {key:?} holds {got:?}, want {val:?} (the checkpoint's)"))?;
     }
+    ensure(cp.log.iter().any(|l| l.clock == clk(base, 2) && l.vertex == v), || {
+        format!("the checkpoint's per-clock log lacks the update at {}", clk(base, 2))
+    })?;
+    let mut again = Raw::open(b, i1)?;
+    again.state(k(2), StateOp::Incr(5), tag(clk(base, 2), 0))?;
+    let got = r.get(k(2))?;
+    ensure(got == Some(Value::Int(5)), || {
+        format!("a replayed update of the checkpoint was applied again after restore: {got:?}, want Some(Int(5))")
+    })?;
     let resp = r.call(k(1), StoreOp::State(StateOp::Get), None)?;
     let ts =
         resp.ts.clone().ok_or_else(|| format!("a Get of a shared value after restore returned no TS: {resp:?}"))?;
