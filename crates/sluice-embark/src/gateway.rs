@@ -541,7 +541,21 @@ impl Gateway {
 /// The rule generation an encrypted frame was made under, read without any key: the Embark
 /// option's first field for a data packet, the record header's for a token record. `None` for
 /// a frame that is neither (not IPv6, no Embark option, cut short).
+#[inline]
 pub fn frame_generation(d: &[u8]) -> Option<u32> {
+    // The gateway writes its option first in the destination options header: read it at that
+    // fixed place (one bounds check), and walk the options only for a frame laid out otherwise.
+    const EXT: usize = ETH_LEN + IP6_LEN;
+    if let Some(h) = d.get(..EXT + 8) {
+        if h[12..14] == [0x86, 0xdd] && h[ETH_LEN + 6] == 60 && h[EXT + 2] == OPTION_TYPE {
+            return Some(u32::from_be_bytes([h[EXT + 4], h[EXT + 5], h[EXT + 6], h[EXT + 7]]));
+        }
+    }
+    frame_generation_walk(d)
+}
+
+/// [`frame_generation`] for token records and frames whose Embark option is not first.
+fn frame_generation_walk(d: &[u8]) -> Option<u32> {
     if d.get(12..14)? != [0x86, 0xdd] {
         return None;
     }
@@ -579,4 +593,37 @@ fn token_packet(src: u128, dst: u128, rec: &[u8], orig: &Packet) -> Result<Packe
     f.extend_from_slice(&dst.to_be_bytes());
     f.extend_from_slice(rec);
     Ok(Packet::new(f, orig.meta))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ethernet + IPv6 (next header 60) + a destination options header holding `opts`.
+    fn frame(opts: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; 12];
+        f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0, 0, 0, 60, 64]);
+        f.extend_from_slice(&[0u8; 32]);
+        let len = (2 + opts.len()).div_ceil(8) * 8;
+        f.extend_from_slice(&[6, (len / 8 - 1) as u8]);
+        f.extend_from_slice(opts);
+        f.resize(ETH_LEN + IP6_LEN + len, 0);
+        f
+    }
+
+    #[test]
+    fn generation_read_at_the_fixed_place_and_by_walking_the_options() {
+        let opt = [OPTION_TYPE, 4, 0, 0, 0, 7];
+        assert_eq!(frame_generation(&frame(&opt)), Some(7));
+        // Behind a Pad1 and a PadN: found by the walk.
+        let mut padded = vec![0, 1, 1, 0];
+        padded.extend_from_slice(&opt);
+        assert_eq!(frame_generation(&frame(&padded)), Some(7));
+        // No Embark option; cut short; not IPv6.
+        assert_eq!(frame_generation(&frame(&[1, 4, 0, 0, 0, 0])), None);
+        assert_eq!(frame_generation(&frame(&opt)[..ETH_LEN + IP6_LEN + 5]), None);
+        let mut v4 = frame(&opt);
+        v4[12..14].copy_from_slice(&[0x08, 0x00]);
+        assert_eq!(frame_generation(&v4), None);
+    }
 }
