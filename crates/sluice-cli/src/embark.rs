@@ -278,9 +278,12 @@ fn report(c: &Comparison, json: Option<&PathBuf>) -> Result<bool> {
     println!("provider refused {:?} (packets of a generation without live rules, or mixed)", c.refused);
     if let Some(at) = c.swap_at {
         println!(
-            "rule swap        at packet {at}; {} old-generation packets in flight went through the old chain; old generation retired after packet {}",
+            "rule swap        at packet {at}; {} old-generation packets after it (connections kept under the old rules, packets in flight), through the old chain; old generation {}",
             c.old_after_swap,
-            c.retired_after.map_or("-".into(), |r| r.to_string())
+            c.retired_after.map_or_else(
+                || format!("not retired: {} connections still under it at the end", c.pinned_at_end),
+                |r| format!("retired after packet {r}")
+            )
         );
     }
     if let Some(j) = json {

@@ -26,6 +26,7 @@
 //! incremental checksum update the NFs use on plaintext, so the bytes equal what the plaintext
 //! chain would have produced.
 
+use crate::conns::ConnTable;
 use crate::keys::{v6_bits, FlowKeyer, FlowPrf, MasterKey};
 use crate::keyword::{KeywordKey, TokenRecord, TOKEN_PROTO};
 use crate::prefixmatch::PrefixMatch;
@@ -93,9 +94,12 @@ pub struct Gateway {
     tokenizer: Option<Tokenizer>,
     nonce_prefix: [u8; 4],
     counter: u64,
-    /// During a rule swap: the previous generation's gateway, kept to decrypt that
-    /// generation's packets still coming back from the provider (never to encrypt).
+    /// During a rule swap: the previous generation's gateway, kept to encrypt the packets of
+    /// the connections it saw that are still live, and to decrypt that generation's packets
+    /// coming back from the provider.
     previous: Option<Box<Gateway>>,
+    /// The connections this gateway encrypted packets of.
+    conns: ConnTable,
 }
 
 /// Where the parts of an original frame are.
@@ -229,6 +233,7 @@ impl Gateway {
             nonce_prefix: rand::random(),
             counter: 0,
             previous: None,
+            conns: ConnTable::default(),
             state,
         })
     }
@@ -243,10 +248,12 @@ impl Gateway {
         self.previous.as_ref().map(|g| g.generation())
     }
 
-    /// Starts a rule swap: from now on packets are encrypted under `state` (a later
-    /// generation, same key); packets of the current generation coming back are still
-    /// decrypted until [`Gateway::retire_previous`]. The nonce sequence continues, so no
-    /// nonce is used twice under the packet key. Refused while a previous swap is under way.
+    /// Starts a rule swap: from now on the packets of new connections are encrypted under
+    /// `state` (a later generation, same key), while the connections live now keep the
+    /// current generation until they end (so the provider's NF state for them stays valid);
+    /// packets of the current generation coming back are decrypted until
+    /// [`Gateway::retire_previous`]. The nonce sequence continues across both, so no nonce is
+    /// used twice under the packet key. Refused while a previous swap is under way.
     pub fn rekey(&mut self, key: &MasterKey, state: GatewayState) -> Result<(), EmbarkError> {
         if self.previous.is_some() {
             return Err(EmbarkError::BadRule(
@@ -267,8 +274,15 @@ impl Gateway {
         Ok(())
     }
 
-    /// Ends a rule swap: the previous generation's packets are refused from now on. Returns
-    /// the generation retired, if a swap was under way.
+    /// Connections still kept under the previous generation during a swap (live at the
+    /// latest packet time seen); the swap can end without cutting any once this is 0.
+    pub fn pinned_connections(&self) -> usize {
+        self.previous.as_ref().map_or(0, |p| p.conns.live_at(self.conns.now().max(p.conns.now())))
+    }
+
+    /// Ends a rule swap: the previous generation's packets are refused from now on, and its
+    /// connections still live continue under the current generation (they restart at the
+    /// provider). Returns the generation retired, if a swap was under way.
     pub fn retire_previous(&mut self) -> Option<u32> {
         self.previous.take().map(|g| g.generation())
     }
@@ -318,8 +332,19 @@ impl Gateway {
         Ok((esrc, edst, esport, edport))
     }
 
-    /// Encrypts one packet going to the provider.
+    /// Encrypts one packet going to the provider: under the previous generation during a
+    /// swap if its connection was live at the swap and still is, else under the current one.
     pub fn encrypt(&mut self, pkt: &Packet) -> Result<Encrypted, EmbarkError> {
+        if let Some(prev) = self.previous.as_mut().filter(|p| p.conns.is_live(pkt)) {
+            prev.counter = self.counter;
+            let out = prev.encrypt_here(pkt);
+            self.counter = prev.counter;
+            return out;
+        }
+        self.encrypt_here(pkt)
+    }
+
+    fn encrypt_here(&mut self, pkt: &Packet) -> Result<Encrypted, EmbarkError> {
         let t = pkt.tuple().ok_or(EmbarkError::Unsupported("not an IP packet"))?;
         let p = parts(pkt)?;
         let l4kind = pkt.hdr().l4;
@@ -410,6 +435,7 @@ impl Gateway {
                 }
             }
         }
+        self.conns.track(pkt);
         Ok(Encrypted { tokens, data })
     }
 
