@@ -3,13 +3,16 @@
 //! [`crate::swap`]).
 //!
 //! A connection is live until it has been idle for the provider firewall's default timeout
-//! (TCP 7,440 s, other protocols 60 s) or, once closed (a RST, or a FIN from both sides), for
+//! (TCP 60 s until both sides have sent, then 7,440 s; other protocols 60 s) or, once closed (a RST, or a FIN from both sides), for
 //! the firewall's linger time (10 s) after its last packet. A SYN on a closed TCP connection,
 //! or any packet after the connection expired, starts a new one.
 
 use sluice_packet::{FlowKey, Packet, Proto};
 
 const NS: u64 = 1_000_000_000;
+/// Idle timeout of a TCP connection only one side has sent on (the firewall's
+/// `tcp_handshake`).
+const TCP_HALF_NS: u64 = 60 * NS;
 /// Idle timeout of an open TCP connection (the firewall's `tcp_established`).
 const TCP_OPEN_NS: u64 = 7440 * NS;
 /// How long a closed TCP connection lingers (the firewall's `tcp_linger`).
@@ -24,18 +27,21 @@ struct Conn {
     last_ns: u64,
     /// FIN seen from endpoint `a` (bit 0) and `b` (bit 1) of the flow key.
     fins: u8,
+    /// Packets seen from endpoint `a` (bit 0) and `b` (bit 1).
+    sent: u8,
     closed: bool,
     tcp: bool,
 }
 
 impl Conn {
     fn new(now: u64, tcp: bool) -> Conn {
-        Conn { last_ns: now, fins: 0, closed: false, tcp }
+        Conn { last_ns: now, fins: 0, sent: 0, closed: false, tcp }
     }
 
     fn deadline(&self) -> u64 {
         let idle = match (self.tcp, self.closed) {
-            (true, false) => TCP_OPEN_NS,
+            (true, false) if self.sent == 3 => TCP_OPEN_NS,
+            (true, false) => TCP_HALF_NS,
             (true, true) => TCP_CLOSED_NS,
             (false, _) => OTHER_NS,
         };
@@ -66,9 +72,11 @@ impl ConnTable {
             *c = Conn::new(now, tcp);
         }
         c.last_ns = now;
+        let side = if fk.a == (t.src, t.sport) { 1 } else { 2 };
+        c.sent |= side;
         if tcp {
             if f.fin() {
-                c.fins |= if fk.a == (t.src, t.sport) { 1 } else { 2 };
+                c.fins |= side;
             }
             c.closed |= f.rst() || c.fins == 3;
         }

@@ -30,7 +30,8 @@
 //! Connection state of `g` is keyed and valued by `g`'s encryptions, which the new interval
 //! maps change. Rather than rewriting it, the gateway keeps every connection live at the
 //! switch under `g` until it ends (RST or both FINs plus a 10 s linger, or idle for the
-//! firewall's default timeouts: TCP 7,440 s, others 60 s): its packets keep their `g`
+//! firewall's default timeouts: TCP 60 s until both sides have sent, then 7,440 s; others
+//! 60 s): its packets keep their `g`
 //! encryptions and meet the `g` chain, whose state for them (firewall tracking, NAT mapping,
 //! LB backend, IDS stream) stays valid. Connections opened after the switch meet the new
 //! rules. This is what a stateful firewall does with a rule change anyway (rules are checked
