@@ -106,3 +106,65 @@ impl ConnTable {
         self.now
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_packet::Meta;
+
+    const SYN: u8 = 0x02;
+    const ACK: u8 = 0x10;
+    const FIN: u8 = 0x01;
+    const RST: u8 = 0x04;
+
+    /// Ethernet/IPv4 with TCP (`proto` 6) or UDP (17) from 10.0.0.1:1000 to 10.0.0.2:80, or
+    /// the reverse, at `ts` seconds.
+    fn pkt(reverse: bool, proto: u8, flags: u8, ts: u64) -> Packet {
+        let (a, b) = ([10, 0, 0, 1], [10, 0, 0, 2]);
+        let (src, dst, sp, dp) = if reverse { (b, a, 80u16, 1000u16) } else { (a, b, 1000, 80) };
+        let l4: Vec<u8> = if proto == 6 {
+            let mut t = [sp.to_be_bytes(), dp.to_be_bytes()].concat();
+            t.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 5 << 4, flags, 0xff, 0xff, 0, 0, 0, 0]);
+            t
+        } else {
+            [sp.to_be_bytes(), dp.to_be_bytes(), 8u16.to_be_bytes(), [0, 0]].concat()
+        };
+        let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x08, 0x00, 0x45, 0];
+        f.extend_from_slice(&(20 + l4.len() as u16).to_be_bytes());
+        f.extend_from_slice(&[0, 1, 0x40, 0, 64, proto, 0, 0]);
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&dst);
+        f.extend_from_slice(&l4);
+        Packet::new(f, Meta { ts_ns: ts * NS, ..Meta::default() })
+    }
+
+    #[test]
+    fn connections_live_until_closed_or_idle_like_the_firewall() {
+        let mut t = ConnTable::default();
+        // A SYN nobody answers: live for the handshake timeout only.
+        t.track(&pkt(false, 6, SYN, 0));
+        assert!(t.is_live(&pkt(false, 6, ACK, 60)));
+        assert!(!t.is_live(&pkt(false, 6, ACK, 61)));
+        // Answered: established, live for 7,440 s of silence.
+        t.track(&pkt(false, 6, SYN, 100));
+        t.track(&pkt(true, 6, SYN | ACK, 100));
+        assert!(t.is_live(&pkt(false, 6, ACK, 7540)));
+        assert!(!t.is_live(&pkt(false, 6, ACK, 7541)));
+        // Both FINs: lingers 10 s; a new SYN then opens another connection (not live).
+        t.track(&pkt(false, 6, FIN | ACK, 200));
+        assert!(t.is_live(&pkt(false, 6, ACK, 215)));
+        t.track(&pkt(true, 6, FIN | ACK, 205));
+        assert!(t.is_live(&pkt(false, 6, ACK, 215)));
+        assert!(!t.is_live(&pkt(false, 6, ACK, 216)));
+        assert!(!t.is_live(&pkt(false, 6, SYN, 206)));
+        // A RST closes at once.
+        t.track(&pkt(false, 6, SYN, 300));
+        t.track(&pkt(true, 6, RST | ACK, 300));
+        assert!(!t.is_live(&pkt(false, 6, ACK, 311)));
+        // UDP: 60 s from the last packet, either direction.
+        t.track(&pkt(false, 17, 0, 400));
+        t.track(&pkt(true, 17, 0, 430));
+        assert!(t.is_live(&pkt(false, 17, 0, 490)) && !t.is_live(&pkt(false, 17, 0, 491)));
+        assert_eq!(t.live_at(490 * NS), 1);
+    }
+}
