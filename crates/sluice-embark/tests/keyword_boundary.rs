@@ -118,6 +118,29 @@ fn long_boundary_keywords_anchor_their_first_window() {
     assert_eq!(word.alerts, 2);
 }
 
+#[test]
+fn equal_words_give_unlinkable_delimiter_tokens_unless_they_match() {
+    let key = MasterKey::from_bytes([9; 32]);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let plain = ids_chain(&[(b"JOIN", false, true)]);
+    let (_, state) = encrypt_provider(&key, &plain, 1, &mut rng).expect("encrypt");
+    let mut gw = Gateway::new(&key, state).expect("gateway");
+    let mut values = Vec::new();
+    for p in stream(&[b"JOIN JOIN words words words JOIN".to_vec()]) {
+        for t in gw.encrypt(&p).expect("encrypt").tokens {
+            let rec = sluice_embark::keyword::TokenRecord::decode(t.payload()).expect("record");
+            values.extend(rec.tokens.iter().map(|t| (t.delta, t.value)));
+        }
+    }
+    // One token per word start (six words; a token sits at its window's last byte), and no two alike: neither the three "words" nor
+    // the three "JOIN" can be told equal from their tokens (the IDS finds "JOIN" by computing
+    // the value it expects next for that keyword, not by comparing tokens).
+    let starts: Vec<u32> = values.iter().map(|v| v.0).collect();
+    assert_eq!(starts, vec![3, 8, 13, 19, 25, 31]);
+    let distinct: std::collections::HashSet<u64> = values.iter().map(|v| v.1).collect();
+    assert_eq!(distinct.len(), values.len());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     /// Random keyword rules (word-bound or not, case-sensitive or not) over random streams cut
