@@ -132,9 +132,10 @@ fn equal_words_give_unlinkable_delimiter_tokens_unless_they_match() {
             values.extend(rec.tokens.iter().map(|t| (t.delta, t.value)));
         }
     }
-    // One token per word start (six words; a token sits at its window's last byte), and no two alike: neither the three "words" nor
-    // the three "JOIN" can be told equal from their tokens (the IDS finds "JOIN" by computing
-    // the value it expects next for that keyword, not by comparing tokens).
+    // One token per word start (six words; a token sits at its window's last byte), and no
+    // two alike: neither the three "words" nor the three "JOIN" can be told equal from their
+    // tokens (the IDS finds "JOIN" by computing the value it expects next for that keyword,
+    // not by comparing tokens).
     let starts: Vec<u32> = values.iter().map(|v| v.0).collect();
     assert_eq!(starts, vec![3, 8, 13, 19, 25, 31]);
     let distinct: std::collections::HashSet<u64> = values.iter().map(|v| v.1).collect();
