@@ -109,6 +109,17 @@ enum EmbarkCmd {
         /// thousand fit in the CPU caches).
         #[arg(long)]
         nf_packets: Option<usize>,
+        /// Run only one side of the NF comparison, `--repeat` times, and print its rate
+        /// (for profiling one side with `perf record`).
+        #[arg(long, value_enum)]
+        side: Option<crate::embark_bench::Side>,
+        /// Compare only this NF (`firewall`, `lb` or `nat`).
+        #[arg(long)]
+        nf: Option<String>,
+        /// How packets meet the NFs in the comparison: `batch` (default; batches of 32
+        /// copied in just before the chain runs, as the runtime delivers them) or `cold`.
+        #[arg(long, value_enum)]
+        arrival: Option<crate::embark_bench::Arrival>,
     },
 }
 
@@ -220,8 +231,9 @@ pub fn cmd(a: EmbarkArgs) -> Result<bool> {
             let c = compare_with_swap(&reg, &read_chain(&chain)?, &enc, &mut gw, &packets, plan, in_flight)?;
             return report(&c, json.as_ref());
         }
-        EmbarkCmd::Bench { input, repeat, part, nf_packets } => {
-            crate::embark_bench::bench(&input, repeat.max(1), part, nf_packets)?
+        EmbarkCmd::Bench { input, repeat, part, nf_packets, side, nf, arrival } => {
+            let nfs = crate::embark_bench::NfSelection { packets: nf_packets, side, kind: nf, arrival };
+            crate::embark_bench::bench(&input, repeat.max(1), part, &nfs)?
         }
     }
     Ok(true)
@@ -266,9 +278,12 @@ fn report(c: &Comparison, json: Option<&PathBuf>) -> Result<bool> {
     println!("provider refused {:?} (packets of a generation without live rules, or mixed)", c.refused);
     if let Some(at) = c.swap_at {
         println!(
-            "rule swap        at packet {at}; {} old-generation packets in flight went through the old chain; old generation retired after packet {}",
+            "rule swap        at packet {at}; {} old-generation packets after it (connections kept under the old rules, packets in flight), through the old chain; old generation {}",
             c.old_after_swap,
-            c.retired_after.map_or("-".into(), |r| r.to_string())
+            c.retired_after.map_or_else(
+                || format!("not retired: {} connections still under it at the end", c.pinned_at_end),
+                |r| format!("retired after packet {r}")
+            )
         );
     }
     if let Some(j) = json {

@@ -3,10 +3,12 @@
 //! provider (used by `sluice embark run` and the tests).
 //!
 //! With a swap at packet `k`, the reference is the plaintext chain with the old rules for
-//! packets `0..k` and a fresh plaintext chain with the new rules from `k` on (connections
-//! restart, see [`crate::swap`]). The encrypted path is the real protocol: the gateway switches
-//! at `k`, the provider stages the new chain then and retires the old one once its last packet
-//! is through, while up to `in_flight` packets sit between gateway and provider.
+//! packets `0..k`; from `k` on, the connections the gateway keeps under the old generation
+//! (those live at the swap, see [`crate::swap`]) stay on that chain, with its state, and every
+//! other packet goes to a fresh plaintext chain with the new rules. The encrypted path is the
+//! real protocol: the gateway switches at `k`, the provider stages the new chain then and
+//! retires the old one once no connection is left under it and its last packet is through,
+//! while up to `in_flight` packets sit between gateway and provider.
 
 use crate::gateway::{frame_generation, Encrypted, Gateway, GatewayState};
 use crate::provider::{Outcome, ProviderChain};
@@ -77,11 +79,13 @@ pub struct Comparison {
     /// With a swap: the packet index it happened at.
     pub swap_at: Option<u64>,
     /// With a swap: old-generation packets the provider processed after the gateway had
-    /// switched (they were in flight), all through the old chain.
+    /// switched (of connections kept under it, or in flight), all through the old chain.
     pub old_after_swap: u64,
     /// With a swap: the input packet (the last of the old generation) after whose processing
     /// at the provider the old generation was retired.
     pub retired_after: Option<u64>,
+    /// With a swap: connections still kept under the old generation at the end of the trace.
+    pub pinned_at_end: u64,
     /// Every difference, with the input packet's index (empty: equivalent).
     pub differences: Vec<String>,
 }
@@ -173,10 +177,11 @@ impl EncPath<'_> {
         }
     }
 
-    /// Retires the old generation once no packet of it is left in flight.
+    /// Retires the old generation once none of its connections is live and no packet of it
+    /// is left in flight.
     fn maybe_retire(&mut self, c: &mut Comparison, queue: &VecDeque<InFlight>, i: usize) -> Result<(), EmbarkError> {
         let Some(old) = self.gw.previous_generation() else { return Ok(()) };
-        if queue.iter().any(|f| frame_generation(f.enc.data.data()) == Some(old)) {
+        if self.gw.pinned_connections() > 0 || queue.iter().any(|f| frame_generation(f.enc.data.data()) == Some(old)) {
             return Ok(());
         }
         self.provider.retire(old)?;
@@ -209,13 +214,17 @@ pub fn compare_with_swap(
     in_flight: usize,
 ) -> Result<Comparison, CompareError> {
     let mut pc = ProviderChain::build(registry, plain)?;
+    // During a swap, the plaintext chain of the old rules, with its state: the reference for
+    // the connections the gateway keeps under the old generation.
+    let mut pc_old: Option<(u32, ProviderChain)> = None;
     let provider = Provider::new(ProviderChain::build(registry, enc)?)?;
     let mut ep = EncPath { gw, provider, renamed: HashMap::new() };
     let mut c = Comparison::default();
     let mut queue: VecDeque<InFlight> = VecDeque::new();
     for (i, orig) in packets.iter().enumerate() {
         if let Some(s) = swap.as_ref().filter(|s| s.at == i) {
-            pc = ProviderChain::build(registry, s.plain)?;
+            let old = std::mem::replace(&mut pc, ProviderChain::build(registry, s.plain)?);
+            pc_old = Some((ep.gw.generation(), old));
             ep.provider.stage(ProviderChain::build(registry, s.enc)?)?;
             ep.gw.rekey(s.key, s.state.clone())?;
             c.swap_at = Some(i as u64);
@@ -228,11 +237,18 @@ pub fn compare_with_swap(
             continue;
         }
         c.plain_bytes += p.len() as u64;
-        let want = pc.process(&mut p);
-        let want_ev = keys(pc.take_events());
         let mut src = orig.clone();
         src.meta.clock = p.meta.clock;
-        match ep.gw.encrypt(&src) {
+        let enc = ep.gw.encrypt(&src);
+        // The plaintext reference follows the gateway's choice of generation.
+        let gen = enc.as_ref().ok().and_then(|e| frame_generation(e.data.data()));
+        let chain = match pc_old.as_mut() {
+            Some((g, old)) if gen == Some(*g) => old,
+            _ => &mut pc,
+        };
+        let want = chain.process(&mut p);
+        let want_ev = keys(chain.take_events());
+        match enc {
             Ok(enc) => queue.push_back(InFlight { i, want, want_ev, want_pkt: p, enc }),
             Err(err) => {
                 *c.gateway_errors.entry(err.to_string()).or_default() += 1;
@@ -247,6 +263,7 @@ pub fn compare_with_swap(
         provider_step(&mut ep, &mut c, &mut queue)?;
     }
     c.refused = ep.provider.refused().clone();
+    c.pinned_at_end = ep.gw.pinned_connections() as u64;
     Ok(c)
 }
 

@@ -26,6 +26,7 @@
 //! incremental checksum update the NFs use on plaintext, so the bytes equal what the plaintext
 //! chain would have produced.
 
+use crate::conns::ConnTable;
 use crate::keys::{v6_bits, FlowKeyer, FlowPrf, MasterKey};
 use crate::keyword::{KeywordKey, TokenRecord, TOKEN_PROTO};
 use crate::prefixmatch::PrefixMatch;
@@ -93,9 +94,12 @@ pub struct Gateway {
     tokenizer: Option<Tokenizer>,
     nonce_prefix: [u8; 4],
     counter: u64,
-    /// During a rule swap: the previous generation's gateway, kept to decrypt that
-    /// generation's packets still coming back from the provider (never to encrypt).
+    /// During a rule swap: the previous generation's gateway, kept to encrypt the packets of
+    /// the connections it saw that are still live, and to decrypt that generation's packets
+    /// coming back from the provider.
     previous: Option<Box<Gateway>>,
+    /// The connections this gateway encrypted packets of.
+    conns: ConnTable,
 }
 
 /// Where the parts of an original frame are.
@@ -229,6 +233,7 @@ impl Gateway {
             nonce_prefix: rand::random(),
             counter: 0,
             previous: None,
+            conns: ConnTable::default(),
             state,
         })
     }
@@ -243,10 +248,12 @@ impl Gateway {
         self.previous.as_ref().map(|g| g.generation())
     }
 
-    /// Starts a rule swap: from now on packets are encrypted under `state` (a later
-    /// generation, same key); packets of the current generation coming back are still
-    /// decrypted until [`Gateway::retire_previous`]. The nonce sequence continues, so no
-    /// nonce is used twice under the packet key. Refused while a previous swap is under way.
+    /// Starts a rule swap: from now on the packets of new connections are encrypted under
+    /// `state` (a later generation, same key), while the connections live now keep the
+    /// current generation until they end (so the provider's NF state for them stays valid);
+    /// packets of the current generation coming back are decrypted until
+    /// [`Gateway::retire_previous`]. The nonce sequence continues across both, so no nonce is
+    /// used twice under the packet key. Refused while a previous swap is under way.
     pub fn rekey(&mut self, key: &MasterKey, state: GatewayState) -> Result<(), EmbarkError> {
         if self.previous.is_some() {
             return Err(EmbarkError::BadRule(
@@ -267,8 +274,15 @@ impl Gateway {
         Ok(())
     }
 
-    /// Ends a rule swap: the previous generation's packets are refused from now on. Returns
-    /// the generation retired, if a swap was under way.
+    /// Connections still kept under the previous generation during a swap (live at the
+    /// latest packet time seen); the swap can end without cutting any once this is 0.
+    pub fn pinned_connections(&self) -> usize {
+        self.previous.as_ref().map_or(0, |p| p.conns.live_at(self.conns.now().max(p.conns.now())))
+    }
+
+    /// Ends a rule swap: the previous generation's packets are refused from now on, and its
+    /// connections still live continue under the current generation (they restart at the
+    /// provider). Returns the generation retired, if a swap was under way.
     pub fn retire_previous(&mut self) -> Option<u32> {
         self.previous.take().map(|g| g.generation())
     }
@@ -318,8 +332,19 @@ impl Gateway {
         Ok((esrc, edst, esport, edport))
     }
 
-    /// Encrypts one packet going to the provider.
+    /// Encrypts one packet going to the provider: under the previous generation during a
+    /// swap if its connection was live at the swap and still is, else under the current one.
     pub fn encrypt(&mut self, pkt: &Packet) -> Result<Encrypted, EmbarkError> {
+        if let Some(prev) = self.previous.as_mut().filter(|p| p.conns.is_live(pkt)) {
+            prev.counter = self.counter;
+            let out = prev.encrypt_here(pkt);
+            self.counter = prev.counter;
+            return out;
+        }
+        self.encrypt_here(pkt)
+    }
+
+    fn encrypt_here(&mut self, pkt: &Packet) -> Result<Encrypted, EmbarkError> {
         let t = pkt.tuple().ok_or(EmbarkError::Unsupported("not an IP packet"))?;
         let p = parts(pkt)?;
         let l4kind = pkt.hdr().l4;
@@ -410,6 +435,7 @@ impl Gateway {
                 }
             }
         }
+        self.conns.track(pkt);
         Ok(Encrypted { tokens, data })
     }
 
@@ -541,7 +567,21 @@ impl Gateway {
 /// The rule generation an encrypted frame was made under, read without any key: the Embark
 /// option's first field for a data packet, the record header's for a token record. `None` for
 /// a frame that is neither (not IPv6, no Embark option, cut short).
+#[inline]
 pub fn frame_generation(d: &[u8]) -> Option<u32> {
+    // The gateway writes its option first in the destination options header: read it at that
+    // fixed place (one bounds check), and walk the options only for a frame laid out otherwise.
+    const EXT: usize = ETH_LEN + IP6_LEN;
+    if let Some(h) = d.get(..EXT + 8) {
+        if h[12..14] == [0x86, 0xdd] && h[ETH_LEN + 6] == 60 && h[EXT + 2] == OPTION_TYPE {
+            return Some(u32::from_be_bytes([h[EXT + 4], h[EXT + 5], h[EXT + 6], h[EXT + 7]]));
+        }
+    }
+    frame_generation_walk(d)
+}
+
+/// [`frame_generation`] for token records and frames whose Embark option is not first.
+fn frame_generation_walk(d: &[u8]) -> Option<u32> {
     if d.get(12..14)? != [0x86, 0xdd] {
         return None;
     }
@@ -579,4 +619,37 @@ fn token_packet(src: u128, dst: u128, rec: &[u8], orig: &Packet) -> Result<Packe
     f.extend_from_slice(&dst.to_be_bytes());
     f.extend_from_slice(rec);
     Ok(Packet::new(f, orig.meta))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ethernet + IPv6 (next header 60) + a destination options header holding `opts`.
+    fn frame(opts: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; 12];
+        f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0, 0, 0, 60, 64]);
+        f.extend_from_slice(&[0u8; 32]);
+        let len = (2 + opts.len()).div_ceil(8) * 8;
+        f.extend_from_slice(&[6, (len / 8 - 1) as u8]);
+        f.extend_from_slice(opts);
+        f.resize(ETH_LEN + IP6_LEN + len, 0);
+        f
+    }
+
+    #[test]
+    fn generation_read_at_the_fixed_place_and_by_walking_the_options() {
+        let opt = [OPTION_TYPE, 4, 0, 0, 0, 7];
+        assert_eq!(frame_generation(&frame(&opt)), Some(7));
+        // Behind a Pad1 and a PadN: found by the walk.
+        let mut padded = vec![0, 1, 1, 0];
+        padded.extend_from_slice(&opt);
+        assert_eq!(frame_generation(&frame(&padded)), Some(7));
+        // No Embark option; cut short; not IPv6.
+        assert_eq!(frame_generation(&frame(&[1, 4, 0, 0, 0, 0])), None);
+        assert_eq!(frame_generation(&frame(&opt)[..ETH_LEN + IP6_LEN + 5]), None);
+        let mut v4 = frame(&opt);
+        v4[12..14].copy_from_slice(&[0x08, 0x00]);
+        assert_eq!(frame_generation(&v4), None);
+    }
 }

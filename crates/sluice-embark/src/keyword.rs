@@ -5,6 +5,11 @@
 //!   token class `(len, nocase)` that the rules need, the window of `len` bytes ending at each
 //!   stream byte (lower-cased for `nocase` classes). Keywords longer than [`MAX_WINDOW`] are
 //!   covered by several windows at fixed offsets, checked together by the IDS.
+//! * **Delimiter tokens.** For a rule that only matches at a word boundary (IDS rule option
+//!   `boundary`), the window holding the keyword's first bytes belongs to a *boundary class*:
+//!   the gateway emits its tokens only for windows that start right after a delimiter byte
+//!   ([`is_delimiter`]) or at the start of the stream, one per word instead of one per byte.
+//!   The provider then learns where words start in the stream (the offsets of those tokens).
 //! * **Keyword encryption.** `R(w) = AES_k(class ‖ w)`: the provider gets `R` of each rule
 //!   window (the encrypted rule) and never `k`.
 //! * **Token encryption (randomised).** The `c`-th occurrence of window `w` in a stream with
@@ -42,6 +47,16 @@ pub struct Class {
     pub len: u8,
     /// Whether windows are ASCII lower-cased.
     pub nocase: bool,
+    /// Whether windows are taken only where a word starts (after a delimiter byte or at the
+    /// start of the stream) rather than at every byte.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub boundary: bool,
+}
+
+/// Whether `b` separates words: every byte but ASCII letters and digits (the plaintext IDS's
+/// `boundary` rules use the same definition).
+pub fn is_delimiter(b: u8) -> bool {
+    !b.is_ascii_alphanumeric()
 }
 
 /// The gateway's keyword key (also what encrypts rules).
@@ -62,7 +77,7 @@ impl KeywordKey {
     pub fn rule_token(&self, c: Class, w: &[u8]) -> [u8; 16] {
         let mut b = [0u8; 16];
         b[0] = c.len;
-        b[1] = u8::from(c.nocase);
+        b[1] = u8::from(c.nocase) | (u8::from(c.boundary) << 1);
         let n = w.len().min(14);
         b[2..2 + n].copy_from_slice(&w[..n]);
         let mut blk = aes::Block::from(b);
@@ -149,6 +164,8 @@ pub struct KeywordRule<'a> {
     pub nocase: bool,
     /// Drop and block on a match.
     pub drop: bool,
+    /// Match only at a word boundary.
+    pub boundary: bool,
 }
 
 /// Encrypts an IDS ruleset.
@@ -163,7 +180,9 @@ pub fn encrypt_rules(key: &KeywordKey, rules: &[KeywordRule<'_>]) -> Result<EncK
         let pat: Vec<u8> = if r.nocase { r.pattern.to_ascii_lowercase() } else { r.pattern.to_vec() };
         let mut windows = Vec::new();
         for (off, len) in windows_of(pat.len()) {
-            let c = Class { len: len as u8, nocase: r.nocase };
+            // A boundary rule's first window is a delimiter token; the others are ordinary
+            // windows at fixed offsets from it.
+            let c = Class { len: len as u8, nocase: r.nocase, boundary: r.boundary && off == 0 };
             let n = class_ix.len();
             let ci = *class_ix.entry(c).or_insert(n as u8);
             if ci as usize == out.classes.len() {

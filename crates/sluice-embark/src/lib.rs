@@ -18,6 +18,7 @@
 //! See `docs/embark.md` for the threat model and what exactly leaks.
 
 pub mod compare;
+mod conns;
 pub mod gateway;
 pub mod keys;
 pub mod keyword;

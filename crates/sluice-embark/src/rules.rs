@@ -321,6 +321,7 @@ fn encrypt_ids(nf: &NfSpec, kw: &KeywordKey) -> Result<(Value, TokenizerConfig),
             id,
             pattern: pattern.as_bytes(),
             nocase: r.get("nocase").and_then(Value::as_bool).unwrap_or(false),
+            boundary: r.get("boundary").and_then(Value::as_bool).unwrap_or(false),
             drop: r.get("action").and_then(Value::as_str) == Some("drop"),
         });
     }

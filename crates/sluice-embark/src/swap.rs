@@ -11,12 +11,13 @@
 //!    it carries (the Embark option's first field, a token record's header), so a packet is
 //!    always matched against rules encrypted with the same maps as its own fields.
 //! 3. The gateway **switches** at a packet boundary ([`crate::gateway::Gateway::rekey`]):
-//!    every later packet and token record is made under `g+1`. The gateway keeps the `g`
-//!    state to decrypt `g` packets still coming back.
-//! 4. When the provider has processed the last `g` packet (it is back at the gateway or
-//!    dropped), both **retire** `g` ([`Provider::retire`],
-//!    [`crate::gateway::Gateway::retire_previous`]): its chain, NF state and gateway state are
-//!    discarded.
+//!    packets of new connections and their token records are made under `g+1`; the
+//!    connections live at the switch stay under `g` until they end (below). The gateway keeps
+//!    the `g` state for those and to decrypt `g` packets coming back.
+//! 4. When no connection is left under `g` and the provider has processed the last `g`
+//!    packet (it is back at the gateway or dropped), both **retire** `g`
+//!    ([`Provider::retire`], [`crate::gateway::Gateway::retire_previous`]): its chain, NF
+//!    state and gateway state are discarded.
 //!
 //! A packet whose generation has no chain at the provider, or a token record sent with a
 //! data packet of another generation, is refused before any NF sees it and counted
@@ -26,13 +27,18 @@
 //!
 //! # Live connections
 //!
-//! The `g+1` chain starts with empty NF state. Connection state of `g` is keyed and valued by
-//! `g`'s encryptions, which the new interval maps change, and is not carried over: live
-//! connections **restart** at the swap, exactly as if the plaintext chain had been restarted
-//! with the new rules at the same packet. A TCP connection open across the swap is dropped
-//! mid-stream by the firewall (`fw-no-connection`) until its endpoints reconnect; UDP and ICMP
-//! flows open a new pseudo-connection, checked against the new rules; the NAT picks a new
-//! external port; the IDS restarts its streams (the gateway's tokenizer restarts too).
+//! Connection state of `g` is keyed and valued by `g`'s encryptions, which the new interval
+//! maps change. Rather than rewriting it, the gateway keeps every connection live at the
+//! switch under `g` until it ends (RST or both FINs plus a 10 s linger, or idle for the
+//! firewall's default timeouts: TCP 60 s until both sides have sent, then 7,440 s; others
+//! 60 s): its packets keep their `g`
+//! encryptions and meet the `g` chain, whose state for them (firewall tracking, NAT mapping,
+//! LB backend, IDS stream) stays valid. Connections opened after the switch meet the new
+//! rules. This is what a stateful firewall does with a rule change anyway (rules are checked
+//! when a connection opens). Forcing retirement earlier
+//! ([`crate::gateway::Gateway::retire_previous`] while
+//! [`crate::gateway::Gateway::pinned_connections`] is not 0) moves the remaining connections
+//! to `g+1`, where they restart.
 
 use crate::gateway::frame_generation;
 use crate::provider::{Outcome, ProviderChain};

@@ -6,7 +6,7 @@
 //! bytes the plaintext IDS would scan, and a keyword's last byte arrives with the same packet.
 //! A new stream gets a fresh random salt, which tells the IDS to restart its counters.
 
-use crate::keyword::{salted, Class, KeywordKey, Token, MAX_WINDOW};
+use crate::keyword::{is_delimiter, salted, Class, KeywordKey, Token, MAX_WINDOW};
 use sluice_packet::{FlowKey, Packet, L4};
 use std::collections::HashMap;
 
@@ -30,8 +30,11 @@ struct Dir {
     next: u32,
     /// Bytes scanned so far (stream offset of the next byte).
     pos: u64,
-    /// Last `MAX_WINDOW - 1` bytes scanned, for windows across packets.
+    /// Last `MAX_WINDOW` bytes scanned, for windows across packets (and the byte before a
+    /// window, for boundary classes).
     tail: Vec<u8>,
+    /// Bytes scanned since matching (re)started: the stream's start, or an overflow.
+    since: u64,
     /// Out-of-order segments `(seq, bytes)`.
     segs: Vec<(u32, Vec<u8>)>,
     /// Occurrences so far of each window, keyed by its `R`.
@@ -166,6 +169,7 @@ fn segment(
         d.segs.clear();
         d.next = data_seq;
         d.tail.clear();
+        d.since = 0;
     }
     let skip = usize::try_from(seq_diff(data_seq, d.next)).unwrap_or(0);
     if let Some(new) = payload.get(skip..).filter(|n| !n.is_empty()) {
@@ -182,7 +186,8 @@ fn segment(
     }
 }
 
-/// Emits the token of every class for every window ending in `new`.
+/// Emits the token of every class for every window ending in `new`; for a boundary class,
+/// only windows that start a word (after a delimiter byte, or where matching (re)started).
 fn scan(cfg: &TokenizerConfig, key: &KeywordKey, d: &mut Dir, new: &[u8], salt: u64, base: u64, out: &mut Vec<Token>) {
     let mut buf = std::mem::take(&mut d.tail);
     let keep = buf.len();
@@ -192,6 +197,16 @@ fn scan(cfg: &TokenizerConfig, key: &KeywordKey, d: &mut Dir, new: &[u8], salt: 
         for (ci, c) in cfg.classes.iter().enumerate() {
             let len = usize::from(c.len);
             let Some(start) = (end + 1).checked_sub(len) else { continue };
+            if c.boundary {
+                // `buf` starts at the (re)start of matching iff the tail holds every byte since.
+                let word_start = match start.checked_sub(1) {
+                    Some(prev) => buf.get(prev).copied().is_some_and(is_delimiter),
+                    None => d.since == keep as u64,
+                };
+                if !word_start {
+                    continue;
+                }
+            }
             let w = &buf[start..=end];
             let mut lower = [0u8; MAX_WINDOW];
             let w = if c.nocase {
@@ -212,6 +227,7 @@ fn scan(cfg: &TokenizerConfig, key: &KeywordKey, d: &mut Dir, new: &[u8], salt: 
         }
     }
     d.pos += new.len() as u64;
-    let from = buf.len().saturating_sub(MAX_WINDOW - 1);
+    d.since += new.len() as u64;
+    let from = buf.len().saturating_sub(MAX_WINDOW);
     d.tail = buf.split_off(from);
 }

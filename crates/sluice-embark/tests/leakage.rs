@@ -115,7 +115,9 @@ fn per_connection_encryption_stable_within_unlinkable_across() {
 fn equal_tokens_unlinkable_unless_they_match_a_rule() {
     let key = MasterKey::from_bytes([1; 32]);
     let kw = KeywordKey::new(&key);
-    let rules = encrypt_rules(&kw, &[KeywordRule { id: 1, pattern: b"secret", nocase: false, drop: false }]).unwrap();
+    let rules =
+        encrypt_rules(&kw, &[KeywordRule { id: 1, pattern: b"secret", nocase: false, drop: false, boundary: false }])
+            .unwrap();
     let c = rules.classes[0];
     let r_hello = kw.rule_token(c, b"hello!");
     let r_secret = kw.rule_token(c, b"secret");

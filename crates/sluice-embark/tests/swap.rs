@@ -1,6 +1,7 @@
 //! Rule updates: a swap to re-encrypted rules at 50% of the demo trace decides every packet
-//! before it exactly as the old rules do and every packet after it as a chain restarted with
-//! the new rules does; packets of mixed generations are refused and counted.
+//! before it exactly as the old rules do; after it, connections live at the swap keep the old
+//! rules and their NF state (NAT mapping, LB backend) and new connections meet the new rules;
+//! packets of mixed generations are refused and counted.
 
 use rand::SeedableRng;
 use sluice_embark::compare::{compare_with_swap, event_key, SwapPlan};
@@ -10,7 +11,6 @@ use sluice_embark::rules::{encrypt_provider, ProviderConfig};
 use sluice_embark::swap::Provider;
 use sluice_embark::{EmbarkError, MasterKey};
 use sluice_packet::Packet;
-use std::collections::HashSet;
 use std::path::PathBuf;
 
 fn root() -> PathBuf {
@@ -57,27 +57,40 @@ fn setup() -> Setup {
     Setup { key, plain, enc: [e1, e2], state: [s1, s2] }
 }
 
-/// Per packet: outcome and sorted event keys of the plaintext chain, with the rules of
-/// `cfgs[0]` before `switch` and a fresh chain of `cfgs[1]` from it on.
-fn decide(cfgs: [&ProviderConfig; 2], packets: &[Packet], switch: usize) -> Vec<(Outcome, Vec<String>)> {
+/// Per packet: outcome, sorted event keys and the tuple the chain delivered (after NAT and LB
+/// rewrites) of the plaintext reference: packets the gateway made under generation 1 go to a
+/// chain of `cfgs[0]`, the others to a chain of `cfgs[1]` built at the first of them; each
+/// chain keeps its state throughout.
+fn decide(cfgs: [&ProviderConfig; 2], packets: &[Packet], gens: &[u32]) -> Vec<(Outcome, Vec<String>, String)> {
     let reg = sluice_nfs::registry();
-    let mut ch = ProviderChain::build(&reg, cfgs[0]).unwrap();
+    let mut chains = [ProviderChain::build(&reg, cfgs[0]).unwrap(), ProviderChain::build(&reg, cfgs[1]).unwrap()];
     let mut out = Vec::new();
     for (i, orig) in packets.iter().enumerate() {
-        if i == switch {
-            ch = ProviderChain::build(&reg, cfgs[1]).unwrap();
-        }
+        let ch = &mut chains[usize::from(gens.get(i) != Some(&1))];
         let mut p = orig.clone();
         p.meta.clock = sluice_packet::Clock(i as u64);
         let o = ch.process(&mut p);
         let mut ev: Vec<String> = ch.take_events().iter().map(event_key).collect();
         ev.sort();
-        out.push((o, ev));
+        out.push((o, ev, p.tuple().map(|t| t.to_string()).unwrap_or_default()));
     }
     out
 }
 
-fn is_new_rule_effect(d: &(Outcome, Vec<String>)) -> bool {
+/// The generation the gateway makes each packet under with a swap at `k` (0: refused).
+fn generations(s: &Setup, packets: &[Packet], k: usize) -> Vec<u32> {
+    let mut gw = Gateway::new(&s.key, s.state[0].clone()).unwrap();
+    let mut v = Vec::new();
+    for (i, p) in packets.iter().enumerate() {
+        if i == k {
+            gw.rekey(&s.key, s.state[1].clone()).unwrap();
+        }
+        v.push(gw.encrypt(p).ok().and_then(|e| frame_generation(e.data.data())).unwrap_or(0));
+    }
+    v
+}
+
+fn is_new_rule_effect(d: &(Outcome, Vec<String>, String)) -> bool {
     d.1.iter().any(|e| e.starts_with("fw acl-deny") || e.contains("rule=10"))
 }
 
@@ -91,28 +104,32 @@ fn swap_at_half_decides_before_under_old_rules_after_under_new_and_nothing_mixed
     let mut gw = Gateway::new(&s.key, s.state[0].clone()).unwrap();
     let plan = SwapPlan { at: k, plain: &s.plain[1], enc: &s.enc[1], state: s.state[1].clone(), key: &s.key };
     let c = compare_with_swap(&reg, &s.plain[0], &s.enc[0], &mut gw, &packets, Some(plan), in_flight).unwrap();
-    // Every packet decided (and delivered) as the reference: old rules before k, new after.
+    // Every packet decided (and delivered) as the reference: old rules before k, and after
+    // it for the connections kept under the old generation; new rules for the others.
     assert!(c.differences.is_empty(), "{:#?}", c.differences);
     assert!(c.refused.is_empty(), "{:?}", c.refused);
     assert_eq!(c.forwarded + c.dropped.values().sum::<u64>(), c.packets - c.non_ip);
     assert_eq!(c.swap_at, Some(k as u64));
-    // The packets in flight at the switch went through the old chain after the gateway had
-    // switched, and the old generation was retired right after the last of them (input k-1).
-    assert_eq!(c.old_after_swap, in_flight as u64);
-    assert_eq!(c.retired_after, Some((k - 1) as u64));
-    assert_eq!(gw.previous_generation(), None);
+    // Connections live at the switch kept sending under the old generation: far more old
+    // packets after the switch than the ones in flight at it.
+    assert!(c.old_after_swap > 10 * in_flight as u64, "{}", c.old_after_swap);
+    // Retired exactly when no connection was left under it (if that happened in the trace).
+    assert_eq!(gw.previous_generation().is_none(), c.retired_after.is_some());
+    assert_eq!(gw.pinned_connections() == 0, c.retired_after.is_some() || gw.previous_generation().is_none());
     assert_eq!(gw.generation(), 2);
 
     // The test can fail: the rules differ on both sides of the swap.
-    let old = decide([&s.plain[0], &s.plain[0]], &packets, usize::MAX);
-    let new = decide([&s.plain[1], &s.plain[1]], &packets, usize::MAX);
-    let swapped = decide([&s.plain[0], &s.plain[1]], &packets, k);
+    let gens = generations(&s, &packets, k);
+    let old = decide([&s.plain[0], &s.plain[0]], &packets, &[]);
+    let new = decide([&s.plain[1], &s.plain[1]], &packets, &[]);
+    let swapped = decide([&s.plain[0], &s.plain[1]], &packets, &gens);
     // Before k the new rules would have decided packets differently (denied connections,
     // alerts of the new keyword): the encrypted path, equal to `swapped`, did not.
     assert!(new[..k].iter().filter(|d| is_new_rule_effect(d)).count() > 10);
     assert_eq!(old[..k], swapped[..k]);
     assert!(!swapped[..k].iter().any(is_new_rule_effect));
-    // After k the new rules act: denies and new-keyword alerts; the old rules had none.
+    // After k the new rules act on new connections: denies and new-keyword alerts; the old
+    // rules had none.
     let after = swapped[k..].iter().filter(|d| is_new_rule_effect(d)).count();
     assert!(after > 10, "{after}");
     assert!(swapped[k..].iter().any(|d| d.1.iter().any(|e| e.contains("rule=10"))));
@@ -120,39 +137,48 @@ fn swap_at_half_decides_before_under_old_rules_after_under_new_and_nothing_mixed
 }
 
 #[test]
-fn live_tcp_connections_restart_at_the_swap() {
+fn live_connections_keep_their_state_nat_mapping_and_lb_backend_across_the_swap() {
     let s = setup();
     let packets = sluice_io::pcap::load(root().join("traces/demo.pcap"), None).unwrap();
     let k = packets.len() / 2;
-    let flows = |r: std::ops::Range<usize>| -> HashSet<_> {
-        packets[r].iter().filter_map(|p| p.tuple()).map(|t| t.flow_key()).collect()
-    };
-    let live: HashSet<_> = flows(0..k).intersection(&flows(k..packets.len())).copied().collect();
-    assert!(live.len() > 20, "{}", live.len());
-    let old = decide([&s.plain[0], &s.plain[0]], &packets, usize::MAX);
-    let swapped = decide([&s.plain[0], &s.plain[1]], &packets, k);
-    let no_conn = Outcome::Drop { nf: "fw".into(), reason: "fw-no-connection" };
-    let (mut cut, mut kept_before) = (0, 0);
-    for (i, p) in packets.iter().enumerate().skip(k) {
-        if !live.contains(&p.tuple().unwrap().flow_key()) {
+    let gens = generations(&s, &packets, k);
+    let old = decide([&s.plain[0], &s.plain[0]], &packets, &[]);
+    let swapped = decide([&s.plain[0], &s.plain[1]], &packets, &gens);
+    // Every packet after the switch that the gateway kept under generation 1 is decided and
+    // delivered (NAT source, LB backend) exactly as without any swap.
+    let (mut kept, mut natted, mut balanced) = (0, 0, 0);
+    for i in k..packets.len() {
+        if gens[i] != 1 {
             continue;
         }
-        // Mid-stream packets of connections open across the swap: the fresh firewall does
-        // not know them (old rules would have let them through).
-        if swapped[i].0 == no_conn {
-            cut += 1;
-            kept_before += u64::from(old[i].0 == Outcome::Forward);
-        }
+        assert_eq!(swapped[i], old[i], "packet {i}");
+        kept += 1;
+        natted += u64::from(old[i].2.contains("198.51.100.1"));
+        balanced += u64::from(old[i].2.contains("10.1.0."));
     }
+    assert!(kept > 1000, "{kept}");
+    assert!(natted > 100 && balanced > 100, "{natted} NAT'd, {balanced} balanced");
+    // Without pinning (every packet after k under the new rules, fresh state), these
+    // connections would be cut: the test can fail.
+    let restarted = decide(
+        [&s.plain[0], &s.plain[1]],
+        &packets,
+        &gens.iter().enumerate().map(|(i, &g)| if i < k { g } else { 2 }).collect::<Vec<_>>(),
+    );
+    let no_conn = Outcome::Drop { nf: "fw".into(), reason: "fw-no-connection" };
+    let cut = (k..packets.len()).filter(|&i| gens[i] == 1 && restarted[i].0 == no_conn).count();
+    let cut_pinned =
+        (k..packets.len()).filter(|&i| gens[i] == 1 && swapped[i].0 == no_conn && old[i].0 != no_conn).count();
     assert!(cut > 100, "{cut}");
-    assert!(kept_before * 10 > cut * 9, "{kept_before} of {cut}");
-    // And the encrypted path does the same (it equals `swapped`; see the test above), counted.
+    assert_eq!(cut_pinned, 0);
+    // And the encrypted path does the same (it equals `swapped`; see the test above), with
+    // no packet in flight.
     let mut gw = Gateway::new(&s.key, s.state[0].clone()).unwrap();
     let plan = SwapPlan { at: k, plain: &s.plain[1], enc: &s.enc[1], state: s.state[1].clone(), key: &s.key };
     let reg = sluice_nfs::registry();
     let c = compare_with_swap(&reg, &s.plain[0], &s.enc[0], &mut gw, &packets, Some(plan), 0).unwrap();
     assert!(c.differences.is_empty(), "{:#?}", c.differences);
-    assert!(c.dropped.get("fw: fw-no-connection").copied().unwrap_or(0) >= cut);
+    assert!(c.old_after_swap >= kept, "{} < {kept}", c.old_after_swap);
 }
 
 /// An encrypted demo packet with token records, under both generations.

@@ -26,6 +26,12 @@
 //!   later packets in both directions are dropped (`ids-blocked`). Blocking the connection,
 //!   not just the packet, matters: the sender would retransmit the dropped bytes, which the
 //!   reassembler has already consumed and would not scan again.
+//! * **Word boundaries.** A rule with `boundary: true` matches only occurrences that start a
+//!   word: right after a delimiter byte (anything but an ASCII letter or digit) or at the
+//!   start of the stream (or of matching resumed after an overflow). It is compiled as the
+//!   pattern behind every delimiter byte, and a stream starts its automata as if it had read
+//!   one delimiter that no pattern contains. Embark's gateway sends one token per word for
+//!   such rules instead of one per byte.
 //! * Only TCP is inspected; other packets are forwarded.
 //!
 //! # State objects
@@ -61,6 +67,7 @@
 //!   rules:
 //!     - { id: 1001, pattern: "/etc/passwd", msg: "passwd file access" }
 //!     - { id: 1002, pattern: "cmd.exe", nocase: true, action: drop }
+//!     - { id: 1003, pattern: "JOIN", boundary: true }   # only where a word starts
 //!   max_buffer_bytes: 65536
 //!   idle_timeout_ms: 120000
 //!   close_timeout_ms: 2000
@@ -109,6 +116,11 @@ pub struct Rule {
     /// Match ASCII letters case-insensitively.
     #[serde(default)]
     pub nocase: bool,
+    /// Match only occurrences that start at a word boundary: right after a delimiter byte
+    /// (see [`is_delimiter`]) or at the start of the stream (or where matching restarted after
+    /// a reassembly overflow). Such rules let Embark's gateway send far fewer tokens.
+    #[serde(default)]
+    pub boundary: bool,
     /// What to do on a match.
     #[serde(default)]
     pub action: Action,
@@ -143,6 +155,7 @@ pub fn default_rules() -> Vec<Rule> {
         id,
         pattern: pattern.into(),
         nocase,
+        boundary: false,
         action: Action::Alert,
         msg: Some(msg.into()),
     };
@@ -156,6 +169,11 @@ pub fn default_rules() -> Vec<Rule> {
     ]
 }
 
+/// Whether `b` separates words for `boundary` rules: every byte but ASCII letters and digits.
+pub fn is_delimiter(b: u8) -> bool {
+    !b.is_ascii_alphanumeric()
+}
+
 /// One compiled DFA with a dense numbering of its states, so that a state can be stored as a
 /// small integer and validated when read back.
 struct Matcher {
@@ -166,9 +184,41 @@ struct Matcher {
     states: Vec<StateID>,
     /// DFA state → dense index.
     index: HashMap<StateID, u32>,
+    /// Dense state a stream (re)starts in: the start state, or with `boundary` rules the state
+    /// after a virtual delimiter that no pattern contains, so that a boundary rule matches at
+    /// the very start of the stream.
+    fresh: u32,
 }
 
 impl Matcher {
+    /// A matcher for `rules` (`(rule index, pattern, boundary)`). A boundary rule's pattern
+    /// `p` is compiled as `d‖p` for every delimiter byte `d`.
+    fn for_rules(rules: &[(usize, &[u8], bool)], nocase: bool) -> Result<Matcher, NfError> {
+        let (mut pats, mut rule_of): (Vec<Vec<u8>>, Vec<usize>) = (Vec::new(), Vec::new());
+        for &(i, p, boundary) in rules {
+            if boundary {
+                for d in (0..=255u8).filter(|&d| is_delimiter(d)) {
+                    pats.push([&[d], p].concat());
+                    rule_of.push(i);
+                }
+            } else {
+                pats.push(p.to_vec());
+                rule_of.push(i);
+            }
+        }
+        let refs: Vec<&[u8]> = pats.iter().map(Vec::as_slice).collect();
+        let mut m = Matcher::new(&refs, rule_of, nocase)?;
+        if rules.iter().any(|r| r.2) {
+            let Some(v) = (0..=255u8).find(|&d| is_delimiter(d) && rules.iter().all(|r| !r.1.contains(&d))) else {
+                return Err(NfError::config("rules", "boundary rules need a delimiter byte that no pattern contains"));
+            };
+            let start = m.states.first().copied();
+            let after = start.map(|s| m.dfa.next_state(Anchored::No, s, v));
+            m.fresh = after.and_then(|a| m.index.get(&a).copied()).unwrap_or(0);
+        }
+        Ok(m)
+    }
+
     fn new(patterns: &[&[u8]], rule_of: Vec<usize>, nocase: bool) -> Result<Matcher, NfError> {
         let dfa = DFA::builder()
             .match_kind(MatchKind::Standard)
@@ -196,7 +246,7 @@ impl Matcher {
             }
             i += 1;
         }
-        Ok(Matcher { dfa, rule_of, states, index })
+        Ok(Matcher { dfa, rule_of, states, index, fresh: 0 })
     }
 
     /// Runs `data` through the DFA from dense state `st`, pushing the rule index of every match.
@@ -224,6 +274,8 @@ pub struct Ids {
     rules: Vec<Rule>,
     /// Case-sensitive and case-insensitive matchers; either may be absent.
     matchers: [Option<Matcher>; 2],
+    /// The matchers' [`Matcher::fresh`] states.
+    fresh: [u32; 2],
     fingerprint: i64,
     max_buffer: usize,
     idle_ns: u64,
@@ -243,7 +295,7 @@ fn fingerprint(rules: &[Rule]) -> i64 {
         eat(&r.id.to_be_bytes());
         eat(&(r.pattern.len() as u64).to_be_bytes());
         eat(r.pattern.as_bytes());
-        eat(&[u8::from(r.nocase)]);
+        eat(&[u8::from(r.nocase) | (u8::from(r.boundary) << 1)]);
     }
     h as i64
 }
@@ -271,17 +323,18 @@ impl Ids {
         }
         let mut matchers: [Option<Matcher>; 2] = [None, None];
         for (slot, nocase) in matchers.iter_mut().zip([false, true]) {
-            let (pats, rule_of): (Vec<&[u8]>, Vec<usize>) = c
+            let rules: Vec<(usize, &[u8], bool)> = c
                 .rules
                 .iter()
                 .enumerate()
                 .filter(|(_, r)| r.nocase == nocase)
-                .map(|(i, r)| (r.pattern.as_bytes(), i))
-                .unzip();
-            if !pats.is_empty() {
-                *slot = Some(Matcher::new(&pats, rule_of, nocase)?);
+                .map(|(i, r)| (i, r.pattern.as_bytes(), r.boundary))
+                .collect();
+            if !rules.is_empty() {
+                *slot = Some(Matcher::for_rules(&rules, nocase)?);
             }
         }
+        let fresh = [0, 1].map(|i| matchers[i].as_ref().map_or(0, |m| m.fresh));
         Ok(Ids {
             decls: vec![
                 StateDecl::new("stream", Scope::per_flow(), AccessPattern::ReadWriteOften),
@@ -289,6 +342,7 @@ impl Ids {
             ],
             rules: c.rules.clone(),
             matchers,
+            fresh,
             fingerprint: fingerprint(&c.rules),
             max_buffer: c.max_buffer_bytes as usize,
             idle_ns: c.idle_timeout_ms.saturating_mul(1_000_000),
@@ -340,7 +394,8 @@ const F_CLOSING: i64 = 32;
 const REC_LEN: usize = 3 + 2 * 5;
 
 impl FlowRec {
-    fn decode(v: &Value, fingerprint: i64) -> FlowRec {
+    /// `fresh`: the automaton states a stream starts in ([`Matcher::fresh`]).
+    fn decode(v: &Value, fingerprint: i64, fresh: [u32; 2]) -> FlowRec {
         let Some(r) = v.as_ints().filter(|r| r.len() == REC_LEN) else { return FlowRec::default() };
         let same_rules = r.first() == Some(&fingerprint);
         let flags = r.get(1).copied().unwrap_or(0);
@@ -356,7 +411,7 @@ impl FlowRec {
             d.fin = flags & F_FIN[i] != 0;
             d.next = f(0) as u32;
             // Automaton states written under another ruleset mean nothing here.
-            d.st = if same_rules { [f(1) as u32, f(2) as u32] } else { [0, 0] };
+            d.st = if same_rules { [f(1) as u32, f(2) as u32] } else { fresh };
             d.buffered = f(3) as u32;
         }
         rec
@@ -468,7 +523,7 @@ impl Ids {
             );
             d.buffered = 0;
             d.next = data_seq;
-            d.st = [0, 0];
+            d.st = self.fresh;
         }
         // In order, possibly overlapping bytes already scanned.
         let skip = usize::try_from(seq_diff(data_seq, d.next)).unwrap_or(0);
@@ -530,7 +585,7 @@ impl NetworkFunction for Ids {
         let key = StateKey::Flow(fk);
         let dir = usize::from(fk.a != (t.src, t.sport));
         let mut rec = match ctx.state.get(STREAM, &key) {
-            Ok(Some(v)) => FlowRec::decode(&v, self.fingerprint),
+            Ok(Some(v)) => FlowRec::decode(&v, self.fingerprint, self.fresh),
             Ok(None) => {
                 if flags.rst() || (payload.is_empty() && !flags.syn()) {
                     return Verdict::Forward;
@@ -562,7 +617,7 @@ impl NetworkFunction for Ids {
         }
         if let Some(d) = rec.dirs.get_mut(dir) {
             if !d.init && (flags.syn() || !payload.is_empty()) {
-                *d = Dir { init: true, next: data_seq, ..Dir::default() };
+                *d = Dir { init: true, next: data_seq, st: self.fresh, ..Dir::default() };
             }
         }
         let mut hits = Vec::new();
@@ -604,7 +659,7 @@ impl NetworkFunction for Ids {
             return;
         }
         let rec = match ctx.state.get(STREAM, &fired.key) {
-            Ok(Some(v)) => FlowRec::decode(&v, self.fingerprint),
+            Ok(Some(v)) => FlowRec::decode(&v, self.fingerprint, self.fresh),
             _ => {
                 self.delete_flow(&fired.key, ctx);
                 return;
@@ -638,9 +693,9 @@ mod tests {
     fn record_and_segments_roundtrip() {
         let mut rec = FlowRec { blocked: true, last_ns: 77, ..FlowRec::default() };
         rec.dirs[1] = Dir { init: true, fin: true, next: u32::MAX, st: [3, 9], buffered: 12 };
-        assert_eq!(FlowRec::decode(&rec.encode(5), 5), rec);
+        assert_eq!(FlowRec::decode(&rec.encode(5), 5, [0, 0]), rec);
         // Another ruleset: automaton states reset, the rest kept.
-        assert_eq!(FlowRec::decode(&rec.encode(5), 6).dirs[1].st, [0, 0]);
+        assert_eq!(FlowRec::decode(&rec.encode(5), 6, [0, 0]).dirs[1].st, [0, 0]);
         let segs = vec![Segment { dir: 1, seq: 7, data: b"abc".to_vec() }, Segment { dir: 0, seq: 1, data: vec![] }];
         assert_eq!(decode_segments(&encode_segments(&segs)), segs);
         assert_eq!(decode_segments(&[1, 2, 3]), vec![]);

@@ -152,6 +152,10 @@ impl Default for LbConfig {
 /// The load balancer. Holds only its validated configuration.
 pub struct LbNf {
     vips: Vec<Vip>,
+    /// The ports any VIP takes, as sorted disjoint ranges (`None`: some VIP takes every port):
+    /// a packet to no VIP port is turned away in a comparison or two, however many VIPs share
+    /// the port ranges.
+    vip_ports: Option<Vec<(u16, u16)>>,
     backends: Vec<(IpAddr, Option<u16>)>,
     timeout_ns: u64,
     linger_ns: u64,
@@ -199,6 +203,20 @@ fn parse_vips(list: &[String]) -> Result<Vec<Vip>, NfError> {
     Ok(out)
 }
 
+/// The union of the VIPs' port ranges, sorted and merged; `None` if a VIP takes every port.
+fn merged_ports(vips: &[Vip]) -> Option<Vec<(u16, u16)>> {
+    let mut r: Vec<(u16, u16)> = vips.iter().map(|v| v.1).collect::<Option<_>>()?;
+    r.sort_unstable();
+    let mut out: Vec<(u16, u16)> = Vec::with_capacity(r.len());
+    for (lo, hi) in r {
+        match out.last_mut() {
+            Some(last) if u32::from(lo) <= u32::from(last.1) + 1 => last.1 = last.1.max(hi),
+            _ => out.push((lo, hi)),
+        }
+    }
+    Some(out)
+}
+
 fn parse_endpoints(field: &str, list: &[String]) -> Result<Vec<(IpAddr, Option<u16>)>, NfError> {
     list.iter()
         .enumerate()
@@ -236,6 +254,7 @@ impl LbNf {
             return Err(NfError::config("linger", "must be at least 1 second and at most `timeout`"));
         }
         Ok(LbNf {
+            vip_ports: merged_ports(&vips),
             vips,
             backends,
             timeout_ns: cfg.timeout * NS_PER_S,
@@ -264,6 +283,9 @@ impl LbNf {
     fn is_vip(&self, ip: IpAddr, port: u16) -> bool {
         if self.vips.is_empty() {
             return ip.is_ipv4() == self.backends[0].0.is_ipv4();
+        }
+        if self.vip_ports.as_ref().is_some_and(|r| !r.iter().any(|&(lo, hi)| lo <= port && port <= hi)) {
+            return false;
         }
         // The port test first: it is one comparison, the address test a mask per family.
         self.vips.iter().any(|&(v, p)| p.is_none_or(|(lo, hi)| lo <= port && port <= hi) && v.contains(ip))
@@ -579,6 +601,42 @@ mod tests {
             assert!(op_take(&mut s, &bad).is_err(), "{bad:?}");
         }
         assert_eq!(s, Some(Value::Ints(vec![1, 0, 2, 0])), "a refused take leaves the counts");
+    }
+
+    #[test]
+    fn vip_port_filter_is_the_union_of_the_vips_ports() {
+        let lb = |vips: &[&str]| {
+            let cfg = LbConfig { vips: vips.iter().map(|s| s.to_string()).collect(), ..LbConfig::default() };
+            LbNf::new(&cfg).unwrap()
+        };
+        let x = lb(&[
+            "0.0.0.0/0@80",
+            "10.0.0.0/8@21",
+            "10.0.0.0/8@22-23",
+            "1.2.3.4:81",
+            "5.0.0.0/8@100-200",
+            "6.0.0.0/8@150-160",
+        ]);
+        assert_eq!(x.vip_ports, Some(vec![(21, 23), (80, 81), (100, 200)]));
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        for (a, p, want) in [
+            ("9.9.9.9", 80, true),
+            ("9.9.9.9", 21, false),
+            ("10.1.1.1", 23, true),
+            ("1.2.3.4", 81, true),
+            ("1.2.3.5", 81, false),
+            ("6.1.1.1", 155, true),
+            ("6.1.1.1", 170, false),
+            ("5.1.1.1", 170, true),
+            ("10.1.1.1", 24, false),
+        ] {
+            assert_eq!(x.is_vip(ip(a), p), want, "{a}:{p}");
+        }
+        // A VIP without a port takes every port: no filter.
+        let y = lb(&["10.0.0.0/8@80", "192.0.2.1"]);
+        assert_eq!(y.vip_ports, None);
+        assert!(y.is_vip(ip("192.0.2.1"), 9999));
+        assert!(!y.is_vip(ip("10.0.0.1"), 9999));
     }
 
     #[test]

@@ -43,10 +43,11 @@ pub fn build_passthrough(
 pub enum Cidr {
     /// Every address.
     Any,
-    /// An IPv4 prefix: network address (host bits cleared) and length.
-    V4(u32, u8),
-    /// An IPv6 prefix: network address (host bits cleared) and length.
-    V6(u128, u8),
+    /// An IPv4 prefix: network address (host bits cleared) and network mask (kept rather than
+    /// the length, so that a membership test is one AND and one comparison).
+    V4(u32, u32),
+    /// An IPv6 prefix: network address (host bits cleared) and network mask.
+    V6(u128, u128),
 }
 
 impl Cidr {
@@ -72,8 +73,8 @@ impl Cidr {
             None => max,
         };
         Ok(match addr {
-            std::net::IpAddr::V4(a) => Cidr::V4(u32::from(a) & mask32(len), len),
-            std::net::IpAddr::V6(a) => Cidr::V6(u128::from(a) & mask128(len), len),
+            std::net::IpAddr::V4(a) => Cidr::V4(u32::from(a) & mask32(len), mask32(len)),
+            std::net::IpAddr::V6(a) => Cidr::V6(u128::from(a) & mask128(len), mask128(len)),
         })
     }
 
@@ -81,8 +82,8 @@ impl Cidr {
     pub fn contains(&self, ip: std::net::IpAddr) -> bool {
         match (*self, ip) {
             (Cidr::Any, _) => true,
-            (Cidr::V4(net, len), std::net::IpAddr::V4(a)) => u32::from(a) & mask32(len) == net,
-            (Cidr::V6(net, len), std::net::IpAddr::V6(a)) => u128::from(a) & mask128(len) == net,
+            (Cidr::V4(net, mask), std::net::IpAddr::V4(a)) => u32::from(a) & mask == net,
+            (Cidr::V6(net, mask), std::net::IpAddr::V6(a)) => u128::from(a) & mask == net,
             _ => false,
         }
     }
@@ -92,8 +93,8 @@ impl std::fmt::Display for Cidr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
             Cidr::Any => f.write_str("any"),
-            Cidr::V4(n, l) => write!(f, "{}/{l}", std::net::Ipv4Addr::from(n)),
-            Cidr::V6(n, l) => write!(f, "{}/{l}", std::net::Ipv6Addr::from(n)),
+            Cidr::V4(n, m) => write!(f, "{}/{}", std::net::Ipv4Addr::from(n), m.leading_ones()),
+            Cidr::V6(n, m) => write!(f, "{}/{}", std::net::Ipv6Addr::from(n), m.leading_ones()),
         }
     }
 }
@@ -154,6 +155,9 @@ mod tests {
             assert!(Cidr::parse(bad).is_err(), "{bad}");
         }
         assert_eq!(c.to_string(), "10.0.0.0/8");
+        for s in ["0.0.0.0/0", "1.2.3.4/32", "::/0", "2001:db8::/32", "::1/128", "fe80::/10"] {
+            assert_eq!(Cidr::parse(s).unwrap().to_string(), s);
+        }
     }
 
     #[test]

@@ -17,7 +17,8 @@ pub struct Timers {
     /// Deadline-ordered timers; entries whose sequence number no longer matches `armed` were
     /// re-armed or cancelled and are skipped when they surface.
     heap: BinaryHeap<Reverse<(u64, u64, ObjectId, StateKey)>>,
-    armed: Map<(ObjectId, StateKey), u64>,
+    /// The armed timers: sequence number and deadline.
+    armed: Map<(ObjectId, StateKey), (u64, u64)>,
     seq: u64,
 }
 
@@ -25,7 +26,7 @@ impl Timers {
     /// Arms or re-arms the timer of `(obj, key)`.
     pub fn set(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
         self.seq += 1;
-        self.armed.insert((obj, *key), self.seq);
+        self.armed.insert((obj, *key), (self.seq, deadline_ns));
         self.heap.push(Reverse((deadline_ns, self.seq, obj, *key)));
     }
 
@@ -41,12 +42,7 @@ impl Timers {
 
     /// The armed timers as `(object, key, deadline_ns)`, earliest first.
     pub fn armed(&self) -> Vec<(ObjectId, StateKey, u64)> {
-        let mut v: Vec<_> = self
-            .heap
-            .iter()
-            .filter(|Reverse((_, seq, o, k))| self.armed.get(&(*o, *k)) == Some(seq))
-            .map(|Reverse((d, _, o, k))| (*o, *k, *d))
-            .collect();
+        let mut v: Vec<_> = self.armed.iter().map(|(&(o, k), &(_, d))| (o, k, d)).collect();
         v.sort_by_key(|(o, k, d)| (*d, *o, *k));
         v
     }
@@ -77,17 +73,20 @@ impl Timers {
                 _ => break,
             }
             let Some(Reverse((deadline, seq, object, key))) = self.heap.pop() else { break };
-            if self.armed.get(&(object, key)) == Some(&seq) {
+            if self.armed.get(&(object, key)).map(|e| e.0) == Some(seq) {
                 self.armed.remove(&(object, key));
                 out.push(TimerFired { object, key });
                 deadlines.push(deadline);
                 n += 1;
             }
         }
-        // Cancelled entries would otherwise pile up in the heap; rebuild when mostly stale.
+        // Cancelled and re-armed entries would otherwise pile up in the heap: when mostly
+        // stale, rebuild it from the armed timers (a scan and a heapify, no lookups).
         if self.heap.len() > 1024 && self.heap.len() > 4 * self.armed.len() {
-            let armed = &self.armed;
-            self.heap.retain(|Reverse((_, seq, o, k))| armed.get(&(*o, *k)) == Some(seq));
+            let mut v = std::mem::take(&mut self.heap).into_vec();
+            v.clear();
+            v.extend(self.armed.iter().map(|(&(o, k), &(seq, d))| Reverse((d, seq, o, k))));
+            self.heap = BinaryHeap::from(v);
         }
     }
 }
