@@ -180,7 +180,16 @@ impl Engine<'_> {
         };
         let moved: std::collections::HashSet<u64> = keys.iter().copied().collect();
         let is_moved = |k: &sluice_state::StateKey| split_key_of_state(k, &split).is_some_and(|sk| moved.contains(&sk));
-        let timers = self.node_mut(from).and_then(|n| client(&mut n.inst)).map(|c| c.hand_over(is_moved));
+        let Some(n) = self.node_mut(from) else { return Ok(()) };
+        // Copies keyed by a flow the old instance does not serve (an LB's backend-side mapping
+        // of a moved connection) go too: the new instance may delete the value.
+        let served = n.gate.flows().clone();
+        let foreign =
+            |k: &sluice_state::StateKey| split_key_of_state(k, &split).is_some_and(|sk| !served.contains(&sk));
+        let timers = client(&mut n.inst).map(|c| {
+            c.forget_foreign(foreign);
+            c.hand_over(is_moved)
+        });
         self.take_over_timers(to, timers.unwrap_or_default())
     }
 
