@@ -225,17 +225,23 @@ impl Engine<'_> {
         self.collect_commits();
         let now = self.now.max(self.node(m.from).map_or(0, |n| n.busy_until));
         let twin = self.node(m.to).and_then(|n| self.vertices.get(n.vertex)).and_then(|v| v.splitter.clone_of(m.to));
+        let roots = self.root.roots();
         for to in std::iter::once(m.to).chain(twin) {
             let Some(n) = self.node_mut(to) else { continue };
             // Step 7: the held packets go first, the first of each flow marked as such.
+            let mut held = Vec::new();
             for k in &m.keys {
                 // Packets of the flow that reach the new instance later still start after the
                 // old instance's last one left, held here or not.
                 n.released.insert(*k, now);
-                let held = n.gate.release_flow(*k);
-                for p in held {
-                    n.insert(now, Item::Packet(p));
-                }
+                held.extend(n.gate.release_flow(*k));
+            }
+            // At the front of the queue, in entry order: they were sent to this instance before
+            // what it queued while they were held (a barrier of a later move from it included),
+            // and the flows' timers it took over must not fire on the later packets' time first.
+            held.sort_by_key(|p| sluice_chc::order::OrderKey::of(&p.meta, roots));
+            for p in held.into_iter().rev() {
+                n.queue.push_front(Queued { at: now, item: Item::Packet(p) });
             }
         }
         if let (Some(ep), Some((sw, sv))) = (self.report.episodes.get_mut(m.tag), self.move_started.remove(&id)) {
