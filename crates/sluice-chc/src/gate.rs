@@ -76,11 +76,23 @@ impl Gate {
             if self.covered.contains(&pkt.meta.clock) {
                 return Arrival::Covered(pkt);
             }
+            if self.before_replay(pkt.meta.clock) {
+                // Older than every packet the replay brings (in flight, but no longer in the
+                // root's log, which a store crash cut back): nothing of its flow can come in the
+                // replay before it, and an order-sensitive vertex must take it first.
+                return Arrival::Queue(pkt);
+            }
             self.held_clocks.insert(pkt.meta.clock);
             self.held.push(pkt);
             return Arrival::Held;
         }
         Arrival::Queue(pkt)
+    }
+
+    /// Whether `clock` entered before every clock the replay towards this instance brings
+    /// (clocks of one root only: those of different roots are not ordered).
+    fn before_replay(&self, clock: Clock) -> bool {
+        !self.covered.is_empty() && self.covered.iter().all(|c| c.root() == clock.root() && clock < *c)
     }
 
     /// The root replays `clocks` towards this instance.
