@@ -46,6 +46,8 @@ pub struct Gate {
     /// Live packets are held while a replay drains.
     recovering: bool,
     held: Vec<Packet>,
+    /// The clocks of `held`.
+    held_clocks: HashSet<Clock>,
     /// Per flow moving in: its packets, held until the old instance's barrier passes.
     move_held: HashMap<u64, Vec<Packet>>,
     /// Flows (split keys) this instance has received: what it reports to a recovering root,
@@ -77,10 +79,23 @@ impl Gate {
             if self.covered.contains(&pkt.meta.clock) {
                 return Arrival::Covered(pkt);
             }
+            if self.before_replay(pkt.meta.clock) {
+                // Older than every packet the replay brings (in flight, but no longer in the
+                // root's log, which a store crash cut back): nothing of its flow can come in the
+                // replay before it, and an order-sensitive vertex must take it first.
+                return Arrival::Queue(pkt);
+            }
+            self.held_clocks.insert(pkt.meta.clock);
             self.held.push(pkt);
             return Arrival::Held;
         }
         Arrival::Queue(pkt)
+    }
+
+    /// Whether `clock` entered before every clock the replay towards this instance brings
+    /// (clocks of one root only: those of different roots are not ordered).
+    fn before_replay(&self, clock: Clock) -> bool {
+        !self.covered.is_empty() && self.covered.iter().all(|c| c.root() == clock.root() && clock < *c)
     }
 
     /// The root replays `clocks` towards this instance.
@@ -146,6 +161,7 @@ impl Gate {
     pub fn end_recovery(&mut self) -> Vec<Packet> {
         self.recovering = false;
         self.covered.clear();
+        self.held_clocks.clear();
         std::mem::take(&mut self.held)
     }
 
@@ -172,16 +188,24 @@ impl Gate {
     /// Takes the packets held for a replay that `moved` selects (flows handed to another
     /// instance with their queued packets), in arrival order.
     pub fn take_held(&mut self, mut moved: impl FnMut(&Packet) -> bool) -> Vec<Packet> {
-        let (out, keep) = std::mem::take(&mut self.held).into_iter().partition(|p| moved(p));
+        let (out, keep): (Vec<Packet>, Vec<Packet>) =
+            std::mem::take(&mut self.held).into_iter().partition(|p| moved(p));
+        self.held_clocks = keep.iter().map(|p| p.meta.clock).collect();
         self.held = keep;
         out
     }
 
     /// The instance failed: every packet it held (its queue is the driver's).
     pub fn drain_held(&mut self) -> Vec<Packet> {
+        self.held_clocks.clear();
         let mut lost = std::mem::take(&mut self.held);
         lost.extend(self.move_held.drain().flat_map(|(_, v)| v));
         lost
+    }
+
+    /// Whether a live copy of `clock` is held here until a replay drains.
+    pub fn holds_for_replay(&self, clock: Clock) -> bool {
+        self.held_clocks.contains(&clock)
     }
 
     /// Packets held, for a replay or a move.

@@ -83,13 +83,18 @@ impl Instance {
         v
     }
 
-    /// Moves packet time forward to `now_ns` (never backward) and fires the timers now due.
+    /// Moves packet time forward to `now_ns` (never backward) and fires the timers due by
+    /// `now_ns`: by the time of the packet about to be processed, not the latest this instance
+    /// has seen. The two differ only for a packet that is behind (a moved flow's packets, held
+    /// until the old instance finished with the flow, reach the new instance after later ones):
+    /// such a packet must still find the state a timer removes only after its time, as in the
+    /// logical NF.
     pub fn advance_time(&mut self, now_ns: u64, clock: sluice_packet::Clock) {
         if now_ns > self.now_ns {
             self.now_ns = now_ns;
         }
         self.fired.clear();
-        self.state.expired(self.now_ns, TIMERS_PER_PACKET, &mut self.fired);
+        self.state.expired(now_ns, TIMERS_PER_PACKET, &mut self.fired);
         if self.fired.is_empty() {
             return;
         }
@@ -97,7 +102,7 @@ impl Instance {
         for f in &fired {
             let mut ctx = NfContext::new(self.state.as_mut(), &self.vertex, self.id, &self.labels, &mut self.events);
             ctx.clock = clock;
-            ctx.now_ns = self.now_ns;
+            ctx.now_ns = now_ns;
             self.nf.on_timer(*f, &mut ctx);
         }
         self.fired = fired;
@@ -111,5 +116,48 @@ impl Instance {
     /// Takes the events emitted so far.
     pub fn take_events(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_state::{AccessPattern, LocalState, ObjectId, Scope, StateDecl, StateKey};
+
+    /// Reports every timer that fires, with the time it fired at.
+    struct Expiring(Vec<StateDecl>);
+
+    impl NetworkFunction for Expiring {
+        fn kind(&self) -> &'static str {
+            "expiring"
+        }
+        fn state_objects(&self) -> &[StateDecl] {
+            &self.0
+        }
+        fn process(&self, _: &mut Packet, _: &mut crate::NfContext<'_>) -> crate::Verdict {
+            crate::Verdict::Forward
+        }
+        fn on_timer(&self, _: TimerFired, ctx: &mut crate::NfContext<'_>) {
+            let now = ctx.now_ns;
+            ctx.emit("expired", now, "");
+        }
+    }
+
+    #[test]
+    fn timers_fire_by_the_time_of_the_packet_not_the_latest_seen() {
+        let decls = vec![StateDecl::new("x", Scope::per_flow(), AccessPattern::ReadHeavy)];
+        let state = Box::new(LocalState::new(&decls, &[]));
+        let nf = Box::new(Expiring(decls));
+        let mut inst = Instance::new(nf, state, "v".into(), InstanceId::new(0, 0), Arc::default());
+        inst.advance_time(1_000, Default::default());
+        // The instance has seen time 1,000 when a timer for time 500 is armed (a moved flow's
+        // timer taken over) and a packet of that flow at time 400 comes: it still finds the state.
+        inst.state().set_timer(ObjectId(0), &StateKey::Id(1), 500);
+        inst.advance_time(400, Default::default());
+        assert!(inst.events().is_empty());
+        // The next packet past the deadline fires it, at that packet's time.
+        inst.advance_time(1_001, Default::default());
+        assert_eq!(inst.events().len(), 1);
+        assert_eq!(inst.events()[0].subject, "1001");
     }
 }

@@ -361,8 +361,15 @@ impl Engine<'_> {
         let vx = self.vertices.get(v)?;
         let own = self.nodes.iter().filter(|n| n.alive && n.vertex == v);
         let own = own.filter_map(|n| n.pending.least_where(|k| !vx.decided.contains(k.clock))).min();
+        // Upstream too: a live copy held for a replay at a vertex that has processed its clock
+        // already (a straggler's clone holding a clock the straggler processed) is dropped there,
+        // and what that processing emitted is already further down.
         let up = self.nodes.iter().filter(|n| n.alive && vx.upstream.contains(&n.vertex));
-        own.into_iter().chain(up.filter_map(|n| n.pending.least())).min()
+        let up = up.filter_map(|n| {
+            let decided = &self.vertices.get(n.vertex)?.decided;
+            n.pending.least_where(|k| !(decided.contains(k.clock) && n.gate.holds_for_replay(k.clock)))
+        });
+        own.into_iter().chain(up).min()
     }
 
     /// Before an order-sensitive vertex processes a packet, every instance of it reaches the

@@ -190,7 +190,16 @@ impl Engine<'_> {
         };
         let moved: std::collections::HashSet<u64> = keys.iter().copied().collect();
         let is_moved = |k: &sluice_state::StateKey| split_key_of_state(k, &split).is_some_and(|sk| moved.contains(&sk));
-        let timers = self.node_mut(from).and_then(|n| client(&mut n.inst)).map(|c| c.hand_over(is_moved));
+        let Some(n) = self.node_mut(from) else { return Ok(()) };
+        // Copies keyed by a flow the old instance does not serve (an LB's backend-side mapping
+        // of a moved connection) go too: the new instance may delete the value.
+        let served = n.gate.flows().clone();
+        let foreign =
+            |k: &sluice_state::StateKey| split_key_of_state(k, &split).is_some_and(|sk| !served.contains(&sk));
+        let timers = client(&mut n.inst).map(|c| {
+            c.forget_foreign(foreign);
+            c.hand_over(is_moved)
+        });
         self.take_over_timers(to, timers.unwrap_or_default())
     }
 
@@ -226,17 +235,23 @@ impl Engine<'_> {
         self.collect_commits();
         let now = self.now.max(self.flows_out_at(m.from, &m.keys));
         let twin = self.node(m.to).and_then(|n| self.vertices.get(n.vertex)).and_then(|v| v.splitter.clone_of(m.to));
+        let roots = self.root.roots();
         for to in std::iter::once(m.to).chain(twin) {
             let Some(n) = self.node_mut(to) else { continue };
             // Step 7: the held packets go first, the first of each flow marked as such.
+            let mut held = Vec::new();
             for k in &m.keys {
                 // Packets of the flow that reach the new instance later still start after the
                 // old instance's last one left, held here or not.
                 n.released.insert(*k, now);
-                let held = n.gate.release_flow(*k);
-                for p in held {
-                    n.insert(now, Item::Packet(p));
-                }
+                held.extend(n.gate.release_flow(*k));
+            }
+            // At the front of the queue, in entry order: they were sent to this instance before
+            // what it queued while they were held (a barrier of a later move from it included),
+            // and the flows' timers it took over must not fire on the later packets' time first.
+            held.sort_by_key(|p| sluice_chc::order::OrderKey::of(&p.meta, roots));
+            for p in held.into_iter().rev() {
+                n.queue.push_front(Queued { at: now, item: Item::Packet(p) });
             }
         }
         if let (Some(ep), Some((sw, sv))) = (self.report.episodes.get_mut(m.tag), self.move_started.remove(&id)) {

@@ -45,6 +45,23 @@ impl StoreClient {
         timers
     }
 
+    /// Flows left this instance: drops its copies of the per-flow values `foreign` selects —
+    /// values of no flow it still serves, such as those an NF keys by another flow than the
+    /// packet's (a load balancer's backend-side mapping of a connection), which
+    /// [`StoreClient::hand_over`] cannot attribute to the moved flows. The instance that now
+    /// serves the connection may change or delete them, and a store rebuild takes per-flow
+    /// state from the instances' copies: a stale one must not come back. From now on a
+    /// per-flow value this instance holds no copy of is looked up, not taken to be absent.
+    /// Call it after a flush.
+    pub fn forget_foreign(&mut self, foreign: impl Fn(&StateKey) -> bool) {
+        for (o, cache) in self.caches.iter_mut().enumerate() {
+            if matches!(self.strategies.get(o), Some(Strategy::Owned | Strategy::WriteThrough)) {
+                cache.retain(|k, e| e.dirty || !foreign(k));
+            }
+        }
+        self.cfg.fresh = false;
+    }
+
     /// Takes over timers another instance armed (flows moved here, an instance retired): armed
     /// here, and the store told at the end of the next batch that this instance arms them.
     pub fn take_over_timers(&mut self, timers: &[(ObjectId, StateKey, u64)]) {
