@@ -174,6 +174,10 @@ impl Engine<'_> {
     /// whose next packet must wait does nothing).
     pub(super) fn serve(&mut self, node: NodeId) -> Result<bool, EngineError> {
         let Some(n) = self.node(node) else { return Ok(false) };
+        if n.waits_for_straggler {
+            // Not even its replay: the straggler still holds older packets of the same flows.
+            return Ok(false);
+        }
         let Some(front) = n.queue.front().map(|q| n.busy_until.max(q.at)) else { return Ok(false) };
         let ordered = self.vertices.get(n.vertex).is_some_and(|v| v.ordered);
         let (batch, mark, suppressed, start) = if ordered {

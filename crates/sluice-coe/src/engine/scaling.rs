@@ -449,8 +449,9 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// When the straggler holds packets the replay to its clone does not carry (the root lost
-    /// its log since they entered), the clone would overtake them on their flows: it waits,
+    /// When the straggler holds packets the replay to its clone does not carry (the root or the
+    /// store lost their log entries), the clone would overtake them on their flows, with live
+    /// packets or with the newer packets its replay brings: it serves nothing, and stays
     /// recovering, until the straggler has processed them.
     fn mark_clone_start(&mut self, straggler: NodeId, clone: NodeId) {
         let Some(c) = self.node(clone) else { return };
@@ -472,10 +473,15 @@ impl Engine<'_> {
         }
     }
 
-    /// The straggler passed its clone's start mark (or is gone): the clone's recovery may end.
+    /// The straggler passed its clone's start mark (or is gone): the clone serves from now on
+    /// (after the straggler's last output), and its recovery may end.
     pub(super) fn straggler_caught_up(&mut self, clone: NodeId) {
+        let after =
+            self.node(clone).and_then(|c| self.vertices.get(c.vertex)).and_then(|v| v.splitter.straggler_of(clone));
+        let after = after.and_then(|s| self.node(s)).map_or(self.now, |s| s.busy_until.max(self.now));
         if let Some(c) = self.node_mut(clone) {
             c.waits_for_straggler = false;
+            c.busy_until = c.busy_until.max(after);
         }
         self.check_replay_done();
     }
