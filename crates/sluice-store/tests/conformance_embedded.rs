@@ -348,3 +348,35 @@ fn lossy_acks_flush_list_deltas_once() {
     let got = read(&store, StoreKey { vertex: v, object: 0, key: k });
     assert_eq!(got, want, "store and client disagree after retransmitted flushes ({:?})", c.stats());
 }
+
+/// A blocking call whose batch takes the client past `max_inflight` gets its answer. The
+/// client waits for acknowledgements before it waits for the answer, and the answer arrives in
+/// that wait; it used to be dropped there as the answer to a request nobody waited for, so the
+/// call failed after `call_timeout` and the NF lost the update (a store falling behind under
+/// load did this to the COE engine: fuzz seeds 837, 1153).
+#[test]
+fn call_past_max_inflight_gets_its_answer() {
+    let store = EmbeddedStore::start(1).expect("start store");
+    let v = 1204;
+    let decls = [StateDecl::new("counters", Scope::global(), AccessPattern::WriteMostly)];
+    let id = InstanceId::new(v, 0);
+    let cfg = ClientConfig {
+        mode: Mode::Async,
+        max_inflight: 0,
+        call_timeout: Duration::from_millis(500),
+        ..ClientConfig::default()
+    };
+    let mut c = StoreClient::new(store.connect(id).expect("connect"), id, v, &decls, &[], cfg);
+    let base = fresh_base();
+    let k = StateKey::Id(base);
+    for i in 0..5u64 {
+        c.begin_batch();
+        c.begin_packet(&Meta { clock: Clock::new(1, base + i + 1), ..Meta::default() });
+        c.incr_nb(ObjectId(0), &k, 2).expect("incr_nb");
+        let got = c.incr(ObjectId(0), &k, 1).expect("a blocking call past max_inflight is answered");
+        assert_eq!(got, 3 * (i as i64 + 1));
+        c.end_batch();
+    }
+    c.flush().expect("flush");
+    assert_eq!(read(&store, StoreKey { vertex: v, object: 0, key: k }), Some(Value::Int(15)));
+}

@@ -37,6 +37,15 @@ impl Engine<'_> {
             }
             if let Some(c) = client(&mut n.inst) {
                 let s = c.stats();
+                if s.failed_calls > 0 {
+                    // Store failures are events of the schedule, never a call left unanswered:
+                    // an NF that went on without its answer did something no reference does.
+                    return Err(EngineError::Store(format!(
+                        "{} store call(s) of an instance of {} got no answer in time; the run says nothing",
+                        s.failed_calls,
+                        self.vertices.get(n.vertex).map_or("?", |v| &*v.plan.name)
+                    )));
+                }
                 self.report.stats.store_duplicates += s.duplicates;
                 let name = self.vertices.get(n.vertex).map(|v| v.plan.name.to_string()).unwrap_or_default();
                 *self.report.stats.round_trips.entry(name.clone()).or_default() += s.round_trips;

@@ -117,6 +117,9 @@ pub struct ClientStats {
     pub duplicates: u64,
     /// Non-blocking updates the store refused.
     pub async_errors: u64,
+    /// Blocking calls that got no answer (the NF saw a state error and went on without the
+    /// operation: whatever it did then is not what it would have done).
+    pub failed_calls: u64,
     /// Change callbacks received.
     pub callbacks: u64,
     /// Dirty values flushed.
@@ -234,6 +237,10 @@ pub struct StoreClient {
     /// The number of the next batch.
     next_batch: u64,
     replies: Replies,
+    /// The request id of the blocking call in progress, and its answer once it arrived: the
+    /// answer may arrive while the call still waits for acknowledgements (backpressure), and
+    /// must be kept for it then.
+    call: Option<(u64, Option<Response>)>,
     notes: Vec<Notification>,
     next_id: u64,
     clock: Clock,
@@ -301,6 +308,7 @@ impl StoreClient {
             inflight: VecDeque::new(),
             next_batch: 1,
             replies: Replies::default(),
+            call: None,
             notes: Vec::new(),
             next_id: 1,
             clock: Clock::default(),
@@ -423,7 +431,7 @@ impl StoreClient {
             }
             let wait = (self.cfg.call_timeout - idle).min(self.cfg.retransmit_after);
             self.conn.wait(&mut self.replies, wait).map_err(backend)?;
-            self.settle_responses(None);
+            self.settle_responses();
         }
         Ok(())
     }
@@ -439,13 +447,23 @@ impl StoreClient {
     fn call(&mut self, key: StoreKey, op: StoreOp, tag: Option<OpTag>) -> Result<Response, StateError> {
         self.emit_increments(None);
         let r = self.request(key, op, tag, true);
-        let id = r.id;
+        self.call = Some((r.id, None));
         self.pending.push(r);
-        self.send_pending()?;
+        let answer = self.send_pending().and_then(|()| self.await_answer());
+        self.call = None;
+        if answer.is_err() {
+            self.stats.failed_calls += 1;
+        }
+        answer
+    }
+
+    /// Waits for the answer to the call in progress.
+    fn await_answer(&mut self) -> Result<Response, StateError> {
         self.stats.round_trips += 1;
         let deadline = Instant::now() + self.cfg.call_timeout;
         loop {
-            if let Some(resp) = self.settle_responses(Some(id)) {
+            self.settle_responses();
+            if let Some(resp) = self.call.as_mut().and_then(|(_, a)| a.take()) {
                 if resp.replayed {
                     self.stats.duplicates += 1;
                 }
@@ -460,16 +478,15 @@ impl StoreClient {
     }
 
     /// Consumes the received responses: acknowledgements of non-blocking requests are settled,
-    /// the answer to `awaiting` (the blocking call in progress) is returned, the rest (answers
-    /// to fire-and-forget requests) are dropped.
-    fn settle_responses(&mut self, awaiting: Option<u64>) -> Option<Response> {
-        let mut answer = None;
+    /// the answer to the blocking call in progress is kept for it, the rest (answers to
+    /// fire-and-forget requests) are dropped.
+    fn settle_responses(&mut self) {
         for r in self.replies.responses.drain(..) {
-            if Some(r.id) == awaiting {
-                answer = Some(r);
-            } else if r.result.is_err() {
+            match &mut self.call {
+                Some((id, answer)) if *id == r.id => *answer = Some(r),
                 // Only failures of requests nobody waits for arrive here.
-                self.stats.async_errors += 1;
+                _ if r.result.is_err() => self.stats.async_errors += 1,
+                _ => {}
             }
         }
         let acked = !self.replies.acked.is_empty();
@@ -488,12 +505,11 @@ impl StoreClient {
                 }
             }
         }
-        answer
     }
 
     fn absorb(&mut self) -> Result<(), StateError> {
         self.conn.poll(&mut self.replies).map_err(backend)?;
-        self.settle_responses(None);
+        self.settle_responses();
         self.conn.notifications(&mut self.notes).map_err(backend)?;
         for n in std::mem::take(&mut self.notes) {
             if let Notification::Changed { key, value } = n {
