@@ -10,6 +10,11 @@
 //!
 //! Because the new instance starts after the old one's last packet of a flow was processed,
 //! downstream sees the old instance's last packet before the new instance's first.
+//!
+//! A move away from an instance that still waits to take some of the same flows over (a
+//! scale-in of a move's new instance before that move completed) puts its barrier in only
+//! once those moves into it have completed: the packets they release there were sent to it
+//! before the later move, so they must be ahead of its barrier.
 
 use crate::NodeId;
 
@@ -41,6 +46,13 @@ pub enum MoveStart {
         /// The barrier's move.
         id: MoveId,
     },
+    /// Protocol on, but `from` still waits to take some of the flows over itself: hold them
+    /// at `to` as for a barrier, and put the barrier in once [`Moves::barriers_due`] names
+    /// `id` (after the moves into `from` have completed).
+    AfterMovesIn {
+        /// The barrier's move.
+        id: MoveId,
+    },
     /// Protocol off: the splitter just switched; `to` serves the flows at once (and `from` is
     /// retired now if the move was a scale-in).
     Switched,
@@ -63,6 +75,12 @@ pub enum MoveRepair {
 #[derive(Debug, Clone, Default)]
 pub struct Moves {
     moves: Vec<Option<Move>>,
+    /// Moves whose barrier waits for the moves into their old instance (see
+    /// [`MoveStart::AfterMovesIn`]).
+    deferred: Vec<MoveId>,
+    /// Instances scaled in with flows still moving away from them: retired with the last of
+    /// those moves.
+    retiring: Vec<NodeId>,
 }
 
 impl Moves {
@@ -71,8 +89,32 @@ impl Moves {
         if !protocol {
             return MoveStart::Switched;
         }
+        let id = MoveId(self.moves.len());
+        let waits = self.takes_over(&m);
         self.moves.push(Some(m));
-        MoveStart::Barrier { id: MoveId(self.moves.len() - 1) }
+        if waits {
+            self.deferred.push(id);
+            MoveStart::AfterMovesIn { id }
+        } else {
+            MoveStart::Barrier { id }
+        }
+    }
+
+    /// Whether a move in progress brings some of `m`'s flows into `m`'s old instance.
+    fn takes_over(&self, m: &Move) -> bool {
+        let keys: std::collections::HashSet<u64> = m.keys.iter().copied().collect();
+        self.moves.iter().flatten().any(|x| x.to == m.from && x.keys.iter().any(|k| keys.contains(k)))
+    }
+
+    /// Deferred barriers whose moves into the old instance have all completed: the driver
+    /// puts each at the end of its move's old instance's queue. Ask after every
+    /// [`Moves::barrier_passed`].
+    pub fn barriers_due(&mut self) -> Vec<MoveId> {
+        let deferred = std::mem::take(&mut self.deferred);
+        let (waiting, due): (Vec<MoveId>, Vec<MoveId>) =
+            deferred.into_iter().partition(|id| self.get(*id).is_some_and(|m| self.takes_over(m)));
+        self.deferred = waiting;
+        due.into_iter().filter(|id| self.get(*id).is_some()).collect()
     }
 
     /// The move `id`, if in progress.
@@ -83,7 +125,19 @@ impl Moves {
     /// The old instance reached the barrier of `id`: the move completes. The driver flushes
     /// `from`, makes it forget the keys, releases them at `to`, and retires `from` if asked.
     pub fn barrier_passed(&mut self, id: MoveId) -> Option<Move> {
-        let m = self.moves.get_mut(id.0).and_then(Option::take);
+        let mut m = self.moves.get_mut(id.0).and_then(Option::take);
+        self.deferred.retain(|d| *d != id);
+        if let Some(m) = &mut m {
+            // The old instance goes with the last move away from it, whichever that is.
+            let last = self.moving_out_of(m.from).is_empty();
+            if m.retire_from && !last {
+                m.retire_from = false;
+                self.retire_when_moved_out(m.from);
+            } else if last && self.retiring.contains(&m.from) {
+                self.retiring.retain(|r| *r != m.from);
+                m.retire_from = true;
+            }
+        }
         if self.moves.iter().all(Option::is_none) {
             // Ids stay stable while any move is in progress; none is.
             self.moves.clear();
@@ -94,11 +148,20 @@ impl Moves {
     /// Instance `old` failed and `new` replaces it: moves from or to it continue with `new`.
     pub fn replace(&mut self, old: NodeId, new: NodeId) -> Vec<MoveRepair> {
         let mut repairs = Vec::new();
+        for r in &mut self.retiring {
+            if *r == old {
+                *r = new;
+            }
+        }
         for (i, m) in self.moves.iter_mut().enumerate() {
             let Some(m) = m else { continue };
             if m.from == old {
                 m.from = new;
-                repairs.push(MoveRepair::Barrier(MoveId(i)));
+                // A deferred barrier was never queued, so nothing of it was lost: it still
+                // comes from `barriers_due`.
+                if !self.deferred.contains(&MoveId(i)) {
+                    repairs.push(MoveRepair::Barrier(MoveId(i)));
+                }
             }
             if m.to == old {
                 m.to = new;
@@ -106,6 +169,19 @@ impl Moves {
             }
         }
         repairs
+    }
+
+    /// `node` is scaled in with nothing left to move itself: if flows are still moving away
+    /// from it, the last of those moves retires it (returns true); otherwise the driver retires
+    /// it now (false).
+    pub fn retire_when_moved_out(&mut self, node: NodeId) -> bool {
+        if self.moving_out_of(node).is_empty() {
+            return false;
+        }
+        if !self.retiring.contains(&node) {
+            self.retiring.push(node);
+        }
+        true
     }
 
     /// Whether flow `key` is moving away from `node` (its barrier not passed yet): packets
@@ -117,6 +193,11 @@ impl Moves {
     /// The flows moving into `node` (a clone of it must hold them too).
     pub fn moving_into(&self, node: NodeId) -> Vec<u64> {
         self.moves.iter().flatten().filter(|m| m.to == node).flat_map(|m| m.keys.iter().copied()).collect()
+    }
+
+    /// The flows moving away from `node` (their barrier not passed yet).
+    pub fn moving_out_of(&self, node: NodeId) -> Vec<u64> {
+        self.moves.iter().flatten().filter(|m| m.from == node).flat_map(|m| m.keys.iter().copied()).collect()
     }
 
     /// Whether any move is in progress (vertex managers wait for it).

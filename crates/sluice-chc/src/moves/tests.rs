@@ -57,3 +57,50 @@ fn flows_moving_out_stay_the_old_instances_until_the_barrier() {
     assert!(m.barrier_passed(id).is_some());
     assert!(!m.moving_out(NodeId(7), 1), "the barrier passed: the flows are the new instance's");
 }
+
+#[test]
+fn a_move_away_from_a_moves_new_instance_waits_for_that_move() {
+    let mut m = Moves::default();
+    let MoveStart::Barrier { id: into } = m.start(mv(0, 1, false), true) else { panic!() };
+    // Instance 1 is scaled in before it took flows 1 and 2 over: its barrier must come after
+    // the packets the first move releases there.
+    let MoveStart::AfterMovesIn { id: away } = m.start(mv(1, 2, true), true) else { panic!("deferred") };
+    assert!(m.barriers_due().is_empty(), "the move into 1 is still in progress");
+    // A crash of instance 1 meanwhile: the deferred barrier was never queued, nothing to redo.
+    assert_eq!(m.replace(NodeId(1), NodeId(7)), vec![MoveRepair::Hold(into)]);
+    assert!(m.barrier_passed(into).is_some());
+    assert_eq!(m.barriers_due(), vec![away]);
+    assert!(m.barriers_due().is_empty(), "due once");
+    assert_eq!(m.get(away).map(|x| x.from), Some(NodeId(7)));
+    assert_eq!(m.moving_out_of(NodeId(7)), vec![1, 2]);
+}
+
+#[test]
+fn a_move_of_other_flows_does_not_wait() {
+    let mut m = Moves::default();
+    let MoveStart::Barrier { .. } = m.start(mv(0, 1, false), true) else { panic!() };
+    let other = Move { keys: vec![3], ..mv(1, 2, false) };
+    assert!(matches!(m.start(other, true), MoveStart::Barrier { .. }));
+}
+
+#[test]
+fn an_instance_whose_flows_are_all_moving_out_goes_with_the_last_move() {
+    let mut m = Moves::default();
+    assert!(!m.retire_when_moved_out(NodeId(0)), "nothing moving out: retire now");
+    let MoveStart::Barrier { id: a } = m.start(mv(0, 1, false), true) else { panic!() };
+    let MoveStart::Barrier { id: b } = m.start(Move { keys: vec![3], ..mv(0, 2, false) }, true) else { panic!() };
+    assert!(m.retire_when_moved_out(NodeId(0)));
+    assert!(m.replace(NodeId(0), NodeId(5)).len() == 2);
+    assert!(!m.barrier_passed(a).unwrap().retire_from, "a move out of it is left");
+    assert!(m.barrier_passed(b).unwrap().retire_from, "the last one retires the replacement");
+}
+
+#[test]
+fn a_scale_in_retires_only_after_every_move_away_completed() {
+    let mut m = Moves::default();
+    let MoveStart::Barrier { id: a } = m.start(mv(0, 1, false), true) else { panic!() };
+    let MoveStart::Barrier { id: b } = m.start(Move { keys: vec![3], ..mv(0, 2, true) }, true) else { panic!() };
+    // The scale-in's barrier passes first (say the other one waits for a replay).
+    assert!(!m.barrier_passed(b).unwrap().retire_from, "move a still needs the old instance");
+    assert!(m.barrier_passed(a).unwrap().retire_from);
+}

@@ -224,11 +224,13 @@ impl Engine<'_> {
             if !self.root.replay_drained_to(n.inst.id()) {
                 continue;
             }
-            for id in n.barriers_after_replay.drain(..) {
-                n.queue.push_back(super::Queued { at: now, item: Item::Barrier(id) });
-            }
+            // Live packets held for the replay arrived before any move away from this
+            // instance started after its failure: they are its own, so ahead of the barriers.
             for p in n.gate.end_recovery() {
                 n.queue.push_back(super::Queued { at: now, item: Item::Packet(p) });
+            }
+            for id in n.barriers_after_replay.drain(..) {
+                n.queue.push_back(super::Queued { at: now, item: Item::Barrier(id) });
             }
         }
         let root = &self.root;

@@ -105,8 +105,10 @@ struct Node {
     /// An order-sensitive instance whose next packet must wait for an earlier one elsewhere:
     /// not served until something else happens.
     blocked: bool,
-    /// Barriers of moves away from the failed instance this one replaced: passed once the
-    /// root's replay here has drained (the replay redoes the moved flows' lost packets first).
+    /// Barriers of moves away from this instance while the root replays towards it (moves
+    /// away from the failed instance it replaced, or started during its recovery): queued once
+    /// the replay here has drained, behind it and the live packets held for it (the replay
+    /// redoes the moved flows' lost packets first).
     barriers_after_replay: Vec<sluice_chc::moves::MoveId>,
     /// A clone waiting for its straggler to pass the [`Item::CloneStart`] mark.
     waits_for_straggler: bool,

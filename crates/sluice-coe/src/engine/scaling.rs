@@ -8,6 +8,7 @@ use sluice_chc::moves::{Move, MoveId, MoveRepair, MoveStart};
 use sluice_chc::NodeId;
 use sluice_packet::InstanceId;
 use sluice_runtime::plan::split_key_of_state;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 impl Engine<'_> {
@@ -78,7 +79,8 @@ impl Engine<'_> {
             return self.hand_over(tag, from, to, &keys, retire_from);
         }
         let m = Move { from, to, keys, retire_from, tag };
-        match self.moves.start(m.clone(), self.cfg.switches.move_protocol) {
+        let start = self.moves.start(m.clone(), self.cfg.switches.move_protocol);
+        match start {
             MoveStart::Switched => {
                 if let Some(n) = self.node_mut(to) {
                     n.gate.add_flows(&m.keys);
@@ -87,18 +89,31 @@ impl Engine<'_> {
                     self.retire(from)?;
                 }
             }
-            MoveStart::Barrier { id } => {
+            MoveStart::Barrier { id } | MoveStart::AfterMovesIn { id } => {
                 if let Some(n) = self.node_mut(to) {
                     n.gate.hold_flows(&m.keys);
                 }
-                let now = self.now;
-                if let Some(n) = self.node_mut(from) {
-                    n.queue.push_back(Queued { at: now, item: Item::Barrier(id) });
+                if matches!(start, MoveStart::Barrier { .. }) {
+                    self.queue_barrier(from, id);
                 }
-                self.move_started.insert(id, (Instant::now(), now));
+                self.move_started.insert(id, (Instant::now(), self.now));
             }
         }
         Ok(())
+    }
+
+    /// Puts the barrier of move `id` at the end of `from`'s queue: behind everything sent to it
+    /// so far. While the root replays towards `from` (a replacement after a failure), the
+    /// replay may still bring packets of the moved flows: the barrier then goes in once the
+    /// replay, and the live packets held for it, are queued.
+    fn queue_barrier(&mut self, from: NodeId, id: MoveId) {
+        let now = self.now;
+        let Some(n) = self.node_mut(from) else { return };
+        if n.gate.recovering() {
+            n.barriers_after_replay.push(id);
+        } else {
+            n.queue.push_back(Queued { at: now, item: Item::Barrier(id) });
+        }
     }
 
     /// A flow move at an order-sensitive vertex: the old instance hands the moved flows'
@@ -261,6 +276,13 @@ impl Engine<'_> {
         if m.retire_from {
             self.retire(m.from)?;
         }
+        // Moves away from the new instance that waited for this one can put their barrier in:
+        // the packets released above are ahead of it.
+        for due in self.moves.barriers_due() {
+            if let Some(from) = self.moves.get(due).map(|d| d.from) {
+                self.queue_barrier(from, due);
+            }
+        }
         Ok(())
     }
 
@@ -383,14 +405,29 @@ impl Engine<'_> {
             .iter()
             .filter_map(|m| x.splitter.clone_of(*m))
             .collect();
-        let nodes = &self.nodes;
-        let plan = x.splitter.scale_in(target, |m| nodes.get(m.0).map(|n| n.gate.flows()));
+        // A removed instance's flows: those it received, and those still moving into it (held
+        // there until their move completes), but not those already moving away from it.
+        let removed = x.splitter.members().get(target..).unwrap_or_default().to_vec();
+        let moves = &self.moves;
+        let flows: HashMap<NodeId, HashSet<u64>> = removed
+            .iter()
+            .filter_map(|r| {
+                let n = self.nodes.get(r.0)?;
+                let out: HashSet<u64> = moves.moving_out_of(*r).into_iter().collect();
+                let mut f: HashSet<u64> = n.gate.flows().iter().copied().chain(moves.moving_into(*r)).collect();
+                f.retain(|k| !out.contains(k));
+                Some((*r, f))
+            })
+            .collect();
+        let plan = x.splitter.scale_in(target, |m| flows.get(&m));
         // Clones of a removed instance go with it.
         for c in clones {
             self.retire(c)?;
         }
         for (removed, groups) in plan {
-            if groups.is_empty() {
+            // Without flows of its own it goes now, or, with flows still on their way out,
+            // once their barriers passed.
+            if groups.is_empty() && !self.moves.retire_when_moved_out(removed) {
                 self.retire(removed)?;
             }
             let last = groups.len().saturating_sub(1);
