@@ -17,6 +17,29 @@ use std::time::{Duration, Instant};
 
 impl Engine<'_> {
     /// Applies one fault-schedule action.
+    /// Applies the faults of one point, in schedule order, except that failures at one point
+    /// happen together: the instances crashing with the store are gone before it is rebuilt
+    /// (their failover cannot checkpoint, the rebuild lacks their write-ahead logs), whatever
+    /// the order they are written in.
+    pub(super) fn apply_together(&mut self, count: u64, actions: &[&Action]) -> Result<(), EngineError> {
+        let is_crash = |a: &&Action| matches!(a, Action::Crash { .. });
+        let store = actions.iter().position(|a| matches!(a, Action::CrashStore));
+        let last_crash = actions.iter().rposition(is_crash);
+        let Some((store, last_crash)) = store.zip(last_crash) else {
+            return actions.iter().try_for_each(|a| self.apply(count, a));
+        };
+        let split = last_crash.max(store) + 1;
+        let (first, rest) = actions.split_at(split.min(actions.len()));
+        for a in first.iter().filter(|a| !matches!(a, Action::CrashStore)) {
+            self.store_failing = is_crash(a);
+            let applied = self.apply(count, a);
+            self.store_failing = false;
+            applied?;
+        }
+        self.apply(count, &Action::CrashStore)?;
+        rest.iter().try_for_each(|a| self.apply(count, a))
+    }
+
     pub(super) fn apply(&mut self, count: u64, action: &Action) -> Result<(), EngineError> {
         match action {
             Action::Crash { vertex, instance } => {
@@ -91,6 +114,7 @@ impl Engine<'_> {
         // Clones waiting for what it held: that is lost now, and replayed only if logged.
         let marks = n.clone_marks();
         let lost = n.drain();
+        let unlogged = client(&mut n.inst).map_or(0, |c| c.wal_since_checkpoint());
         let (vertex, index, flows, busy_until) = (n.vertex, n.index, n.gate.flows().clone(), n.busy_until);
         for p in &lost {
             // The copy is gone; its updates are re-done by the replay.
@@ -115,10 +139,21 @@ impl Engine<'_> {
             .filter(|(_, t)| *t != InstanceId::new(vertex as u16, index))
             .filter_map(|(c, t)| self.root.replay_clock_to(c, t))
             .collect();
-        // The failed instance's write-ahead log is gone: checkpoint now, so a store rebuild
-        // never needs it (what it had sent is in the store; what it had not, the replay redoes
-        // and the replacement logs).
-        self.take_checkpoint()?;
+        if self.store_failing {
+            // The store fails with it: no checkpoint now, and the rebuild needs the updates
+            // this instance logged since the last one, which are gone with it.
+            if unlogged > 0 {
+                self.report.stats.unrecoverable.push(format!(
+                    "packet {count}: the store and instance {index} of `{}` failed together; the store's rebuild lacks the {unlogged} update(s) it logged since the last checkpoint",
+                    self.vertex_name(vertex).unwrap_or_default()
+                ));
+            }
+        } else {
+            // The failed instance's write-ahead log is gone: checkpoint now, so a store rebuild
+            // never needs it (what it had sent is in the store; what it had not, the replay
+            // redoes and the replacement logs).
+            self.take_checkpoint()?;
+        }
         // The replacement takes the failed instance's id: the store attaches its per-flow
         // state and timers to it.
         let instances = self.vertices.get(vertex).map_or(1, |v| v.splitter.members().len()) as u16;

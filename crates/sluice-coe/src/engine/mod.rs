@@ -246,6 +246,9 @@ pub struct Engine<'a> {
     last_ts: u64,
     /// The log's copy in the store (`LogPlace::Store`).
     store_log: Option<StoreLog>,
+    /// The store fails at the same point as the instance crashes being applied: their failover
+    /// cannot checkpoint, and the store's rebuild lacks their write-ahead logs.
+    store_failing: bool,
 }
 
 fn store_err(e: impl std::fmt::Display) -> EngineError {
@@ -355,6 +358,7 @@ impl<'a> Engine<'a> {
             checkpoint_due: false,
             last_ts: 0,
             store_log,
+            store_failing: false,
         })
     }
 
@@ -391,13 +395,10 @@ impl<'a> Engine<'a> {
                 self.admit(next_input as u64, pkt)?;
                 next_input += 1;
                 let count = next_input as u64;
-                while let Some((at, ev)) = faults.get(next_fault) {
-                    if *at > count {
-                        break;
-                    }
-                    next_fault += 1;
-                    self.apply(count, &ev.action)?;
-                }
+                let due = faults.get(next_fault..).unwrap_or_default().iter().take_while(|(at, _)| *at <= count);
+                let actions: Vec<&crate::schedule::Action> = due.map(|(_, ev)| &ev.action).collect();
+                next_fault += actions.len();
+                self.apply_together(count, &actions)?;
                 self.periodic(count)?;
                 self.unblock();
             } else {
