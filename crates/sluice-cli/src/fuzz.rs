@@ -66,7 +66,8 @@ pub struct FuzzArgs {
     /// Print the result as JSON on stdout (every failure with its seed, symptoms and schedule).
     #[arg(long)]
     json: bool,
-    /// Do not show a progress bar.
+    /// Do not show progress (a bar on a terminal, otherwise a line on stderr every 5 % of
+    /// the runs).
     #[arg(long, short)]
     quiet: bool,
 }
@@ -171,6 +172,9 @@ pub fn cmd_fuzz(a: FuzzArgs) -> Result<(), Failure> {
     let registry = sluice_nfs::registry();
     let pb = progress(a.quiet, a.n);
     let next = AtomicU64::new(0);
+    let done = AtomicU64::new(0);
+    let line_every = (a.n / 20).clamp(1, 250);
+    let started = std::time::Instant::now();
     let failed = AtomicUsize::new(0);
     let failures: Mutex<Vec<FailedRun>> = Mutex::new(Vec::new());
     let error: Mutex<Option<anyhow::Error>> = Mutex::new(None);
@@ -211,8 +215,17 @@ pub fn cmd_fuzz(a: FuzzArgs) -> Result<(), Failure> {
                         *error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
                     }
                 }
+                let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
                 if let Some(pb) = &pb {
                     pb.inc(1);
+                } else if !a.quiet && finished.is_multiple_of(line_every) {
+                    // No terminal (CI, a log file): a line now and then instead of a bar.
+                    eprintln!(
+                        "sluice fuzz: {finished}/{} runs, {} failed or outside the guarantee, {:.0} s",
+                        a.n,
+                        failed.load(Ordering::Relaxed),
+                        started.elapsed().as_secs_f64()
+                    );
                 }
             });
         }
