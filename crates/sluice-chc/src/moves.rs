@@ -17,6 +17,7 @@
 //! before the later move, so they must be ahead of its barrier.
 
 use crate::NodeId;
+use std::collections::HashSet;
 
 /// Identifies a move in progress; a barrier carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -102,7 +103,7 @@ impl Moves {
 
     /// Whether a move in progress brings some of `m`'s flows into `m`'s old instance.
     fn takes_over(&self, m: &Move) -> bool {
-        let keys: std::collections::HashSet<u64> = m.keys.iter().copied().collect();
+        let keys: HashSet<u64> = m.keys.iter().copied().collect();
         self.moves.iter().flatten().any(|x| x.to == m.from && x.keys.iter().any(|k| keys.contains(k)))
     }
 
@@ -193,6 +194,14 @@ impl Moves {
     /// The flows moving into `node` (a clone of it must hold them too).
     pub fn moving_into(&self, node: NodeId) -> Vec<u64> {
         self.moves.iter().flatten().filter(|m| m.to == node).flat_map(|m| m.keys.iter().copied()).collect()
+    }
+
+    /// What a scale-in hands over from `node`, which has `received` these flows: those, and
+    /// the flows still moving into it (held there until their move completes), but not those
+    /// already moving away from it.
+    pub fn flows_to_hand_over(&self, node: NodeId, received: &HashSet<u64>) -> HashSet<u64> {
+        let out: HashSet<u64> = self.moving_out_of(node).into_iter().collect();
+        received.iter().copied().chain(self.moving_into(node)).filter(|k| !out.contains(k)).collect()
     }
 
     /// The flows moving away from `node` (their barrier not passed yet).

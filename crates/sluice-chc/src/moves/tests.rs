@@ -1,4 +1,5 @@
 use super::*;
+use std::collections::HashSet;
 
 fn mv(from: usize, to: usize, retire: bool) -> Move {
     Move { from: NodeId(from), to: NodeId(to), keys: vec![1, 2], retire_from: retire, tag: 0 }
@@ -103,4 +104,15 @@ fn a_scale_in_retires_only_after_every_move_away_completed() {
     // The scale-in's barrier passes first (say the other one waits for a replay).
     assert!(!m.barrier_passed(b).unwrap().retire_from, "move a still needs the old instance");
     assert!(m.barrier_passed(a).unwrap().retire_from);
+}
+
+#[test]
+fn a_scale_in_hands_over_flows_received_and_moving_in_but_not_moving_out() {
+    let mut m = Moves::default();
+    let MoveStart::Barrier { .. } = m.start(mv(0, 1, false), true) else { panic!() };
+    let MoveStart::Barrier { .. } = m.start(Move { keys: vec![5], ..mv(1, 2, false) }, true) else { panic!() };
+    let received: HashSet<u64> = [4, 5].into_iter().collect();
+    let mut got: Vec<u64> = m.flows_to_hand_over(NodeId(1), &received).into_iter().collect();
+    got.sort_unstable();
+    assert_eq!(got, vec![1, 2, 4]);
 }

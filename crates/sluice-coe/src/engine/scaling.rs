@@ -405,19 +405,10 @@ impl Engine<'_> {
             .iter()
             .filter_map(|m| x.splitter.clone_of(*m))
             .collect();
-        // A removed instance's flows: those it received, and those still moving into it (held
-        // there until their move completes), but not those already moving away from it.
         let removed = x.splitter.members().get(target..).unwrap_or_default().to_vec();
-        let moves = &self.moves;
         let flows: HashMap<NodeId, HashSet<u64>> = removed
             .iter()
-            .filter_map(|r| {
-                let n = self.nodes.get(r.0)?;
-                let out: HashSet<u64> = moves.moving_out_of(*r).into_iter().collect();
-                let mut f: HashSet<u64> = n.gate.flows().iter().copied().chain(moves.moving_into(*r)).collect();
-                f.retain(|k| !out.contains(k));
-                Some((*r, f))
-            })
+            .filter_map(|r| Some((*r, self.moves.flows_to_hand_over(*r, self.nodes.get(r.0)?.gate.flows()))))
             .collect();
         let plan = x.splitter.scale_in(target, |m| flows.get(&m));
         // Clones of a removed instance go with it.
