@@ -9,6 +9,7 @@
 //! both receive live traffic). A replay copy on its way to its target passes; the target itself
 //! drops a clock it has processed already (two failures at once replay some packets twice).
 
+use crate::moves::MoveId;
 use sluice_packet::{Clock, InstanceId, MetaFlags, Packet};
 use std::collections::{HashMap, HashSet};
 
@@ -55,6 +56,24 @@ pub struct Gate {
     flows: HashSet<u64>,
     /// Clocks the root replayed towards this instance.
     covered: HashSet<Clock>,
+    /// Barriers of moves away from this instance that go in when its recovery ends (see
+    /// [`Gate::place_barrier`]).
+    barriers_after_recovery: Vec<MoveId>,
+    /// A straggler's clone whose straggler still holds packets the clone's replay does not
+    /// carry: it serves nothing, and does not end its recovery, until the straggler has
+    /// processed them (see [`Gate::wait_for_straggler`]).
+    waits_for_straggler: bool,
+}
+
+/// What a recovering instance queues when its recovery ends, in this order.
+#[derive(Debug, Clone, Default)]
+pub struct RecoveryEnd {
+    /// The live packets held for the replay, in arrival order.
+    pub held: Vec<Packet>,
+    /// Then the barriers of moves away from the instance deferred until now (behind the
+    /// replay, which redoes the moved flows' lost packets, and behind the held live packets,
+    /// which arrived before those moves and are the instance's own).
+    pub barriers: Vec<MoveId>,
 }
 
 impl Gate {
@@ -157,12 +176,53 @@ impl Gate {
         self.recovering
     }
 
-    /// The replay drained: the held live packets, in arrival order, to queue.
-    pub fn end_recovery(&mut self) -> Vec<Packet> {
+    /// The root reports whether its replay towards this instance has drained: if it has, and
+    /// the instance is recovering and waits for no straggler, the recovery ends now and the
+    /// driver queues what it returns.
+    pub fn replay_drained(&mut self, drained: bool) -> Option<RecoveryEnd> {
+        (drained && self.recovering && !self.waits_for_straggler).then(|| self.end_recovery())
+    }
+
+    /// Ends the recovery whatever the replay's state (a run that is over and still holds
+    /// packets: queue them rather than lose them).
+    pub fn end_recovery(&mut self) -> RecoveryEnd {
         self.recovering = false;
         self.covered.clear();
         self.held_clocks.clear();
-        std::mem::take(&mut self.held)
+        RecoveryEnd {
+            held: std::mem::take(&mut self.held),
+            barriers: std::mem::take(&mut self.barriers_after_recovery),
+        }
+    }
+
+    /// The barrier of move `id` away from this instance: `Some(id)` to put at the end of the
+    /// queue now; `None` while the instance recovers, when the root's replay towards it may
+    /// still bring packets of the moved flows (a replacement redoing what its predecessor
+    /// lost): the barrier then comes with [`RecoveryEnd::barriers`].
+    pub fn place_barrier(&mut self, id: MoveId) -> Option<MoveId> {
+        if self.recovering {
+            self.barriers_after_recovery.push(id);
+            None
+        } else {
+            Some(id)
+        }
+    }
+
+    /// This instance is a clone whose straggler holds packets the clone's replay does not
+    /// carry (the root or the store lost their log entries): it serves nothing until
+    /// [`Gate::straggler_passed`], or it would overtake them on their flows.
+    pub fn wait_for_straggler(&mut self) {
+        self.waits_for_straggler = true;
+    }
+
+    /// The straggler has processed what only it held (or is gone).
+    pub fn straggler_passed(&mut self) {
+        self.waits_for_straggler = false;
+    }
+
+    /// Whether this instance waits for its straggler (see [`Gate::wait_for_straggler`]).
+    pub fn waits_for_straggler(&self) -> bool {
+        self.waits_for_straggler
     }
 
     /// Flows `keys` are moving in: hold their packets.

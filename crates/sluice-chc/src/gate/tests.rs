@@ -27,7 +27,9 @@ fn a_recovering_instance_holds_live_packets_until_the_replay_drains() {
     assert_eq!(g.held(), 1);
     assert!(g.covers(Clock::new(0, 1)) && !g.covers(Clock::new(0, 5)));
     assert!(g.held_any(|p| p.meta.clock == Clock::new(0, 5)) && !g.held_any(|p| p.meta.clock == Clock::new(0, 1)));
-    let held = g.end_recovery();
+    assert!(g.replay_drained(false).is_none(), "the replay has not drained");
+    let held = g.replay_drained(true).map(|e| e.held).unwrap_or_default();
+    assert!(g.replay_drained(true).is_none(), "ended once");
     assert_eq!(held.len(), 1);
     assert_eq!(held[0].meta.clock, Clock::new(0, 5));
     assert!(matches!(g.arrive(7, live(6)), Arrival::Queue(_)));
@@ -129,4 +131,41 @@ fn a_crash_loses_what_was_held() {
     g.arrive(2, live(2));
     assert_eq!(g.drain_held().len(), 2);
     assert_eq!(g.held(), 0);
+}
+
+#[test]
+fn barriers_of_moves_away_wait_for_the_recovery_to_end() {
+    let mut g = Gate::new(false);
+    assert_eq!(g.place_barrier(MoveId(1)), Some(MoveId(1)), "not recovering: queued at once");
+    let mut g = Gate::new(true);
+    assert_eq!(g.place_barrier(MoveId(2)), None);
+    assert!(matches!(g.arrive(7, live(5)), Arrival::Held));
+    assert_eq!(g.place_barrier(MoveId(3)), None);
+    let end = g.replay_drained(true).unwrap_or_default();
+    assert_eq!(end.held.len(), 1, "the held live packet goes first");
+    assert_eq!(end.barriers, vec![MoveId(2), MoveId(3)], "then the barriers, in order");
+    assert_eq!(g.place_barrier(MoveId(4)), Some(MoveId(4)));
+}
+
+#[test]
+fn a_clone_waiting_for_its_straggler_keeps_recovering() {
+    let mut g = Gate::new(true);
+    g.wait_for_straggler();
+    assert!(g.waits_for_straggler());
+    assert!(g.replay_drained(true).is_none(), "the straggler still holds older packets");
+    assert!(g.recovering());
+    g.straggler_passed();
+    assert!(!g.waits_for_straggler());
+    assert!(g.replay_drained(true).is_some());
+    assert!(!g.recovering());
+}
+
+#[test]
+fn a_forced_end_of_recovery_returns_the_deferred_barriers_too() {
+    let mut g = Gate::new(true);
+    g.wait_for_straggler();
+    assert_eq!(g.place_barrier(MoveId(0)), None);
+    let end = g.end_recovery();
+    assert_eq!(end.barriers, vec![MoveId(0)]);
+    assert!(!g.recovering());
 }

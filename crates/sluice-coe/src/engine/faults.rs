@@ -2,7 +2,7 @@
 //! episodes that follow. The core decides (what the root replays, what the store rebuild
 //! contains, where moves continue); the driver builds instances and talks to the store.
 
-use super::{client, store_err, Engine, EngineError, Episode, Item, LogPlace, Node};
+use super::{client, store_err, Engine, EngineError, Episode, LogPlace, Node};
 use crate::root_log::StoreLog;
 use crate::schedule::{Action, ScaleTo};
 use sluice_chc::moves::MoveRepair;
@@ -176,10 +176,11 @@ impl Engine<'_> {
         for repair in self.moves.replace(node, new) {
             match repair {
                 MoveRepair::Barrier(id) => {
-                    // Its barrier was lost with its queue: the replacement passes it after
-                    // redoing the moved flows' lost packets.
+                    // Its barrier was lost with its queue: the replacement (recovering) passes
+                    // it after redoing the moved flows' lost packets.
                     if let Some(n) = self.node_mut(new) {
-                        n.barriers_after_replay.push(id);
+                        let _deferred = n.gate.place_barrier(id);
+                        debug_assert!(_deferred.is_none(), "a replacement recovers");
                     }
                 }
                 MoveRepair::Hold(id) => {
@@ -198,7 +199,7 @@ impl Engine<'_> {
         }
         for c in marks {
             if let Some(c) = self.node_mut(c) {
-                c.waits_for_straggler = false;
+                c.gate.straggler_passed();
             }
         }
         self.check_replay_done();
@@ -255,17 +256,10 @@ impl Engine<'_> {
     /// Releases a recovering node once no copy of the replay aimed at it is travelling.
     pub(super) fn check_replay_done(&mut self) {
         let now = self.now;
-        for n in self.nodes.iter_mut().filter(|n| n.alive && n.gate.recovering() && !n.waits_for_straggler) {
-            if !self.root.replay_drained_to(n.inst.id()) {
-                continue;
-            }
-            // Live packets held for the replay arrived before any move away from this
-            // instance started after its failure: they are its own, so ahead of the barriers.
-            for p in n.gate.end_recovery() {
-                n.queue.push_back(super::Queued { at: now, item: Item::Packet(p) });
-            }
-            for id in n.barriers_after_replay.drain(..) {
-                n.queue.push_back(super::Queued { at: now, item: Item::Barrier(id) });
+        for n in self.nodes.iter_mut().filter(|n| n.alive && n.gate.recovering()) {
+            let drained = self.root.replay_drained_to(n.inst.id());
+            if let Some(end) = n.gate.replay_drained(drained) {
+                n.queue_recovery_end(now, end);
             }
         }
         let root = &self.root;

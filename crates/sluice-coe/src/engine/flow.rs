@@ -174,7 +174,7 @@ impl Engine<'_> {
     /// whose next packet must wait does nothing).
     pub(super) fn serve(&mut self, node: NodeId) -> Result<bool, EngineError> {
         let Some(n) = self.node(node) else { return Ok(false) };
-        if n.waits_for_straggler {
+        if n.gate.waits_for_straggler() {
             // Not even its replay: the straggler still holds older packets of the same flows.
             return Ok(false);
         }

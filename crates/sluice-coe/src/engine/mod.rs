@@ -105,13 +105,6 @@ struct Node {
     /// An order-sensitive instance whose next packet must wait for an earlier one elsewhere:
     /// not served until something else happens.
     blocked: bool,
-    /// Barriers of moves away from this instance while the root replays towards it (moves
-    /// away from the failed instance it replaced, or started during its recovery): queued once
-    /// the replay here has drained, behind it and the live packets held for it (the replay
-    /// redoes the moved flows' lost packets first).
-    barriers_after_replay: Vec<sluice_chc::moves::MoveId>,
-    /// A clone waiting for its straggler to pass the [`Item::CloneStart`] mark.
-    waits_for_straggler: bool,
 }
 
 impl Node {
@@ -130,9 +123,15 @@ impl Node {
             released: HashMap::new(),
             pending: Pending::default(),
             blocked: false,
-            barriers_after_replay: Vec::new(),
-            waits_for_straggler: false,
         }
+    }
+
+    /// Queues what the gate returns when the recovery ends: the held live packets, then the
+    /// deferred barriers.
+    fn queue_recovery_end(&mut self, at: u64, end: sluice_chc::gate::RecoveryEnd) {
+        let packets = end.held.into_iter().map(Item::Packet);
+        let barriers = end.barriers.into_iter().map(Item::Barrier);
+        self.queue.extend(packets.chain(barriers).map(|item| Queued { at, item }));
     }
 
     /// Inserts at `at`, keeping the queue in arrival order.
@@ -472,9 +471,8 @@ impl<'a> Engine<'a> {
         // Something is held with nothing left to release it: release it rather than lose it.
         let now = self.now;
         for n in self.nodes.iter_mut().filter(|n| n.alive) {
-            for p in n.gate.end_recovery() {
-                n.queue.push_back(Queued { at: now, item: Item::Packet(p) });
-            }
+            let end = n.gate.end_recovery();
+            n.queue_recovery_end(now, end);
         }
         if held > 0 && !self.moves.busy() {
             return Ok(false);

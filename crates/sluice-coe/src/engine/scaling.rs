@@ -109,9 +109,7 @@ impl Engine<'_> {
     fn queue_barrier(&mut self, from: NodeId, id: MoveId) {
         let now = self.now;
         let Some(n) = self.node_mut(from) else { return };
-        if n.gate.recovering() {
-            n.barriers_after_replay.push(id);
-        } else {
+        if let Some(id) = n.gate.place_barrier(id) {
             n.queue.push_back(Queued { at: now, item: Item::Barrier(id) });
         }
     }
@@ -497,7 +495,7 @@ impl Engine<'_> {
             s.queue.push_back(Queued { at: now, item: Item::CloneStart(clone) });
         }
         if let Some(c) = self.node_mut(clone) {
-            c.waits_for_straggler = true;
+            c.gate.wait_for_straggler();
         }
     }
 
@@ -508,7 +506,7 @@ impl Engine<'_> {
             self.node(clone).and_then(|c| self.vertices.get(c.vertex)).and_then(|v| v.splitter.straggler_of(clone));
         let after = after.and_then(|s| self.node(s)).map_or(self.now, |s| s.busy_until.max(self.now));
         if let Some(c) = self.node_mut(clone) {
-            c.waits_for_straggler = false;
+            c.gate.straggler_passed();
             c.busy_until = c.busy_until.max(after);
         }
         self.check_replay_done();
@@ -533,7 +531,7 @@ impl Engine<'_> {
             // The straggler is gone: the clone is just a clone of nothing.
             return self.retire(t.clone);
         }
-        if self.node(t.clone).is_some_and(|c| c.waits_for_straggler) {
+        if self.node(t.clone).is_some_and(|c| c.gate.waits_for_straggler()) {
             // The straggler still holds packets only it has: the trial goes on.
             self.trials.start(Trial { until: count + 1, ..t });
             return Ok(());
