@@ -48,8 +48,8 @@ pub enum MoveStart {
         id: MoveId,
     },
     /// Protocol on, but `from` still waits to take some of the flows over itself: hold them
-    /// at `to` as for a barrier, and put the barrier in once [`Moves::barriers_due`] names
-    /// `id` (after the moves into `from` have completed).
+    /// at `to` as for a barrier, and put the barrier in once [`Completed::barriers_due`]
+    /// names `id` (after the moves into `from` have completed).
     AfterMovesIn {
         /// The barrier's move.
         id: MoveId,
@@ -57,6 +57,20 @@ pub enum MoveStart {
     /// Protocol off: the splitter just switched; `to` serves the flows at once (and `from` is
     /// retired now if the move was a scale-in).
     Switched,
+}
+
+/// A move whose barrier passed: what the driver does, in this order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completed {
+    /// The move. The old instance flushes (the store acknowledges its updates before anyone
+    /// reads them) and forgets the keys; the new one (and its clone, during a clone trial)
+    /// releases the held packets, ahead of what it queued since; then, if `retire_from`, the
+    /// old instance is retired (it goes with the last move away from it).
+    pub moved: Move,
+    /// Deferred barriers now due (moves away from the new instance that waited for this one,
+    /// [`MoveStart::AfterMovesIn`]): (old instance, move), each to put at the end of that
+    /// instance's queue, behind the released packets.
+    pub barriers_due: Vec<(NodeId, MoveId)>,
 }
 
 /// After a crash, what a move that involved the failed instance needs.
@@ -107,10 +121,9 @@ impl Moves {
         self.moves.iter().flatten().any(|x| x.to == m.from && x.keys.iter().any(|k| keys.contains(k)))
     }
 
-    /// Deferred barriers whose moves into the old instance have all completed: the driver
-    /// puts each at the end of its move's old instance's queue. Ask after every
-    /// [`Moves::barrier_passed`].
-    pub fn barriers_due(&mut self) -> Vec<MoveId> {
+    /// Deferred barriers whose moves into the old instance have all completed (asked after
+    /// every completed move).
+    fn barriers_due(&mut self) -> Vec<MoveId> {
         let deferred = std::mem::take(&mut self.deferred);
         let (waiting, due): (Vec<MoveId>, Vec<MoveId>) =
             deferred.into_iter().partition(|id| self.get(*id).is_some_and(|m| self.takes_over(m)));
@@ -118,14 +131,21 @@ impl Moves {
         due.into_iter().filter(|id| self.get(*id).is_some()).collect()
     }
 
+    /// The old instance reached the barrier of `id`: the move completes (see [`Completed`]).
+    pub fn complete(&mut self, id: MoveId) -> Option<Completed> {
+        let moved = self.barrier_passed(id)?;
+        let barriers_due = self.barriers_due().into_iter().filter_map(|d| Some((self.get(d)?.from, d))).collect();
+        Some(Completed { moved, barriers_due })
+    }
+
     /// The move `id`, if in progress.
     pub fn get(&self, id: MoveId) -> Option<&Move> {
         self.moves.get(id.0).and_then(Option::as_ref)
     }
 
-    /// The old instance reached the barrier of `id`: the move completes. The driver flushes
-    /// `from`, makes it forget the keys, releases them at `to`, and retires `from` if asked.
-    pub fn barrier_passed(&mut self, id: MoveId) -> Option<Move> {
+    /// The old instance reached the barrier of `id`: the move is over; `retire_from` says
+    /// whether this was the last move away from an instance being scaled in.
+    fn barrier_passed(&mut self, id: MoveId) -> Option<Move> {
         let mut m = self.moves.get_mut(id.0).and_then(Option::take);
         self.deferred.retain(|d| *d != id);
         if let Some(m) = &mut m {

@@ -69,8 +69,9 @@ fn a_move_away_from_a_moves_new_instance_waits_for_that_move() {
     assert!(m.barriers_due().is_empty(), "the move into 1 is still in progress");
     // A crash of instance 1 meanwhile: the deferred barrier was never queued, nothing to redo.
     assert_eq!(m.replace(NodeId(1), NodeId(7)), vec![MoveRepair::Hold(into)]);
-    assert!(m.barrier_passed(into).is_some());
-    assert_eq!(m.barriers_due(), vec![away]);
+    let done = m.complete(into).unwrap();
+    assert_eq!(done.moved.to, NodeId(7));
+    assert_eq!(done.barriers_due, vec![(NodeId(7), away)], "at the replacement, behind the released packets");
     assert!(m.barriers_due().is_empty(), "due once");
     assert_eq!(m.get(away).map(|x| x.from), Some(NodeId(7)));
     assert_eq!(m.moving_out_of(NodeId(7)), vec![1, 2]);

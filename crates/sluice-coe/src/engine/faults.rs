@@ -5,6 +5,8 @@
 use super::{client, store_err, Engine, EngineError, Episode, LogPlace, Node};
 use crate::root_log::StoreLog;
 use crate::schedule::{Action, ScaleTo};
+use sluice_chc::failover::{instance_failed, Loss};
+use sluice_chc::gate::Decided;
 use sluice_chc::moves::MoveRepair;
 use sluice_chc::recovery::{in_flight_marks, rebuild_plan};
 use sluice_chc::NodeId;
@@ -116,29 +118,16 @@ impl Engine<'_> {
         let lost = n.drain();
         let unlogged = client(&mut n.inst).map_or(0, |c| c.wal_since_checkpoint());
         let (vertex, index, flows, busy_until) = (n.vertex, n.index, n.gate.flows().clone(), n.busy_until);
-        for p in &lost {
-            // The copy is gone; its updates are re-done by the replay.
-            self.root.copy_lost(p);
-        }
-        let decided = self.vertices.get(vertex).map(|v| &v.decided);
-        let beyond_replay = lost
-            .iter()
-            .filter(|p| self.root.lost_with_log(p.meta.clock) && !decided.is_some_and(|d| d.contains(p.meta.clock)))
-            .count();
+        let no_clocks = Decided::default();
+        let decided = self.vertices.get(vertex).map_or(&no_clocks, |v| &v.decided);
+        let failed = InstanceId::new(vertex as u16, index);
+        let Loss { beyond_replay, resend } = instance_failed(&mut self.root, decided, failed, &lost);
         if beyond_replay > 0 {
             self.report.stats.unrecoverable.push(format!(
                 "packet {count}: instance {index} of `{}` failed with {beyond_replay} packet(s) whose log entries were lost in a root or store crash (an NF failing with the holder of the log)",
                 self.vertex_name(vertex).unwrap_or_default()
             ));
         }
-        // Copies of another replay lost on their way to their target: sent again (two
-        // failures at once).
-        let again: Vec<_> = lost
-            .iter()
-            .filter_map(|p| p.meta.replay_target().map(|t| (p.meta.clock, t)))
-            .filter(|(_, t)| *t != InstanceId::new(vertex as u16, index))
-            .filter_map(|(c, t)| self.root.replay_clock_to(c, t))
-            .collect();
         if self.store_failing {
             // The store fails with it: no checkpoint now, and the rebuild needs the updates
             // this instance logged since the last one, which are gone with it.
@@ -193,8 +182,9 @@ impl Engine<'_> {
         }
         let detail = format!("instance {index} failed with {} queued packet(s)", lost.len());
         self.replay_episode("crash", count, vertex, id, wall, detail);
-        self.report.stats.replayed += again.len() as u64;
-        for (input, p) in again {
+        // Copies of another replay lost on their way to their target (two failures at once).
+        self.report.stats.replayed += resend.len() as u64;
+        for (input, p) in resend {
             self.enter(input, p);
         }
         for c in marks {

@@ -4,7 +4,7 @@
 
 use super::{client, store_err, Engine, EngineError, Episode, Item, Node, Queued};
 use sluice_chc::manager::{evaluate, keep_clone, Decision, InstanceLoad, ManagerPolicy, Trial};
-use sluice_chc::moves::{Move, MoveId, MoveRepair, MoveStart};
+use sluice_chc::moves::{Completed, Move, MoveId, MoveRepair, MoveStart};
 use sluice_chc::NodeId;
 use sluice_packet::InstanceId;
 use sluice_runtime::plan::split_key_of_state;
@@ -238,7 +238,7 @@ impl Engine<'_> {
     /// The old instance processed everything sent before the move: it flushes, and the new
     /// instance takes the flows over.
     pub(super) fn barrier_passed(&mut self, id: MoveId) -> Result<(), EngineError> {
-        let Some(m) = self.moves.barrier_passed(id) else { return Ok(()) };
+        let Some(Completed { moved: m, barriers_due }) = self.moves.complete(id) else { return Ok(()) };
         if let Some(n) = self.node_mut(m.from) {
             // Steps 5-6: the old instance's updates are at the store before anyone reads them.
             n.inst.state().flush().map_err(store_err)?;
@@ -276,10 +276,8 @@ impl Engine<'_> {
         }
         // Moves away from the new instance that waited for this one can put their barrier in:
         // the packets released above are ahead of it.
-        for due in self.moves.barriers_due() {
-            if let Some(from) = self.moves.get(due).map(|d| d.from) {
-                self.queue_barrier(from, due);
-            }
+        for (from, due) in barriers_due {
+            self.queue_barrier(from, due);
         }
         Ok(())
     }
@@ -338,14 +336,8 @@ impl Engine<'_> {
         }
         self.collect_commits();
         let now = self.now;
-        for p in leftover {
-            if p.meta.replay_target().is_some_and(|t| t != id) {
-                // A copy of another instance's replay, passing through: only this instance
-                // had it, so it goes on through the instance that stays.
-                self.deliver(sluice_runtime::plan::Target::Vertex(v), p, now);
-            } else {
-                self.root.copy_finished(&p);
-            }
+        for p in sluice_chc::failover::instance_retired(&mut self.root, id, leftover) {
+            self.deliver(sluice_runtime::plan::Target::Vertex(v), p, now);
         }
         for c in marks {
             self.straggler_caught_up(c);
