@@ -64,6 +64,23 @@ impl Splitter {
         })
     }
 
+    /// Where a replay copy of flow `key` aimed at an instance of this vertex goes: to the
+    /// target only — the flow's slot instance or its clone, whichever `is_target` names —, or,
+    /// if neither is, to the instance `moving_away` returns (the target is the old instance of
+    /// a move of the flow still in progress, and what was sent to it before the move is still
+    /// its to redo). `None`: the copy has nothing to do here, nor anywhere after.
+    pub fn place_replay_at_target(
+        &self,
+        key: u64,
+        hash_slot: impl FnOnce(usize) -> usize,
+        is_target: impl Fn(NodeId) -> bool,
+        moving_away: impl FnOnce() -> Option<NodeId>,
+    ) -> Option<NodeId> {
+        let slot = self.slot_of(key, hash_slot);
+        let clone = slot.and_then(|s| self.clone_of(s));
+        slot.filter(|n| is_target(*n)).or(clone.filter(|n| is_target(*n))).or_else(moving_away)
+    }
+
     /// The clone on trial beside `straggler`.
     pub fn clone_of(&self, straggler: NodeId) -> Option<NodeId> {
         self.clones.iter().find(|(s, _)| *s == straggler).map(|(_, c)| *c)

@@ -74,3 +74,17 @@ fn reachability_follows_routes_including_itself() {
     assert_eq!(r[1], vec![false, true, true, false]);
     assert_eq!(r[3], vec![false, false, false, true]);
 }
+
+#[test]
+fn a_replay_copy_goes_to_its_target_only() {
+    let mut s = Splitter::new(vec![NodeId(0), NodeId(1)]);
+    s.add_clone(NodeId(1), NodeId(5));
+    let slot = |n: usize| 1 % n;
+    // The slot's instance is the target.
+    assert_eq!(s.place_replay_at_target(7, slot, |n| n == NodeId(1), || None), Some(NodeId(1)));
+    // Its clone is the target (the clone's own replay).
+    assert_eq!(s.place_replay_at_target(7, slot, |n| n == NodeId(5), || None), Some(NodeId(5)));
+    // Neither: the old instance of a move still in progress, or nowhere.
+    assert_eq!(s.place_replay_at_target(7, slot, |n| n == NodeId(9), || Some(NodeId(9))), Some(NodeId(9)));
+    assert_eq!(s.place_replay_at_target(7, slot, |n| n == NodeId(0), || None), None);
+}

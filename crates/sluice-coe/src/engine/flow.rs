@@ -121,17 +121,13 @@ impl Engine<'_> {
             // At the target's own vertex a replay copy goes to the target (the slot's instance
             // or its clone, whichever it is) and nowhere else: a copy of another instance's flow
             // has nothing to do there, nor anywhere after.
-            let slot =
-                vx.splitter.slot_of(key, |n| sluice_runtime::plan::split_index(&pkt, &vx.plan.split, n, &hasher));
-            let clone = slot.and_then(|s| vx.splitter.clone_of(s));
-            let is_t = |x: Option<NodeId>| x.filter(|x| self.node(*x).is_some_and(|n| n.alive && n.inst.id() == t));
-            // A flow moving away from the target is still the target's until the barrier: the
-            // replacement of a failed old instance redoes what was sent to it before the move.
+            let is_t = |x: NodeId| self.node(x).is_some_and(|n| n.alive && n.inst.id() == t);
             let leaving = || {
                 let node = self.nodes.iter().rposition(|n| n.alive && n.vertex == v && n.inst.id() == t);
                 node.map(NodeId).filter(|n| self.moves.moving_out(*n, key))
             };
-            match is_t(slot).or(is_t(clone)).or_else(leaving) {
+            let slot_index = |n| sluice_runtime::plan::split_index(&pkt, &vx.plan.split, n, &hasher);
+            match vx.splitter.place_replay_at_target(key, slot_index, is_t, leaving) {
                 Some(node) => place.node = node,
                 None => {
                     self.root.copy_finished(&pkt);
