@@ -39,6 +39,42 @@ pub enum Dequeue {
     Suppress,
 }
 
+/// What the instance does with a packet taken from its queue, every rule applied
+/// ([`Gate::take`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    /// Process it (`duplicate`: a live packet the NF sees again, suppression being off).
+    Process {
+        /// A duplicate that reaches the NF.
+        duplicate: bool,
+    },
+    /// Drop it as a duplicate; the copy is done.
+    Suppress,
+    /// A replay copy passing through before the vertex processed its clock: it waits for
+    /// that processing ([`passes_too_early`]).
+    WaitForClock,
+    /// A replay copy passing through whose clock the vertex has processed: it leaves as that
+    /// processing left, without running the NF ([`passes_through`]).
+    PassThrough,
+}
+
+/// What [`Gate::take`] needs to know besides the packet.
+#[derive(Debug, Clone, Copy)]
+pub struct TakeContext<'a> {
+    /// The instance taking the packet.
+    pub id: InstanceId,
+    /// A replay copy aimed at this instance whose clock the vertex processed is skipped (see
+    /// [`Gate::dequeue`]): a straggler's clone, or the root knows the clock's updates are
+    /// committed.
+    pub skip_done: bool,
+    /// The clocks the vertex has processed.
+    pub decided: &'a Decided,
+    /// Duplicate suppression is on.
+    pub suppress: bool,
+    /// The driver has a record of what the vertex emitted for the packet's clock.
+    pub emitted: bool,
+}
+
 /// Per-instance arrival and dequeue logic.
 #[derive(Debug, Clone, Default)]
 pub struct Gate {
@@ -150,6 +186,28 @@ impl Gate {
             self.seen.insert(pkt.meta.clock);
         }
         d
+    }
+
+    /// `pkt` is taken from the queue: duplicate suppression ([`Gate::dequeue`]), then the
+    /// rules for replay copies passing through on their way to another instance.
+    pub fn take(&mut self, pkt: &Packet, cx: &TakeContext<'_>) -> Take {
+        let d = self.dequeue(pkt, cx.id, cx.skip_done, cx.decided, cx.suppress);
+        Self::pass_rules(d, pkt, cx)
+    }
+
+    /// What [`Gate::take`] would decide for `pkt`, without taking it.
+    pub fn peek_take(&self, pkt: &Packet, cx: &TakeContext<'_>) -> Take {
+        let d = self.peek(pkt, cx.id, cx.skip_done, cx.decided, cx.suppress);
+        Self::pass_rules(d, pkt, cx)
+    }
+
+    fn pass_rules(d: Dequeue, pkt: &Packet, cx: &TakeContext<'_>) -> Take {
+        match d {
+            Dequeue::Suppress => Take::Suppress,
+            Dequeue::Process { .. } if cx.suppress && passes_too_early(pkt, cx.id, cx.decided) => Take::WaitForClock,
+            Dequeue::Process { .. } if cx.suppress && cx.emitted && passes_through(pkt, cx.id) => Take::PassThrough,
+            Dequeue::Process { duplicate } => Take::Process { duplicate },
+        }
     }
 
     /// What [`Gate::dequeue`] would decide for `pkt`, without taking it.

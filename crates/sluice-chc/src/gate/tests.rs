@@ -169,3 +169,28 @@ fn a_forced_end_of_recovery_returns_the_deferred_barriers_too() {
     assert_eq!(end.barriers, vec![MoveId(0)]);
     assert!(!g.recovering());
 }
+
+#[test]
+fn take_applies_suppression_then_the_pass_through_rules() {
+    fn cx(decided: &Decided, emitted: bool) -> TakeContext<'_> {
+        TakeContext { id: ME, skip_done: false, decided, suppress: true, emitted }
+    }
+    let mut decided = Decided::default();
+    let mut g = Gate::new(false);
+    // A copy of another instance's replay before this vertex processed its clock: it waits.
+    let passing = replay(3, OTHER);
+    assert_eq!(g.peek_take(&passing, &cx(&decided, false)), Take::WaitForClock);
+    assert_eq!(g.take(&passing, &cx(&decided, false)), Take::WaitForClock);
+    // Once the vertex processed it, and what it emitted is recorded: it passes through.
+    decided.process(Clock::new(0, 3), false, true);
+    assert_eq!(g.take(&passing, &cx(&decided, true)), Take::PassThrough);
+    // Without the record it is processed (nothing to leave with).
+    assert_eq!(g.take(&passing, &cx(&decided, false)), Take::Process { duplicate: false });
+    // A live packet: processed once, then suppressed.
+    assert_eq!(g.take(&live(4), &cx(&decided, false)), Take::Process { duplicate: false });
+    assert_eq!(g.take(&live(4), &cx(&decided, false)), Take::Suppress);
+    // Suppression off: the duplicate reaches the NF, and replay copies are not held back.
+    let off = TakeContext { suppress: false, ..cx(&decided, true) };
+    assert_eq!(g.take(&live(4), &off), Take::Process { duplicate: true });
+    assert_eq!(g.take(&replay(9, OTHER), &off), Take::Process { duplicate: false });
+}

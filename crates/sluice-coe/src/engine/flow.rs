@@ -4,7 +4,7 @@
 use super::{client, store_err, Engine, EngineError, Item, Leaving, Node, Queued};
 use crate::observed::Decision;
 use crate::reference::drop_decision;
-use sluice_chc::gate::{passes_through, passes_too_early, Arrival, Dequeue};
+use sluice_chc::gate::{Arrival, Take, TakeContext};
 use sluice_chc::order::OrderKey;
 use sluice_chc::root::Admission;
 use sluice_chc::NodeId;
@@ -236,18 +236,18 @@ impl Engine<'_> {
             match q.item {
                 Item::Packet(p) => {
                     n.pending.remove(OrderKey::of(&p.meta, roots));
-                    let skip_done = is_clone || self.root.committed(p.meta.clock);
-                    match n.gate.dequeue(&p, id, skip_done, &vx.decided, suppress) {
-                        Dequeue::Suppress => suppressed.push(p),
-                        Dequeue::Process { .. } if suppress && passes_too_early(&p, id, &vx.decided) => {
-                            deferred.push(p)
-                        }
-                        Dequeue::Process { .. }
-                            if suppress && passes_through(&p, id) && vx.emitted.contains_key(&p.meta.clock) =>
-                        {
-                            through.push(p)
-                        }
-                        Dequeue::Process { duplicate } => {
+                    let cx = TakeContext {
+                        id,
+                        skip_done: is_clone || self.root.committed(p.meta.clock),
+                        decided: &vx.decided,
+                        suppress,
+                        emitted: vx.emitted.contains_key(&p.meta.clock),
+                    };
+                    match n.gate.take(&p, &cx) {
+                        Take::Suppress => suppressed.push(p),
+                        Take::WaitForClock => deferred.push(p),
+                        Take::PassThrough => through.push(p),
+                        Take::Process { duplicate } => {
                             if duplicate {
                                 *self.report.stats.duplicate_packets.entry(vx.plan.name.to_string()).or_default() += 1;
                             }
@@ -294,31 +294,35 @@ impl Engine<'_> {
             let is_clone = vx.splitter.straggler_of(node).is_some();
             let id = n.inst.id();
             let Some(Item::Packet(p)) = n.queue.get(i).map(|q| &q.item) else { break };
-            let skip_done = is_clone || self.root.committed(p.meta.clock);
-            let verdict = n.gate.peek(p, id, skip_done, &vx.decided, suppress);
-            let early = suppress && passes_too_early(p, id, &vx.decided);
-            let through = suppress && passes_through(p, id) && vx.emitted.contains_key(&p.meta.clock);
-            if matches!(verdict, Dequeue::Process { .. }) && !early && !through && least.is_some_and(|l| l < key) {
+            let cx = TakeContext {
+                id,
+                skip_done: is_clone || self.root.committed(p.meta.clock),
+                decided: &vx.decided,
+                suppress,
+                emitted: vx.emitted.contains_key(&p.meta.clock),
+            };
+            // Only a packet to process waits for an earlier one elsewhere.
+            if matches!(n.gate.peek_take(p, &cx), Take::Process { .. }) && least.is_some_and(|l| l < key) {
                 break;
             }
             let Some(Queued { at, item: Item::Packet(p) }) = n.queue.remove(i) else { break };
             n.pending.remove(key);
-            match n.gate.dequeue(&p, id, skip_done, &vx.decided, suppress) {
-                Dequeue::Suppress => {
+            match n.gate.take(&p, &cx) {
+                Take::Suppress => {
                     suppressed = true;
                     self.report.stats.duplicates_suppressed += 1;
                     self.root.copy_finished(&p);
                 }
-                Dequeue::Process { .. } if early => {
+                Take::WaitForClock => {
                     suppressed = true;
                     self.defer(node, vec![p]);
                 }
-                Dequeue::Process { .. } if through => {
+                Take::PassThrough => {
                     suppressed = true;
                     let now = self.now;
                     self.pass_through(node, p, now.max(at));
                 }
-                Dequeue::Process { duplicate } => {
+                Take::Process { duplicate } => {
                     if duplicate {
                         *self.report.stats.duplicate_packets.entry(vx.plan.name.to_string()).or_default() += 1;
                     }
