@@ -18,12 +18,30 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 impl Engine<'_> {
-    /// Applies one fault-schedule action.
     /// Applies the faults of one point, in schedule order, except that failures at one point
     /// happen together: the instances crashing with the store are gone before it is rebuilt
     /// (their failover cannot checkpoint, the rebuild lacks their write-ahead logs), whatever
-    /// the order they are written in.
+    /// the order they are written in, and the roots crashing with it do not write back the
+    /// log entries it lost.
     pub(super) fn apply_together(&mut self, count: u64, actions: &[&Action]) -> Result<(), EngineError> {
+        let store = actions.iter().any(|a| matches!(a, Action::CrashStore));
+        if store {
+            // Roots failing with the store cannot write back the log entries it loses.
+            self.roots_failing = actions
+                .iter()
+                .filter_map(|a| match a {
+                    Action::CrashRoot { root } => Some(*root),
+                    _ => None,
+                })
+                .collect();
+        }
+        let applied = self.apply_nf_crashes_first(count, actions);
+        self.roots_failing.clear();
+        applied
+    }
+
+    /// The actions of one point, the NF crashes before a store crash among them.
+    fn apply_nf_crashes_first(&mut self, count: u64, actions: &[&Action]) -> Result<(), EngineError> {
         let is_crash = |a: &&Action| matches!(a, Action::Crash { .. });
         let store = actions.iter().position(|a| matches!(a, Action::CrashStore));
         let last_crash = actions.iter().rposition(is_crash);
@@ -42,6 +60,7 @@ impl Engine<'_> {
         rest.iter().try_for_each(|a| self.apply(count, a))
     }
 
+    /// Applies one fault-schedule action.
     pub(super) fn apply(&mut self, count: u64, action: &Action) -> Result<(), EngineError> {
         match action {
             Action::Crash { vertex, instance } => {
@@ -381,7 +400,11 @@ impl Engine<'_> {
         let mut detail = format!("{stats:?}");
         if let Some(sl) = &mut self.store_log {
             sl.reconnect(&self.backend).map_err(store_err)?;
-            detail = format!("{detail}; the root's log: {}", self.reload_log("the root")?);
+            let written = self.write_log_back()?;
+            detail = format!(
+                "{detail}; the root's log: {written} entry(ies) written back, {}",
+                self.reload_log("the root")?
+            );
         }
         self.report.episodes.push(Episode {
             kind: "crash_store".into(),
@@ -391,6 +414,24 @@ impl Engine<'_> {
             ..Episode::default()
         });
         Ok(())
+    }
+
+    /// After a store crash (`LogPlace::Store`): the rebuilt store holds the root's log only as
+    /// far as its checkpoint, but every root that did not fail with it still has its entries:
+    /// it writes back what the store lost, so a later root crash reads a whole log back and a
+    /// later instance failure can still be replayed. Returns how many entries were written.
+    fn write_log_back(&mut self) -> Result<u64, EngineError> {
+        let Some(sl) = &mut self.store_log else { return Ok(0) };
+        let stored = StoreLog::read(&self.backend).map_err(store_err)?;
+        let mut written = 0;
+        for (clock, input, pkt) in self.root.log_entries() {
+            if stored.contains_key(&clock) || self.roots_failing.contains(&clock.root()) {
+                continue;
+            }
+            sl.write(input, pkt).map_err(store_err)?;
+            written += 1;
+        }
+        Ok(written)
     }
 
     /// Sends the core's in-flight marks to the rebuilt store and waits for them.

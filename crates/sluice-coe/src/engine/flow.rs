@@ -236,13 +236,7 @@ impl Engine<'_> {
             match q.item {
                 Item::Packet(p) => {
                     n.pending.remove(OrderKey::of(&p.meta, roots));
-                    let cx = TakeContext {
-                        id,
-                        skip_done: is_clone || self.root.committed(p.meta.clock),
-                        decided: &vx.decided,
-                        suppress,
-                        emitted: vx.emitted.contains_key(&p.meta.clock),
-                    };
+                    let cx = take_context(vx, id, is_clone, &self.root, suppress, &p);
                     match n.gate.take(&p, &cx) {
                         Take::Suppress => suppressed.push(p),
                         Take::WaitForClock => deferred.push(p),
@@ -294,13 +288,7 @@ impl Engine<'_> {
             let is_clone = vx.splitter.straggler_of(node).is_some();
             let id = n.inst.id();
             let Some(Item::Packet(p)) = n.queue.get(i).map(|q| &q.item) else { break };
-            let cx = TakeContext {
-                id,
-                skip_done: is_clone || self.root.committed(p.meta.clock),
-                decided: &vx.decided,
-                suppress,
-                emitted: vx.emitted.contains_key(&p.meta.clock),
-            };
+            let cx = take_context(vx, id, is_clone, &self.root, suppress, p);
             // Only a packet to process waits for an earlier one elsewhere.
             if matches!(n.gate.peek_take(p, &cx), Take::Process { .. }) && least.is_some_and(|l| l < key) {
                 break;
@@ -524,5 +512,24 @@ impl Node {
     /// Backlog: queued and held packets.
     pub(super) fn backlog(&self) -> u64 {
         self.queue.len() as u64 + self.gate.held() as u64
+    }
+}
+
+/// What the gate of instance `id` of `vx` needs to decide on `pkt` taken from its queue.
+fn take_context<'v>(
+    vx: &'v super::Vertex,
+    id: sluice_packet::InstanceId,
+    is_clone: bool,
+    root: &sluice_chc::root::Root,
+    suppress: bool,
+    pkt: &Packet,
+) -> TakeContext<'v> {
+    TakeContext {
+        id,
+        // A clone's straggler flushed before it started; otherwise the root knows.
+        skip_done: is_clone || root.committed(pkt.meta.clock),
+        decided: &vx.decided,
+        suppress,
+        emitted: vx.emitted.contains_key(&pkt.meta.clock),
     }
 }

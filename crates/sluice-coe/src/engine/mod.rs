@@ -248,6 +248,9 @@ pub struct Engine<'a> {
     /// The store fails at the same point as the instance crashes being applied: their failover
     /// cannot checkpoint, and the store's rebuild lacks their write-ahead logs.
     store_failing: bool,
+    /// The roots failing at the same point as the store being rebuilt (`LogPlace::Store`):
+    /// their log entries written since the store's checkpoint are lost with both.
+    roots_failing: Vec<u8>,
 }
 
 fn store_err(e: impl std::fmt::Display) -> EngineError {
@@ -358,6 +361,7 @@ impl<'a> Engine<'a> {
             last_ts: 0,
             store_log,
             store_failing: false,
+            roots_failing: Vec::new(),
         })
     }
 
