@@ -7,7 +7,6 @@ use crate::root_log::StoreLog;
 use crate::schedule::{Action, ScaleTo};
 use sluice_chc::failover::{instance_failed, Loss};
 use sluice_chc::gate::Decided;
-use sluice_chc::moves::MoveRepair;
 use sluice_chc::recovery::{in_flight_marks, rebuild_plan};
 use sluice_chc::NodeId;
 use sluice_nf::Instance;
@@ -180,25 +179,9 @@ impl Engine<'_> {
         self.trials.replace(node, new);
         // A straggler's clone may still be running beside the replacement.
         self.refresh_sharing(vertex)?;
-        // Moves from or to the failed instance continue with its replacement.
-        for repair in self.moves.replace(node, new) {
-            match repair {
-                MoveRepair::Barrier(id) => {
-                    // Its barrier was lost with its queue: the replacement (recovering) passes
-                    // it after redoing the moved flows' lost packets.
-                    if let Some(n) = self.node_mut(new) {
-                        let _deferred = n.gate.place_barrier(id);
-                        debug_assert!(_deferred.is_none(), "a replacement recovers");
-                    }
-                }
-                MoveRepair::Hold(id) => {
-                    let keys = self.moves.get(id).map(|m| m.keys.clone()).unwrap_or_default();
-                    if let Some(n) = self.node_mut(new) {
-                        n.gate.hold_flows(&keys);
-                    }
-                }
-            }
-        }
+        // Moves from or to the failed instance continue with its replacement; a barrier lost
+        // with its queue goes in once the replacement has redone the moved flows' lost packets.
+        self.continue_moves(node, new);
         let detail = format!("instance {index} failed with {} queued packet(s)", lost.len());
         self.replay_episode("crash", count, vertex, id, wall, detail);
         // Copies of another replay lost on their way to their target (two failures at once).

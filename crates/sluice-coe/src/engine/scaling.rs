@@ -102,6 +102,23 @@ impl Engine<'_> {
         Ok(())
     }
 
+    /// Moves from or to `old` continue with `new` (its replacement, or its clone kept after a
+    /// trial): a barrier `old` had queued goes at the end of `new`'s queue (once a recovering
+    /// `new` has redone what the replay brings), and `new` holds the flows moving into `old`.
+    pub(super) fn continue_moves(&mut self, old: NodeId, new: NodeId) {
+        for repair in self.moves.replace(old, new) {
+            match repair {
+                MoveRepair::Barrier(id) => self.queue_barrier(new, id),
+                MoveRepair::Hold(id) => {
+                    let keys = self.moves.get(id).map(|m| m.keys.clone()).unwrap_or_default();
+                    if let Some(n) = self.node_mut(new) {
+                        n.gate.hold_flows(&keys);
+                    }
+                }
+            }
+        }
+    }
+
     /// Puts the barrier of move `id` at the end of `from`'s queue: behind everything sent to it
     /// so far. While the root replays towards `from` (a replacement after a failure), the
     /// replay may still bring packets of the moved flows: the barrier then goes in once the
@@ -545,18 +562,7 @@ impl Engine<'_> {
         if kept_clone {
             // Moves from or to the straggler continue with the clone, which has the same flows
             // queued: the barrier goes behind what it holds.
-            let now = self.now;
-            for repair in self.moves.replace(t.straggler, t.clone) {
-                let Some(n) = self.nodes.get_mut(t.clone.0) else { continue };
-                match repair {
-                    MoveRepair::Barrier(id) => n.queue.push_back(Queued { at: now, item: Item::Barrier(id) }),
-                    MoveRepair::Hold(id) => {
-                        if let Some(m) = self.moves.get(id) {
-                            n.gate.hold_flows(&m.keys);
-                        }
-                    }
-                }
-            }
+            self.continue_moves(t.straggler, t.clone);
         }
         // The twins took turns on flows until now: the one kept emits a flow's next packet only
         // after the retired one's last.
