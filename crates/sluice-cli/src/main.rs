@@ -7,6 +7,7 @@ mod embark;
 mod embark_bench;
 mod fuzz;
 mod ports;
+mod record;
 mod verify;
 
 use anyhow::Context;
@@ -136,6 +137,11 @@ struct RunArgs {
     /// Do not show a progress bar.
     #[arg(long, short)]
     quiet: bool,
+    /// Record the run in this directory (created; must not hold a record): the chain, every
+    /// input packet and its clock, the output, the NFs' drops and events, and the final state
+    /// after the timers due by the last packet fired. Check it with `sluice verify --recorded DIR`.
+    #[arg(long, value_name = "DIR")]
+    record: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -359,6 +365,7 @@ fn engine_config(e: &EngineArgs, live: bool) -> RunConfig {
         },
         root_id: 0,
         checkpoint_every: (e.checkpoint_ms > 0).then(|| std::time::Duration::from_millis(e.checkpoint_ms)),
+        record: false,
     }
 }
 
@@ -384,7 +391,8 @@ fn gen_config(workload: &str, scale: f64, size: &str, seed: u64) -> Result<GenCo
 fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     let chain = load_chain(&a.chain)?;
     let registry = sluice_nfs::registry();
-    let cfg = engine_config(&a.engine, a.bridge.is_some());
+    let mut cfg = engine_config(&a.engine, a.bridge.is_some());
+    cfg.record = a.record.is_some();
     if let Some(ifs) = &a.bridge {
         return run_bridge(&a, chain, &cfg, ifs);
     }
@@ -433,16 +441,34 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
         }
     };
     let hooks = RunHooks { progress: Some(&progress), stop: Some(stop) };
-    let limit_source: &mut dyn Source = source.as_mut();
-    let report = run(plan, &cfg, limit_source, sink.as_mut(), hooks).map_err(|e| {
-        let code = if matches!(e, sluice_runtime::RunError::Source(_)) { exit::BAD_INPUT } else { exit::FAILED };
-        fail(code)(anyhow::Error::new(e))
-    })?;
+    let report = run_recorded(a.record.as_deref(), &a.chain, plan, &cfg, source.as_mut(), sink.as_mut(), hooks)?;
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
     print_report(&report, a.json.as_deref(), a.output.as_deref())?;
     Ok(())
+}
+
+/// Runs `plan`, recording the run in `record` if given (`cfg.record` must be set then).
+fn run_recorded(
+    record: Option<&Path>,
+    chain_file: &Path,
+    plan: sluice_runtime::Plan,
+    cfg: &RunConfig,
+    source: &mut dyn Source,
+    sink: &mut dyn Sink,
+    hooks: RunHooks<'_>,
+) -> Result<RunReport, Failure> {
+    let failed = |e: sluice_runtime::RunError| {
+        let code = if matches!(e, sluice_runtime::RunError::Source(_)) { exit::BAD_INPUT } else { exit::FAILED };
+        fail(code)(anyhow::Error::new(e))
+    };
+    let Some(dir) = record else { return run(plan, cfg, source, sink, hooks).map_err(failed) };
+    let recorder = record::Recorder::create(dir, chain_file)?;
+    let (mut rsource, mut rsink) = recorder.wrap(source, sink)?;
+    let report = run(plan, cfg, &mut rsource, &mut rsink, hooks).map_err(failed)?;
+    recorder.finish(&report, rsource, rsink)?;
+    Ok(report)
 }
 
 /// A flag set by Ctrl-C or after `duration` seconds.
@@ -473,8 +499,7 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
     let mut sink = ports::BridgeSink(shared.clone());
     let stop = stop_flag(a.duration);
     let hooks = RunHooks { progress: None, stop: Some(stop) };
-    let report =
-        run(plan, cfg, &mut source, &mut sink, hooks).map_err(|e| fail(exit::FAILED)(anyhow::Error::new(e)))?;
+    let report = run_recorded(a.record.as_deref(), &a.chain, plan, cfg, &mut source, &mut sink, hooks)?;
     print_report(&report, a.json.as_deref(), None)?;
     let mut b = shared.borrow_mut();
     if a.json.as_deref() != Some(Path::new("-")) {

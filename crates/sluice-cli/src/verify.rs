@@ -16,6 +16,10 @@ percentage of the trace (`40%`). Examples:\n  --crash nat:0@50%   --crash-root 3
 --scale portscan=3@40%   --move nat:0>1x4000@60%   --slow nat:0=3-10@1   --clone nat:0@30%\n\
 Exit codes: 0 equivalent; 4 not equivalent; 1 run failed; 2 bad command line, chain, schedule; 3 bad trace.")]
 pub struct VerifyArgs {
+    /// Check a run of the threaded runtime recorded with `sluice run --record DIR` against the
+    /// logical chain over the same input (no schedule, no engine run).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["chain", "input", "faults", "store", "off", "log", "roots"])]
+    recorded: Option<PathBuf>,
     /// Chain file (YAML). Default: the schedule's `run.chain`.
     #[arg(long, short)]
     chain: Option<PathBuf>,
@@ -209,6 +213,16 @@ fn cli_events(a: &VerifyArgs) -> Result<Vec<FaultEvent>, Failure> {
 }
 
 pub fn cmd_verify(a: VerifyArgs) -> Result<(), Failure> {
+    if let Some(dir) = &a.recorded {
+        return if crate::record::verify_dir(dir, a.json)? {
+            Ok(())
+        } else {
+            Err(Failure {
+                code: NOT_EQUIVALENT,
+                error: anyhow::anyhow!("the recorded run's output differs from the logical chain's"),
+            })
+        };
+    }
     let mut schedule = match &a.faults {
         Some(p) => FaultSchedule::load(p).map_err(|e| bad(e.to_string()))?,
         None => FaultSchedule::default(),

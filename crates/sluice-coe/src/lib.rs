@@ -5,6 +5,7 @@
 //! * [`engine`]: the physical chain under faults, with CHC's protocols;
 //! * [`fuzz`]: random runs, their verdicts grouped by symptom, shrinking, regression files;
 //! * [`root_log`]: the root's packet log kept in the state store (`--log store`);
+//! * [`recorded`]: verifying a recorded run of the threaded runtime (`sluice verify --recorded`);
 //! * [`compare`]: the comparison `sluice verify` makes between the reference and the physical run;
 //! * [`schedule`]: fault schedules (YAML) and random schedules for property tests;
 //! * [`verify`]: both runs and the comparison, as `sluice verify` does them.
@@ -12,6 +13,7 @@ pub mod compare;
 pub mod engine;
 pub mod fuzz;
 pub mod observed;
+pub mod recorded;
 pub mod reference;
 pub mod root_log;
 pub mod schedule;

@@ -6,7 +6,7 @@ use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 
 /// IP protocol number, with names for the common ones.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, serde::Serialize, serde::Deserialize)]
 pub struct Proto(pub u8);
 
 impl Proto {
@@ -66,7 +66,7 @@ impl HeaderField {
 }
 
 /// The directional 5-tuple of a packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct FiveTuple {
     /// Source address.
     pub src: IpAddr,
@@ -133,7 +133,7 @@ fn endpoint_le(x: &(IpAddr, u16), y: &(IpAddr, u16)) -> bool {
 
 /// A flow key that is the same for both directions of a connection: the two endpoints in a
 /// canonical (sorted) order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct FlowKey {
     /// The lower endpoint.
     pub a: (IpAddr, u16),

@@ -11,6 +11,7 @@
 //! packets are in flight; queues are sized so that a push within the window never fails.
 
 use crate::plan::{direction, Plan, Routes, Splitter, Target, VertexPlan};
+use crate::record::{DropRecord, Recording, StateRecord};
 use crate::report::{InstanceReport, Latency, RunReport, VertexReport};
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
@@ -48,6 +49,10 @@ pub struct RunConfig {
     pub root_id: u8,
     /// With a state store: take a checkpoint of its contents (with the TS vector) this often.
     pub checkpoint_every: Option<Duration>,
+    /// Keep what `sluice verify --recorded` needs ([`crate::record::Recording`]): the clock of
+    /// every input packet, every drop by clock, and the final state after the timers due by
+    /// the last packet's time fired.
+    pub record: bool,
 }
 
 impl Default for RunConfig {
@@ -60,6 +65,7 @@ impl Default for RunConfig {
             overflow: Overflow::Wait,
             root_id: 0,
             checkpoint_every: Some(Duration::from_millis(150)),
+            record: false,
         }
     }
 }
@@ -219,6 +225,8 @@ struct Shared {
     vertices: Vec<VertexPlan>,
     pool: PacketPool,
     batch: usize,
+    /// Record every drop by clock (`RunConfig::record`).
+    record: bool,
 }
 
 impl Shared {
@@ -341,6 +349,17 @@ struct InstanceStats {
     consumed: u64,
     dropped: BTreeMap<&'static str, u64>,
     busy: Duration,
+    /// With `RunConfig::record`: every drop, by clock.
+    drops: Vec<(Clock, &'static str)>,
+}
+
+impl InstanceStats {
+    fn drop(&mut self, record: bool, clock: Clock, reason: &'static str) {
+        *self.dropped.entry(reason).or_default() += 1;
+        if record {
+            self.drops.push((clock, reason));
+        }
+    }
 }
 
 struct Slot {
@@ -409,7 +428,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             Verdict::Forward => 0,
             Verdict::Output(i) => usize::from(i) + 1,
             Verdict::Drop(reason) => {
-                *slot.stats.dropped.entry(reason).or_default() += 1;
+                slot.stats.drop(shared.record, pkt.meta.clock, reason);
                 shared.clocks.done(pkt.meta.clock);
                 shared.pool.recycle(pkt);
                 finished += 1;
@@ -424,7 +443,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             continue;
         }
         let Some(routes) = vp.routes.get(direction(&pkt, vp.routes.len())).and_then(|r| r.get(output)) else {
-            *slot.stats.dropped.entry("no-route").or_default() += 1;
+            slot.stats.drop(shared.record, pkt.meta.clock, "no-route");
             shared.clocks.done(pkt.meta.clock);
             shared.pool.recycle(pkt);
             finished += 1;
@@ -433,7 +452,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
         match out.route(shared, routes, pkt) {
             None => slot.stats.forwarded += 1,
             Some(pkt) => {
-                *slot.stats.dropped.entry("no-route").or_default() += 1;
+                slot.stats.drop(shared.record, pkt.meta.clock, "no-route");
                 shared.clocks.done(pkt.meta.clock);
                 shared.pool.recycle(pkt);
                 finished += 1;
@@ -480,6 +499,7 @@ pub fn run(
         vertices,
         pool: pool.clone(),
         batch: cfg.batch,
+        record: cfg.record,
     });
 
     // Instances go round-robin to workers.
@@ -532,6 +552,8 @@ pub fn run(
     let mut discard = sluice_store::Replies::default();
     let mut last_checkpoint = Instant::now();
     let mut forget_batches: u64 = 0;
+    let mut recording = cfg.record.then(Recording::default);
+    let mut last_ts = 0u64;
     let result: Result<(), RunError> = (|| loop {
         drain_sink(&shared, sink, &mut report, &mut hist, t0)?;
         if source_done {
@@ -607,6 +629,9 @@ pub fn run(
                 _ => None,
             };
             if let Some(r) = reason {
+                if let Some(rec) = recording.as_mut() {
+                    rec.admitted.push(None);
+                }
                 *root_drops.entry(r).or_default() += 1;
                 pool.recycle(pkt);
                 continue;
@@ -615,6 +640,10 @@ pub fn run(
             pkt.meta.clock = Clock::new(cfg.root_id, seq);
             pkt.meta.ingress_ns = now_ns;
             shared.clocks.admit(pkt.meta.clock);
+            if let Some(rec) = recording.as_mut() {
+                rec.admitted.push(Some(pkt.meta.clock));
+                last_ts = last_ts.max(pkt.meta.ts_ns);
+            }
             admitted += 1;
             shared.in_flight.fetch_add(1, Ordering::AcqRel);
             if traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
@@ -625,6 +654,9 @@ pub fn run(
             }
             let routes = &entry[direction(&pkt, entry.len())];
             if let Some(pkt) = root.route(&shared, routes, pkt) {
+                if let Some(rec) = recording.as_mut() {
+                    rec.drops.push(DropRecord { clock: pkt.meta.clock, vertex: "input".into(), reason: "no-route" });
+                }
                 *root_drops.entry("no-route").or_default() += 1;
                 shared.clocks.done(pkt.meta.clock);
                 pool.recycle(pkt);
@@ -670,6 +702,11 @@ pub fn run(
         report.dropped.insert(format!("root: {r}"), n);
     }
     slots.sort_by_key(|(_, s)| s.global);
+    if let Some(mut rec) = recording {
+        rec.end = Clock::new(cfg.root_id, seq);
+        record_end(&mut rec, &mut slots, &shared.vertices, store.as_ref(), last_ts)?;
+        report.recording = Some(rec);
+    }
     report.vertices = shared
         .vertices
         .iter()
@@ -722,6 +759,51 @@ pub fn run(
         max: hist.max() as f64 / 1000.0,
     };
     Ok(report)
+}
+
+/// The end of a recorded run: the timers due by the last packet's time fire (as they do at the
+/// end of the logical chain's run), then the drops and the final state are collected.
+fn record_end(
+    rec: &mut Recording,
+    slots: &mut [(usize, Slot)],
+    vertices: &[VertexPlan],
+    store: Option<&Arc<dyn sluice_store::Backend>>,
+    last_ts: u64,
+) -> Result<(), RunError> {
+    let name = |v: usize| vertices.get(v).map_or_else(|| "?".to_string(), |vp| vp.name.to_string());
+    for (_, s) in slots.iter_mut() {
+        s.inst.begin_batch();
+        s.inst.advance_time(last_ts, rec.end);
+        s.inst.end_batch();
+        s.inst.state().flush().map_err(|e| RunError::Worker(format!("flushing state: {e}")))?;
+        let vertex = name(s.vertex);
+        rec.drops.extend(s.stats.drops.drain(..).map(|(clock, reason)| DropRecord {
+            clock,
+            vertex: vertex.clone(),
+            reason,
+        }));
+        let local = s.inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_state::LocalState>());
+        if let Some(local) = local {
+            let v = s.vertex;
+            rec.state.extend(local.snapshot().into_iter().map(|(o, key, value)| StateRecord {
+                vertex: v,
+                object: o.0,
+                key,
+                value,
+            }));
+        }
+    }
+    if let Some(b) = store {
+        let cp = b.checkpoint().map_err(|e| RunError::Worker(format!("reading the final state: {e}")))?;
+        let owned = cp.values.into_iter().filter(|(k, _)| usize::from(k.vertex) < vertices.len());
+        rec.state.extend(owned.map(|(k, value)| StateRecord {
+            vertex: usize::from(k.vertex),
+            object: k.object,
+            key: k.key,
+            value,
+        }));
+    }
+    Ok(())
 }
 
 fn drain_sink(

@@ -1,8 +1,10 @@
 //! The Sluice chain runtime: chain files ([`spec`]), traffic filters ([`filter`]), compilation
-//! to a physical graph ([`plan`]), execution ([`exec`]) and run reports ([`report`]).
+//! to a physical graph ([`plan`]), execution ([`exec`]), run reports ([`report`]) and what a
+//! recorded run keeps for verification ([`record`]).
 pub mod exec;
 pub mod filter;
 pub mod plan;
+pub mod record;
 pub mod report;
 pub mod spec;
 

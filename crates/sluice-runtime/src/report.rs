@@ -131,6 +131,9 @@ pub struct RunReport {
     pub event_counts: BTreeMap<String, u64>,
     /// All decisions, in clock order.
     pub events: Vec<Event>,
+    /// With `RunConfig::record`: what `sluice verify --recorded` needs besides the frames.
+    #[serde(skip)]
+    pub recording: Option<crate::record::Recording>,
 }
 
 impl RunReport {

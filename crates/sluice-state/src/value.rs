@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::net::IpAddr;
 
 /// The key of one value inside a state object, derived from the object's scope.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum StateKey {
     /// The single value of a global object.
     Unit,
@@ -50,7 +50,7 @@ impl std::hash::Hash for StateKey {
 
 /// A stored value. Variants are few and mostly `Copy`-sized so that reading state on the fast
 /// path costs no allocation; lists and bytes exist for pools, buffers and opaque records.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Value {
     /// A signed integer (counters, states, port numbers).
     Int(i64),

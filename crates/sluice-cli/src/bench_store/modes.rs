@@ -201,6 +201,7 @@ pub(super) fn run_modes(
         overflow: Overflow::Wait,
         root_id: 0,
         checkpoint_every: (a.checkpoint_ms > 0).then(|| Duration::from_millis(a.checkpoint_ms)),
+        record: false,
     };
     let measure = |c: &ModeCase| {
         run_mode(c, packets, &cfg_of(c.load), &registry, env).with_context(|| format!("case {}", c.name))
