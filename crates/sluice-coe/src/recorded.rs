@@ -173,7 +173,9 @@ impl RunRecord {
             };
             obs.outputs.push(OutputRecord { input: i, clock: *clock, bytes });
         }
-        obs.decisions.extend(self.drops.iter().map(|d| drop_decision(input(d.clock), &d.vertex, &d.reason)));
+        // A drop is always a packet's (the last one's too).
+        let packet = |clock: u64| input_of.get(&clock).copied().unwrap_or(inputs);
+        obs.decisions.extend(self.drops.iter().map(|d| drop_decision(packet(d.clock), &d.vertex, &d.reason)));
         obs.decisions.extend(self.events.iter().map(|e| Decision {
             input: input(e.clock),
             vertex: e.vertex.clone(),
@@ -300,7 +302,10 @@ mod tests {
             chain: "t".into(),
             admitted: vec![Some(1), None, Some(2), Some(3)],
             outputs: vec![3, 1],
-            drops: vec![RecordedDrop { clock: 2, vertex: "nat".into(), reason: "nat-no-mapping".into() }],
+            drops: vec![
+                RecordedDrop { clock: 2, vertex: "nat".into(), reason: "nat-no-mapping".into() },
+                RecordedDrop { clock: 3, vertex: "nat".into(), reason: "last".into() },
+            ],
             events: vec![RecordedEvent {
                 clock: 3,
                 vertex: "nat".into(),
@@ -324,6 +329,8 @@ mod tests {
         assert_eq!(outs, vec![(3, 3), (0, 1)], "output order kept, clocks mapped to inputs");
         let drop = obs.decisions.iter().find(|d| d.kind == "drop:nat-no-mapping").map(|d| d.input);
         assert_eq!(drop, Some(2));
+        let last = obs.decisions.iter().find(|d| d.kind == "drop:last").map(|d| d.input);
+        assert_eq!(last, Some(3), "a drop of the last packet is that packet's");
         let event = obs.decisions.iter().find(|d| d.kind == "k").map(|d| d.input);
         assert_eq!(event, Some(4), "an event carrying the end clock belongs to no packet");
         assert_eq!(obs.state.len(), 1);
