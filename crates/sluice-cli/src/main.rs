@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_store;
+mod control;
 mod embark;
 mod embark_bench;
 mod fuzz;
@@ -87,6 +88,9 @@ enum Command {
     /// group the failures by symptom and shrink them to minimal regression files. Exit 0 if
     /// and only if every run is equivalent.
     Fuzz(fuzz::FuzzArgs),
+    /// Look at a running chain through its control endpoint (`sluice run --control`): its
+    /// vertices and instances with live statistics, or its Prometheus metrics.
+    Ctl(control::CtlArgs),
 }
 
 #[derive(Args)]
@@ -142,6 +146,15 @@ struct RunArgs {
     /// after the timers due by the last packet fired. Check it with `sluice verify --recorded DIR`.
     #[arg(long, value_name = "DIR")]
     record: Option<PathBuf>,
+    /// Serve a control endpoint while the chain runs: PORT (on 127.0.0.1) or HOST:PORT (any
+    /// other address only when given). `GET /api/v1/chain` lists vertices and instances with
+    /// live statistics, `GET /metrics` is Prometheus text; see `sluice ctl`.
+    #[arg(long, value_name = "ADDR", value_parser = control::parse_addr)]
+    control: Option<std::net::SocketAddr>,
+    /// The control endpoint's token (default: $SLUICE_CONTROL_TOKEN, else a random one printed
+    /// on stderr). Requests send `Authorization: Bearer TOKEN`.
+    #[arg(long, requires = "control")]
+    control_token: Option<String>,
 }
 
 #[derive(Args, Clone)]
@@ -289,6 +302,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     let r = match cli.command {
         Command::Run(a) => cmd_run(a),
+        Command::Ctl(a) => control::cmd_ctl(a),
         Command::Gen(a) => cmd_gen(a),
         Command::Inspect(a) => cmd_inspect(a),
         Command::Validate(a) => cmd_validate(a),
@@ -440,13 +454,29 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
             pb.set_position(n);
         }
     };
-    let hooks = RunHooks { progress: Some(&progress), stop: Some(stop) };
+    let live = start_control(&a, &plan)?;
+    let hooks = RunHooks { progress: Some(&progress), stop: Some(stop), live };
     let report = run_recorded(a.record.as_deref(), &a.chain, plan, &cfg, source.as_mut(), sink.as_mut(), hooks)?;
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
     print_report(&report, a.json.as_deref(), a.output.as_deref())?;
     Ok(())
+}
+
+/// Starts the control endpoint if `--control` asks for it; the statistics it serves.
+fn start_control(a: &RunArgs, plan: &sluice_runtime::Plan) -> Result<Option<Arc<sluice_runtime::live::Live>>, Failure> {
+    let Some(addr) = a.control else { return Ok(None) };
+    let live = Arc::new(sluice_runtime::live::Live::new(plan));
+    let token = control::token(a.control_token.as_deref());
+    let bound = control::serve(addr, token.clone(), live.clone())?;
+    let given = a.control_token.is_some() || std::env::var(control::TOKEN_ENV).is_ok_and(|t| !t.is_empty());
+    if given {
+        eprintln!("control endpoint: http://{bound}");
+    } else {
+        eprintln!("control endpoint: http://{bound} (token {token})");
+    }
+    Ok(Some(live))
 }
 
 /// Runs `plan`, recording the run in `record` if given (`cfg.record` must be set then).
@@ -498,7 +528,8 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
     let mut source = ports::BridgeSource(shared.clone());
     let mut sink = ports::BridgeSink(shared.clone());
     let stop = stop_flag(a.duration);
-    let hooks = RunHooks { progress: None, stop: Some(stop) };
+    let live = start_control(a, &plan)?;
+    let hooks = RunHooks { progress: None, stop: Some(stop), live };
     let report = run_recorded(a.record.as_deref(), &a.chain, plan, cfg, &mut source, &mut sink, hooks)?;
     print_report(&report, a.json.as_deref(), None)?;
     let mut b = shared.borrow_mut();

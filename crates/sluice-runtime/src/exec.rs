@@ -10,6 +10,7 @@
 //! Memory is bounded by the window: the root admits a packet only while fewer than `window`
 //! packets are in flight; queues are sized so that a push within the window never fails.
 
+use crate::live::{BatchCounts, Live};
 use crate::plan::{direction, Plan, Routes, Splitter, Target, VertexPlan};
 use crate::record::{DropRecord, Recording, StateRecord};
 use crate::report::{InstanceReport, Latency, RunReport, VertexReport};
@@ -173,6 +174,8 @@ pub struct RunHooks<'a> {
     pub progress: Option<&'a dyn Fn(u64)>,
     /// Set to end the run early (input is treated as finished).
     pub stop: Option<Arc<AtomicBool>>,
+    /// Live statistics to keep up to date while the run goes ([`Live::new`] of the plan).
+    pub live: Option<Arc<Live>>,
 }
 
 /// Which clocks are still in flight. One counter per clock in a ring (the packet plus its mirror
@@ -227,6 +230,8 @@ struct Shared {
     batch: usize,
     /// Record every drop by clock (`RunConfig::record`).
     record: bool,
+    /// Live statistics, if someone reads them.
+    live: Option<Arc<Live>>,
 }
 
 impl Shared {
@@ -351,14 +356,38 @@ struct InstanceStats {
     busy: Duration,
     /// With `RunConfig::record`: every drop, by clock.
     drops: Vec<(Clock, &'static str)>,
+    /// With live statistics: the reasons of the drops in the batch in progress.
+    batch_drops: Vec<&'static str>,
 }
 
 impl InstanceStats {
-    fn drop(&mut self, record: bool, clock: Clock, reason: &'static str) {
+    fn drop(&mut self, shared: &Shared, clock: Clock, reason: &'static str) {
         *self.dropped.entry(reason).or_default() += 1;
-        if record {
+        if shared.record {
             self.drops.push((clock, reason));
         }
+        if shared.live.is_some() {
+            self.batch_drops.push(reason);
+        }
+    }
+
+    /// Tells `live` what the batch that started at `before` did.
+    fn publish(&mut self, live: &Live, global: usize, before: (u64, u64, u64), busy: Duration, queued: usize) {
+        let mut reasons: Vec<(&'static str, u64)> = Vec::new();
+        for r in self.batch_drops.drain(..) {
+            match reasons.iter_mut().find(|(x, _)| *x == r) {
+                Some((_, n)) => *n += 1,
+                None => reasons.push((r, 1)),
+            }
+        }
+        let counts = BatchCounts {
+            packets_in: self.packets_in - before.0,
+            forwarded: self.forwarded - before.1,
+            consumed: self.consumed - before.2,
+            dropped: reasons.iter().map(|(_, n)| n).sum(),
+            busy_ns: busy.as_nanos() as u64,
+        };
+        live.batch(global, counts, &reasons, queued);
     }
 }
 
@@ -419,6 +448,7 @@ fn worker_loop(shared: &Shared, mut slots: Vec<Slot>) -> WorkerResult {
 fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut Outgoing) {
     let start = Instant::now();
     let Some(vp) = shared.vertices.get(slot.vertex) else { return };
+    let before = (slot.stats.packets_in, slot.stats.forwarded, slot.stats.consumed);
     let mut finished = 0usize;
     slot.inst.begin_batch();
     for mut pkt in batch.drain(..) {
@@ -428,7 +458,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             Verdict::Forward => 0,
             Verdict::Output(i) => usize::from(i) + 1,
             Verdict::Drop(reason) => {
-                slot.stats.drop(shared.record, pkt.meta.clock, reason);
+                slot.stats.drop(shared, pkt.meta.clock, reason);
                 shared.clocks.done(pkt.meta.clock);
                 shared.pool.recycle(pkt);
                 finished += 1;
@@ -443,7 +473,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             continue;
         }
         let Some(routes) = vp.routes.get(direction(&pkt, vp.routes.len())).and_then(|r| r.get(output)) else {
-            slot.stats.drop(shared.record, pkt.meta.clock, "no-route");
+            slot.stats.drop(shared, pkt.meta.clock, "no-route");
             shared.clocks.done(pkt.meta.clock);
             shared.pool.recycle(pkt);
             finished += 1;
@@ -452,7 +482,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
         match out.route(shared, routes, pkt) {
             None => slot.stats.forwarded += 1,
             Some(pkt) => {
-                slot.stats.drop(shared.record, pkt.meta.clock, "no-route");
+                slot.stats.drop(shared, pkt.meta.clock, "no-route");
                 shared.clocks.done(pkt.meta.clock);
                 shared.pool.recycle(pkt);
                 finished += 1;
@@ -465,7 +495,12 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     if finished > 0 {
         shared.in_flight.fetch_sub(finished, Ordering::AcqRel);
     }
-    slot.stats.busy += start.elapsed();
+    let busy = start.elapsed();
+    slot.stats.busy += busy;
+    if let Some(live) = &shared.live {
+        let queued = shared.queues.get(slot.global).map_or(0, ArrayQueue::len);
+        slot.stats.publish(live, slot.global, before, busy, queued);
+    }
 }
 
 /// Runs `plan` over `source` into `sink`.
@@ -500,6 +535,7 @@ pub fn run(
         pool: pool.clone(),
         batch: cfg.batch,
         record: cfg.record,
+        live: hooks.live.clone(),
     });
 
     // Instances go round-robin to workers.
@@ -615,6 +651,8 @@ pub fn run(
             continue;
         }
         let now_ns = t0.elapsed().as_nanos() as u64;
+        let read = inbuf.len() as u64;
+        let dropped_before: u64 = root_drops.values().sum();
         let mut admitted = 0usize;
         let span_room = shared.clocks.span().saturating_sub(seq + 1 - low) as usize;
         let room = cfg.window.saturating_sub(shared.in_flight.load(Ordering::Acquire)).min(span_room);
@@ -664,6 +702,10 @@ pub fn run(
             }
         }
         root.flush(&shared);
+        if let Some(live) = &shared.live {
+            let dropped = root_drops.values().sum::<u64>() - dropped_before;
+            live.root(read, dropped, shared.in_flight.load(Ordering::Relaxed));
+        }
         if let Some(p) = hooks.progress {
             if last_progress.elapsed() >= Duration::from_millis(100) {
                 last_progress = Instant::now();
@@ -822,6 +864,9 @@ fn drain_sink(
             let _ = hist.record(now.saturating_sub(p.meta.ingress_ns).max(1));
         }
         let n = b.len();
+        if let Some(live) = &shared.live {
+            live.output(n as u64);
+        }
         let r = sink.write(&b);
         shared.pool.recycle_batch(&mut b);
         shared.give_back(b);

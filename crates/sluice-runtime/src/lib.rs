@@ -1,8 +1,10 @@
 //! The Sluice chain runtime: chain files ([`spec`]), traffic filters ([`filter`]), compilation
-//! to a physical graph ([`plan`]), execution ([`exec`]), run reports ([`report`]) and what a
-//! recorded run keeps for verification ([`record`]).
+//! to a physical graph ([`plan`]), execution ([`exec`]), run reports ([`report`]), live
+//! statistics of a running chain ([`live`]) and what a recorded run keeps for verification
+//! ([`record`]).
 pub mod exec;
 pub mod filter;
+pub mod live;
 pub mod plan;
 pub mod record;
 pub mod report;

@@ -1,0 +1,302 @@
+//! The control endpoint of a running chain (`sluice run --control ADDR`) and its client
+//! (`sluice ctl`). HTTP/JSON on a loopback address unless told otherwise; every request carries
+//! `Authorization: Bearer TOKEN`. `GET /api/v1/chain`: the chain's vertices and instances with
+//! live statistics (`sluice_runtime::live::LiveSnapshot`); `GET /metrics`: the same as
+//! Prometheus text. Anything else gets a JSON error with a 4xx status and changes nothing.
+
+use crate::{exit, fail, Failure};
+use anyhow::Context;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use clap::{Args, Subcommand};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use sluice_runtime::live::{Live, LiveSnapshot};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::sync::Arc;
+
+/// The environment variable that holds the token when `--control-token` is not given.
+pub const TOKEN_ENV: &str = "SLUICE_CONTROL_TOKEN";
+
+/// Parses `--control`: `PORT` (on 127.0.0.1) or `HOST:PORT`.
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(port) = s.parse::<u16>() {
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    s.parse::<SocketAddr>().map_err(|_| format!("`{s}` is not PORT or HOST:PORT (e.g. 9464 or 127.0.0.1:9464)"))
+}
+
+/// The token: the one given, else the environment's, else a fresh random one.
+pub fn token(given: Option<&str>) -> String {
+    if let Some(t) = given.filter(|t| !t.is_empty()) {
+        return t.to_string();
+    }
+    if let Ok(t) = std::env::var(TOKEN_ENV) {
+        if !t.is_empty() {
+            return t;
+        }
+    }
+    let bytes: [u8; 16] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[derive(Clone)]
+struct Ctx {
+    live: Arc<Live>,
+    token: Arc<str>,
+}
+
+fn error(status: StatusCode, msg: &str) -> Response {
+    (status, Json(serde_json::json!({ "error": msg }))).into_response()
+}
+
+async fn authorize(State(cx): State<Ctx>, headers: HeaderMap, req: Request, next: Next) -> Response {
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    match given.and_then(|v| v.strip_prefix("Bearer ")) {
+        None => error(StatusCode::UNAUTHORIZED, "missing token: send `Authorization: Bearer TOKEN`"),
+        Some(t) if t != &*cx.token => error(StatusCode::UNAUTHORIZED, "wrong token"),
+        Some(_) => next.run(req).await,
+    }
+}
+
+async fn chain(State(cx): State<Ctx>) -> Json<LiveSnapshot> {
+    Json(cx.live.snapshot())
+}
+
+async fn metrics(State(cx): State<Ctx>) -> Response {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(LiveCollector(cx.live.clone())));
+    let mut text = String::new();
+    match prometheus_client::encoding::text::encode(&mut text, &registry) {
+        Ok(()) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response(),
+        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "encoding the metrics failed"),
+    }
+}
+
+async fn not_found() -> Response {
+    error(StatusCode::NOT_FOUND, "no such endpoint: GET /api/v1/chain or GET /metrics")
+}
+
+/// Binds `addr` and serves the endpoint on a thread of its own for as long as the process
+/// lives. Returns the address bound (a port of 0 picks one).
+pub fn serve(addr: SocketAddr, token: String, live: Arc<Live>) -> Result<SocketAddr, Failure> {
+    let listener = TcpListener::bind(addr)
+        .with_context(|| format!("binding the control endpoint to {addr}"))
+        .map_err(fail(exit::INVALID))?;
+    let bound = listener.local_addr().context("control endpoint address")?;
+    listener.set_nonblocking(true).context("control endpoint socket")?;
+    let cx = Ctx { live, token: token.into() };
+    let app = Router::new()
+        .route("/api/v1/chain", get(chain))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(cx.clone(), authorize))
+        .with_state(cx);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().context("control endpoint runtime")?;
+    std::thread::Builder::new()
+        .name("sluice-control".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => {
+                        if let Err(e) = axum::serve(l, app).await {
+                            tracing::error!(error = %e, "control endpoint stopped");
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, "control endpoint socket"),
+                }
+            })
+        })
+        .context("starting the control endpoint")?;
+    Ok(bound)
+}
+
+/// The live statistics as Prometheus metrics, read on every scrape.
+#[derive(Debug)]
+struct LiveCollector(Arc<Live>);
+
+impl Collector for LiveCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = self.0.snapshot();
+        for (name, help, v) in [
+            ("sluice_root_packets_in", "Packets the root read.", s.packets_in),
+            ("sluice_packets_out", "Packets that left the chain.", s.packets_out),
+            ("sluice_root_dropped", "Packets the root dropped (malformed, window full, no route).", s.root_dropped),
+        ] {
+            let c = ConstCounter::new(v);
+            c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        let g = ConstGauge::new(i64::try_from(s.in_flight).unwrap_or(i64::MAX));
+        g.encode(enc.encode_descriptor("sluice_in_flight", "Packets in the chain now.", None, g.metric_type())?)?;
+        type Field = fn(&sluice_runtime::live::LiveInstance) -> u64;
+        let counters: [(&str, &str, Field); 4] = [
+            ("sluice_instance_packets_in", "Packets an instance took in.", |i| i.packets_in),
+            ("sluice_instance_forwarded", "Packets an instance passed on.", |i| i.forwarded),
+            ("sluice_instance_consumed", "Packets an off-path instance consumed.", |i| i.consumed),
+            ("sluice_instance_dropped", "Packets an instance dropped.", |i| i.dropped),
+        ];
+        for (name, help, field) in counters {
+            let mut fam = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for v in &s.vertices {
+                for i in &v.instances {
+                    let labels = vec![("vertex", v.name.clone()), ("instance", i.index.to_string())];
+                    ConstCounter::new(field(i)).encode(fam.encode_family(&labels)?)?;
+                }
+            }
+        }
+        let mut fam = enc.encode_descriptor(
+            "sluice_instance_dropped_by_reason",
+            "Packets an instance dropped, by reason.",
+            None,
+            MetricType::Counter,
+        )?;
+        for v in &s.vertices {
+            for i in &v.instances {
+                for (reason, n) in &i.dropped_by_reason {
+                    let labels =
+                        vec![("vertex", v.name.clone()), ("instance", i.index.to_string()), ("reason", reason.clone())];
+                    ConstCounter::new(*n).encode(fam.encode_family(&labels)?)?;
+                }
+            }
+        }
+        let mut fam = enc.encode_descriptor(
+            "sluice_instance_queued_batches",
+            "Batches waiting in an instance's queue.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for v in &s.vertices {
+            for i in &v.instances {
+                let labels = vec![("vertex", v.name.clone()), ("instance", i.index.to_string())];
+                ConstGauge::new(i64::try_from(i.queued_batches).unwrap_or(i64::MAX))
+                    .encode(fam.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `sluice ctl`.
+#[derive(Args)]
+#[command(
+    after_help = "The token comes from --token or SLUICE_CONTROL_TOKEN (the one `sluice run --control` printed or was given).\nExit codes: 0 success; 1 the endpoint could not be reached or refused the request; 2 bad command line."
+)]
+pub struct CtlArgs {
+    /// The control endpoint: PORT (on 127.0.0.1) or HOST:PORT.
+    #[arg(long, short, value_parser = parse_addr)]
+    control: SocketAddr,
+    /// The endpoint's token (default: $SLUICE_CONTROL_TOKEN).
+    #[arg(long)]
+    token: Option<String>,
+    #[command(subcommand)]
+    what: CtlCommand,
+}
+
+#[derive(Subcommand)]
+enum CtlCommand {
+    /// The chain's vertices and instances with live statistics.
+    List {
+        /// Print the JSON as the endpoint returns it.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The Prometheus metrics.
+    Metrics,
+}
+
+/// `sluice ctl`.
+pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
+    let Some(token) = a.token.or_else(|| std::env::var(TOKEN_ENV).ok()) else {
+        return Err(fail(exit::INVALID)(anyhow::anyhow!("give --token or set {TOKEN_ENV}")));
+    };
+    let path = match a.what {
+        CtlCommand::List { .. } => "/api/v1/chain",
+        CtlCommand::Metrics => "/metrics",
+    };
+    let url = format!("http://{}{path}", a.control);
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    let mut resp = agent
+        .get(&url)
+        .header("Authorization", &format!("Bearer {token}"))
+        .call()
+        .with_context(|| format!("reaching {url}"))
+        .map_err(fail(exit::FAILED))?;
+    let status = resp.status();
+    let body = resp.body_mut().read_to_string().with_context(|| format!("reading the answer of {url}"))?;
+    if !status.is_success() {
+        return Err(fail(exit::FAILED)(anyhow::anyhow!("{url}: {status}: {}", body.trim())));
+    }
+    match a.what {
+        CtlCommand::List { json: false } => {
+            let snap: serde_json::Value = serde_json::from_str(&body).context("the endpoint's answer")?;
+            print!("{}", render_list(&snap));
+        }
+        _ => print!("{body}"),
+    }
+    Ok(())
+}
+
+/// A table of the vertices and instances of a snapshot (as JSON).
+fn render_list(s: &serde_json::Value) -> String {
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    let mut out = format!(
+        "chain {}: up {:.1} s, {} in, {} out, {} dropped at the root, {} in flight\n",
+        s["chain"].as_str().unwrap_or("?"),
+        s["uptime_s"].as_f64().unwrap_or(0.0),
+        n(&s["packets_in"]),
+        n(&s["packets_out"]),
+        n(&s["root_dropped"]),
+        n(&s["in_flight"])
+    );
+    out.push_str(&format!(
+        "{:<14} {:>4} {:>12} {:>12} {:>10} {:>8} {:>8}\n",
+        "vertex", "inst", "in", "forwarded", "dropped", "queued", "busy s"
+    ));
+    for v in s["vertices"].as_array().into_iter().flatten() {
+        for i in v["instances"].as_array().into_iter().flatten() {
+            out.push_str(&format!(
+                "{:<14} {:>4} {:>12} {:>12} {:>10} {:>8} {:>8.2}\n",
+                v["name"].as_str().unwrap_or("?"),
+                n(&i["index"]),
+                n(&i["packets_in"]),
+                n(&i["forwarded"]),
+                n(&i["dropped"]),
+                n(&i["queued_batches"]),
+                i["busy_s"].as_f64().unwrap_or(0.0)
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_port_is_loopback_and_addresses_are_explicit() {
+        assert_eq!(parse_addr("9464"), Ok("127.0.0.1:9464".parse().unwrap_or_else(|_| unreachable!())));
+        assert_eq!(parse_addr("0.0.0.0:80").map(|a| a.ip().is_unspecified()), Ok(true));
+        assert!(parse_addr("[::1]:1").is_ok());
+        assert!(parse_addr("localhost").is_err());
+        assert!(parse_addr("70000").is_err());
+    }
+
+    #[test]
+    fn tokens_are_given_or_random() {
+        assert_eq!(token(Some("abc")), "abc");
+        let (a, b) = (token(Some("")), token(None));
+        if std::env::var(TOKEN_ENV).is_err() {
+            assert_eq!(a.len(), 32);
+            assert_ne!(a, b, "fresh tokens differ");
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! The control endpoint of a running chain (`sluice run --control`) and `sluice ctl`: live
+//! statistics that move while traffic flows, Prometheus metrics, and clear 4xx answers to
+//! requests without the token, with a wrong one, or for what does not exist.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(p)
+}
+
+fn sluice() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    c.current_dir(repo(""));
+    c
+}
+
+/// Stops the run however the test ends.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A raw HTTP/1.1 request; the status code and the body.
+fn http(addr: &str, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to the control endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n").expect("send");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+fn ctl(port: &str, token: &str, args: &[&str]) -> Output {
+    sluice().args(["ctl", "--control", port, "--token", token]).args(args).output().expect("run sluice ctl")
+}
+
+fn packets_in_at_nat(port: &str) -> u64 {
+    let o = ctl(port, "s3cret", &["list", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["chain"], "example");
+    assert_eq!(v["vertices"].as_array().map(Vec::len), Some(4), "{v}");
+    v["vertices"][0]["instances"][0]["packets_in"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn a_running_chain_answers_its_control_endpoint() {
+    let mut child = sluice()
+        // The demo trace paced to last about 40 s: traffic flows the whole time the test looks.
+        .args([
+            "run",
+            "-c",
+            "chains/example.yaml",
+            "-i",
+            "traces/demo.pcap",
+            "--pace",
+            "0.003",
+            "--duration",
+            "60",
+            "-q",
+        ])
+        .args(["--no-pin", "--control", "0", "--control-token", "s3cret"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sluice run");
+    let stderr = child.stderr.take().expect("stderr");
+    let run = Running(child);
+    let mut lines = BufReader::new(stderr).lines();
+    let addr = loop {
+        let line = lines.next().and_then(Result::ok).unwrap_or_else(|| panic!("sluice run ended without an endpoint"));
+        if let Some(a) = line.strip_prefix("control endpoint: http://") {
+            assert!(!line.contains("s3cret"), "a given token is not printed: {line}");
+            break a.split_whitespace().next().unwrap_or_default().to_string();
+        }
+    };
+    assert!(addr.starts_with("127.0.0.1:"), "a bare port listens on loopback: {addr}");
+    let port = addr.rsplit(':').next().unwrap_or_default().to_string();
+
+    // Live statistics move while traffic flows.
+    let first = packets_in_at_nat(&port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let later = loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let n = packets_in_at_nat(&port);
+        if n > first || Instant::now() > deadline {
+            break n;
+        }
+    };
+    assert!(later > first, "the NAT's packet count did not grow: {first} then {later}");
+    let table = ctl(&port, "s3cret", &["list"]);
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(table.contains("chain example") && table.contains("portscan"), "{table}");
+
+    let m = ctl(&port, "s3cret", &["metrics"]);
+    let metrics = String::from_utf8_lossy(&m.stdout).into_owned();
+    for want in [
+        "sluice_root_packets_in_total ",
+        "sluice_instance_packets_in_total{vertex=\"nat\",instance=\"0\"} ",
+        "sluice_instance_queued_batches{vertex=\"lb\",instance=\"0\"} ",
+        "sluice_in_flight ",
+    ] {
+        assert!(metrics.contains(want), "no `{want}` in\n{metrics}");
+    }
+
+    // Bad requests: a clear 4xx and JSON saying why.
+    let (code, body) = http(&addr, "GET", "/api/v1/chain", None);
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("missing token"), "{body}");
+    let (code, body) = http(&addr, "GET", "/metrics", Some("wrong"));
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("wrong token"), "{body}");
+    let (code, body) = http(&addr, "GET", "/api/v1/vertices/nope", Some("s3cret"));
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("no such endpoint"), "{body}");
+    let (code, _) = http(&addr, "DELETE", "/api/v1/chain", Some("s3cret"));
+    assert_eq!(code, 405);
+    let o = ctl(&port, "wrong", &["list"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("401"), "{}", String::from_utf8_lossy(&o.stderr));
+    // The run is unaffected: it still counts.
+    assert!(packets_in_at_nat(&port) >= later);
+    drop(run);
+}
+
+#[test]
+fn bad_control_addresses_are_refused() {
+    let o =
+        sluice().args(["run", "-c", "chains/example.yaml", "--gen", "demo", "--control", "not-an-address"]).output();
+    let o = o.expect("run");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("PORT or HOST:PORT"), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = sluice().args(["ctl", "--control", "1", "list"]).env_remove("SLUICE_CONTROL_TOKEN").output().expect("ctl");
+    assert_eq!(o.status.code(), Some(2), "no token");
+}

@@ -1,0 +1,186 @@
+//! Live statistics of a running chain, for a control endpoint or a metrics exporter to read
+//! while traffic flows ([`crate::RunHooks::live`]). Workers add to plain atomic counters once
+//! per batch (never per packet) and the root once per input batch; readers take a
+//! [`LiveSnapshot`] at any time. Counters only grow; gauges (queue depth, packets in flight)
+//! are the latest value written.
+
+use crate::plan::Plan;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Live counters of one instance.
+#[derive(Debug, Default)]
+struct InstanceLive {
+    vertex: usize,
+    index: u16,
+    packets_in: AtomicU64,
+    forwarded: AtomicU64,
+    consumed: AtomicU64,
+    dropped: AtomicU64,
+    busy_ns: AtomicU64,
+    queued_batches: AtomicU64,
+    /// Drops by reason; touched only by batches that dropped something.
+    reasons: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+/// The live statistics of one run. Create it from the plan before the run starts.
+#[derive(Debug)]
+pub struct Live {
+    started: Instant,
+    chain: String,
+    vertices: Vec<(String, String)>,
+    instances: Vec<InstanceLive>,
+    packets_in: AtomicU64,
+    packets_out: AtomicU64,
+    root_dropped: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+/// What one batch of an instance did.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct BatchCounts {
+    pub packets_in: u64,
+    pub forwarded: u64,
+    pub consumed: u64,
+    pub dropped: u64,
+    pub busy_ns: u64,
+}
+
+impl Live {
+    /// Live statistics for a run of `plan` (its vertices and instances, by global index).
+    pub fn new(plan: &Plan) -> Live {
+        let index_of = |global: usize| {
+            plan.vertices.iter().find_map(|v| v.instances.iter().position(|g| *g == global)).unwrap_or(0) as u16
+        };
+        Live {
+            started: Instant::now(),
+            chain: plan.name.clone(),
+            vertices: plan.vertices.iter().map(|v| (v.name.to_string(), v.kind.clone())).collect(),
+            instances: plan
+                .instances
+                .iter()
+                .enumerate()
+                .map(|(g, (v, _))| InstanceLive { vertex: *v, index: index_of(g), ..InstanceLive::default() })
+                .collect(),
+            packets_in: AtomicU64::new(0),
+            packets_out: AtomicU64::new(0),
+            root_dropped: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn batch(&self, global: usize, c: BatchCounts, reasons: &[(&'static str, u64)], queued: usize) {
+        let Some(i) = self.instances.get(global) else { return };
+        i.packets_in.fetch_add(c.packets_in, Ordering::Relaxed);
+        i.forwarded.fetch_add(c.forwarded, Ordering::Relaxed);
+        i.consumed.fetch_add(c.consumed, Ordering::Relaxed);
+        i.dropped.fetch_add(c.dropped, Ordering::Relaxed);
+        i.busy_ns.fetch_add(c.busy_ns, Ordering::Relaxed);
+        i.queued_batches.store(queued as u64, Ordering::Relaxed);
+        if !reasons.is_empty() {
+            if let Ok(mut m) = i.reasons.lock() {
+                for (r, n) in reasons {
+                    *m.entry(*r).or_default() += n;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn root(&self, read: u64, dropped: u64, in_flight: usize) {
+        self.packets_in.fetch_add(read, Ordering::Relaxed);
+        self.root_dropped.fetch_add(dropped, Ordering::Relaxed);
+        self.in_flight.store(in_flight as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn output(&self, n: u64) {
+        self.packets_out.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The statistics now.
+    pub fn snapshot(&self) -> LiveSnapshot {
+        let mut vertices: Vec<LiveVertex> = self
+            .vertices
+            .iter()
+            .map(|(name, kind)| LiveVertex { name: name.clone(), kind: kind.clone(), instances: Vec::new() })
+            .collect();
+        for i in &self.instances {
+            let Some(v) = vertices.get_mut(i.vertex) else { continue };
+            v.instances.push(LiveInstance {
+                index: i.index,
+                packets_in: i.packets_in.load(Ordering::Relaxed),
+                forwarded: i.forwarded.load(Ordering::Relaxed),
+                consumed: i.consumed.load(Ordering::Relaxed),
+                dropped: i.dropped.load(Ordering::Relaxed),
+                dropped_by_reason: i
+                    .reasons
+                    .lock()
+                    .map(|m| m.iter().map(|(k, v)| (k.to_string(), *v)).collect())
+                    .unwrap_or_default(),
+                busy_s: i.busy_ns.load(Ordering::Relaxed) as f64 / 1e9,
+                queued_batches: i.queued_batches.load(Ordering::Relaxed),
+            });
+        }
+        LiveSnapshot {
+            chain: self.chain.clone(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            packets_in: self.packets_in.load(Ordering::Relaxed),
+            packets_out: self.packets_out.load(Ordering::Relaxed),
+            root_dropped: self.root_dropped.load(Ordering::Relaxed),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            vertices,
+        }
+    }
+}
+
+/// The statistics of a running chain at one moment.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct LiveSnapshot {
+    /// The chain's name.
+    pub chain: String,
+    /// Seconds since the run started.
+    pub uptime_s: f64,
+    /// Packets the root read.
+    pub packets_in: u64,
+    /// Packets that left the chain.
+    pub packets_out: u64,
+    /// Packets the root dropped (malformed, truncated, window full, no route).
+    pub root_dropped: u64,
+    /// Packets in the chain now.
+    pub in_flight: u64,
+    /// Per vertex.
+    pub vertices: Vec<LiveVertex>,
+}
+
+/// One vertex.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct LiveVertex {
+    /// Its name in the chain.
+    pub name: String,
+    /// Its NF type.
+    pub kind: String,
+    /// Its instances.
+    pub instances: Vec<LiveInstance>,
+}
+
+/// One instance.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct LiveInstance {
+    /// Its index in the vertex.
+    pub index: u16,
+    /// Packets it took in.
+    pub packets_in: u64,
+    /// Packets it passed on.
+    pub forwarded: u64,
+    /// Packets it consumed (off-path).
+    pub consumed: u64,
+    /// Packets it dropped.
+    pub dropped: u64,
+    /// Drops by reason.
+    pub dropped_by_reason: BTreeMap<String, u64>,
+    /// Seconds spent processing.
+    pub busy_s: f64,
+    /// Batches waiting in its queue (as of its last batch).
+    pub queued_batches: u64,
+}
