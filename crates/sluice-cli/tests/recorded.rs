@@ -117,3 +117,23 @@ fn a_tampered_record_is_not_equivalent_or_refused() {
     assert!(text(&o).contains("already holds a record"), "{}", text(&o));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The threaded runtime does not order several instances' input by clock yet: a run that scales
+/// an NF whose decisions depend on cross-flow order says so.
+#[test]
+fn scaling_an_order_sensitive_nf_is_warned_about() {
+    let original = std::fs::read_to_string(repo("chains/example.yaml")).expect("chain");
+    let scaled = original.replace("    type: portscan\n", "    type: portscan\n    instances: 2\n");
+    assert_ne!(scaled, original, "the example chain has a portscan vertex");
+    let dir = record_dir("scaled");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let chain = dir.join("scaled.yaml");
+    std::fs::write(&chain, scaled).expect("write chain");
+    let o = sluice(&["run", "-c", &chain.to_string_lossy(), "-i", "traces/demo.pcap", "-q", "--limit", "2000"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("order of packets across flows") && err.contains("portscan"), "{err}");
+    let one = sluice(&["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "-q", "--limit", "2000"]);
+    assert!(!String::from_utf8_lossy(&one.stderr).contains("across flows"), "one instance: no warning");
+    let _ = std::fs::remove_dir_all(dir);
+}
