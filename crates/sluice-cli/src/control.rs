@@ -2,7 +2,10 @@
 //! (`sluice ctl`). HTTP/JSON on a loopback address unless told otherwise; every request carries
 //! `Authorization: Bearer TOKEN`. `GET /api/v1/chain`: the chain's vertices and instances with
 //! live statistics (`sluice_runtime::live::LiveSnapshot`); `GET /metrics`: the same as
-//! Prometheus text. Anything else gets a JSON error with a 4xx status and changes nothing.
+//! Prometheus text; `POST /api/v1/actions` with one fault-schedule action as JSON
+//! (`{"slow": {"vertex": "nat", "instance": 0, "delay_us": [3, 10]}}`). Anything else gets a JSON
+//! error with a 4xx status (501 for actions the threaded runtime does not apply yet) and changes
+//! nothing.
 
 use crate::{exit, fail, Failure};
 use anyhow::Context;
@@ -10,7 +13,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::{Args, Subcommand};
 use prometheus_client::collector::Collector;
@@ -81,8 +84,55 @@ async fn metrics(State(cx): State<Ctx>) -> Response {
     }
 }
 
+/// The actions of the fault-schedule format the threaded runtime does not apply yet.
+const NOT_YET: [&str; 6] = ["crash", "crash_root", "crash_store", "scale", "move", "clone"];
+
+async fn action(State(cx): State<Ctx>, body: String) -> Response {
+    let v: serde_json::Value = match serde_json::from_str(&body) {
+        Ok(v) => v,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("malformed JSON: {e}")),
+    };
+    let Some((name, args)) = v.as_object().filter(|o| o.len() == 1).and_then(|o| o.iter().next()) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "send one action: {\"slow\": {\"vertex\": V, \"instance\": I, \"delay_us\": [MIN, MAX]}}",
+        );
+    };
+    match name.as_str() {
+        "slow" => slow(&cx, args),
+        n if NOT_YET.contains(&n) => error(
+            StatusCode::NOT_IMPLEMENTED,
+            &format!(
+                "the threaded runtime does not apply `{n}` yet; `sluice verify` runs it in the virtual-time engine"
+            ),
+        ),
+        n => error(StatusCode::BAD_REQUEST, &format!("unknown action `{n}` (known: slow)")),
+    }
+}
+
+fn slow(cx: &Ctx, args: &serde_json::Value) -> Response {
+    let vertex = args["vertex"].as_str();
+    let instance = args["instance"].as_u64().and_then(|i| u16::try_from(i).ok());
+    let delay = args["delay_us"].as_array().and_then(|d| match d.as_slice() {
+        [a, b] => a.as_u64().zip(b.as_u64()),
+        _ => None,
+    });
+    let (Some(vertex), Some(instance), Some((min, max))) = (vertex, instance, delay) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "slow needs vertex (a name), instance (a number) and delay_us ([MIN, MAX] µs)",
+        );
+    };
+    match cx.live.set_slow(vertex, instance, min, max) {
+        Ok(()) => Json(serde_json::json!({ "applied": { "slow": { "vertex": vertex, "instance": instance, "delay_us": [min, max] } } }))
+            .into_response(),
+        Err(e @ sluice_runtime::live::LiveError::BadDelay { .. }) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+        Err(e) => error(StatusCode::NOT_FOUND, &e.to_string()),
+    }
+}
+
 async fn not_found() -> Response {
-    error(StatusCode::NOT_FOUND, "no such endpoint: GET /api/v1/chain or GET /metrics")
+    error(StatusCode::NOT_FOUND, "no such endpoint: GET /api/v1/chain, GET /metrics or POST /api/v1/actions")
 }
 
 /// Binds `addr` and serves the endpoint on a thread of its own for as long as the process
@@ -97,6 +147,7 @@ pub fn serve(addr: SocketAddr, token: String, live: Arc<Live>) -> Result<SocketA
     let app = Router::new()
         .route("/api/v1/chain", get(chain))
         .route("/metrics", get(metrics))
+        .route("/api/v1/actions", post(action))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(cx.clone(), authorize))
         .with_state(cx);
@@ -210,6 +261,27 @@ enum CtlCommand {
     },
     /// The Prometheus metrics.
     Metrics,
+    /// Make an instance slower per packet (a straggler): `V:I=MIN-MAX` µs, `V:I=0` for normal.
+    Slow {
+        /// `VERTEX:INSTANCE=MIN-MAX` (µs per packet), or `VERTEX:INSTANCE=0`.
+        spec: String,
+    },
+}
+
+/// Parses `V:I=MIN-MAX` (or `V:I=0`) into the action's JSON.
+fn slow_request(spec: &str) -> Result<serde_json::Value, String> {
+    let bad = || format!("`{spec}` is not VERTEX:INSTANCE=MIN-MAX (µs) or VERTEX:INSTANCE=0");
+    let (target, delay) = spec.split_once('=').ok_or_else(bad)?;
+    let (vertex, instance) = target.split_once(':').ok_or_else(bad)?;
+    let instance: u16 = instance.parse().map_err(|_| bad())?;
+    let (min, max): (u64, u64) = match delay.split_once('-') {
+        Some((a, b)) => (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?),
+        None => {
+            let d = delay.parse().map_err(|_| bad())?;
+            (d, d)
+        }
+    };
+    Ok(serde_json::json!({ "slow": { "vertex": vertex, "instance": instance, "delay_us": [min, max] } }))
 }
 
 /// `sluice ctl`.
@@ -220,15 +292,23 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
     let path = match a.what {
         CtlCommand::List { .. } => "/api/v1/chain",
         CtlCommand::Metrics => "/metrics",
+        CtlCommand::Slow { .. } => "/api/v1/actions",
     };
     let url = format!("http://{}{path}", a.control);
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
-    let mut resp = agent
-        .get(&url)
-        .header("Authorization", &format!("Bearer {token}"))
-        .call()
-        .with_context(|| format!("reaching {url}"))
-        .map_err(fail(exit::FAILED))?;
+    let auth = format!("Bearer {token}");
+    let sent = match &a.what {
+        CtlCommand::Slow { spec } => {
+            let body = slow_request(spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?;
+            agent
+                .post(&url)
+                .header("Authorization", &auth)
+                .header("Content-Type", "application/json")
+                .send(body.to_string())
+        }
+        _ => agent.get(&url).header("Authorization", &auth).call(),
+    };
+    let mut resp = sent.with_context(|| format!("reaching {url}")).map_err(fail(exit::FAILED))?;
     let status = resp.status();
     let body = resp.body_mut().read_to_string().with_context(|| format!("reading the answer of {url}"))?;
     if !status.is_success() {
@@ -288,6 +368,18 @@ mod tests {
         assert!(parse_addr("[::1]:1").is_ok());
         assert!(parse_addr("localhost").is_err());
         assert!(parse_addr("70000").is_err());
+    }
+
+    #[test]
+    fn slow_specs() {
+        let j = slow_request("nat:1=3-10").unwrap_or_default();
+        assert_eq!(j["slow"]["vertex"], "nat");
+        assert_eq!(j["slow"]["instance"], 1);
+        assert_eq!(j["slow"]["delay_us"], serde_json::json!([3, 10]));
+        assert_eq!(slow_request("nat:0=0").unwrap_or_default()["slow"]["delay_us"], serde_json::json!([0, 0]));
+        for bad in ["nat", "nat:0", "nat=3", "nat:x=3", "nat:0=a-b", "nat:0=3-"] {
+            assert!(slow_request(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

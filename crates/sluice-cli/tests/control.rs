@@ -30,10 +30,19 @@ impl Drop for Running {
 
 /// A raw HTTP/1.1 request; the status code and the body.
 fn http(addr: &str, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    http_with(addr, method, path, token, "")
+}
+
+fn http_with(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect to the control endpoint");
     s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
     let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n").expect("send");
+    let len = body.len();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: {len}\r\nConnection: close\r\n\r\n{body}"
+    )
+    .expect("send");
     let mut text = String::new();
     s.read_to_string(&mut text).expect("read");
     let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
@@ -129,6 +138,39 @@ fn a_running_chain_answers_its_control_endpoint() {
     let o = ctl(&port, "wrong", &["list"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("401"), "{}", String::from_utf8_lossy(&o.stderr));
+    // Actions: `slow` applies; bad ones are refused with a 4xx and change nothing.
+    let o = ctl(&port, "s3cret", &["slow", "nat:0=20-30"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let slow_of = |vertex: usize| {
+        let o = ctl(&port, "s3cret", &["list", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        v["vertices"][vertex]["instances"][0]["slow_us"].clone()
+    };
+    assert_eq!(slow_of(0), serde_json::json!([20, 30]));
+    let post = |body: &str| http_with(&addr, "POST", "/api/v1/actions", Some("s3cret"), body);
+    for (body, code, says) in [
+        (r#"{"slow": {"vertex": "nope", "instance": 0, "delay_us": [1, 2]}}"#, 404, "no vertex `nope`"),
+        (r#"{"slow": {"vertex": "portscan", "instance": 7, "delay_us": [1, 2]}}"#, 404, "no instance 7"),
+        (r#"{"slow": {"vertex": "portscan", "instance": 0, "delay_us": [9, 2]}}"#, 400, "must not exceed"),
+        (r#"{"slow": {"vertex": "portscan"}}"#, 400, "slow needs"),
+        (r#"{"slow": "#, 400, "malformed JSON"),
+        (r#"{"frobnicate": {}}"#, 400, "unknown action"),
+        (r#"{"crash": {"vertex": "portscan", "instance": 0}}"#, 501, "does not apply `crash` yet"),
+        (r#"[1, 2]"#, 400, "send one action"),
+    ] {
+        let (c, answer) = post(body);
+        assert_eq!(c, code, "{body}: {answer}");
+        assert!(answer.contains(says), "{body}: {answer}");
+    }
+    let (c, answer) = http_with(&addr, "POST", "/api/v1/actions", None, r#"{"slow": {}}"#);
+    assert_eq!(c, 401, "{answer}");
+    assert_eq!(slow_of(1), serde_json::Value::Null, "nothing refused changed the portscan instance");
+    assert_eq!(slow_of(0), serde_json::json!([20, 30]), "nor the NAT");
+    let o = ctl(&port, "s3cret", &["slow", "nat:0=0"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(slow_of(0), serde_json::Value::Null, "back to normal");
+    let o = ctl(&port, "s3cret", &["slow", "nat=3"]);
+    assert_eq!(o.status.code(), Some(2), "a bad spec is refused before anything is sent");
     // The run is unaffected: it still counts.
     assert!(packets_in_at_nat(&port) >= later);
     drop(run);

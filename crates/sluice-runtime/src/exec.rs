@@ -451,8 +451,12 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     let before = (slot.stats.packets_in, slot.stats.forwarded, slot.stats.consumed);
     let mut finished = 0usize;
     slot.inst.begin_batch();
+    let slow = shared.live.as_ref().and_then(|l| l.slow(slot.global));
     for mut pkt in batch.drain(..) {
         slot.stats.packets_in += 1;
+        if let Some(range) = slow {
+            straggle(range, pkt.meta.clock);
+        }
         let verdict = slot.inst.process(&mut pkt);
         let output = match verdict {
             Verdict::Forward => 0,
@@ -500,6 +504,17 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     if let Some(live) = &shared.live {
         let queued = shared.queues.get(slot.global).map_or(0, ArrayQueue::len);
         slot.stats.publish(live, slot.global, before, busy, queued);
+    }
+}
+
+/// A slowed instance (`Live::set_slow`) spends between `min` and `max` ns more on a packet,
+/// busy, as a straggler's slower core would; the draw is a hash of the packet's clock.
+fn straggle((min, max): (u64, u64), clock: Clock) {
+    let spread = max - min + 1;
+    let h = clock.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17;
+    let until = Instant::now() + Duration::from_nanos(min + h % spread);
+    while Instant::now() < until {
+        std::hint::spin_loop();
     }
 }
 
@@ -737,6 +752,9 @@ pub fn run(
         slots.extend(r.slots.into_iter().map(|s| (w, s)));
     }
     result?;
+    if let Some(live) = &shared.live {
+        live.output(0, shared.in_flight.load(Ordering::Acquire));
+    }
     sink.finish()?;
     report.elapsed_s = t0.elapsed().as_secs_f64();
     report.mpps = if report.elapsed_s > 0.0 { report.packets_in as f64 / report.elapsed_s / 1e6 } else { 0.0 };
@@ -888,13 +906,13 @@ fn drain_sink(
             let _ = hist.record(now.saturating_sub(p.meta.ingress_ns).max(1));
         }
         let n = b.len();
-        if let Some(live) = &shared.live {
-            live.output(n as u64);
-        }
         let r = sink.write(&b);
         shared.pool.recycle_batch(&mut b);
         shared.give_back(b);
-        shared.in_flight.fetch_sub(n, Ordering::AcqRel);
+        let left = shared.in_flight.fetch_sub(n, Ordering::AcqRel).saturating_sub(n);
+        if let Some(live) = &shared.live {
+            live.output(n as u64, left);
+        }
         r?;
     }
     Ok(())

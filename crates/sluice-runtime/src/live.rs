@@ -21,6 +21,10 @@ struct InstanceLive {
     dropped: AtomicU64,
     busy_ns: AtomicU64,
     queued_batches: AtomicU64,
+    /// Extra time per packet, nanoseconds, drawn between the two (a `slow` control action:
+    /// a straggler on purpose). 0: none.
+    slow_min_ns: AtomicU64,
+    slow_max_ns: AtomicU64,
     /// Drops by reason; touched only by batches that dropped something.
     reasons: Mutex<BTreeMap<&'static str, u64>>,
 }
@@ -88,14 +92,41 @@ impl Live {
         }
     }
 
+    /// Makes instance `index` of `vertex` slower by `min_us`..=`max_us` per packet (both 0:
+    /// back to normal), as a `slow` fault does.
+    pub fn set_slow(&self, vertex: &str, index: u16, min_us: u64, max_us: u64) -> Result<(), LiveError> {
+        if min_us > max_us {
+            return Err(LiveError::BadDelay { min_us, max_us });
+        }
+        let v =
+            self.vertices.iter().position(|(n, _)| n == vertex).ok_or_else(|| LiveError::NoVertex(vertex.into()))?;
+        let i = self
+            .instances
+            .iter()
+            .find(|i| i.vertex == v && i.index == index)
+            .ok_or_else(|| LiveError::NoInstance { vertex: vertex.into(), index })?;
+        i.slow_max_ns.store(0, Ordering::Relaxed);
+        i.slow_min_ns.store(min_us.saturating_mul(1000), Ordering::Relaxed);
+        i.slow_max_ns.store(max_us.saturating_mul(1000), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The extra time per packet of instance `global`, if it is slowed: (min, max) ns.
+    pub(crate) fn slow(&self, global: usize) -> Option<(u64, u64)> {
+        let i = self.instances.get(global)?;
+        let max = i.slow_max_ns.load(Ordering::Relaxed);
+        (max > 0).then(|| (i.slow_min_ns.load(Ordering::Relaxed).min(max), max))
+    }
+
     pub(crate) fn root(&self, read: u64, dropped: u64, in_flight: usize) {
         self.packets_in.fetch_add(read, Ordering::Relaxed);
         self.root_dropped.fetch_add(dropped, Ordering::Relaxed);
         self.in_flight.store(in_flight as u64, Ordering::Relaxed);
     }
 
-    pub(crate) fn output(&self, n: u64) {
+    pub(crate) fn output(&self, n: u64, in_flight: usize) {
         self.packets_out.fetch_add(n, Ordering::Relaxed);
+        self.in_flight.store(in_flight as u64, Ordering::Relaxed);
     }
 
     /// The statistics now.
@@ -120,6 +151,10 @@ impl Live {
                     .unwrap_or_default(),
                 busy_s: i.busy_ns.load(Ordering::Relaxed) as f64 / 1e9,
                 queued_batches: i.queued_batches.load(Ordering::Relaxed),
+                slow_us: {
+                    let max = i.slow_max_ns.load(Ordering::Relaxed);
+                    (max > 0).then(|| (i.slow_min_ns.load(Ordering::Relaxed) / 1000, max / 1000))
+                },
             });
         }
         LiveSnapshot {
@@ -183,4 +218,30 @@ pub struct LiveInstance {
     pub busy_s: f64,
     /// Batches waiting in its queue (as of its last batch).
     pub queued_batches: u64,
+    /// Extra time per packet it was given (`slow`), µs: (min, max).
+    pub slow_us: Option<(u64, u64)>,
+}
+
+/// Why a control action on a running chain was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LiveError {
+    /// No vertex of that name.
+    #[error("no vertex `{0}`")]
+    NoVertex(String),
+    /// The vertex has no such instance.
+    #[error("vertex `{vertex}` has no instance {index}")]
+    NoInstance {
+        /// The vertex.
+        vertex: String,
+        /// The instance asked for.
+        index: u16,
+    },
+    /// A delay range upside down.
+    #[error("delay {min_us}-{max_us} µs: the first must not exceed the second")]
+    BadDelay {
+        /// Least delay.
+        min_us: u64,
+        /// Most delay.
+        max_us: u64,
+    },
 }

@@ -119,3 +119,38 @@ edges:
         .count() as u64;
     assert_eq!(r.packets_out, ctl + data_out);
 }
+
+/// Live statistics end equal to the run's report, and a slowed instance spends its delay on
+/// every packet; bad control requests change nothing.
+#[test]
+fn live_statistics_match_the_report_and_slow_instances_take_longer() {
+    use sluice_runtime::live::{Live, LiveError};
+    let pkts = load("http_methods.pcap");
+    let plan = compile(&chain(TWO_STAGE), &sluice_nfs::registry(), &pkts).expect("plan");
+    let live = std::sync::Arc::new(Live::new(&plan));
+    assert_eq!(live.set_slow("nope", 0, 1, 2), Err(LiveError::NoVertex("nope".into())));
+    assert!(matches!(live.set_slow("b", 9, 1, 2), Err(LiveError::NoInstance { index: 9, .. })));
+    assert!(matches!(live.set_slow("b", 0, 5, 1), Err(LiveError::BadDelay { .. })));
+    assert!(live.snapshot().vertices.iter().flat_map(|v| &v.instances).all(|i| i.slow_us.is_none()));
+    live.set_slow("b", 0, 20, 20).expect("slow b:0");
+    let hooks = RunHooks { live: Some(live.clone()), ..RunHooks::default() };
+    let r = run(plan, &cfg(2), &mut MemorySource::new(&pkts), &mut CollectSink::default(), hooks).expect("run");
+    let s = live.snapshot();
+    assert_eq!((s.packets_in, s.packets_out), (r.packets_in, r.packets_out));
+    assert_eq!(s.in_flight, 0, "nothing left in the chain");
+    for (lv, rv) in s.vertices.iter().zip(&r.vertices) {
+        assert_eq!(lv.name, rv.name);
+        let mut report: Vec<(u16, u64, u64)> =
+            rv.instances.iter().map(|i| (i.index, i.packets_in, i.forwarded)).collect();
+        let mut seen: Vec<(u16, u64, u64)> =
+            lv.instances.iter().map(|i| (i.index, i.packets_in, i.forwarded)).collect();
+        report.sort_unstable();
+        seen.sort_unstable();
+        assert_eq!(seen, report, "vertex {}", lv.name);
+    }
+    let b0 = s.vertices.iter().find(|v| v.name == "b").and_then(|v| v.instances.iter().find(|i| i.index == 0));
+    let b0 = b0.expect("b:0");
+    assert!(b0.packets_in > 0);
+    assert!(b0.busy_s >= b0.packets_in as f64 * 20e-6, "{} packets in {} s", b0.packets_in, b0.busy_s);
+    assert_eq!(b0.slow_us, Some((20, 20)));
+}
