@@ -10,8 +10,10 @@
 //! Memory is bounded by the window: the root admits a packet only while fewer than `window`
 //! packets are in flight; queues are sized so that a push within the window never fails.
 
+use crate::clocks::ClockTracker;
 use crate::live::{BatchCounts, Live};
 use crate::plan::{direction, Plan, Routes, Splitter, Target, VertexPlan};
+use crate::ports::{Fill, Sink, Source};
 use crate::record::{DropRecord, Recording, StateRecord};
 use crate::report::{InstanceReport, Latency, RunReport, VertexReport};
 use crossbeam_queue::ArrayQueue;
@@ -19,7 +21,7 @@ use crossbeam_utils::CachePadded;
 use sluice_nf::{Instance, Verdict};
 use sluice_packet::{Batch, Clock, Packet, PacketPool, ParseStatus};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -88,85 +90,6 @@ pub enum RunError {
     Config(String),
 }
 
-/// What a source produced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fill {
-    /// Packets were added (possibly zero for a live source between bursts).
-    Data,
-    /// Nothing now; try again later. A live source waits efficiently itself (e.g. in poll)
-    /// before saying so; the root only yields the CPU and calls again.
-    Idle,
-    /// No more input.
-    Done,
-}
-
-/// Where packets come from.
-pub trait Source {
-    /// Appends up to `max` packets (allocated from `pool`) to `out`.
-    fn fill(&mut self, pool: &PacketPool, out: &mut Batch, max: usize) -> Result<Fill, RunError>;
-}
-
-/// Where packets go.
-pub trait Sink {
-    /// Takes a batch of output packets (they are recycled afterwards).
-    fn write(&mut self, batch: &[Packet]) -> Result<(), RunError>;
-    /// Flushes at the end of the run.
-    fn finish(&mut self) -> Result<(), RunError> {
-        Ok(())
-    }
-}
-
-/// A source over packets held in memory (copied into pool buffers as they are admitted, so
-/// the originals can be replayed again).
-pub struct MemorySource<'a> {
-    packets: &'a [Packet],
-    pos: usize,
-}
-
-impl<'a> MemorySource<'a> {
-    /// A source over `packets`.
-    pub fn new(packets: &'a [Packet]) -> Self {
-        MemorySource { packets, pos: 0 }
-    }
-}
-
-impl Source for MemorySource<'_> {
-    fn fill(&mut self, pool: &PacketPool, out: &mut Batch, max: usize) -> Result<Fill, RunError> {
-        let end = (self.pos + max).min(self.packets.len());
-        if self.pos >= end {
-            return Ok(Fill::Done);
-        }
-        for p in &self.packets[self.pos..end] {
-            out.push(pool.copy_of(p));
-        }
-        self.pos = end;
-        Ok(Fill::Data)
-    }
-}
-
-/// A sink that discards everything.
-pub struct DiscardSink;
-
-impl Sink for DiscardSink {
-    fn write(&mut self, _batch: &[Packet]) -> Result<(), RunError> {
-        Ok(())
-    }
-}
-
-/// A sink that keeps copies of the output packets (for tests and comparisons).
-#[derive(Default)]
-pub struct CollectSink {
-    /// Packets in output order.
-    pub packets: Vec<Packet>,
-}
-
-impl Sink for CollectSink {
-    fn write(&mut self, batch: &[Packet]) -> Result<(), RunError> {
-        self.packets.extend_from_slice(batch);
-        Ok(())
-    }
-}
-
 /// Hooks the caller can give a run.
 #[derive(Default)]
 pub struct RunHooks<'a> {
@@ -176,46 +99,6 @@ pub struct RunHooks<'a> {
     pub stop: Option<Arc<AtomicBool>>,
     /// Live statistics to keep up to date while the run goes ([`Live::new`] of the plan).
     pub live: Option<Arc<Live>>,
-}
-
-/// Which clocks are still in flight. One counter per clock in a ring (the packet plus its mirror
-/// copies); the root admits a clock only while the oldest unfinished one is less than a ring's
-/// length behind, so a slot is never reused while its clock is in flight. The oldest unfinished
-/// clock is the watermark below which per-clock logs can be forgotten.
-struct ClockTracker {
-    slots: Vec<AtomicU32>,
-    mask: u64,
-}
-
-impl ClockTracker {
-    fn new(span: usize) -> ClockTracker {
-        let n = span.next_power_of_two().max(2);
-        ClockTracker { slots: (0..n).map(|_| AtomicU32::new(0)).collect(), mask: n as u64 - 1 }
-    }
-    fn span(&self) -> u64 {
-        self.mask + 1
-    }
-    fn slot(&self, c: Clock) -> Option<&AtomicU32> {
-        self.slots.get((c.seq() & self.mask) as usize)
-    }
-    fn admit(&self, c: Clock) {
-        if let Some(s) = self.slot(c) {
-            s.store(1, Ordering::Release);
-        }
-    }
-    fn copy(&self, c: Clock) {
-        if let Some(s) = self.slot(c) {
-            s.fetch_add(1, Ordering::AcqRel);
-        }
-    }
-    fn done(&self, c: Clock) {
-        if let Some(s) = self.slot(c) {
-            s.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-    fn finished(&self, seq: u64) -> bool {
-        self.slots.get((seq & self.mask) as usize).is_none_or(|s| s.load(Ordering::Acquire) == 0)
-    }
 }
 
 struct Shared {
@@ -532,7 +415,7 @@ pub fn run(
             cfg.workers, cfg.batch, cfg.window
         )));
     }
-    warn_order_sensitive(&plan);
+    crate::plan::warn_order_sensitive(&plan);
     let Plan { name, vertices, entry, traffic, instances, store, state, .. } = plan;
     let mirrors: usize =
         vertices.iter().flat_map(|v| v.routes.iter().flatten()).map(|r| r.mirrors.len()).sum::<usize>()
@@ -820,29 +703,6 @@ pub fn run(
         max: hist.max() as f64 / 1000.0,
     };
     Ok(report)
-}
-
-/// An NF that needs its input in chain-entry order across flows (`InputOrder::Clock`) gets
-/// it from one instance in arrival order, which is entry order; several instances of it here
-/// each see their own flows as they come, and its cross-flow decisions may differ from one
-/// instance's. Only the virtual-time engine orders them so far: say so.
-fn warn_order_sensitive(plan: &Plan) {
-    for v in plan.vertices.iter().filter(|v| v.instances.len() > 1) {
-        let ordered = v
-            .instances
-            .first()
-            .and_then(|g| plan.instances.get(*g))
-            .is_some_and(|(_, i)| i.nf().input_order() == sluice_nf::InputOrder::Clock);
-        if ordered {
-            tracing::warn!(
-                vertex = %v.name,
-                instances = v.instances.len(),
-                "this NF's decisions depend on the order of packets across flows, and the threaded runtime does \
-                 not order several instances' input by clock yet: its decisions may differ from one instance's \
-                 (check a run with --record and `sluice verify --recorded`)"
-            );
-        }
-    }
 }
 
 /// The end of a recorded run: the timers due by the last packet's time fire (as they do at the
