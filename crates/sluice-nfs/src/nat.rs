@@ -62,8 +62,10 @@
 //! | [`TCP_PACKETS`] | `total_tcp_packets` | global | write-mostly | every TCP packet the NAT sees (`incr_nb`) |
 //!
 //! The pool list is filled lazily: a pop that finds nothing checks the initialised marker and,
-//! if it is absent, sets it (compare-and-set, so only one instance fills a shared pool) and
-//! stores the whole slice in one `set`. Afterwards each new mapping costs one pop.
+//! if it is absent, claims it (compare-and-set, so only one instance fills a shared pool),
+//! stores the whole slice in one `set` and marks the pool filled; an instance that finds the
+//! pool empty while another is filling it waits for the fill. Afterwards each new mapping costs
+//! one pop.
 //! Mapping reference counts are changed by custom operations ([`NatNf::custom_ops`]) that run
 //! where the state lives, so concurrent instances never lose an update.
 //!
@@ -130,6 +132,13 @@ pub const TCP_PACKETS: ObjectId = ObjectId(5);
 
 /// Key of the pool's "initialised" marker in [`POOL`].
 pub const POOL_READY_KEY: StateKey = StateKey::Id(0);
+/// The "initialised" marker while the instance that claimed it fills the pool.
+const POOL_FILLING: i64 = -1;
+/// The "initialised" marker once the pool list is in the store.
+const POOL_FILLED: i64 = -2;
+/// How long another instance waits for a fill in progress: this many rounds of 50 µs.
+const POOL_FILL_WAIT_ROUNDS: u32 = 100;
+
 /// Key of the pool's "exhaustion reported" marker in [`POOL`].
 pub const POOL_EXHAUSTED_KEY: StateKey = StateKey::Id(1);
 
@@ -417,19 +426,36 @@ impl NatNf {
     }
 
     /// Pops a free port, filling the pool with this instance's slice on first use.
+    ///
+    /// The instance that claims the "initialised" marker fills the pool, then marks it filled
+    /// (each step waited for, so "filled" means the list is in the store). Another instance
+    /// that finds the pool empty while the marker only says "claimed" waits for the fill
+    /// rather than report a pool it has never seen as exhausted; if the filler never finishes
+    /// (it failed in between and nothing replays it), it gives up after a few milliseconds and
+    /// reports the pool exhausted, which loses a connection but never hands a port out twice.
     fn pop_port(&self, ctx: &mut NfContext<'_>) -> Result<Option<u16>, StateError> {
-        if let Some(p) = ctx.state.pop(POOL, &StateKey::Unit)?.and_then(|v| v.as_int()) {
-            return Ok(u16::try_from(p).ok());
+        let pop = |ctx: &mut NfContext<'_>| -> Result<Option<u16>, StateError> {
+            Ok(ctx.state.pop(POOL, &StateKey::Unit)?.and_then(|v| v.as_int()).and_then(|p| u16::try_from(p).ok()))
+        };
+        if let Some(p) = pop(ctx)? {
+            return Ok(Some(p));
         }
-        let claimed =
-            ctx.state.exec(POOL, &POOL_READY_KEY, StateOp::CompareAndSet { expect: None, new: Value::Int(-1) })?;
-        if claimed != Some(Value::Int(1)) {
-            return Ok(None); // Already filled: the pool is exhausted.
+        let claim = StateOp::CompareAndSet { expect: None, new: Value::Int(POOL_FILLING) };
+        if ctx.state.exec(POOL, &POOL_READY_KEY, claim)? == Some(Value::Int(1)) {
+            let (a, b) = self.slice;
+            let list: VecDeque<Value> = (a..=b).map(|p| Value::Int(i64::from(p))).collect();
+            ctx.state.set(POOL, &StateKey::Unit, Value::List(list))?;
+            ctx.state.set(POOL, &POOL_READY_KEY, Value::Int(POOL_FILLED))?;
+            return pop(ctx);
         }
-        let (a, b) = self.slice;
-        let list: VecDeque<Value> = (a..=b).map(|p| Value::Int(i64::from(p))).collect();
-        ctx.state.set(POOL, &StateKey::Unit, Value::List(list))?;
-        Ok(ctx.state.pop(POOL, &StateKey::Unit)?.and_then(|v| v.as_int()).and_then(|p| u16::try_from(p).ok()))
+        for _ in 0..POOL_FILL_WAIT_ROUNDS {
+            if ctx.state.get(POOL, &POOL_READY_KEY)? != Some(Value::Int(POOL_FILLING)) {
+                // Filled (the fill may have landed after our first pop), or exhausted.
+                return pop(ctx);
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        Ok(None)
     }
 
     fn inbound(&self, pkt: &mut Packet, t: FiveTuple, ctx: &mut NfContext<'_>) -> Result<Verdict, StateError> {
