@@ -150,7 +150,7 @@ impl Moves {
         self.deferred.retain(|d| *d != id);
         if let Some(m) = &mut m {
             // The old instance goes with the last move away from it, whichever that is.
-            let last = self.moving_out_of(m.from).is_empty();
+            let last = !self.moves_out(m.from);
             if m.retire_from && !last {
                 m.retire_from = false;
                 self.retire_when_moved_out(m.from);
@@ -196,7 +196,8 @@ impl Moves {
     /// from it, the last of those moves retires it (returns true); otherwise the driver retires
     /// it now (false).
     pub fn retire_when_moved_out(&mut self, node: NodeId) -> bool {
-        if self.moving_out_of(node).is_empty() {
+        // Any move away from it counts, one of no flows too: its barrier is in `node`'s queue.
+        if !self.moves_out(node) {
             return false;
         }
         if !self.retiring.contains(&node) {
@@ -222,6 +223,11 @@ impl Moves {
     pub fn flows_to_hand_over(&self, node: NodeId, received: &HashSet<u64>) -> HashSet<u64> {
         let out: HashSet<u64> = self.moving_out_of(node).into_iter().collect();
         received.iter().copied().chain(self.moving_into(node)).filter(|k| !out.contains(k)).collect()
+    }
+
+    /// Whether any move away from `node` is in progress (even one of no flows).
+    fn moves_out(&self, node: NodeId) -> bool {
+        self.moves.iter().flatten().any(|m| m.from == node)
     }
 
     /// The flows moving away from `node` (their barrier not passed yet).

@@ -117,3 +117,16 @@ fn a_scale_in_hands_over_flows_received_and_moving_in_but_not_moving_out() {
     got.sort_unstable();
     assert_eq!(got, vec![1, 2, 4]);
 }
+
+#[test]
+fn a_move_of_no_flows_still_holds_its_old_instance_back_from_retiring() {
+    // A move of no flows (the old instance had none) still has a barrier in the old instance's
+    // queue: a scale-in of that instance waits for it rather than drop it with the queue.
+    let mut m = Moves::default();
+    let empty = Move { from: NodeId(2), to: NodeId(0), keys: Vec::new(), retire_from: false, tag: 0 };
+    let MoveStart::Barrier { id } = m.start(empty, true) else { panic!("barrier") };
+    assert!(m.retire_when_moved_out(NodeId(2)), "retired with the move");
+    let done = m.complete(id).unwrap();
+    assert!(done.moved.retire_from, "the move's completion retires it");
+    assert!(!m.busy());
+}
