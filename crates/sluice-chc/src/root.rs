@@ -208,7 +208,9 @@ impl Root {
         }
         if pkt.meta.flags.contains(MetaFlags::REPLAYED) {
             *self.replays_in_flight.entry(pkt.meta.clock).or_default() += 1;
-            if let Some(t) = pkt.meta.target {
+            // A copy made past the target (a mirror copy downstream of it) is not on its way
+            // to the target.
+            if let Some(t) = pkt.meta.target.filter(|_| !pkt.meta.flags.contains(MetaFlags::REACHED)) {
                 *self.replays_to.entry(t).or_default() += 1;
             }
         }
@@ -251,15 +253,31 @@ impl Root {
         }
     }
 
+    /// A replay copy reached its target, which processed it (the driver marks it `REACHED`):
+    /// the target has that part of the log, whatever happens to the copy downstream. A
+    /// recovering target waits for its copies to reach it, not to leave the chain: downstream,
+    /// an order-sensitive vertex may wait for a packet the target still holds.
+    pub fn replay_reached(&mut self, pkt: &Packet) {
+        if pkt.meta.flags.contains(MetaFlags::REPLAYED) {
+            if let Some(t) = pkt.meta.target {
+                self.replay_to_target_done(t);
+            }
+        }
+    }
+
+    fn replay_to_target_done(&mut self, t: InstanceId) {
+        if let Some(n) = self.replays_to.get_mut(&t) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.replays_to.remove(&t);
+            }
+        }
+    }
+
     /// One replay copy is gone; whether it was the last of its clock.
     fn replay_copy_gone(&mut self, pkt: &Packet) -> bool {
-        if let Some(t) = pkt.meta.target {
-            if let Some(n) = self.replays_to.get_mut(&t) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    self.replays_to.remove(&t);
-                }
-            }
+        if let Some(t) = pkt.meta.target.filter(|_| !pkt.meta.flags.contains(MetaFlags::REACHED)) {
+            self.replay_to_target_done(t);
         }
         let clock = pkt.meta.clock;
         let Some(n) = self.replays_in_flight.get_mut(&clock) else { return false };

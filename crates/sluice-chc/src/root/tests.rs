@@ -134,3 +134,37 @@ fn reload_keeps_what_the_store_has_and_deletes_what_was_done() {
     assert!(r.lost_with_log(b.meta.clock), "b was in flight and its entry is gone");
     assert!(!r.lost_with_log(a.meta.clock) && !r.lost_with_log(done.meta.clock));
 }
+
+#[test]
+fn a_replay_has_drained_to_its_target_once_every_copy_reached_it() {
+    let mut r = root(10);
+    admit(&mut r, 0);
+    admit(&mut r, 1);
+    let target = InstanceId(0x0001_0000);
+    let mut copies: Vec<Packet> = r.replay_to(target).into_iter().map(|(_, p)| p).collect();
+    assert!(!r.replay_drained_to(target));
+    // The target processes both; downstream they are still travelling (an order-sensitive
+    // vertex may hold one back).
+    for p in &mut copies {
+        p.meta.flags.insert(MetaFlags::REACHED);
+        r.replay_reached(p);
+    }
+    assert!(r.replay_drained_to(target), "the target has what the log held");
+    // A mirror copy made downstream of the target is not on its way to it.
+    let mirror = copies[0].clone();
+    r.copy_sent(&mirror);
+    assert!(r.replay_drained_to(target));
+    r.copy_finished(&mirror);
+    assert!(!r.replay_drained(), "the copies have not left the chain");
+    for p in &copies {
+        r.copy_finished(p);
+    }
+    assert!(r.replay_drained_to(target) && r.replay_drained(), "finishing does not count twice");
+    // A copy lost or suppressed before it reached the target counts when it is gone.
+    let lost: Vec<Packet> = r.replay_to(target).into_iter().map(|(_, p)| p).collect();
+    assert!(!r.replay_drained_to(target));
+    for p in &lost {
+        r.copy_lost(p);
+    }
+    assert!(r.replay_drained_to(target));
+}

@@ -452,6 +452,7 @@ impl Engine<'_> {
             // duplicate suppression like any packet (it stays a replay copy for the root).
             if pkt.meta.replay_target() == Some(n.inst.id()) {
                 pkt.meta.flags.insert(MetaFlags::REACHED);
+                self.root.replay_reached(&pkt);
             }
             if p.record && suppress {
                 vx.emitted.entry(real).or_insert_with(|| (pkt.clone(), verdict));
