@@ -10,6 +10,7 @@
 //! drops a clock it has processed already (two failures at once replay some packets twice).
 
 use crate::moves::MoveId;
+use crate::order::OrderKey;
 use sluice_packet::{Clock, InstanceId, MetaFlags, Packet};
 use std::collections::{HashMap, HashSet};
 
@@ -92,6 +93,13 @@ pub struct Gate {
     flows: HashSet<u64>,
     /// Clocks the root replayed towards this instance.
     covered: HashSet<Clock>,
+    /// The earliest of them in chain-entry order.
+    least_covered: Option<OrderKey>,
+    /// Roots stamping clocks (how entry order compares packets).
+    roots: usize,
+    /// The instance takes its packets in chain-entry order (an order-sensitive NF): see
+    /// [`Gate::take_in_entry_order`].
+    entry_ordered: bool,
     /// Barriers of moves away from this instance that go in when its recovery ends (see
     /// [`Gate::place_barrier`]).
     barriers_after_recovery: Vec<MoveId>,
@@ -134,7 +142,7 @@ impl Gate {
             if self.covered.contains(&pkt.meta.clock) {
                 return Arrival::Covered(pkt);
             }
-            if self.before_replay(pkt.meta.clock) {
+            if self.entry_ordered || self.before_replay(&pkt) {
                 // Older than every packet the replay brings (in flight, but no longer in the
                 // root's log, which a store crash cut back): nothing of its flow can come in the
                 // replay before it, and an order-sensitive vertex must take it first.
@@ -147,15 +155,30 @@ impl Gate {
         Arrival::Queue(pkt)
     }
 
-    /// Whether `clock` entered before every clock the replay towards this instance brings
-    /// (clocks of one root only: those of different roots are not ordered).
-    fn before_replay(&self, clock: Clock) -> bool {
-        !self.covered.is_empty() && self.covered.iter().all(|c| c.root() == clock.root() && clock < *c)
+    /// Whether `pkt` entered the chain before every packet the replay towards this instance
+    /// brings (chain-entry order: [`OrderKey`], entry time first with several roots).
+    fn before_replay(&self, pkt: &Packet) -> bool {
+        self.least_covered.is_some_and(|least| OrderKey::of(&pkt.meta, self.roots) < least)
     }
 
-    /// The root replays `clocks` towards this instance.
-    pub fn cover(&mut self, clocks: impl IntoIterator<Item = Clock>) {
-        self.covered.extend(clocks);
+    /// This instance takes its packets in chain-entry order (its driver processes a packet only
+    /// once no earlier one is queued or held here or upstream, `crate::order`). Then a recovery
+    /// holds no live packet: every replayed packet is pending upstream or here until processed,
+    /// so entry order already puts a flow's replayed packets before its later live ones, and a
+    /// live packet that entered before some replayed ones must go first, not wait for the
+    /// replay to drain (it would wait for them while they wait for it).
+    pub fn take_in_entry_order(&mut self) {
+        self.entry_ordered = true;
+    }
+
+    /// The root replays `copies` towards this instance, with `roots` roots stamping clocks.
+    pub fn cover<'p>(&mut self, copies: impl IntoIterator<Item = &'p Packet>, roots: usize) {
+        self.roots = roots;
+        for p in copies {
+            let key = OrderKey::of(&p.meta, roots);
+            self.least_covered = Some(self.least_covered.map_or(key, |l| l.min(key)));
+            self.covered.insert(p.meta.clock);
+        }
     }
 
     /// Whether the root's replay towards this instance carries `clock`.
@@ -246,6 +269,7 @@ impl Gate {
     pub fn end_recovery(&mut self) -> RecoveryEnd {
         self.recovering = false;
         self.covered.clear();
+        self.least_covered = None;
         self.held_clocks.clear();
         RecoveryEnd {
             held: std::mem::take(&mut self.held),

@@ -20,7 +20,7 @@ const OTHER: InstanceId = InstanceId(0x0002_0000);
 #[test]
 fn a_recovering_instance_holds_live_packets_until_the_replay_drains() {
     let mut g = Gate::new(true);
-    g.cover([Clock::new(0, 1), Clock::new(0, 2)]);
+    g.cover(&[live(1), live(2)], 1);
     assert!(matches!(g.arrive(7, live(5)), Arrival::Held));
     assert!(matches!(g.arrive(7, replay(1, ME)), Arrival::Queue(_)), "replay copies pass");
     assert!(matches!(g.arrive(7, live(2)), Arrival::Covered(_)), "the replay carries clock 2");
@@ -40,7 +40,7 @@ fn a_recovering_instance_holds_live_packets_until_the_replay_drains() {
 #[test]
 fn a_replay_copy_past_its_target_waits_like_a_live_packet() {
     let mut g = Gate::new(true);
-    g.cover([Clock::new(0, 1), Clock::new(0, 2)]);
+    g.cover(&[live(1), live(2)], 1);
     let mut reached = replay(5, OTHER);
     reached.meta.flags.insert(MetaFlags::REACHED);
     assert!(matches!(g.arrive(7, reached), Arrival::Held), "behind the replay's clocks 1 and 2");
@@ -56,7 +56,7 @@ fn a_live_packet_older_than_the_whole_replay_is_not_held() {
     // the replay brings 4-5 only. Holding 3 behind it would make an order-sensitive vertex wait
     // for 3 before 4 while 3 waits for the replay to drain.
     let mut g = Gate::new(true);
-    g.cover([Clock::new(0, 4), Clock::new(0, 5)]);
+    g.cover(&[live(4), live(5)], 1);
     assert!(matches!(g.arrive(7, live(3)), Arrival::Queue(_)));
     assert!(matches!(g.arrive(7, live(6)), Arrival::Held));
     // Clocks of another root are not ordered against the replay's: held.
@@ -193,4 +193,33 @@ fn take_applies_suppression_then_the_pass_through_rules() {
     let off = TakeContext { suppress: false, ..cx(&decided, true) };
     assert_eq!(g.take(&live(4), &off), Take::Process { duplicate: true });
     assert_eq!(g.take(&replay(9, OTHER), &off), Take::Process { duplicate: false });
+}
+
+#[test]
+fn with_several_roots_a_live_packet_older_than_the_whole_replay_goes_first() {
+    // Root 0's clock 486 entered before everything the replay brings (root 0 resumed at 1201
+    // after a crash, root 1's packets entered later): it cannot overtake any of them on its flow,
+    // and an order-sensitive vertex must take it first.
+    let at = |root: u8, seq: u64, ts: u64| {
+        let mut p = udp(1, 1);
+        p.meta.clock = Clock::new(root, seq);
+        p.meta.ts_ns = ts;
+        p
+    };
+    let mut g = Gate::new(true);
+    g.cover(&[at(0, 1201, 500), at(1, 7, 300)], 2);
+    assert!(matches!(g.arrive(7, at(0, 486, 100)), Arrival::Queue(_)), "entered first");
+    assert!(matches!(g.arrive(7, at(1, 9, 400)), Arrival::Held), "entered after a replayed packet");
+    assert!(matches!(g.arrive(7, at(0, 480, 350)), Arrival::Held), "a lower clock of another root is not earlier");
+}
+
+#[test]
+fn an_entry_ordered_instance_holds_nothing_for_its_recovery() {
+    let mut g = Gate::new(true);
+    g.take_in_entry_order();
+    g.cover(&[live(1), live(2)], 1);
+    assert!(matches!(g.arrive(7, live(5)), Arrival::Queue(_)), "entry order puts it after the replay");
+    assert!(matches!(g.arrive(7, live(2)), Arrival::Covered(_)), "the replay carries clock 2");
+    g.hold_flows(&[8]);
+    assert!(matches!(g.arrive(8, live(6)), Arrival::Held), "a flow moving in is still held");
 }

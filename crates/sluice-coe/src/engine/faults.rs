@@ -122,7 +122,10 @@ impl Engine<'_> {
     }
 
     /// A new node; its id in the core.
-    pub(super) fn add_node(&mut self, n: Node) -> NodeId {
+    pub(super) fn add_node(&mut self, mut n: Node) -> NodeId {
+        if self.vertices.get(n.vertex).is_some_and(|v| v.ordered) {
+            n.gate.take_in_entry_order();
+        }
         self.nodes.push(n);
         NodeId(self.nodes.len() - 1)
     }
@@ -211,10 +214,10 @@ impl Engine<'_> {
     ) {
         let copies = self.root.replay_to(target);
         let replayed = copies.len() as u64;
-        let clocks: Vec<_> = copies.iter().map(|(_, p)| p.meta.clock).collect();
+        let roots = self.root.roots();
         let node = self.nodes.iter_mut().rev().find(|n| n.alive && n.inst.id() == target);
         if let Some(n) = node {
-            n.gate.cover(clocks);
+            n.gate.cover(copies.iter().map(|(_, p)| p), roots);
         }
         for (input, pkt) in copies {
             self.enter(input, pkt);
