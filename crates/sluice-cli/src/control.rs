@@ -170,6 +170,11 @@ pub fn serve(addr: SocketAddr, token: String, live: Arc<Live>) -> Result<SocketA
     Ok(bound)
 }
 
+/// The labels of an instance's metrics.
+fn labels(v: &sluice_runtime::live::LiveVertex, i: &sluice_runtime::live::LiveInstance) -> Vec<(&'static str, String)> {
+    vec![("vertex", v.name.clone()), ("instance", i.index.to_string())]
+}
+
 /// The live statistics as Prometheus metrics, read on every scrape.
 #[derive(Debug)]
 struct LiveCollector(Arc<Live>);
@@ -198,8 +203,7 @@ impl Collector for LiveCollector {
             let mut fam = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
             for v in &s.vertices {
                 for i in &v.instances {
-                    let labels = vec![("vertex", v.name.clone()), ("instance", i.index.to_string())];
-                    ConstCounter::new(field(i)).encode(fam.encode_family(&labels)?)?;
+                    ConstCounter::new(field(i)).encode(fam.encode_family(&labels(v, i))?)?;
                 }
             }
         }
@@ -212,9 +216,9 @@ impl Collector for LiveCollector {
         for v in &s.vertices {
             for i in &v.instances {
                 for (reason, n) in &i.dropped_by_reason {
-                    let labels =
-                        vec![("vertex", v.name.clone()), ("instance", i.index.to_string()), ("reason", reason.clone())];
-                    ConstCounter::new(*n).encode(fam.encode_family(&labels)?)?;
+                    let mut with_reason = labels(v, i);
+                    with_reason.push(("reason", reason.clone()));
+                    ConstCounter::new(*n).encode(fam.encode_family(&with_reason)?)?;
                 }
             }
         }
@@ -226,9 +230,8 @@ impl Collector for LiveCollector {
         )?;
         for v in &s.vertices {
             for i in &v.instances {
-                let labels = vec![("vertex", v.name.clone()), ("instance", i.index.to_string())];
                 ConstGauge::new(i64::try_from(i.queued_batches).unwrap_or(i64::MAX))
-                    .encode(fam.encode_family(&labels)?)?;
+                    .encode(fam.encode_family(&labels(v, i))?)?;
             }
         }
         Ok(())
