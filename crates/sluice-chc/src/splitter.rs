@@ -67,8 +67,8 @@ impl Splitter {
     /// Where a replay copy of flow `key` aimed at an instance of this vertex goes: to the
     /// target only — the flow's slot instance or its clone, whichever `is_target` names —, or,
     /// if neither is, to the instance `moving_away` returns (the target is the old instance of
-    /// a move of the flow still in progress, and what was sent to it before the move is still
-    /// its to redo). `None`: the copy has nothing to do here, nor anywhere after.
+    /// a move of the flow still in progress, or that instance's clone, and what was sent to it
+    /// before the move is still its to redo). `None`: the copy has nothing to do here, nor anywhere after.
     pub fn place_replay_at_target(
         &self,
         key: u64,

@@ -70,6 +70,10 @@ pub struct FuzzArgs {
     /// the runs).
     #[arg(long, short)]
     quiet: bool,
+    /// Print every run's seed, chain, trace and schedule as YAML without running anything (to see
+    /// what a seed does, or to turn a run into a schedule file for `sluice verify --faults`).
+    #[arg(long)]
+    dry_run: bool,
 }
 
 /// One chain and one trace, with the reference run over the trace (made once, on first use).
@@ -168,6 +172,10 @@ fn progress(quiet: bool, n: u64) -> Option<ProgressBar> {
 
 pub fn cmd_fuzz(a: FuzzArgs) -> Result<(), Failure> {
     let inputs = load_inputs(&a)?;
+    if a.dry_run {
+        print_schedules(&a, &inputs);
+        return Ok(());
+    }
     let store = store_factory(&a.store)?;
     let registry = sluice_nfs::registry();
     let pb = progress(a.quiet, a.n);
@@ -252,6 +260,22 @@ pub fn cmd_fuzz(a: FuzzArgs) -> Result<(), Failure> {
             code: NOT_EQUIVALENT,
             error: anyhow::anyhow!("{} of {} random run(s) failed", failures.len(), a.n),
         })
+    }
+}
+
+/// `--dry-run`: every run's schedule, one YAML document per run, in the form `verify --faults`
+/// reads.
+fn print_schedules(a: &FuzzArgs, inputs: &[Input]) {
+    for i in 0..a.n {
+        let Some(input) = inputs.get((i % inputs.len().max(1) as u64) as usize) else { return };
+        let seed = a.seed.wrapping_add(i);
+        let schedule = FaultSchedule::random(seed, &input.chain, input.packets.len() as u64, a.max_events);
+        println!(
+            "---\n# run {i}: chain {}, input {}\n{}",
+            input.chain_path.display(),
+            input.trace_path.display(),
+            schedule.to_yaml()
+        );
     }
 }
 

@@ -91,3 +91,30 @@ fn several_roots_from_the_command_line() {
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("no root 2"), "{out}");
 }
+
+#[test]
+fn fuzz_dry_run_prints_schedules_that_verify_runs() {
+    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(repo(""))
+        .args(["fuzz", "--dry-run", "--seed", "40", "--n", "2", "--limit", "2000"])
+        .args(["--chain", "chains/example.yaml", "--input", "traces/demo.pcap"])
+        .output()
+        .expect("run sluice fuzz --dry-run");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+    let docs: Vec<&str> = out.split("---\n").filter(|d| !d.trim().is_empty()).collect();
+    assert_eq!(docs.len(), 2, "one schedule per run: {out}");
+    let dir = std::env::temp_dir().join(format!("sluice-dry-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for (i, doc) in docs.iter().enumerate() {
+        // Run i uses seed SEED+i, and the schedule is the one a real run of that seed checks.
+        assert!(doc.contains(&format!("seed: {}\n", 40 + i)), "{doc}");
+        assert!(doc.contains("events:"), "{doc}");
+        let file = dir.join(format!("run-{i}.yaml"));
+        std::fs::write(&file, doc).expect("write schedule");
+        let args = words(&format!("--chain chains/example.yaml --input traces/demo.pcap --faults {}", file.display()));
+        let (code, report) = verify(&args, "2000", false);
+        assert_eq!(code, 0, "seed {}: {report}", 40 + i);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -99,6 +99,15 @@ pub enum EngineError {
         /// What is wrong.
         msg: String,
     },
+    /// The run kept serving events far beyond what its input can cause: a livelock. Reported
+    /// instead of spinning forever so that a random run that never ends is a failure with a seed.
+    #[error("the run does not end: {events} events for {packets} input packets (livelock)")]
+    DoesNotEnd {
+        /// Events served when the run was stopped.
+        events: u64,
+        /// Input packets of the run.
+        packets: u64,
+    },
 }
 
 /// One recovery or reconfiguration the engine carried out.

@@ -122,9 +122,14 @@ impl Engine<'_> {
             // or its clone, whichever it is) and nowhere else: a copy of another instance's flow
             // has nothing to do there, nor anywhere after.
             let is_t = |x: NodeId| self.node(x).is_some_and(|n| n.alive && n.inst.id() == t);
+            // The target may be the old instance of a move of the flow still in progress, or
+            // the clone of that instance: what was sent there before the move is still theirs
+            // to redo (the clone mirrors its straggler, which the flow has not left yet).
             let leaving = || {
-                let node = self.nodes.iter().rposition(|n| n.alive && n.vertex == v && n.inst.id() == t);
-                node.map(NodeId).filter(|n| self.moves.moving_out(*n, key))
+                let node = self.nodes.iter().rposition(|n| n.alive && n.vertex == v && n.inst.id() == t).map(NodeId)?;
+                let straggler = vx.splitter.straggler_of(node);
+                (self.moves.moving_out(node, key) || straggler.is_some_and(|s| self.moves.moving_out(s, key)))
+                    .then_some(node)
             };
             let slot_index = |n| sluice_runtime::plan::split_index(&pkt, &vx.plan.split, n, &hasher);
             match vx.splitter.place_replay_at_target(key, slot_index, is_t, leaving) {
@@ -424,7 +429,7 @@ impl Engine<'_> {
             let p = vx.decided.process(real, replayed, suppress);
             if let Some(w) = vx.awaiting.remove(&real) {
                 // The clock is processed: replay copies waiting for it pass through behind it.
-                released.extend(w.into_iter().map(|(_, p)| p));
+                released.extend(w);
             }
             let before = if p.duplicate { updates_of(&mut n.inst) } else { 0 };
             if !clocks {
@@ -465,9 +470,13 @@ impl Engine<'_> {
         for (pkt, verdict, at, record) in outs {
             self.hand_on(v, pkt, verdict, at, record);
         }
-        for p in released {
+        for (waited_at, p) in released {
+            // Each passes through where it waited, in that queue's order: the copies of one
+            // replay stay in clock order even when a straggler and its clone took turns on
+            // their clocks (a recovering target downstream processes them as they come).
+            let at_node = if self.alive(waited_at) { waited_at } else { node };
             let key = split_key(&p, &split);
-            self.enqueue(node, p, t, key);
+            self.enqueue(at_node, p, t, key);
         }
         Ok(t)
     }

@@ -67,6 +67,10 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Most events a run may serve per input packet before it is stopped as a livelock
+/// ([`EngineError::DoesNotEnd`]).
+const EVENTS_PER_PACKET_BUDGET: u64 = 2_000;
+
 /// Something in a queue: a packet, or the barrier that ends a flow move at the old instance.
 enum Item {
     Packet(Packet),
@@ -225,6 +229,9 @@ pub struct Engine<'a> {
     leaving: Vec<Leaving>,
     /// With asynchronous deletes: packets that left, whose "done" reaches the root at a time.
     late_deletes: VecDeque<(u64, Packet)>,
+    /// How many waiting replay copies the end of the run last released, and how many packets
+    /// had been processed then (see `settle_end`).
+    awaiting_released: Option<(usize, u64)>,
     /// The core's moves in progress, and when each started (wall, virtual).
     moves: Moves,
     move_started: HashMap<MoveId, (Instant, u64)>,
@@ -347,6 +354,7 @@ impl<'a> Engine<'a> {
             root,
             leaving: Vec::new(),
             late_deletes: VecDeque::new(),
+            awaiting_released: None,
             moves: Moves::default(),
             move_started: HashMap::new(),
             commits: Vec::new(),
@@ -372,6 +380,9 @@ impl<'a> Engine<'a> {
         let mut next_fault = 0usize;
         let mut events = 0u64;
         let mut stalls = 0u32;
+        // Far above what any schedule causes (each packet visits every vertex once per copy and
+        // replay), so only a run that never ends reaches it.
+        let event_budget = EVENTS_PER_PACKET_BUDGET.saturating_mul(packets.len() as u64 + 64);
         loop {
             let t_in = if next_input < packets.len() { next_input as u64 * self.cfg.arrival_ns } else { u64::MAX };
             let (t_node, node) = self.next_node();
@@ -416,6 +427,10 @@ impl<'a> Engine<'a> {
             events += 1;
             if events.is_multiple_of(64) {
                 self.collect_commits();
+                if events > event_budget {
+                    self.log_waiting();
+                    return Err(EngineError::DoesNotEnd { events, packets: packets.len() as u64 });
+                }
             }
         }
         self.finish()
@@ -458,7 +473,19 @@ impl<'a> Engine<'a> {
         let awaiting: Vec<(NodeId, Packet)> =
             self.vertices.iter_mut().flat_map(|v| v.awaiting.drain().flat_map(|(_, w)| w)).collect();
         if !awaiting.is_empty() {
-            // Their clock will not come: they pass through as they are.
+            // Their clock may still come from a copy released with them. If the last release
+            // of the same copies led to no processing anywhere, it will not: a deadlock, not
+            // a run to spin on forever.
+            let processed: u64 = self.nodes.iter().map(|n| n.processed).sum();
+            let round = (awaiting.len(), processed);
+            if self.awaiting_released == Some(round) {
+                self.log_waiting();
+                return Err(EngineError::Store(format!(
+                    "{} replay copies wait for a clock their vertex will never process (deadlock)",
+                    awaiting.len()
+                )));
+            }
+            self.awaiting_released = Some(round);
             for (node, p) in awaiting {
                 if let Some(n) = self.nodes.get_mut(node.0).filter(|n| n.alive) {
                     n.pending.add(sluice_chc::order::OrderKey::of(&p.meta, self.root.roots()));
