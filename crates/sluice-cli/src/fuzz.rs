@@ -213,8 +213,15 @@ pub fn cmd_fuzz(a: FuzzArgs) -> Result<(), Failure> {
                 match run_one(i) {
                     Ok(Some(f)) => {
                         let n = failed.fetch_add(1, Ordering::Relaxed) + 1;
+                        // Named as soon as it is known: a long run may be stopped before its
+                        // report.
+                        let what = if f.outcome.outside_guarantee() { "outside the guarantee" } else { "failed" };
+                        let line = format!("sluice fuzz: seed {} {what} ({})", f.seed, f.chain);
                         if let Some(pb) = &pb {
                             pb.set_message(format!("{n} failed"));
+                            pb.println(line);
+                        } else if !a.quiet {
+                            eprintln!("{line}");
                         }
                         failures.lock().unwrap_or_else(|e| e.into_inner()).push(f);
                     }
