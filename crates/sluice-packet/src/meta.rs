@@ -74,6 +74,19 @@ impl MetaFlags {
     /// suppression like any packet, while the root still knows which replay it belongs to.
     pub const REACHED: MetaFlags = MetaFlags(16);
 
+    /// Every flag defined above.
+    pub const ALL: MetaFlags = MetaFlags(0x1f);
+
+    /// The flags as one byte (for the wire).
+    pub fn bits(self) -> u8 {
+        self.0
+    }
+
+    /// The flags in `bits`, or `None` if it sets a bit no flag above defines.
+    pub fn from_bits(bits: u8) -> Option<MetaFlags> {
+        (bits & !Self::ALL.0 == 0).then_some(MetaFlags(bits))
+    }
+
     /// Whether every flag in `other` is set.
     pub fn contains(self, other: MetaFlags) -> bool {
         self.0 & other.0 == other.0

@@ -1,0 +1,316 @@
+//! Geneve (RFC 8926) with Sluice's per-packet metadata as options.
+//!
+//! A datagram is the 8-byte Geneve header, Sluice's options, then the packet's Ethernet frame
+//! (protocol type 0x6558, "transparent Ethernet bridging"). The VNI names the chain. All
+//! options use one option class from the range RFC 8926 leaves for experiments
+//! ([`OPTION_CLASS`]); the high bit of an option's type marks it critical, as the RFC defines:
+//! a receiver that does not know a critical option drops the packet, and skips a non-critical
+//! one. The layout is documented in docs/wire-format.md.
+//!
+//! | type | critical | words | content |
+//! |---|---|---|---|
+//! | 0x81 packet | yes | 5 | clock u64, XOR vector u32, destination instance u32, flags u8, 0 u8, input port u16 |
+//! | 0x82 replay target | yes | 1 | instance u32 (only on replay copies) |
+//! | 0x03 times | no | 4 | capture time ns u64, root's ingress time ns u64 |
+//! | 0x84 labels | yes | 2 per label | label id u16, 0 u16, value u32 (only when labels are set) |
+//!
+//! Every integer is big-endian (network order).
+
+use sluice_packet::{Clock, InstanceId, LabelId, Labels, Meta, MetaFlags, MAX_LABELS};
+
+/// The UDP port IANA assigned to Geneve.
+pub const GENEVE_PORT: u16 = 6081;
+/// Geneve's protocol type for an Ethernet frame.
+pub const PROTO_ETHERNET: u16 = 0x6558;
+/// The option class of Sluice's options (RFC 8926 leaves 0xFFF0–0xFFFF for experiments).
+pub const OPTION_CLASS: u16 = 0xFFF0;
+
+const HEADER: usize = 8;
+const OPTION_HEADER: usize = 4;
+const CRITICAL: u8 = 0x80;
+const TYPE_PACKET: u8 = 0x81;
+const TYPE_REPLAY_TARGET: u8 = 0x82;
+const TYPE_TIMES: u8 = 0x03;
+const TYPE_LABELS: u8 = 0x84;
+const PACKET_WORDS: u8 = 5;
+const TIMES_WORDS: u8 = 4;
+const LABEL_WORDS: u8 = 2;
+/// The largest VNI (24 bits).
+pub const MAX_VNI: u32 = (1 << 24) - 1;
+
+/// What is wrong with a datagram or an encapsulation request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// The datagram ends before what its headers announce.
+    #[error("truncated: {need} bytes needed, {have} present")]
+    Truncated {
+        /// Bytes the headers announce.
+        need: usize,
+        /// Bytes present.
+        have: usize,
+    },
+    /// A Geneve version other than 0.
+    #[error("Geneve version {0} (only version 0 exists)")]
+    Version(u8),
+    /// A control message (O bit set): Sluice sends none.
+    #[error("a Geneve control message (O bit set); Sluice sends only data packets")]
+    Control,
+    /// The payload is not an Ethernet frame.
+    #[error("protocol type {0:#06x}, expected Ethernet (0x6558)")]
+    Protocol(u16),
+    /// An option runs past the options area the header announces.
+    #[error("option at offset {offset} runs past the options ({words} words announced)")]
+    OptionOverrun {
+        /// Offset of the option within the options area.
+        offset: usize,
+        /// Option words the base header announces.
+        words: u8,
+    },
+    /// A Sluice option whose length does not match its type.
+    #[error("Sluice option {kind:#04x} with {words} words")]
+    OptionLength {
+        /// The option's type.
+        kind: u8,
+        /// Its length in 4-byte words.
+        words: u8,
+    },
+    /// A critical option this receiver does not know (RFC 8926: drop the packet).
+    #[error("unknown critical option class {class:#06x} type {kind:#04x}")]
+    UnknownCritical {
+        /// Its class.
+        class: u16,
+        /// Its type.
+        kind: u8,
+    },
+    /// A Sluice option that appears twice.
+    #[error("Sluice option {0:#04x} appears twice")]
+    DuplicateOption(u8),
+    /// No packet option: the receiver would not know the clock or the destination.
+    #[error("no Sluice packet option (clock, destination)")]
+    MissingPacketOption,
+    /// Flag bits no Sluice version defines.
+    #[error("unknown flag bits {0:#04x}")]
+    UnknownFlags(u8),
+    /// More labels than a packet carries.
+    #[error("{0} labels; a packet carries at most {MAX_LABELS}")]
+    TooManyLabels(usize),
+    /// A chain id that does not fit the 24-bit VNI.
+    #[error("VNI {0} does not fit 24 bits")]
+    VniTooLarge(u32),
+}
+
+/// A datagram read back: where it goes and what travels with it. The frame borrows from the
+/// datagram.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decoded<'a> {
+    /// The chain (Geneve's VNI).
+    pub vni: u32,
+    /// The instance the sender's splitter chose.
+    pub dest: InstanceId,
+    /// The packet's metadata.
+    pub meta: Meta,
+    /// The packet's Ethernet frame.
+    pub frame: &'a [u8],
+}
+
+/// Appends to `out` the datagram that carries `frame` with `meta` to instance `dest` of chain
+/// `vni`. Options absent from the packet (no replay target, no labels) are left out.
+pub fn encode(meta: &Meta, dest: InstanceId, vni: u32, frame: &[u8], out: &mut Vec<u8>) -> Result<(), WireError> {
+    if vni > MAX_VNI {
+        return Err(WireError::VniTooLarge(vni));
+    }
+    let labels = meta.labels.len();
+    let option_words = (1 + PACKET_WORDS)
+        + meta.target.map_or(0, |_| 2)
+        + (1 + TIMES_WORDS)
+        + if labels > 0 { 1 + LABEL_WORDS * labels as u8 } else { 0 };
+    out.reserve(HEADER + usize::from(option_words) * 4 + frame.len());
+    // Version 0; the C bit: critical options are present (the packet option always is).
+    out.push(option_words);
+    out.push(0x40);
+    out.extend_from_slice(&PROTO_ETHERNET.to_be_bytes());
+    out.extend_from_slice(&vni.to_be_bytes()[1..]);
+    out.push(0);
+
+    option(out, TYPE_PACKET, PACKET_WORDS);
+    out.extend_from_slice(&meta.clock.0.to_be_bytes());
+    out.extend_from_slice(&meta.xor.to_be_bytes());
+    out.extend_from_slice(&dest.0.to_be_bytes());
+    out.push(meta.flags.bits());
+    out.push(0);
+    out.extend_from_slice(&meta.in_port.to_be_bytes());
+    if let Some(t) = meta.target {
+        option(out, TYPE_REPLAY_TARGET, 1);
+        out.extend_from_slice(&t.0.to_be_bytes());
+    }
+    option(out, TYPE_TIMES, TIMES_WORDS);
+    out.extend_from_slice(&meta.ts_ns.to_be_bytes());
+    out.extend_from_slice(&meta.ingress_ns.to_be_bytes());
+    if labels > 0 {
+        option(out, TYPE_LABELS, LABEL_WORDS * labels as u8);
+        for (id, value) in meta.labels.iter() {
+            out.extend_from_slice(&id.0.to_be_bytes());
+            out.extend_from_slice(&[0, 0]);
+            out.extend_from_slice(&value.to_be_bytes());
+        }
+    }
+    out.extend_from_slice(frame);
+    Ok(())
+}
+
+fn option(out: &mut Vec<u8>, kind: u8, words: u8) {
+    out.extend_from_slice(&OPTION_CLASS.to_be_bytes());
+    out.push(kind);
+    out.push(words & 0x1f);
+}
+
+/// Reads a datagram written by [`encode`] (or any Geneve sender that follows this layout).
+/// Options of other classes are skipped unless critical; nothing in the datagram can make this
+/// panic.
+pub fn decode(datagram: &[u8]) -> Result<Decoded<'_>, WireError> {
+    let header = datagram.get(..HEADER).ok_or(WireError::Truncated { need: HEADER, have: datagram.len() })?;
+    let (b0, b1) = (header[0], header[1]);
+    if b0 >> 6 != 0 {
+        return Err(WireError::Version(b0 >> 6));
+    }
+    if b1 & 0x80 != 0 {
+        return Err(WireError::Control);
+    }
+    let protocol = u16::from_be_bytes([header[2], header[3]]);
+    if protocol != PROTO_ETHERNET {
+        return Err(WireError::Protocol(protocol));
+    }
+    let vni = u32::from_be_bytes([0, header[4], header[5], header[6]]);
+    let words = b0 & 0x3f;
+    let end = HEADER + usize::from(words) * 4;
+    let options = datagram.get(HEADER..end).ok_or(WireError::Truncated { need: end, have: datagram.len() })?;
+    let mut meta = Meta::default();
+    let mut seen = [false; 4];
+    let mut dest = None;
+    let mut at = 0;
+    while at < options.len() {
+        let (class, kind, words, body) = read_option(options, at, words)?;
+        at += OPTION_HEADER + body.len();
+        if class != OPTION_CLASS {
+            if kind & CRITICAL != 0 {
+                return Err(WireError::UnknownCritical { class, kind });
+            }
+            continue;
+        }
+        let slot = match kind {
+            TYPE_PACKET => 0,
+            TYPE_REPLAY_TARGET => 1,
+            TYPE_TIMES => 2,
+            TYPE_LABELS => 3,
+            k if k & CRITICAL != 0 => return Err(WireError::UnknownCritical { class, kind }),
+            _ => continue,
+        };
+        if std::mem::replace(&mut seen[slot], true) {
+            return Err(WireError::DuplicateOption(kind));
+        }
+        let bad_length = WireError::OptionLength { kind, words };
+        match kind {
+            TYPE_PACKET => {
+                let b: &[u8; 20] = body.try_into().map_err(|_| bad_length)?;
+                meta.clock = Clock(u64::from_be_bytes(array(&b[0..8])));
+                meta.xor = u32::from_be_bytes(array(&b[8..12]));
+                dest = Some(InstanceId(u32::from_be_bytes(array(&b[12..16]))));
+                meta.flags = MetaFlags::from_bits(b[16]).ok_or(WireError::UnknownFlags(b[16]))?;
+                meta.in_port = u16::from_be_bytes([b[18], b[19]]);
+            }
+            TYPE_REPLAY_TARGET => {
+                let b: &[u8; 4] = body.try_into().map_err(|_| bad_length)?;
+                meta.target = Some(InstanceId(u32::from_be_bytes(*b)));
+            }
+            TYPE_TIMES => {
+                let b: &[u8; 16] = body.try_into().map_err(|_| bad_length)?;
+                meta.ts_ns = u64::from_be_bytes(array(&b[0..8]));
+                meta.ingress_ns = u64::from_be_bytes(array(&b[8..16]));
+            }
+            _ => meta.labels = labels(body, words)?,
+        }
+    }
+    let dest = dest.ok_or(WireError::MissingPacketOption)?;
+    let frame = datagram.get(end..).unwrap_or_default();
+    Ok(Decoded { vni, dest, meta, frame })
+}
+
+/// The option at `at`: class, type, length in words and body.
+fn read_option(options: &[u8], at: usize, announced: u8) -> Result<(u16, u8, u8, &[u8]), WireError> {
+    let overrun = WireError::OptionOverrun { offset: at, words: announced };
+    let h = options.get(at..at + OPTION_HEADER).ok_or(overrun.clone())?;
+    let class = u16::from_be_bytes([h[0], h[1]]);
+    let kind = h[2];
+    let words = h[3] & 0x1f;
+    let start = at + OPTION_HEADER;
+    let body = options.get(start..start + usize::from(words) * 4).ok_or(overrun)?;
+    Ok((class, kind, words, body))
+}
+
+fn labels(body: &[u8], words: u8) -> Result<Labels, WireError> {
+    if body.is_empty() || !body.len().is_multiple_of(8) {
+        return Err(WireError::OptionLength { kind: TYPE_LABELS, words });
+    }
+    let n = body.len() / 8;
+    if n > MAX_LABELS {
+        return Err(WireError::TooManyLabels(n));
+    }
+    let mut labels = Labels::default();
+    for l in body.chunks_exact(8) {
+        let id = LabelId(u16::from_be_bytes([l[0], l[1]]));
+        labels.set(id, u32::from_be_bytes(array(&l[4..8])));
+    }
+    Ok(labels)
+}
+
+/// `N` bytes from a slice of exactly `N` (callers slice fixed ranges of fixed-size arrays).
+fn array<const N: usize>(s: &[u8]) -> [u8; N] {
+    let mut a = [0; N];
+    a.copy_from_slice(s);
+    a
+}
+
+/// A UDP source port for the datagram carrying `pkt`, from its flow (RFC 8926, section 3.3:
+/// entropy for ECMP, in the dynamic range 49152–65535): one flow's packets take one path.
+pub fn source_port(pkt: &sluice_packet::Packet) -> u16 {
+    use std::hash::{Hash, Hasher};
+    let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+    match pkt.tuple() {
+        Some(t) => t.hash(&mut h),
+        None => h.write(pkt.data().get(..14).unwrap_or(pkt.data())),
+    }
+    49152 + (h.finish() % 16384) as u16
+}
+
+/// FNV-1a: a few multiplications per header field, no allocation.
+struct Fnv(u64);
+
+impl std::hash::Hasher for Fnv {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// An Ethernet/IPv4/UDP frame carrying `datagram` from `src` to `dst` on the Geneve port, as a
+/// capture of the traffic between two nodes shows it (for pcap files and tests; the kernel
+/// builds these headers when a [`crate::UdpLink`] sends).
+pub fn capture_frame(
+    src: std::net::SocketAddrV4,
+    dst: std::net::SocketAddrV4,
+    datagram: &[u8],
+) -> Result<Vec<u8>, etherparse::err::packet::BuildWriteError> {
+    let builder = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv4(src.ip().octets(), dst.ip().octets(), 64)
+        .udp(src.port(), dst.port());
+    let mut out = Vec::with_capacity(builder.size(datagram.len()));
+    builder.write(&mut out, datagram)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,126 @@
+//! Sluice's datagrams on real sockets and as tools see them: a batch over loopback arrives
+//! whole and decodes to what was sent, and tcpdump reads a capture of them as Geneve carrying
+//! the original packets.
+
+use sluice_packet::{Clock, InstanceId, LabelId, MetaFlags, Packet};
+use sluice_wire::geneve::{capture_frame, source_port};
+use sluice_wire::{decode, encode, RecvBatch, UdpLink, GENEVE_PORT};
+use std::net::{SocketAddr, SocketAddrV4};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+/// The first `n` packets of the bundled demo trace.
+fn demo_packets(n: usize) -> Vec<Packet> {
+    let trace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces/demo.pcap");
+    let mut packets = sluice_io::load(&trace, Some(n)).expect("traces/demo.pcap");
+    for (i, p) in packets.iter_mut().enumerate() {
+        p.meta.clock = Clock::new(1, i as u64 + 1);
+        p.meta.xor = i as u32 * 7;
+        if i % 5 == 0 {
+            p.meta.flags.insert(MetaFlags::REPLAYED);
+            p.meta.target = Some(InstanceId::new(2, 0));
+        }
+        p.meta.labels.set(LabelId(1), i as u32);
+    }
+    packets
+}
+
+fn datagrams(packets: &[Packet]) -> Vec<Vec<u8>> {
+    packets
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut d = Vec::new();
+            encode(&p.meta, InstanceId::new(1, (i % 3) as u16), 9, p.data(), &mut d).expect("encode");
+            d
+        })
+        .collect()
+}
+
+#[test]
+fn a_batch_over_loopback_arrives_and_decodes_to_what_was_sent() {
+    let packets = demo_packets(150);
+    let grams = datagrams(&packets);
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("address");
+    let rx = UdpLink::bind(any, Some(Duration::from_secs(5))).expect("receiver");
+    let tx = UdpLink::bind(any, None).expect("sender");
+    let to = rx.local_addr().expect("receiver address");
+    let refs: Vec<&[u8]> = grams.iter().map(Vec::as_slice).collect();
+    // More than one system call's worth: the link splits the batch.
+    assert_eq!(tx.send_batch(to, &refs).expect("send"), grams.len());
+    let mut batch = RecvBatch::new(64, 2048);
+    let mut got: Vec<Vec<u8>> = Vec::new();
+    while got.len() < grams.len() {
+        let n = rx.recv_batch(&mut batch).expect("receive");
+        assert!(n > 0, "timed out after {} of {} datagrams", got.len(), grams.len());
+        assert!(n <= 64);
+        for (d, from) in batch.iter() {
+            assert_eq!(from, tx.local_addr().ok());
+            got.push(d.to_vec());
+        }
+    }
+    // Loopback keeps order; every datagram decodes to the packet and metadata sent.
+    for (i, (d, p)) in got.iter().zip(&packets).enumerate() {
+        let dec = decode(d).expect("decode");
+        assert_eq!(dec.meta, p.meta, "packet {i}");
+        assert_eq!(dec.frame, p.data(), "packet {i}");
+        assert_eq!(dec.dest, InstanceId::new(1, (i % 3) as u16));
+        assert_eq!(dec.vni, 9);
+    }
+    assert_eq!(batch.truncated(), 0);
+}
+
+#[test]
+fn an_empty_wait_times_out_with_nothing() {
+    let rx = UdpLink::bind("127.0.0.1:0".parse().expect("address"), Some(Duration::from_millis(50))).expect("rx");
+    let mut batch = RecvBatch::new(8, 2048);
+    assert_eq!(rx.recv_batch(&mut batch).expect("receive"), 0);
+    assert!(batch.is_empty());
+}
+
+#[test]
+fn a_datagram_larger_than_the_buffer_is_counted_not_returned() {
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("address");
+    let rx = UdpLink::bind(any, Some(Duration::from_secs(5))).expect("rx");
+    let tx = UdpLink::bind(any, None).expect("tx");
+    let big = vec![0u8; 600];
+    let small = vec![1u8; 100];
+    tx.send_batch(rx.local_addr().expect("addr"), &[&big, &small]).expect("send");
+    let mut batch = RecvBatch::new(8, 256);
+    let mut seen = Vec::new();
+    while seen.is_empty() {
+        assert!(rx.recv_batch(&mut batch).expect("receive") <= 1);
+        seen.extend(batch.iter().map(|(d, _)| d.to_vec()));
+    }
+    assert_eq!(seen, vec![small]);
+    assert_eq!(batch.truncated(), 1);
+}
+
+#[test]
+fn tcpdump_reads_a_capture_as_geneve_around_the_original_packets() {
+    let Some(tcpdump) = ["/usr/bin/tcpdump", "/usr/sbin/tcpdump"].into_iter().find(|p| Path::new(p).exists()) else {
+        panic!("tcpdump is not installed: run the suite through scripts/test-all.sh, which installs it");
+    };
+    let packets = demo_packets(20);
+    let grams = datagrams(&packets);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("between-nodes.pcap");
+    let mut w = sluice_io::TraceWriter::create(&file, sluice_io::Precision::Micro).expect("pcap");
+    for (p, d) in packets.iter().zip(&grams) {
+        let src = SocketAddrV4::new([192, 0, 2, 1].into(), source_port(p));
+        let dst = SocketAddrV4::new([192, 0, 2, 2].into(), GENEVE_PORT);
+        w.write(p.meta.ts_ns, &capture_frame(src, dst, d).expect("frame")).expect("write");
+    }
+    assert_eq!(w.finish().expect("finish"), 20);
+    let out = Command::new(tcpdump).args(["-nn", "-v", "-r"]).arg(&file).output().expect("run tcpdump");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let geneve = text.lines().filter(|l| l.contains("Geneve")).count();
+    assert_eq!(geneve, 20, "every frame decodes as Geneve:\n{text}");
+    assert!(text.contains("vni 0x9"), "{text}");
+    assert!(text.contains("class Experimental (0xfff0) type 0x81(C) len 24"), "Sluice's packet option:\n{text}");
+    // The inner packets follow, with their own addresses.
+    let inner = packets[0].tuple().expect("an IP packet");
+    assert!(text.contains(&inner.src.to_string()), "inner source {}:\n{text}", inner.src);
+}
