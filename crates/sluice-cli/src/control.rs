@@ -223,6 +223,21 @@ impl Collector for LiveCollector {
             }
         }
         let mut fam = enc.encode_descriptor(
+            "sluice_instance_state",
+            "How an instance's state backend served it, by counter: requests, round_trips (to the store), cache_hits, retransmits, duplicates, ... (external state only).",
+            None,
+            MetricType::Counter,
+        )?;
+        for v in &s.vertices {
+            for i in &v.instances {
+                for (counter, n) in &i.state {
+                    let mut with_counter = labels(v, i);
+                    with_counter.push(("counter", counter.clone()));
+                    ConstCounter::new(*n).encode(fam.encode_family(&with_counter)?)?;
+                }
+            }
+        }
+        let mut fam = enc.encode_descriptor(
             "sluice_instance_queued_batches",
             "Batches waiting in an instance's queue.",
             None,

@@ -119,9 +119,18 @@ fn a_running_chain_answers_its_control_endpoint() {
         "sluice_instance_packets_in_total{vertex=\"nat\",instance=\"0\"} ",
         "sluice_instance_queued_batches{vertex=\"lb\",instance=\"0\"} ",
         "sluice_in_flight ",
+        // The default state mode is async on the embedded store: the NAT's client counts.
+        "sluice_instance_state_total{vertex=\"nat\",instance=\"0\",counter=\"requests\"} ",
     ] {
         assert!(metrics.contains(want), "no `{want}` in\n{metrics}");
     }
+    let requests = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("sluice_instance_state_total{vertex=\"nat\",instance=\"0\",counter=\"requests\"} ")
+        })
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(requests.is_some_and(|n| n > 0), "the NAT made store requests: {requests:?}");
 
     // Bad requests: a clear 4xx and JSON saying why.
     let (code, body) = http(&addr, "GET", "/api/v1/chain", None);

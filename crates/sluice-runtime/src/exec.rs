@@ -241,6 +241,8 @@ struct InstanceStats {
     drops: Vec<(Clock, &'static str)>,
     /// With live statistics: the reasons of the drops in the batch in progress.
     batch_drops: Vec<&'static str>,
+    /// With live statistics: batches published so far.
+    batches: u64,
 }
 
 impl InstanceStats {
@@ -387,8 +389,17 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     if let Some(live) = &shared.live {
         let queued = shared.queues.get(slot.global).map_or(0, ArrayQueue::len);
         slot.stats.publish(live, slot.global, before, busy, queued);
+        // The state backend's counters (round trips, cache hits, ...) are a small list built
+        // on demand: every few batches is live enough for a scrape.
+        if slot.stats.batches.is_multiple_of(STATE_COUNTERS_EVERY) {
+            live.state_counters(slot.global, &slot.inst.state().counters());
+        }
+        slot.stats.batches += 1;
     }
 }
+
+/// How often (in batches) a worker publishes an instance's state counters live.
+const STATE_COUNTERS_EVERY: u64 = 16;
 
 /// A slowed instance (`Live::set_slow`) spends between `min` and `max` ns more on a packet,
 /// busy, as a straggler's slower core would; the draw is a hash of the packet's clock.
@@ -684,6 +695,9 @@ pub fn run(
             busy_mpps: if busy > 0.0 { s.stats.packets_in as f64 / busy / 1e6 } else { 0.0 },
             state: s.inst.state().counters().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
         });
+        if let Some(live) = &shared.live {
+            live.state_counters(s.global, &s.inst.state().counters());
+        }
     }
     report.dropped_total = report.dropped.values().sum();
     events.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));

@@ -27,6 +27,8 @@ struct InstanceLive {
     slow_max_ns: AtomicU64,
     /// Drops by reason; touched only by batches that dropped something.
     reasons: Mutex<BTreeMap<&'static str, u64>>,
+    /// The state backend's counters (requests, round trips, cache hits, ...) as last published.
+    state: Mutex<Vec<(&'static str, u64)>>,
 }
 
 /// The live statistics of one run. Create it from the plan before the run starts.
@@ -118,6 +120,14 @@ impl Live {
         (max > 0).then(|| (i.slow_min_ns.load(Ordering::Relaxed).min(max), max))
     }
 
+    /// The state backend's counters of instance `global` now (they only grow).
+    pub(crate) fn state_counters(&self, global: usize, counters: &[(&'static str, u64)]) {
+        if let Some(mut m) = self.instances.get(global).and_then(|i| i.state.lock().ok()) {
+            m.clear();
+            m.extend_from_slice(counters);
+        }
+    }
+
     pub(crate) fn root(&self, read: u64, dropped: u64, in_flight: usize) {
         self.packets_in.fetch_add(read, Ordering::Relaxed);
         self.root_dropped.fetch_add(dropped, Ordering::Relaxed);
@@ -155,6 +165,7 @@ impl Live {
                     let max = i.slow_max_ns.load(Ordering::Relaxed);
                     (max > 0).then(|| (i.slow_min_ns.load(Ordering::Relaxed) / 1000, max / 1000))
                 },
+                state: i.state.lock().map(|m| m.iter().map(|(k, v)| (k.to_string(), *v)).collect()).unwrap_or_default(),
             });
         }
         LiveSnapshot {
@@ -220,6 +231,9 @@ pub struct LiveInstance {
     pub queued_batches: u64,
     /// Extra time per packet it was given (`slow`), µs: (min, max).
     pub slow_us: Option<(u64, u64)>,
+    /// How its state backend served it: requests, round trips to the store, cache hits, ...
+    /// (empty with local state).
+    pub state: BTreeMap<String, u64>,
 }
 
 /// Why a control action on a running chain was refused.
