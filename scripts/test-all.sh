@@ -2,7 +2,8 @@
 # Runs Sluice's whole test suite on a fresh Debian machine with the Rust toolchain, installing
 # what the tests need first: tcpdump (reads our pcap output), iproute2, iputils-ping, ethtool and
 # python3 (real network namespaces, veth pairs, a ping and an HTTP download through a chain),
-# and redis-server (a single server and a 3-node cluster on loopback for the Redis store).
+# redis-server (a single server and a 3-node cluster on loopback for the Redis store), and
+# etcd-server (crates/sluice-cluster starts its own etcd members on free loopback ports).
 # The namespace tests need root. Usage: scripts/test-all.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,7 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 command -v ethtool >/dev/null 2>&1 || need+=(ethtool)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 if [ ${#need[@]} -gt 0 ]; then
   echo "== installing: ${need[*]}"
   SUDO=""

@@ -1,0 +1,130 @@
+//! Node membership: a node registers under a lease it keeps alive; the controller lists the
+//! nodes and watches them join and leave. A node that dies (SIGKILL, power loss, partition)
+//! stops renewing, and etcd deletes its key when the lease expires: that deletion is how the
+//! controller learns of it.
+
+use crate::etcd::{Etcd, WatchEvent};
+use crate::keeper::Keeper;
+use crate::{check_name, ClusterError};
+use std::time::Duration;
+
+/// What a node tells the cluster about itself.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeInfo {
+    /// Its id, unique among live nodes.
+    pub id: String,
+    /// Where other nodes send it packets (`HOST:PORT` of its link).
+    pub addr: String,
+    /// What it can host (`root`, `nf`, `store`).
+    #[serde(default)]
+    pub roles: Vec<String>,
+}
+
+/// A change in membership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeChange {
+    /// A node registered (or changed its registration).
+    Joined(NodeInfo),
+    /// A node left: it deregistered, or its lease expired.
+    Left {
+        /// Its id.
+        id: String,
+    },
+}
+
+fn prefix(cluster: &str) -> String {
+    format!("/sluice/{cluster}/nodes/")
+}
+
+/// This node's registration, kept alive until [`Membership::leave`] (or until the process
+/// dies, after which etcd removes it within the lease's TTL).
+#[derive(Debug)]
+pub struct Membership {
+    etcd: Etcd,
+    lease: i64,
+    keeper: Keeper,
+}
+
+impl Membership {
+    /// Registers `node` in `cluster` under a lease of `ttl`. Fails if a live node has the id.
+    pub fn join(etcd: &Etcd, cluster: &str, node: &NodeInfo, ttl: Duration) -> Result<Membership, ClusterError> {
+        check_name("cluster name", cluster)?;
+        check_name("node id", &node.id)?;
+        let value = serde_json::to_vec(node)
+            .map_err(|e| ClusterError::BadRecord { key: node.id.clone(), detail: e.to_string() })?;
+        let lease = etcd.grant(ttl)?;
+        let key = format!("{}{}", prefix(cluster), node.id);
+        if etcd.create(&key, &value, lease)?.is_some() {
+            let _ = etcd.revoke(lease);
+            return Err(ClusterError::NodeIdTaken(node.id.clone()));
+        }
+        tracing::info!(node = %node.id, cluster, lease, "joined");
+        let keeper = Keeper::start(etcd.clone(), lease, ttl, format!("node {}", node.id));
+        Ok(Membership { etcd: etcd.clone(), lease, keeper })
+    }
+
+    /// Whether the registration was lost (the lease expired, e.g. while etcd was unreachable
+    /// for longer than the TTL): the cluster considers this node dead and it must rejoin.
+    pub fn is_lost(&self) -> bool {
+        self.keeper.is_lost()
+    }
+
+    /// The lease the registration hangs on.
+    pub fn lease(&self) -> i64 {
+        self.lease
+    }
+
+    /// Deregisters at once (revokes the lease).
+    pub fn leave(mut self) -> Result<(), ClusterError> {
+        self.keeper.stop();
+        self.etcd.revoke(self.lease)?;
+        Ok(())
+    }
+}
+
+/// The nodes registered in `cluster` now, by id, and the revision to watch from.
+pub fn nodes(etcd: &Etcd, cluster: &str) -> Result<(Vec<NodeInfo>, i64), ClusterError> {
+    check_name("cluster name", cluster)?;
+    let (kvs, revision) = etcd.get_prefix(&prefix(cluster))?;
+    let nodes = kvs
+        .iter()
+        .map(|kv| {
+            serde_json::from_slice(&kv.value)
+                .map_err(|e| ClusterError::BadRecord { key: kv.key.clone(), detail: e.to_string() })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((nodes, revision))
+}
+
+/// Watches `cluster`'s membership from revision `from` (the one [`nodes`] returned, plus one,
+/// to miss nothing in between).
+pub fn watch_nodes(etcd: &Etcd, cluster: &str, from: i64) -> Result<NodeWatch, ClusterError> {
+    check_name("cluster name", cluster)?;
+    let p = prefix(cluster);
+    Ok(NodeWatch { watch: etcd.watch_prefix(&p, from)?, prefix: p })
+}
+
+/// Membership changes as they happen.
+pub struct NodeWatch {
+    watch: crate::etcd::Watch,
+    prefix: String,
+}
+
+impl NodeWatch {
+    /// The next changes, waiting for them; `None` when the watch ended (watch again).
+    pub fn next_changes(&mut self) -> Option<Result<Vec<NodeChange>, ClusterError>> {
+        let (events, _) = match self.watch.next_events()? {
+            Ok(e) => e,
+            Err(e) => return Some(Err(e.into())),
+        };
+        let changes = events.into_iter().map(|e| match e {
+            WatchEvent::Put(kv) => serde_json::from_slice(&kv.value)
+                .map(NodeChange::Joined)
+                .map_err(|err| ClusterError::BadRecord { key: kv.key, detail: err.to_string() }),
+            WatchEvent::Delete { key } => {
+                Ok(NodeChange::Left { id: key.strip_prefix(&self.prefix).unwrap_or(&key).to_string() })
+            }
+        });
+        Some(changes.collect())
+    }
+}
