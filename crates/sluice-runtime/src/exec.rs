@@ -11,19 +11,22 @@
 //! packets are in flight; queues are sized so that a push within the window never fails.
 
 use crate::clocks::ClockTracker;
-use crate::live::{BatchCounts, Live};
+use crate::live::Live;
+use crate::order::InOrder;
 use crate::plan::{direction, Plan, Routes, Splitter, Target, VertexPlan};
 use crate::ports::{Fill, Sink, Source};
 use crate::record::{DropRecord, Recording, StateRecord};
 use crate::report::{InstanceReport, Latency, RunReport, VertexReport};
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
-use sluice_nf::{Instance, Verdict};
 use sluice_packet::{Batch, Clock, Packet, PacketPool, ParseStatus};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use worker::{worker_loop, InstanceStats, Slot};
+
+mod worker;
 
 /// What to do with input when the in-flight window is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -104,6 +107,8 @@ pub struct RunHooks<'a> {
 struct Shared {
     queues: Vec<ArrayQueue<Batch>>,
     clocks: ClockTracker,
+    /// The root's last admitted sequence number, published after its clock is in `clocks`.
+    admitted: CachePadded<AtomicU64>,
     sink: ArrayQueue<Batch>,
     spare: ArrayQueue<Batch>,
     in_flight: CachePadded<AtomicUsize>,
@@ -230,188 +235,6 @@ impl Outgoing {
     }
 }
 
-#[derive(Default)]
-struct InstanceStats {
-    packets_in: u64,
-    forwarded: u64,
-    consumed: u64,
-    dropped: BTreeMap<&'static str, u64>,
-    busy: Duration,
-    /// With `RunConfig::record`: every drop, by clock.
-    drops: Vec<(Clock, &'static str)>,
-    /// With live statistics: the reasons of the drops in the batch in progress.
-    batch_drops: Vec<&'static str>,
-    /// With live statistics: batches published so far.
-    batches: u64,
-}
-
-impl InstanceStats {
-    fn drop(&mut self, shared: &Shared, clock: Clock, reason: &'static str) {
-        *self.dropped.entry(reason).or_default() += 1;
-        if shared.record {
-            self.drops.push((clock, reason));
-        }
-        if shared.live.is_some() {
-            self.batch_drops.push(reason);
-        }
-    }
-
-    /// Tells `live` what the batch that started at `before` did.
-    fn publish(&mut self, live: &Live, global: usize, before: (u64, u64, u64), busy: Duration, queued: usize) {
-        let mut reasons: Vec<(&'static str, u64)> = Vec::new();
-        for r in self.batch_drops.drain(..) {
-            match reasons.iter_mut().find(|(x, _)| *x == r) {
-                Some((_, n)) => *n += 1,
-                None => reasons.push((r, 1)),
-            }
-        }
-        let counts = BatchCounts {
-            packets_in: self.packets_in - before.0,
-            forwarded: self.forwarded - before.1,
-            consumed: self.consumed - before.2,
-            dropped: reasons.iter().map(|(_, n)| n).sum(),
-            busy_ns: busy.as_nanos() as u64,
-        };
-        live.batch(global, counts, &reasons, queued);
-    }
-}
-
-struct Slot {
-    global: usize,
-    vertex: usize,
-    inst: Instance,
-    stats: InstanceStats,
-}
-
-struct WorkerResult {
-    slots: Vec<Slot>,
-    mirrored: u64,
-    flush_errors: Vec<String>,
-}
-
-fn worker_loop(shared: &Shared, mut slots: Vec<Slot>) -> WorkerResult {
-    let mut out = Outgoing::new(shared);
-    let mut idle_rounds = 0u32;
-    loop {
-        let mut did = false;
-        for slot in slots.iter_mut() {
-            let Some(q) = shared.queues.get(slot.global) else { continue };
-            // A few batches per instance per round keeps instances fair.
-            for _ in 0..4 {
-                let Some(batch) = q.pop() else { break };
-                did = true;
-                process_batch(shared, slot, batch, &mut out);
-            }
-        }
-        out.flush(shared);
-        if did {
-            idle_rounds = 0;
-            continue;
-        }
-        if shared.input_done.load(Ordering::Acquire) && shared.in_flight.load(Ordering::Acquire) == 0 {
-            break;
-        }
-        idle_rounds += 1;
-        if idle_rounds < 32 {
-            std::hint::spin_loop();
-        } else if idle_rounds < 256 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(20));
-        }
-    }
-    // State cached in instances goes to the store before the run ends.
-    let mut flush_errors = Vec::new();
-    for slot in &mut slots {
-        if let Err(e) = slot.inst.state().flush() {
-            flush_errors.push(format!("{} instance {}: {e}", slot.inst.vertex(), slot.inst.id().index()));
-        }
-    }
-    WorkerResult { slots, mirrored: out.mirrored, flush_errors }
-}
-
-fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut Outgoing) {
-    let start = Instant::now();
-    let Some(vp) = shared.vertices.get(slot.vertex) else { return };
-    let before = (slot.stats.packets_in, slot.stats.forwarded, slot.stats.consumed);
-    let mut finished = 0usize;
-    slot.inst.begin_batch();
-    let slow = shared.live.as_ref().and_then(|l| l.slow(slot.global));
-    for mut pkt in batch.drain(..) {
-        slot.stats.packets_in += 1;
-        if let Some(range) = slow {
-            straggle(range, pkt.meta.clock);
-        }
-        let verdict = slot.inst.process(&mut pkt);
-        let output = match verdict {
-            Verdict::Forward => 0,
-            Verdict::Output(i) => usize::from(i) + 1,
-            Verdict::Drop(reason) => {
-                slot.stats.drop(shared, pkt.meta.clock, reason);
-                shared.clocks.done(pkt.meta.clock);
-                shared.pool.recycle(pkt);
-                finished += 1;
-                continue;
-            }
-        };
-        if vp.off_path {
-            slot.stats.consumed += 1;
-            shared.clocks.done(pkt.meta.clock);
-            shared.pool.recycle(pkt);
-            finished += 1;
-            continue;
-        }
-        let Some(routes) = vp.routes.get(direction(&pkt, vp.routes.len())).and_then(|r| r.get(output)) else {
-            slot.stats.drop(shared, pkt.meta.clock, "no-route");
-            shared.clocks.done(pkt.meta.clock);
-            shared.pool.recycle(pkt);
-            finished += 1;
-            continue;
-        };
-        match out.route(shared, routes, pkt) {
-            None => slot.stats.forwarded += 1,
-            Some(pkt) => {
-                slot.stats.drop(shared, pkt.meta.clock, "no-route");
-                shared.clocks.done(pkt.meta.clock);
-                shared.pool.recycle(pkt);
-                finished += 1;
-            }
-        }
-    }
-    slot.inst.end_batch();
-    shared.give_back(batch);
-    out.flush(shared);
-    if finished > 0 {
-        shared.in_flight.fetch_sub(finished, Ordering::AcqRel);
-    }
-    let busy = start.elapsed();
-    slot.stats.busy += busy;
-    if let Some(live) = &shared.live {
-        let queued = shared.queues.get(slot.global).map_or(0, ArrayQueue::len);
-        slot.stats.publish(live, slot.global, before, busy, queued);
-        // The state backend's counters (round trips, cache hits, ...) are a small list built
-        // on demand: every few batches is live enough for a scrape.
-        if slot.stats.batches.is_multiple_of(STATE_COUNTERS_EVERY) {
-            live.state_counters(slot.global, &slot.inst.state().counters());
-        }
-        slot.stats.batches += 1;
-    }
-}
-
-/// How often (in batches) a worker publishes an instance's state counters live.
-const STATE_COUNTERS_EVERY: u64 = 16;
-
-/// A slowed instance (`Live::set_slow`) spends between `min` and `max` ns more on a packet,
-/// busy, as a straggler's slower core would; the draw is a hash of the packet's clock.
-fn straggle((min, max): (u64, u64), clock: Clock) {
-    let spread = max - min + 1;
-    let h = clock.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17;
-    let until = Instant::now() + Duration::from_nanos(min + h % spread);
-    while Instant::now() < until {
-        std::hint::spin_loop();
-    }
-}
-
 /// Runs `plan` over `source` into `sink`.
 pub fn run(
     plan: Plan,
@@ -426,7 +249,7 @@ pub fn run(
             cfg.workers, cfg.batch, cfg.window
         )));
     }
-    crate::plan::warn_order_sensitive(&plan);
+    let ordered = crate::order::needs_entry_order(&plan);
     let Plan { name, vertices, entry, traffic, instances, store, state, .. } = plan;
     let mirrors: usize =
         vertices.iter().flat_map(|v| v.routes.iter().flatten()).map(|r| r.mirrors.len()).sum::<usize>()
@@ -437,6 +260,7 @@ pub fn run(
     let shared = Arc::new(Shared {
         queues: (0..instances.len()).map(|_| ArrayQueue::new(cap)).collect(),
         clocks: ClockTracker::new(cfg.window),
+        admitted: CachePadded::new(AtomicU64::new(0)),
         sink: ArrayQueue::new(cap),
         spare: ArrayQueue::new(cap.min(1 << 16)),
         in_flight: CachePadded::new(AtomicUsize::new(0)),
@@ -453,7 +277,8 @@ pub fn run(
     let mut per_worker: Vec<Vec<Slot>> = (0..workers).map(|_| Vec::new()).collect();
     for (global, (vertex, inst)) in instances.into_iter().enumerate() {
         if let Some(w) = per_worker.get_mut(global % workers) {
-            w.push(Slot { global, vertex, inst, stats: InstanceStats::default() });
+            let order = ordered.get(global).copied().unwrap_or(false).then(InOrder::new);
+            w.push(Slot { global, vertex, inst, stats: InstanceStats::default(), order });
         }
     }
     let cores = if cfg.pin { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
@@ -588,6 +413,7 @@ pub fn run(
             pkt.meta.clock = Clock::new(cfg.root_id, seq);
             pkt.meta.ingress_ns = now_ns;
             shared.clocks.admit(pkt.meta.clock);
+            shared.admitted.store(seq, Ordering::Release);
             if let Some(rec) = recording.as_mut() {
                 rec.admitted.push(Some(pkt.meta.clock));
                 last_ts = last_ts.max(pkt.meta.ts_ns);

@@ -6,6 +6,7 @@ mod clocks;
 pub mod exec;
 pub mod filter;
 pub mod live;
+mod order;
 pub mod plan;
 pub mod ports;
 pub mod record;

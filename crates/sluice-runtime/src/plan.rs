@@ -429,26 +429,3 @@ pub fn build_instance(
 pub fn direction(pkt: &Packet, directions: usize) -> usize {
     usize::from(directions > 1 && pkt.meta.in_port == 1)
 }
-
-/// An NF that needs its input in chain-entry order across flows (`InputOrder::Clock`) gets
-/// it from one instance in arrival order, which is entry order; several instances of it here
-/// each see their own flows as they come, and its cross-flow decisions may differ from one
-/// instance's. Only the virtual-time engine orders them so far: say so.
-pub(crate) fn warn_order_sensitive(plan: &Plan) {
-    for v in plan.vertices.iter().filter(|v| v.instances.len() > 1) {
-        let ordered = v
-            .instances
-            .first()
-            .and_then(|g| plan.instances.get(*g))
-            .is_some_and(|(_, i)| i.nf().input_order() == sluice_nf::InputOrder::Clock);
-        if ordered {
-            tracing::warn!(
-                vertex = %v.name,
-                instances = v.instances.len(),
-                "this NF's decisions depend on the order of packets across flows, and the threaded runtime does \
-                 not order several instances' input by clock yet: its decisions may differ from one instance's \
-                 (check a run with --record and `sluice verify --recorded`)"
-            );
-        }
-    }
-}

@@ -1,0 +1,221 @@
+//! The worker threads: each runs its instances to completion over batches from their queues.
+
+use super::{Outgoing, Shared};
+use crate::live::{BatchCounts, Live};
+use crate::order::InOrder;
+use crate::plan::direction;
+use crossbeam_queue::ArrayQueue;
+use sluice_nf::{Instance, Verdict};
+use sluice_packet::{Batch, Clock};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+#[derive(Default)]
+pub(super) struct InstanceStats {
+    pub(super) packets_in: u64,
+    pub(super) forwarded: u64,
+    pub(super) consumed: u64,
+    pub(super) dropped: BTreeMap<&'static str, u64>,
+    pub(super) busy: Duration,
+    /// With `RunConfig::record`: every drop, by clock.
+    pub(super) drops: Vec<(Clock, &'static str)>,
+    /// With live statistics: the reasons of the drops in the batch in progress.
+    pub(super) batch_drops: Vec<&'static str>,
+    /// With live statistics: batches published so far.
+    pub(super) batches: u64,
+}
+
+impl InstanceStats {
+    fn drop(&mut self, shared: &Shared, clock: Clock, reason: &'static str) {
+        *self.dropped.entry(reason).or_default() += 1;
+        if shared.record {
+            self.drops.push((clock, reason));
+        }
+        if shared.live.is_some() {
+            self.batch_drops.push(reason);
+        }
+    }
+
+    /// Tells `live` what the batch that started at `before` did.
+    fn publish(&mut self, live: &Live, global: usize, before: (u64, u64, u64), busy: Duration, queued: usize) {
+        let mut reasons: Vec<(&'static str, u64)> = Vec::new();
+        for r in self.batch_drops.drain(..) {
+            match reasons.iter_mut().find(|(x, _)| *x == r) {
+                Some((_, n)) => *n += 1,
+                None => reasons.push((r, 1)),
+            }
+        }
+        let counts = BatchCounts {
+            packets_in: self.packets_in - before.0,
+            forwarded: self.forwarded - before.1,
+            consumed: self.consumed - before.2,
+            dropped: reasons.iter().map(|(_, n)| n).sum(),
+            busy_ns: busy.as_nanos() as u64,
+        };
+        live.batch(global, counts, &reasons, queued);
+    }
+}
+
+pub(super) struct Slot {
+    pub(super) global: usize,
+    pub(super) vertex: usize,
+    pub(super) inst: Instance,
+    pub(super) stats: InstanceStats,
+    /// An order-sensitive instance whose input can arrive out of entry order holds it here.
+    pub(super) order: Option<InOrder>,
+}
+
+pub(super) struct WorkerResult {
+    pub(super) slots: Vec<Slot>,
+    pub(super) mirrored: u64,
+    pub(super) flush_errors: Vec<String>,
+}
+
+pub(super) fn worker_loop(shared: &Shared, mut slots: Vec<Slot>) -> WorkerResult {
+    let mut out = Outgoing::new(shared);
+    let mut idle_rounds = 0u32;
+    loop {
+        let mut did = false;
+        for slot in slots.iter_mut() {
+            did |= serve(shared, slot, &mut out);
+        }
+        out.flush(shared);
+        if did {
+            idle_rounds = 0;
+            continue;
+        }
+        if shared.input_done.load(Ordering::Acquire) && shared.in_flight.load(Ordering::Acquire) == 0 {
+            break;
+        }
+        idle_rounds += 1;
+        if idle_rounds < 32 {
+            std::hint::spin_loop();
+        } else if idle_rounds < 256 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+    // State cached in instances goes to the store before the run ends.
+    let mut flush_errors = Vec::new();
+    for slot in &mut slots {
+        if let Err(e) = slot.inst.state().flush() {
+            flush_errors.push(format!("{} instance {}: {e}", slot.inst.vertex(), slot.inst.id().index()));
+        }
+    }
+    WorkerResult { slots, mirrored: out.mirrored, flush_errors }
+}
+
+/// Serves one instance: a few batches from its queue (keeping instances fair), or, for an
+/// order-sensitive one, whatever it holds whose turn has come. Whether anything happened.
+fn serve(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
+    let Some(q) = shared.queues.get(slot.global) else { return false };
+    let mut did = false;
+    let Some(order) = slot.order.as_mut() else {
+        for _ in 0..4 {
+            let Some(batch) = q.pop() else { break };
+            did = true;
+            process_batch(shared, slot, batch, out);
+        }
+        return did;
+    };
+    while let Some(mut batch) = q.pop() {
+        did = true;
+        batch.drain(..).for_each(|p| order.hold(p));
+        shared.give_back(batch);
+    }
+    if order.held() == 0 {
+        return did;
+    }
+    let mut ready = shared.empty_batch();
+    order.take_ready(&shared.clocks, &shared.admitted, &mut ready);
+    if ready.is_empty() {
+        shared.give_back(ready);
+        return did;
+    }
+    process_batch(shared, slot, ready, out);
+    true
+}
+
+fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut Outgoing) {
+    let start = Instant::now();
+    let Some(vp) = shared.vertices.get(slot.vertex) else { return };
+    let before = (slot.stats.packets_in, slot.stats.forwarded, slot.stats.consumed);
+    let mut finished = 0usize;
+    slot.inst.begin_batch();
+    let slow = shared.live.as_ref().and_then(|l| l.slow(slot.global));
+    for mut pkt in batch.drain(..) {
+        slot.stats.packets_in += 1;
+        if let Some(range) = slow {
+            straggle(range, pkt.meta.clock);
+        }
+        let verdict = slot.inst.process(&mut pkt);
+        let output = match verdict {
+            Verdict::Forward => 0,
+            Verdict::Output(i) => usize::from(i) + 1,
+            Verdict::Drop(reason) => {
+                slot.stats.drop(shared, pkt.meta.clock, reason);
+                shared.clocks.done(pkt.meta.clock);
+                shared.pool.recycle(pkt);
+                finished += 1;
+                continue;
+            }
+        };
+        if vp.off_path {
+            slot.stats.consumed += 1;
+            shared.clocks.done(pkt.meta.clock);
+            shared.pool.recycle(pkt);
+            finished += 1;
+            continue;
+        }
+        let Some(routes) = vp.routes.get(direction(&pkt, vp.routes.len())).and_then(|r| r.get(output)) else {
+            slot.stats.drop(shared, pkt.meta.clock, "no-route");
+            shared.clocks.done(pkt.meta.clock);
+            shared.pool.recycle(pkt);
+            finished += 1;
+            continue;
+        };
+        match out.route(shared, routes, pkt) {
+            None => slot.stats.forwarded += 1,
+            Some(pkt) => {
+                slot.stats.drop(shared, pkt.meta.clock, "no-route");
+                shared.clocks.done(pkt.meta.clock);
+                shared.pool.recycle(pkt);
+                finished += 1;
+            }
+        }
+    }
+    slot.inst.end_batch();
+    shared.give_back(batch);
+    out.flush(shared);
+    if finished > 0 {
+        shared.in_flight.fetch_sub(finished, Ordering::AcqRel);
+    }
+    let busy = start.elapsed();
+    slot.stats.busy += busy;
+    if let Some(live) = &shared.live {
+        let queued = shared.queues.get(slot.global).map_or(0, ArrayQueue::len);
+        slot.stats.publish(live, slot.global, before, busy, queued);
+        // The state backend's counters (round trips, cache hits, ...) are a small list built
+        // on demand: every few batches is live enough for a scrape.
+        if slot.stats.batches.is_multiple_of(STATE_COUNTERS_EVERY) {
+            live.state_counters(slot.global, &slot.inst.state().counters());
+        }
+        slot.stats.batches += 1;
+    }
+}
+
+/// How often (in batches) a worker publishes an instance's state counters live.
+const STATE_COUNTERS_EVERY: u64 = 16;
+
+/// A slowed instance (`Live::set_slow`) spends between `min` and `max` ns more on a packet,
+/// busy, as a straggler's slower core would; the draw is a hash of the packet's clock.
+fn straggle((min, max): (u64, u64), clock: Clock) {
+    let spread = max - min + 1;
+    let h = clock.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17;
+    let until = Instant::now() + Duration::from_nanos(min + h % spread);
+    while Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
