@@ -10,16 +10,20 @@
 //! | `/sluice/C/nodes/<id>` | [`NodeInfo`] as JSON | the node's |
 //! | `/sluice/C/leader/<role>` | the leader's name | the leader's |
 //!
+//! Where the controller puts roots and instances is [`placement`], a pure function.
+//!
 //! Everything here blocks (threads, no async runtime): the callers are a node's control thread
 //! and the controller's loop, neither on the packet path.
 
 pub mod election;
 pub mod etcd;
 pub mod membership;
+pub mod placement;
 
 pub use election::{campaign, leader, Leadership};
 pub use etcd::{Etcd, EtcdError, KeyValue, Watch, WatchEvent};
 pub use membership::{nodes, watch_nodes, Membership, NodeChange, NodeInfo, NodeWatch};
+pub use placement::{place, Demand, Placement, PlacementError, Unit};
 
 /// What went wrong with the cluster's state.
 #[derive(Debug, thiserror::Error)]

@@ -3,7 +3,7 @@
 //! stops renewing, and etcd deletes its key when the lease expires: that deletion is how the
 //! controller learns of it.
 
-use crate::etcd::{Etcd, WatchEvent};
+use crate::etcd::{Etcd, EtcdError, WatchEvent};
 use crate::keeper::Keeper;
 use crate::{check_name, ClusterError};
 use std::time::Duration;
@@ -61,6 +61,35 @@ impl Membership {
         tracing::info!(node = %node.id, cluster, lease, "joined");
         let keeper = Keeper::start(etcd.clone(), lease, ttl, format!("node {}", node.id));
         Ok(Membership { etcd: etcd.clone(), lease, keeper })
+    }
+
+    /// Like [`Membership::join`], but while etcd cannot be reached it says so (a warning naming
+    /// the endpoint) and tries again, waiting 100 ms, then twice as long each time up to 5 s,
+    /// for at most `give_up_after`. Any other error ends it at once.
+    pub fn join_retrying(
+        etcd: &Etcd,
+        cluster: &str,
+        node: &NodeInfo,
+        ttl: Duration,
+        give_up_after: Duration,
+    ) -> Result<Membership, ClusterError> {
+        let deadline = std::time::Instant::now() + give_up_after;
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match Membership::join(etcd, cluster, node, ttl) {
+                Err(ClusterError::Etcd(e @ EtcdError::Unreachable { .. })) => {
+                    let now = std::time::Instant::now();
+                    if now + wait > deadline {
+                        return Err(e.into());
+                    }
+                    tracing::warn!(endpoint = etcd.endpoint(), error = %e, retry_in_ms = wait.as_millis() as u64,
+                        "cannot reach etcd; retrying");
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Whether the registration was lost (the lease expired, e.g. while etcd was unreachable

@@ -25,12 +25,16 @@ fn free_port() -> u16 {
 }
 
 fn start_etcd() -> EtcdServer {
+    start_etcd_on(free_port())
+}
+
+fn start_etcd_on(client: u16) -> EtcdServer {
     let bin =
         ["/usr/bin/etcd", "/usr/local/bin/etcd"].into_iter().find(|p| std::path::Path::new(p).exists()).unwrap_or_else(
             || panic!("etcd is not installed: run the suite through scripts/test-all.sh, which installs it"),
         );
     let dir = tempfile::tempdir().expect("temp dir");
-    let (client, peer) = (free_port(), free_port());
+    let peer = free_port();
     let endpoint = format!("http://127.0.0.1:{client}");
     let peer_url = format!("http://127.0.0.1:{peer}");
     let child = Command::new(bin)
@@ -193,4 +197,26 @@ fn unreachable_etcd_and_bad_names_are_clear_errors() {
     assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "the error names the endpoint: {e}");
     let e = Membership::join(&etcd, "c", &node("a/b"), Duration::from_secs(1)).expect_err("a bad id");
     assert!(e.to_string().contains("node id `a/b`"), "{e}");
+}
+
+#[test]
+fn a_node_retries_until_etcd_is_there_and_gives_up_when_told() {
+    let port = free_port();
+    let etcd = Etcd::new(&format!("http://127.0.0.1:{port}"), Duration::from_secs(1)).expect("client");
+    // Nobody there and a short patience: the error says where it tried.
+    let started = Instant::now();
+    let e = Membership::join_retrying(&etcd, "r", &node("a"), Duration::from_secs(2), Duration::from_millis(700))
+        .expect_err("etcd is not running");
+    assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
+    assert!(started.elapsed() >= Duration::from_millis(300), "it retried before giving up");
+    // etcd comes up after the node started trying: the node joins.
+    let e2 = etcd.clone();
+    let joining = std::thread::spawn(move || {
+        Membership::join_retrying(&e2, "r", &node("a"), Duration::from_secs(2), Duration::from_secs(30))
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let _server = start_etcd_on(port);
+    let m = joining.join().expect("thread").expect("joined once etcd was up");
+    assert_eq!(nodes(&etcd, "r").expect("nodes").0, vec![node("a")]);
+    m.leave().expect("leave");
 }
