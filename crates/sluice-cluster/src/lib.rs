@@ -9,17 +9,20 @@
 //! |---|---|---|
 //! | `/sluice/C/nodes/<id>` | [`NodeInfo`] as JSON | the node's |
 //! | `/sluice/C/leader/<role>` | the leader's name | the leader's |
+//! | `/sluice/C/assign/<node>` | the units placed on the node, JSON | none |
 //!
 //! Where the controller puts roots and instances is [`placement`], a pure function.
 //!
 //! Everything here blocks (threads, no async runtime): the callers are a node's control thread
 //! and the controller's loop, neither on the packet path.
 
+pub mod controller;
 pub mod election;
 pub mod etcd;
 pub mod membership;
 pub mod placement;
 
+pub use controller::{assignment, stored_placement, Controller};
 pub use election::{campaign, leader, Leadership};
 pub use etcd::{Etcd, EtcdError, KeyValue, Watch, WatchEvent};
 pub use membership::{nodes, watch_nodes, Membership, NodeChange, NodeInfo, NodeWatch};
@@ -42,6 +45,10 @@ pub enum ClusterError {
     /// Another live node registered the same id.
     #[error("node id `{0}` is taken by a live node")]
     NodeIdTaken(String),
+    /// This controller's leadership expired while it led (etcd unreachable for longer than
+    /// the TTL): another may lead now, so it stopped acting.
+    #[error("controller `{0}` lost its leadership")]
+    LeadershipLost(String),
     /// A registration in etcd that is not a node's.
     #[error("`{key}` does not hold a node: {detail}")]
     BadRecord {

@@ -1,9 +1,14 @@
 //! Membership and leader election against a real etcd server (installed by
 //! `scripts/test-all.sh`), started here on loopback ports of its own and stopped by its process.
 
-use sluice_cluster::{campaign, leader, nodes, watch_nodes, Etcd, EtcdError, Membership, NodeChange, NodeInfo};
+use sluice_cluster::{
+    assignment, campaign, leader, nodes, stored_placement, watch_nodes, Controller, Demand, Etcd, EtcdError,
+    Membership, NodeChange, NodeInfo, Unit,
+};
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// One etcd member on loopback, killed when dropped.
@@ -219,4 +224,60 @@ fn a_node_retries_until_etcd_is_there_and_gives_up_when_told() {
     let m = joining.join().expect("thread").expect("joined once etcd was up");
     assert_eq!(nodes(&etcd, "r").expect("nodes").0, vec![node("a")]);
     m.leave().expect("leave");
+}
+
+/// Waits until `cond` holds, up to 10 s.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn the_controller_places_units_replaces_a_departed_node_s_and_a_new_leader_moves_nothing() {
+    let server = start_etcd();
+    let etcd = client_of(&server);
+    let a = NodeInfo { id: "a".into(), addr: "10.0.0.1:6081".into(), roles: vec!["root".into(), "nf".into()] };
+    let b = NodeInfo { id: "b".into(), addr: "10.0.0.2:6081".into(), roles: vec!["nf".into()] };
+    let _ma = Membership::join(&etcd, "ctl", &a, Duration::from_secs(2)).expect("join a");
+    let mb = Membership::join(&etcd, "ctl", &b, Duration::from_secs(2)).expect("join b");
+    let demand = Demand { roots: 1, vertices: vec![("nat".into(), 2), ("fw".into(), 1)] };
+    let controller = |name: &str| Controller {
+        cluster: "ctl".into(),
+        name: name.into(),
+        demand: demand.clone(),
+        ttl: Duration::from_secs(2),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let (c1, e1, s1) = (controller("ctl-1"), etcd.clone(), stop.clone());
+    let first = std::thread::spawn(move || c1.run(&e1, &s1));
+    eventually("four units placed over a and b", || {
+        let p = stored_placement(&etcd, "ctl").unwrap_or_default();
+        p.len() == 4 && p.values().any(|n| n == "b")
+    });
+    assert!(assignment(&etcd, "ctl", "a").expect("a's units").contains(&Unit::Root(0)), "only a hosts roots");
+    // b leaves: its units go to a.
+    mb.leave().expect("b leaves");
+    eventually("everything on a", || {
+        let p = stored_placement(&etcd, "ctl").unwrap_or_default();
+        p.len() == 4 && p.values().all(|n| n == "a")
+    });
+    assert!(assignment(&etcd, "ctl", "b").expect("b's units").is_empty());
+    let before = stored_placement(&etcd, "ctl").expect("placement");
+    // The leader stops; a second controller takes over from the stored placement.
+    stop.store(true, Ordering::Release);
+    first.join().expect("thread").expect("the first controller resigned cleanly");
+    let stop2 = Arc::new(AtomicBool::new(false));
+    let (c2, e2, s2) = (controller("ctl-2"), etcd.clone(), stop2.clone());
+    let second = std::thread::spawn(move || c2.run(&e2, &s2));
+    eventually("ctl-2 leads", || leader(&etcd, "ctl", "controller").ok().flatten().as_deref() == Some("ctl-2"));
+    // A node joins: nothing placed moves, since nothing needs to.
+    let c = NodeInfo { id: "c".into(), addr: "10.0.0.3:6081".into(), roles: vec!["nf".into()] };
+    let _mc = Membership::join(&etcd, "ctl", &c, Duration::from_secs(2)).expect("join c");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(stored_placement(&etcd, "ctl").expect("placement"), before);
+    stop2.store(true, Ordering::Release);
+    second.join().expect("thread").expect("resigned");
 }

@@ -1,0 +1,149 @@
+//! The controller's placement loop: while it leads, it keeps the assignments in etcd in step
+//! with the live nodes — a node that joins can take new units, a node that leaves (or whose
+//! lease expires) has its units placed on the others. Nodes watch their own assignment key.
+//!
+//! Assignments are stored without a lease, one key per node (`/sluice/C/assign/<node>`, a JSON
+//! list of units), so they outlive the controller: a new leader reads them back and goes on
+//! from there, moving nothing that need not move.
+
+use crate::election::campaign;
+use crate::etcd::Etcd;
+use crate::membership::{nodes, watch_nodes};
+use crate::placement::{place, Demand, Placement, Unit};
+use crate::{check_name, ClusterError};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+fn prefix(cluster: &str) -> String {
+    format!("/sluice/{cluster}/assign/")
+}
+
+/// The units assigned to `node` in `cluster`.
+pub fn assignment(etcd: &Etcd, cluster: &str, node: &str) -> Result<Vec<Unit>, ClusterError> {
+    check_name("cluster name", cluster)?;
+    check_name("node id", node)?;
+    let key = format!("{}{node}", prefix(cluster));
+    let (kvs, _) = etcd.get_prefix(&key)?;
+    match kvs.into_iter().find(|kv| kv.key == key) {
+        Some(kv) => {
+            serde_json::from_slice(&kv.value).map_err(|e| ClusterError::BadRecord { key, detail: e.to_string() })
+        }
+        None => Ok(Vec::new()),
+    }
+}
+
+/// The whole placement stored for `cluster`.
+pub fn stored_placement(etcd: &Etcd, cluster: &str) -> Result<Placement, ClusterError> {
+    check_name("cluster name", cluster)?;
+    let p = prefix(cluster);
+    let (kvs, _) = etcd.get_prefix(&p)?;
+    let mut placement = Placement::new();
+    for kv in kvs {
+        let node = kv.key.strip_prefix(&p).unwrap_or(&kv.key).to_string();
+        let units: Vec<Unit> = serde_json::from_slice(&kv.value)
+            .map_err(|e| ClusterError::BadRecord { key: kv.key.clone(), detail: e.to_string() })?;
+        placement.extend(units.into_iter().map(|u| (u, node.clone())));
+    }
+    Ok(placement)
+}
+
+/// Writes the per-node assignments of `next` that differ from `previous`.
+fn publish(etcd: &Etcd, cluster: &str, previous: &Placement, next: &Placement) -> Result<(), ClusterError> {
+    let by_node = |p: &Placement| {
+        let mut m: BTreeMap<String, Vec<Unit>> = BTreeMap::new();
+        for (u, n) in p {
+            m.entry(n.clone()).or_default().push(u.clone());
+        }
+        m
+    };
+    let (old, new) = (by_node(previous), by_node(next));
+    for (node, units) in &new {
+        if old.get(node) != Some(units) {
+            let value = serde_json::to_vec(units)
+                .map_err(|e| ClusterError::BadRecord { key: node.clone(), detail: e.to_string() })?;
+            etcd.put(&format!("{}{node}", prefix(cluster)), &value, 0)?;
+        }
+    }
+    for node in old.keys().filter(|n| !new.contains_key(*n)) {
+        etcd.delete(&format!("{}{node}", prefix(cluster)))?;
+    }
+    Ok(())
+}
+
+/// One controller of a cluster.
+#[derive(Debug, Clone)]
+pub struct Controller {
+    /// The cluster.
+    pub cluster: String,
+    /// This controller's name (for the election).
+    pub name: String,
+    /// What the chain needs placed.
+    pub demand: Demand,
+    /// How long leadership outlives this controller if it dies.
+    pub ttl: Duration,
+}
+
+impl Controller {
+    /// Campaigns for leadership, then keeps the placement in step with the nodes until `stop`
+    /// is set (it then resigns) or leadership is lost (an error).
+    pub fn run(&self, etcd: &Etcd, stop: &AtomicBool) -> Result<(), ClusterError> {
+        let leadership = campaign(etcd, &self.cluster, "controller", &self.name, self.ttl)?;
+        let mut current = stored_placement(etcd, &self.cluster)?;
+        let (mut live, revision) = nodes(etcd, &self.cluster)?;
+        let (tx, changes) = mpsc::channel();
+        let mut watch = watch_nodes(etcd, &self.cluster, revision + 1)?;
+        // The watch blocks; a thread turns it into a channel the loop can wait on with a limit.
+        // (It ends when etcd ends the stream; a controller that stops leaves it blocked until
+        // then, one idle connection.)
+        std::thread::spawn(move || {
+            while let Some(Ok(c)) = watch.next_changes() {
+                if tx.send(c).is_err() {
+                    return;
+                }
+            }
+        });
+        loop {
+            match place(&self.demand, &live, &current) {
+                Ok(next) => {
+                    if next != current {
+                        publish(etcd, &self.cluster, &current, &next)?;
+                        tracing::info!(controller = %self.name, units = next.len(), nodes = live.len(), "placement updated");
+                        current = next;
+                    }
+                }
+                // Nothing can host some unit now: keep what is placed until a node comes.
+                Err(e) => tracing::warn!(controller = %self.name, error = %e, "cannot place everything"),
+            }
+            loop {
+                if stop.load(Ordering::Acquire) {
+                    return leadership.resign();
+                }
+                if leadership.is_lost() {
+                    return Err(ClusterError::LeadershipLost(self.name.clone()));
+                }
+                match changes.recv_timeout(Duration::from_millis(100)) {
+                    Ok(_) => break,
+                    Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                    // The watch ended: read the nodes again and watch anew.
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return self.run_again(etcd, stop, leadership),
+                }
+            }
+            // Coalesce a burst of changes, then read the membership as it is.
+            while changes.try_recv().is_ok() {}
+            live = nodes(etcd, &self.cluster)?.0;
+        }
+    }
+
+    /// The membership watch ended while leading: step down and start over.
+    fn run_again(
+        &self,
+        etcd: &Etcd,
+        stop: &AtomicBool,
+        leadership: crate::election::Leadership,
+    ) -> Result<(), ClusterError> {
+        leadership.resign()?;
+        self.run(etcd, stop)
+    }
+}
