@@ -207,33 +207,27 @@ impl Collector for LiveCollector {
                 }
             }
         }
-        let mut fam = enc.encode_descriptor(
-            "sluice_instance_dropped_by_reason",
-            "Packets an instance dropped, by reason.",
-            None,
-            MetricType::Counter,
-        )?;
-        for v in &s.vertices {
-            for i in &v.instances {
-                for (reason, n) in &i.dropped_by_reason {
-                    let mut with_reason = labels(v, i);
-                    with_reason.push(("reason", reason.clone()));
-                    ConstCounter::new(*n).encode(fam.encode_family(&with_reason)?)?;
-                }
-            }
-        }
-        let mut fam = enc.encode_descriptor(
-            "sluice_instance_state",
-            "How an instance's state backend served it, by counter: requests, round_trips (to the store), cache_hits, retransmits, duplicates, ... (external state only).",
-            None,
-            MetricType::Counter,
-        )?;
-        for v in &s.vertices {
-            for i in &v.instances {
-                for (counter, n) in &i.state {
-                    let mut with_counter = labels(v, i);
-                    with_counter.push(("counter", counter.clone()));
-                    ConstCounter::new(*n).encode(fam.encode_family(&with_counter)?)?;
+        type Keyed = fn(&sluice_runtime::live::LiveInstance) -> &std::collections::BTreeMap<String, u64>;
+        let keyed: [(&str, &str, &str, Keyed); 2] = [
+            ("sluice_instance_dropped_by_reason", "Packets an instance dropped, by reason.", "reason", |i| {
+                &i.dropped_by_reason
+            }),
+            (
+                "sluice_instance_state",
+                "How an instance's state backend served it, by counter: requests, round_trips (to the store), cache_hits, retransmits, duplicates, ... (external state only).",
+                "counter",
+                |i| &i.state,
+            ),
+        ];
+        for (name, help, label, field) in keyed {
+            let mut fam = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for v in &s.vertices {
+                for i in &v.instances {
+                    for (key, n) in field(i) {
+                        let mut with_key = labels(v, i);
+                        with_key.push((label, key.clone()));
+                        ConstCounter::new(*n).encode(fam.encode_family(&with_key)?)?;
+                    }
                 }
             }
         }

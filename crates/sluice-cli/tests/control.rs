@@ -119,6 +119,8 @@ fn a_running_chain_answers_its_control_endpoint() {
         "sluice_instance_packets_in_total{vertex=\"nat\",instance=\"0\"} ",
         "sluice_instance_queued_batches{vertex=\"lb\",instance=\"0\"} ",
         "sluice_in_flight ",
+        "# TYPE sluice_instance_dropped_by_reason counter",
+        "# TYPE sluice_instance_state counter",
         // The default state mode is async on the embedded store: the NAT's client counts.
         "sluice_instance_state_total{vertex=\"nat\",instance=\"0\",counter=\"requests\"} ",
     ] {

@@ -140,19 +140,30 @@ impl Etcd {
         EtcdError::Answer { endpoint: self.endpoint.clone(), path, detail: detail.into() }
     }
 
-    fn call(&self, path: &'static str, body: Value) -> Result<Value, EtcdError> {
+    /// POSTs `body` to `path` with `agent`; the response, if etcd accepted the request.
+    fn post(
+        &self,
+        agent: &ureq::Agent,
+        path: &'static str,
+        body: Value,
+    ) -> Result<ureq::http::Response<ureq::Body>, EtcdError> {
         let url = format!("{}{path}", self.endpoint);
-        let mut resp = self
-            .agent
+        let mut resp = agent
             .post(&url)
             .header("Content-Type", "application/json")
             .send(body.to_string())
             .map_err(|e| self.unreachable(e))?;
         let status = resp.status().as_u16();
-        let text = resp.body_mut().read_to_string().map_err(|e| self.unreachable(e))?;
         if !(200..300).contains(&status) {
-            return Err(EtcdError::Refused { endpoint: self.endpoint.clone(), path, status, body: text });
+            let body = resp.body_mut().read_to_string().unwrap_or_default();
+            return Err(EtcdError::Refused { endpoint: self.endpoint.clone(), path, status, body });
         }
+        Ok(resp)
+    }
+
+    fn call(&self, path: &'static str, body: Value) -> Result<Value, EtcdError> {
+        let mut resp = self.post(&self.agent, path, body)?;
+        let text = resp.body_mut().read_to_string().map_err(|e| self.unreachable(e))?;
         serde_json::from_str(&text).map_err(|e| self.answer(path, format!("{e}: {text}")))
     }
 
@@ -231,26 +242,10 @@ impl Etcd {
     /// Watches every key starting with `prefix` from revision `from` (0: from now). The
     /// returned watch blocks on [`Watch::next_events`] until something changes.
     pub fn watch_prefix(&self, prefix: &str, from: i64) -> Result<Watch, EtcdError> {
-        const PATH: &str = "/v3/watch";
-        let url = format!("{}{PATH}", self.endpoint);
         let body = json!({ "create_request": {
             "key": b64(prefix), "range_end": b64(prefix_end(prefix)), "start_revision": from.to_string(),
         }});
-        let resp = self
-            .streaming
-            .post(&url)
-            .header("Content-Type", "application/json")
-            .send(body.to_string())
-            .map_err(|e| self.unreachable(e))?;
-        let status = resp.status().as_u16();
-        if !(200..300).contains(&status) {
-            return Err(EtcdError::Refused {
-                endpoint: self.endpoint.clone(),
-                path: PATH,
-                status,
-                body: String::new(),
-            });
-        }
+        let resp = self.post(&self.streaming, "/v3/watch", body)?;
         let reader: Box<dyn Read + Send> = Box::new(resp.into_body().into_reader());
         Ok(Watch { endpoint: self.endpoint.clone(), stream: serde_json::Deserializer::from_reader(reader).into_iter() })
     }
