@@ -39,6 +39,11 @@ impl Pending {
         *self.keys.entry(key).or_default() += 1;
     }
 
+    /// How many packets with `key` are pending.
+    pub fn count(&self, key: OrderKey) -> u32 {
+        self.keys.get(&key).copied().unwrap_or(0)
+    }
+
     /// A packet with `key` left (taken, dropped, lost). Removing a key not there does nothing.
     pub fn remove(&mut self, key: OrderKey) {
         if let Some(n) = self.keys.get_mut(&key) {
@@ -104,6 +109,7 @@ mod tests {
         p.add(k(3));
         assert_eq!(p.least(), Some(k(3)));
         assert_eq!(p.least_where(|x| x != k(3)), Some(k(5)));
+        assert_eq!((p.count(k(3)), p.count(k(5)), p.count(k(4))), (2, 1, 0));
         p.remove(k(3));
         assert_eq!(p.least(), Some(k(3)));
         p.remove(k(3));

@@ -343,10 +343,14 @@ impl Engine<'_> {
     }
 
     /// Replay copies passing through `node` wait until its vertex has processed their clock.
+    /// They stay pending at `node`: an order-sensitive vertex downstream must not take a later
+    /// packet before them (a replacement there would emit a flow's packets out of order).
     fn defer(&mut self, node: NodeId, copies: Vec<Packet>) {
-        let Some(v) = self.node(node).map(|n| n.vertex) else { return };
-        let Some(vx) = self.vertices.get_mut(v) else { return };
+        let roots = self.root.roots();
+        let Some(n) = self.nodes.get_mut(node.0) else { return };
+        let Some(vx) = self.vertices.get_mut(n.vertex) else { return };
         for p in copies {
+            n.pending.add(OrderKey::of(&p.meta, roots));
             vx.awaiting.entry(p.meta.clock).or_default().push((node, p));
         }
     }
@@ -360,11 +364,14 @@ impl Engine<'_> {
         let own = own.filter_map(|n| n.pending.least_where(|k| !vx.decided.contains(k.clock))).min();
         // Upstream too: a live copy held for a replay at a vertex that has processed its clock
         // already (a straggler's clone holding a clock the straggler processed) is dropped there,
-        // and what that processing emitted is already further down.
+        // and what that processing emitted is already further down — unless a replay copy of the
+        // clock is pending there as well, on its way here.
         let up = self.nodes.iter().filter(|n| n.alive && vx.upstream.contains(&n.vertex));
         let up = up.filter_map(|n| {
             let decided = &self.vertices.get(n.vertex)?.decided;
-            n.pending.least_where(|k| !(decided.contains(k.clock) && n.gate.holds_for_replay(k.clock)))
+            n.pending.least_where(|k| {
+                !(decided.contains(k.clock) && n.gate.holds_for_replay(k.clock) && n.pending.count(k) <= 1)
+            })
         });
         own.into_iter().chain(up).min()
     }
@@ -475,6 +482,10 @@ impl Engine<'_> {
             // replay stay in clock order even when a straggler and its clone took turns on
             // their clocks (a recovering target downstream processes them as they come).
             let at_node = if self.alive(waited_at) { waited_at } else { node };
+            let roots = self.root.roots();
+            if let Some(w) = self.nodes.get_mut(waited_at.0) {
+                w.pending.remove(OrderKey::of(&p.meta, roots));
+            }
             let key = split_key(&p, &split);
             self.enqueue(at_node, p, t, key);
         }

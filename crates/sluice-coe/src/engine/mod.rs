@@ -488,7 +488,7 @@ impl<'a> Engine<'a> {
             self.awaiting_released = Some(round);
             for (node, p) in awaiting {
                 if let Some(n) = self.nodes.get_mut(node.0).filter(|n| n.alive) {
-                    n.pending.add(sluice_chc::order::OrderKey::of(&p.meta, self.root.roots()));
+                    // Still pending there since it was deferred.
                     n.queue.push_back(Queued { at: self.now, item: Item::Packet(p) });
                 } else {
                     self.root.copy_finished(&p);
