@@ -265,6 +265,20 @@ impl Root {
         }
     }
 
+    /// Replay copy `pkt`, on its way to its target, goes to `to` instead (the target handed its
+    /// flow over to `to` in an immediate move while the replay was travelling): the copy now
+    /// counts towards `to`'s replay, no longer towards the old target's recovery.
+    pub fn retarget(&mut self, pkt: &mut Packet, to: InstanceId) {
+        if !pkt.meta.flags.contains(MetaFlags::REPLAYED) || pkt.meta.flags.contains(MetaFlags::REACHED) {
+            return;
+        }
+        if let Some(old) = pkt.meta.target.filter(|t| *t != to) {
+            self.replay_to_target_done(old);
+            *self.replays_to.entry(to).or_default() += 1;
+            pkt.meta.target = Some(to);
+        }
+    }
+
     fn replay_to_target_done(&mut self, t: InstanceId) {
         if let Some(n) = self.replays_to.get_mut(&t) {
             *n = n.saturating_sub(1);

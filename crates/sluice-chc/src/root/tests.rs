@@ -168,3 +168,23 @@ fn a_replay_has_drained_to_its_target_once_every_copy_reached_it() {
     }
     assert!(r.replay_drained_to(target));
 }
+
+#[test]
+fn a_retargeted_replay_copy_counts_for_its_new_target() {
+    let mut r = root(10);
+    admit(&mut r, 0);
+    let (old, new) = (InstanceId(0x0001_0000), InstanceId(0x0001_0001));
+    let mut copies: Vec<Packet> = r.replay_to(old).into_iter().map(|(_, p)| p).collect();
+    assert!(!r.replay_drained_to(old));
+    r.retarget(&mut copies[0], new);
+    assert_eq!(copies[0].meta.target, Some(new));
+    assert!(r.replay_drained_to(old), "the old target no longer waits for it");
+    assert!(!r.replay_drained_to(new));
+    copies[0].meta.flags.insert(MetaFlags::REACHED);
+    r.replay_reached(&copies[0]);
+    assert!(r.replay_drained_to(new));
+    // A live packet, or a copy past its target, is left alone.
+    let mut live = admit(&mut r, 1);
+    r.retarget(&mut live, new);
+    assert_eq!(live.meta.target, None);
+}

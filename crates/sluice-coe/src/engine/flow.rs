@@ -91,7 +91,7 @@ impl Engine<'_> {
     }
 
     /// Puts `pkt` in the queue of the instance of `target` that serves it.
-    pub(super) fn deliver(&mut self, target: Target, pkt: Packet, at: u64) {
+    pub(super) fn deliver(&mut self, target: Target, mut pkt: Packet, at: u64) {
         let v = match target {
             Target::Output => return self.leave(pkt, at),
             Target::Vertex(v) => v,
@@ -109,6 +109,16 @@ impl Engine<'_> {
         }
         let Some(vx) = self.vertices.get(v) else { return };
         let key = split_key(&pkt, &vx.plan.split);
+        if let Some(t) = pkt.meta.replay_target().filter(|t| usize::from(t.vertex()) == v) {
+            // Its target handed the flow over while the replay travelled: the new owner takes it.
+            let heir = vx.handed_over.iter().rev().find(|(from, keys, _)| *from == t && keys.contains(&key));
+            if let Some(to) = heir.map(|(_, _, to)| *to).filter(|to| self.alive(*to)) {
+                if let Some(to_id) = self.node(to).map(|n| n.inst.id()) {
+                    self.root.retarget(&mut pkt, to_id);
+                    return self.enqueue(to, pkt, at, key);
+                }
+            }
+        }
         let hasher = sluice_runtime::plan::split_hasher();
         let place =
             vx.splitter.place(key, replayed, |n| sluice_runtime::plan::split_index(&pkt, &vx.plan.split, n, &hasher));

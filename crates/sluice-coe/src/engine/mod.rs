@@ -194,6 +194,10 @@ struct Vertex {
     /// Replay copies passing through that wait for the vertex to process their clock
     /// (`sluice_chc::gate::passes_too_early`), with the instance they wait at.
     awaiting: HashMap<sluice_packet::Clock, Vec<(NodeId, Packet)>>,
+    /// Immediate moves (order-sensitive vertex) away from an instance whose replay was still
+    /// travelling: (that instance, the flows, where they went). Replay copies of those flows
+    /// aimed at it go to the new owner instead.
+    handed_over: Vec<(sluice_packet::InstanceId, std::collections::HashSet<u64>, NodeId)>,
     /// What the NF emitted for each clock still in the root's log, so a replay copy passing
     /// through on its way to an instance downstream takes the same output without the NF
     /// running again on state later packets have changed (which could repeat its updates
@@ -303,6 +307,7 @@ impl<'a> Engine<'a> {
                 ordered: false,
                 upstream: Vec::new(),
                 awaiting: HashMap::new(),
+                handed_over: Vec::new(),
                 emitted: HashMap::new(),
             })
             .collect();

@@ -173,6 +173,19 @@ impl Engine<'_> {
         let after = now.max(self.flows_out_at(from, keys));
         self.hand_over_state(from, to, keys)?;
         self.collect_commits();
+        // Replay copies aimed at `from` for these flows are `to`'s to process now: the ones
+        // queued here, and (recorded) those still on their way.
+        let (from_id, to_id) = (self.node(from).map(|n| n.inst.id()), self.node(to).map(|n| n.inst.id()));
+        if let (Some(f), Some(t)) = (from_id, to_id) {
+            if !self.root.replay_drained_to(f) {
+                if let Some(vx) = self.node(from).map(|n| n.vertex).and_then(|v| self.vertices.get_mut(v)) {
+                    vx.handed_over.push((f, moved.clone(), to));
+                }
+            }
+            for p in stolen.iter_mut().filter(|p| p.meta.replay_target() == Some(f)) {
+                self.root.retarget(p, t);
+            }
+        }
         let mut first = std::collections::HashSet::new();
         for mut p in stolen {
             let key = sluice_runtime::plan::split_key(&p, &split);
