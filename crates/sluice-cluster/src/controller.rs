@@ -89,6 +89,14 @@ impl Controller {
     /// Campaigns for leadership, then keeps the placement in step with the nodes until `stop`
     /// is set (it then resigns) or leadership is lost (an error).
     pub fn run(&self, etcd: &Etcd, stop: &AtomicBool) -> Result<(), ClusterError> {
+        // A membership watch that ends makes this controller step down and campaign again.
+        while !self.lead(etcd, stop)? {}
+        Ok(())
+    }
+
+    /// One term: campaigns, then places until told to stop (`true`) or until the membership
+    /// watch ends (`false`, after resigning).
+    fn lead(&self, etcd: &Etcd, stop: &AtomicBool) -> Result<bool, ClusterError> {
         let leadership = campaign(etcd, &self.cluster, "controller", &self.name, self.ttl)?;
         let mut current = stored_placement(etcd, &self.cluster)?;
         let (mut live, revision) = nodes(etcd, &self.cluster)?;
@@ -118,7 +126,7 @@ impl Controller {
             }
             loop {
                 if stop.load(Ordering::Acquire) {
-                    return leadership.resign();
+                    return leadership.resign().map(|()| true);
                 }
                 if leadership.is_lost() {
                     return Err(ClusterError::LeadershipLost(self.name.clone()));
@@ -127,23 +135,12 @@ impl Controller {
                     Ok(_) => break,
                     Err(mpsc::RecvTimeoutError::Timeout) => continue,
                     // The watch ended: read the nodes again and watch anew.
-                    Err(mpsc::RecvTimeoutError::Disconnected) => return self.run_again(etcd, stop, leadership),
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return leadership.resign().map(|()| false),
                 }
             }
             // Coalesce a burst of changes, then read the membership as it is.
             while changes.try_recv().is_ok() {}
             live = nodes(etcd, &self.cluster)?.0;
         }
-    }
-
-    /// The membership watch ended while leading: step down and start over.
-    fn run_again(
-        &self,
-        etcd: &Etcd,
-        stop: &AtomicBool,
-        leadership: crate::election::Leadership,
-    ) -> Result<(), ClusterError> {
-        leadership.resign()?;
-        self.run(etcd, stop)
     }
 }

@@ -228,15 +228,9 @@ impl Etcd {
         if v["succeeded"].as_bool().unwrap_or(false) {
             return Ok(None);
         }
+        // The compare and the read are one transaction: the key the compare found is there.
         let kv = &v["responses"][0]["response_range"]["kvs"][0];
-        match key_value(kv) {
-            Some(kv) => Ok(Some(kv)),
-            // Deleted between the compare and the read: the caller tries again.
-            None if kv.is_null() => {
-                Ok(Some(KeyValue { key: key.to_string(), value: Vec::new(), create_revision: 0, lease: 0 }))
-            }
-            None => Err(self.answer(PATH, format!("bad key {kv}"))),
-        }
+        key_value(kv).map(Some).ok_or_else(|| self.answer(PATH, format!("bad or missing key {kv}")))
     }
 
     /// Watches every key starting with `prefix` from revision `from` (0: from now). The
