@@ -50,6 +50,7 @@ checks!(
     ownership_handover,
     timers_fire_once,
     only_the_current_timer_expires,
+    twins_share_timers,
     checkpoint_restore,
     ts_vector_on_reads,
     client_modes_agree,

@@ -217,10 +217,7 @@ impl Engine<'_> {
             }
             t = self.process_batch(node, batch, start)?;
             if let Some(tw) = twin {
-                let written = self.node_mut(node).and_then(|n| client(&mut n.inst)).map(|c| c.take_written());
-                if let (Some(keys), Some(c)) = (written, self.node_mut(tw).and_then(|n| client(&mut n.inst))) {
-                    c.forget_cached(&keys);
-                }
+                self.share_with_twin(node, tw);
             }
         }
         if let Some(n) = self.node_mut(node) {
@@ -232,6 +229,18 @@ impl Engine<'_> {
             _ => {}
         }
         Ok(progress)
+    }
+
+    /// After a batch of `node`, its twin (a straggler's clone, or the straggler) forgets its
+    /// copies of the per-flow values `node` wrote and mirrors the timers `node` armed,
+    /// cancelled or fired: the next packet of their shared flows may go to either.
+    fn share_with_twin(&mut self, node: NodeId, twin: NodeId) {
+        let Some(c) = self.node_mut(node).and_then(|n| client(&mut n.inst)) else { return };
+        let (written, timers) = (c.take_written(), c.take_timer_changes());
+        if let Some(c) = self.node_mut(twin).and_then(|n| client(&mut n.inst)) {
+            c.forget_cached(&written);
+            c.mirror_timers(&timers);
+        }
     }
 
     /// Takes the packets ready at `start` from `node`'s queue, up to a batch or a barrier;
@@ -392,10 +401,12 @@ impl Engine<'_> {
         let Some(last) = batch.last() else { return Ok(()) };
         let (ts, clock) = (last.meta.ts_ns, last.meta.clock);
         let Some(v) = self.node(node).map(|n| n.vertex) else { return Ok(()) };
+        let mut advanced = Vec::new();
         for (i, n) in self.nodes.iter_mut().enumerate() {
             if i == node.0 || !n.alive || n.vertex != v {
                 continue;
             }
+            advanced.push(NodeId(i));
             n.inst.begin_batch();
             n.inst.advance_time(ts, clock);
             n.inst.end_batch();
@@ -403,6 +414,11 @@ impl Engine<'_> {
                 let input = self.root.input_of(e.clock).unwrap_or(u64::MAX);
                 let (vertex, kind, subject, detail) = (e.nf.clone(), e.kind.to_string(), e.subject, e.detail);
                 self.report.observed.decisions.push(Decision { input, vertex, kind, subject, detail });
+            }
+        }
+        for sibling in advanced {
+            if let Some(twin) = self.twin_of(sibling) {
+                self.share_with_twin(sibling, twin);
             }
         }
         Ok(())

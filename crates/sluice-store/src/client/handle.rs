@@ -134,6 +134,9 @@ impl StateHandle for StoreClient {
             self.flush_dirty();
         }
         let changes: Vec<_> = self.timer_changes.drain().collect();
+        if let Some(twin) = &mut self.twin_timer_changes {
+            twin.extend(changes.iter().map(|((obj, key), change)| (*obj, *key, *change)));
+        }
         for ((obj, key), change) in changes {
             let skey = self.key(obj, &key);
             let op = match change {

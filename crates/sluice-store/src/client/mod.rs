@@ -274,6 +274,10 @@ pub struct StoreClient {
     /// Per-flow keys written through since the last [`StoreClient::take_written`], collected
     /// only while another instance serves the same flows (a straggler and its clone).
     written: Option<Vec<(ObjectId, StateKey)>>,
+    /// Timers armed (`Some(deadline)`) or cancelled/fired (`None`) since the last
+    /// [`StoreClient::take_timer_changes`], collected while tracking like `written`: the twin
+    /// mirrors them, as both fire the shared flows' timers at whichever packet comes next.
+    twin_timer_changes: Option<Vec<(ObjectId, StateKey, Option<u64>)>>,
     stats: ClientStats,
 }
 
@@ -328,6 +332,7 @@ impl StoreClient {
             uncommitted: VecDeque::new(),
             committed: Vec::new(),
             written: None,
+            twin_timer_changes: None,
             stats: ClientStats::default(),
         }
     }

@@ -9,11 +9,32 @@ impl StoreClient {
     /// twin that serves the same flows to forget its copies of ([`StoreClient::forget_cached`]).
     pub fn track_written(&mut self, on: bool) {
         self.written = if on { Some(self.written.take().unwrap_or_default()) } else { None };
+        self.twin_timer_changes = if on { Some(self.twin_timer_changes.take().unwrap_or_default()) } else { None };
     }
 
     /// The per-flow keys written through since the last call (while tracking).
     pub fn take_written(&mut self) -> Vec<(ObjectId, StateKey)> {
         self.written.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// The timer changes of the batches ended since the last call (while tracking): armed
+    /// with `Some(deadline_ns)`, cancelled or fired with `None`.
+    pub fn take_timer_changes(&mut self) -> Vec<(ObjectId, StateKey, Option<u64>)> {
+        self.twin_timer_changes.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Applies a twin's timer changes here, without telling the store (the twin did): both
+    /// serve the same flows, so either must fire a timer the other armed, and neither one the
+    /// other cancelled or already fired.
+    pub fn mirror_timers(&mut self, changes: &[(ObjectId, StateKey, Option<u64>)]) {
+        for (obj, key, change) in changes {
+            match change {
+                Some(deadline_ns) => self.timers.set(*obj, key, *deadline_ns),
+                None => {
+                    self.timers.cancel(*obj, key);
+                }
+            }
+        }
     }
 
     /// Drops the local copies of these per-flow keys: another instance changed them, and the

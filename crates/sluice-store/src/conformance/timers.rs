@@ -1,11 +1,14 @@
 //! Checks of timers: each fires once, at its (last) deadline, to the owner or the armer.
 
 use super::raw::Raw;
-use super::support::{changed, ensure, fired_count, fresh_base, note_key, packet_time_base, skey, timer_fired};
+use super::support::{
+    changed, ensure, fired_count, fresh_base, note_key, open_client, packet_time_base, skey, timer_fired,
+};
 use crate::backend::Backend;
+use crate::client::{ClientConfig, StoreClient};
 use crate::wire::{Notification, StoreKey, StoreOp};
 use sluice_packet::InstanceId;
-use sluice_state::{StateKey, StateOp, Value};
+use sluice_state::{AccessPattern, ObjectId, Scope, StateDecl, StateHandle, StateKey, StateOp, Value};
 
 /// A timer fires once, to the instance that armed it (to the owner if the key is claimed): not
 /// before its deadline, once past it, not again; a re-armed timer fires at its new deadline
@@ -111,4 +114,54 @@ pub fn only_the_current_timer_expires(b: &dyn Backend) -> Result<(), String> {
     let again = c.ok(k, StoreOp::ExpireTimer { deadline_ns: t0 + 200 }, None)?;
     ensure(again == Some(Value::Int(0)), || format!("a timer expired twice: {again:?}"))?;
     ensure(!armed(b)?, || "an expired timer is still in checkpoints".into())
+}
+
+/// A straggler and its clone (two clients tracking for their twin) serve the same flows:
+/// a timer one arms fires at the other once mirrored, and one the first fired or cancelled does
+/// not fire at the other. (A clone that never learnt of its twin's timers skipped an expiry the
+/// reference made, and the per-clock log then paired the replay's operations wrongly.)
+pub fn twins_share_timers(b: &dyn Backend) -> Result<(), String> {
+    let v = 1031;
+    let base = fresh_base();
+    let t0 = packet_time_base(base);
+    let decls = [StateDecl::new("conns", Scope::per_flow(), AccessPattern::ReadHeavy)];
+    let obj = ObjectId(0);
+    let (k1, k2) = (StateKey::Id(base), StateKey::Id(base + 1));
+    let mut straggler = open_client(b, InstanceId::new(v, 0), &decls, &[], ClientConfig::default())?;
+    let mut clone = open_client(b, InstanceId::new(v, 1), &decls, &[], ClientConfig::default())?;
+    straggler.track_written(true);
+    clone.track_written(true);
+    let fire = |c: &mut StoreClient, at: u64| -> Vec<StateKey> {
+        c.begin_batch();
+        let mut out = Vec::new();
+        c.expired(at, 16, &mut out);
+        c.end_batch();
+        out.into_iter().map(|f| f.key).collect()
+    };
+    straggler.begin_batch();
+    straggler.set_timer(obj, &k1, t0 + 100);
+    straggler.set_timer(obj, &k2, t0 + 200);
+    straggler.end_batch();
+    let armed = straggler.take_timer_changes();
+    ensure(armed.len() == 2, || format!("two timers armed, {} changes to mirror: {armed:?}", armed.len()))?;
+    clone.mirror_timers(&armed);
+    ensure(straggler.take_timer_changes().is_empty(), || "changes handed over twice".into())?;
+    // The straggler cancels k2; the clone fires k1 at its deadline.
+    straggler.begin_batch();
+    straggler.cancel_timer(obj, &k2);
+    straggler.end_batch();
+    clone.mirror_timers(&straggler.take_timer_changes());
+    let fired = fire(&mut clone, t0 + 300);
+    ensure(fired == vec![k1], || format!("the clone fired {fired:?}, not the mirrored k1 alone"))?;
+    // Which the straggler then must not fire again.
+    straggler.mirror_timers(&clone.take_timer_changes());
+    let fired = fire(&mut straggler, t0 + 400);
+    ensure(fired.is_empty(), || format!("the straggler fired {fired:?} its twin had fired"))?;
+    // Without tracking nothing is collected.
+    straggler.track_written(false);
+    straggler.begin_batch();
+    straggler.set_timer(obj, &k1, t0 + 500);
+    straggler.end_batch();
+    let left = straggler.take_timer_changes();
+    ensure(left.is_empty(), || format!("changes collected while not tracking: {left:?}"))
 }
