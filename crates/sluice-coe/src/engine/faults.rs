@@ -180,7 +180,13 @@ impl Engine<'_> {
             vx.splitter.replace(node, new);
         }
         self.trials.replace(node, new);
-        // A straggler's clone may still be running beside the replacement.
+        // A straggler's clone may still be running beside the replacement (or the straggler
+        // beside its clone's): the twin must hear of what the replacement writes and arms.
+        if self.twin_of(new).is_some() {
+            if let Some(c) = self.node_mut(new).and_then(|n| client(&mut n.inst)) {
+                c.track_written(true);
+            }
+        }
         self.refresh_sharing(vertex)?;
         // Moves from or to the failed instance continue with its replacement; a barrier lost
         // with its queue goes in once the replacement has redone the moved flows' lost packets.
