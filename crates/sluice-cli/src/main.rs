@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_store;
+mod cluster;
 mod control;
 mod embark;
 mod embark_bench;
@@ -91,6 +92,13 @@ enum Command {
     /// Look at a running chain through its control endpoint (`sluice run --control`): its
     /// vertices and instances with live statistics, or its Prometheus metrics.
     Ctl(control::CtlArgs),
+    /// Place a chain's roots and NF instances on the live nodes of a cluster (etcd): campaign
+    /// for leadership, then keep the assignments in step as nodes join, leave or die.
+    Controller(cluster::ControllerArgs),
+    /// Join a cluster (etcd) as a node: register under a lease kept alive, follow this node's
+    /// assignment and print each change as a JSON line. (Hosting the assigned units on the
+    /// threaded runtime comes next; see docs/deploy.md.)
+    Node(cluster::NodeArgs),
 }
 
 #[derive(Args)]
@@ -303,6 +311,8 @@ fn main() -> ExitCode {
     let r = match cli.command {
         Command::Run(a) => cmd_run(a),
         Command::Ctl(a) => control::cmd_ctl(a),
+        Command::Controller(a) => cluster::cmd_controller(a),
+        Command::Node(a) => cluster::cmd_node(a),
         Command::Gen(a) => cmd_gen(a),
         Command::Inspect(a) => cmd_inspect(a),
         Command::Validate(a) => cmd_validate(a),
@@ -502,7 +512,7 @@ fn run_recorded(
 }
 
 /// A flag set by Ctrl-C or after `duration` seconds.
-fn stop_flag(duration: Option<f64>) -> Arc<AtomicBool> {
+pub(crate) fn stop_flag(duration: Option<f64>) -> Arc<AtomicBool> {
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     let _ = ctrlc::set_handler(move || s.store(true, Ordering::Relaxed));

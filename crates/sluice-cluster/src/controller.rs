@@ -7,7 +7,7 @@
 //! from there, moving nothing that need not move.
 
 use crate::election::campaign;
-use crate::etcd::Etcd;
+use crate::etcd::{Etcd, WatchEvent};
 use crate::membership::{nodes, watch_nodes};
 use crate::placement::{place, Demand, Placement, Unit};
 use crate::{check_name, ClusterError};
@@ -31,6 +31,65 @@ pub fn assignment(etcd: &Etcd, cluster: &str, node: &str) -> Result<Vec<Unit>, C
             serde_json::from_slice(&kv.value).map_err(|e| ClusterError::BadRecord { key, detail: e.to_string() })
         }
         None => Ok(Vec::new()),
+    }
+}
+
+/// The units assigned to `node` in `cluster`, and the revision they were read at (watch from
+/// the next one with [`watch_assignment`] to miss no change).
+pub fn assignment_at(etcd: &Etcd, cluster: &str, node: &str) -> Result<(Vec<Unit>, i64), ClusterError> {
+    check_name("cluster name", cluster)?;
+    check_name("node id", node)?;
+    let key = format!("{}{node}", prefix(cluster));
+    let (kvs, revision) = etcd.get_prefix(&key)?;
+    let units = match kvs.into_iter().find(|kv| kv.key == key) {
+        Some(kv) => decode_units(&key, &kv.value)?,
+        None => Vec::new(),
+    };
+    Ok((units, revision))
+}
+
+fn decode_units(key: &str, value: &[u8]) -> Result<Vec<Unit>, ClusterError> {
+    serde_json::from_slice(value).map_err(|e| ClusterError::BadRecord { key: key.to_string(), detail: e.to_string() })
+}
+
+/// Watches the assignment of `node` from revision `from`: each change is the node's whole new
+/// list of units (empty when the controller took everything away).
+pub fn watch_assignment(etcd: &Etcd, cluster: &str, node: &str, from: i64) -> Result<AssignmentWatch, ClusterError> {
+    check_name("cluster name", cluster)?;
+    check_name("node id", node)?;
+    let key = format!("{}{node}", prefix(cluster));
+    Ok(AssignmentWatch { watch: etcd.watch_prefix(&key, from)?, key })
+}
+
+/// A watch on one node's assignment.
+pub struct AssignmentWatch {
+    watch: crate::etcd::Watch,
+    key: String,
+}
+
+impl AssignmentWatch {
+    /// The node's assignment after the next change to it, waiting as long as it takes. `None`:
+    /// the watch ended (etcd went away); read the assignment again and watch anew.
+    pub fn next_assignment(&mut self) -> Option<Result<Vec<Unit>, ClusterError>> {
+        loop {
+            let (events, _) = match self.watch.next_events()? {
+                Ok(e) => e,
+                Err(e) => return Some(Err(e.into())),
+            };
+            // The prefix also matches longer node ids (`a` and `ab`): only this key counts;
+            // the last change to it in the batch is the one that holds.
+            let mut last = None;
+            for e in events {
+                match e {
+                    WatchEvent::Put(kv) if kv.key == self.key => last = Some(decode_units(&self.key, &kv.value)),
+                    WatchEvent::Delete { key } if key == self.key => last = Some(Ok(Vec::new())),
+                    _ => {}
+                }
+            }
+            if last.is_some() {
+                return last;
+            }
+        }
     }
 }
 

@@ -19,12 +19,14 @@
 pub mod controller;
 pub mod election;
 pub mod etcd;
+pub mod local;
 pub mod membership;
 pub mod placement;
 
-pub use controller::{assignment, stored_placement, Controller};
+pub use controller::{assignment, assignment_at, stored_placement, watch_assignment, AssignmentWatch, Controller};
 pub use election::{campaign, leader, Leadership};
 pub use etcd::{Etcd, EtcdError, KeyValue, Watch, WatchEvent};
+pub use local::{LocalEtcd, LocalEtcdError};
 pub use membership::{nodes, watch_nodes, Membership, NodeChange, NodeInfo, NodeWatch};
 pub use placement::{place, Demand, Placement, PlacementError, Unit};
 

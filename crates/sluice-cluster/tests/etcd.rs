@@ -2,27 +2,19 @@
 //! `scripts/test-all.sh`), started here on loopback ports of its own and stopped by its process.
 
 use sluice_cluster::{
-    assignment, campaign, leader, nodes, stored_placement, watch_nodes, Controller, Demand, Etcd, EtcdError,
+    assignment, campaign, leader, nodes, stored_placement, watch_nodes, Controller, Demand, Etcd, EtcdError, LocalEtcd,
     Membership, NodeChange, NodeInfo, Unit,
 };
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// One etcd member on loopback, killed when dropped.
+/// One etcd member on loopback with its data in a temporary directory, killed when dropped.
 struct EtcdServer {
-    child: Child,
-    endpoint: String,
+    server: LocalEtcd,
     _dir: tempfile::TempDir,
-}
-
-impl Drop for EtcdServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn free_port() -> u16 {
@@ -34,36 +26,14 @@ fn start_etcd() -> EtcdServer {
 }
 
 fn start_etcd_on(client: u16) -> EtcdServer {
-    let bin =
-        ["/usr/bin/etcd", "/usr/local/bin/etcd"].into_iter().find(|p| std::path::Path::new(p).exists()).unwrap_or_else(
-            || panic!("etcd is not installed: run the suite through scripts/test-all.sh, which installs it"),
-        );
     let dir = tempfile::tempdir().expect("temp dir");
-    let peer = free_port();
-    let endpoint = format!("http://127.0.0.1:{client}");
-    let peer_url = format!("http://127.0.0.1:{peer}");
-    let child = Command::new(bin)
-        .args(["--name", "test", "--data-dir"])
-        .arg(dir.path().join("data"))
-        .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
-        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-        .args(["--initial-cluster", &format!("test={peer_url}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start etcd");
-    let server = EtcdServer { child, endpoint, _dir: dir };
-    let etcd = client_of(&server);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while etcd.grant(Duration::from_secs(1)).is_err() {
-        assert!(Instant::now() < deadline, "etcd did not start at {}", server.endpoint);
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    server
+    let server = LocalEtcd::start_on(&dir.path().join("data"), client)
+        .unwrap_or_else(|e| panic!("{e} (run the suite through scripts/test-all.sh, which installs it)"));
+    EtcdServer { server, _dir: dir }
 }
 
 fn client_of(s: &EtcdServer) -> Etcd {
-    Etcd::new(&s.endpoint, Duration::from_secs(3)).expect("client")
+    s.server.client().expect("client")
 }
 
 fn node(id: &str) -> NodeInfo {
@@ -137,7 +107,7 @@ fn a_killed_node_leaves_when_its_lease_expires() {
     let etcd = client_of(&server);
     let mut child = Command::new(std::env::current_exe().expect("this test binary"))
         .args(["--exact", "node_process", "--ignored", "--nocapture"])
-        .env("SLUICE_TEST_ETCD", &server.endpoint)
+        .env("SLUICE_TEST_ETCD", server.server.endpoint())
         .stdout(Stdio::null())
         .spawn()
         .expect("start the node process");

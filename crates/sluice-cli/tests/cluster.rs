@@ -1,0 +1,173 @@
+//! `sluice controller` and `sluice node` as real processes on a real etcd (installed by
+//! `scripts/test-all.sh`): nodes join and get the chain's units, a node killed with SIGKILL
+//! has its units placed on the others once its lease expires, a node stopped with SIGTERM
+//! leaves at once, and when the leading controller is killed the other one takes over.
+
+use sluice_cluster::{leader, stored_placement, Etcd, LocalEtcd, Unit};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sluice(endpoint: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    c.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    c.args(args).args(["--etcd", endpoint, "--cluster", "cli", "--ttl", "2"]);
+    c
+}
+
+/// A node process, and its stdout lines as they come.
+fn node(endpoint: &str, id: &str) -> (Proc, mpsc::Receiver<serde_json::Value>) {
+    let mut child =
+        sluice(endpoint, &["node", "--id", id]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("node");
+    let out = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let v: serde_json::Value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON line: {line}: {e}"));
+            if tx.send(v).is_err() {
+                return;
+            }
+        }
+    });
+    (Proc(child), rx)
+}
+
+fn controller(endpoint: &str, name: &str) -> Proc {
+    let child = sluice(endpoint, &["controller", "--chain", "chains/example.yaml", "--name", name])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("controller");
+    Proc(child)
+}
+
+/// Waits up to 15 s for `cond`.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !cond() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The next line of `rx` whose event is `event`, within 15 s.
+fn next_event(rx: &mpsc::Receiver<serde_json::Value>, event: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let v = rx.recv_timeout(left).unwrap_or_else(|e| panic!("no `{event}` line: {e}"));
+        if v["event"] == event {
+            return v;
+        }
+    }
+}
+
+fn units(v: &serde_json::Value) -> Vec<Unit> {
+    serde_json::from_value(v["units"].clone()).expect("units")
+}
+
+fn nodes_holding(etcd: &Etcd) -> Vec<String> {
+    let mut n: Vec<String> = stored_placement(etcd, "cli").expect("placement").into_values().collect();
+    n.sort();
+    n.dedup();
+    n
+}
+
+/// The example chain's five units (one root, four single-instance vertices).
+const UNITS: usize = 5;
+
+#[test]
+fn nodes_follow_the_controller_through_a_killed_node_and_a_killed_leader() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = LocalEtcd::start(&dir.path().join("etcd")).unwrap_or_else(|e| panic!("{e}"));
+    let endpoint = server.endpoint().to_string();
+    let etcd = server.client().expect("client");
+
+    let (a, a_out) = node(&endpoint, "a");
+    let (mut b, b_out) = node(&endpoint, "b");
+    assert_eq!(next_event(&a_out, "joined")["node"], "a");
+    assert_eq!(next_event(&b_out, "joined")["node"], "b");
+    let _c1 = controller(&endpoint, "c1");
+    eventually("c1 leads", || leader(&etcd, "cli", "controller").ok().flatten().as_deref() == Some("c1"));
+    // Both nodes are told their share, and together they hold the whole chain.
+    let mut got_a = units(&next_event(&a_out, "assignment"));
+    while got_a.is_empty() {
+        got_a = units(&next_event(&a_out, "assignment"));
+    }
+    let mut got_b = units(&next_event(&b_out, "assignment"));
+    while got_b.is_empty() {
+        got_b = units(&next_event(&b_out, "assignment"));
+    }
+    assert_eq!(got_a.len() + got_b.len(), UNITS, "a: {got_a:?}, b: {got_b:?}");
+    assert!(got_a.iter().all(|u| !got_b.contains(u)), "a unit placed twice: {got_a:?} {got_b:?}");
+
+    // SIGKILL b: once its lease expires, a is told it holds everything.
+    b.0.kill().expect("kill b");
+    let killed = Instant::now();
+    let mut now_a = units(&next_event(&a_out, "assignment"));
+    while now_a.len() < UNITS {
+        now_a = units(&next_event(&a_out, "assignment"));
+    }
+    assert!(killed.elapsed() < Duration::from_secs(10), "took {:?} (TTL 2 s)", killed.elapsed());
+    assert!(got_a.iter().all(|u| now_a.contains(u)), "what a held stayed: {got_a:?} -> {now_a:?}");
+    assert_eq!(nodes_holding(&etcd), vec!["a".to_string()]);
+
+    // A second controller waits; killing the leader hands the cluster to it, which then acts:
+    // a new node c and a departing a (SIGTERM: it leaves at once) leave everything on c.
+    let _c2 = controller(&endpoint, "c2");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(leader(&etcd, "cli", "controller").expect("leader").as_deref(), Some("c1"));
+    drop(_c1);
+    eventually("c2 leads", || leader(&etcd, "cli", "controller").ok().flatten().as_deref() == Some("c2"));
+    let (_c, c_out) = node(&endpoint, "c");
+    next_event(&c_out, "joined");
+    let term = Command::new("kill").args(["-TERM", &a.0.id().to_string()]).status().expect("kill -TERM");
+    assert!(term.success());
+    assert_eq!(next_event(&a_out, "left")["node"], "a");
+    let mut now_c = units(&next_event(&c_out, "assignment"));
+    while now_c.len() < UNITS {
+        now_c = units(&next_event(&c_out, "assignment"));
+    }
+    assert_eq!(nodes_holding(&etcd), vec!["c".to_string()]);
+    drop(a);
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+            .args(args)
+            .output()
+            .expect("run");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (code, err) = run(&["node", "--id", "a/b", "--etcd", "http://127.0.0.1:1", "--join-timeout", "0"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("node id `a/b`"), "{err}");
+    let (code, err) = run(&["node", "--id", "a", "--roles", "root,store"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("`store` is not `root` or `nf`"), "{err}");
+    let (code, err) = run(&["controller", "--chain", "chains/no-such.yaml"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("no-such.yaml"), "{err}");
+    let (code, err) = run(&["node", "--id", "a", "--ttl", "0.5"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--ttl"), "{err}");
+    // Nobody listens: the node says where it tried.
+    let (code, err) = run(&["node", "--id", "a", "--etcd", "http://127.0.0.1:1", "--join-timeout", "0.3"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("127.0.0.1:1"), "{err}");
+}

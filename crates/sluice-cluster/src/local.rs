@@ -1,0 +1,99 @@
+//! A single-member etcd on loopback, started from the `etcd` binary and stopped when dropped:
+//! what the tests and a one-machine try-out (docs/deploy.md) run the cluster on.
+
+use crate::etcd::Etcd;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Why a local etcd did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalEtcdError {
+    /// No `etcd` binary where Debian's `etcd-server` package puts it.
+    #[error("etcd is not installed (looked for {0}); `apt-get install etcd-server` provides it")]
+    NotInstalled(String),
+    /// Spawning it, or finding free ports, failed.
+    #[error("cannot start etcd: {0}")]
+    Io(#[from] std::io::Error),
+    /// It did not answer in time.
+    #[error("etcd did not answer at {endpoint} within {waited:?}")]
+    NoAnswer {
+        /// Its client endpoint.
+        endpoint: String,
+        /// How long we waited.
+        waited: Duration,
+    },
+}
+
+/// Where the `etcd` binary is looked for.
+const CANDIDATES: [&str; 2] = ["/usr/bin/etcd", "/usr/local/bin/etcd"];
+
+/// One etcd member on loopback ports of its own, killed when dropped.
+#[derive(Debug)]
+pub struct LocalEtcd {
+    child: Child,
+    endpoint: String,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    TcpListener::bind("127.0.0.1:0")?.local_addr().map(|a| a.port())
+}
+
+impl LocalEtcd {
+    /// Starts etcd with its data under `data_dir` on free loopback ports, and waits (up to 20 s)
+    /// until it grants a lease.
+    pub fn start(data_dir: &Path) -> Result<LocalEtcd, LocalEtcdError> {
+        LocalEtcd::start_on(data_dir, free_port()?)
+    }
+
+    /// [`LocalEtcd::start`] with the client endpoint on `client_port` (e.g. one a client has
+    /// been told to use before etcd was there).
+    pub fn start_on(data_dir: &Path, client_port: u16) -> Result<LocalEtcd, LocalEtcdError> {
+        let bin = CANDIDATES
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .ok_or_else(|| LocalEtcdError::NotInstalled(CANDIDATES.join(", ")))?;
+        let peer = free_port()?;
+        let endpoint = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new(bin)
+            .args(["--name", "local", "--data-dir"])
+            .arg(data_dir)
+            .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("local={peer_url}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let server = LocalEtcd { child, endpoint };
+        let waited = Duration::from_secs(20);
+        let deadline = Instant::now() + waited;
+        let etcd = server.client();
+        while !etcd.as_ref().is_ok_and(|e| e.grant(Duration::from_secs(1)).is_ok()) {
+            if Instant::now() > deadline {
+                return Err(LocalEtcdError::NoAnswer { endpoint: server.endpoint.clone(), waited });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(server)
+    }
+
+    /// Its client endpoint, `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// A client of it (3 s timeout per request).
+    pub fn client(&self) -> Result<Etcd, crate::EtcdError> {
+        Etcd::new(&self.endpoint, Duration::from_secs(3))
+    }
+}
+
+impl Drop for LocalEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
