@@ -24,6 +24,7 @@ pub struct Demand {
 
 /// Something placed on a node.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Unit {
     /// Root `n`.
     Root(u16),
@@ -105,6 +106,14 @@ mod tests {
 
     fn node(id: &str, roles: &[&str]) -> NodeInfo {
         NodeInfo { id: id.into(), addr: format!("{id}:6081"), roles: roles.iter().map(|r| r.to_string()).collect() }
+    }
+
+    #[test]
+    fn units_are_snake_case_json() {
+        let units = vec![Unit::Root(1), Unit::Instance { vertex: "nat".into(), index: 2 }];
+        let text = serde_json::to_string(&units).expect("json");
+        assert_eq!(text, r#"[{"root":1},{"instance":{"vertex":"nat","index":2}}]"#);
+        assert_eq!(serde_json::from_str::<Vec<Unit>>(&text).expect("back"), units);
     }
 
     fn demand(nat: u16, fw: u16) -> Demand {
