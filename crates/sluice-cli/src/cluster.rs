@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::Duration;
 
-/// Where etcd is and which cluster: shared by both commands.
+/// Where etcd is and which cluster: shared by every cluster command.
 #[derive(Args)]
 pub struct ClusterArgs {
     /// etcd's client endpoint (its HTTP/JSON gateway, which every etcd ≥ 3.4 serves).
@@ -27,6 +27,19 @@ pub struct ClusterArgs {
     /// Cluster name: every key lives under `/sluice/CLUSTER/`.
     #[arg(long, default_value = "default")]
     cluster: String,
+}
+
+impl ClusterArgs {
+    fn connect(&self) -> Result<Etcd, Failure> {
+        Etcd::new(&self.etcd, Duration::from_secs(3))
+            .with_context(|| format!("etcd endpoint `{}`", self.etcd))
+            .map_err(fail(exit::INVALID))
+    }
+}
+
+/// How long a long-running cluster process lives, and how long its lease outlives it.
+#[derive(Args)]
+pub struct LifeArgs {
     /// Seconds a registration (node) or leadership (controller) outlives a process that died.
     #[arg(long, default_value_t = 5.0)]
     ttl: f64,
@@ -35,18 +48,15 @@ pub struct ClusterArgs {
     duration: Option<f64>,
 }
 
-impl ClusterArgs {
-    fn connect(&self) -> Result<(Etcd, Duration), Failure> {
+impl LifeArgs {
+    fn ttl(&self) -> Result<Duration, Failure> {
         let ttl = seconds("--ttl", self.ttl).map_err(fail(exit::INVALID))?;
         if ttl < Duration::from_secs(1) {
             return Err(fail(exit::INVALID)(anyhow::anyhow!(
                 "--ttl must be at least 1 second (etcd's lease granularity)"
             )));
         }
-        let etcd = Etcd::new(&self.etcd, Duration::from_secs(3))
-            .with_context(|| format!("etcd endpoint `{}`", self.etcd))
-            .map_err(fail(exit::INVALID))?;
-        Ok((etcd, ttl))
+        Ok(ttl)
     }
 }
 
@@ -55,6 +65,8 @@ impl ClusterArgs {
 pub struct ControllerArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
+    #[command(flatten)]
+    life: LifeArgs,
     /// Chain file (YAML) whose roots and instances are placed (each vertex's `instances`).
     #[arg(long, short)]
     chain: PathBuf,
@@ -71,6 +83,8 @@ pub struct ControllerArgs {
 pub struct NodeArgs {
     #[command(flatten)]
     cluster: ClusterArgs,
+    #[command(flatten)]
+    life: LifeArgs,
     /// This node's id, unique among the cluster's live nodes.
     #[arg(long)]
     id: String,
@@ -94,7 +108,7 @@ fn seconds(flag: &str, s: f64) -> anyhow::Result<Duration> {
 
 /// Runs the controller until stopped.
 pub fn cmd_controller(a: ControllerArgs) -> Result<(), Failure> {
-    let (etcd, ttl) = a.cluster.connect()?;
+    let (etcd, ttl) = (a.cluster.connect()?, a.life.ttl()?);
     let chain = sluice_runtime::spec::Chain::load(&a.chain).map_err(|e| fail(exit::INVALID)(e.into()))?;
     if a.roots == 0 {
         return Err(fail(exit::INVALID)(anyhow::anyhow!("--roots must be at least 1")));
@@ -105,7 +119,7 @@ pub fn cmd_controller(a: ControllerArgs) -> Result<(), Failure> {
     };
     let name = a.name.unwrap_or_else(|| format!("controller-{}", std::process::id()));
     let controller = Controller { cluster: a.cluster.cluster.clone(), name: name.clone(), demand, ttl };
-    let stop = crate::stop_flag(a.cluster.duration);
+    let stop = crate::stop_flag(a.life.duration);
     eprintln!(
         "sluice controller `{name}`: cluster `{}` on {}, chain `{}` ({} root(s), {} vertices)",
         a.cluster.cluster,
@@ -134,14 +148,14 @@ fn say(event: &str, node: &str, units: Option<&[Unit]>) {
 
 /// Runs a node until stopped: registered under a lease, following its assignment.
 pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
-    let (etcd, ttl) = a.cluster.connect()?;
+    let (etcd, ttl) = (a.cluster.connect()?, a.life.ttl()?);
     let give_up = seconds("--join-timeout", a.join_timeout).map_err(fail(exit::INVALID))?;
     if let Some(r) = a.roles.iter().find(|r| !matches!(r.as_str(), "root" | "nf")) {
         return Err(fail(exit::INVALID)(anyhow::anyhow!("--roles: `{r}` is not `root` or `nf`")));
     }
     let cluster = a.cluster.cluster.clone();
     let info = NodeInfo { id: a.id.clone(), addr: a.addr.clone(), roles: a.roles.clone() };
-    let stop = crate::stop_flag(a.cluster.duration);
+    let stop = crate::stop_flag(a.life.duration);
     let join = || Membership::join_retrying(&etcd, &cluster, &info, ttl, give_up);
     let mut membership = join().map_err(|e| fail(join_code(&e))(e.into()))?;
     say("joined", &a.id, None);
@@ -211,4 +225,121 @@ fn follow(etcd: &Etcd, cluster: &str, node: &str, from: i64) -> Result<Changes, 
         }
     });
     Ok(rx)
+}
+
+/// `sluice cluster`.
+#[derive(Args)]
+pub struct ClusterCmdArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    #[command(subcommand)]
+    what: ClusterCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum ClusterCommand {
+    /// The leading controller, the nodes (drained or not) and the units each holds.
+    Status {
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move every unit off a node and place nothing on it (it stays registered).
+    Drain {
+        /// The node's id.
+        node: String,
+    },
+    /// Let a drained node host units again (nothing moves back by itself).
+    Undrain {
+        /// The node's id.
+        node: String,
+    },
+}
+
+/// What `sluice cluster status` reports about one node.
+#[derive(serde::Serialize)]
+struct NodeStatus {
+    id: String,
+    addr: String,
+    roles: Vec<String>,
+    drained: bool,
+    units: Vec<Unit>,
+}
+
+/// Status, drain and undrain, straight from etcd (where the controller keeps its state).
+pub fn cmd_cluster(a: ClusterCmdArgs) -> Result<(), Failure> {
+    let etcd = a.cluster.connect()?;
+    let cluster = &a.cluster.cluster;
+    let io = |e: ClusterError| match e {
+        ClusterError::BadName { .. } => fail(exit::INVALID)(e.into()),
+        e => fail(exit::FAILED)(e.into()),
+    };
+    match a.what {
+        ClusterCommand::Drain { node } => {
+            sluice_cluster::drain(&etcd, cluster, &node).map_err(io)?;
+            eprintln!("node `{node}` drained: the controller moves its units to the other nodes");
+        }
+        ClusterCommand::Undrain { node } => {
+            sluice_cluster::undrain(&etcd, cluster, &node).map_err(io)?;
+            eprintln!("node `{node}` can host units again");
+        }
+        ClusterCommand::Status { json } => {
+            let leader = sluice_cluster::leader(&etcd, cluster, "controller").map_err(io)?;
+            let (live, _) = sluice_cluster::nodes(&etcd, cluster).map_err(io)?;
+            let out = sluice_cluster::drained(&etcd, cluster).map_err(io)?;
+            let placement = sluice_cluster::stored_placement(&etcd, cluster).map_err(io)?;
+            let units_of = |id: &str| placement.iter().filter(|(_, n)| *n == id).map(|(u, _)| u.clone()).collect();
+            let mut nodes: Vec<NodeStatus> = live
+                .into_iter()
+                .map(|n| NodeStatus {
+                    drained: out.contains(&n.id),
+                    units: units_of(&n.id),
+                    id: n.id,
+                    addr: n.addr,
+                    roles: n.roles,
+                })
+                .collect();
+            nodes.sort_by(|x, y| x.id.cmp(&y.id));
+            // Units on nodes no longer registered (the controller has not re-placed them yet).
+            let known: std::collections::BTreeSet<&str> = nodes.iter().map(|n| n.id.as_str()).collect();
+            let stranded: Vec<(&Unit, &String)> =
+                placement.iter().filter(|(_, n)| !known.contains(n.as_str())).collect();
+            if json {
+                let v = serde_json::json!({
+                    "cluster": cluster,
+                    "leader": leader,
+                    "nodes": nodes,
+                    "stranded": stranded.iter().map(|(u, n)| serde_json::json!({"unit": u, "node": n})).collect::<Vec<_>>(),
+                });
+                println!("{v:#}");
+            } else {
+                println!(
+                    "cluster `{cluster}`: controller {}",
+                    leader.as_deref().map_or("(none leading)".to_string(), |l| format!("`{l}` leads"))
+                );
+                for n in &nodes {
+                    let units: Vec<String> = n.units.iter().map(unit_text).collect();
+                    println!(
+                        "  {:<12} {:<21} {:<8}{} {}",
+                        n.id,
+                        n.addr,
+                        n.roles.join(","),
+                        if n.drained { " drained" } else { "" },
+                        if units.is_empty() { "-".to_string() } else { units.join(" ") }
+                    );
+                }
+                for (u, n) in &stranded {
+                    println!("  {} still assigned to `{n}`, which is gone", unit_text(u));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn unit_text(u: &Unit) -> String {
+    match u {
+        Unit::Root(r) => format!("root{r}"),
+        Unit::Instance { vertex, index } => format!("{vertex}:{index}"),
+    }
 }

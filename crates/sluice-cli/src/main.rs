@@ -99,6 +99,8 @@ enum Command {
     /// assignment and print each change as a JSON line. (Hosting the assigned units on the
     /// threaded runtime comes next; see docs/deploy.md.)
     Node(cluster::NodeArgs),
+    /// A cluster's state in etcd: status (leader, nodes, units), drain or undrain a node.
+    Cluster(cluster::ClusterCmdArgs),
 }
 
 #[derive(Args)]
@@ -313,6 +315,7 @@ fn main() -> ExitCode {
         Command::Ctl(a) => control::cmd_ctl(a),
         Command::Controller(a) => cluster::cmd_controller(a),
         Command::Node(a) => cluster::cmd_node(a),
+        Command::Cluster(a) => cluster::cmd_cluster(a),
         Command::Gen(a) => cmd_gen(a),
         Command::Inspect(a) => cmd_inspect(a),
         Command::Validate(a) => cmd_validate(a),

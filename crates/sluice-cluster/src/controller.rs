@@ -11,13 +11,43 @@ use crate::etcd::{Etcd, WatchEvent};
 use crate::membership::{nodes, watch_nodes};
 use crate::placement::{place, Demand, Placement, Unit};
 use crate::{check_name, ClusterError};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
 fn prefix(cluster: &str) -> String {
     format!("/sluice/{cluster}/assign/")
+}
+
+fn drain_prefix(cluster: &str) -> String {
+    format!("/sluice/{cluster}/drain/")
+}
+
+/// Marks `node` as drained: the controller places nothing on it and moves what it holds to the
+/// other nodes, while the node stays registered (to be stopped, or undrained, later).
+pub fn drain(etcd: &Etcd, cluster: &str, node: &str) -> Result<(), ClusterError> {
+    check_name("cluster name", cluster)?;
+    check_name("node id", node)?;
+    etcd.put(&format!("{}{node}", drain_prefix(cluster)), b"drained", 0)?;
+    Ok(())
+}
+
+/// Lifts a drain: the node can host units again (nothing moves back by itself: placement
+/// keeps what is placed).
+pub fn undrain(etcd: &Etcd, cluster: &str, node: &str) -> Result<(), ClusterError> {
+    check_name("cluster name", cluster)?;
+    check_name("node id", node)?;
+    etcd.delete(&format!("{}{node}", drain_prefix(cluster)))?;
+    Ok(())
+}
+
+/// The drained nodes of `cluster`.
+pub fn drained(etcd: &Etcd, cluster: &str) -> Result<BTreeSet<String>, ClusterError> {
+    check_name("cluster name", cluster)?;
+    let p = drain_prefix(cluster);
+    let (kvs, _) = etcd.get_prefix(&p)?;
+    Ok(kvs.into_iter().map(|kv| kv.key.strip_prefix(&p).unwrap_or(&kv.key).to_string()).collect())
 }
 
 /// The units assigned to `node` in `cluster`.
@@ -159,20 +189,34 @@ impl Controller {
         let leadership = campaign(etcd, &self.cluster, "controller", &self.name, self.ttl)?;
         let mut current = stored_placement(etcd, &self.cluster)?;
         let (mut live, revision) = nodes(etcd, &self.cluster)?;
+        let mut out = drained(etcd, &self.cluster)?;
         let (tx, changes) = mpsc::channel();
         let mut watch = watch_nodes(etcd, &self.cluster, revision + 1)?;
-        // The watch blocks; a thread turns it into a channel the loop can wait on with a limit.
-        // (It ends when etcd ends the stream; a controller that stops leaves it blocked until
-        // then, one idle connection.)
+        let mut drains = etcd.watch_prefix(&drain_prefix(&self.cluster), revision + 1)?;
+        // The watches block; threads turn them into a channel the loop can wait on with a
+        // limit. (They end when etcd ends the stream; a controller that stops leaves them
+        // blocked until then, idle connections.) Either ending makes the channel disconnect
+        // once both are gone; the membership watch ending alone is noticed below.
+        let drain_tx = tx.clone();
         std::thread::spawn(move || {
-            while let Some(Ok(c)) = watch.next_changes() {
-                if tx.send(c).is_err() {
+            while let Some(Ok(_)) = drains.next_events() {
+                if drain_tx.send(false).is_err() {
                     return;
                 }
             }
+            let _ = drain_tx.send(true);
+        });
+        std::thread::spawn(move || {
+            while let Some(Ok(_)) = watch.next_changes() {
+                if tx.send(false).is_err() {
+                    return;
+                }
+            }
+            let _ = tx.send(true);
         });
         loop {
-            match place(&self.demand, &live, &current) {
+            let hosts: Vec<_> = live.iter().filter(|n| !out.contains(&n.id)).cloned().collect();
+            match place(&self.demand, &hosts, &current) {
                 Ok(next) => {
                     if next != current {
                         publish(etcd, &self.cluster, &current, &next)?;
@@ -191,15 +235,22 @@ impl Controller {
                     return Err(ClusterError::LeadershipLost(self.name.clone()));
                 }
                 match changes.recv_timeout(Duration::from_millis(100)) {
-                    Ok(_) => break,
+                    Ok(false) => break,
                     Err(mpsc::RecvTimeoutError::Timeout) => continue,
-                    // The watch ended: read the nodes again and watch anew.
-                    Err(mpsc::RecvTimeoutError::Disconnected) => return leadership.resign().map(|()| false),
+                    // A watch ended: read everything again and watch anew.
+                    Ok(true) | Err(mpsc::RecvTimeoutError::Disconnected) => return leadership.resign().map(|()| false),
                 }
             }
-            // Coalesce a burst of changes, then read the membership as it is.
-            while changes.try_recv().is_ok() {}
+            // Coalesce a burst of changes, then read membership and drains as they are.
+            let mut ended = false;
+            while let Ok(e) = changes.try_recv() {
+                ended |= e;
+            }
+            if ended {
+                return leadership.resign().map(|()| false);
+            }
             live = nodes(etcd, &self.cluster)?.0;
+            out = drained(etcd, &self.cluster)?;
         }
     }
 }

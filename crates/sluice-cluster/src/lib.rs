@@ -10,6 +10,7 @@
 //! | `/sluice/C/nodes/<id>` | [`NodeInfo`] as JSON | the node's |
 //! | `/sluice/C/leader/<role>` | the leader's name | the leader's |
 //! | `/sluice/C/assign/<node>` | the units placed on the node, JSON | none |
+//! | `/sluice/C/drain/<node>` | present while the node is drained | none |
 //!
 //! Where the controller puts roots and instances is [`placement`], a pure function.
 //!
@@ -23,7 +24,9 @@ pub mod local;
 pub mod membership;
 pub mod placement;
 
-pub use controller::{assignment, assignment_at, stored_placement, watch_assignment, AssignmentWatch, Controller};
+pub use controller::{
+    assignment, assignment_at, drain, drained, stored_placement, undrain, watch_assignment, AssignmentWatch, Controller,
+};
 pub use election::{campaign, leader, Leadership};
 pub use etcd::{Etcd, EtcdError, KeyValue, Watch, WatchEvent};
 pub use local::{LocalEtcd, LocalEtcdError};
