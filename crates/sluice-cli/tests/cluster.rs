@@ -1,7 +1,9 @@
-//! `sluice controller` and `sluice node` as real processes on a real etcd (installed by
-//! `scripts/test-all.sh`): nodes join and get the chain's units, a node killed with SIGKILL
-//! has its units placed on the others once its lease expires, a node stopped with SIGTERM
-//! leaves at once, and when the leading controller is killed the other one takes over.
+//! `sluice controller`, `sluice node` and `sluice cluster` as real processes on a real etcd
+//! (installed by `scripts/test-all.sh`; one member, and three for the failover test): nodes join
+//! and get the chain's units, an etcd member dies and everyone carries on with the others, a
+//! node killed with SIGKILL has its units placed on the others once its lease expires, a node
+//! stopped with SIGTERM leaves at once, when the leading controller is killed the other one
+//! takes over, and a drained node gives its units away.
 
 use sluice_cluster::{leader, stored_placement, Etcd, LocalEtcd, Unit};
 use std::io::{BufRead, BufReader};
@@ -88,12 +90,13 @@ fn nodes_holding(etcd: &Etcd) -> Vec<String> {
 /// The example chain's five units (one root, four single-instance vertices).
 const UNITS: usize = 5;
 
+/// On a three-member etcd, every process given all three endpoints.
 #[test]
-fn nodes_follow_the_controller_through_a_killed_node_and_a_killed_leader() {
+fn nodes_follow_the_controller_through_a_killed_etcd_member_node_and_leader() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let server = LocalEtcd::start(&dir.path().join("etcd")).unwrap_or_else(|e| panic!("{e}"));
-    let endpoint = server.endpoint().to_string();
-    let etcd = server.client().expect("client");
+    let mut members = LocalEtcd::start_cluster(dir.path(), 3).unwrap_or_else(|e| panic!("{e}"));
+    let endpoint = LocalEtcd::endpoints(&members);
+    let etcd = Etcd::new(&endpoint, Duration::from_secs(3)).expect("client");
 
     let (a, a_out) = node(&endpoint, "a");
     let (mut b, b_out) = node(&endpoint, "b");
@@ -113,6 +116,9 @@ fn nodes_follow_the_controller_through_a_killed_node_and_a_killed_leader() {
     assert_eq!(got_a.len() + got_b.len(), UNITS, "a: {got_a:?}, b: {got_b:?}");
     assert!(got_a.iter().all(|u| !got_b.contains(u)), "a unit placed twice: {got_a:?} {got_b:?}");
 
+    // The member every process asks first dies; the rest keep a quorum.
+    members[0].kill();
+    std::thread::sleep(Duration::from_secs(2));
     // SIGKILL b: once its lease expires, a is told it holds everything.
     b.0.kill().expect("kill b");
     let killed = Instant::now();

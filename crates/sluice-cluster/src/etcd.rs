@@ -10,6 +10,8 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use serde_json::{json, Value};
 use std::io::Read;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What went wrong talking to etcd.
@@ -81,7 +83,10 @@ pub enum WatchEvent {
 /// A client of one etcd endpoint.
 #[derive(Clone)]
 pub struct Etcd {
-    endpoint: String,
+    /// The members' client endpoints, in the order given.
+    endpoints: Arc<[String]>,
+    /// The one that answered last: calls go there first.
+    current: Arc<AtomicUsize>,
     agent: ureq::Agent,
     /// For watches: no overall time limit, only on connecting.
     streaming: ureq::Agent,
@@ -89,7 +94,7 @@ pub struct Etcd {
 
 impl std::fmt::Debug for Etcd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Etcd").field("endpoint", &self.endpoint).finish()
+        f.debug_struct("Etcd").field("endpoints", &self.endpoints).field("current", &self.endpoint()).finish()
     }
 }
 
@@ -112,58 +117,88 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
 }
 
 impl Etcd {
-    /// A client of `endpoint` (`http://HOST:PORT`); `timeout` bounds every call but watches.
-    /// Nothing is sent until the first call.
-    pub fn new(endpoint: &str, timeout: Duration) -> Result<Etcd, EtcdError> {
-        let endpoint = endpoint.trim_end_matches('/').to_string();
-        let hostport = endpoint.strip_prefix("http://").ok_or_else(|| EtcdError::Endpoint(endpoint.clone()))?;
-        if hostport.is_empty() || hostport.contains('/') || !hostport.contains(':') {
-            return Err(EtcdError::Endpoint(endpoint));
+    /// A client of `endpoints`: one `http://HOST:PORT`, or several members of one etcd
+    /// cluster separated by commas. A call that cannot reach a member goes on to the next
+    /// (each once), and the member that answered is asked first from then on. `timeout` bounds
+    /// every call but watches. Nothing is sent until the first call.
+    pub fn new(endpoints: &str, timeout: Duration) -> Result<Etcd, EtcdError> {
+        let mut list = Vec::new();
+        for endpoint in endpoints.split(',').map(|e| e.trim().trim_end_matches('/')) {
+            let hostport = endpoint.strip_prefix("http://").ok_or_else(|| EtcdError::Endpoint(endpoint.to_string()))?;
+            if hostport.is_empty() || hostport.contains('/') || !hostport.contains(':') {
+                return Err(EtcdError::Endpoint(endpoint.to_string()));
+            }
+            list.push(endpoint.to_string());
         }
         let agent =
             ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(timeout)).build().into();
         let streaming =
             ureq::Agent::config_builder().http_status_as_error(false).timeout_connect(Some(timeout)).build().into();
-        Ok(Etcd { endpoint, agent, streaming })
+        Ok(Etcd { endpoints: list.into(), current: Arc::new(AtomicUsize::new(0)), agent, streaming })
     }
 
-    /// The endpoint this client talks to.
+    /// The endpoint calls go to first (the member that answered last).
     pub fn endpoint(&self) -> &str {
-        &self.endpoint
+        let i = self.current.load(Ordering::Relaxed);
+        self.endpoints.get(i).or_else(|| self.endpoints.first()).map_or("", String::as_str)
     }
 
-    fn unreachable(&self, e: ureq::Error) -> EtcdError {
-        EtcdError::Unreachable { endpoint: self.endpoint.clone(), source: Box::new(e) }
+    /// Every endpoint this client knows.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
     }
 
     fn answer(&self, path: &'static str, detail: impl Into<String>) -> EtcdError {
-        EtcdError::Answer { endpoint: self.endpoint.clone(), path, detail: detail.into() }
+        EtcdError::Answer { endpoint: self.endpoint().to_string(), path, detail: detail.into() }
     }
 
-    /// POSTs `body` to `path` with `agent`; the response, if etcd accepted the request.
+    /// POSTs `body` to `path` with `agent`, at the current member and, while members cannot
+    /// be reached, at the next ones in turn; the response, if etcd accepted the request.
+    ///
+    /// A request whose answer was lost in a member's failure may be applied twice: every
+    /// request here is a put, delete, read, lease call or create-if-absent, which a second
+    /// application leaves as the first did (a second create finds the key the first made).
     fn post(
         &self,
         agent: &ureq::Agent,
         path: &'static str,
         body: Value,
     ) -> Result<ureq::http::Response<ureq::Body>, EtcdError> {
-        let url = format!("{}{path}", self.endpoint);
-        let mut resp = agent
-            .post(&url)
-            .header("Content-Type", "application/json")
-            .send(body.to_string())
-            .map_err(|e| self.unreachable(e))?;
-        let status = resp.status().as_u16();
-        if !(200..300).contains(&status) {
-            let body = resp.body_mut().read_to_string().unwrap_or_default();
-            return Err(EtcdError::Refused { endpoint: self.endpoint.clone(), path, status, body });
+        let body = body.to_string();
+        let n = self.endpoints.len().max(1);
+        let first = self.current.load(Ordering::Relaxed);
+        let mut last_error = None;
+        for k in 0..n {
+            let i = (first + k) % n;
+            let Some(endpoint) = self.endpoints.get(i) else { continue };
+            let url = format!("{endpoint}{path}");
+            match agent.post(&url).header("Content-Type", "application/json").send(body.as_str()) {
+                Ok(mut resp) => {
+                    self.current.store(i, Ordering::Relaxed);
+                    let status = resp.status().as_u16();
+                    if !(200..300).contains(&status) {
+                        let body = resp.body_mut().read_to_string().unwrap_or_default();
+                        return Err(EtcdError::Refused { endpoint: endpoint.clone(), path, status, body });
+                    }
+                    return Ok(resp);
+                }
+                Err(e) => {
+                    if n > 1 {
+                        tracing::warn!(endpoint = %endpoint, error = %e, "etcd member unreachable; trying the next");
+                    }
+                    last_error = Some(EtcdError::Unreachable { endpoint: endpoint.clone(), source: Box::new(e) });
+                }
+            }
         }
-        Ok(resp)
+        Err(last_error.unwrap_or_else(|| EtcdError::Endpoint(String::new())))
     }
 
     fn call(&self, path: &'static str, body: Value) -> Result<Value, EtcdError> {
         let mut resp = self.post(&self.agent, path, body)?;
-        let text = resp.body_mut().read_to_string().map_err(|e| self.unreachable(e))?;
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| EtcdError::Unreachable { endpoint: self.endpoint().to_string(), source: Box::new(e) })?;
         serde_json::from_str(&text).map_err(|e| self.answer(path, format!("{e}: {text}")))
     }
 
@@ -241,7 +276,10 @@ impl Etcd {
         }});
         let resp = self.post(&self.streaming, "/v3/watch", body)?;
         let reader: Box<dyn Read + Send> = Box::new(resp.into_body().into_reader());
-        Ok(Watch { endpoint: self.endpoint.clone(), stream: serde_json::Deserializer::from_reader(reader).into_iter() })
+        Ok(Watch {
+            endpoint: self.endpoint().to_string(),
+            stream: serde_json::Deserializer::from_reader(reader).into_iter(),
+        })
     }
 }
 
@@ -321,9 +359,25 @@ mod tests {
     fn endpoints_must_be_http_host_port() {
         assert!(Etcd::new("http://127.0.0.1:2379", Duration::from_secs(1)).is_ok());
         assert!(Etcd::new("http://127.0.0.1:2379/", Duration::from_secs(1)).is_ok());
-        for bad in ["127.0.0.1:2379", "https://x:1", "http://", "http://host", "http://h:1/v3"] {
+        for bad in
+            ["127.0.0.1:2379", "https://x:1", "http://", "http://host", "http://h:1/v3", "http://a:1,,http://b:2"]
+        {
             assert!(matches!(Etcd::new(bad, Duration::from_secs(1)), Err(EtcdError::Endpoint(_))), "{bad}");
         }
+        let several = Etcd::new("http://a:1, http://b:2/,http://c:3", Duration::from_secs(1)).expect("three members");
+        assert_eq!(several.endpoints(), ["http://a:1", "http://b:2", "http://c:3"]);
+        assert_eq!(several.endpoint(), "http://a:1", "the first is asked first");
+    }
+
+    #[test]
+    fn a_call_goes_on_to_the_next_member_and_names_the_last_one_tried() {
+        // Two loopback ports nobody listens on: both are tried, the error names the last.
+        let free = || std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port());
+        let (p1, p2) = (free().expect("port"), free().expect("port"));
+        let etcd =
+            Etcd::new(&format!("http://127.0.0.1:{p1},http://127.0.0.1:{p2}"), Duration::from_secs(1)).expect("client");
+        let e = etcd.grant(Duration::from_secs(1)).expect_err("nobody listens");
+        assert!(matches!(&e, EtcdError::Unreachable { endpoint, .. } if endpoint.ends_with(&format!(":{p2}"))), "{e}");
     }
 
     #[test]

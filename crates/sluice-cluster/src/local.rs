@@ -50,34 +50,79 @@ impl LocalEtcd {
     /// [`LocalEtcd::start`] with the client endpoint on `client_port` (e.g. one a client has
     /// been told to use before etcd was there).
     pub fn start_on(data_dir: &Path, client_port: u16) -> Result<LocalEtcd, LocalEtcdError> {
+        let peer = format!("http://127.0.0.1:{}", free_port()?);
+        let member = LocalEtcd::spawn(data_dir, "local", client_port, &peer, &format!("local={peer}"))?;
+        member.wait_ready()?;
+        Ok(member)
+    }
+
+    /// A cluster of `members` etcd members on loopback (data under `data_dir/m<i>`), started
+    /// together and each answering before this returns. Three members survive the loss of one.
+    pub fn start_cluster(data_dir: &Path, members: usize) -> Result<Vec<LocalEtcd>, LocalEtcdError> {
+        let mut ports = Vec::new();
+        for _ in 0..members {
+            ports.push((free_port()?, format!("http://127.0.0.1:{}", free_port()?)));
+        }
+        let initial: Vec<String> = ports.iter().enumerate().map(|(i, (_, peer))| format!("m{i}={peer}")).collect();
+        let initial = initial.join(",");
+        let mut started = Vec::new();
+        for (i, (client, peer)) in ports.iter().enumerate() {
+            started.push(LocalEtcd::spawn(&data_dir.join(format!("m{i}")), &format!("m{i}"), *client, peer, &initial)?);
+        }
+        for m in &started {
+            m.wait_ready()?;
+        }
+        Ok(started)
+    }
+
+    /// The client endpoints of `members`, comma-separated (what `Etcd::new` and `--etcd` take).
+    pub fn endpoints(members: &[LocalEtcd]) -> String {
+        members.iter().map(LocalEtcd::endpoint).collect::<Vec<_>>().join(",")
+    }
+
+    fn spawn(
+        data_dir: &Path,
+        name: &str,
+        client_port: u16,
+        peer_url: &str,
+        initial: &str,
+    ) -> Result<LocalEtcd, LocalEtcdError> {
         let bin = CANDIDATES
             .into_iter()
             .map(PathBuf::from)
             .find(|p| p.exists())
             .ok_or_else(|| LocalEtcdError::NotInstalled(CANDIDATES.join(", ")))?;
-        let peer = free_port()?;
         let endpoint = format!("http://127.0.0.1:{client_port}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
         let child = Command::new(bin)
-            .args(["--name", "local", "--data-dir"])
+            .args(["--name", name, "--data-dir"])
             .arg(data_dir)
             .args(["--listen-client-urls", &endpoint, "--advertise-client-urls", &endpoint])
-            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("local={peer_url}")])
+            .args(["--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url])
+            .args(["--initial-cluster", initial])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
-        let server = LocalEtcd { child, endpoint };
+        Ok(LocalEtcd { child, endpoint })
+    }
+
+    /// Waits (up to 20 s) until this member grants a lease (it has a quorum).
+    fn wait_ready(&self) -> Result<(), LocalEtcdError> {
         let waited = Duration::from_secs(20);
         let deadline = Instant::now() + waited;
-        let etcd = server.client();
+        let etcd = self.client();
         while !etcd.as_ref().is_ok_and(|e| e.grant(Duration::from_secs(1)).is_ok()) {
             if Instant::now() > deadline {
-                return Err(LocalEtcdError::NoAnswer { endpoint: server.endpoint.clone(), waited });
+                return Err(LocalEtcdError::NoAnswer { endpoint: self.endpoint.clone(), waited });
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        Ok(server)
+        Ok(())
+    }
+
+    /// Kills this member (SIGKILL), as a machine failure would; dropping it does the same.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Its client endpoint, `http://127.0.0.1:PORT`.
@@ -93,7 +138,6 @@ impl LocalEtcd {
 
 impl Drop for LocalEtcd {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }
