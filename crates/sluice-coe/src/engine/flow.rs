@@ -401,9 +401,14 @@ impl Engine<'_> {
         let Some(last) = batch.last() else { return Ok(()) };
         let (ts, clock) = (last.meta.ts_ns, last.meta.clock);
         let Some(v) = self.node(node).map(|n| n.vertex) else { return Ok(()) };
+        // Not the twin of `node`: it shares `node`'s timers, which `node` fires itself when it
+        // takes the batch, under the packet's clock and before the packet's own operations, as
+        // the logical NF does. Fired at the twin, they would take the first places of a clock
+        // whose operations the per-clock log pairs by order.
+        let twin = self.twin_of(node).map(|t| t.0);
         let mut advanced = Vec::new();
         for (i, n) in self.nodes.iter_mut().enumerate() {
-            if i == node.0 || !n.alive || n.vertex != v {
+            if i == node.0 || Some(i) == twin || !n.alive || n.vertex != v {
                 continue;
             }
             advanced.push(NodeId(i));
