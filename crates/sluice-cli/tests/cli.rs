@@ -60,6 +60,21 @@ fn example_chain_output_is_read_by_tcpdump_with_the_reported_count() {
     assert_eq!(lines, reported_out, "tcpdump read a different number of packets than the report says went out");
 }
 
+/// Every chain the project ships in `chains/` (the README, the docs and the scripts use them)
+/// is valid. (`chains/embark/` holds Embark provider files, checked by the Embark tests.)
+#[test]
+fn every_shipped_chain_is_valid() {
+    let mut checked = 0;
+    for e in std::fs::read_dir(repo("chains")).expect("chains/").map(|e| e.expect("dir entry").path()) {
+        if e.extension().is_some_and(|x| x == "yaml") {
+            let o = sluice(&["validate", &e.display().to_string()]);
+            assert_eq!(o.status.code(), Some(0), "{}: {}", e.display(), text(&o));
+            checked += 1;
+        }
+    }
+    assert!(checked >= 5, "only {checked} chain files found");
+}
+
 #[test]
 fn validate_names_file_line_and_field() {
     let dir = tempfile::tempdir().expect("tmp");
