@@ -136,8 +136,11 @@ pub const POOL_READY_KEY: StateKey = StateKey::Id(0);
 const POOL_FILLING: i64 = -1;
 /// The "initialised" marker once the pool list is in the store.
 const POOL_FILLED: i64 = -2;
-/// How long another instance waits for a fill in progress: this many rounds of 50 µs.
-const POOL_FILL_WAIT_ROUNDS: u32 = 100;
+/// How long another instance waits for a fill in progress. Long enough for a filler thread
+/// that the scheduler put aside on a busy machine (5 ms was not: the first packets of a scaled
+/// NAT were dropped as "pool exhausted" under load); only a filler that failed between its
+/// claim and its fill makes anyone wait this long.
+const POOL_FILL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Key of the pool's "exhaustion reported" marker in [`POOL`].
 pub const POOL_EXHAUSTED_KEY: StateKey = StateKey::Id(1);
@@ -431,7 +434,7 @@ impl NatNf {
     /// (each step waited for, so "filled" means the list is in the store). Another instance
     /// that finds the pool empty while the marker only says "claimed" waits for the fill
     /// rather than report a pool it has never seen as exhausted; if the filler never finishes
-    /// (it failed in between and nothing replays it), it gives up after a few milliseconds and
+    /// (it failed in between and nothing replays it), it gives up after [`POOL_FILL_WAIT`] and
     /// reports the pool exhausted, which loses a connection but never hands a port out twice.
     fn pop_port(&self, ctx: &mut NfContext<'_>) -> Result<Option<u16>, StateError> {
         let pop = |ctx: &mut NfContext<'_>| -> Result<Option<u16>, StateError> {
@@ -448,7 +451,8 @@ impl NatNf {
             ctx.state.set(POOL, &POOL_READY_KEY, Value::Int(POOL_FILLED))?;
             return pop(ctx);
         }
-        for _ in 0..POOL_FILL_WAIT_ROUNDS {
+        let deadline = std::time::Instant::now() + POOL_FILL_WAIT;
+        while std::time::Instant::now() < deadline {
             if ctx.state.get(POOL, &POOL_READY_KEY)? != Some(Value::Int(POOL_FILLING)) {
                 // Filled (the fill may have landed after our first pop), or exhausted.
                 return pop(ctx);
