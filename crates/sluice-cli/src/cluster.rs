@@ -128,7 +128,20 @@ pub fn cmd_controller(a: ControllerArgs) -> Result<(), Failure> {
         a.roots,
         chain.vertices.len()
     );
-    controller.run(&etcd, &stop).context("controller").map_err(fail(exit::FAILED))
+    // etcd can refuse for a moment (a member failed, a new raft leader is being elected) or a
+    // term can end: campaign again after a pause that grows while it keeps failing.
+    let mut pause = Duration::from_millis(100);
+    while !stop.load(Ordering::Relaxed) {
+        match controller.run(&etcd, &stop) {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(controller = %name, error = %e, retry_in_ms = pause.as_millis() as u64, "controller stopped leading; campaigning again");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One line of a node's stdout.
@@ -160,16 +173,28 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
     let mut membership = join().map_err(|e| fail(join_code(&e))(e.into()))?;
     say("joined", &a.id, None);
     let mut units: Option<Vec<Unit>> = None;
+    let mut pause = Duration::from_millis(100);
     while !stop.load(Ordering::Relaxed) {
         // Read the assignment, then follow its changes until the watch ends or the
         // registration is lost (then register again: the controller may have moved
-        // everything away meanwhile, and the next read says so).
-        let (now, revision) = assignment_at(&etcd, &cluster, &a.id).map_err(|e| fail(exit::FAILED)(e.into()))?;
+        // everything away meanwhile, and the next read says so). etcd may refuse for a moment
+        // (a member failed, a raft election): say so and try again after a growing pause.
+        let read = assignment_at(&etcd, &cluster, &a.id)
+            .and_then(|(now, revision)| Ok((now, follow(&etcd, &cluster, &a.id, revision + 1)?)));
+        let (now, changes) = match read {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(node = %a.id, error = %e, retry_in_ms = pause.as_millis() as u64, "cannot read the assignment; retrying");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        pause = Duration::from_millis(100);
         if units.as_ref() != Some(&now) {
             say("assignment", &a.id, Some(&now));
             units = Some(now);
         }
-        let changes = follow(&etcd, &cluster, &a.id, revision + 1).map_err(|e| fail(exit::FAILED)(e.into()))?;
         loop {
             if stop.load(Ordering::Relaxed) {
                 break;
@@ -177,7 +202,19 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
             if membership.is_lost() {
                 tracing::warn!(node = %a.id, "registration lost (lease expired); joining again");
                 say("lost", &a.id, None);
-                membership = join().map_err(|e| fail(join_code(&e))(e.into()))?;
+                membership = loop {
+                    match join() {
+                        Ok(m) => break m,
+                        Err(e) if join_code(&e) == exit::INVALID => return Err(fail(exit::INVALID)(e.into())),
+                        Err(e) => {
+                            if stop.load(Ordering::Relaxed) {
+                                return Ok(());
+                            }
+                            tracing::warn!(node = %a.id, error = %e, "cannot register again; retrying");
+                            std::thread::sleep(Duration::from_secs(1));
+                        }
+                    }
+                };
                 say("joined", &a.id, None);
                 break;
             }
