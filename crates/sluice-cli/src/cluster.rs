@@ -323,13 +323,13 @@ pub fn cmd_cluster(a: ClusterCmdArgs) -> Result<(), Failure> {
         ClusterCommand::Status { json } => {
             let leader = sluice_cluster::leader(&etcd, cluster, "controller").map_err(io)?;
             let (live, _) = sluice_cluster::nodes(&etcd, cluster).map_err(io)?;
-            let out = sluice_cluster::drained(&etcd, cluster).map_err(io)?;
+            let drained_nodes = sluice_cluster::drained(&etcd, cluster).map_err(io)?;
             let placement = sluice_cluster::stored_placement(&etcd, cluster).map_err(io)?;
             let units_of = |id: &str| placement.iter().filter(|(_, n)| *n == id).map(|(u, _)| u.clone()).collect();
             let mut nodes: Vec<NodeStatus> = live
                 .into_iter()
                 .map(|n| NodeStatus {
-                    drained: out.contains(&n.id),
+                    drained: drained_nodes.contains(&n.id),
                     units: units_of(&n.id),
                     id: n.id,
                     addr: n.addr,

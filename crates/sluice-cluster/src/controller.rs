@@ -189,7 +189,7 @@ impl Controller {
         let leadership = campaign(etcd, &self.cluster, "controller", &self.name, self.ttl)?;
         let mut current = stored_placement(etcd, &self.cluster)?;
         let (mut live, revision) = nodes(etcd, &self.cluster)?;
-        let mut out = drained(etcd, &self.cluster)?;
+        let mut drained_nodes = drained(etcd, &self.cluster)?;
         let (tx, changes) = mpsc::channel();
         let mut watch = watch_nodes(etcd, &self.cluster, revision + 1)?;
         let mut drains = etcd.watch_prefix(&drain_prefix(&self.cluster), revision + 1)?;
@@ -215,7 +215,7 @@ impl Controller {
             let _ = tx.send(true);
         });
         loop {
-            let hosts: Vec<_> = live.iter().filter(|n| !out.contains(&n.id)).cloned().collect();
+            let hosts: Vec<_> = live.iter().filter(|n| !drained_nodes.contains(&n.id)).cloned().collect();
             match place(&self.demand, &hosts, &current) {
                 Ok(next) => {
                     if next != current {
@@ -250,7 +250,7 @@ impl Controller {
                 return leadership.resign().map(|()| false);
             }
             live = nodes(etcd, &self.cluster)?.0;
-            out = drained(etcd, &self.cluster)?;
+            drained_nodes = drained(etcd, &self.cluster)?;
         }
     }
 }
