@@ -9,7 +9,7 @@
 //! its entry no longer waits for commits. Deleted entries are announced through
 //! [`Root::take_deleted`] so a driver keeping the log in a store deletes them there too.
 
-use sluice_packet::{Clock, InstanceId, MetaFlags, Packet};
+use sluice_packet::{Clock, InstanceId, Meta, MetaFlags, Packet};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Root parameters.
@@ -24,11 +24,15 @@ pub struct RootConfig {
     /// Keep an entry until its updates are committed (the XOR check); off: until its copies
     /// are done.
     pub xor_check: bool,
+    /// Remember every clock's input packet number and entry time for the whole run
+    /// ([`Root::input_of`], [`Root::entry_time`]): a bounded run reports decisions by input
+    /// packet. Off (a long-running chain): only the log's entries are kept.
+    pub remember_inputs: bool,
 }
 
 impl Default for RootConfig {
     fn default() -> Self {
-        RootConfig { log_capacity: 1 << 20, clock_persist_every: 100, roots: 1, xor_check: true }
+        RootConfig { log_capacity: 1 << 20, clock_persist_every: 100, roots: 1, xor_check: true, remember_inputs: true }
     }
 }
 
@@ -113,6 +117,8 @@ pub struct RootStats {
     pub log_peak: u64,
     /// Copies replayed.
     pub replayed: u64,
+    /// Entries deleted (every copy done, every update committed).
+    pub deleted: u64,
 }
 
 /// The root's state machine.
@@ -193,7 +199,9 @@ impl Root {
         pkt.meta.ingress_ns = now_ns;
         pkt.meta.xor = 0;
         self.last_clock = clock;
-        self.clock_input.insert(clock, (input, pkt.meta.ts_ns));
+        if self.cfg.remember_inputs {
+            self.clock_input.insert(clock, (input, pkt.meta.ts_ns));
+        }
         self.stats.admitted += 1;
         let entry = LogEntry { input, packet: pkt.clone(), refs: 1, xor: 0, replayed: false, left: false };
         self.log.insert(clock, entry);
@@ -202,15 +210,16 @@ impl Root {
     }
 
     /// Another copy of `pkt` is on its way (a mirror copy, a clone's copy, a replay).
-    pub fn copy_sent(&mut self, pkt: &Packet) {
-        if let Some(e) = self.log.get_mut(&pkt.meta.clock) {
+    pub fn copy_sent(&mut self, copy: &impl AsRef<Meta>) {
+        let meta = copy.as_ref();
+        if let Some(e) = self.log.get_mut(&meta.clock) {
             e.refs += 1;
         }
-        if pkt.meta.flags.contains(MetaFlags::REPLAYED) {
-            *self.replays_in_flight.entry(pkt.meta.clock).or_default() += 1;
+        if meta.flags.contains(MetaFlags::REPLAYED) {
+            *self.replays_in_flight.entry(meta.clock).or_default() += 1;
             // A copy made past the target (a mirror copy downstream of it) is not on its way
             // to the target.
-            if let Some(t) = pkt.meta.target.filter(|_| !pkt.meta.flags.contains(MetaFlags::REACHED)) {
+            if let Some(t) = meta.target.filter(|_| !meta.flags.contains(MetaFlags::REACHED)) {
                 *self.replays_to.entry(t).or_default() += 1;
             }
         }
@@ -218,9 +227,10 @@ impl Root {
 
     /// A copy is done (dropped, consumed, suppressed, or it left and [`Root::copy_left`] was
     /// not used): fold its XOR vector in, delete the entry if nothing else is pending.
-    pub fn copy_finished(&mut self, pkt: &Packet) {
-        let clock = pkt.meta.clock;
-        if pkt.meta.flags.contains(MetaFlags::REPLAYED) && self.replay_copy_gone(pkt) {
+    pub fn copy_finished(&mut self, copy: &impl AsRef<Meta>) {
+        let meta = copy.as_ref();
+        let clock = meta.clock;
+        if meta.flags.contains(MetaFlags::REPLAYED) && self.replay_copy_gone(meta) {
             // The replay applied every update along its path with blocking, tagged operations:
             // whatever the lost copy left uncommitted is committed now.
             if let Some(e) = self.log.get_mut(&clock) {
@@ -229,17 +239,18 @@ impl Root {
         }
         if let Some(e) = self.log.get_mut(&clock) {
             e.refs = e.refs.saturating_sub(1);
-            e.xor ^= pkt.meta.xor;
+            e.xor ^= meta.xor;
         }
         self.maybe_delete(clock);
     }
 
     /// A copy left the chain and the root heard of it.
-    pub fn copy_left(&mut self, pkt: &Packet) {
-        if let Some(e) = self.log.get_mut(&pkt.meta.clock) {
+    pub fn copy_left(&mut self, copy: &impl AsRef<Meta>) {
+        let meta = copy.as_ref();
+        if let Some(e) = self.log.get_mut(&meta.clock) {
             e.left = true;
         }
-        self.copy_finished(pkt);
+        self.copy_finished(meta);
     }
 
     /// A copy was lost with a failed instance: its updates will be redone by the replay, so
@@ -249,7 +260,7 @@ impl Root {
             e.refs = e.refs.saturating_sub(1);
         }
         if pkt.meta.flags.contains(MetaFlags::REPLAYED) {
-            self.replay_copy_gone(pkt);
+            self.replay_copy_gone(&pkt.meta);
         }
     }
 
@@ -289,11 +300,11 @@ impl Root {
     }
 
     /// One replay copy is gone; whether it was the last of its clock.
-    fn replay_copy_gone(&mut self, pkt: &Packet) -> bool {
-        if let Some(t) = pkt.meta.target.filter(|_| !pkt.meta.flags.contains(MetaFlags::REACHED)) {
+    fn replay_copy_gone(&mut self, meta: &Meta) -> bool {
+        if let Some(t) = meta.target.filter(|_| !meta.flags.contains(MetaFlags::REACHED)) {
             self.replay_to_target_done(t);
         }
-        let clock = pkt.meta.clock;
+        let clock = meta.clock;
         let Some(n) = self.replays_in_flight.get_mut(&clock) else { return false };
         *n = n.saturating_sub(1);
         if *n == 0 {
@@ -316,6 +327,7 @@ impl Root {
         if e.refs == 0 && (!self.cfg.xor_check || e.xor == 0 || e.replayed) {
             self.log.remove(&clock);
             self.deleted.push(clock);
+            self.stats.deleted += 1;
         }
     }
 

@@ -200,6 +200,11 @@ struct EngineArgs {
     /// Checkpoint the state store this often, in milliseconds (0: never).
     #[arg(long, default_value_t = 150)]
     checkpoint_ms: u64,
+    /// Keep CHC's packet log at the root: each packet stays logged until every copy is done
+    /// and the store acknowledged its updates (XOR check); copies of a clock that already
+    /// left are dropped at the egress. The report gains a `root log` line.
+    #[arg(long)]
+    fault_tolerance: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -390,7 +395,7 @@ fn engine_config(e: &EngineArgs, live: bool) -> RunConfig {
             None if live => Overflow::Drop,
             None => Overflow::Wait,
         },
-        root_id: 0,
+        fault_tolerance: e.fault_tolerance,
         checkpoint_every: (e.checkpoint_ms > 0).then(|| std::time::Duration::from_millis(e.checkpoint_ms)),
         record: false,
     }

@@ -22,9 +22,13 @@ fn quick_bench_store_writes_json_and_svg() {
     let modes = v["modes"].as_array().unwrap();
     for nf in ["nat", "lb", "example"] {
         for load in ["saturated", "paced"] {
-            for (mode, store) in
-                [("local", "none"), ("external", "embedded"), ("cached", "embedded"), ("async", "embedded")]
-            {
+            for (mode, store) in [
+                ("local", "none"),
+                ("external", "embedded"),
+                ("cached", "embedded"),
+                ("async", "embedded"),
+                ("async-ft", "embedded"),
+            ] {
                 let case = modes
                     .iter()
                     .find(|m| m["nf"] == nf && m["load"] == load && m["mode"] == mode && m["store"] == store)
@@ -37,9 +41,17 @@ fn quick_bench_store_writes_json_and_svg() {
                     .collect();
                 assert!(p.windows(2).all(|w| w[0] <= w[1]), "{nf} {mode} {load}: percentiles {p:?}");
                 assert!(case["mpps_ratio_to_local"].as_f64().unwrap() > 0.0);
+                if mode == "async-ft" {
+                    assert!(case["mpps_ratio_to_async"].as_f64().unwrap() > 0.0, "{nf} {load}: no ratio to async");
+                }
             }
         }
     }
+    let aims = v["aims"].as_array().unwrap();
+    assert!(
+        aims.iter().filter(|a| a["aim"].as_str().unwrap().starts_with("fault tolerance on")).count() == 3,
+        "one fault-tolerance aim per chain: {aims:?}"
+    );
     // No Redis in a quick run, and it says so.
     assert!(!modes.iter().any(|m| m["store"] == "redis"));
     assert!(v["not_run"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("redis")));

@@ -255,6 +255,19 @@ impl PacketPool {
     }
 }
 
+/// The root's bookkeeping and reports about a copy need only its metadata.
+impl AsRef<Meta> for Packet {
+    fn as_ref(&self) -> &Meta {
+        &self.meta
+    }
+}
+
+impl AsRef<Meta> for Meta {
+    fn as_ref(&self) -> &Meta {
+        self
+    }
+}
+
 impl std::fmt::Debug for PacketPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PacketPool").field("free", &self.free.len()).finish()

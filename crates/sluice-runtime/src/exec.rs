@@ -19,6 +19,7 @@ use crate::record::{DropRecord, Recording, StateRecord};
 use crate::report::{InstanceReport, Latency, RunReport, VertexReport};
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
+use ft::{Note, RootLog};
 use sluice_packet::{Batch, Clock, Packet, PacketPool, ParseStatus};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -26,6 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use worker::{worker_loop, InstanceStats, Slot};
 
+mod ft;
 mod worker;
 
 /// What to do with input when the in-flight window is full.
@@ -51,8 +53,11 @@ pub struct RunConfig {
     pub window: usize,
     /// Policy when the window is full.
     pub overflow: Overflow,
-    /// Root id stamped in the high bits of clocks.
-    pub root_id: u8,
+    /// Keep CHC's packet log at the root: every packet stays logged until its copies are done
+    /// and the store acknowledged its updates (the XOR check), and copies of a clock that
+    /// already left are dropped at the egress. What replay after a failure needs; off by
+    /// default until the threaded runtime replays (docs/decisions.md).
+    pub fault_tolerance: bool,
     /// With a state store: take a checkpoint of its contents (with the TS vector) this often.
     pub checkpoint_every: Option<Duration>,
     /// Keep what `sluice verify --recorded` needs ([`crate::record::Recording`]): the clock of
@@ -69,7 +74,7 @@ impl Default for RunConfig {
             batch: 32,
             window: 65_536,
             overflow: Overflow::Wait,
-            root_id: 0,
+            fault_tolerance: false,
             checkpoint_every: Some(Duration::from_millis(150)),
             record: false,
         }
@@ -120,6 +125,9 @@ struct Shared {
     record: bool,
     /// Live statistics, if someone reads them.
     live: Option<Arc<Live>>,
+    /// With `RunConfig::fault_tolerance`: notes for the root's log, and emptied note buffers.
+    notes: Option<ArrayQueue<Vec<Note>>>,
+    note_spare: ArrayQueue<Vec<Note>>,
 }
 
 impl Shared {
@@ -129,6 +137,10 @@ impl Shared {
     fn give_back(&self, mut b: Batch) {
         b.clear();
         let _ = self.spare.push(b);
+    }
+    /// Whether the root keeps a log (workers then report copies and commits).
+    fn logging(&self) -> bool {
+        self.notes.is_some()
     }
 }
 
@@ -158,6 +170,10 @@ struct Outgoing {
     bufs: Vec<Batch>,
     splitter: Splitter,
     mirrored: u64,
+    /// Notes for the root's log not sent yet.
+    notes: Vec<Note>,
+    /// Scratch space for the commits a store client reports.
+    commits: Vec<(Clock, u32)>,
 }
 
 impl Outgoing {
@@ -166,6 +182,38 @@ impl Outgoing {
             bufs: (0..=shared.queues.len()).map(|_| Vec::new()).collect(),
             splitter: Splitter::default(),
             mirrored: 0,
+            notes: Vec::new(),
+            commits: Vec::new(),
+        }
+    }
+
+    /// Queues a note for the root's log (only when it keeps one).
+    fn note(&mut self, shared: &Shared, note: Note) {
+        if shared.logging() {
+            self.notes.push(note);
+        }
+    }
+
+    /// Sends the notes gathered so far to the root.
+    fn flush_notes(&mut self, shared: &Shared) {
+        let Some(q) = &shared.notes else { return };
+        if self.notes.is_empty() {
+            return;
+        }
+        let fresh = shared.note_spare.pop().unwrap_or_default();
+        let b = std::mem::replace(&mut self.notes, fresh);
+        let mut b = Some(b);
+        let mut spins = 0u32;
+        while let Some(x) = b.take() {
+            if let Err(back) = q.push(x) {
+                b = Some(back);
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
         }
     }
 
@@ -181,10 +229,12 @@ impl Outgoing {
     }
 
     fn flush_one(&mut self, shared: &Shared, dest: usize) {
-        let Some(buf) = self.bufs.get_mut(dest) else { return };
-        if buf.is_empty() {
+        if self.bufs.get(dest).is_none_or(Vec::is_empty) {
             return;
         }
+        // The root hears of copies made before any of them can finish elsewhere.
+        self.flush_notes(shared);
+        let Some(buf) = self.bufs.get_mut(dest) else { return };
         let b = std::mem::take(buf);
         match shared.queues.get(dest) {
             Some(q) => push_queue(q, b),
@@ -196,6 +246,7 @@ impl Outgoing {
         for d in 0..self.bufs.len() {
             self.flush_one(shared, d);
         }
+        self.flush_notes(shared);
     }
 
     fn dest(&self, shared: &Shared, t: Target, pkt: &Packet) -> usize {
@@ -215,10 +266,14 @@ impl Outgoing {
             let mut copies = 0;
             for t in routes.mirror_targets(&pkt) {
                 let d = self.dest(shared, t, &pkt);
-                let c = shared.pool.copy_of(&pkt);
+                let mut c = shared.pool.copy_of(&pkt);
+                // The original carries the XOR vector of the updates so far; a copy starts
+                // empty, so the root folds each update in once.
+                c.meta.xor = 0;
                 // Account for the copy before it can be seen downstream.
                 shared.in_flight.fetch_add(1, Ordering::AcqRel);
                 shared.clocks.copy(c.meta.clock);
+                self.note(shared, Note::Sent(c.meta));
                 self.push(shared, d, c);
                 copies += 1;
             }
@@ -272,7 +327,10 @@ pub fn run(
         batch: cfg.batch,
         record: cfg.record,
         live: hooks.live.clone(),
+        notes: cfg.fault_tolerance.then(|| ArrayQueue::new(NOTE_BUFFERS)),
+        note_spare: ArrayQueue::new(NOTE_BUFFERS),
     });
+    let mut log = cfg.fault_tolerance.then(|| RootLog::new(cfg.window));
 
     // Instances go round-robin to workers.
     let workers = cfg.workers.min(instances.len().max(1));
@@ -317,7 +375,7 @@ pub fn run(
     let mut last_forget = Instant::now();
     let mut store_conn = match &store {
         Some(b) => Some(
-            b.connect(sluice_packet::InstanceId(u32::MAX - u32::from(cfg.root_id)))
+            b.connect(sluice_packet::InstanceId(u32::MAX))
                 .map_err(|e| RunError::Config(format!("state store: {e}")))?,
         ),
         None => None,
@@ -327,11 +385,20 @@ pub fn run(
     let mut forget_batches: u64 = 0;
     let mut recording = cfg.record.then(Recording::default);
     let mut last_ts = 0u64;
+    // With a log: when the last copy finished, and so the wait for the last commits began.
+    let mut settling: Option<Instant> = None;
     let result: Result<(), RunError> = (|| loop {
-        drain_sink(&shared, sink, &mut report, &mut hist, t0)?;
+        drain_sink(&shared, sink, &mut report, &mut hist, t0, log.as_mut())?;
+        let oldest_logged = log.as_mut().and_then(|l| drain_notes(&shared, l));
         if source_done {
             if shared.in_flight.load(Ordering::Acquire) == 0 {
-                return Ok(());
+                // The last updates' acknowledgements are still on their way to the log; a
+                // store that stopped answering leaves entries behind (reported), not a hang.
+                let settled = log.as_ref().is_none_or(|l| l.logged() == 0);
+                let since = *settling.get_or_insert_with(Instant::now);
+                if settled || since.elapsed() >= SETTLE_LIMIT {
+                    return Ok(());
+                }
             }
             // Only the sink is left to serve: leave the CPU to the workers in between.
             std::thread::sleep(Duration::from_micros(20));
@@ -345,12 +412,14 @@ pub fn run(
             low += 1;
         }
         if let Some(conn) = store_conn.as_mut() {
-            // Per-clock logs in the store are kept only for packets still in flight.
-            if low > forgotten + 1 && last_forget.elapsed() >= Duration::from_millis(2) {
+            // Per-clock logs in the store are kept only for packets still in flight, or, with
+            // the root's log, still logged (a replay would need them).
+            let floor = oldest_logged.map_or(low, |c| c.seq().min(low));
+            if floor > forgotten + 1 && last_forget.elapsed() >= Duration::from_millis(2) {
                 last_forget = Instant::now();
-                forgotten = low - 1;
+                forgotten = floor - 1;
                 let key = sluice_store::StoreKey { vertex: 0, object: 0, key: sluice_state::StateKey::Unit };
-                let op = sluice_store::StoreOp::ForgetClock(Clock::new(cfg.root_id, forgotten));
+                let op = sluice_store::StoreOp::ForgetClock(Clock::new(0, forgotten));
                 let client = sluice_packet::InstanceId(0);
                 let req = sluice_store::Request { id: 0, client, tag: None, key, op, reply: false };
                 forget_batches += 1;
@@ -371,8 +440,7 @@ pub fn run(
                 report.checkpoints.total_s += t.elapsed().as_secs_f64();
             }
         }
-        let span_room = shared.clocks.span().saturating_sub(seq + 1 - low) as usize;
-        let room = cfg.window.saturating_sub(shared.in_flight.load(Ordering::Acquire)).min(span_room);
+        let room = admission_room(&shared, cfg.window, seq, low, log.as_ref());
         if room < cfg.batch && cfg.overflow == Overflow::Wait {
             // The chain is full: give the workers the CPU rather than spin on it.
             std::thread::sleep(Duration::from_micros(20));
@@ -391,8 +459,7 @@ pub fn run(
         let read = inbuf.len() as u64;
         let dropped_before: u64 = root_drops.values().sum();
         let mut admitted = 0usize;
-        let span_room = shared.clocks.span().saturating_sub(seq + 1 - low) as usize;
-        let room = cfg.window.saturating_sub(shared.in_flight.load(Ordering::Acquire)).min(span_room);
+        let room = admission_room(&shared, cfg.window, seq, low, log.as_ref());
         for mut pkt in inbuf.drain(..) {
             report.packets_in += 1;
             report.bytes_in += pkt.len() as u64;
@@ -411,8 +478,19 @@ pub fn run(
                 pool.recycle(pkt);
                 continue;
             }
+            if let Some(l) = log.as_mut() {
+                if l.admit(seq + 1, &mut pkt, now_ns).is_none() {
+                    // Unreachable while admission waits for room in the log; counted if not.
+                    if let Some(rec) = recording.as_mut() {
+                        rec.admitted.push(None);
+                    }
+                    *root_drops.entry("log-full").or_default() += 1;
+                    pool.recycle(pkt);
+                    continue;
+                }
+            }
             seq += 1;
-            pkt.meta.clock = Clock::new(cfg.root_id, seq);
+            pkt.meta.clock = Clock::new(0, seq);
             pkt.meta.ingress_ns = now_ns;
             shared.clocks.admit(pkt.meta.clock);
             if any_ordered {
@@ -436,6 +514,9 @@ pub fn run(
                     rec.drops.push(DropRecord { clock: pkt.meta.clock, vertex: "input".into(), reason: "no-route" });
                 }
                 *root_drops.entry("no-route").or_default() += 1;
+                if let Some(l) = log.as_mut() {
+                    l.note(&Note::Finished(pkt.meta));
+                }
                 shared.clocks.done(pkt.meta.clock);
                 pool.recycle(pkt);
                 shared.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -483,12 +564,13 @@ pub fn run(
     report.elapsed_s = t0.elapsed().as_secs_f64();
     report.mpps = if report.elapsed_s > 0.0 { report.packets_in as f64 / report.elapsed_s / 1e6 } else { 0.0 };
     report.mirrored = mirrored;
+    report.fault_tolerance = log.as_ref().map(RootLog::report);
     for (r, n) in root_drops {
         report.dropped.insert(format!("root: {r}"), n);
     }
     slots.sort_by_key(|(_, s)| s.global);
     if let Some(mut rec) = recording {
-        rec.end = Clock::new(cfg.root_id, seq);
+        rec.end = Clock::new(0, seq);
         record_end(&mut rec, &mut slots, &shared.vertices, store.as_ref(), last_ts)?;
         report.recording = Some(rec);
     }
@@ -564,6 +646,9 @@ fn record_end(
         s.inst.advance_time(last_ts, rec.end);
         s.inst.end_batch();
         s.inst.state().flush().map_err(|e| RunError::Worker(format!("flushing state: {e}")))?;
+        // The run's log is closed: the end's timers are not packets it waits for.
+        let mut commits = Vec::new();
+        s.inst.state().take_commits(&mut commits);
         let vertex = name(s.vertex);
         rec.drops.extend(s.stats.drops.drain(..).map(|(clock, reason)| DropRecord {
             clock,
@@ -594,22 +679,59 @@ fn record_end(
     Ok(())
 }
 
+/// Note buffers in flight between the workers and the root.
+const NOTE_BUFFERS: usize = 4096;
+
+/// How long the root waits, once every copy is done, for the store to acknowledge the last
+/// updates before it ends the run with entries left in its log.
+const SETTLE_LIMIT: Duration = Duration::from_secs(10);
+
+/// How many packets the root may admit now: within the window, the clock ring and the log.
+fn admission_room(shared: &Shared, window: usize, seq: u64, low: u64, log: Option<&RootLog>) -> usize {
+    let span_room = shared.clocks.span().saturating_sub(seq + 1 - low) as usize;
+    let log_room = log.map_or(usize::MAX, RootLog::room);
+    window.saturating_sub(shared.in_flight.load(Ordering::Acquire)).min(span_room).min(log_room)
+}
+
+/// Applies the workers' notes to the log and passes its deletes on; the oldest clock still
+/// logged.
+fn drain_notes(shared: &Shared, log: &mut RootLog) -> Option<Clock> {
+    if let Some(q) = &shared.notes {
+        while let Some(mut b) = q.pop() {
+            for n in &b {
+                log.note(n);
+            }
+            b.clear();
+            let _ = shared.note_spare.push(b);
+        }
+    }
+    log.sync_deletes()
+}
+
 fn drain_sink(
     shared: &Shared,
     sink: &mut dyn Sink,
     report: &mut RunReport,
     hist: &mut hdrhistogram::Histogram<u64>,
     t0: Instant,
+    mut log: Option<&mut RootLog>,
 ) -> Result<(), RunError> {
     while let Some(mut b) = shared.sink.pop() {
         let now = t0.elapsed().as_nanos() as u64;
+        let n = b.len();
+        if let Some(l) = log.as_deref_mut() {
+            // The egress: a clock leaves once; later copies (replays) are dropped here.
+            for dup in b.extract_if(.., |p| !l.leave(&p.meta)) {
+                shared.clocks.done(dup.meta.clock);
+                shared.pool.recycle(dup);
+            }
+        }
         for p in &b {
             report.packets_out += 1;
             report.bytes_out += p.len() as u64;
             shared.clocks.done(p.meta.clock);
             let _ = hist.record(now.saturating_sub(p.meta.ingress_ns).max(1));
         }
-        let n = b.len();
         let r = sink.write(&b);
         shared.pool.recycle_batch(&mut b);
         shared.give_back(b);

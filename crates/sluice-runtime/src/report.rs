@@ -88,6 +88,24 @@ pub struct CheckpointReport {
     pub total_s: f64,
 }
 
+/// What the root's packet log did (`RunConfig::fault_tolerance`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FaultToleranceReport {
+    /// Packets logged (every admitted packet).
+    pub logged: u64,
+    /// Entries deleted: every copy of the packet done and every update it caused committed.
+    pub deleted: u64,
+    /// Entries still in the log when the run ended (0 unless the store stopped acknowledging).
+    pub left_in_log: u64,
+    /// Most entries in the log at once.
+    pub log_peak: u64,
+    /// Commits (store acknowledgements of a packet's updates at one instance) folded into the
+    /// log's XOR vectors.
+    pub commits: u64,
+    /// Copies dropped at the chain's egress because a copy of their clock had left already.
+    pub duplicates_suppressed: u64,
+}
+
 /// The result of a run.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct RunReport {
@@ -127,6 +145,8 @@ pub struct RunReport {
     pub latency_us: Latency,
     /// Checkpoints of the state store.
     pub checkpoints: CheckpointReport,
+    /// The root's packet log, with `RunConfig::fault_tolerance`.
+    pub fault_tolerance: Option<FaultToleranceReport>,
     /// Decisions by `nf/kind`.
     pub event_counts: BTreeMap<String, u64>,
     /// All decisions, in clock order.
@@ -216,6 +236,13 @@ impl fmt::Display for RunReport {
                 self.checkpoints.total_s * 1e3,
                 self.checkpoints.last_values,
                 self.checkpoints.last_ts
+            )?;
+        }
+        if let Some(ft) = &self.fault_tolerance {
+            writeln!(
+                f,
+                "  root log: {} logged, {} deleted, {} left, peak {}; {} commits; {} duplicates suppressed",
+                ft.logged, ft.deleted, ft.left_in_log, ft.log_peak, ft.commits, ft.duplicates_suppressed
             )?;
         }
         let l = &self.latency_us;

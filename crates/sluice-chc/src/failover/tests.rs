@@ -7,7 +7,13 @@ const FAILED: InstanceId = InstanceId(0x0001_0000);
 const OTHER: InstanceId = InstanceId(0x0002_0000);
 
 fn root() -> Root {
-    Root::new(RootConfig { log_capacity: 16, clock_persist_every: 100, roots: 1, xor_check: true })
+    Root::new(RootConfig {
+        log_capacity: 16,
+        clock_persist_every: 100,
+        roots: 1,
+        xor_check: true,
+        remember_inputs: true,
+    })
 }
 
 fn admit(r: &mut Root, input: u64) -> Packet {

@@ -2,7 +2,13 @@ use super::*;
 use crate::test_support::udp;
 
 fn root(cap: usize) -> Root {
-    Root::new(RootConfig { log_capacity: cap, clock_persist_every: 3, roots: 1, xor_check: true })
+    Root::new(RootConfig {
+        log_capacity: cap,
+        clock_persist_every: 3,
+        roots: 1,
+        xor_check: true,
+        remember_inputs: true,
+    })
 }
 
 fn admit(r: &mut Root, input: u64) -> Packet {
@@ -95,7 +101,13 @@ fn replay_marks_copies_and_a_drained_replay_commits_its_entries() {
 
 #[test]
 fn a_root_crash_resumes_past_the_persisted_clock_and_loses_only_its_entries() {
-    let mut r = Root::new(RootConfig { log_capacity: 100, clock_persist_every: 10, roots: 2, xor_check: true });
+    let mut r = Root::new(RootConfig {
+        log_capacity: 100,
+        clock_persist_every: 10,
+        roots: 2,
+        xor_check: true,
+        remember_inputs: true,
+    });
     let mut by_root = [0usize; 2];
     for i in 0..40u8 {
         let mut p = udp(i, 1);
@@ -187,4 +199,18 @@ fn a_retargeted_replay_copy_counts_for_its_new_target() {
     let mut live = admit(&mut r, 1);
     r.retarget(&mut live, new);
     assert_eq!(live.meta.target, None);
+}
+
+#[test]
+fn a_long_running_root_forgets_inputs_with_their_entries_and_counts_deletes() {
+    let mut r = Root::new(RootConfig { remember_inputs: false, ..RootConfig::default() });
+    let p = admit(&mut r, 0);
+    assert_eq!(r.input_of(p.meta.clock), None, "no index of every clock ever stamped");
+    // Copies are accounted by their metadata alone (what a threaded driver sends its root).
+    r.copy_sent(&p.meta);
+    r.copy_finished(&p.meta);
+    r.copy_left(&p.meta);
+    assert_eq!(r.logged(), 0);
+    assert_eq!(r.stats().deleted, 1);
+    assert_eq!(r.take_deleted(), vec![p.meta.clock]);
 }

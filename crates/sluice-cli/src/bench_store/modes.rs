@@ -28,10 +28,15 @@ pub(super) enum ModeKind {
     Cached,
     /// Cached, and updates not waited for.
     Async,
+    /// `async` with the root's packet log, XOR check and egress duplicate suppression
+    /// (`sluice run --fault-tolerance`); embedded store only.
+    #[serde(rename = "async-ft")]
+    AsyncFt,
 }
 
 impl ModeKind {
-    const ALL: [ModeKind; 4] = [ModeKind::Local, ModeKind::External, ModeKind::Cached, ModeKind::Async];
+    const ALL: [ModeKind; 5] =
+        [ModeKind::Local, ModeKind::External, ModeKind::Cached, ModeKind::Async, ModeKind::AsyncFt];
 
     /// The mode's name in case names and reports.
     pub(super) fn name(self) -> &'static str {
@@ -40,6 +45,7 @@ impl ModeKind {
             ModeKind::External => "external",
             ModeKind::Cached => "cached",
             ModeKind::Async => "async",
+            ModeKind::AsyncFt => "async-ft",
         }
     }
 
@@ -49,7 +55,7 @@ impl ModeKind {
             ModeKind::Local => None,
             ModeKind::External => Some(sluice_store::Mode::External),
             ModeKind::Cached => Some(sluice_store::Mode::Cached),
-            ModeKind::Async => Some(sluice_store::Mode::Async),
+            ModeKind::Async | ModeKind::AsyncFt => Some(sluice_store::Mode::Async),
         }
     }
 }
@@ -164,6 +170,9 @@ pub(super) struct ModeResult {
     pub(super) summary: ModeSummary,
     /// Median Mpps / median Mpps of `local` (same NF, same load).
     pub(super) mpps_ratio_to_local: Option<f64>,
+    /// `async-ft` only: median Mpps / median Mpps of `async` (same NF, store and load), what the
+    /// root's log costs.
+    pub(super) mpps_ratio_to_async: Option<f64>,
     /// Median p50 − median p50 of `local`, µs.
     pub(super) added_p50_us: Option<f64>,
     /// `added_p50_us` / on-path NFs.
@@ -193,19 +202,18 @@ pub(super) fn run_modes(
 ) -> Result<Vec<ModeResult>> {
     let cases = mode_cases(a, env.redis.is_some(), packets.len())?;
     let registry = sluice_nfs::registry();
-    let cfg_of = |load: Load| RunConfig {
+    let cfg_of = |c: &ModeCase| RunConfig {
         workers: a.workers.max(1),
         pin: !a.no_pin,
         batch: a.batch,
-        window: if load == Load::Paced { paced_window } else { a.window },
+        window: if c.load == Load::Paced { paced_window } else { a.window },
         overflow: Overflow::Wait,
-        root_id: 0,
+        fault_tolerance: c.mode == ModeKind::AsyncFt,
         checkpoint_every: (a.checkpoint_ms > 0).then(|| Duration::from_millis(a.checkpoint_ms)),
         record: false,
     };
-    let measure = |c: &ModeCase| {
-        run_mode(c, packets, &cfg_of(c.load), &registry, env).with_context(|| format!("case {}", c.name))
-    };
+    let measure =
+        |c: &ModeCase| run_mode(c, packets, &cfg_of(c), &registry, env).with_context(|| format!("case {}", c.name));
     let samples = repeat_interleaved(&cases, repeat, !a.quick, measure, |r, c, s| {
         eprintln!("[modes {}/{}] {:<34} {:>8.3} Mpps  p50 {:>9.1} µs", r, repeat, c.name, s.mpps, s.p50_us)
     })?;
@@ -232,7 +240,11 @@ fn mode_cases(a: &BenchStoreArgs, with_redis: bool, packets: usize) -> Result<Ve
     for load in [Load::Saturated, Load::Paced] {
         for (nf, chain) in &chains {
             for mode in ModeKind::ALL {
-                let ss: &[StoreKind] = if mode == ModeKind::Local { &[StoreKind::None] } else { &stores };
+                let ss: &[StoreKind] = match mode {
+                    ModeKind::Local => &[StoreKind::None],
+                    ModeKind::AsyncFt => &[StoreKind::Embedded],
+                    _ => &stores,
+                };
                 for &store in ss {
                     let n = match (store, mode) {
                         (StoreKind::Redis, ModeKind::External) => packets.min(a.external_redis_packets.max(1)),
@@ -375,6 +387,7 @@ fn mode_results(
                     vertex_busy_mpps,
                 },
                 mpps_ratio_to_local: None,
+                mpps_ratio_to_async: None,
                 added_p50_us: None,
                 added_p50_us_per_nf: None,
                 added_busy_ns_per_nf: None,
@@ -389,6 +402,16 @@ fn mode_results(
             (r.nf.clone(), r.load, r.summary.mpps.median, r.summary.p50_us.median, r.summary.on_path_busy_ns.median)
         })
         .collect();
+    let asyncs: Vec<(String, StoreKind, Load, f64)> = out
+        .iter()
+        .filter(|r| r.mode == ModeKind::Async)
+        .map(|r| (r.nf.clone(), r.store, r.load, r.summary.mpps.median))
+        .collect();
+    for r in out.iter_mut().filter(|r| r.mode == ModeKind::AsyncFt) {
+        if let Some((_, _, _, mpps)) = asyncs.iter().find(|x| x.0 == r.nf && x.1 == r.store && x.2 == r.load) {
+            r.mpps_ratio_to_async = Some(ratio(r.summary.mpps.median, *mpps));
+        }
+    }
     for r in &mut out {
         if let Some((_, _, mpps, p50, busy)) = locals.iter().find(|l| l.0 == r.nf && l.1 == r.load) {
             let n = r.on_path_nfs as f64;
@@ -405,6 +428,16 @@ fn mode_results(
 /// The aims, checked on the mode results.
 pub(super) fn check_aims(modes: &[ModeResult]) -> Vec<Aim> {
     let mut aims = Vec::new();
+    for r in modes.iter().filter(|r| r.mode == ModeKind::AsyncFt && r.load == Load::Saturated) {
+        let v = r.mpps_ratio_to_async.unwrap_or(0.0);
+        aims.push(Aim {
+            aim: "fault tolerance on (root log, XOR check, egress) >= 90% of off (async, embedded store)".into(),
+            case: r.name.clone(),
+            value: v,
+            target: 0.9,
+            met: v >= 0.9,
+        });
+    }
     for r in modes.iter().filter(|r| r.mode == ModeKind::Async) {
         match (r.store, r.load) {
             (StoreKind::Embedded, Load::Saturated) => {

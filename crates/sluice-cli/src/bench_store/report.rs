@@ -106,6 +106,7 @@ fn mode_colour(m: ModeKind) -> RGBColor {
         ModeKind::External => RGBColor(214, 39, 40),
         ModeKind::Cached => RGBColor(31, 119, 180),
         ModeKind::Async => RGBColor(44, 160, 44),
+        ModeKind::AsyncFt => RGBColor(148, 103, 189),
     }
 }
 

@@ -339,6 +339,7 @@ impl<'a> Engine<'a> {
             clock_persist_every: cfg.clock_persist_every,
             roots: cfg.roots,
             xor_check: cfg.switches.xor_check,
+            remember_inputs: true,
         });
         let store_log = match cfg.log_place {
             LogPlace::Store => Some(StoreLog::connect(&backend).map_err(store_err)?),

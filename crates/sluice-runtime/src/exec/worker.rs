@@ -1,6 +1,6 @@
 //! The worker threads: each runs its instances to completion over batches from their queues.
 
-use super::{Outgoing, Shared};
+use super::{Note, Outgoing, Shared};
 use crate::live::{BatchCounts, Live};
 use crate::order::InOrder;
 use crate::plan::direction;
@@ -85,6 +85,13 @@ pub(super) fn worker_loop(shared: &Shared, mut slots: Vec<Slot>) -> WorkerResult
             idle_rounds = 0;
             continue;
         }
+        if shared.logging() {
+            // Acknowledgements keep coming after the last batch: the root's log waits for them.
+            for slot in slots.iter_mut() {
+                report_commits(shared, slot, &mut out);
+            }
+            out.flush_notes(shared);
+        }
         if shared.input_done.load(Ordering::Acquire) && shared.in_flight.load(Ordering::Acquire) == 0 {
             break;
         }
@@ -103,8 +110,22 @@ pub(super) fn worker_loop(shared: &Shared, mut slots: Vec<Slot>) -> WorkerResult
         if let Err(e) = slot.inst.state().flush() {
             flush_errors.push(format!("{} instance {}: {e}", slot.inst.vertex(), slot.inst.id().index()));
         }
+        // The root has settled its log by now: what the flush committed has no entry left.
+        slot.inst.state().take_commits(&mut out.commits);
+        out.commits.clear();
     }
     WorkerResult { slots, mirrored: out.mirrored, flush_errors }
+}
+
+/// Passes the commits `slot`'s store client has heard of to the root's log, or, without a log,
+/// lets them go (they would pile up in the client).
+fn report_commits(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) {
+    let mut scratch = std::mem::take(&mut out.commits);
+    slot.inst.state().take_commits(&mut scratch);
+    for (clock, xor) in scratch.drain(..) {
+        out.note(shared, Note::Commit(clock, xor));
+    }
+    out.commits = scratch;
 }
 
 /// Serves one instance: a few batches from its queue (keeping instances fair), or, for an
@@ -156,6 +177,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             Verdict::Output(i) => usize::from(i) + 1,
             Verdict::Drop(reason) => {
                 slot.stats.drop(shared, pkt.meta.clock, reason);
+                out.note(shared, Note::Finished(pkt.meta));
                 shared.clocks.done(pkt.meta.clock);
                 shared.pool.recycle(pkt);
                 finished += 1;
@@ -164,6 +186,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
         };
         if vp.off_path {
             slot.stats.consumed += 1;
+            out.note(shared, Note::Finished(pkt.meta));
             shared.clocks.done(pkt.meta.clock);
             shared.pool.recycle(pkt);
             finished += 1;
@@ -171,6 +194,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
         }
         let Some(routes) = vp.routes.get(direction(&pkt, vp.routes.len())).and_then(|r| r.get(output)) else {
             slot.stats.drop(shared, pkt.meta.clock, "no-route");
+            out.note(shared, Note::Finished(pkt.meta));
             shared.clocks.done(pkt.meta.clock);
             shared.pool.recycle(pkt);
             finished += 1;
@@ -180,6 +204,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             None => slot.stats.forwarded += 1,
             Some(pkt) => {
                 slot.stats.drop(shared, pkt.meta.clock, "no-route");
+                out.note(shared, Note::Finished(pkt.meta));
                 shared.clocks.done(pkt.meta.clock);
                 shared.pool.recycle(pkt);
                 finished += 1;
@@ -188,6 +213,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     }
     slot.inst.end_batch();
     shared.give_back(batch);
+    report_commits(shared, slot, out);
     out.flush(shared);
     if finished > 0 {
         shared.in_flight.fetch_sub(finished, Ordering::AcqRel);

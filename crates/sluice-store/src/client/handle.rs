@@ -225,6 +225,12 @@ impl StateHandle for StoreClient {
             ("async_errors", s.async_errors),
             ("callbacks", s.callbacks),
             ("flushed", s.flushed),
+            // Acknowledged or sent updates whose commits nobody has taken yet: a driver that
+            // keeps no log must still take them, or they pile up.
+            (
+                "commits_waiting",
+                (self.committed.len() + self.uncommitted.iter().map(|(_, v)| v.len()).sum::<usize>()) as u64,
+            ),
         ]
     }
 

@@ -1,0 +1,166 @@
+//! Fault-tolerance bookkeeping of a threaded run (`RunConfig::fault_tolerance`): the root
+//! thread drives the CHC core's [`Root`] (packet log, reference counts, XOR check, delete) and
+//! [`Egress`] (duplicate suppression where packets leave the chain). Workers never touch them:
+//! they describe what happened to copies and which updates the store acknowledged in [`Note`]s,
+//! sent in batches over one queue that the root thread drains.
+//!
+//! Ordering: a worker that makes a mirror copy sends its [`Note::Sent`] before the copy itself
+//! can reach another thread (see `Outgoing::flush_one`), and all notes share one linearizable
+//! queue, so the root never sees a copy finish before it heard the copy was made. Commits and
+//! finished copies fold into the XOR vector in any order.
+
+use crate::report::FaultToleranceReport;
+use sluice_chc::egress::Egress;
+use sluice_chc::root::{Admission, Root, RootConfig};
+use sluice_packet::{Clock, Meta, Packet};
+
+/// What a worker tells the root about copies and commits.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Note {
+    /// A mirror copy was made (its XOR vector starts empty).
+    Sent(Meta),
+    /// A copy is done inside the chain: dropped, consumed off-path, or without a route.
+    Finished(Meta),
+    /// The store acknowledged the updates an instance made for a clock: their XOR value.
+    Commit(Clock, u32),
+}
+
+/// The root thread's part: the log, the egress, and what they did.
+pub(super) struct RootLog {
+    root: Root,
+    egress: Egress,
+    capacity: usize,
+    commits: u64,
+}
+
+impl RootLog {
+    /// A log holding at most `capacity` packets (the run's window: admission waits for room).
+    pub(super) fn new(capacity: usize) -> RootLog {
+        let cfg = RootConfig {
+            log_capacity: capacity,
+            roots: 1,
+            xor_check: true,
+            // A long-running chain keeps only what its log holds.
+            remember_inputs: false,
+            ..RootConfig::default()
+        };
+        RootLog { root: Root::new(cfg), egress: Egress::default(), capacity, commits: 0 }
+    }
+
+    /// Entries the log can still take.
+    pub(super) fn room(&self) -> usize {
+        self.capacity.saturating_sub(self.root.logged())
+    }
+
+    /// Stamps and logs `pkt` (input packet number `input`); its clock, or `None` if the log is
+    /// full.
+    pub(super) fn admit(&mut self, input: u64, pkt: &mut Packet, now_ns: u64) -> Option<Clock> {
+        match self.root.admit(input, pkt, now_ns) {
+            Admission::Admitted { clock, .. } => Some(clock),
+            Admission::LogFull => None,
+        }
+    }
+
+    /// Applies what a worker (or the root thread itself) reported.
+    pub(super) fn note(&mut self, note: &Note) {
+        match note {
+            Note::Sent(meta) => self.root.copy_sent(meta),
+            Note::Finished(meta) => self.root.copy_finished(meta),
+            Note::Commit(clock, xor) => {
+                self.commits += 1;
+                self.root.commit(*clock, *xor);
+            }
+        }
+    }
+
+    /// A copy reaches the chain's output: whether it goes on (the first copy of its clock) or
+    /// is a duplicate to drop.
+    pub(super) fn leave(&mut self, meta: &Meta) -> bool {
+        if !self.egress.pass(meta.clock) {
+            self.root.copy_finished(meta);
+            return false;
+        }
+        self.root.copy_left(meta);
+        true
+    }
+
+    /// Forgets the deleted entries at the egress (no copy of them can come again); the oldest
+    /// clock still logged, below which the store's per-clock logs can go.
+    pub(super) fn sync_deletes(&mut self) -> Option<Clock> {
+        for c in self.root.take_deleted() {
+            self.egress.forget(c);
+        }
+        self.root.log_entries().next().map(|(c, _, _)| c)
+    }
+
+    /// Packets in the log.
+    pub(super) fn logged(&self) -> usize {
+        self.root.logged()
+    }
+
+    /// What the log did over the run.
+    pub(super) fn report(&self) -> FaultToleranceReport {
+        let s = self.root.stats();
+        FaultToleranceReport {
+            logged: s.admitted,
+            deleted: s.deleted,
+            left_in_log: self.root.logged() as u64,
+            log_peak: s.log_peak,
+            commits: self.commits,
+            duplicates_suppressed: self.egress.dropped(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_packet::Meta;
+
+    fn packet() -> Packet {
+        Packet::from_slice(&[0u8; 60], Meta::default())
+    }
+
+    #[test]
+    fn an_entry_waits_for_its_copies_and_its_commits() {
+        let mut log = RootLog::new(4);
+        let mut p = packet();
+        let clock = log.admit(1, &mut p, 0).expect("room");
+        assert_eq!(log.room(), 3);
+        // A mirror copy, then the original leaves carrying an update's value.
+        let mut copy = p.meta;
+        copy.xor = 0;
+        log.note(&Note::Sent(copy));
+        p.meta.xor = 0x0001_0002;
+        assert!(log.leave(&p.meta));
+        log.note(&Note::Finished(copy));
+        assert_eq!(log.sync_deletes(), Some(clock), "the update is not committed yet");
+        log.note(&Note::Commit(clock, 0x0001_0002));
+        assert_eq!(log.sync_deletes(), None);
+        let r = log.report();
+        assert_eq!((r.logged, r.deleted, r.left_in_log, r.commits), (1, 1, 0, 1));
+    }
+
+    #[test]
+    fn a_second_copy_of_a_clock_at_the_egress_is_suppressed_until_the_entry_is_deleted() {
+        let mut log = RootLog::new(4);
+        let mut p = packet();
+        let clock = log.admit(1, &mut p, 0).expect("room");
+        let mut again = p.meta;
+        again.xor = 0;
+        log.note(&Note::Sent(again));
+        assert!(log.leave(&p.meta));
+        assert!(!log.leave(&again), "a duplicate of a clock that left");
+        assert_eq!(log.report().duplicates_suppressed, 1);
+        assert_eq!(log.sync_deletes(), None, "both copies are done");
+        assert!(log.leave(&Meta { clock, ..Meta::default() }), "forgotten once deleted");
+    }
+
+    #[test]
+    fn a_full_log_refuses_admission() {
+        let mut log = RootLog::new(1);
+        assert!(log.admit(1, &mut packet(), 0).is_some());
+        assert_eq!(log.room(), 0);
+        assert!(log.admit(2, &mut packet(), 0).is_none());
+    }
+}
