@@ -190,8 +190,27 @@ impl Collector for LiveCollector {
             let c = ConstCounter::new(v);
             c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)?;
         }
-        let g = ConstGauge::new(i64::try_from(s.in_flight).unwrap_or(i64::MAX));
-        g.encode(enc.encode_descriptor("sluice_in_flight", "Packets in the chain now.", None, g.metric_type())?)?;
+        let mut gauges = vec![("sluice_in_flight", "Packets in the chain now.", s.in_flight)];
+        if let Some(l) = &s.root_log {
+            gauges.push(("sluice_root_log_entries", "Packets in the root's log now.", l.left_in_log));
+            gauges.push(("sluice_root_log_peak", "Most packets in the root's log at once.", l.log_peak));
+            for (name, help, v) in [
+                ("sluice_root_log_deleted", "Log entries deleted (copies done, updates committed).", l.deleted),
+                ("sluice_root_log_commits", "Store acknowledgements folded into the log's XOR vectors.", l.commits),
+                (
+                    "sluice_duplicates_suppressed",
+                    "Copies dropped at the egress as duplicates of a clock that left.",
+                    l.duplicates_suppressed,
+                ),
+            ] {
+                let c = ConstCounter::new(v);
+                c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)?;
+            }
+        }
+        for (name, help, v) in gauges {
+            let g = ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
+            g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
         type Field = fn(&sluice_runtime::live::LiveInstance) -> u64;
         let counters: [(&str, &str, Field); 4] = [
             ("sluice_instance_packets_in", "Packets an instance took in.", |i| i.packets_in),

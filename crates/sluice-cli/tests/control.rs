@@ -79,7 +79,7 @@ fn a_running_chain_answers_its_control_endpoint() {
             "60",
             "-q",
         ])
-        .args(["--no-pin", "--control", "0", "--control-token", "s3cret"])
+        .args(["--no-pin", "--control", "0", "--control-token", "s3cret", "--fault-tolerance"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -123,6 +123,11 @@ fn a_running_chain_answers_its_control_endpoint() {
         "# TYPE sluice_instance_state counter",
         // The default state mode is async on the embedded store: the NAT's client counts.
         "sluice_instance_state_total{vertex=\"nat\",instance=\"0\",counter=\"requests\"} ",
+        // With --fault-tolerance: the root's log.
+        "sluice_root_log_entries ",
+        "sluice_root_log_deleted_total ",
+        "sluice_root_log_commits_total ",
+        "sluice_duplicates_suppressed_total 0",
     ] {
         assert!(metrics.contains(want), "no `{want}` in\n{metrics}");
     }

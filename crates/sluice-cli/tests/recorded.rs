@@ -46,9 +46,19 @@ fn verify(dir: &Path) -> (i32, String) {
 #[test]
 fn recorded_runs_are_equivalent_on_the_bundled_and_shared_traces() {
     let runs: [(&str, &str, &str, &[&str]); 4] = [
-        ("example-async", "chains/example.yaml", "traces/demo.pcap", &["--mode", "async", "-w", "2"]),
+        (
+            "example-async",
+            "chains/example.yaml",
+            "traces/demo.pcap",
+            &["--mode", "async", "-w", "2", "--fault-tolerance"],
+        ),
         ("example-local", "chains/example.yaml", "traces/demo.pcap", &["--mode", "local"]),
-        ("trojan-echo", "chains/nat-trojan.yaml", "../shared/traces/echo-connections.pcap", &["--mode", "cached"]),
+        (
+            "trojan-echo",
+            "chains/nat-trojan.yaml",
+            "../shared/traces/echo-connections.pcap",
+            &["--mode", "cached", "--fault-tolerance"],
+        ),
         ("portscan-http", "chains/nat-portscan.yaml", "../shared/traces/http_methods.pcap", &["--mode", "external"]),
     ];
     for (name, chain, trace, extra) in runs {
@@ -67,7 +77,12 @@ fn a_recorded_run_on_redis_is_equivalent() {
         panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
     };
     let store = format!("{url}?prefix=rec{}", std::process::id());
-    let dir = record("redis", "chains/example.yaml", "traces/demo.pcap", &["--store", &store, "--limit", "20000"]);
+    let dir = record(
+        "redis",
+        "chains/example.yaml",
+        "traces/demo.pcap",
+        &["--store", &store, "--limit", "20000", "--fault-tolerance"],
+    );
     let (code, out) = verify(&dir);
     assert_eq!(code, 0, "{out}");
     let _ = std::fs::remove_dir_all(dir);

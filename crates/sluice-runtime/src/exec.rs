@@ -526,6 +526,9 @@ pub fn run(
         if let Some(live) = &shared.live {
             let dropped = root_drops.values().sum::<u64>() - dropped_before;
             live.root(read, dropped, shared.in_flight.load(Ordering::Relaxed));
+            if let Some(l) = &log {
+                live.root_log(l.report());
+            }
         }
         if let Some(p) = hooks.progress {
             if last_progress.elapsed() >= Duration::from_millis(100) {
@@ -565,6 +568,9 @@ pub fn run(
     report.mpps = if report.elapsed_s > 0.0 { report.packets_in as f64 / report.elapsed_s / 1e6 } else { 0.0 };
     report.mirrored = mirrored;
     report.fault_tolerance = log.as_ref().map(RootLog::report);
+    if let (Some(live), Some(ft)) = (&shared.live, &report.fault_tolerance) {
+        live.root_log(ft.clone());
+    }
     for (r, n) in root_drops {
         report.dropped.insert(format!("root: {r}"), n);
     }

@@ -5,6 +5,7 @@
 //! are the latest value written.
 
 use crate::plan::Plan;
+use crate::report::FaultToleranceReport;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -42,6 +43,8 @@ pub struct Live {
     packets_out: AtomicU64,
     root_dropped: AtomicU64,
     in_flight: AtomicU64,
+    /// The root's packet log, once the run keeps one (`RunConfig::fault_tolerance`).
+    root_log: Mutex<Option<FaultToleranceReport>>,
 }
 
 /// What one batch of an instance did.
@@ -74,6 +77,7 @@ impl Live {
             packets_out: AtomicU64::new(0),
             root_dropped: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
+            root_log: Mutex::new(None),
         }
     }
 
@@ -134,6 +138,13 @@ impl Live {
         self.in_flight.store(in_flight as u64, Ordering::Relaxed);
     }
 
+    /// The root's log as it stands (published once per input batch).
+    pub(crate) fn root_log(&self, now: FaultToleranceReport) {
+        if let Ok(mut l) = self.root_log.lock() {
+            *l = Some(now);
+        }
+    }
+
     pub(crate) fn output(&self, n: u64, in_flight: usize) {
         self.packets_out.fetch_add(n, Ordering::Relaxed);
         self.in_flight.store(in_flight as u64, Ordering::Relaxed);
@@ -175,6 +186,7 @@ impl Live {
             packets_out: self.packets_out.load(Ordering::Relaxed),
             root_dropped: self.root_dropped.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
+            root_log: self.root_log.lock().ok().and_then(|l| l.clone()),
             vertices,
         }
     }
@@ -195,6 +207,8 @@ pub struct LiveSnapshot {
     pub root_dropped: u64,
     /// Packets in the chain now.
     pub in_flight: u64,
+    /// The root's packet log (`left_in_log`: entries now), if the run keeps one.
+    pub root_log: Option<FaultToleranceReport>,
     /// Per vertex.
     pub vertices: Vec<LiveVertex>,
 }

@@ -126,6 +126,11 @@ pub struct ClientStats {
     pub flushed: u64,
     /// Updates the NF issued (any strategy).
     pub updates: u64,
+    /// Commit values made: per packet, the XOR of the objects its non-blocking updates touched.
+    pub commits_made: u64,
+    /// Commit values the driver took ([`sluice_state::StateHandle::take_commits`]); the rest
+    /// wait for the store's acknowledgement or for the driver.
+    pub commits_taken: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
