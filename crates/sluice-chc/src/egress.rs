@@ -6,13 +6,13 @@
 //! deleted is never replayed again, so the egress forgets it then; its memory is bounded by the
 //! root's log.
 
+use ahash::AHashSet;
 use sluice_packet::Clock;
-use std::collections::HashSet;
 
 /// Duplicate suppression at the chain's exit.
 #[derive(Debug, Clone, Default)]
 pub struct Egress {
-    emitted: HashSet<Clock>,
+    emitted: AHashSet<Clock>,
     dropped: u64,
 }
 

@@ -9,8 +9,10 @@
 //! its entry no longer waits for commits. Deleted entries are announced through
 //! [`Root::take_deleted`] so a driver keeping the log in a store deletes them there too.
 
+use ahash::{AHashMap, AHashSet};
+use log::PacketLog;
 use sluice_packet::{Clock, InstanceId, Meta, MetaFlags, Packet};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 
 /// Root parameters.
 #[derive(Debug, Clone, Copy)]
@@ -126,17 +128,17 @@ pub struct RootStats {
 pub struct Root {
     cfg: RootConfig,
     clocks: Vec<RootClock>,
-    log: BTreeMap<Clock, LogEntry>,
+    log: PacketLog<LogEntry>,
     /// Per clock: the input packet number and its entry time.
-    clock_input: HashMap<Clock, (u64, u64)>,
-    replays_in_flight: HashMap<Clock, u32>,
+    clock_input: AHashMap<Clock, (u64, u64)>,
+    replays_in_flight: AHashMap<Clock, u32>,
     /// Replay copies travelling, by the instance their replay is aimed at.
-    replays_to: HashMap<InstanceId, u32>,
+    replays_to: AHashMap<InstanceId, u32>,
     last_clock: Clock,
     deleted: Vec<Clock>,
     /// Clocks whose entries a root lost with its log while they were still in flight: no
     /// replay can bring them back.
-    unlogged: HashSet<Clock>,
+    unlogged: AHashSet<Clock>,
     stats: RootStats,
 }
 
@@ -146,13 +148,13 @@ impl Root {
         Root {
             clocks: vec![RootClock::default(); usize::from(cfg.roots.max(1))],
             cfg,
-            log: BTreeMap::new(),
-            clock_input: HashMap::new(),
-            replays_in_flight: HashMap::new(),
-            replays_to: HashMap::new(),
+            log: PacketLog::default(),
+            clock_input: AHashMap::new(),
+            replays_in_flight: AHashMap::new(),
+            replays_to: AHashMap::new(),
             last_clock: Clock::default(),
             deleted: Vec::new(),
-            unlogged: HashSet::new(),
+            unlogged: AHashSet::new(),
             stats: RootStats::default(),
         }
     }
@@ -496,6 +498,7 @@ impl Root {
     }
 }
 
+mod log;
 #[cfg(test)]
 mod tests;
 
