@@ -24,6 +24,9 @@ pub(crate) struct Config {
     pub(crate) prefix: String,
     /// The number of buckets (`buckets=`).
     pub(crate) buckets: u16,
+    /// Replicas that must acknowledge every write before it counts as applied (`replicas=`,
+    /// Redis `WAIT`); 0: the primary's answer is enough.
+    pub(crate) replicas: u8,
     /// The URL without credentials, for reports.
     pub(crate) display: String,
 }
@@ -36,6 +39,7 @@ pub(crate) fn parse_url(url: &str) -> Result<Config, StoreError> {
     };
     let mut prefix = "sluice".to_string();
     let mut buckets = DEFAULT_BUCKETS;
+    let mut replicas = 0u8;
     for kv in query.into_iter().flat_map(|q| q.split('&')).filter(|s| !s.is_empty()) {
         let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
         match k {
@@ -55,7 +59,14 @@ pub(crate) fn parse_url(url: &str) -> Result<Config, StoreError> {
                     .filter(|n| (1..=4096).contains(n))
                     .ok_or_else(|| invalid(format!("buckets {v:?}: a number from 1 to 4096")))?;
             }
-            other => return Err(invalid(format!("unknown URL parameter {other:?} (prefix, buckets)"))),
+            "replicas" => {
+                replicas = v
+                    .parse::<u8>()
+                    .ok()
+                    .filter(|n| *n <= 16)
+                    .ok_or_else(|| invalid(format!("replicas {v:?}: a number from 0 to 16")))?;
+            }
+            other => return Err(invalid(format!("unknown URL parameter {other:?} (prefix, buckets, replicas)"))),
         }
     }
     let strip_credentials = |rest: &str| match rest.rsplit_once('@') {
@@ -69,11 +80,11 @@ pub(crate) fn parse_url(url: &str) -> Result<Config, StoreError> {
             return Err(invalid(format!("{url}: expected redis+cluster://host:port,host:port,...")));
         }
         let display = format!("redis+cluster://{}", seeds.join(","));
-        return Ok(Config { mode: Mode::Cluster(seeds), prefix, buckets, display });
+        return Ok(Config { mode: Mode::Cluster(seeds), prefix, buckets, replicas, display });
     }
     if let Some(rest) = base.strip_prefix("redis://") {
         let display = format!("redis://{}", strip_credentials(rest));
-        return Ok(Config { mode: Mode::Single(base.to_string()), prefix, buckets, display });
+        return Ok(Config { mode: Mode::Single(base.to_string()), prefix, buckets, replicas, display });
     }
     Err(invalid(format!("{url}: expected redis://host:port or redis+cluster://host:port,...")))
 }
@@ -89,7 +100,10 @@ mod tests {
         assert_eq!((c.prefix.as_str(), c.buckets), ("t-1", 4));
         let c = parse_url("redis+cluster://127.0.0.1:7390,127.0.0.1:7391").unwrap();
         assert_eq!(c.mode, Mode::Cluster(vec!["127.0.0.1:7390".into(), "127.0.0.1:7391".into()]));
-        assert_eq!(c.prefix, "sluice");
+        assert_eq!((c.prefix.as_str(), c.replicas), ("sluice", 0));
+        assert_eq!(parse_url("redis+cluster://h:1?replicas=1").unwrap().replicas, 1);
+        assert!(parse_url("redis://h:1?replicas=x").is_err());
+        assert!(parse_url("redis://h:1?replicas=17").is_err());
         assert!(parse_url("redis://h:1?prefix=a:b").is_err());
         assert!(parse_url("redis://h:1?buckets=0").is_err());
         assert!(parse_url("http://h:1").is_err());

@@ -4,7 +4,9 @@
 
 use crate::codec::{decode_key, decode_opt, encode_opt, Form};
 use crate::config::Mode;
-use crate::reply::{array, bytes, codec_err, invalid, is_topology_error, number, redis_err, text, ts_of};
+use crate::reply::{
+    array, bytes, codec_err, invalid, is_connection_error, is_topology_error, number, redis_err, text, ts_of,
+};
 use crate::request::{header, is_broadcast, push_tagged, Op};
 use crate::topology::{Nodes, Shared};
 use sluice_packet::InstanceId;
@@ -12,12 +14,18 @@ use sluice_state::{ops::apply, StateError, StateOp};
 use sluice_store::{Connection, Notification, Replies, Request, Response, StoreError, StoreOp, TsVector};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Conditional writes of one client operation retried at most this often under contention.
 const MAX_CONFLICTS: usize = 10_000;
-/// Times a call is regrouped after the cluster's slot map changed.
-const MAX_REROUTES: usize = 5;
+/// How long a batch keeps being regrouped while the cluster's slot map changes or a node does
+/// not answer: long enough for a replica to take over from a failed primary (Redis needs the
+/// node timeout plus an election).
+const FAILOVER_WAIT: Duration = Duration::from_secs(30);
+/// The longest pause between two readings of the slot map while waiting for it to settle.
+const MAX_REROUTE_PAUSE: Duration = Duration::from_millis(500);
+/// How long `WAIT` waits for the replicas (`replicas=` in the URL) to acknowledge a call.
+const REPLICA_WAIT_MS: u64 = 2_000;
 
 /// The name of a state operation a node reports a type error for, as [`StateError`] spells it.
 fn static_op(s: &str) -> Option<&'static str> {
@@ -102,11 +110,34 @@ impl RedisConnection {
                 cmd.arg(a.as_slice());
             }
         }
-        match self.nodes.query(url, &cmd) {
-            Ok(v) => Ok(Ok(v)),
-            Err(e) if cluster && is_topology_error(&e) => Ok(Err(())),
-            Err(e) => Err(redis_err(e)),
+        // In a cluster, a node that does not answer may have failed: its replica takes over,
+        // and the slot map says so once it has.
+        let moved = |e: &redis::RedisError| cluster && (is_topology_error(e) || is_connection_error(e));
+        let v = match self.nodes.query(url, &cmd) {
+            Ok(v) => v,
+            Err(e) if moved(&e) => return Ok(Err(())),
+            Err(e) => return Err(redis_err(e)),
+        };
+        let want = self.shared.cfg.replicas;
+        if want > 0 && !ops.is_empty() {
+            // The call's writes count once enough replicas have them: a primary failing now
+            // loses nothing its replica does not have. (Applying them again is harmless:
+            // tagged updates are answered from the per-clock log.)
+            let wait = redis::cmd("WAIT").arg(want).arg(REPLICA_WAIT_MS).clone();
+            match self.nodes.query(url, &wait) {
+                Ok(n) => {
+                    let got: u64 = number(&n)?;
+                    if got < u64::from(want) {
+                        return Err(StoreError::Unavailable(format!(
+                            "{url}: {got} of {want} replica(s) acknowledged the writes within {REPLICA_WAIT_MS} ms"
+                        )));
+                    }
+                }
+                Err(e) if moved(&e) => return Ok(Err(())),
+                Err(e) => return Err(redis_err(e)),
+            }
         }
+        Ok(Ok(v))
     }
 
     /// Decodes drained notifications into `notes`.
@@ -214,8 +245,35 @@ impl RedisConnection {
         Ok(Ok(Op { req: op.req, bucket: op.bucket, kenc: op.kenc.clone(), args }))
     }
 
-    /// Executes `ops` (in order) on the nodes of the current slot map.
-    fn run(&mut self, batch: &[Request], ops: Vec<Op>, depth: usize) -> Result<(), StoreError> {
+    /// Executes `ops` (in order per bucket) on the nodes of the slot map, reading the map again
+    /// and regrouping what a node no longer serves (or, in a cluster, did not answer) until
+    /// [`FAILOVER_WAIT`] has passed.
+    fn run(&mut self, batch: &[Request], ops: Vec<Op>) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let mut pause = Duration::ZERO;
+        let mut pending = ops;
+        loop {
+            pending = self.run_once(batch, pending)?;
+            if pending.is_empty() {
+                return Ok(());
+            }
+            if started.elapsed() >= FAILOVER_WAIT {
+                return Err(StoreError::Unavailable(format!(
+                    "the cluster did not settle within {} s: a node is down and no replica took its slots over",
+                    FAILOVER_WAIT.as_secs()
+                )));
+            }
+            // The first regrouping is immediate (a slot moved); then the pauses grow.
+            std::thread::sleep(pause);
+            pause = (pause * 2).clamp(Duration::from_millis(10), MAX_REROUTE_PAUSE);
+            if let Err(e) = self.shared.refresh(&mut self.nodes) {
+                tracing::debug!(error = %e, "reading the cluster's slot map failed; trying again");
+            }
+        }
+    }
+
+    /// One pass of [`Self::run`] over the current slot map: the operations left to regroup.
+    fn run_once(&mut self, batch: &[Request], ops: Vec<Op>) -> Result<Vec<Op>, StoreError> {
         let topo = self.shared.topology();
         let mut groups: Vec<Vec<Op>> = vec![Vec::new(); topo.nodes.len()];
         for op in ops {
@@ -228,6 +286,7 @@ impl RedisConnection {
                 }
             }
         }
+        let mut left = Vec::new();
         for (n, group) in groups.into_iter().enumerate() {
             if group.is_empty() {
                 continue;
@@ -235,14 +294,10 @@ impl RedisConnection {
             let url = topo.nodes.get(n).cloned().ok_or_else(|| invalid("node vanished"))?;
             let buckets = topo.buckets_of(n);
             if let Some(rest) = self.run_group(batch, &url, &buckets, group)? {
-                if depth >= MAX_REROUTES {
-                    return Err(invalid("the cluster's slot map keeps changing"));
-                }
-                self.shared.refresh(&mut self.nodes)?;
-                self.run(batch, rest, depth + 1)?;
+                left.extend(rest);
             }
         }
-        Ok(())
+        Ok(left)
     }
 
     /// Executes one node's operations; returns those left when the node no longer serves them.
@@ -340,7 +395,7 @@ impl Connection for RedisConnection {
         while let Some(batch) = self.held.remove(&self.next_batch) {
             let number = self.next_batch;
             let ops: Vec<Op> = batch.iter().enumerate().map(|(i, r)| Op::encode(&self.shared, i, r)).collect();
-            if let Err(e) = self.run(&batch, ops, 0) {
+            if let Err(e) = self.run(&batch, ops) {
                 // Not acknowledged: the client sends it again (tagged updates apply once).
                 self.held.insert(number, batch);
                 return Err(e);

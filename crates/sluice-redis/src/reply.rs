@@ -32,6 +32,9 @@ pub(crate) fn is_topology_error(e: &redis::RedisError) -> bool {
         || s.contains("MOVED")
         || s.contains("ASK")
         || s.contains("CLUSTERDOWN")
+        // A write reached a primary that has become a replica (it failed and came back).
+        || s.contains("READONLY")
+        || s.contains("ReadOnly")
         || s.contains("TRYAGAIN")
 }
 
