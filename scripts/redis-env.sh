@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Test environment for the Redis store backend (crates/sluice-redis), on loopback only:
-# one redis-server on 127.0.0.1:6390 and a 3-node Redis Cluster on 127.0.0.1:7390-7392
-# (no replicas), with their data and logs in DIR.
+# one redis-server on 127.0.0.1:6390 and a Redis Cluster of three primaries (127.0.0.1:7390-7392)
+# with one replica each (7393-7395), with their data and logs in DIR.
 #
 #   scripts/redis-env.sh start DIR   # installs redis-server/redis-tools with apt if missing
 #   scripts/redis-env.sh stop DIR
@@ -18,7 +18,7 @@ if [ -z "$cmd" ] || [ -z "$dir" ]; then
 fi
 
 SINGLE=6390
-CLUSTER=(7390 7391 7392)
+CLUSTER=(7390 7391 7392 7393 7394 7395)
 
 ensure_redis() {
   if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
@@ -43,6 +43,24 @@ wait_ping() {
   return 1
 }
 
+# redis_has PORT "COMMAND ARGS" PATTERN: whether the node's answer matches.
+redis_has() {
+  # shellcheck disable=SC2086
+  redis-cli -h 127.0.0.1 -p "$1" $2 2>/dev/null | grep -q "$3"
+}
+
+# wait_for WHAT TRIES CHECK...: runs CHECK every 0.1 s until it succeeds, at most TRIES times.
+wait_for() {
+  local what=$1 tries=$2
+  shift 2
+  for _ in $(seq 1 "$tries"); do
+    "$@" && return 0
+    sleep 0.1
+  done
+  echo "timed out waiting for $what" >&2
+  exit 1
+}
+
 start_one() {
   local port=$1
   shift
@@ -65,24 +83,19 @@ case "$cmd" in
     done
     nodes=()
     for p in "${CLUSTER[@]}"; do nodes+=("127.0.0.1:$p"); done
-    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 0 --cluster-yes >"$dir/cluster-create.log" 2>&1 || {
+    # With every node on one host, redis-cli makes the first three the primaries.
+    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$dir/cluster-create.log" 2>&1 || {
       cat "$dir/cluster-create.log" >&2
       exit 1
     }
-    # Ready when every node sees a healthy cluster with all slots assigned.
+    # Ready when every node sees a healthy cluster with all slots assigned, and every
+    # primary's replica is in sync.
     for p in "${CLUSTER[@]}"; do
-      ok=""
-      for _ in $(seq 1 100); do
-        if redis-cli -h 127.0.0.1 -p "$p" cluster info 2>/dev/null | grep -q "cluster_state:ok"; then
-          ok=1
-          break
-        fi
-        sleep 0.1
-      done
-      if [ -z "$ok" ]; then
-        echo "cluster node $p not ready" >&2
-        exit 1
-      fi
+      wait_for "cluster node $p ready" 100 redis_has "$p" "cluster info" "cluster_state:ok"
+    done
+    for p in "${CLUSTER[@]}"; do
+      redis_has "$p" "info replication" "role:master" || continue
+      wait_for "the replica of cluster primary $p in sync" 200 redis_has "$p" "info replication" "slave0:.*state=online"
     done
     echo "redis ready: redis://127.0.0.1:$SINGLE and redis+cluster://127.0.0.1:7390,127.0.0.1:7391,127.0.0.1:7392"
     ;;

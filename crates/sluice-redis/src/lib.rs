@@ -4,15 +4,27 @@
 //! backend connects).
 //!
 //! # URLs
-//! - `redis://host:port[/db][?prefix=P&buckets=N]`: one Redis server.
-//! - `redis+cluster://h1:p1,h2:p2,...[?prefix=P&buckets=N]`: a Redis Cluster, given by any of
+//! - `redis://host:port[/db][?prefix=P&buckets=N&replicas=R]`: one Redis server.
+//! - `redis+cluster://h1:p1,h2:p2,...[?prefix=P&buckets=N&replicas=R]`: a Redis Cluster, given by any of
 //!   its primaries (the slot map is read with `CLUSTER SLOTS`). Cluster mode is chosen by the
 //!   scheme, not detected, so that a URL says what it means; a `redis://` URL pointing at a
 //!   cluster node fails on the first key the node does not serve.
 //!
 //! `prefix` (default `sluice`, letters, digits, `-`, `_`, `.`) names the keyspace, so several
 //! stores (and tests) share a server; [`RedisBackend::clear`] deletes it. `buckets` (default 16)
-//! is the number of shards, the counterpart of the embedded store's threads.
+//! is the number of shards, the counterpart of the embedded store's threads. `replicas` (default
+//! 0) is how many replicas must acknowledge every call's writes (`WAIT R 2000` after each
+//! `FCALL`) before the batch counts as applied; without it a primary that fails loses the writes
+//! its replica had not received yet, which Redis acknowledged all the same.
+//!
+//! # Failover
+//! In cluster mode a node that does not answer (or answers `MOVED`, `ASK`, `TRYAGAIN`,
+//! `CLUSTERDOWN`, or `READONLY` from a primary that came back as a replica) makes the connection
+//! read the slot map again and regroup what that node had not done, with growing pauses, for up
+//! to 30 s — long enough for Redis to promote a replica (node timeout plus an election). The
+//! operations are then applied again: tagged updates are answered from the per-clock log, so an
+//! update whose first answer was lost applies once; with `replicas=1` no acknowledged write is
+//! lost (`tests/failover.rs` kills a primary mid-run).
 //!
 //! # Layout: buckets
 //! Every value belongs to one of `buckets` buckets, by a stable hash (FNV-1a) of its key's
