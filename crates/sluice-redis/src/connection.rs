@@ -119,7 +119,9 @@ impl RedisConnection {
             Err(e) => return Err(redis_err(e)),
         };
         let want = self.shared.cfg.replicas;
-        if want > 0 && !ops.is_empty() {
+        // Plain reads write nothing: nothing for a replica to acknowledge.
+        let writes = ops.iter().any(|o| o.args.first().is_none_or(|code| code.as_slice() != b"G"));
+        if want > 0 && writes {
             // The call's writes count once enough replicas have them: a primary failing now
             // loses nothing its replica does not have. (Applying them again is harmless:
             // tagged updates are answered from the per-clock log.)
