@@ -464,7 +464,7 @@ impl Root {
     /// After a store crash that cut the log's copy in the store back to its checkpoint, the
     /// driver writes what the store lost back from here (the roots that did not fail with it).
     pub fn log_entries(&self) -> impl Iterator<Item = (Clock, u64, &Packet)> + '_ {
-        self.log.iter().map(|(c, e)| (*c, e.input, &e.packet))
+        self.log.iter().map(|(c, e)| (c, e.input, &e.packet))
     }
 
     /// Whether `clock` is still in the log.

@@ -31,6 +31,11 @@ pub(super) struct RootLog {
     egress: Egress,
     capacity: usize,
     commits: u64,
+    /// No clock below this sequence number is logged (one root: sequence numbers follow each
+    /// other, and entries mostly go in order, so it moves up a step at a time).
+    oldest: u64,
+    /// The last sequence number logged.
+    last: u64,
 }
 
 impl RootLog {
@@ -44,7 +49,7 @@ impl RootLog {
             remember_inputs: false,
             ..RootConfig::default()
         };
-        RootLog { root: Root::new(cfg), egress: Egress::default(), capacity, commits: 0 }
+        RootLog { root: Root::new(cfg), egress: Egress::default(), capacity, commits: 0, oldest: 1, last: 0 }
     }
 
     /// Entries the log can still take.
@@ -56,7 +61,10 @@ impl RootLog {
     /// full.
     pub(super) fn admit(&mut self, input: u64, pkt: &mut Packet, now_ns: u64) -> Option<Clock> {
         match self.root.admit(input, pkt, now_ns) {
-            Admission::Admitted { clock, .. } => Some(clock),
+            Admission::Admitted { clock, .. } => {
+                self.last = clock.seq();
+                Some(clock)
+            }
             Admission::LogFull => None,
         }
     }
@@ -90,7 +98,10 @@ impl RootLog {
         for c in self.root.take_deleted() {
             self.egress.forget(c);
         }
-        self.root.log_entries().next().map(|(c, _, _)| c)
+        while self.oldest <= self.last && !self.root.is_logged(Clock::new(0, self.oldest)) {
+            self.oldest += 1;
+        }
+        (self.oldest <= self.last).then(|| Clock::new(0, self.oldest))
     }
 
     /// Packets in the log.
