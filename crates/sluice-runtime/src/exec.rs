@@ -144,9 +144,10 @@ impl Shared {
     }
 }
 
-/// Pushes a batch onto a queue. Queues are sized to hold the whole window, so this only spins
-/// if a consumer is momentarily behind on slot reuse.
-fn push_queue(q: &ArrayQueue<Batch>, mut b: Batch) {
+/// Pushes a batch onto a queue. Queues are sized to hold the whole window (and the notes'
+/// queue is drained every turn of the root's loop), so this only spins if a consumer is
+/// momentarily behind on slot reuse.
+fn push_queue<T>(q: &ArrayQueue<T>, mut b: T) {
     let mut spins = 0u32;
     loop {
         match q.push(b) {
@@ -201,20 +202,7 @@ impl Outgoing {
             return;
         }
         let fresh = shared.note_spare.pop().unwrap_or_default();
-        let b = std::mem::replace(&mut self.notes, fresh);
-        let mut b = Some(b);
-        let mut spins = 0u32;
-        while let Some(x) = b.take() {
-            if let Err(back) = q.push(x) {
-                b = Some(back);
-                spins += 1;
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
-        }
+        push_queue(q, std::mem::replace(&mut self.notes, fresh));
     }
 
     fn push(&mut self, shared: &Shared, dest: usize, pkt: Packet) {
