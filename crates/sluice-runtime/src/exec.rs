@@ -726,12 +726,15 @@ fn drain_sink(
             shared.clocks.done(p.meta.clock);
             let _ = hist.record(now.saturating_sub(p.meta.ingress_ns).max(1));
         }
+        let written = b.len() as u64;
         let r = sink.write(&b);
         shared.pool.recycle_batch(&mut b);
         shared.give_back(b);
+        // Every copy taken from the sink queue is done, duplicates included; only those
+        // written count as output.
         let left = shared.in_flight.fetch_sub(n, Ordering::AcqRel).saturating_sub(n);
         if let Some(live) = &shared.live {
-            live.output(n as u64, left);
+            live.output(written, left);
         }
         r?;
     }
