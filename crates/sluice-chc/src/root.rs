@@ -257,12 +257,13 @@ impl Root {
 
     /// A copy was lost with a failed instance: its updates will be redone by the replay, so
     /// its vector is not folded in and the entry stays.
-    pub fn copy_lost(&mut self, pkt: &Packet) {
-        if let Some(e) = self.log.get_mut(&pkt.meta.clock) {
+    pub fn copy_lost(&mut self, copy: &impl AsRef<Meta>) {
+        let meta = copy.as_ref();
+        if let Some(e) = self.log.get_mut(&meta.clock) {
             e.refs = e.refs.saturating_sub(1);
         }
-        if pkt.meta.flags.contains(MetaFlags::REPLAYED) {
-            self.replay_copy_gone(&pkt.meta);
+        if meta.flags.contains(MetaFlags::REPLAYED) {
+            self.replay_copy_gone(meta);
         }
     }
 

@@ -34,8 +34,6 @@ pub(super) struct RootLog {
     /// No clock below this sequence number is logged (one root: sequence numbers follow each
     /// other, and entries mostly go in order, so it moves up a step at a time).
     oldest: u64,
-    /// The last sequence number logged.
-    last: u64,
 }
 
 impl RootLog {
@@ -49,7 +47,7 @@ impl RootLog {
             remember_inputs: false,
             ..RootConfig::default()
         };
-        RootLog { root: Root::new(cfg), egress: Egress::default(), capacity, commits: 0, oldest: 1, last: 0 }
+        RootLog { root: Root::new(cfg), egress: Egress::default(), capacity, commits: 0, oldest: 1 }
     }
 
     /// Entries the log can still take.
@@ -61,10 +59,7 @@ impl RootLog {
     /// full.
     pub(super) fn admit(&mut self, input: u64, pkt: &mut Packet, now_ns: u64) -> Option<Clock> {
         match self.root.admit(input, pkt, now_ns) {
-            Admission::Admitted { clock, .. } => {
-                self.last = clock.seq();
-                Some(clock)
-            }
+            Admission::Admitted { clock, .. } => Some(clock),
             Admission::LogFull => None,
         }
     }
@@ -98,10 +93,11 @@ impl RootLog {
         for c in self.root.take_deleted() {
             self.egress.forget(c);
         }
-        while self.oldest <= self.last && !self.root.is_logged(Clock::new(0, self.oldest)) {
+        let last = self.root.last_clock().seq();
+        while self.oldest <= last && !self.root.is_logged(Clock::new(0, self.oldest)) {
             self.oldest += 1;
         }
-        (self.oldest <= self.last).then(|| Clock::new(0, self.oldest))
+        (self.oldest <= last).then(|| Clock::new(0, self.oldest))
     }
 
     /// Packets in the log.
