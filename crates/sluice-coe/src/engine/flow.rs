@@ -134,11 +134,18 @@ impl Engine<'_> {
             let is_t = |x: NodeId| self.node(x).is_some_and(|n| n.alive && n.inst.id() == t);
             // The target may be the old instance of a move of the flow still in progress, or
             // the clone of that instance: what was sent there before the move is still theirs
-            // to redo (the clone mirrors its straggler, which the flow has not left yet).
+            // to redo (the clone mirrors its straggler, which the flow has not left yet). The
+            // clone redoes only what its straggler still has: packets of the flow sent after the
+            // move wait at the new instance, which must process them after the straggler's last.
+            let order = OrderKey::of(&pkt.meta, self.root.roots());
             let leaving = || {
                 let node = self.nodes.iter().rposition(|n| n.alive && n.vertex == v && n.inst.id() == t).map(NodeId)?;
-                let straggler = vx.splitter.straggler_of(node);
-                (self.moves.moving_out(node, key) || straggler.is_some_and(|s| self.moves.moving_out(s, key)))
+                if self.moves.moving_out(node, key) {
+                    return Some(node);
+                }
+                let straggler = vx.splitter.straggler_of(node).and_then(|s| self.node(s).map(|n| (s, n)));
+                straggler
+                    .is_some_and(|(s, n)| self.moves.moving_out(s, key) && n.pending.count(order) > 0)
                     .then_some(node)
             };
             let slot_index = |n| sluice_runtime::plan::split_index(&pkt, &vx.plan.split, n, &hasher);
