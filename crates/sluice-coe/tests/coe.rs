@@ -437,6 +437,24 @@ fn full_write_ahead_logs_force_a_checkpoint() {
     assert!(r.engine.checkpoints > 2, "checkpoints forced by full logs: {}", r.engine.checkpoints);
 }
 
+/// The same when a replay never drains before the store fails (seed 4476 of the long random
+/// run): a slow NAT keeps the replay towards a downstream clone travelling, and a full log
+/// still forces a checkpoint rather than waiting for that replay.
+#[test]
+fn full_write_ahead_logs_checkpoint_while_a_replay_travels() {
+    let c = chain(EXAMPLE);
+    let p = demo(0.1, 3);
+    let cfg = EngineConfig { checkpoint_every: 0, wal_capacity: 1_000, ..EngineConfig::default() };
+    let events = vec![
+        event(At::Packet(1), Action::Slow { vertex: "nat".into(), instance: 0, delay_us: (20, 20) }),
+        event(At::Percent(30.0), Action::Clone { vertex: "portscan".into(), instance: 0 }),
+        event(At::Percent(90.0), Action::CrashStore),
+    ];
+    let r = run(&c, &p, events, cfg, embedded());
+    assert!(r.equivalent, "{}", r.render());
+    assert!(r.engine.checkpoints > 2, "checkpoints forced by full logs: {}", r.engine.checkpoints);
+}
+
 /// Several roots over statically partitioned input (by source address): each stamps its own
 /// clocks (its id in the high bits) and keeps its own log entries. A host's packets all enter
 /// at one root, so the Trojan detector still orders each host's events correctly under

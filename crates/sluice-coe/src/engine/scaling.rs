@@ -22,11 +22,16 @@ impl Engine<'_> {
                 .iter_mut()
                 .filter(|n| n.alive)
                 .any(|n| client(&mut n.inst).is_some_and(|c| !c.wal_has_room()));
-        let due = (self.checkpoint_due || wal_full) && self.root.replay_drained();
-        if due {
+        // After a failover, once its replay has drained. A full log does not wait for that: a
+        // straggler can keep a replay travelling for the rest of the run, and past the log's
+        // capacity a rebuild would miss the oldest updates (checkpoints are safe while replays
+        // travel, as the periodic ones are).
+        let after_replay = self.checkpoint_due && self.root.replay_drained();
+        if after_replay {
             self.checkpoint_due = false;
         }
-        if due || (self.cfg.checkpoint_every > 0 && count.is_multiple_of(self.cfg.checkpoint_every)) {
+        let periodic = self.cfg.checkpoint_every > 0 && count.is_multiple_of(self.cfg.checkpoint_every);
+        if after_replay || wal_full || periodic {
             self.take_checkpoint()?;
         }
         if self.cfg.manager_every > 0 && count.is_multiple_of(self.cfg.manager_every) && !self.policies.is_empty() {
