@@ -38,6 +38,9 @@ impl Default for RootConfig {
     }
 }
 
+/// Most buffers of deleted entries kept for reuse (a log that shrinks frees the rest).
+const SPARE_BUFFERS: usize = 1024;
+
 /// A root's logical clock: the last sequence number stamped and the last one persisted.
 #[derive(Debug, Clone, Copy, Default)]
 struct RootClock {
@@ -58,6 +61,14 @@ struct LogEntry {
     replayed: bool,
     /// The root has heard that a copy left the chain.
     left: bool,
+}
+
+impl LogEntry {
+    /// Every copy is done and, with the XOR check, every update committed (or redone by a
+    /// replay that went all the way).
+    fn deletable(&self, xor_check: bool) -> bool {
+        self.refs == 0 && (!xor_check || self.xor == 0 || self.replayed)
+    }
 }
 
 /// What [`Root::admit`] decided.
@@ -136,6 +147,9 @@ pub struct Root {
     replays_to: AHashMap<InstanceId, u32>,
     last_clock: Clock,
     deleted: Vec<Clock>,
+    /// Buffers of deleted entries, for the next entries' copies: a running log allocates
+    /// nothing per packet.
+    spare: Vec<Vec<u8>>,
     /// Clocks whose entries a root lost with its log while they were still in flight: no
     /// replay can bring them back.
     unlogged: AHashSet<Clock>,
@@ -154,6 +168,7 @@ impl Root {
             replays_to: AHashMap::new(),
             last_clock: Clock::default(),
             deleted: Vec::new(),
+            spare: Vec::new(),
             unlogged: AHashSet::new(),
             stats: RootStats::default(),
         }
@@ -205,7 +220,11 @@ impl Root {
             self.clock_input.insert(clock, (input, pkt.meta.ts_ns));
         }
         self.stats.admitted += 1;
-        let entry = LogEntry { input, packet: pkt.clone(), refs: 1, xor: 0, replayed: false, left: false };
+        let packet = match self.spare.pop() {
+            Some(buf) => pkt.copy_into(buf),
+            None => pkt.clone(),
+        };
+        let entry = LogEntry { input, packet, refs: 1, xor: 0, replayed: false, left: false };
         self.log.insert(clock, entry);
         self.stats.log_peak = self.stats.log_peak.max(self.log.len() as u64);
         Admission::Admitted { clock, persist }
@@ -230,29 +249,28 @@ impl Root {
     /// A copy is done (dropped, consumed, suppressed, or it left and [`Root::copy_left`] was
     /// not used): fold its XOR vector in, delete the entry if nothing else is pending.
     pub fn copy_finished(&mut self, copy: &impl AsRef<Meta>) {
-        let meta = copy.as_ref();
-        let clock = meta.clock;
-        if meta.flags.contains(MetaFlags::REPLAYED) && self.replay_copy_gone(meta) {
-            // The replay applied every update along its path with blocking, tagged operations:
-            // whatever the lost copy left uncommitted is committed now.
-            if let Some(e) = self.log.get_mut(&clock) {
-                e.replayed = true;
-            }
-        }
-        if let Some(e) = self.log.get_mut(&clock) {
-            e.refs = e.refs.saturating_sub(1);
-            e.xor ^= meta.xor;
-        }
-        self.maybe_delete(clock);
+        self.finish_copy(copy.as_ref(), false);
     }
 
     /// A copy left the chain and the root heard of it.
     pub fn copy_left(&mut self, copy: &impl AsRef<Meta>) {
-        let meta = copy.as_ref();
-        if let Some(e) = self.log.get_mut(&meta.clock) {
-            e.left = true;
+        self.finish_copy(copy.as_ref(), true);
+    }
+
+    /// A copy is done (`left`: it left the chain): one lookup of its entry per packet and copy.
+    fn finish_copy(&mut self, meta: &Meta, left: bool) {
+        // A replay applied every update along its path with blocking, tagged operations:
+        // whatever the lost copy left uncommitted is committed once its last copy is gone.
+        let replay_done = meta.flags.contains(MetaFlags::REPLAYED) && self.replay_copy_gone(meta);
+        let xor_check = self.cfg.xor_check;
+        let Some(e) = self.log.get_mut(&meta.clock) else { return };
+        e.replayed |= replay_done;
+        e.left |= left;
+        e.refs = e.refs.saturating_sub(1);
+        e.xor ^= meta.xor;
+        if e.deletable(xor_check) {
+            self.delete(meta.clock);
         }
-        self.copy_finished(meta);
     }
 
     /// A copy was lost with a failed instance: its updates will be redone by the replay, so
@@ -319,16 +337,19 @@ impl Root {
 
     /// An instance reports that the store acknowledged updates made for `clock`.
     pub fn commit(&mut self, clock: Clock, xor: u32) {
-        if let Some(e) = self.log.get_mut(&clock) {
-            e.xor ^= xor;
+        let xor_check = self.cfg.xor_check;
+        let Some(e) = self.log.get_mut(&clock) else { return };
+        e.xor ^= xor;
+        if e.deletable(xor_check) {
+            self.delete(clock);
         }
-        self.maybe_delete(clock);
     }
 
-    fn maybe_delete(&mut self, clock: Clock) {
-        let Some(e) = self.log.get(&clock) else { return };
-        if e.refs == 0 && (!self.cfg.xor_check || e.xor == 0 || e.replayed) {
-            self.log.remove(&clock);
+    fn delete(&mut self, clock: Clock) {
+        if let Some(e) = self.log.remove(&clock) {
+            if self.spare.len() < SPARE_BUFFERS {
+                self.spare.push(e.packet.into_data());
+            }
             self.deleted.push(clock);
             self.stats.deleted += 1;
         }
@@ -337,6 +358,11 @@ impl Root {
     /// Entries deleted since the last call, oldest first (for the log's copy in a store).
     pub fn take_deleted(&mut self) -> Vec<Clock> {
         std::mem::take(&mut self.deleted)
+    }
+
+    /// [`Root::take_deleted`] without allocating: `each` is called with every clock.
+    pub fn drain_deleted(&mut self, each: impl FnMut(Clock)) {
+        self.deleted.drain(..).for_each(each);
     }
 
     /// Copies of every logged packet, in clock order, marked as replayed and aimed at `target`

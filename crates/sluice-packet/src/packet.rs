@@ -103,6 +103,14 @@ impl Packet {
         self.data
     }
 
+    /// A copy of this packet (bytes, headers and metadata) in `buf`, a buffer to reuse; the
+    /// headers are copied, not parsed again.
+    pub fn copy_into(&self, mut buf: Vec<u8>) -> Packet {
+        buf.clear();
+        buf.extend_from_slice(&self.data);
+        Packet { data: buf, headers: self.headers, meta: self.meta }
+    }
+
     /// Rewrites the source address and port (the ICMP echo identifier for ICMP echo), keeping
     /// the IP and transport checksums valid by incremental update.
     pub fn rewrite_src(&mut self, ip: IpAddr, port: u16) -> Result<(), RewriteError> {
@@ -236,10 +244,7 @@ impl PacketPool {
     /// A copy of `pkt` (bytes, headers and metadata) in a recycled buffer; the headers are
     /// copied, not parsed again.
     pub fn copy_of(&self, pkt: &Packet) -> Packet {
-        let mut buf = self.free.pop().unwrap_or_else(|| Vec::with_capacity(self.buf_capacity.max(pkt.len())));
-        buf.clear();
-        buf.extend_from_slice(&pkt.data);
-        Packet { data: buf, headers: pkt.headers, meta: pkt.meta }
+        pkt.copy_into(self.free.pop().unwrap_or_else(|| Vec::with_capacity(self.buf_capacity.max(pkt.len()))))
     }
 
     /// Returns a packet's buffer to the pool (dropped when the pool is full).

@@ -90,9 +90,8 @@ impl RootLog {
     /// Forgets the deleted entries at the egress (no copy of them can come again); the oldest
     /// clock still logged, below which the store's per-clock logs can go.
     pub(super) fn sync_deletes(&mut self) -> Option<Clock> {
-        for c in self.root.take_deleted() {
-            self.egress.forget(c);
-        }
+        let egress = &mut self.egress;
+        self.root.drain_deleted(|c| egress.forget(c));
         let last = self.root.last_clock().seq();
         while self.oldest <= last && !self.root.is_logged(Clock::new(0, self.oldest)) {
             self.oldest += 1;
