@@ -6,7 +6,7 @@ use crate::order::InOrder;
 use crate::plan::direction;
 use crossbeam_queue::ArrayQueue;
 use sluice_nf::{Instance, Verdict};
-use sluice_packet::{Batch, Clock};
+use sluice_packet::{Batch, Clock, Packet};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -176,37 +176,25 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             Verdict::Forward => 0,
             Verdict::Output(i) => usize::from(i) + 1,
             Verdict::Drop(reason) => {
-                slot.stats.drop(shared, pkt.meta.clock, reason);
-                out.note(shared, Note::Finished(pkt.meta));
-                shared.clocks.done(pkt.meta.clock);
-                shared.pool.recycle(pkt);
+                end_copy(shared, &mut slot.stats, out, pkt, Some(reason));
                 finished += 1;
                 continue;
             }
         };
         if vp.off_path {
-            slot.stats.consumed += 1;
-            out.note(shared, Note::Finished(pkt.meta));
-            shared.clocks.done(pkt.meta.clock);
-            shared.pool.recycle(pkt);
+            end_copy(shared, &mut slot.stats, out, pkt, None);
             finished += 1;
             continue;
         }
-        let Some(routes) = vp.routes.get(direction(&pkt, vp.routes.len())).and_then(|r| r.get(output)) else {
-            slot.stats.drop(shared, pkt.meta.clock, "no-route");
-            out.note(shared, Note::Finished(pkt.meta));
-            shared.clocks.done(pkt.meta.clock);
-            shared.pool.recycle(pkt);
-            finished += 1;
-            continue;
+        let routes = vp.routes.get(direction(&pkt, vp.routes.len())).and_then(|r| r.get(output));
+        let unrouted = match routes {
+            Some(routes) => out.route(shared, routes, pkt),
+            None => Some(pkt),
         };
-        match out.route(shared, routes, pkt) {
+        match unrouted {
             None => slot.stats.forwarded += 1,
             Some(pkt) => {
-                slot.stats.drop(shared, pkt.meta.clock, "no-route");
-                out.note(shared, Note::Finished(pkt.meta));
-                shared.clocks.done(pkt.meta.clock);
-                shared.pool.recycle(pkt);
+                end_copy(shared, &mut slot.stats, out, pkt, Some("no-route"));
                 finished += 1;
             }
         }
@@ -230,6 +218,19 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
         }
         slot.stats.batches += 1;
     }
+}
+
+/// A copy ends at this instance: dropped for `drop`'s reason, or consumed (`None`, an off-path
+/// vertex). The root hears it is done; its buffer goes back to the pool. The caller counts it
+/// out of the packets in flight.
+fn end_copy(shared: &Shared, stats: &mut InstanceStats, out: &mut Outgoing, pkt: Packet, drop: Option<&'static str>) {
+    match drop {
+        Some(reason) => stats.drop(shared, pkt.meta.clock, reason),
+        None => stats.consumed += 1,
+    }
+    out.note(shared, Note::Finished(pkt.meta));
+    shared.clocks.done(pkt.meta.clock);
+    shared.pool.recycle(pkt);
 }
 
 /// How often (in batches) a worker publishes an instance's state counters live.
