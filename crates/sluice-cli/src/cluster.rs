@@ -7,15 +7,21 @@
 //! units on the threaded runtime, and packets between nodes, come next (docs/deploy.md says
 //! what runs today).
 
-use crate::{exit, fail, Failure};
+use crate::{control, exit, fail, Failure};
 use anyhow::Context;
 use clap::Args;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 use sluice_cluster::{
-    assignment_at, watch_assignment, ClusterError, Controller, Demand, Etcd, Membership, NodeInfo, Unit,
+    assignment_at, watch_assignment, ClusterError, Controller, ControllerStats, Demand, Etcd, Membership, NodeInfo,
+    Unit,
 };
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 /// Where etcd is and which cluster: shared by every cluster command.
@@ -60,6 +66,157 @@ impl LifeArgs {
     }
 }
 
+/// A cluster process's Prometheus endpoint.
+#[derive(Args)]
+pub struct MetricsArgs {
+    /// Serve Prometheus metrics at `GET /metrics`: PORT (on 127.0.0.1) or HOST:PORT (any other
+    /// address only when given).
+    #[arg(long, value_name = "ADDR", value_parser = control::parse_addr)]
+    metrics: Option<SocketAddr>,
+    /// The metrics endpoint's token (default: $SLUICE_CONTROL_TOKEN, else a random one printed on
+    /// stderr). Scrapes send `Authorization: Bearer TOKEN`.
+    #[arg(long, requires = "metrics")]
+    metrics_token: Option<String>,
+}
+
+impl MetricsArgs {
+    /// Starts the endpoint if asked for, serving what `collector` says at each scrape.
+    fn start<C: Collector + Clone>(&self, collector: C) -> Result<(), Failure> {
+        let Some(addr) = self.metrics else { return Ok(()) };
+        let token = control::token(self.metrics_token.as_deref());
+        let bound = control::serve_metrics(addr, token.clone(), collector)?;
+        let given = self.metrics_token.is_some() || std::env::var(control::TOKEN_ENV).is_ok_and(|t| !t.is_empty());
+        if given {
+            eprintln!("metrics: http://{bound}/metrics");
+        } else {
+            eprintln!("metrics: http://{bound}/metrics (token {token})");
+        }
+        Ok(())
+    }
+}
+
+/// Encodes one counter.
+fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
+    let c = ConstCounter::new(v);
+    c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)
+}
+
+/// Encodes one gauge.
+fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
+    let g = ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
+    g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
+}
+
+/// A controller's metrics, read from its statistics at each scrape.
+#[derive(Debug, Clone)]
+struct ControllerMetrics {
+    stats: Arc<ControllerStats>,
+    /// Terms that ended in an error (etcd refused, leadership lost) before campaigning again.
+    errors: Arc<AtomicU64>,
+}
+
+impl Collector for ControllerMetrics {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.stats;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        gauge(
+            &mut enc,
+            "sluice_controller_leading",
+            "1 while this controller leads.",
+            u64::from(s.leading.load(Ordering::Relaxed)),
+        )?;
+        counter(&mut enc, "sluice_controller_terms", "Terms this controller has led.", get(&s.terms))?;
+        counter(
+            &mut enc,
+            "sluice_controller_placements",
+            "Placements published (node assignments changed).",
+            get(&s.placements),
+        )?;
+        counter(
+            &mut enc,
+            "sluice_controller_unplaceable",
+            "Times some unit could not be placed on any node.",
+            get(&s.unplaceable),
+        )?;
+        counter(
+            &mut enc,
+            "sluice_controller_errors",
+            "Terms ended by an error (etcd refused, leadership lost).",
+            get(&self.errors),
+        )?;
+        gauge(
+            &mut enc,
+            "sluice_controller_units_placed",
+            "Units (roots, NF instances) placed now.",
+            get(&s.units_placed),
+        )?;
+        gauge(
+            &mut enc,
+            "sluice_controller_nodes_live",
+            "Registered nodes the controller last saw.",
+            get(&s.nodes_live),
+        )?;
+        gauge(&mut enc, "sluice_controller_nodes_drained", "Drained nodes among them.", get(&s.nodes_drained))
+    }
+}
+
+/// What a node has done, read by its metrics.
+#[derive(Debug, Default)]
+struct NodeStats {
+    registered: AtomicBool,
+    joins: AtomicU64,
+    roots: AtomicU64,
+    instances: AtomicU64,
+    assignment_changes: AtomicU64,
+    etcd_errors: AtomicU64,
+}
+
+impl NodeStats {
+    fn assigned(&self, units: &[Unit]) {
+        let roots = units.iter().filter(|u| matches!(u, Unit::Root(_))).count() as u64;
+        self.roots.store(roots, Ordering::Relaxed);
+        self.instances.store(units.len() as u64 - roots, Ordering::Relaxed);
+        self.assignment_changes.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A node's metrics.
+#[derive(Debug, Clone)]
+struct NodeMetrics(Arc<NodeStats>);
+
+impl Collector for NodeMetrics {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.0;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        gauge(
+            &mut enc,
+            "sluice_node_registered",
+            "1 while the node is registered under a live lease.",
+            u64::from(s.registered.load(Ordering::Relaxed)),
+        )?;
+        counter(
+            &mut enc,
+            "sluice_node_joins",
+            "Registrations (more than one: the lease expired and the node joined again).",
+            get(&s.joins),
+        )?;
+        gauge(&mut enc, "sluice_node_roots", "Roots assigned to the node now.", get(&s.roots))?;
+        gauge(&mut enc, "sluice_node_instances", "NF instances assigned to the node now.", get(&s.instances))?;
+        counter(
+            &mut enc,
+            "sluice_node_assignment_changes",
+            "Changes of the node's assignment it has followed.",
+            get(&s.assignment_changes),
+        )?;
+        counter(
+            &mut enc,
+            "sluice_node_etcd_errors",
+            "Failed reads or watches of its assignment (retried).",
+            get(&s.etcd_errors),
+        )
+    }
+}
+
 /// `sluice controller`.
 #[derive(Args)]
 pub struct ControllerArgs {
@@ -67,6 +224,8 @@ pub struct ControllerArgs {
     cluster: ClusterArgs,
     #[command(flatten)]
     life: LifeArgs,
+    #[command(flatten)]
+    metrics: MetricsArgs,
     /// Chain file (YAML) whose roots and instances are placed (each vertex's `instances`).
     #[arg(long, short)]
     chain: PathBuf,
@@ -85,6 +244,8 @@ pub struct NodeArgs {
     cluster: ClusterArgs,
     #[command(flatten)]
     life: LifeArgs,
+    #[command(flatten)]
+    metrics: MetricsArgs,
     /// This node's id, unique among the cluster's live nodes.
     #[arg(long)]
     id: String,
@@ -118,7 +279,10 @@ pub fn cmd_controller(a: ControllerArgs) -> Result<(), Failure> {
         vertices: chain.vertices.iter().map(|(name, v)| (name.clone(), v.instances.max(1))).collect(),
     };
     let name = a.name.unwrap_or_else(|| format!("controller-{}", std::process::id()));
-    let controller = Controller { cluster: a.cluster.cluster.clone(), name: name.clone(), demand, ttl };
+    let controller =
+        Controller { cluster: a.cluster.cluster.clone(), name: name.clone(), demand, ttl, stats: Arc::default() };
+    let errors = Arc::new(AtomicU64::new(0));
+    a.metrics.start(ControllerMetrics { stats: controller.stats.clone(), errors: errors.clone() })?;
     let stop = crate::stop_flag(a.life.duration);
     eprintln!(
         "sluice controller `{name}`: cluster `{}` on {}, chain `{}` ({} root(s), {} vertices)",
@@ -135,6 +299,7 @@ pub fn cmd_controller(a: ControllerArgs) -> Result<(), Failure> {
         match controller.run(&etcd, &stop) {
             Ok(()) => break,
             Err(e) => {
+                errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(controller = %name, error = %e, retry_in_ms = pause.as_millis() as u64, "controller stopped leading; campaigning again");
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_secs(5));
@@ -169,7 +334,14 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
     let cluster = a.cluster.cluster.clone();
     let info = NodeInfo { id: a.id.clone(), addr: a.addr.clone(), roles: a.roles.clone() };
     let stop = crate::stop_flag(a.life.duration);
-    let join = || Membership::join_retrying(&etcd, &cluster, &info, ttl, give_up);
+    let stats = Arc::new(NodeStats::default());
+    a.metrics.start(NodeMetrics(stats.clone()))?;
+    let join = || {
+        let m = Membership::join_retrying(&etcd, &cluster, &info, ttl, give_up)?;
+        stats.registered.store(true, Ordering::Relaxed);
+        stats.joins.fetch_add(1, Ordering::Relaxed);
+        Ok::<_, ClusterError>(m)
+    };
     let mut membership = join().map_err(|e| fail(join_code(&e))(e.into()))?;
     say("joined", &a.id, None);
     let mut units: Option<Vec<Unit>> = None;
@@ -184,6 +356,7 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
         let (now, changes) = match read {
             Ok(r) => r,
             Err(e) => {
+                stats.etcd_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(node = %a.id, error = %e, retry_in_ms = pause.as_millis() as u64, "cannot read the assignment; retrying");
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_secs(5));
@@ -193,6 +366,7 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
         pause = Duration::from_millis(100);
         if units.as_ref() != Some(&now) {
             say("assignment", &a.id, Some(&now));
+            stats.assigned(&now);
             units = Some(now);
         }
         loop {
@@ -200,6 +374,7 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
                 break;
             }
             if membership.is_lost() {
+                stats.registered.store(false, Ordering::Relaxed);
                 tracing::warn!(node = %a.id, "registration lost (lease expired); joining again");
                 say("lost", &a.id, None);
                 membership = loop {
@@ -222,10 +397,12 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
                 Ok(Ok(next)) => {
                     if units.as_ref() != Some(&next) {
                         say("assignment", &a.id, Some(&next));
+                        stats.assigned(&next);
                         units = Some(next);
                     }
                 }
                 Ok(Err(e)) => {
+                    stats.etcd_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(node = %a.id, error = %e, "assignment watch failed; reading it again");
                     break;
                 }
@@ -235,6 +412,7 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
         }
     }
     membership.leave().map_err(|e| fail(exit::FAILED)(e.into()))?;
+    stats.registered.store(false, Ordering::Relaxed);
     say("left", &a.id, None);
     Ok(())
 }

@@ -54,18 +54,17 @@ pub fn token(given: Option<&str>) -> String {
 #[derive(Clone)]
 struct Ctx {
     live: Arc<Live>,
-    token: Arc<str>,
 }
 
 fn error(status: StatusCode, msg: &str) -> Response {
     (status, Json(serde_json::json!({ "error": msg }))).into_response()
 }
 
-async fn authorize(State(cx): State<Ctx>, headers: HeaderMap, req: Request, next: Next) -> Response {
+async fn authorize(State(token): State<Arc<str>>, headers: HeaderMap, req: Request, next: Next) -> Response {
     let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
     match given.and_then(|v| v.strip_prefix("Bearer ")) {
         None => error(StatusCode::UNAUTHORIZED, "missing token: send `Authorization: Bearer TOKEN`"),
-        Some(t) if t != &*cx.token => error(StatusCode::UNAUTHORIZED, "wrong token"),
+        Some(t) if t != &*token => error(StatusCode::UNAUTHORIZED, "wrong token"),
         Some(_) => next.run(req).await,
     }
 }
@@ -75,8 +74,13 @@ async fn chain(State(cx): State<Ctx>) -> Json<LiveSnapshot> {
 }
 
 async fn metrics(State(cx): State<Ctx>) -> Response {
+    prometheus_text(Box::new(LiveCollector(cx.live.clone())))
+}
+
+/// What `collector` says now, as a Prometheus text response.
+fn prometheus_text(collector: Box<dyn Collector>) -> Response {
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(LiveCollector(cx.live.clone())));
+    registry.register_collector(collector);
     let mut text = String::new();
     match prometheus_client::encoding::text::encode(&mut text, &registry) {
         Ok(()) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response(),
@@ -138,35 +142,57 @@ async fn not_found() -> Response {
 /// Binds `addr` and serves the endpoint on a thread of its own for as long as the process
 /// lives. Returns the address bound (a port of 0 picks one).
 pub fn serve(addr: SocketAddr, token: String, live: Arc<Live>) -> Result<SocketAddr, Failure> {
-    let listener = TcpListener::bind(addr)
-        .with_context(|| format!("binding the control endpoint to {addr}"))
-        .map_err(fail(exit::INVALID))?;
-    let bound = listener.local_addr().context("control endpoint address")?;
-    listener.set_nonblocking(true).context("control endpoint socket")?;
-    let cx = Ctx { live, token: token.into() };
     let app = Router::new()
         .route("/api/v1/chain", get(chain))
         .route("/metrics", get(metrics))
         .route("/api/v1/actions", post(action))
         .fallback(not_found)
-        .layer(middleware::from_fn_with_state(cx.clone(), authorize))
-        .with_state(cx);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().context("control endpoint runtime")?;
+        .with_state(Ctx { live });
+    serve_app(addr, token, app, "control endpoint")
+}
+
+/// Binds `addr` and serves `GET /metrics` (what `collector` says at each scrape, as Prometheus
+/// text) behind `token`, on a thread of its own for as long as the process lives: the metrics
+/// of a cluster node or controller. Returns the address bound.
+pub fn serve_metrics<C: Collector + Clone>(
+    addr: SocketAddr,
+    token: String,
+    collector: C,
+) -> Result<SocketAddr, Failure> {
+    let app = Router::new()
+        .route("/metrics", get(move || std::future::ready(prometheus_text(Box::new(collector.clone())))))
+        .fallback(|| std::future::ready(error(StatusCode::NOT_FOUND, "no such endpoint: GET /metrics")));
+    serve_app(addr, token, app, "metrics endpoint")
+}
+
+/// Serves `app`, every request needing `Authorization: Bearer TOKEN`, on `addr` (`what` names
+/// it in errors), from a thread of its own.
+fn serve_app(addr: SocketAddr, token: String, app: Router, what: &str) -> Result<SocketAddr, Failure> {
+    let listener = TcpListener::bind(addr)
+        .with_context(|| format!("binding the {what} to {addr}"))
+        .map_err(fail(exit::INVALID))?;
+    let bound = listener.local_addr().with_context(|| format!("{what} address"))?;
+    listener.set_nonblocking(true).with_context(|| format!("{what} socket"))?;
+    let token: Arc<str> = token.into();
+    let app = app.layer(middleware::from_fn_with_state(token, authorize));
+    let rt =
+        tokio::runtime::Builder::new_current_thread().enable_io().build().with_context(|| format!("{what} runtime"))?;
+    let name = what.to_string();
     std::thread::Builder::new()
-        .name("sluice-control".into())
+        .name("sluice-http".into())
         .spawn(move || {
             rt.block_on(async move {
                 match tokio::net::TcpListener::from_std(listener) {
                     Ok(l) => {
                         if let Err(e) = axum::serve(l, app).await {
-                            tracing::error!(error = %e, "control endpoint stopped");
+                            tracing::error!(error = %e, endpoint = %name, "endpoint stopped");
                         }
                     }
-                    Err(e) => tracing::error!(error = %e, "control endpoint socket"),
+                    Err(e) => tracing::error!(error = %e, endpoint = %name, "endpoint socket"),
                 }
             })
         })
-        .context("starting the control endpoint")?;
+        .with_context(|| format!("starting the {what}"))?;
     Ok(bound)
 }
 

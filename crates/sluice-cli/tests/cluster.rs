@@ -247,3 +247,111 @@ fn a_drained_node_gives_its_units_away_and_status_shows_it() {
     let (code, _) = cluster_cmd(&endpoint, &["drain", "no/such"]);
     assert_eq!(code, Some(2));
 }
+
+/// A free port on loopback (bound, then let go: the process under test binds it next).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("address").port()
+}
+
+/// A raw HTTP/1.1 GET: the status code and the body.
+fn get(port: u16, path: &str, token: Option<&str>) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Connection: close\r\n\r\n").expect("send");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, text.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
+}
+
+/// The value of a metric without labels in Prometheus text (`NAME VALUE` or `NAME_total VALUE`).
+fn metric(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (n, v) = l.split_once(' ')?;
+        (n == name || n == format!("{name}_total")).then(|| v.trim().parse().ok())?
+    })
+}
+
+/// Metrics, scraped again until `cond` holds of them (within 15 s).
+fn metrics_until(port: u16, what: &str, cond: impl Fn(&str) -> bool) -> String {
+    let mut last = String::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        let (status, body) = get(port, "/metrics", Some("m3trics"));
+        assert_eq!(status, 200, "{body}");
+        if cond(&body) {
+            return body;
+        }
+        last = body;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("never: {what}; last scrape:\n{last}");
+}
+
+#[test]
+fn node_and_controller_serve_prometheus_metrics_behind_a_token() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = LocalEtcd::start(&dir.path().join("etcd")).unwrap_or_else(|e| panic!("{e}"));
+    let endpoint = server.endpoint().to_string();
+    let (node_port, ctl_port) = (free_port(), free_port());
+    let node_metrics = node_port.to_string();
+    let mut a = sluice(&endpoint, &["node", "--id", "a", "--metrics", &node_metrics, "--metrics-token", "m3trics"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map(Proc)
+        .expect("node");
+    let ctl_metrics = ctl_port.to_string();
+    let _c1 = sluice(
+        &endpoint,
+        &[
+            "controller",
+            "--chain",
+            "chains/example.yaml",
+            "--name",
+            "c1",
+            "--metrics",
+            &ctl_metrics,
+            "--metrics-token",
+            "m3trics",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .map(Proc)
+    .expect("controller");
+    // The controller leads and has placed the example chain's five units on the one node.
+    let c = metrics_until(ctl_port, "the controller placed everything", |m| {
+        metric(m, "sluice_controller_units_placed") == Some(UNITS as u64)
+    });
+    assert_eq!(metric(&c, "sluice_controller_leading"), Some(1), "{c}");
+    assert_eq!(metric(&c, "sluice_controller_terms"), Some(1), "{c}");
+    assert_eq!(metric(&c, "sluice_controller_nodes_live"), Some(1), "{c}");
+    assert!(metric(&c, "sluice_controller_placements").is_some_and(|p| p >= 1), "{c}");
+    assert!(c.contains("# TYPE sluice_controller_placements counter"), "{c}");
+    // The node follows: one root and four NF instances, registered.
+    let n = metrics_until(node_port, "the node holds its units", |m| {
+        metric(m, "sluice_node_roots") == Some(1) && metric(m, "sluice_node_instances") == Some(UNITS as u64 - 1)
+    });
+    assert_eq!(metric(&n, "sluice_node_registered"), Some(1), "{n}");
+    assert_eq!(metric(&n, "sluice_node_joins"), Some(1), "{n}");
+    // Without the token, with a wrong one, or elsewhere: a clear 4xx.
+    for port in [node_port, ctl_port] {
+        let (status, body) = get(port, "/metrics", None);
+        assert_eq!(status, 401, "{body}");
+        assert!(body.contains("missing token"), "{body}");
+        assert_eq!(get(port, "/metrics", Some("wrong")).0, 401);
+        let (status, body) = get(port, "/api/v1/chain", Some("m3trics"));
+        assert_eq!(status, 404, "{body}");
+    }
+    // The node stops (SIGKILL): the controller sees no live node and keeps the placement.
+    let _ = a.0.kill();
+    let c = metrics_until(ctl_port, "the controller sees the node gone", |m| {
+        metric(m, "sluice_controller_nodes_live") == Some(0)
+    });
+    assert_eq!(metric(&c, "sluice_controller_leading"), Some(1), "{c}");
+}

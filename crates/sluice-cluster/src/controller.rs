@@ -12,8 +12,8 @@ use crate::membership::{nodes, watch_nodes};
 use crate::placement::{place, Demand, Placement, Unit};
 use crate::{check_name, ClusterError};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 fn prefix(cluster: &str) -> String {
@@ -161,6 +161,25 @@ fn publish(etcd: &Etcd, cluster: &str, previous: &Placement, next: &Placement) -
     Ok(())
 }
 
+/// What a controller has done, read while it runs (its Prometheus metrics).
+#[derive(Debug, Default)]
+pub struct ControllerStats {
+    /// Whether it leads now.
+    pub leading: AtomicBool,
+    /// Terms it has led (campaigns won).
+    pub terms: AtomicU64,
+    /// Placements it published (each a change of some node's assignment).
+    pub placements: AtomicU64,
+    /// Times it could not place every unit (no node can host some unit).
+    pub unplaceable: AtomicU64,
+    /// Units placed by its last placement.
+    pub units_placed: AtomicU64,
+    /// Live nodes it last saw.
+    pub nodes_live: AtomicU64,
+    /// Drained nodes among them.
+    pub nodes_drained: AtomicU64,
+}
+
 /// One controller of a cluster.
 #[derive(Debug, Clone)]
 pub struct Controller {
@@ -172,6 +191,8 @@ pub struct Controller {
     pub demand: Demand,
     /// How long leadership outlives this controller if it dies.
     pub ttl: Duration,
+    /// What it has done, updated as it goes.
+    pub stats: Arc<ControllerStats>,
 }
 
 impl Controller {
@@ -179,14 +200,21 @@ impl Controller {
     /// is set (it then resigns) or leadership is lost (an error).
     pub fn run(&self, etcd: &Etcd, stop: &AtomicBool) -> Result<(), ClusterError> {
         // A membership watch that ends makes this controller step down and campaign again.
-        while !self.lead(etcd, stop)? {}
-        Ok(())
+        loop {
+            let term = self.lead(etcd, stop);
+            self.stats.leading.store(false, Ordering::Release);
+            if term? {
+                return Ok(());
+            }
+        }
     }
 
     /// One term: campaigns, then places until told to stop (`true`) or until the membership
     /// watch ends (`false`, after resigning).
     fn lead(&self, etcd: &Etcd, stop: &AtomicBool) -> Result<bool, ClusterError> {
         let leadership = campaign(etcd, &self.cluster, "controller", &self.name, self.ttl)?;
+        self.stats.leading.store(true, Ordering::Release);
+        self.stats.terms.fetch_add(1, Ordering::Relaxed);
         let mut current = stored_placement(etcd, &self.cluster)?;
         let (mut live, revision) = nodes(etcd, &self.cluster)?;
         let mut drained_nodes = drained(etcd, &self.cluster)?;
@@ -216,17 +244,24 @@ impl Controller {
         });
         loop {
             let hosts: Vec<_> = live.iter().filter(|n| !drained_nodes.contains(&n.id)).cloned().collect();
+            self.stats.nodes_live.store(live.len() as u64, Ordering::Relaxed);
+            self.stats.nodes_drained.store((live.len() - hosts.len()) as u64, Ordering::Relaxed);
             match place(&self.demand, &hosts, &current) {
                 Ok(next) => {
                     if next != current {
                         publish(etcd, &self.cluster, &current, &next)?;
                         tracing::info!(controller = %self.name, units = next.len(), nodes = live.len(), "placement updated");
+                        self.stats.placements.fetch_add(1, Ordering::Relaxed);
                         current = next;
                     }
                 }
                 // Nothing can host some unit now: keep what is placed until a node comes.
-                Err(e) => tracing::warn!(controller = %self.name, error = %e, "cannot place everything"),
+                Err(e) => {
+                    self.stats.unplaceable.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(controller = %self.name, error = %e, "cannot place everything");
+                }
             }
+            self.stats.units_placed.store(current.len() as u64, Ordering::Relaxed);
             loop {
                 if stop.load(Ordering::Acquire) {
                     return leadership.resign().map(|()| true);

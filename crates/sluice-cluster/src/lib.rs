@@ -25,7 +25,8 @@ pub mod membership;
 pub mod placement;
 
 pub use controller::{
-    assignment, assignment_at, drain, drained, stored_placement, undrain, watch_assignment, AssignmentWatch, Controller,
+    assignment, assignment_at, drain, drained, stored_placement, undrain, watch_assignment, AssignmentWatch,
+    Controller, ControllerStats,
 };
 pub use election::{campaign, leader, Leadership};
 pub use etcd::{Etcd, EtcdError, KeyValue, Watch, WatchEvent};

@@ -219,9 +219,11 @@ fn the_controller_places_units_replaces_a_departed_node_s_and_a_new_leader_moves
         name: name.into(),
         demand: demand.clone(),
         ttl: Duration::from_secs(2),
+        stats: Arc::default(),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let (c1, e1, s1) = (controller("ctl-1"), etcd.clone(), stop.clone());
+    let stats = c1.stats.clone();
     let first = std::thread::spawn(move || c1.run(&e1, &s1));
     eventually("four units placed over a and b", || {
         let p = stored_placement(&etcd, "ctl").unwrap_or_default();
@@ -235,10 +237,18 @@ fn the_controller_places_units_replaces_a_departed_node_s_and_a_new_leader_moves
         p.len() == 4 && p.values().all(|n| n == "a")
     });
     assert!(assignment(&etcd, "ctl", "b").expect("b's units").is_empty());
+    // What the leader says of itself (its metrics): one term, leading, two placements at least
+    // (over a and b, then on a alone), the four units, one live node now.
+    eventually("the leader's statistics show a alone", || stats.nodes_live.load(Ordering::Acquire) == 1);
+    assert!(stats.leading.load(Ordering::Acquire));
+    assert_eq!(stats.terms.load(Ordering::Acquire), 1);
+    assert!(stats.placements.load(Ordering::Acquire) >= 2);
+    assert_eq!(stats.units_placed.load(Ordering::Acquire), 4);
     let before = stored_placement(&etcd, "ctl").expect("placement");
     // The leader stops; a second controller takes over from the stored placement.
     stop.store(true, Ordering::Release);
     first.join().expect("thread").expect("the first controller resigned cleanly");
+    assert!(!stats.leading.load(Ordering::Acquire), "resigned");
     let stop2 = Arc::new(AtomicBool::new(false));
     let (c2, e2, s2) = (controller("ctl-2"), etcd.clone(), stop2.clone());
     let second = std::thread::spawn(move || c2.run(&e2, &s2));
