@@ -9,6 +9,10 @@
 
 use crate::{control, exit, fail, Failure};
 use anyhow::Context;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
 use clap::Args;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -66,32 +70,119 @@ impl LifeArgs {
     }
 }
 
-/// A cluster process's Prometheus endpoint.
+/// A cluster process's control endpoint.
 #[derive(Args)]
-pub struct MetricsArgs {
-    /// Serve Prometheus metrics at `GET /metrics`: PORT (on 127.0.0.1) or HOST:PORT (any other
-    /// address only when given).
+pub struct ControlArgs {
+    /// Serve a control endpoint: PORT (on 127.0.0.1) or HOST:PORT (any other address only when
+    /// given). `GET /metrics` is Prometheus text; a controller also answers `GET
+    /// /api/v1/cluster` and `POST /api/v1/actions` (see `sluice ctl`).
     #[arg(long, value_name = "ADDR", value_parser = control::parse_addr)]
-    metrics: Option<SocketAddr>,
-    /// The metrics endpoint's token (default: $SLUICE_CONTROL_TOKEN, else a random one printed on
-    /// stderr). Scrapes send `Authorization: Bearer TOKEN`.
-    #[arg(long, requires = "metrics")]
-    metrics_token: Option<String>,
+    control: Option<SocketAddr>,
+    /// The endpoint's token (default: $SLUICE_CONTROL_TOKEN, else a random one printed on
+    /// stderr). Requests send `Authorization: Bearer TOKEN`.
+    #[arg(long, requires = "control")]
+    control_token: Option<String>,
 }
 
-impl MetricsArgs {
-    /// Starts the endpoint if asked for, serving what `collector` says at each scrape.
-    fn start<C: Collector + Clone>(&self, collector: C) -> Result<(), Failure> {
-        let Some(addr) = self.metrics else { return Ok(()) };
-        let token = control::token(self.metrics_token.as_deref());
-        let bound = control::serve_metrics(addr, token.clone(), collector)?;
-        let given = self.metrics_token.is_some() || std::env::var(control::TOKEN_ENV).is_ok_and(|t| !t.is_empty());
-        if given {
-            eprintln!("metrics: http://{bound}/metrics");
-        } else {
-            eprintln!("metrics: http://{bound}/metrics (token {token})");
+impl ControlArgs {
+    /// Starts the endpoint, if asked for, with `app`'s routes.
+    fn start(&self, app: impl FnOnce() -> Router) -> Result<(), Failure> {
+        let Some(addr) = self.control else { return Ok(()) };
+        control::start(addr, self.control_token.as_deref(), app().fallback(not_found)).map(|_| ())
+    }
+}
+
+async fn not_found() -> Response {
+    control::error(
+        StatusCode::NOT_FOUND,
+        "no such endpoint (a node: GET /metrics; a controller also GET /api/v1/cluster and POST /api/v1/actions)",
+    )
+}
+
+/// `GET /metrics` answering what `collector` says at each scrape.
+fn metrics_route<C: Collector + Clone>(collector: C) -> Router {
+    Router::new()
+        .route("/metrics", get(move || std::future::ready(control::prometheus_text(Box::new(collector.clone())))))
+}
+
+/// A controller's API: the cluster's status, and drain or undrain a node (`{"drain": {"node":
+/// "a"}}`), straight from and to etcd.
+fn controller_api(etcd: Etcd, cluster: String) -> Router {
+    let (e2, c2) = (etcd.clone(), cluster.clone());
+    Router::new()
+        .route(
+            "/api/v1/cluster",
+            get(move || {
+                let (etcd, cluster) = (etcd.clone(), cluster.clone());
+                async move {
+                    match tokio::task::spawn_blocking(move || cluster_status(&etcd, &cluster)).await {
+                        Ok(Ok(s)) => Json(s).into_response(),
+                        Ok(Err(e)) => control::error(StatusCode::BAD_GATEWAY, &format!("etcd: {e}")),
+                        Err(e) => control::error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/api/v1/actions",
+            post(move |body: String| {
+                let (etcd, cluster) = (e2.clone(), c2.clone());
+                async move { cluster_action(etcd, cluster, &body).await }
+            }),
+        )
+}
+
+/// Applies one action sent to a controller's API.
+async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
+    let v: serde_json::Value = match serde_json::from_str(body) {
+        Ok(v) => v,
+        Err(e) => return control::error(StatusCode::BAD_REQUEST, &format!("malformed JSON: {e}")),
+    };
+    let usage = "send one action: {\"drain\": {\"node\": N}} or {\"undrain\": {\"node\": N}}";
+    let Some((name, args)) = v.as_object().filter(|o| o.len() == 1).and_then(|o| o.iter().next()) else {
+        return control::error(StatusCode::BAD_REQUEST, usage);
+    };
+    let drain = match name.as_str() {
+        "drain" => true,
+        "undrain" => false,
+        n @ ("scale" | "move" | "crash" | "clone") => {
+            return control::error(
+                StatusCode::NOT_IMPLEMENTED,
+                &format!("nodes do not host units on the runtime yet, so the controller cannot `{n}`"),
+            )
         }
-        Ok(())
+        n => return control::error(StatusCode::BAD_REQUEST, &format!("unknown action `{n}` (known: drain, undrain)")),
+    };
+    let Some(node) = args["node"].as_str().map(str::to_string) else {
+        return control::error(StatusCode::BAD_REQUEST, usage);
+    };
+    let known = {
+        let (etcd, cluster, node) = (etcd.clone(), cluster.clone(), node.clone());
+        tokio::task::spawn_blocking(move || {
+            sluice_cluster::nodes(&etcd, &cluster).map(|(live, _)| live.iter().any(|n| n.id == node))
+        })
+        .await
+    };
+    match known {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) => return control::error(StatusCode::NOT_FOUND, &format!("no live node `{node}`")),
+        Ok(Err(e)) => return control::error(StatusCode::BAD_GATEWAY, &format!("etcd: {e}")),
+        Err(e) => return control::error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+    let n = node.clone();
+    let done = tokio::task::spawn_blocking(move || {
+        if drain {
+            sluice_cluster::drain(&etcd, &cluster, &n)
+        } else {
+            sluice_cluster::undrain(&etcd, &cluster, &n)
+        }
+    })
+    .await;
+    match done {
+        Ok(Ok(())) => Json(serde_json::json!({ "applied": { name.as_str(): { "node": node } } })).into_response(),
+        Ok(Err(e @ ClusterError::BadName { .. })) => control::error(StatusCode::BAD_REQUEST, &e.to_string()),
+        Ok(Err(e)) => control::error(StatusCode::BAD_GATEWAY, &format!("etcd: {e}")),
+        Err(e) => control::error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }
 
@@ -225,7 +316,7 @@ pub struct ControllerArgs {
     #[command(flatten)]
     life: LifeArgs,
     #[command(flatten)]
-    metrics: MetricsArgs,
+    control: ControlArgs,
     /// Chain file (YAML) whose roots and instances are placed (each vertex's `instances`).
     #[arg(long, short)]
     chain: PathBuf,
@@ -245,7 +336,7 @@ pub struct NodeArgs {
     #[command(flatten)]
     life: LifeArgs,
     #[command(flatten)]
-    metrics: MetricsArgs,
+    control: ControlArgs,
     /// This node's id, unique among the cluster's live nodes.
     #[arg(long)]
     id: String,
@@ -282,7 +373,9 @@ pub fn cmd_controller(a: ControllerArgs) -> Result<(), Failure> {
     let controller =
         Controller { cluster: a.cluster.cluster.clone(), name: name.clone(), demand, ttl, stats: Arc::default() };
     let errors = Arc::new(AtomicU64::new(0));
-    a.metrics.start(ControllerMetrics { stats: controller.stats.clone(), errors: errors.clone() })?;
+    let collector = ControllerMetrics { stats: controller.stats.clone(), errors: errors.clone() };
+    let api = (etcd.clone(), a.cluster.cluster.clone());
+    a.control.start(|| metrics_route(collector).merge(controller_api(api.0, api.1)))?;
     let stop = crate::stop_flag(a.life.duration);
     eprintln!(
         "sluice controller `{name}`: cluster `{}` on {}, chain `{}` ({} root(s), {} vertices)",
@@ -335,7 +428,7 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
     let info = NodeInfo { id: a.id.clone(), addr: a.addr.clone(), roles: a.roles.clone() };
     let stop = crate::stop_flag(a.life.duration);
     let stats = Arc::new(NodeStats::default());
-    a.metrics.start(NodeMetrics(stats.clone()))?;
+    a.control.start(|| metrics_route(NodeMetrics(stats.clone())))?;
     let join = || {
         let m = Membership::join_retrying(&etcd, &cluster, &info, ttl, give_up)?;
         stats.registered.store(true, Ordering::Relaxed);
@@ -472,13 +565,81 @@ enum ClusterCommand {
 }
 
 /// What `sluice cluster status` reports about one node.
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, serde::Deserialize)]
 struct NodeStatus {
     id: String,
     addr: String,
     roles: Vec<String>,
     drained: bool,
     units: Vec<Unit>,
+}
+
+/// A unit still assigned to a node that is gone (the controller has not re-placed it yet).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Stranded {
+    unit: Unit,
+    node: String,
+}
+
+/// The cluster as etcd holds it: `sluice cluster status`, a controller's `GET /api/v1/cluster`
+/// and `sluice ctl nodes`.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct ClusterStatus {
+    cluster: String,
+    leader: Option<String>,
+    nodes: Vec<NodeStatus>,
+    stranded: Vec<Stranded>,
+}
+
+/// Reads the cluster's status from etcd.
+fn cluster_status(etcd: &Etcd, cluster: &str) -> Result<ClusterStatus, ClusterError> {
+    let leader = sluice_cluster::leader(etcd, cluster, "controller")?;
+    let (live, _) = sluice_cluster::nodes(etcd, cluster)?;
+    let drained_nodes = sluice_cluster::drained(etcd, cluster)?;
+    let placement = sluice_cluster::stored_placement(etcd, cluster)?;
+    let units_of = |id: &str| placement.iter().filter(|(_, n)| *n == id).map(|(u, _)| u.clone()).collect();
+    let mut nodes: Vec<NodeStatus> = live
+        .into_iter()
+        .map(|n| NodeStatus {
+            drained: drained_nodes.contains(&n.id),
+            units: units_of(&n.id),
+            id: n.id,
+            addr: n.addr,
+            roles: n.roles,
+        })
+        .collect();
+    nodes.sort_by(|x, y| x.id.cmp(&y.id));
+    let known: std::collections::BTreeSet<&str> = nodes.iter().map(|n| n.id.as_str()).collect();
+    let stranded = placement
+        .iter()
+        .filter(|(_, n)| !known.contains(n.as_str()))
+        .map(|(u, n)| Stranded { unit: u.clone(), node: n.clone() })
+        .collect();
+    Ok(ClusterStatus { cluster: cluster.to_string(), leader, nodes, stranded })
+}
+
+/// The status as text, a line per node.
+pub(crate) fn status_text(s: &ClusterStatus) -> String {
+    let mut out = format!(
+        "cluster `{}`: controller {}\n",
+        s.cluster,
+        s.leader.as_deref().map_or("(none leading)".to_string(), |l| format!("`{l}` leads"))
+    );
+    for n in &s.nodes {
+        let units: Vec<String> = n.units.iter().map(unit_text).collect();
+        out.push_str(&format!(
+            "  {:<12} {:<21} {:<8}{} {}\n",
+            n.id,
+            n.addr,
+            n.roles.join(","),
+            if n.drained { " drained" } else { "" },
+            if units.is_empty() { "-".to_string() } else { units.join(" ") }
+        ));
+    }
+    for x in &s.stranded {
+        out.push_str(&format!("  {} still assigned to `{}`, which is gone\n", unit_text(&x.unit), x.node));
+    }
+    out
 }
 
 /// Status, drain and undrain, straight from etcd (where the controller keeps its state).
@@ -499,53 +660,11 @@ pub fn cmd_cluster(a: ClusterCmdArgs) -> Result<(), Failure> {
             eprintln!("node `{node}` can host units again");
         }
         ClusterCommand::Status { json } => {
-            let leader = sluice_cluster::leader(&etcd, cluster, "controller").map_err(io)?;
-            let (live, _) = sluice_cluster::nodes(&etcd, cluster).map_err(io)?;
-            let drained_nodes = sluice_cluster::drained(&etcd, cluster).map_err(io)?;
-            let placement = sluice_cluster::stored_placement(&etcd, cluster).map_err(io)?;
-            let units_of = |id: &str| placement.iter().filter(|(_, n)| *n == id).map(|(u, _)| u.clone()).collect();
-            let mut nodes: Vec<NodeStatus> = live
-                .into_iter()
-                .map(|n| NodeStatus {
-                    drained: drained_nodes.contains(&n.id),
-                    units: units_of(&n.id),
-                    id: n.id,
-                    addr: n.addr,
-                    roles: n.roles,
-                })
-                .collect();
-            nodes.sort_by(|x, y| x.id.cmp(&y.id));
-            // Units on nodes no longer registered (the controller has not re-placed them yet).
-            let known: std::collections::BTreeSet<&str> = nodes.iter().map(|n| n.id.as_str()).collect();
-            let stranded: Vec<(&Unit, &String)> =
-                placement.iter().filter(|(_, n)| !known.contains(n.as_str())).collect();
+            let status = cluster_status(&etcd, cluster).map_err(io)?;
             if json {
-                let v = serde_json::json!({
-                    "cluster": cluster,
-                    "leader": leader,
-                    "nodes": nodes,
-                    "stranded": stranded.iter().map(|(u, n)| serde_json::json!({"unit": u, "node": n})).collect::<Vec<_>>(),
-                });
-                println!("{v:#}");
+                println!("{:#}", serde_json::to_value(&status).context("serialising the status")?);
             } else {
-                println!(
-                    "cluster `{cluster}`: controller {}",
-                    leader.as_deref().map_or("(none leading)".to_string(), |l| format!("`{l}` leads"))
-                );
-                for n in &nodes {
-                    let units: Vec<String> = n.units.iter().map(unit_text).collect();
-                    println!(
-                        "  {:<12} {:<21} {:<8}{} {}",
-                        n.id,
-                        n.addr,
-                        n.roles.join(","),
-                        if n.drained { " drained" } else { "" },
-                        if units.is_empty() { "-".to_string() } else { units.join(" ") }
-                    );
-                }
-                for (u, n) in &stranded {
-                    println!("  {} still assigned to `{n}`, which is gone", unit_text(u));
-                }
+                print!("{}", status_text(&status));
             }
         }
     }

@@ -56,7 +56,7 @@ struct Ctx {
     live: Arc<Live>,
 }
 
-fn error(status: StatusCode, msg: &str) -> Response {
+pub(crate) fn error(status: StatusCode, msg: &str) -> Response {
     (status, Json(serde_json::json!({ "error": msg }))).into_response()
 }
 
@@ -78,7 +78,7 @@ async fn metrics(State(cx): State<Ctx>) -> Response {
 }
 
 /// What `collector` says now, as a Prometheus text response.
-fn prometheus_text(collector: Box<dyn Collector>) -> Response {
+pub(crate) fn prometheus_text(collector: Box<dyn Collector>) -> Response {
     let mut registry = Registry::default();
     registry.register_collector(collector);
     let mut text = String::new();
@@ -139,30 +139,32 @@ async fn not_found() -> Response {
     error(StatusCode::NOT_FOUND, "no such endpoint: GET /api/v1/chain, GET /metrics or POST /api/v1/actions")
 }
 
-/// Binds `addr` and serves the endpoint on a thread of its own for as long as the process
-/// lives. Returns the address bound (a port of 0 picks one).
-pub fn serve(addr: SocketAddr, token: String, live: Arc<Live>) -> Result<SocketAddr, Failure> {
+/// Binds `addr` and serves a run's control endpoint on a thread of its own for as long as the
+/// process lives (see [`start`] for the token). Returns the address bound (a port of 0 picks
+/// one).
+pub fn serve(addr: SocketAddr, given_token: Option<&str>, live: Arc<Live>) -> Result<SocketAddr, Failure> {
     let app = Router::new()
         .route("/api/v1/chain", get(chain))
         .route("/metrics", get(metrics))
         .route("/api/v1/actions", post(action))
         .fallback(not_found)
         .with_state(Ctx { live });
-    serve_app(addr, token, app, "control endpoint")
+    start(addr, given_token, app)
 }
 
-/// Binds `addr` and serves `GET /metrics` (what `collector` says at each scrape, as Prometheus
-/// text) behind `token`, on a thread of its own for as long as the process lives: the metrics
-/// of a cluster node or controller. Returns the address bound.
-pub fn serve_metrics<C: Collector + Clone>(
-    addr: SocketAddr,
-    token: String,
-    collector: C,
-) -> Result<SocketAddr, Failure> {
-    let app = Router::new()
-        .route("/metrics", get(move || std::future::ready(prometheus_text(Box::new(collector.clone())))))
-        .fallback(|| std::future::ready(error(StatusCode::NOT_FOUND, "no such endpoint: GET /metrics")));
-    serve_app(addr, token, app, "metrics endpoint")
+/// Serves `app` as a control endpoint on `addr` behind a token: the one given, else
+/// `$SLUICE_CONTROL_TOKEN`, else a random one, printed on stderr with the address (a token
+/// given is not printed).
+pub(crate) fn start(addr: SocketAddr, given_token: Option<&str>, app: Router) -> Result<SocketAddr, Failure> {
+    let token = token(given_token);
+    let bound = serve_app(addr, token.clone(), app, "control endpoint")?;
+    let given = given_token.is_some_and(|t| !t.is_empty()) || std::env::var(TOKEN_ENV).is_ok_and(|t| !t.is_empty());
+    if given {
+        eprintln!("control endpoint: http://{bound}");
+    } else {
+        eprintln!("control endpoint: http://{bound} (token {token})");
+    }
+    Ok(bound)
 }
 
 /// Serves `app`, every request needing `Authorization: Bearer TOKEN`, on `addr` (`what` names
@@ -323,6 +325,22 @@ enum CtlCommand {
         /// `VERTEX:INSTANCE=MIN-MAX` (µs per packet), or `VERTEX:INSTANCE=0`.
         spec: String,
     },
+    /// (A controller's endpoint) the leading controller, the nodes and the units each holds.
+    Nodes {
+        /// Print the JSON as the endpoint returns it.
+        #[arg(long)]
+        json: bool,
+    },
+    /// (A controller's endpoint) move every unit off a node and place nothing on it.
+    Drain {
+        /// The node's id.
+        node: String,
+    },
+    /// (A controller's endpoint) let a drained node host units again.
+    Undrain {
+        /// The node's id.
+        node: String,
+    },
 }
 
 /// Parses `V:I=MIN-MAX` (or `V:I=0`) into the action's JSON.
@@ -348,22 +366,26 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
     };
     let path = match a.what {
         CtlCommand::List { .. } => "/api/v1/chain",
+        CtlCommand::Nodes { .. } => "/api/v1/cluster",
         CtlCommand::Metrics => "/metrics",
-        CtlCommand::Slow { .. } => "/api/v1/actions",
+        CtlCommand::Slow { .. } | CtlCommand::Drain { .. } | CtlCommand::Undrain { .. } => "/api/v1/actions",
     };
     let url = format!("http://{}{path}", a.control);
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let auth = format!("Bearer {token}");
-    let sent = match &a.what {
-        CtlCommand::Slow { spec } => {
-            let body = slow_request(spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?;
-            agent
-                .post(&url)
-                .header("Authorization", &auth)
-                .header("Content-Type", "application/json")
-                .send(body.to_string())
-        }
-        _ => agent.get(&url).header("Authorization", &auth).call(),
+    let action = match &a.what {
+        CtlCommand::Slow { spec } => Some(slow_request(spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?),
+        CtlCommand::Drain { node } => Some(serde_json::json!({ "drain": { "node": node } })),
+        CtlCommand::Undrain { node } => Some(serde_json::json!({ "undrain": { "node": node } })),
+        _ => None,
+    };
+    let sent = match action {
+        Some(body) => agent
+            .post(&url)
+            .header("Authorization", &auth)
+            .header("Content-Type", "application/json")
+            .send(body.to_string()),
+        None => agent.get(&url).header("Authorization", &auth).call(),
     };
     let mut resp = sent.with_context(|| format!("reaching {url}")).map_err(fail(exit::FAILED))?;
     let status = resp.status();
@@ -375,6 +397,10 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
         CtlCommand::List { json: false } => {
             let snap: serde_json::Value = serde_json::from_str(&body).context("the endpoint's answer")?;
             print!("{}", render_list(&snap));
+        }
+        CtlCommand::Nodes { json: false } => {
+            let status: crate::cluster::ClusterStatus = serde_json::from_str(&body).context("the endpoint's answer")?;
+            print!("{}", crate::cluster::status_text(&status));
         }
         _ => print!("{body}"),
     }

@@ -486,14 +486,7 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
 fn start_control(a: &RunArgs, plan: &sluice_runtime::Plan) -> Result<Option<Arc<sluice_runtime::live::Live>>, Failure> {
     let Some(addr) = a.control else { return Ok(None) };
     let live = Arc::new(sluice_runtime::live::Live::new(plan));
-    let token = control::token(a.control_token.as_deref());
-    let bound = control::serve(addr, token.clone(), live.clone())?;
-    let given = a.control_token.is_some() || std::env::var(control::TOKEN_ENV).is_ok_and(|t| !t.is_empty());
-    if given {
-        eprintln!("control endpoint: http://{bound}");
-    } else {
-        eprintln!("control endpoint: http://{bound} (token {token})");
-    }
+    control::serve(addr, a.control_token.as_deref(), live.clone())?;
     Ok(Some(live))
 }
 
