@@ -552,6 +552,14 @@ enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
+    #[command(flatten)]
+    Drain(DrainCommand),
+}
+
+/// Draining a node, from `sluice cluster` (through etcd) or `sluice ctl` (through a
+/// controller's endpoint).
+#[derive(clap::Subcommand)]
+pub(crate) enum DrainCommand {
     /// Move every unit off a node and place nothing on it (it stays registered).
     Drain {
         /// The node's id.
@@ -562,6 +570,16 @@ enum ClusterCommand {
         /// The node's id.
         node: String,
     },
+}
+
+impl DrainCommand {
+    /// The action as a controller's endpoint takes it.
+    pub(crate) fn action(&self) -> serde_json::Value {
+        match self {
+            DrainCommand::Drain { node } => serde_json::json!({ "drain": { "node": node } }),
+            DrainCommand::Undrain { node } => serde_json::json!({ "undrain": { "node": node } }),
+        }
+    }
 }
 
 /// What `sluice cluster status` reports about one node.
@@ -651,11 +669,11 @@ pub fn cmd_cluster(a: ClusterCmdArgs) -> Result<(), Failure> {
         e => fail(exit::FAILED)(e.into()),
     };
     match a.what {
-        ClusterCommand::Drain { node } => {
+        ClusterCommand::Drain(DrainCommand::Drain { node }) => {
             sluice_cluster::drain(&etcd, cluster, &node).map_err(io)?;
             eprintln!("node `{node}` drained: the controller moves its units to the other nodes");
         }
-        ClusterCommand::Undrain { node } => {
+        ClusterCommand::Drain(DrainCommand::Undrain { node }) => {
             sluice_cluster::undrain(&etcd, cluster, &node).map_err(io)?;
             eprintln!("node `{node}` can host units again");
         }

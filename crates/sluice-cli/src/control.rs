@@ -297,7 +297,7 @@ impl Collector for LiveCollector {
 /// `sluice ctl`.
 #[derive(Args)]
 #[command(
-    after_help = "The token comes from --token or SLUICE_CONTROL_TOKEN (the one `sluice run --control` printed or was given).\nExit codes: 0 success; 1 the endpoint could not be reached or refused the request; 2 bad command line."
+    after_help = "The token comes from --token or SLUICE_CONTROL_TOKEN (the one `sluice run --control` or `sluice controller --control` printed or was given).\nExit codes: 0 success; 1 the endpoint could not be reached or refused the request; 2 bad command line."
 )]
 pub struct CtlArgs {
     /// The control endpoint: PORT (on 127.0.0.1) or HOST:PORT.
@@ -331,16 +331,9 @@ enum CtlCommand {
         #[arg(long)]
         json: bool,
     },
-    /// (A controller's endpoint) move every unit off a node and place nothing on it.
-    Drain {
-        /// The node's id.
-        node: String,
-    },
-    /// (A controller's endpoint) let a drained node host units again.
-    Undrain {
-        /// The node's id.
-        node: String,
-    },
+    /// (A controller's endpoint.)
+    #[command(flatten)]
+    Drain(crate::cluster::DrainCommand),
 }
 
 /// Parses `V:I=MIN-MAX` (or `V:I=0`) into the action's JSON.
@@ -368,15 +361,14 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
         CtlCommand::List { .. } => "/api/v1/chain",
         CtlCommand::Nodes { .. } => "/api/v1/cluster",
         CtlCommand::Metrics => "/metrics",
-        CtlCommand::Slow { .. } | CtlCommand::Drain { .. } | CtlCommand::Undrain { .. } => "/api/v1/actions",
+        CtlCommand::Slow { .. } | CtlCommand::Drain(_) => "/api/v1/actions",
     };
     let url = format!("http://{}{path}", a.control);
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let auth = format!("Bearer {token}");
     let action = match &a.what {
         CtlCommand::Slow { spec } => Some(slow_request(spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?),
-        CtlCommand::Drain { node } => Some(serde_json::json!({ "drain": { "node": node } })),
-        CtlCommand::Undrain { node } => Some(serde_json::json!({ "undrain": { "node": node } })),
+        CtlCommand::Drain(d) => Some(d.action()),
         _ => None,
     };
     let sent = match action {

@@ -256,28 +256,16 @@ fn free_ports() -> (u16, u16) {
     (a.local_addr().expect("address").port(), b.local_addr().expect("address").port())
 }
 
-/// A raw HTTP/1.1 GET: the status code and the body.
+mod common;
+
+/// A GET on loopback `port`: the status code and the body.
 fn get(port: u16, path: &str, token: Option<&str>) -> (u16, String) {
     request(port, "GET", path, token, "")
 }
 
-/// A raw HTTP/1.1 request: the status code and the body (0 if nothing listens on `port`).
+/// A request on loopback `port`: the status code and the body (0 if nothing listens there).
 fn request(port: u16, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    // Not listening yet (the process is starting): status 0.
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return (0, String::new()) };
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    let len = body.len();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Length: {len}\r\nConnection: close\r\n\r\n{body}"
-    )
-    .expect("send");
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("read");
-    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    (status, text.split("\r\n\r\n").nth(1).unwrap_or("").to_string())
+    common::http(&format!("127.0.0.1:{port}"), method, path, token, body)
 }
 
 /// The value of a metric without labels in Prometheus text (`NAME VALUE` or `NAME_total VALUE`).

@@ -2,8 +2,7 @@
 //! statistics that move while traffic flows, Prometheus metrics, and clear 4xx answers to
 //! requests without the token, with a wrong one, or for what does not exist.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -28,26 +27,14 @@ impl Drop for Running {
     }
 }
 
-/// A raw HTTP/1.1 request; the status code and the body.
+mod common;
+
 fn http(addr: &str, method: &str, path: &str, token: Option<&str>) -> (u16, String) {
-    http_with(addr, method, path, token, "")
+    common::http(addr, method, path, token, "")
 }
 
 fn http_with(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).expect("connect to the control endpoint");
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    let len = body.len();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: {len}\r\nConnection: close\r\n\r\n{body}"
-    )
-    .expect("send");
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("read");
-    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    (status, body)
+    common::http(addr, method, path, token, body)
 }
 
 fn ctl(port: &str, token: &str, args: &[&str]) -> Output {

@@ -1,0 +1,24 @@
+//! What several integration tests share.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// A raw HTTP/1.1 request to `addr` (`HOST:PORT`): the status code and the body; status 0 if
+/// nothing listens there (yet).
+pub fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(addr) else { return (0, String::new()) };
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let len = body.len();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: {len}\r\nConnection: close\r\n\r\n{body}"
+    )
+    .expect("send");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
