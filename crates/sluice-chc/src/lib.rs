@@ -8,6 +8,7 @@
 //!
 //! * [`root`]: logical clocks, the packet log with reference counts and XOR vectors, delete,
 //!   clock persistence, replay selection, root recovery;
+//! * [`clockset`]: sets of clocks as bits (what left the chain, what an instance processed);
 //! * [`egress`]: duplicate suppression where packets leave the chain;
 //! * [`failover`]: what the root makes of the packets a failed or retired instance still had;
 //! * [`gate`]: what an instance does with a packet that reaches it (queue, hold while a replay
@@ -22,6 +23,7 @@
 //!
 //! The design follows CHC (NSDI'19); docs/ARCHITECTURE.md shows the core between its drivers.
 
+pub mod clockset;
 pub mod egress;
 pub mod failover;
 pub mod gate;

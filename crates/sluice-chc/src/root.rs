@@ -289,9 +289,10 @@ impl Root {
     /// the target has that part of the log, whatever happens to the copy downstream. A
     /// recovering target waits for its copies to reach it, not to leave the chain: downstream,
     /// an order-sensitive vertex may wait for a packet the target still holds.
-    pub fn replay_reached(&mut self, pkt: &Packet) {
-        if pkt.meta.flags.contains(MetaFlags::REPLAYED) {
-            if let Some(t) = pkt.meta.target {
+    pub fn replay_reached(&mut self, copy: &impl AsRef<Meta>) {
+        let meta = copy.as_ref();
+        if meta.flags.contains(MetaFlags::REPLAYED) {
+            if let Some(t) = meta.target {
                 self.replay_to_target_done(t);
             }
         }

@@ -10,6 +10,7 @@ mod embark_bench;
 mod fuzz;
 mod ports;
 mod record;
+mod run_faults;
 mod verify;
 
 use anyhow::Context;
@@ -166,6 +167,12 @@ struct RunArgs {
     /// on stderr). Requests send `Authorization: Bearer TOKEN`.
     #[arg(long, requires = "control")]
     control_token: Option<String>,
+    /// Crash NF instances while the chain runs (a fault-schedule file, as for `sluice verify`;
+    /// `crash` events, of instances the root feeds directly, so far): each is replaced and the
+    /// root replays its log to the replacement. Turns on --fault-tolerance; needs a store
+    /// (not --mode local).
+    #[arg(long, value_name = "FILE", conflicts_with = "bridge")]
+    faults: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -248,6 +255,20 @@ fn state_config(e: &EngineArgs, chain: &Chain) -> Result<StateConfig, Failure> {
         }
     };
     Ok(StateConfig::Store { backend, client: sluice_store::ClientConfig { mode, ..Default::default() } })
+}
+
+/// With the root's log (`--fault-tolerance`), instances keep what a replay needs: every update
+/// of per-flow state (and of shared state an instance caches) is written through to the store
+/// as a tagged, XOR-accounted update, so a packet stays logged until its effects are in the
+/// store, and non-deterministic draws are recorded so a replay draws the same.
+fn fault_tolerant(state: StateConfig, on: bool) -> StateConfig {
+    match state {
+        StateConfig::Store { backend, client } if on => StateConfig::Store {
+            backend,
+            client: sluice_store::ClientConfig { write_through: true, record_nondeterminism: true, ..client },
+        },
+        other => other,
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -399,6 +420,7 @@ fn engine_config(e: &EngineArgs, live: bool) -> RunConfig {
         fault_tolerance: e.fault_tolerance,
         checkpoint_every: (e.checkpoint_ms > 0).then(|| std::time::Duration::from_millis(e.checkpoint_ms)),
         record: false,
+        crashes: Vec::new(),
     }
 }
 
@@ -456,7 +478,17 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
             }
             (None, None) => return Err(fail(exit::INVALID)(anyhow::anyhow!("give --input, --gen or --bridge"))),
         };
-    let state = state_config(&a.engine, &chain)?;
+    if let Some(f) = &a.faults {
+        let count = || match &a.input {
+            Some(path) => count_packets(path, a.limit),
+            None => {
+                total.ok_or_else(|| fail(exit::INVALID)(anyhow::anyhow!("percent positions need a known input length")))
+            }
+        };
+        cfg.crashes = run_faults::crashes(f, &chain, count)?;
+        cfg.fault_tolerance = true;
+    }
+    let state = fault_tolerant(state_config(&a.engine, &chain)?, cfg.fault_tolerance);
     let plan =
         compile_with(&chain, &registry, &sample, &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     let mut sink: Box<dyn Sink> = match &a.output {
@@ -483,6 +515,20 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The packets of the trace at `path` (at most `limit`).
+fn count_packets(path: &Path, limit: Option<u64>) -> Result<u64, Failure> {
+    let mut reader = TraceReader::open(path).map_err(|e| fail(exit::BAD_INPUT)(e.into()))?;
+    let mut n = 0u64;
+    while limit.is_none_or(|l| n < l) {
+        match reader.next_record() {
+            Ok(Some(_)) => n += 1,
+            Ok(None) => break,
+            Err(e) => return Err(fail(exit::BAD_INPUT)(e.into())),
+        }
+    }
+    Ok(n)
+}
+
 /// Starts the control endpoint if `--control` asks for it; the statistics it serves.
 fn start_control(a: &RunArgs, plan: &sluice_runtime::Plan) -> Result<Option<Arc<sluice_runtime::live::Live>>, Failure> {
     let Some(addr) = a.control else { return Ok(None) };
@@ -502,7 +548,11 @@ fn run_recorded(
     hooks: RunHooks<'_>,
 ) -> Result<RunReport, Failure> {
     let failed = |e: sluice_runtime::RunError| {
-        let code = if matches!(e, sluice_runtime::RunError::Source(_)) { exit::BAD_INPUT } else { exit::FAILED };
+        let code = match e {
+            sluice_runtime::RunError::Source(_) => exit::BAD_INPUT,
+            sluice_runtime::RunError::Config(_) => exit::INVALID,
+            _ => exit::FAILED,
+        };
         fail(code)(anyhow::Error::new(e))
     };
     let Some(dir) = record else { return run(plan, cfg, source, sink, hooks).map_err(failed) };
@@ -532,7 +582,7 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
     let [if0, if1] = ifs else {
         return Err(fail(exit::INVALID)(anyhow::anyhow!("--bridge takes two interfaces, IF0,IF1")));
     };
-    let state = state_config(&a.engine, &chain)?;
+    let state = fault_tolerant(state_config(&a.engine, &chain)?, cfg.fault_tolerance);
     let plan = compile_with(&chain, &sluice_nfs::registry(), &[], &state)
         .map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     let bridge = ports::Bridge::open(if0, if1).map_err(|e| fail(exit::FAILED)(anyhow::Error::new(e)))?;

@@ -27,8 +27,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use worker::{worker_loop, InstanceStats, Slot};
 
+mod failover;
 mod ft;
 mod worker;
+
+pub use failover::Crash;
 
 /// What to do with input when the in-flight window is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -64,6 +67,9 @@ pub struct RunConfig {
     /// every input packet, every drop by clock, and the final state after the timers due by
     /// the last packet's time fired.
     pub record: bool,
+    /// NF instances to crash while the chain runs, each replaced and replayed to (needs
+    /// `fault_tolerance` and a state store; so far only instances the root feeds directly).
+    pub crashes: Vec<Crash>,
 }
 
 impl Default for RunConfig {
@@ -77,6 +83,7 @@ impl Default for RunConfig {
             fault_tolerance: false,
             checkpoint_every: Some(Duration::from_millis(150)),
             record: false,
+            crashes: Vec::new(),
         }
     }
 }
@@ -128,6 +135,8 @@ struct Shared {
     /// With `RunConfig::fault_tolerance`: notes for the root's log, and emptied note buffers.
     notes: Option<ArrayQueue<Vec<Note>>>,
     note_spare: ArrayQueue<Vec<Note>>,
+    /// With `RunConfig::crashes`: what the root and the workers share for failovers.
+    failover: Option<failover::Failover>,
 }
 
 impl Shared {
@@ -295,7 +304,14 @@ pub fn run(
     let ordered = crate::order::needs_entry_order(&plan);
     // Only order-sensitive instances read the last admitted clock: nobody else pays for it.
     let any_ordered = ordered.iter().any(|o| *o);
-    let Plan { name, vertices, entry, traffic, instances, store, state, .. } = plan;
+    let can_fail_over = cfg.fault_tolerance && plan.rebuilder.has_store();
+    if !cfg.crashes.is_empty() && !can_fail_over {
+        return Err(RunError::Config(
+            "crashing instances needs the root's log (fault tolerance) and state in a store (not `local`)".into(),
+        ));
+    }
+    let Plan { name, vertices, entry, traffic, instances, store, state, rebuilder, .. } = plan;
+    let per_vertex: Vec<u16> = vertices.iter().map(|v| v.instances.len() as u16).collect();
     let mirrors: usize =
         vertices.iter().flat_map(|v| v.routes.iter().flatten()).map(|r| r.mirrors.len()).sum::<usize>()
             + entry.iter().map(|r| r.mirrors.len()).sum::<usize>();
@@ -317,7 +333,16 @@ pub fn run(
         live: hooks.live.clone(),
         notes: cfg.fault_tolerance.then(|| ArrayQueue::new(NOTE_BUFFERS)),
         note_spare: ArrayQueue::new(NOTE_BUFFERS),
+        failover: (!cfg.crashes.is_empty()).then(|| failover::Failover::new(instances.len(), per_vertex, rebuilder)),
     });
+    let mut crashes = cfg.crashes.clone();
+    crashes.sort_by_key(|c| c.after);
+    for c in &crashes {
+        failover::check(c, &shared, &entry).map_err(RunError::Config)?;
+    }
+    let mut crashes = crashes.into_iter().peekable();
+    let mut failover_side = failover::RootSide::default();
+    let mut failovers = Vec::new();
     let mut log = cfg.fault_tolerance.then(|| RootLog::new(cfg.window));
 
     // Instances go round-robin to workers.
@@ -326,7 +351,9 @@ pub fn run(
     for (global, (vertex, inst)) in instances.into_iter().enumerate() {
         if let Some(w) = per_worker.get_mut(global % workers) {
             let order = ordered.get(global).copied().unwrap_or(false).then(InOrder::new);
-            w.push(Slot { global, vertex, inst, stats: InstanceStats::default(), order });
+            let seen = shared.failover.is_some().then(sluice_chc::clockset::ClockSet::default);
+            let stats = InstanceStats::default();
+            w.push(Slot { global, vertex, inst, stats, order, seen, recovery: None, errors: Vec::new() });
         }
     }
     let cores = if cfg.pin { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
@@ -378,8 +405,12 @@ pub fn run(
     let result: Result<(), RunError> = (|| loop {
         drain_sink(&shared, sink, &mut report, &mut hist, t0, log.as_mut())?;
         let oldest_logged = log.as_mut().and_then(|l| drain_notes(&shared, l));
+        if let (Some(fo), Some(l)) = (&shared.failover, log.as_mut()) {
+            fo.set_oldest_logged(oldest_logged.map_or(seq + 1, |c| c.seq()));
+            failover_side.serve(&shared, (&entry, traffic.as_ref()), l, &mut root, &mut failovers);
+        }
         if source_done {
-            if shared.in_flight.load(Ordering::Acquire) == 0 {
+            if shared.in_flight.load(Ordering::Acquire) == 0 && !failover_side.busy() {
                 // The last updates' acknowledgements are still on their way to the log; a
                 // store that stopped answering leaves entries behind (reported), not a hang.
                 let settled = log.as_ref().is_none_or(|l| l.logged() == 0);
@@ -396,7 +427,11 @@ pub fn run(
             source_done = true;
             continue;
         }
-        while low <= seq && shared.clocks.finished(low) {
+        // With failovers, a clock still logged keeps its slot in the ring: a replay may count
+        // copies of it again.
+        let replayable =
+            |c: u64| shared.failover.is_some() && log.as_ref().is_some_and(|l| l.is_logged(Clock::new(0, c)));
+        while low <= seq && shared.clocks.finished(low) && !replayable(low) {
             low += 1;
         }
         if let Some(conn) = store_conn.as_mut() {
@@ -490,6 +525,12 @@ pub fn run(
             }
             admitted += 1;
             shared.in_flight.fetch_add(1, Ordering::AcqRel);
+            while let Some(c) = crashes.next_if(|c| c.after <= seq) {
+                let global = shared.vertices.get(c.vertex).and_then(|v| v.instances.get(usize::from(c.index)));
+                if let Some(g) = global.copied() {
+                    failover_side.ask(&shared, &c, g, &mut failovers);
+                }
+            }
             if traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
                 report.bypassed += 1;
                 let d = shared.queues.len();
@@ -545,6 +586,9 @@ pub fn run(
         if let Some(e) = r.flush_errors.first() {
             return Err(RunError::Worker(format!("flushing state: {e}")));
         }
+        if let Some(e) = r.slots.iter().flat_map(|s| &s.errors).next() {
+            return Err(RunError::Worker(e.clone()));
+        }
         slots.extend(r.slots.into_iter().map(|s| (w, s)));
     }
     result?;
@@ -556,6 +600,7 @@ pub fn run(
     report.mpps = if report.elapsed_s > 0.0 { report.packets_in as f64 / report.elapsed_s / 1e6 } else { 0.0 };
     report.mirrored = mirrored;
     report.fault_tolerance = log.as_ref().map(RootLog::report);
+    report.failovers = failovers;
     if let (Some(live), Some(ft)) = (&shared.live, &report.fault_tolerance) {
         live.root_log(ft.clone());
     }
@@ -566,6 +611,11 @@ pub fn run(
     if let Some(mut rec) = recording {
         rec.end = Clock::new(0, seq);
         record_end(&mut rec, &mut slots, &shared.vertices, store.as_ref(), last_ts)?;
+        if !report.failovers.is_empty() {
+            // A replacement redoing a clock its predecessor dropped drops it again.
+            rec.drops.sort_by(|a, b| (a.clock, &a.vertex).cmp(&(b.clock, &b.vertex)));
+            rec.drops.dedup_by(|a, b| a.clock == b.clock && a.vertex == b.vertex && a.reason == b.reason);
+        }
         report.recording = Some(rec);
     }
     report.vertices = shared
@@ -581,6 +631,7 @@ pub fn run(
         .collect();
     let mut events = Vec::new();
     for (w, mut s) in slots {
+        events.append(&mut s.stats.events);
         events.extend(s.inst.take_events());
         let Some(vr) = report.vertices.get_mut(s.vertex) else { continue };
         // Off-path vertices only ever drop mirror copies, which are not input packets.
@@ -597,6 +648,7 @@ pub fn run(
             forwarded: s.stats.forwarded,
             dropped: s.stats.dropped.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             consumed: s.stats.consumed,
+            duplicates: s.stats.duplicates,
             busy_s: busy,
             busy_mpps: if busy > 0.0 { s.stats.packets_in as f64 / busy / 1e6 } else { 0.0 },
             state: s.inst.state().counters().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
@@ -606,7 +658,11 @@ pub fn run(
         }
     }
     report.dropped_total = report.dropped.values().sum();
-    events.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+    events.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()).then_with(|| a.detail.cmp(&b.detail)));
+    if !report.failovers.is_empty() {
+        // A replacement redoing a clock its predecessor processed decides the same again.
+        events.dedup_by(|a, b| a.sort_key() == b.sort_key() && a.detail == b.detail);
+    }
     for e in &events {
         *report.event_counts.entry(format!("{}/{}", e.nf, e.kind)).or_default() += 1;
     }

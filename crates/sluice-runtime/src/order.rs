@@ -29,9 +29,21 @@ impl InOrder {
         InOrder { held: BTreeMap::new(), next: 1 }
     }
 
-    /// Holds `pkt` until its turn.
-    pub(crate) fn hold(&mut self, pkt: Packet) {
-        self.held.insert(pkt.meta.clock.seq(), pkt);
+    /// Holds `pkt` until its turn. A second copy of a clock held already (a replay's copy
+    /// after a failover upstream) is handed back: the caller ends it as a duplicate.
+    pub(crate) fn hold(&mut self, pkt: Packet) -> Option<Packet> {
+        match self.held.entry(pkt.meta.clock.seq()) {
+            std::collections::btree_map::Entry::Occupied(_) => Some(pkt),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(pkt);
+                None
+            }
+        }
+    }
+
+    /// Takes every packet held (the instance failed with them).
+    pub(crate) fn take_held(&mut self) -> Vec<Packet> {
+        std::mem::take(&mut self.held).into_values().collect()
     }
 
     /// How many packets wait for their turn.

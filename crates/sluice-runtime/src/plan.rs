@@ -91,6 +91,65 @@ pub struct Plan {
     pub store: Option<Arc<dyn Backend>>,
     /// Where state lives, for reports (`local`, `async (embedded ...)`).
     pub state: String,
+    /// Builds instances while the chain runs (replacements after a crash).
+    pub rebuilder: Rebuilder,
+}
+
+/// What building an instance of a compiled chain while it runs needs: the chain, the NF types,
+/// the labels interned at compile time and where state lives.
+#[derive(Clone)]
+pub struct Rebuilder {
+    chain: Arc<Chain>,
+    registry: NfRegistry,
+    labels: Arc<LabelTable>,
+    state: StateConfig,
+}
+
+impl Rebuilder {
+    /// A builder for `chain`'s instances.
+    pub fn new(chain: &Chain, registry: &NfRegistry, labels: Arc<LabelTable>, state: &StateConfig) -> Rebuilder {
+        Rebuilder { chain: Arc::new(chain.clone()), registry: registry.clone(), labels, state: state.clone() }
+    }
+
+    /// Whether instances keep their state in a store (a replacement can take it over).
+    pub fn has_store(&self) -> bool {
+        matches!(self.state, StateConfig::Store { .. })
+    }
+
+    /// The replacement of failed instance `index` of `vertex` (one of `instances`): same id, so
+    /// the store gives it the predecessor's per-flow state, and the timers its predecessor had
+    /// armed re-armed from the store's copy.
+    pub fn replacement(&self, vertex: usize, index: u16, instances: u16) -> Result<Instance, PlanError> {
+        let state = match &self.state {
+            // The store holds its flows' state already: a value it has no copy of is looked up.
+            StateConfig::Store { backend, client } => {
+                StateConfig::Store { backend: backend.clone(), client: ClientConfig { fresh: false, ..client.clone() } }
+            }
+            StateConfig::Local => StateConfig::Local,
+        };
+        let mut inst = build_instance(&self.chain, &self.registry, &self.labels, vertex, index, instances, &state)?;
+        if let StateConfig::Store { backend, .. } = &self.state {
+            let id = inst.id();
+            adopt_timers(backend.as_ref(), &mut inst, id)?;
+        }
+        Ok(inst)
+    }
+}
+
+/// Re-arms in `inst` the timers the store says instance `owner` had armed: a replacement
+/// takes over its failed predecessor's (same id), a clone its straggler's.
+pub fn adopt_timers(backend: &dyn Backend, inst: &mut Instance, owner: InstanceId) -> Result<(), PlanError> {
+    let id = owner;
+    let cp = backend.checkpoint().map_err(|e| PlanError::Store(e.to_string()))?;
+    let client = inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>());
+    if let Some(c) = client {
+        for (key, deadline, owner) in &cp.timers {
+            if *owner == id && key.vertex == id.vertex() {
+                c.adopt_timer(ObjectId(key.object), &key.key, *deadline);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where NF instances keep their state.
@@ -366,7 +425,18 @@ pub fn compile_with(
         StateConfig::Local => None,
         StateConfig::Store { backend, .. } => Some(backend.clone()),
     };
-    Ok(Plan { name: chain.name.clone(), vertices, entry, traffic, labels, instances, store, state: state.describe() })
+    let rebuilder = Rebuilder::new(chain, registry, labels.clone(), state);
+    Ok(Plan {
+        name: chain.name.clone(),
+        vertices,
+        entry,
+        traffic,
+        labels,
+        instances,
+        store,
+        state: state.describe(),
+        rebuilder,
+    })
 }
 
 /// The state handle of instance `id` (one of `instances` of its vertex) of `nf`.

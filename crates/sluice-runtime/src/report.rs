@@ -20,6 +20,8 @@ pub struct InstanceReport {
     pub dropped: BTreeMap<String, u64>,
     /// Packets consumed because the vertex is off-path (mirror copies).
     pub consumed: u64,
+    /// Copies dropped as duplicates of a clock it processed (replays after a failover).
+    pub duplicates: u64,
     /// Time spent processing, seconds.
     pub busy_s: f64,
     /// Packets per second of busy time, in millions.
@@ -106,6 +108,23 @@ pub struct FaultToleranceReport {
     pub duplicates_suppressed: u64,
 }
 
+/// One instance failover of a threaded run (`RunConfig::crashes`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct FailoverReport {
+    /// The vertex.
+    pub vertex: String,
+    /// The instance that failed (its replacement has the same index).
+    pub instance: u16,
+    /// Packets the root had admitted when it asked for the crash.
+    pub at_packet: u64,
+    /// Copies the failed instance took down with it (queued or held).
+    pub lost: u64,
+    /// Copies the root's replay sent to the replacement.
+    pub replayed: u64,
+    /// From the crash to the replacement serving live traffic (its replay done), ms.
+    pub recovery_ms: f64,
+}
+
 /// The result of a run.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct RunReport {
@@ -147,6 +166,8 @@ pub struct RunReport {
     pub checkpoints: CheckpointReport,
     /// The root's packet log, with `RunConfig::fault_tolerance`.
     pub fault_tolerance: Option<FaultToleranceReport>,
+    /// Instance failovers (`RunConfig::crashes`), in the order they happened.
+    pub failovers: Vec<FailoverReport>,
     /// Decisions by `nf/kind`.
     pub event_counts: BTreeMap<String, u64>,
     /// All decisions, in clock order.
@@ -243,6 +264,13 @@ impl fmt::Display for RunReport {
                 f,
                 "  root log: {} logged, {} deleted, {} left, peak {}; {} commits; {} duplicates suppressed",
                 ft.logged, ft.deleted, ft.left_in_log, ft.log_peak, ft.commits, ft.duplicates_suppressed
+            )?;
+        }
+        for fo in &self.failovers {
+            writeln!(
+                f,
+                "  failover of {}:{} at packet {}: {} copies lost, {} replayed, serving again after {:.2} ms",
+                fo.vertex, fo.instance, fo.at_packet, fo.lost, fo.replayed, fo.recovery_ms
             )?;
         }
         let l = &self.latency_us;

@@ -169,7 +169,7 @@ impl Engine<'_> {
         let instances = self.vertices.get(vertex).map_or(1, |v| v.splitter.members().len()) as u16;
         let mut inst = self.build(vertex, index, instances)?;
         let id = inst.id();
-        self.adopt_timers(&mut inst, id)?;
+        sluice_runtime::plan::adopt_timers(self.backend.as_ref(), &mut inst, id)?;
         let mut fresh = Node::new(vertex, index, inst, true);
         fresh.gate.inherit_flows(flows);
         // The engine serves a batch at once and schedules its outputs while the batch runs in
@@ -239,19 +239,6 @@ impl Engine<'_> {
             ..Episode::default()
         });
         self.replay_episodes.push((self.report.episodes.len() - 1, self.now, target));
-    }
-
-    /// Re-arms, in a replacement, the timers its predecessor had armed (from the store's copy).
-    pub(super) fn adopt_timers(&self, inst: &mut Instance, id: InstanceId) -> Result<(), EngineError> {
-        let cp = self.backend.checkpoint().map_err(store_err)?;
-        if let Some(c) = client(inst) {
-            for (key, deadline, owner) in &cp.timers {
-                if *owner == id && key.vertex == id.vertex() {
-                    c.adopt_timer(sluice_state::ObjectId(key.object), &key.key, *deadline);
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Releases a recovering node once no copy of the replay aimed at it is travelling.

@@ -481,7 +481,11 @@ impl Engine<'_> {
             c.track_written(true);
         }
         // The clone takes over the straggler's timers too (from the store's copy).
-        self.adopt_timers(&mut inst, InstanceId::new(vertex as u16, straggler_index))?;
+        sluice_runtime::plan::adopt_timers(
+            self.backend.as_ref(),
+            &mut inst,
+            InstanceId::new(vertex as u16, straggler_index),
+        )?;
         let id = inst.id();
         let mut c = Node::new(vertex, index, inst, true);
         c.gate.inherit_flows(flows);

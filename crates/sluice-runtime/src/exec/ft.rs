@@ -12,7 +12,7 @@
 use crate::report::FaultToleranceReport;
 use sluice_chc::egress::Egress;
 use sluice_chc::root::{Admission, Root, RootConfig};
-use sluice_packet::{Clock, Meta, Packet};
+use sluice_packet::{Clock, InstanceId, Meta, MetaFlags, Packet};
 
 /// What a worker tells the root about copies and commits.
 #[derive(Debug, Clone, Copy)]
@@ -23,6 +23,9 @@ pub(super) enum Note {
     Finished(Meta),
     /// The store acknowledged the updates an instance made for a clock: their XOR value.
     Commit(Clock, u32),
+    /// A replay copy reached its target, which processed it (a replacement's recovery waits
+    /// for its replay's copies to reach it).
+    Reached(Meta),
 }
 
 /// The root thread's part: the log, the egress, and what they did.
@@ -73,7 +76,36 @@ impl RootLog {
                 self.commits += 1;
                 self.root.commit(*clock, *xor);
             }
+            Note::Reached(meta) => self.root.replay_reached(meta),
         }
+    }
+
+    /// A copy was lost with a failed instance (the replay redoes it).
+    pub(super) fn lost(&mut self, meta: &Meta) {
+        self.root.copy_lost(meta);
+    }
+
+    /// Copies of every logged packet aimed at `target` (a replacement), in clock order, each
+    /// counted as a copy on its way; those whose updates are all committed are marked so (a
+    /// target whose predecessor processed them skips them).
+    pub(super) fn replay_to(&mut self, target: InstanceId) -> Vec<Packet> {
+        let mut copies: Vec<Packet> = self.root.replay_to(target).into_iter().map(|(_, p)| p).collect();
+        for p in &mut copies {
+            if self.root.committed(p.meta.clock) {
+                p.meta.flags.insert(MetaFlags::COMMITTED);
+            }
+        }
+        copies
+    }
+
+    /// Whether no copy of the replay towards `target` is still on its way to it.
+    pub(super) fn replay_drained_to(&self, target: InstanceId) -> bool {
+        self.root.replay_drained_to(target)
+    }
+
+    /// Whether `clock` is still logged (a replay may still need its slot in the in-flight ring).
+    pub(super) fn is_logged(&self, clock: Clock) -> bool {
+        self.root.is_logged(clock)
     }
 
     /// A copy reaches the chain's output: whether it goes on (the first copy of its clock) or

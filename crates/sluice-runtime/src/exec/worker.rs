@@ -1,12 +1,14 @@
 //! The worker threads: each runs its instances to completion over batches from their queues.
 
+use super::failover::{self, Admit, Recovery};
 use super::{Note, Outgoing, Shared};
 use crate::live::{BatchCounts, Live};
 use crate::order::InOrder;
 use crate::plan::direction;
 use crossbeam_queue::ArrayQueue;
-use sluice_nf::{Instance, Verdict};
-use sluice_packet::{Batch, Clock, Packet};
+use sluice_chc::clockset::ClockSet;
+use sluice_nf::{Event, Instance, Verdict};
+use sluice_packet::{Batch, Clock, MetaFlags, Packet};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -24,6 +26,10 @@ pub(super) struct InstanceStats {
     pub(super) batch_drops: Vec<&'static str>,
     /// With live statistics: batches published so far.
     pub(super) batches: u64,
+    /// Copies dropped as duplicates (after a failover).
+    pub(super) duplicates: u64,
+    /// Decisions of instances that failed here, and of a replacement while it recovered.
+    pub(super) events: Vec<Event>,
 }
 
 impl InstanceStats {
@@ -64,6 +70,12 @@ pub(super) struct Slot {
     pub(super) stats: InstanceStats,
     /// An order-sensitive instance whose input can arrive out of entry order holds it here.
     pub(super) order: Option<InOrder>,
+    /// With crashes planned: the clocks this instance processed (a second copy is a duplicate).
+    pub(super) seen: Option<ClockSet>,
+    /// A replacement waiting for the root's replay.
+    pub(super) recovery: Option<Recovery>,
+    /// What went wrong building a replacement.
+    pub(super) errors: Vec<String>,
 }
 
 pub(super) struct WorkerResult {
@@ -78,6 +90,7 @@ pub(super) fn worker_loop(shared: &Shared, mut slots: Vec<Slot>) -> WorkerResult
     loop {
         let mut did = false;
         for slot in slots.iter_mut() {
+            did |= failover::turn(shared, slot, &mut out);
             did |= serve(shared, slot, &mut out);
         }
         out.flush(shared);
@@ -133,19 +146,19 @@ fn report_commits(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) {
 fn serve(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
     let Some(q) = shared.queues.get(slot.global) else { return false };
     let mut did = false;
-    let Some(order) = slot.order.as_mut() else {
+    if slot.order.is_none() {
         for _ in 0..4 {
             let Some(batch) = q.pop() else { break };
             did = true;
             process_batch(shared, slot, batch, out);
         }
         return did;
-    };
-    while let Some(mut batch) = q.pop() {
-        did = true;
-        batch.drain(..).for_each(|p| order.hold(p));
-        shared.give_back(batch);
     }
+    while let Some(batch) = q.pop() {
+        did = true;
+        hold_in_order(shared, slot, batch, out);
+    }
+    let Some(order) = slot.order.as_mut() else { return did };
     if order.held() == 0 {
         return did;
     }
@@ -159,6 +172,35 @@ fn serve(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
     true
 }
 
+/// An order-sensitive instance holds what arrives until its turn; a second copy of a clock it
+/// holds already ends as a duplicate.
+fn hold_in_order(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut Outgoing) {
+    let mut ended = 0;
+    if let Some(order) = slot.order.as_mut() {
+        for p in batch.drain(..) {
+            if let Some(dup) = order.hold(p) {
+                end_copy(shared, &mut slot.stats, out, dup, Ended::Duplicate);
+                ended += 1;
+            }
+        }
+    }
+    shared.give_back(batch);
+    if ended > 0 {
+        out.flush(shared);
+        shared.in_flight.fetch_sub(ended, Ordering::AcqRel);
+    }
+}
+
+/// Takes `batch` in as if it had come from the instance's queue (a recovering replacement's
+/// held packets, once its replay is done).
+pub(super) fn take_in(shared: &Shared, slot: &mut Slot, batch: Batch, out: &mut Outgoing) {
+    if slot.order.is_some() {
+        hold_in_order(shared, slot, batch, out);
+    } else {
+        process_batch(shared, slot, batch, out);
+    }
+}
+
 fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut Outgoing) {
     let start = Instant::now();
     let Some(vp) = shared.vertices.get(slot.vertex) else { return };
@@ -167,22 +209,41 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     slot.inst.begin_batch();
     let slow = shared.live.as_ref().and_then(|l| l.slow(slot.global));
     for mut pkt in batch.drain(..) {
+        if slot.seen.is_some() {
+            match failover::admit(slot, &pkt) {
+                Admit::Process => {}
+                Admit::Hold => {
+                    failover::hold(slot, pkt);
+                    continue;
+                }
+                Admit::Duplicate => {
+                    end_copy(shared, &mut slot.stats, out, pkt, Ended::Duplicate);
+                    finished += 1;
+                    continue;
+                }
+            }
+        }
         slot.stats.packets_in += 1;
         if let Some(range) = slow {
             straggle(range, pkt.meta.clock);
         }
         let verdict = slot.inst.process(&mut pkt);
+        if pkt.meta.replay_target() == Some(slot.inst.id()) {
+            // The replay's copy reached its target: downstream it is a packet like any other.
+            pkt.meta.flags.insert(MetaFlags::REACHED);
+            out.note(shared, Note::Reached(pkt.meta));
+        }
         let output = match verdict {
             Verdict::Forward => 0,
             Verdict::Output(i) => usize::from(i) + 1,
             Verdict::Drop(reason) => {
-                end_copy(shared, &mut slot.stats, out, pkt, Some(reason));
+                end_copy(shared, &mut slot.stats, out, pkt, Ended::Dropped(reason));
                 finished += 1;
                 continue;
             }
         };
         if vp.off_path {
-            end_copy(shared, &mut slot.stats, out, pkt, None);
+            end_copy(shared, &mut slot.stats, out, pkt, Ended::Consumed);
             finished += 1;
             continue;
         }
@@ -194,12 +255,17 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
         match unrouted {
             None => slot.stats.forwarded += 1,
             Some(pkt) => {
-                end_copy(shared, &mut slot.stats, out, pkt, Some("no-route"));
+                end_copy(shared, &mut slot.stats, out, pkt, Ended::Dropped("no-route"));
                 finished += 1;
             }
         }
     }
     slot.inst.end_batch();
+    if slot.recovery.is_some() {
+        // Decisions the replacement makes again for clocks its predecessor processed are the
+        // same ones (dropped as such when the run is recorded); kept apart meanwhile.
+        slot.stats.events.extend(slot.inst.take_events());
+    }
     shared.give_back(batch);
     report_commits(shared, slot, out);
     out.flush(shared);
@@ -220,13 +286,23 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     }
 }
 
-/// A copy ends at this instance: dropped for `drop`'s reason, or consumed (`None`, an off-path
-/// vertex). The root hears it is done; its buffer goes back to the pool. The caller counts it
-/// out of the packets in flight.
-fn end_copy(shared: &Shared, stats: &mut InstanceStats, out: &mut Outgoing, pkt: Packet, drop: Option<&'static str>) {
-    match drop {
-        Some(reason) => stats.drop(shared, pkt.meta.clock, reason),
-        None => stats.consumed += 1,
+/// How a copy ends at an instance.
+pub(super) enum Ended {
+    /// The NF dropped it (or it had no route), for this reason.
+    Dropped(&'static str),
+    /// An off-path vertex consumed it.
+    Consumed,
+    /// A duplicate of a clock processed here (after a failover).
+    Duplicate,
+}
+
+/// A copy ends at this instance. The root hears it is done; its buffer goes back to the pool.
+/// The caller counts it out of the packets in flight.
+fn end_copy(shared: &Shared, stats: &mut InstanceStats, out: &mut Outgoing, pkt: Packet, how: Ended) {
+    match how {
+        Ended::Dropped(reason) => stats.drop(shared, pkt.meta.clock, reason),
+        Ended::Consumed => stats.consumed += 1,
+        Ended::Duplicate => stats.duplicates += 1,
     }
     out.note(shared, Note::Finished(pkt.meta));
     shared.clocks.done(pkt.meta.clock);

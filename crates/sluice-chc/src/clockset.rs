@@ -1,0 +1,160 @@
+//! A set of clocks as bits: one per sequence number, in words spanning about the clocks still
+//! of interest, one ring of words per root. What the egress remembers of the clocks that left,
+//! and what an instance remembers of the clocks it processed: both see clocks in about clock
+//! order and forget them as the root deletes its log entries, so a few words cover them and a
+//! lookup is a subtraction and a mask.
+
+use sluice_packet::Clock;
+use std::collections::VecDeque;
+
+/// One root's sequence numbers, a bit each, from word `base` on. Zero words at either end are
+/// dropped: a clear bit and a word not kept mean the same (not in the set).
+#[derive(Debug, Clone, Default)]
+struct Bits {
+    base: u64,
+    words: VecDeque<u64>,
+}
+
+impl Bits {
+    fn word(seq: u64) -> (u64, u64) {
+        (seq / 64, 1u64 << (seq % 64))
+    }
+
+    fn insert(&mut self, seq: u64) -> bool {
+        let (w, bit) = Self::word(seq);
+        if self.words.is_empty() {
+            self.base = w;
+        }
+        while w < self.base {
+            self.words.push_front(0);
+            self.base -= 1;
+        }
+        let i = (w - self.base) as usize;
+        if i >= self.words.len() {
+            self.words.resize(i + 1, 0);
+        }
+        let Some(word) = self.words.get_mut(i) else { return true };
+        let new = *word & bit == 0;
+        *word |= bit;
+        new
+    }
+
+    fn contains(&self, seq: u64) -> bool {
+        let (w, bit) = Self::word(seq);
+        w.checked_sub(self.base).and_then(|i| self.words.get(i as usize)).is_some_and(|word| word & bit != 0)
+    }
+
+    fn trim(&mut self) {
+        while self.words.front() == Some(&0) {
+            self.words.pop_front();
+            self.base += 1;
+        }
+        while self.words.back() == Some(&0) {
+            self.words.pop_back();
+        }
+    }
+
+    fn remove(&mut self, seq: u64) {
+        let (w, bit) = Self::word(seq);
+        let Some(word) = w.checked_sub(self.base).and_then(|i| self.words.get_mut(i as usize)) else { return };
+        *word &= !bit;
+        self.trim();
+    }
+
+    fn remove_below(&mut self, seq: u64) {
+        let (w, bit) = Self::word(seq);
+        while self.base < w && !self.words.is_empty() {
+            self.words.pop_front();
+            self.base += 1;
+        }
+        if self.base == w {
+            if let Some(word) = self.words.front_mut() {
+                *word &= !(bit - 1);
+            }
+        }
+        self.trim();
+    }
+}
+
+/// A set of clocks.
+#[derive(Debug, Clone, Default)]
+pub struct ClockSet {
+    /// By root id.
+    roots: Vec<Bits>,
+}
+
+impl ClockSet {
+    /// Adds `clock`; whether it was not in the set.
+    pub fn insert(&mut self, clock: Clock) -> bool {
+        let r = usize::from(clock.root());
+        if self.roots.len() <= r {
+            self.roots.resize_with(r + 1, Bits::default);
+        }
+        self.roots.get_mut(r).is_none_or(|b| b.insert(clock.seq()))
+    }
+
+    /// Whether `clock` is in the set.
+    pub fn contains(&self, clock: Clock) -> bool {
+        self.roots.get(usize::from(clock.root())).is_some_and(|b| b.contains(clock.seq()))
+    }
+
+    /// Removes `clock`.
+    pub fn remove(&mut self, clock: Clock) {
+        if let Some(b) = self.roots.get_mut(usize::from(clock.root())) {
+            b.remove(clock.seq());
+        }
+    }
+
+    /// Removes every clock of `clock`'s root older than it.
+    pub fn remove_below(&mut self, clock: Clock) {
+        if let Some(b) = self.roots.get_mut(usize::from(clock.root())) {
+            b.remove_below(clock.seq());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clocks_of_any_order_roots_and_distance_are_told_apart() {
+        let mut s = ClockSet::default();
+        let clocks = [Clock::new(2, 1_000), Clock::new(0, 5), Clock::new(2, 3), Clock::new(0, 64), Clock::new(0, 63)];
+        for c in clocks {
+            assert!(s.insert(c), "{c:?} is new");
+        }
+        for c in clocks {
+            assert!(!s.insert(c) && s.contains(c), "{c:?} is in");
+        }
+        assert!(!s.contains(Clock::new(1, 5)) && !s.contains(Clock::new(0, 6)) && !s.contains(Clock::new(2, 999)));
+        for seq in [5, 63] {
+            s.remove(Clock::new(0, seq));
+        }
+        assert!(s.contains(Clock::new(0, 64)) && !s.contains(Clock::new(0, 5)) && !s.contains(Clock::new(0, 63)));
+        // Removing what is not there, or of a root never seen, changes nothing.
+        s.remove(Clock::new(0, 1 << 40));
+        s.remove(Clock::new(9, 1));
+        assert!(s.contains(Clock::new(0, 64)) && s.contains(Clock::new(2, 1_000)) && s.contains(Clock::new(2, 3)));
+    }
+
+    #[test]
+    fn remove_below_keeps_the_clock_itself_and_later_ones() {
+        let mut s = ClockSet::default();
+        for seq in [1, 2, 63, 64, 65, 127, 128, 300] {
+            s.insert(Clock::new(0, seq));
+        }
+        s.insert(Clock::new(1, 2));
+        s.remove_below(Clock::new(0, 65));
+        for seq in [1, 2, 63, 64] {
+            assert!(!s.contains(Clock::new(0, seq)), "{seq} is gone");
+        }
+        for seq in [65, 127, 128, 300] {
+            assert!(s.contains(Clock::new(0, seq)), "{seq} stays");
+        }
+        assert!(s.contains(Clock::new(1, 2)), "another root's clocks stay");
+        s.remove_below(Clock::new(0, 1_000));
+        assert!(!s.contains(Clock::new(0, 300)));
+        assert!(s.insert(Clock::new(0, 7)), "an old clock can come in again");
+    }
+}
