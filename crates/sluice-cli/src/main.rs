@@ -257,17 +257,13 @@ fn state_config(e: &EngineArgs, chain: &Chain) -> Result<StateConfig, Failure> {
     Ok(StateConfig::Store { backend, client: sluice_store::ClientConfig { mode, ..Default::default() } })
 }
 
-/// With the root's log (`--fault-tolerance`), instances keep what a replay needs: every update
-/// of per-flow state (and of shared state an instance caches) is written through to the store
-/// as a tagged, XOR-accounted update, so a packet stays logged until its effects are in the
-/// store, and non-deterministic draws are recorded so a replay draws the same.
+/// With the root's log (`--fault-tolerance`), instances keep what a replay needs
+/// ([`StateConfig::fault_tolerant`]).
 fn fault_tolerant(state: StateConfig, on: bool) -> StateConfig {
-    match state {
-        StateConfig::Store { backend, client } if on => StateConfig::Store {
-            backend,
-            client: sluice_store::ClientConfig { write_through: true, record_nondeterminism: true, ..client },
-        },
-        other => other,
+    if on {
+        state.fault_tolerant()
+    } else {
+        state
     }
 }
 

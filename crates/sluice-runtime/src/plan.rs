@@ -168,6 +168,20 @@ pub enum StateConfig {
 }
 
 impl StateConfig {
+    /// The same, for a run with the root's log (fault tolerance): every update of per-flow
+    /// state (and of shared state an instance caches) is written through to the store as a
+    /// tagged, XOR-accounted update, so a packet stays logged until its effects are in the store,
+    /// and non-deterministic draws are recorded so that a replay draws the same.
+    pub fn fault_tolerant(self) -> StateConfig {
+        match self {
+            StateConfig::Store { backend, client } => StateConfig::Store {
+                backend,
+                client: ClientConfig { write_through: true, record_nondeterminism: true, ..client },
+            },
+            StateConfig::Local => StateConfig::Local,
+        }
+    }
+
     /// A short description for reports: `local`, or the mode and the store.
     pub fn describe(&self) -> String {
         match self {

@@ -281,7 +281,12 @@ fn run_mode(
             let store = env.store(c.store == StoreKind::Redis, env.store_threads)?;
             redis = store.redis;
             let backend = store.backend;
-            StateConfig::Store { backend, client: ClientConfig { mode, ..ClientConfig::default() } }
+            let state = StateConfig::Store { backend, client: ClientConfig { mode, ..ClientConfig::default() } };
+            if c.mode == ModeKind::AsyncFt {
+                state.fault_tolerant()
+            } else {
+                state
+            }
         }
     };
     let plan = compile_with(&c.chain, registry, &packets[..packets.len().min(SAMPLE)], &state)
