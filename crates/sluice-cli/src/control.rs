@@ -3,7 +3,8 @@
 //! `Authorization: Bearer TOKEN`. `GET /api/v1/chain`: the chain's vertices and instances with
 //! live statistics (`sluice_runtime::live::LiveSnapshot`); `GET /metrics`: the same as
 //! Prometheus text; `POST /api/v1/actions` with one fault-schedule action as JSON
-//! (`{"slow": {"vertex": "nat", "instance": 0, "delay_us": [3, 10]}}`). Anything else gets a JSON
+//! (`{"slow": {"vertex": "nat", "instance": 0, "delay_us": [3, 10]}}`, `{"crash": {"vertex":
+//! "nat", "instance": 0}}`). Anything else gets a JSON
 //! error with a 4xx status (501 for actions the threaded runtime does not apply yet) and changes
 //! nothing.
 
@@ -89,7 +90,7 @@ pub(crate) fn prometheus_text(collector: Box<dyn Collector>) -> Response {
 }
 
 /// The actions of the fault-schedule format the threaded runtime does not apply yet.
-const NOT_YET: [&str; 6] = ["crash", "crash_root", "crash_store", "scale", "move", "clone"];
+const NOT_YET: [&str; 5] = ["crash_root", "crash_store", "scale", "move", "clone"];
 
 async fn action(State(cx): State<Ctx>, body: String) -> Response {
     let v: serde_json::Value = match serde_json::from_str(&body) {
@@ -104,13 +105,14 @@ async fn action(State(cx): State<Ctx>, body: String) -> Response {
     };
     match name.as_str() {
         "slow" => slow(&cx, args),
+        "crash" => crash(&cx, args),
         n if NOT_YET.contains(&n) => error(
             StatusCode::NOT_IMPLEMENTED,
             &format!(
                 "the threaded runtime does not apply `{n}` yet; `sluice verify` runs it in the virtual-time engine"
             ),
         ),
-        n => error(StatusCode::BAD_REQUEST, &format!("unknown action `{n}` (known: slow)")),
+        n => error(StatusCode::BAD_REQUEST, &format!("unknown action `{n}` (known: slow, crash)")),
     }
 }
 
@@ -131,6 +133,20 @@ fn slow(cx: &Ctx, args: &serde_json::Value) -> Response {
         Ok(()) => Json(serde_json::json!({ "applied": { "slow": { "vertex": vertex, "instance": instance, "delay_us": [min, max] } } }))
             .into_response(),
         Err(e @ sluice_runtime::live::LiveError::BadDelay { .. }) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+        Err(e) => error(StatusCode::NOT_FOUND, &e.to_string()),
+    }
+}
+
+fn crash(cx: &Ctx, args: &serde_json::Value) -> Response {
+    let vertex = args["vertex"].as_str();
+    let instance = args["instance"].as_u64().and_then(|i| u16::try_from(i).ok());
+    let (Some(vertex), Some(instance)) = (vertex, instance) else {
+        return error(StatusCode::BAD_REQUEST, "crash needs vertex (a name) and instance (a number)");
+    };
+    match cx.live.request_crash(vertex, instance) {
+        Ok(()) => Json(serde_json::json!({ "applied": { "crash": { "vertex": vertex, "instance": instance } } }))
+            .into_response(),
+        Err(e @ sluice_runtime::live::LiveError::Refused(_)) => error(StatusCode::CONFLICT, &e.to_string()),
         Err(e) => error(StatusCode::NOT_FOUND, &e.to_string()),
     }
 }
@@ -325,6 +341,12 @@ enum CtlCommand {
         /// `VERTEX:INSTANCE=MIN-MAX` (µs per packet), or `VERTEX:INSTANCE=0`.
         spec: String,
     },
+    /// Crash an instance: it loses its queue and cache, a replacement takes over from the store
+    /// and the root replays to it (the run needs --fault-tolerance and a store).
+    Crash {
+        /// `VERTEX:INSTANCE`.
+        spec: String,
+    },
     /// (A controller's endpoint) the leading controller, the nodes and the units each holds.
     Nodes {
         /// Print the JSON as the endpoint returns it.
@@ -352,6 +374,14 @@ fn slow_request(spec: &str) -> Result<serde_json::Value, String> {
     Ok(serde_json::json!({ "slow": { "vertex": vertex, "instance": instance, "delay_us": [min, max] } }))
 }
 
+/// Parses `V:I` into a crash action's JSON.
+fn crash_request(spec: &str) -> Result<serde_json::Value, String> {
+    let bad = || format!("`{spec}` is not VERTEX:INSTANCE");
+    let (vertex, instance) = spec.split_once(':').ok_or_else(bad)?;
+    let instance: u16 = instance.parse().map_err(|_| bad())?;
+    Ok(serde_json::json!({ "crash": { "vertex": vertex, "instance": instance } }))
+}
+
 /// `sluice ctl`.
 pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
     let Some(token) = a.token.or_else(|| std::env::var(TOKEN_ENV).ok()) else {
@@ -361,13 +391,14 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
         CtlCommand::List { .. } => "/api/v1/chain",
         CtlCommand::Nodes { .. } => "/api/v1/cluster",
         CtlCommand::Metrics => "/metrics",
-        CtlCommand::Slow { .. } | CtlCommand::Drain(_) => "/api/v1/actions",
+        CtlCommand::Slow { .. } | CtlCommand::Crash { .. } | CtlCommand::Drain(_) => "/api/v1/actions",
     };
     let url = format!("http://{}{path}", a.control);
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
     let auth = format!("Bearer {token}");
     let action = match &a.what {
         CtlCommand::Slow { spec } => Some(slow_request(spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?),
+        CtlCommand::Crash { spec } => Some(crash_request(spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?),
         CtlCommand::Drain(d) => Some(d.action()),
         _ => None,
     };

@@ -158,7 +158,10 @@ fn a_running_chain_answers_its_control_endpoint() {
         (r#"{"slow": {"vertex": "portscan"}}"#, 400, "slow needs"),
         (r#"{"slow": "#, 400, "malformed JSON"),
         (r#"{"frobnicate": {}}"#, 400, "unknown action"),
-        (r#"{"crash": {"vertex": "portscan", "instance": 0}}"#, 501, "does not apply `crash` yet"),
+        (r#"{"crash": {"vertex": "portscan", "instance": 0}}"#, 409, "only to instances the root feeds directly"),
+        (r#"{"crash": {"vertex": "nat", "instance": 3}}"#, 404, "no instance 3"),
+        (r#"{"crash": {"vertex": "nat"}}"#, 400, "crash needs"),
+        (r#"{"scale": {"vertex": "nat", "by": 1}}"#, 501, "does not apply `scale` yet"),
         (r#"[1, 2]"#, 400, "send one action"),
     ] {
         let (c, answer) = post(body);

@@ -4,8 +4,11 @@
 //! run must be equivalent to the logical chain (`sluice verify --recorded`). Faults the threaded
 //! runtime cannot apply yet are clear errors.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+
+mod common;
 
 fn repo(p: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(p)
@@ -113,4 +116,48 @@ fn faults_the_threaded_runtime_cannot_apply_are_clear_errors() {
         assert_eq!(o.status.code(), Some(2), "{faults}: {}", text(&o));
         assert!(text(&o).contains(says), "{faults}: {}", text(&o));
     }
+}
+
+#[test]
+fn a_crash_asked_through_the_control_endpoint_is_equivalent() {
+    let dir = std::env::temp_dir().join(format!("sluice-failover-{}-live", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_string_lossy().into_owned();
+    // 20,000 packets of the demo trace paced to last a few seconds.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(repo(""))
+        .args(["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "--limit", "20000", "--pace", "0.01"])
+        .args(["-q", "--no-pin", "--window", "4096", "--fault-tolerance", "--record", &d, "--json", "-"])
+        .args(["--control", "0", "--control-token", "s3cret"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sluice run");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let addr = loop {
+        let line = lines.next().and_then(Result::ok).unwrap_or_else(|| panic!("sluice run ended without an endpoint"));
+        if let Some(a) = line.strip_prefix("control endpoint: http://") {
+            break a.split_whitespace().next().unwrap_or_default().to_string();
+        }
+    };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let port = addr.rsplit(':').next().unwrap_or_default().to_string();
+    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["ctl", "--control", &port, "--token", "s3cret", "crash", "nat:0"])
+        .output()
+        .expect("sluice ctl");
+    assert!(o.status.success(), "{}", text(&o));
+    let (code, body) =
+        common::http(&addr, "POST", "/api/v1/actions", Some("s3cret"), r#"{"crash": {"vertex": "lb", "instance": 0}}"#);
+    assert_eq!(code, 409, "not fed by the root: {body}");
+    let out = child.wait_with_output().expect("sluice run ends");
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");
+    let failovers = report["failovers"].as_array().cloned().unwrap_or_default();
+    assert_eq!(failovers.len(), 1, "{failovers:?}");
+    assert_eq!(failovers[0]["vertex"], "nat");
+    let v = sluice(&["verify", "--recorded", &d]);
+    assert_eq!(v.status.code(), Some(0), "{}", text(&v));
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -333,7 +333,9 @@ pub fn run(
         live: hooks.live.clone(),
         notes: cfg.fault_tolerance.then(|| ArrayQueue::new(NOTE_BUFFERS)),
         note_spare: ArrayQueue::new(NOTE_BUFFERS),
-        failover: (!cfg.crashes.is_empty()).then(|| failover::Failover::new(instances.len(), per_vertex, rebuilder)),
+        // Armed for the crashes planned, or for those a control endpoint may ask for.
+        failover: (!cfg.crashes.is_empty() || (can_fail_over && hooks.live.is_some()))
+            .then(|| failover::Failover::new(instances.len(), per_vertex, rebuilder)),
     });
     let mut crashes = cfg.crashes.clone();
     crashes.sort_by_key(|c| c.after);
@@ -341,6 +343,15 @@ pub fn run(
         failover::check(c, &shared, &entry).map_err(RunError::Config)?;
     }
     let mut crashes = crashes.into_iter().peekable();
+    if let Some(live) = &shared.live {
+        live.set_failover(match (cfg.fault_tolerance, can_fail_over) {
+            (_, true) => None,
+            (false, _) => Some("the run keeps no root log to replay: start it with --fault-tolerance".into()),
+            (true, false) => {
+                Some("the run keeps its state in the instances (local): a replacement needs a store".into())
+            }
+        });
+    }
     let mut failover_side = failover::RootSide::default();
     let mut failovers = Vec::new();
     let mut log = cfg.fault_tolerance.then(|| RootLog::new(cfg.window));
@@ -408,6 +419,15 @@ pub fn run(
         if let (Some(fo), Some(l)) = (&shared.failover, log.as_mut()) {
             fo.set_oldest_logged(oldest_logged.map_or(seq + 1, |c| c.seq()));
             failover_side.serve(&shared, (&entry, traffic.as_ref()), l, &mut root, &mut failovers);
+        }
+        if let Some(live) = shared.live.as_ref().filter(|_| shared.failover.is_some()) {
+            for (vertex, index) in live.take_crashes() {
+                let c = Crash { after: seq, vertex, index };
+                let global = shared.vertices.get(vertex).and_then(|v| v.instances.get(usize::from(index))).copied();
+                if let (Ok(()), Some(g)) = (failover::check(&c, &shared, &entry), global) {
+                    failover_side.ask(&shared, &c, g, &mut failovers);
+                }
+            }
         }
         if source_done {
             if shared.in_flight.load(Ordering::Acquire) == 0 && !failover_side.busy() {

@@ -4,10 +4,10 @@
 //! [`LiveSnapshot`] at any time. Counters only grow; gauges (queue depth, packets in flight)
 //! are the latest value written.
 
-use crate::plan::Plan;
+use crate::plan::{Plan, Target};
 use crate::report::FaultToleranceReport;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -45,6 +45,14 @@ pub struct Live {
     in_flight: AtomicU64,
     /// The root's packet log, once the run keeps one (`RunConfig::fault_tolerance`).
     root_log: Mutex<Option<FaultToleranceReport>>,
+    /// Crashes asked for ([`Live::request_crash`]) the root has not taken yet: (vertex, index).
+    crashes: Mutex<Vec<(usize, u16)>>,
+    /// Whether `crashes` may hold something (the root looks at the mutex only then).
+    crash_asked: AtomicBool,
+    /// Why this run cannot crash instances; `None` once it says it can.
+    no_failover: Mutex<Option<String>>,
+    /// By vertex: whether the root feeds it directly (the threaded runtime replays only there).
+    root_fed: Vec<bool>,
 }
 
 /// What one batch of an instance did.
@@ -78,7 +86,51 @@ impl Live {
             root_dropped: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             root_log: Mutex::new(None),
+            crashes: Mutex::new(Vec::new()),
+            crash_asked: AtomicBool::new(false),
+            no_failover: Mutex::new(Some("the run has not started".into())),
+            root_fed: (0..plan.vertices.len())
+                .map(|v| plan.entry.iter().any(|r| r.main.iter().any(|e| e.to == Target::Vertex(v))))
+                .collect(),
         }
+    }
+
+    /// Crashes instance `index` of `vertex` (it is replaced and the root replays to it), as a
+    /// `crash` fault does.
+    pub fn request_crash(&self, vertex: &str, index: u16) -> Result<(), LiveError> {
+        let v =
+            self.vertices.iter().position(|(n, _)| n == vertex).ok_or_else(|| LiveError::NoVertex(vertex.into()))?;
+        if !self.instances.iter().any(|i| i.vertex == v && i.index == index) {
+            return Err(LiveError::NoInstance { vertex: vertex.into(), index });
+        }
+        if let Some(why) = self.no_failover.lock().ok().and_then(|w| w.clone()) {
+            return Err(LiveError::Refused(why));
+        }
+        if !self.root_fed.get(v).copied().unwrap_or(false) {
+            return Err(LiveError::Refused(format!(
+                "the threaded runtime replays only to instances the root feeds directly so far, not `{vertex}`"
+            )));
+        }
+        if let Ok(mut c) = self.crashes.lock() {
+            c.push((v, index));
+            self.crash_asked.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// The run says whether it can crash instances (`None`) or why not.
+    pub(crate) fn set_failover(&self, why_not: Option<String>) {
+        if let Ok(mut w) = self.no_failover.lock() {
+            *w = why_not;
+        }
+    }
+
+    /// Crashes asked for since the last call: (vertex, index).
+    pub(crate) fn take_crashes(&self) -> Vec<(usize, u16)> {
+        if !self.crash_asked.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        self.crashes.lock().map(|mut c| std::mem::take(&mut *c)).unwrap_or_default()
     }
 
     pub(crate) fn batch(&self, global: usize, c: BatchCounts, reasons: &[(&'static str, u64)], queued: usize) {
@@ -264,6 +316,9 @@ pub enum LiveError {
         /// The instance asked for.
         index: u16,
     },
+    /// The run cannot do that (why).
+    #[error("{0}")]
+    Refused(String),
     /// A delay range upside down.
     #[error("delay {min_us}-{max_us} µs: the first must not exceed the second")]
     BadDelay {
