@@ -3,19 +3,10 @@
 //! caught, and a record is never overwritten.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn repo(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(p)
-}
+mod common;
 
-fn sluice(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sluice")).current_dir(repo("")).args(args).output().expect("run sluice")
-}
-
-fn text(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
-}
+use common::{repo, sluice, text};
 
 /// A fresh directory for one record.
 fn record_dir(name: &str) -> PathBuf {

@@ -1,8 +1,26 @@
-//! What several integration tests share.
+//! What several integration tests share (each test crate uses some of it).
+#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 use std::time::Duration;
+
+/// A path in the repository.
+pub fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(p)
+}
+
+/// Runs `sluice ARGS` in the repository and waits for it.
+pub fn sluice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice")).current_dir(repo("")).args(args).output().expect("run sluice")
+}
+
+/// A command's stdout and stderr, as text.
+pub fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+}
 
 /// A raw HTTP/1.1 request to `addr` (`HOST:PORT`): the status code and the body; status 0 if
 /// nothing listens there (yet).
