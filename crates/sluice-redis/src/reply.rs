@@ -32,6 +32,9 @@ pub(crate) fn is_topology_error(e: &redis::RedisError) -> bool {
         || s.contains("MOVED")
         || s.contains("ASK")
         || s.contains("CLUSTERDOWN")
+        // The same, raised inside a function call (`sluice_exec`): the cluster marked itself
+        // down for a moment (a node timed out under load, a failover in progress).
+        || s.contains("cluster is down")
         // A write reached a primary that has become a replica (it failed and came back).
         || s.contains("READONLY")
         || s.contains("ReadOnly")
@@ -96,4 +99,21 @@ pub(crate) fn decode_whole_key(kb: &[u8]) -> Result<StoreKey, StoreError> {
         return Err(StoreError::Protocol("trailing bytes after a key".into()));
     }
     Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_down_for_a_moment_is_retried_on_a_fresh_slot_map() {
+        let in_function = redis::RedisError::from((
+            redis::ErrorKind::ResponseError,
+            "An error was signalled by the server",
+            "Script attempted to execute a command while the cluster is down script: sluice_exec".to_string(),
+        ));
+        assert!(is_topology_error(&in_function));
+        let plain = redis::RedisError::from((redis::ErrorKind::ResponseError, "ERR", "unknown command".to_string()));
+        assert!(!is_topology_error(&plain), "other errors are not retried");
+    }
 }
