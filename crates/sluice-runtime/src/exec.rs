@@ -15,7 +15,7 @@ use crate::live::Live;
 use crate::order::InOrder;
 use crate::plan::{direction, Plan, Routes, Splitter, Target, VertexPlan};
 use crate::ports::{Fill, Sink, Source};
-use crate::record::{DropRecord, Recording, StateRecord};
+use crate::record::{DropRecord, Recording};
 use crate::report::{InstanceReport, Latency, RunReport, VertexReport};
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use worker::{worker_loop, InstanceStats, Slot};
 
 mod failover;
+mod finish;
 mod ft;
 mod worker;
 
@@ -630,7 +631,7 @@ pub fn run(
     slots.sort_by_key(|(_, s)| s.global);
     if let Some(mut rec) = recording {
         rec.end = Clock::new(0, seq);
-        record_end(&mut rec, &mut slots, &shared.vertices, store.as_ref(), last_ts)?;
+        finish::record_end(&mut rec, &mut slots, &shared.vertices, store.as_ref(), last_ts)?;
         if !report.failovers.is_empty() {
             // A replacement redoing a clock its predecessor dropped drops it again.
             rec.drops.sort_by(|a, b| (a.clock, &a.vertex).cmp(&(b.clock, &b.vertex)));
@@ -699,54 +700,6 @@ pub fn run(
         max: hist.max() as f64 / 1000.0,
     };
     Ok(report)
-}
-
-/// The end of a recorded run: the timers due by the last packet's time fire (as they do at the
-/// end of the logical chain's run), then the drops and the final state are collected.
-fn record_end(
-    rec: &mut Recording,
-    slots: &mut [(usize, Slot)],
-    vertices: &[VertexPlan],
-    store: Option<&Arc<dyn sluice_store::Backend>>,
-    last_ts: u64,
-) -> Result<(), RunError> {
-    let name = |v: usize| vertices.get(v).map_or_else(|| "?".to_string(), |vp| vp.name.to_string());
-    for (_, s) in slots.iter_mut() {
-        s.inst.begin_batch();
-        s.inst.advance_time(last_ts, rec.end);
-        s.inst.end_batch();
-        s.inst.state().flush().map_err(|e| RunError::Worker(format!("flushing state: {e}")))?;
-        // The run's log is closed: the end's timers are not packets it waits for.
-        let mut commits = Vec::new();
-        s.inst.state().take_commits(&mut commits);
-        let vertex = name(s.vertex);
-        rec.drops.extend(s.stats.drops.drain(..).map(|(clock, reason)| DropRecord {
-            clock,
-            vertex: vertex.clone(),
-            reason,
-        }));
-        let local = s.inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_state::LocalState>());
-        if let Some(local) = local {
-            let v = s.vertex;
-            rec.state.extend(local.snapshot().into_iter().map(|(o, key, value)| StateRecord {
-                vertex: v,
-                object: o.0,
-                key,
-                value,
-            }));
-        }
-    }
-    if let Some(b) = store {
-        let cp = b.checkpoint().map_err(|e| RunError::Worker(format!("reading the final state: {e}")))?;
-        let owned = cp.values.into_iter().filter(|(k, _)| usize::from(k.vertex) < vertices.len());
-        rec.state.extend(owned.map(|(k, value)| StateRecord {
-            vertex: usize::from(k.vertex),
-            object: k.object,
-            key: k.key,
-            value,
-        }));
-    }
-    Ok(())
 }
 
 /// Note buffers in flight between the workers and the root.
