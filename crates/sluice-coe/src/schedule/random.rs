@@ -15,6 +15,12 @@ use sluice_runtime::Chain;
 /// The checkpoint intervals random runs use: only after failovers, often, the default.
 pub const RANDOM_CHECKPOINTS: [u64; 3] = [0, 500, 10_000];
 
+/// The kinds of action [`Drawer::candidate`] draws from: an instance crash, a root crash, a
+/// store crash, scaling, a move, a slowdown, a clone.
+const ALL_KINDS: &[u32] = &[0, 1, 2, 3, 4, 5, 6];
+/// An instance crash, of [`ALL_KINDS`].
+const KIND_CRASH: u32 = 0;
+
 /// How often (of 1) an event is put at the same point as an earlier one.
 const SAME_POINT: f64 = 0.25;
 /// Redraws of an action that would make an unrecoverable combination before giving up on it.
@@ -34,8 +40,29 @@ impl FaultSchedule {
     /// seed always gives the same run; it also becomes the schedule's `seed`.
     pub fn random(seed: u64, chain: &Chain, total_packets: u64, max_events: usize) -> FaultSchedule {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let total = total_packets.max(1);
         let run = random_run_options(&mut rng);
+        Self::random_events(rng, seed, run, ALL_KINDS, chain, total_packets, max_events)
+    }
+
+    /// A random run of instance crashes only, under the default run options: 1 to
+    /// `max_events` crashes of any instance of any vertex at random points, as
+    /// [`FaultSchedule::random`] draws them (what `sluice run --faults` applies to a threaded
+    /// run so far). The same seed always gives the same run.
+    pub fn random_crashes(seed: u64, chain: &Chain, total_packets: u64, max_events: usize) -> FaultSchedule {
+        let rng = ChaCha8Rng::seed_from_u64(seed);
+        Self::random_events(rng, seed, RunOptions::default(), &[KIND_CRASH], chain, total_packets, max_events)
+    }
+
+    fn random_events(
+        mut rng: ChaCha8Rng,
+        seed: u64,
+        run: RunOptions,
+        kinds: &'static [u32],
+        chain: &Chain,
+        total_packets: u64,
+        max_events: usize,
+    ) -> FaultSchedule {
+        let total = total_packets.max(1);
         let n = rng.gen_range(1..=max_events.max(1));
         let points = random_points(&mut rng, total, n);
         let mut g = Drawer {
@@ -43,6 +70,7 @@ impl FaultSchedule {
             counts: chain.vertices.iter().map(|(_, v)| v.instances.clamp(1, RANDOM_MAX_INSTANCES)).collect(),
             roots: run.root_count(),
             log: run.log.unwrap_or(LogPlace::Root),
+            kinds,
         };
         let mut events: Vec<(u64, FaultEvent)> = Vec::with_capacity(n + 1);
         for (count, at) in points {
@@ -108,6 +136,8 @@ struct Drawer {
     counts: Vec<u16>,
     roots: u8,
     log: LogPlace,
+    /// The kinds of action to draw (of [`ALL_KINDS`]).
+    kinds: &'static [u32],
 }
 
 impl Drawer {
@@ -119,7 +149,9 @@ impl Drawer {
         let same: Vec<&Action> = same.iter().collect();
         for _ in 0..REDRAWS {
             let v = rng.gen_range(0..self.names.len().max(1));
-            let kind = rng.gen_range(0..7);
+            // With every kind, the draw is the one seeds of earlier runs were made with.
+            let kinds = u32::try_from(self.kinds.len()).unwrap_or(1).max(1);
+            let kind = self.kinds.get(rng.gen_range(0..kinds) as usize).copied().unwrap_or(KIND_CRASH);
             let candidate = self.candidate(rng, kind, v, budget);
             let ok = candidate.iter().all(|a| !conflicts(a, &same, self.log));
             if ok {
@@ -129,7 +161,11 @@ impl Drawer {
                 return candidate;
             }
         }
-        vec![self.slow(rng, 0)]
+        if self.kinds.contains(&5) {
+            vec![self.slow(rng, 0)]
+        } else {
+            Vec::new()
+        }
     }
 
     /// A candidate action of `kind` on vertex `v` (not yet applied to the counts).
