@@ -105,6 +105,20 @@ impl ClockSet {
         }
     }
 
+    /// Adds every clock of `other`.
+    pub fn union_with(&mut self, other: &ClockSet) {
+        for (r, b) in other.roots.iter().enumerate() {
+            for (i, word) in b.words.iter().enumerate() {
+                for bit in 0..64 {
+                    if word & (1u64 << bit) != 0 {
+                        let seq = (b.base + i as u64) * 64 + bit;
+                        self.insert(Clock::new(r as u8, seq));
+                    }
+                }
+            }
+        }
+    }
+
     /// Removes every clock of `clock`'s root older than it.
     pub fn remove_below(&mut self, clock: Clock) {
         if let Some(b) = self.roots.get_mut(usize::from(clock.root())) {
@@ -136,6 +150,25 @@ mod tests {
         s.remove(Clock::new(0, 1 << 40));
         s.remove(Clock::new(9, 1));
         assert!(s.contains(Clock::new(0, 64)) && s.contains(Clock::new(2, 1_000)) && s.contains(Clock::new(2, 3)));
+    }
+
+    #[test]
+    fn a_union_holds_the_clocks_of_both_sets() {
+        let mut a = ClockSet::default();
+        let mut b = ClockSet::default();
+        for c in [Clock::new(0, 3), Clock::new(0, 200)] {
+            a.insert(c);
+        }
+        for c in [Clock::new(0, 1), Clock::new(0, 200), Clock::new(1, 70)] {
+            b.insert(c);
+        }
+        a.union_with(&b);
+        for seq in [1, 3, 200] {
+            assert!(a.contains(Clock::new(0, seq)), "{seq}");
+        }
+        assert!(a.contains(Clock::new(1, 70)));
+        assert!(!a.contains(Clock::new(0, 2)) && !a.contains(Clock::new(1, 1)) && !a.contains(Clock::new(0, 64)));
+        assert!(b.contains(Clock::new(0, 1)) && !b.contains(Clock::new(0, 3)), "the other set is unchanged");
     }
 
     #[test]

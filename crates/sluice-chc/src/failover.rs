@@ -7,7 +7,7 @@
 
 use crate::gate::Decided;
 use crate::root::Root;
-use sluice_packet::{InstanceId, Packet};
+use sluice_packet::{InstanceId, Meta, Packet};
 
 /// The root's account of an instance failure.
 #[derive(Debug, Clone, Default)]
@@ -23,15 +23,18 @@ pub struct Loss {
 /// Instance `failed` of a vertex that has processed `decided` failed with `lost` queued or held.
 /// Every copy counts as lost (its updates are redone by the replay, so its XOR vector is not
 /// folded in); the returned [`Loss`] says what cannot be redone and what to send again.
-pub fn instance_failed(root: &mut Root, decided: &Decided, failed: InstanceId, lost: &[Packet]) -> Loss {
+/// `lost` holds the copies, or only their metadata (a driver that recycled the buffers).
+pub fn instance_failed<M: AsRef<Meta>>(root: &mut Root, decided: &Decided, failed: InstanceId, lost: &[M]) -> Loss {
     for p in lost {
         root.copy_lost(p);
     }
+    let meta = |p: &M| *p.as_ref();
     let beyond_replay =
-        lost.iter().filter(|p| root.lost_with_log(p.meta.clock) && !decided.contains(p.meta.clock)).count();
+        lost.iter().map(meta).filter(|m| root.lost_with_log(m.clock) && !decided.contains(m.clock)).count();
     let resend = lost
         .iter()
-        .filter_map(|p| p.meta.replay_target().map(|t| (p.meta.clock, t)))
+        .map(meta)
+        .filter_map(|m| m.replay_target().map(|t| (m.clock, t)))
         .filter(|(_, t)| *t != failed)
         .filter_map(|(c, t)| root.replay_clock_to(c, t))
         .collect();

@@ -168,8 +168,8 @@ struct RunArgs {
     #[arg(long, requires = "control")]
     control_token: Option<String>,
     /// Crash NF instances while the chain runs (a fault-schedule file, as for `sluice verify`;
-    /// `crash` events, of instances the root feeds directly, so far): each is replaced and the
-    /// root replays its log to the replacement. Turns on --fault-tolerance; needs a store
+    /// only `crash` events so far): each is replaced and the root replays its log to the
+    /// replacement, through the NFs in front of it. Turns on --fault-tolerance; needs a store
     /// (not --mode local).
     #[arg(long, value_name = "FILE", conflicts_with = "bridge")]
     faults: Option<PathBuf>,

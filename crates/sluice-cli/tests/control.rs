@@ -2,7 +2,6 @@
 //! statistics that move while traffic flows, Prometheus metrics, and clear 4xx answers to
 //! requests without the token, with a wrong one, or for what does not exist.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -71,16 +70,9 @@ fn a_running_chain_answers_its_control_endpoint() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start sluice run");
-    let stderr = child.stderr.take().expect("stderr");
+    let (addr, line) = common::control_endpoint(&mut child);
     let run = Running(child);
-    let mut lines = BufReader::new(stderr).lines();
-    let addr = loop {
-        let line = lines.next().and_then(Result::ok).unwrap_or_else(|| panic!("sluice run ended without an endpoint"));
-        if let Some(a) = line.strip_prefix("control endpoint: http://") {
-            assert!(!line.contains("s3cret"), "a given token is not printed: {line}");
-            break a.split_whitespace().next().unwrap_or_default().to_string();
-        }
-    };
+    assert!(!line.contains("s3cret"), "a given token is not printed: {line}");
     assert!(addr.starts_with("127.0.0.1:"), "a bare port listens on loopback: {addr}");
     let port = addr.rsplit(':').next().unwrap_or_default().to_string();
 
@@ -158,7 +150,6 @@ fn a_running_chain_answers_its_control_endpoint() {
         (r#"{"slow": {"vertex": "portscan"}}"#, 400, "slow needs"),
         (r#"{"slow": "#, 400, "malformed JSON"),
         (r#"{"frobnicate": {}}"#, 400, "unknown action"),
-        (r#"{"crash": {"vertex": "portscan", "instance": 0}}"#, 409, "only to instances the root feeds directly"),
         (r#"{"crash": {"vertex": "nat", "instance": 3}}"#, 404, "no instance 3"),
         (r#"{"crash": {"vertex": "nat"}}"#, 400, "crash needs"),
         (r#"{"scale": {"vertex": "nat", "by": 1}}"#, 501, "does not apply `scale` yet"),
@@ -191,4 +182,25 @@ fn bad_control_addresses_are_refused() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("PORT or HOST:PORT"), "{}", String::from_utf8_lossy(&o.stderr));
     let o = sluice().args(["ctl", "--control", "1", "list"]).env_remove("SLUICE_CONTROL_TOKEN").output().expect("ctl");
     assert_eq!(o.status.code(), Some(2), "no token");
+}
+
+#[test]
+fn a_crash_is_refused_by_a_run_that_cannot_fail_over() {
+    // No --fault-tolerance: no root log to replay from.
+    let mut child = sluice()
+        .args(["run", "-c", "chains/nat.yaml", "-i", "traces/demo.pcap", "--pace", "0.003", "--duration", "30"])
+        .args(["-q", "--no-pin"])
+        .args(["--control", "0", "--control-token", "s3cret"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sluice run");
+    let (addr, _) = common::control_endpoint(&mut child);
+    let run = Running(child);
+    std::thread::sleep(Duration::from_millis(300));
+    let (c, answer) =
+        http_with(&addr, "POST", "/api/v1/actions", Some("s3cret"), r#"{"crash": {"vertex": "nat", "instance": 0}}"#);
+    assert_eq!(c, 409, "{answer}");
+    assert!(answer.contains("--fault-tolerance"), "{answer}");
+    drop(run);
 }

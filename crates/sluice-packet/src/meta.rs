@@ -73,13 +73,9 @@ impl MetaFlags {
     /// A replay copy that has passed its target instance: downstream it is subject to duplicate
     /// suppression like any packet, while the root still knows which replay it belongs to.
     pub const REACHED: MetaFlags = MetaFlags(16);
-    /// A replay copy whose packet's state updates were all committed when the root replayed
-    /// it: a target whose vertex already processed the packet skips it (running it again would
-    /// read state that later packets changed).
-    pub const COMMITTED: MetaFlags = MetaFlags(32);
 
     /// Every flag defined above.
-    pub const ALL: MetaFlags = MetaFlags(0x3f);
+    pub const ALL: MetaFlags = MetaFlags(0x1f);
 
     /// The flags as one byte (for the wire).
     pub fn bits(self) -> u8 {

@@ -3,12 +3,16 @@
 //! Threads: the calling thread is the **root** (reads the source, drops malformed input,
 //! stamps logical clocks, applies the in-flight window, splits packets to the entry vertex) and
 //! the **sink** (writes output, measures latency). `workers` threads run the NF instances to
-//! completion over batches; each instance is owned by one worker and fed by one bounded
-//! lock-free queue. A splitter after every instance partitions its output over the downstream
-//! vertex's instances on that vertex's scope.
+//! completion over batches; each instance is owned by one worker and fed by one lock-free
+//! queue. A splitter after every instance partitions its output over the downstream vertex's
+//! instances on that vertex's scope.
 //!
 //! Memory is bounded by the window: the root admits a packet only while fewer than `window`
-//! packets are in flight; queues are sized so that a push within the window never fails.
+//! packets are in flight (replays after a failover add at most a log's worth each). No thread
+//! ever waits for room in a queue: what does not fit stays with the sender, in order, and goes
+//! when there is room (`Outgoing::retry`). Waiting would deadlock once replays add to the window:
+//! a root pushing a replay into a full queue stops draining the notes queue that the workers
+//! wait to push into (seen with batches of one packet).
 
 use crate::clocks::ClockTracker;
 use crate::live::Live;
@@ -20,8 +24,9 @@ use crate::report::{InstanceReport, Latency, RunReport, VertexReport};
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
 use ft::{Note, RootLog};
-use sluice_packet::{Batch, Clock, Packet, PacketPool, ParseStatus};
+use sluice_packet::{Batch, Clock, InstanceId, Packet, PacketPool, ParseStatus};
 use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +35,7 @@ use worker::{worker_loop, InstanceStats, Slot};
 mod failover;
 mod finish;
 mod ft;
+mod passing;
 mod worker;
 
 pub use failover::Crash;
@@ -69,7 +75,7 @@ pub struct RunConfig {
     /// the last packet's time fired.
     pub record: bool,
     /// NF instances to crash while the chain runs, each replaced and replayed to (needs
-    /// `fault_tolerance` and a state store; so far only instances the root feeds directly).
+    /// `fault_tolerance` and a state store).
     pub crashes: Vec<Crash>,
 }
 
@@ -138,6 +144,8 @@ struct Shared {
     note_spare: ArrayQueue<Vec<Note>>,
     /// With `RunConfig::crashes`: what the root and the workers share for failovers.
     failover: Option<failover::Failover>,
+    /// `reaches[v][w]`: vertex `v`'s routes lead to vertex `w` (itself included).
+    reaches: Vec<Vec<bool>>,
 }
 
 impl Shared {
@@ -152,26 +160,15 @@ impl Shared {
     fn logging(&self) -> bool {
         self.notes.is_some()
     }
-}
-
-/// Pushes a batch onto a queue. Queues are sized to hold the whole window (and the notes'
-/// queue is drained every turn of the root's loop), so this only spins if a consumer is
-/// momentarily behind on slot reuse.
-fn push_queue<T>(q: &ArrayQueue<T>, mut b: T) {
-    let mut spins = 0u32;
-    loop {
-        match q.push(b) {
-            Ok(()) => return,
-            Err(back) => {
-                b = back;
-                spins += 1;
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
+    /// Whether a replay copy aimed at `target` goes to `to` (queue `dest`): the target itself,
+    /// or a vertex in front of it; elsewhere it has nothing to do.
+    fn leads_to(&self, to: Target, dest: usize, target: InstanceId) -> bool {
+        let Target::Vertex(w) = to else { return false };
+        let tv = usize::from(target.vertex());
+        if w == tv {
+            return self.vertices.get(w).and_then(|v| v.instances.get(usize::from(target.index()))) == Some(&dest);
         }
+        self.reaches.get(w).and_then(|r| r.get(tv)).copied().unwrap_or(false)
     }
 }
 
@@ -185,6 +182,16 @@ struct Outgoing {
     notes: Vec<Note>,
     /// Scratch space for the commits a store client reports.
     commits: Vec<(Clock, u32)>,
+    /// What found its queue full, in the order it was sent ([`Outgoing::retry`]).
+    stalled: VecDeque<Stalled>,
+}
+
+/// Something a thread sent that found its queue full.
+enum Stalled {
+    /// Notes for the root's log.
+    Notes(Vec<Note>),
+    /// A batch for instance `.0` (or the sink, past the last instance).
+    Batch(usize, Batch),
 }
 
 impl Outgoing {
@@ -195,7 +202,32 @@ impl Outgoing {
             mirrored: 0,
             notes: Vec::new(),
             commits: Vec::new(),
+            stalled: VecDeque::new(),
         }
+    }
+
+    /// Pushes `item` onto its queue, or, if that is full or something sent earlier still
+    /// waits, keeps it to push later: in sending order, so the root never sees a copy finish
+    /// before it heard the copy was made.
+    fn send(&mut self, shared: &Shared, item: Stalled) {
+        if !self.stalled.is_empty() {
+            self.stalled.push_back(item);
+            return;
+        }
+        if let Err(back) = try_push(shared, item) {
+            self.stalled.push_back(back);
+        }
+    }
+
+    /// Pushes what waited, in order, as far as the queues take it. Whether anything waits still.
+    fn retry(&mut self, shared: &Shared) -> bool {
+        while let Some(item) = self.stalled.pop_front() {
+            if let Err(back) = try_push(shared, item) {
+                self.stalled.push_front(back);
+                return true;
+            }
+        }
+        false
     }
 
     /// Queues a note for the root's log (only when it keeps one).
@@ -207,12 +239,12 @@ impl Outgoing {
 
     /// Sends the notes gathered so far to the root.
     fn flush_notes(&mut self, shared: &Shared) {
-        let Some(q) = &shared.notes else { return };
-        if self.notes.is_empty() {
+        if !shared.logging() || self.notes.is_empty() {
             return;
         }
         let fresh = shared.note_spare.pop().unwrap_or_default();
-        push_queue(q, std::mem::replace(&mut self.notes, fresh));
+        let notes = std::mem::replace(&mut self.notes, fresh);
+        self.send(shared, Stalled::Notes(notes));
     }
 
     fn push(&mut self, shared: &Shared, dest: usize, pkt: Packet) {
@@ -234,13 +266,11 @@ impl Outgoing {
         self.flush_notes(shared);
         let Some(buf) = self.bufs.get_mut(dest) else { return };
         let b = std::mem::take(buf);
-        match shared.queues.get(dest) {
-            Some(q) => push_queue(q, b),
-            None => push_queue(&shared.sink, b),
-        }
+        self.send(shared, Stalled::Batch(dest, b));
     }
 
     fn flush(&mut self, shared: &Shared) {
+        self.retry(shared);
         for d in 0..self.bufs.len() {
             self.flush_one(shared, d);
         }
@@ -258,12 +288,17 @@ impl Outgoing {
     }
 
     /// Sends `pkt` along `routes`: copies to matching mirror edges, the packet itself to the
-    /// first matching on-path edge. Returns the packet back if no edge takes it.
+    /// first matching on-path edge. Returns the packet back if no edge takes it. A replay copy
+    /// on its way to its target goes only where that leads ([`Shared::leads_to`]).
     fn route(&mut self, shared: &Shared, routes: &Routes, pkt: Packet) -> Option<Packet> {
+        let replay = pkt.meta.replay_target();
         if !routes.mirrors.is_empty() {
             let mut copies = 0;
             for t in routes.mirror_targets(&pkt) {
                 let d = self.dest(shared, t, &pkt);
+                if replay.is_some_and(|r| !shared.leads_to(t, d, r)) {
+                    continue;
+                }
                 let mut c = shared.pool.copy_of(&pkt);
                 // The original carries the XOR vector of the updates so far; a copy starts
                 // empty, so the root folds each update in once.
@@ -280,10 +315,27 @@ impl Outgoing {
         match routes.main_target(&pkt) {
             Some(t) => {
                 let d = self.dest(shared, t, &pkt);
+                if replay.is_some_and(|r| !shared.leads_to(t, d, r)) {
+                    return Some(pkt);
+                }
                 self.push(shared, d, pkt);
                 None
             }
             None => Some(pkt),
+        }
+    }
+}
+
+/// Pushes a stalled item onto its queue; the item back if the queue is full.
+fn try_push(shared: &Shared, item: Stalled) -> Result<(), Stalled> {
+    match item {
+        Stalled::Notes(n) => match &shared.notes {
+            Some(q) => q.push(n).map_err(Stalled::Notes),
+            None => Ok(()),
+        },
+        Stalled::Batch(dest, b) => {
+            let q = shared.queues.get(dest).unwrap_or(&shared.sink);
+            q.push(b).map_err(|b| Stalled::Batch(dest, b))
         }
     }
 }
@@ -313,10 +365,13 @@ pub fn run(
     }
     let Plan { name, vertices, entry, traffic, instances, store, state, rebuilder, .. } = plan;
     let per_vertex: Vec<u16> = vertices.iter().map(|v| v.instances.len() as u16).collect();
+    let successors: Vec<Vec<usize>> = vertices.iter().map(VertexPlan::successors).collect();
+    let reaches = sluice_chc::splitter::reachability(&successors);
     let mirrors: usize =
         vertices.iter().flat_map(|v| v.routes.iter().flatten()).map(|r| r.mirrors.len()).sum::<usize>()
             + entry.iter().map(|r| r.mirrors.len()).sum::<usize>();
-    // Every packet in the system (originals and mirror copies) fits in any one queue.
+    // Every packet in the window (originals and mirror copies) fits in any one queue; replays
+    // after a failover may not, and wait with their sender.
     let cap = cfg.window * (1 + mirrors) + 1024;
     let pool = PacketPool::new(cfg.window * (1 + mirrors).min(4), 2048);
     let shared = Arc::new(Shared {
@@ -337,11 +392,12 @@ pub fn run(
         // Armed for the crashes planned, or for those a control endpoint may ask for.
         failover: (!cfg.crashes.is_empty() || (can_fail_over && hooks.live.is_some()))
             .then(|| failover::Failover::new(instances.len(), per_vertex, rebuilder)),
+        reaches,
     });
     let mut crashes = cfg.crashes.clone();
     crashes.sort_by_key(|c| c.after);
     for c in &crashes {
-        failover::check(c, &shared, &entry).map_err(RunError::Config)?;
+        failover::check(c, &shared).map_err(RunError::Config)?;
     }
     let mut crashes = crashes.into_iter().peekable();
     if let Some(live) = &shared.live {
@@ -365,7 +421,11 @@ pub fn run(
             let order = ordered.get(global).copied().unwrap_or(false).then(InOrder::new);
             let seen = shared.failover.is_some().then(sluice_chc::clockset::ClockSet::default);
             let stats = InstanceStats::default();
-            w.push(Slot { global, vertex, inst, stats, order, seen, recovery: None, errors: Vec::new() });
+            // Only a vertex that leads to others sees replays pass through.
+            let leads_on = successors.get(vertex).is_some_and(|s| !s.is_empty());
+            let passing = (seen.is_some() && leads_on).then(passing::Passing::default);
+            let errors = Vec::new();
+            w.push(Slot { global, vertex, inst, stats, order, seen, recovery: None, passing, errors });
         }
     }
     let cores = if cfg.pin { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
@@ -421,11 +481,13 @@ pub fn run(
             fo.set_oldest_logged(oldest_logged.map_or(seq + 1, |c| c.seq()));
             failover_side.serve(&shared, (&entry, traffic.as_ref()), l, &mut root, &mut failovers);
         }
+        // What found a queue full goes first; meanwhile no new input is admitted.
+        let stalled = root.retry(&shared);
         if let Some(live) = shared.live.as_ref().filter(|_| shared.failover.is_some()) {
             for (vertex, index) in live.take_crashes() {
                 let c = Crash { after: seq, vertex, index };
                 let global = shared.vertices.get(vertex).and_then(|v| v.instances.get(usize::from(index))).copied();
-                if let (Ok(()), Some(g)) = (failover::check(&c, &shared, &entry), global) {
+                if let (Ok(()), Some(g)) = (failover::check(&c, &shared), global) {
                     failover_side.ask(&shared, &c, g, &mut failovers);
                 }
             }
@@ -485,7 +547,7 @@ pub fn run(
             }
         }
         let room = admission_room(&shared, cfg.window, seq, low, log.as_ref());
-        if room < cfg.batch && cfg.overflow == Overflow::Wait {
+        if stalled || (room < cfg.batch && cfg.overflow == Overflow::Wait) {
             // The chain is full: give the workers the CPU rather than spin on it.
             std::thread::sleep(Duration::from_micros(20));
             continue;
@@ -670,6 +732,7 @@ pub fn run(
             dropped: s.stats.dropped.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             consumed: s.stats.consumed,
             duplicates: s.stats.duplicates,
+            replays_passed: s.stats.replays_passed,
             busy_s: busy,
             busy_mpps: if busy > 0.0 { s.stats.packets_in as f64 / busy / 1e6 } else { 0.0 },
             state: s.inst.state().counters().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),

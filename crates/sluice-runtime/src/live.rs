@@ -4,7 +4,7 @@
 //! [`LiveSnapshot`] at any time. Counters only grow; gauges (queue depth, packets in flight)
 //! are the latest value written.
 
-use crate::plan::{Plan, Target};
+use crate::plan::Plan;
 use crate::report::FaultToleranceReport;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,8 +51,6 @@ pub struct Live {
     crash_asked: AtomicBool,
     /// Why this run cannot crash instances; `None` once it says it can.
     no_failover: Mutex<Option<String>>,
-    /// By vertex: whether the root feeds it directly (the threaded runtime replays only there).
-    root_fed: Vec<bool>,
 }
 
 /// What one batch of an instance did.
@@ -89,9 +87,6 @@ impl Live {
             crashes: Mutex::new(Vec::new()),
             crash_asked: AtomicBool::new(false),
             no_failover: Mutex::new(Some("the run has not started".into())),
-            root_fed: (0..plan.vertices.len())
-                .map(|v| plan.entry.iter().any(|r| r.main.iter().any(|e| e.to == Target::Vertex(v))))
-                .collect(),
         }
     }
 
@@ -105,11 +100,6 @@ impl Live {
         }
         if let Some(why) = self.no_failover.lock().ok().and_then(|w| w.clone()) {
             return Err(LiveError::Refused(why));
-        }
-        if !self.root_fed.get(v).copied().unwrap_or(false) {
-            return Err(LiveError::Refused(format!(
-                "the threaded runtime replays only to instances the root feeds directly so far, not `{vertex}`"
-            )));
         }
         if let Ok(mut c) = self.crashes.lock() {
             c.push((v, index));

@@ -73,6 +73,25 @@ pub struct VertexPlan {
     pub off_path: bool,
 }
 
+impl VertexPlan {
+    /// The vertices its routes lead to (main and mirror edges, both directions, every output).
+    pub fn successors(&self) -> Vec<usize> {
+        let mut next: Vec<usize> = self
+            .routes
+            .iter()
+            .flatten()
+            .flat_map(|r| r.main.iter().chain(r.mirrors.iter()))
+            .filter_map(|r| match r.to {
+                Target::Vertex(w) => Some(w),
+                Target::Output => None,
+            })
+            .collect();
+        next.sort_unstable();
+        next.dedup();
+        next
+    }
+}
+
 /// The physical graph plus the instances to run.
 pub struct Plan {
     /// Chain name.

@@ -22,6 +22,9 @@ pub struct InstanceReport {
     pub consumed: u64,
     /// Copies dropped as duplicates of a clock it processed (replays after a failover).
     pub duplicates: u64,
+    /// Replay copies it passed on towards a replacement further down, as its first processing
+    /// of their clock left them (without running the NF again).
+    pub replays_passed: u64,
     /// Time spent processing, seconds.
     pub busy_s: f64,
     /// Packets per second of busy time, in millions.

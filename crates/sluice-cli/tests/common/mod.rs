@@ -1,10 +1,10 @@
 //! What several integration tests share (each test crate uses some of it).
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 use std::time::Duration;
 
 /// A path in the repository.
@@ -39,4 +39,20 @@ pub fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &st
     let status = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
     (status, body)
+}
+
+/// Reads `child`'s stderr (piped) up to the line announcing its control endpoint; the endpoint's
+/// `HOST:PORT` and the whole line. The rest of stderr is drained on a thread of its own, so the
+/// run never blocks on a full pipe.
+pub fn control_endpoint(child: &mut Child) -> (String, String) {
+    let stderr = child.stderr.take().expect("stderr piped");
+    let mut lines = BufReader::new(stderr).lines();
+    loop {
+        let line = lines.next().and_then(Result::ok).unwrap_or_else(|| panic!("sluice run ended without an endpoint"));
+        if let Some(a) = line.strip_prefix("control endpoint: http://") {
+            let addr = a.split_whitespace().next().unwrap_or_default().to_string();
+            std::thread::spawn(move || lines.for_each(drop));
+            return (addr, line);
+        }
+    }
 }

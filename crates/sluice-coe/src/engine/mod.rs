@@ -60,7 +60,7 @@ use sluice_chc::splitter::{reachability, Splitter};
 use sluice_chc::NodeId;
 use sluice_nf::{Instance, LabelTable, NfRegistry};
 use sluice_packet::Packet;
-use sluice_runtime::plan::{Routes, Target, VertexPlan};
+use sluice_runtime::plan::{Routes, VertexPlan};
 use sluice_runtime::{compile_with, Chain, StateConfig};
 use sluice_store::{Backend, ClientConfig, Mode, StoreClient};
 use std::collections::{HashMap, VecDeque};
@@ -290,7 +290,7 @@ impl<'a> Engine<'a> {
         };
         let state = StateConfig::Store { backend: backend.clone(), client };
         let plan = compile_with(chain, registry, &[], &state)?;
-        let next: Vec<Vec<usize>> = plan.vertices.iter().map(successors).collect();
+        let next: Vec<Vec<usize>> = plan.vertices.iter().map(VertexPlan::successors).collect();
         let mut vertices: Vec<Vertex> = plan
             .vertices
             .iter()
@@ -599,18 +599,6 @@ impl<'a> Engine<'a> {
 }
 
 /// The vertices `vp`'s routes lead to.
-fn successors(vp: &VertexPlan) -> Vec<usize> {
-    vp.routes
-        .iter()
-        .flatten()
-        .flat_map(|r| r.main.iter().chain(r.mirrors.iter()))
-        .filter_map(|r| match r.to {
-            Target::Vertex(w) => Some(w),
-            Target::Output => None,
-        })
-        .collect()
-}
-
 fn client(inst: &mut Instance) -> Option<&mut StoreClient> {
     inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>())
 }

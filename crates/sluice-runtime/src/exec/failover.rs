@@ -7,30 +7,60 @@
 //! order-sensitive instance holds), drops the instance — its cached state and the updates it
 //! had not sent yet are lost for real — puts a replacement with the same id in its place (the
 //! store gives it the predecessor's per-flow state and timers), and tells the root which copies
-//! were lost ([`Failure`]). The replacement *recovers*: it holds live packets and processes only
-//! the root's replay. The root counts the lost copies as lost, replays its log towards the
-//! replacement (the copies of the flows the replacement serves), and only then counts the lost
-//! copies out of the in-flight ring, so that no lost clock looks finished to an
+//! were lost ([`Failure`]). The replacement *recovers*: it holds what arrives, its replay's
+//! copies apart from live packets. The root counts the lost copies as lost, replays its log
+//! towards the replacement (through the vertices in front of it, `passing.rs`), and only then
+//! counts the lost copies out of the in-flight ring, so that no lost clock looks finished to an
 //! order-sensitive instance downstream before its replay copy is on its way. Once every copy of
 //! the replay has reached the replacement, the root raises its `recovered` flag and the
-//! replacement takes the packets it held, as duplicates where the replay carried them.
+//! replacement processes the replay in clock order (copies of an earlier replay towards a
+//! predecessor that failed in turn may arrive among them), then the live packets it held, as
+//! duplicates where the replay carried them.
 //!
 //! Duplicates: with crashes planned, every instance remembers the clocks it processed (a
 //! [`ClockSet`], trimmed below the oldest clock still logged, which the root publishes) and
-//! drops a second copy of one; a replay copy at its target whose clock the failed instance
-//! processed, with every update committed (`MetaFlags::COMMITTED`), is skipped rather than run
-//! again against state later packets changed.
+//! drops a second copy of one. A replay copy at its target whose clock a failed predecessor
+//! processed is skipped rather than run again against state later packets changed: the worker
+//! waited for the store's answers to everything the failed instance sent (`StoreClient::fail`),
+//! so every update of a clock it processed is applied, and the root heard of those commits
+//! before it heard of the failure.
 
 use super::worker::Slot;
 use super::{Outgoing, Shared};
 use crate::filter::CompiledFilter;
-use crate::plan::{direction, Rebuilder, Routes, Target};
+use crate::plan::{direction, Rebuilder, Routes};
 use crate::report::FailoverReport;
 use sluice_chc::clockset::ClockSet;
 use sluice_packet::{Clock, InstanceId, Meta, MetaFlags, Packet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
+
+/// Sends replay copy `p` into the chain from the root, along the entry's routes but only
+/// towards its target (`Outgoing::route`); a copy that goes nowhere is done at once. Whether it
+/// was sent.
+fn send_replay_copy(
+    shared: &Shared,
+    (entry, traffic): (&[Routes], Option<&CompiledFilter>),
+    log: &mut super::ft::RootLog,
+    out: &mut Outgoing,
+    p: Packet,
+) -> bool {
+    let routes = entry.get(direction(&p, entry.len())).filter(|_| traffic.is_none_or(|t| t.matches(&p)));
+    shared.in_flight.fetch_add(1, Ordering::AcqRel);
+    shared.clocks.copy(p.meta.clock);
+    let unsent = match routes {
+        Some(routes) => out.route(shared, routes, p),
+        // Traffic outside the chain's class never met an NF.
+        None => Some(p),
+    };
+    let Some(p) = unsent else { return true };
+    log.note(&super::ft::Note::Finished(p.meta));
+    shared.clocks.done(p.meta.clock);
+    shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+    shared.pool.recycle(p);
+    false
+}
 
 /// A crash of an NF instance in a threaded run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,9 +82,14 @@ pub(super) struct Failure {
 
 /// A replacement waiting for the root's replay.
 pub(super) struct Recovery {
+    /// Its replay's copies, as they arrived; processed in clock order once the replay drained.
+    /// Copies of a replay towards a predecessor that failed while they travelled arrive too,
+    /// before or among the new replay's: processing in arrival order would let a later clock of
+    /// a flow go before an earlier one.
+    replay: Vec<Packet>,
     /// Live packets that arrived meanwhile, in arrival order.
     held: Vec<Packet>,
-    /// The clocks the failed instance processed.
+    /// The clocks the failed instance (and those it replaced) processed.
     predecessor: ClockSet,
 }
 
@@ -91,20 +126,13 @@ impl Failover {
     }
 }
 
-/// Why a crash cannot be run by the threaded runtime (yet).
-pub(super) fn check(crash: &Crash, shared: &Shared, entry: &[Routes]) -> Result<(), String> {
+/// Why a crash cannot be run: no such vertex or instance.
+pub(super) fn check(crash: &Crash, shared: &Shared) -> Result<(), String> {
     let Some(v) = shared.vertices.get(crash.vertex) else {
         return Err(format!("no vertex with index {}", crash.vertex));
     };
     if usize::from(crash.index) >= v.instances.len() {
         return Err(format!("`{}` has {} instance(s), not an instance {}", v.name, v.instances.len(), crash.index));
-    }
-    let fed_by_root = entry.iter().any(|r| r.main.iter().any(|e| e.to == Target::Vertex(crash.vertex)));
-    if !fed_by_root {
-        return Err(format!(
-            "a crash of `{}`: the threaded runtime replays only to instances the root feeds directly so far (`sluice verify` runs the others)",
-            v.name
-        ));
     }
     Ok(())
 }
@@ -115,27 +143,56 @@ pub(super) fn turn(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool
     let Some(fo) = &shared.failover else { return false };
     let mut did = false;
     if fo.crash.get(slot.global).is_some_and(|f| f.swap(false, Ordering::AcqRel)) {
-        crash(shared, fo, slot);
+        crash(shared, fo, slot, out);
         did = true;
     }
     let recovered = || fo.recovered.get(slot.global).is_some_and(|f| f.swap(false, Ordering::AcqRel));
     if slot.recovery.is_some() && recovered() {
         if let Some(r) = slot.recovery.take() {
+            // What its predecessors processed counts as processed here, should it fail too.
+            if let Some(seen) = slot.seen.as_mut() {
+                seen.union_with(&r.predecessor);
+            }
             let mut batch = shared.empty_batch();
+            let mut replay = r.replay;
+            replay.sort_by_key(|p| p.meta.clock);
+            batch.extend(replay);
             batch.extend(r.held);
             super::worker::take_in(shared, slot, batch, out);
         }
         did = true;
     }
+    let oldest = fo.oldest_logged.load(Ordering::Acquire);
     if let Some(seen) = slot.seen.as_mut() {
-        seen.remove_below(Clock::new(0, fo.oldest_logged.load(Ordering::Acquire)));
+        seen.remove_below(Clock::new(0, oldest));
+    }
+    if let Some(r) = slot.recovery.as_mut() {
+        r.predecessor.remove_below(Clock::new(0, oldest));
+    }
+    if let Some(p) = slot.passing.as_mut() {
+        p.trim_below(oldest, &shared.pool);
     }
     did
 }
 
 /// Crashes `slot`'s instance and puts its replacement in its place.
-fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot) {
+fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
     let (vertex, id) = (slot.vertex, slot.inst.id());
+    // Its unsent updates are lost; those it sent the store applies anyway, and the root hears
+    // which (before it hears of the failure, so its replay does not redo them).
+    let client = slot.inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_store::StoreClient>());
+    if let Some(client) = client {
+        if let Err(e) = client.fail(&mut out.commits) {
+            slot.errors.push(format!("{}:{} failing: {e}", slot.inst.vertex(), id.index()));
+        }
+        for (clock, xor) in out.commits.drain(..).collect::<Vec<_>>() {
+            out.note(shared, super::ft::Note::Commit(clock, xor));
+        }
+        out.flush_notes(shared);
+        while out.retry(shared) {
+            std::thread::yield_now();
+        }
+    }
     let instances = fo.instances.get(vertex).copied().unwrap_or(1);
     let replacement = match fo.rebuilder.replacement(vertex, id.index(), instances) {
         Ok(r) => r,
@@ -158,15 +215,20 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot) {
     if let Some(o) = slot.order.as_mut() {
         o.take_held().into_iter().for_each(&mut lose);
     }
+    // A replacement failing while it recovers: its predecessors' clocks stay processed.
+    let mut predecessor = slot.seen.replace(ClockSet::default()).unwrap_or_default();
     if let Some(r) = slot.recovery.take() {
-        r.held.into_iter().for_each(&mut lose);
+        r.replay.into_iter().chain(r.held).for_each(&mut lose);
+        predecessor.union_with(&r.predecessor);
+    }
+    if let Some(p) = slot.passing.as_mut() {
+        p.take_all_awaiting().for_each(&mut lose);
     }
     let mut failed = std::mem::replace(&mut slot.inst, replacement);
     // What it decided before failing is part of the run.
     slot.stats.events.extend(failed.take_events());
     drop(failed);
-    let predecessor = slot.seen.replace(ClockSet::default()).unwrap_or_default();
-    slot.recovery = Some(Recovery { held: Vec::new(), predecessor });
+    slot.recovery = Some(Recovery { replay: Vec::new(), held: Vec::new(), predecessor });
     // A flag the root raised for the failed instance's own recovery is not this one's.
     if let Some(r) = fo.recovered.get(slot.global) {
         r.store(false, Ordering::Release);
@@ -180,7 +242,8 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot) {
 pub(super) enum Admit {
     /// Process it.
     Process,
-    /// A live packet at a recovering replacement: held until the replay is done.
+    /// At a recovering replacement: a copy of its replay, or a live packet; held until the
+    /// replay is done.
     Hold,
     /// A second copy of a clock processed here, or a replay copy the target skips.
     Duplicate,
@@ -196,12 +259,10 @@ pub(super) fn admit(slot: &mut Slot, pkt: &Packet) -> Admit {
     }
     let at_target = target == Some(me);
     if let Some(r) = &slot.recovery {
-        if !at_target {
-            return Admit::Hold;
-        }
-        if pkt.meta.flags.contains(MetaFlags::COMMITTED) && r.predecessor.contains(pkt.meta.clock) {
+        if at_target && r.predecessor.contains(pkt.meta.clock) {
             return Admit::Duplicate;
         }
+        return Admit::Hold;
     }
     let first = slot.seen.as_mut().is_none_or(|seen| seen.insert(pkt.meta.clock));
     if first {
@@ -211,9 +272,16 @@ pub(super) fn admit(slot: &mut Slot, pkt: &Packet) -> Admit {
     }
 }
 
-/// Holds `pkt` at a recovering replacement.
-pub(super) fn hold(slot: &mut Slot, pkt: Packet) {
-    if let Some(r) = slot.recovery.as_mut() {
+/// Holds `pkt` at a recovering replacement. A copy of its replay has reached it: the root
+/// hears so (the replay drains as its copies arrive), and downstream the copy will be a packet
+/// like any other.
+pub(super) fn hold(shared: &Shared, slot: &mut Slot, mut pkt: Packet, out: &mut Outgoing) {
+    let Some(r) = slot.recovery.as_mut() else { return };
+    if pkt.meta.replay_target() == Some(slot.inst.id()) {
+        pkt.meta.flags.insert(MetaFlags::REACHED);
+        out.note(shared, super::ft::Note::Reached(pkt.meta));
+        r.replay.push(pkt);
+    } else {
         r.held.push(pkt);
     }
 }
@@ -259,30 +327,20 @@ impl RootSide {
     ) {
         let Some(fo) = &shared.failover else { return };
         let failures = fo.failures.lock().map(|mut f| std::mem::take(&mut *f)).unwrap_or_default();
+        if !failures.is_empty() {
+            // The commits a failed instance's store answers carried were queued before its
+            // failure: the log has them before it decides what the replay marks committed.
+            super::drain_notes(shared, log);
+        }
         for f in failures {
             let report = self.asked.iter().position(|(g, _)| *g == f.global).map(|i| self.asked.remove(i).1);
-            for m in &f.lost {
-                log.lost(m);
-            }
-            let v = usize::from(f.id.vertex());
-            let vp = shared.vertices.get(v);
-            // Only the copies of packets the root sent that way, of the flows the replacement
-            // serves, go to it.
-            let goes_there = |out: &Outgoing, p: &Packet| {
-                traffic.is_none_or(|t| t.matches(p))
-                    && entry.get(direction(p, entry.len())).and_then(|r| r.main_target(p)) == Some(Target::Vertex(v))
-                    && vp.is_some_and(|vp| out.splitter.pick(vp, p) == f.global)
-            };
+            // Copies of other instances' replays the failed one was passing on go again.
+            let resend = log.instance_failed(f.id, &f.lost);
             let mut replayed = 0u64;
-            for p in log.replay_to(f.id) {
-                if goes_there(out, &p) {
-                    shared.in_flight.fetch_add(1, Ordering::AcqRel);
-                    shared.clocks.copy(p.meta.clock);
-                    out.push(shared, f.global, p);
+            for p in log.replay_to(f.id).into_iter().chain(resend) {
+                let to_target = p.meta.target == Some(f.id);
+                if send_replay_copy(shared, (entry, traffic), log, out, p) && to_target {
                     replayed += 1;
-                } else {
-                    log.note(&super::ft::Note::Finished(p.meta));
-                    shared.pool.recycle(p);
                 }
             }
             out.flush(shared);

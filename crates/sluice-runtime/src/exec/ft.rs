@@ -11,8 +11,10 @@
 
 use crate::report::FaultToleranceReport;
 use sluice_chc::egress::Egress;
+use sluice_chc::failover::instance_failed;
+use sluice_chc::gate::Decided;
 use sluice_chc::root::{Admission, Root, RootConfig};
-use sluice_packet::{Clock, InstanceId, Meta, MetaFlags, Packet};
+use sluice_packet::{Clock, InstanceId, Meta, Packet};
 
 /// What a worker tells the root about copies and commits.
 #[derive(Debug, Clone, Copy)]
@@ -80,22 +82,19 @@ impl RootLog {
         }
     }
 
-    /// A copy was lost with a failed instance (the replay redoes it).
-    pub(super) fn lost(&mut self, meta: &Meta) {
-        self.root.copy_lost(meta);
+    /// Instance `failed` lost these copies (the replay towards its replacement redoes them);
+    /// returns fresh copies of the replays towards *other* instances it was passing on, to
+    /// send again (CHC R5, [`instance_failed`]).
+    pub(super) fn instance_failed(&mut self, failed: InstanceId, lost: &[Meta]) -> Vec<Packet> {
+        // Without root or store crashes nothing is beyond replay: no vertex's decisions needed.
+        let loss = instance_failed(&mut self.root, &Decided::default(), failed, lost);
+        loss.resend.into_iter().map(|(_, p)| p).collect()
     }
 
     /// Copies of every logged packet aimed at `target` (a replacement), in clock order, each
-    /// counted as a copy on its way; those whose updates are all committed are marked so (a
-    /// target whose predecessor processed them skips them).
+    /// counted as a copy on its way.
     pub(super) fn replay_to(&mut self, target: InstanceId) -> Vec<Packet> {
-        let mut copies: Vec<Packet> = self.root.replay_to(target).into_iter().map(|(_, p)| p).collect();
-        for p in &mut copies {
-            if self.root.committed(p.meta.clock) {
-                p.meta.flags.insert(MetaFlags::COMMITTED);
-            }
-        }
-        copies
+        self.root.replay_to(target).into_iter().map(|(_, p)| p).collect()
     }
 
     /// Whether no copy of the replay towards `target` is still on its way to it.

@@ -1,6 +1,7 @@
 //! The worker threads: each runs its instances to completion over batches from their queues.
 
 use super::failover::{self, Admit, Recovery};
+use super::passing::{self, Passing};
 use super::{Note, Outgoing, Shared};
 use crate::live::{BatchCounts, Live};
 use crate::order::InOrder;
@@ -28,6 +29,8 @@ pub(super) struct InstanceStats {
     pub(super) batches: u64,
     /// Copies dropped as duplicates (after a failover).
     pub(super) duplicates: u64,
+    /// Replay copies passed on as this instance's first processing left them.
+    pub(super) replays_passed: u64,
     /// Decisions of instances that failed here, and of a replacement while it recovered.
     pub(super) events: Vec<Event>,
 }
@@ -74,6 +77,9 @@ pub(super) struct Slot {
     pub(super) seen: Option<ClockSet>,
     /// A replacement waiting for the root's replay.
     pub(super) recovery: Option<Recovery>,
+    /// With crashes possible, at a vertex that leads to others: what it emitted per clock, for
+    /// replays passing through towards a replacement further down.
+    pub(super) passing: Option<Passing>,
     /// What went wrong building a replacement.
     pub(super) errors: Vec<String>,
 }
@@ -116,6 +122,10 @@ pub(super) fn worker_loop(shared: &Shared, mut slots: Vec<Slot>) -> WorkerResult
         } else {
             std::thread::sleep(Duration::from_micros(20));
         }
+    }
+    // Notes that found the root's queue full still go (the root waits for the last commits).
+    while out.retry(shared) {
+        std::thread::yield_now();
     }
     // State cached in instances goes to the store before the run ends.
     let mut flush_errors = Vec::new();
@@ -176,12 +186,15 @@ fn serve(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
 /// holds already ends as a duplicate.
 fn hold_in_order(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut Outgoing) {
     let mut ended = 0;
-    if let Some(order) = slot.order.as_mut() {
-        for p in batch.drain(..) {
-            if let Some(dup) = order.hold(p) {
-                end_copy(shared, &mut slot.stats, out, dup, Ended::Duplicate);
-                ended += 1;
-            }
+    for p in batch.drain(..) {
+        if slot.seen.is_some() && passing::passes(slot, &p) {
+            ended += usize::from(passing::pass_on(shared, slot, p, out));
+            continue;
+        }
+        let Some(order) = slot.order.as_mut() else { continue };
+        if let Some(dup) = order.hold(p) {
+            end_copy(shared, &mut slot.stats, out, dup, Ended::Duplicate);
+            ended += 1;
         }
     }
     shared.give_back(batch);
@@ -203,17 +216,20 @@ pub(super) fn take_in(shared: &Shared, slot: &mut Slot, batch: Batch, out: &mut 
 
 fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut Outgoing) {
     let start = Instant::now();
-    let Some(vp) = shared.vertices.get(slot.vertex) else { return };
     let before = (slot.stats.packets_in, slot.stats.forwarded, slot.stats.consumed);
     let mut finished = 0usize;
     slot.inst.begin_batch();
     let slow = shared.live.as_ref().and_then(|l| l.slow(slot.global));
     for mut pkt in batch.drain(..) {
         if slot.seen.is_some() {
+            if passing::passes(slot, &pkt) {
+                finished += usize::from(passing::pass_on(shared, slot, pkt, out));
+                continue;
+            }
             match failover::admit(slot, &pkt) {
                 Admit::Process => {}
                 Admit::Hold => {
-                    failover::hold(slot, pkt);
+                    failover::hold(shared, slot, pkt, out);
                     continue;
                 }
                 Admit::Duplicate => {
@@ -233,31 +249,19 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             pkt.meta.flags.insert(MetaFlags::REACHED);
             out.note(shared, Note::Reached(pkt.meta));
         }
-        let output = match verdict {
-            Verdict::Forward => 0,
-            Verdict::Output(i) => usize::from(i) + 1,
-            Verdict::Drop(reason) => {
-                end_copy(shared, &mut slot.stats, out, pkt, Ended::Dropped(reason));
-                finished += 1;
-                continue;
-            }
-        };
-        if vp.off_path {
-            end_copy(shared, &mut slot.stats, out, pkt, Ended::Consumed);
-            finished += 1;
-            continue;
+        let seq = pkt.meta.clock.seq();
+        if let Some(p) = slot.passing.as_mut() {
+            p.record(&shared.pool, &pkt, verdict);
         }
-        let routes = vp.routes.get(direction(&pkt, vp.routes.len())).and_then(|r| r.get(output));
-        let unrouted = match routes {
-            Some(routes) => out.route(shared, routes, pkt),
-            None => Some(pkt),
-        };
-        match unrouted {
+        match hand_on(shared, slot.vertex, pkt, verdict, out) {
             None => slot.stats.forwarded += 1,
-            Some(pkt) => {
-                end_copy(shared, &mut slot.stats, out, pkt, Ended::Dropped("no-route"));
+            Some((pkt, how)) => {
+                end_copy(shared, &mut slot.stats, out, pkt, how);
                 finished += 1;
             }
+        }
+        if slot.passing.is_some() {
+            finished += passing::release(shared, slot, seq, out);
         }
     }
     slot.inst.end_batch();
@@ -286,6 +290,32 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     }
 }
 
+/// Sends a packet `vertex`'s NF processed on by its verdict: the packet back, with how it ends,
+/// if it ends here (dropped, consumed off-path, no route).
+pub(super) fn hand_on(
+    shared: &Shared,
+    vertex: usize,
+    pkt: Packet,
+    verdict: Verdict,
+    out: &mut Outgoing,
+) -> Option<(Packet, Ended)> {
+    let output = match verdict {
+        Verdict::Forward => 0,
+        Verdict::Output(i) => usize::from(i) + 1,
+        Verdict::Drop(reason) => return Some((pkt, Ended::Dropped(reason))),
+    };
+    let Some(vp) = shared.vertices.get(vertex) else { return Some((pkt, Ended::Dropped("no-route"))) };
+    if vp.off_path {
+        return Some((pkt, Ended::Consumed));
+    }
+    let routes = vp.routes.get(direction(&pkt, vp.routes.len())).and_then(|r| r.get(output));
+    let unrouted = match routes {
+        Some(routes) => out.route(shared, routes, pkt),
+        None => Some(pkt),
+    };
+    unrouted.map(|p| (p, Ended::Dropped("no-route")))
+}
+
 /// How a copy ends at an instance.
 pub(super) enum Ended {
     /// The NF dropped it (or it had no route), for this reason.
@@ -294,15 +324,19 @@ pub(super) enum Ended {
     Consumed,
     /// A duplicate of a clock processed here (after a failover).
     Duplicate,
+    /// A replay copy passing through, of a clock this vertex decided on already, that goes no
+    /// further (counted as passed).
+    Decided,
 }
 
 /// A copy ends at this instance. The root hears it is done; its buffer goes back to the pool.
 /// The caller counts it out of the packets in flight.
-fn end_copy(shared: &Shared, stats: &mut InstanceStats, out: &mut Outgoing, pkt: Packet, how: Ended) {
+pub(super) fn end_copy(shared: &Shared, stats: &mut InstanceStats, out: &mut Outgoing, pkt: Packet, how: Ended) {
     match how {
         Ended::Dropped(reason) => stats.drop(shared, pkt.meta.clock, reason),
         Ended::Consumed => stats.consumed += 1,
         Ended::Duplicate => stats.duplicates += 1,
+        Ended::Decided => {}
     }
     out.note(shared, Note::Finished(pkt.meta));
     shared.clocks.done(pkt.meta.clock);

@@ -186,6 +186,20 @@ impl StoreClient {
         Ok(())
     }
 
+    /// The instance fails (a drill: `sluice run --faults`). What it had not sent is dropped; what
+    /// it sent, the store applies anyway. Waits for the store's answers to those requests and
+    /// moves the commits they carry into `commits`: what the framework learns by asking the
+    /// store which of the failed instance's tagged updates it applied, so that the root's log
+    /// knows which of its packets are done and a replay does not redo them against later state.
+    pub fn fail(&mut self, commits: &mut Vec<(Clock, u32)>) -> Result<(), StateError> {
+        self.pending.clear();
+        self.increments.clear();
+        self.wait_for_acks(0)?;
+        self.absorb()?;
+        commits.append(&mut self.committed);
+        Ok(())
+    }
+
     /// Requests in batches not yet acknowledged.
     pub fn unacknowledged(&self) -> usize {
         self.inflight.iter().map(|(_, b, _)| b.len()).sum()

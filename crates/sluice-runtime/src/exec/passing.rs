@@ -1,0 +1,111 @@
+//! Replay copies passing through on their way to a replacement further down the chain (CHC R5
+//! in a threaded run).
+//!
+//! A replay towards a replacement at vertex `t` enters at the root and travels the chain's path
+//! through the vertices in front of `t`. Those vertices have processed the clock already (or
+//! will, when its live copy's turn comes): running their NF again would apply its updates twice
+//! and decide against state later packets changed. They emit instead what their first
+//! processing of the clock emitted. So, with crashes possible, every instance of a vertex that
+//! leads to another keeps, per clock still logged, the packet its NF emitted and its verdict
+//! ([`Passing`]); a replay copy passing through leaves as that packet, with its own replay marks,
+//! and goes on only towards its target (`Outgoing::route`). A copy of a clock the instance has
+//! not processed yet (its live copy waits its turn at an order-sensitive instance) waits for it.
+//!
+//! The record belongs to the worker, not the NF instance: like the root's log it survives the
+//! instance's crash (CHC keeps it in the framework), while copies waiting for their clock are
+//! lost with the instance's queue and sent again by the root.
+
+use super::worker::{end_copy, hand_on, Ended, Slot};
+use super::{Outgoing, Shared};
+use sluice_nf::Verdict;
+use sluice_packet::{Packet, PacketPool};
+use std::collections::BTreeMap;
+
+/// What an instance emitted per clock, and the replay copies waiting for a clock.
+#[derive(Default)]
+pub(super) struct Passing {
+    /// By sequence number: the emitted packet (none if the NF dropped it) and the verdict.
+    emitted: BTreeMap<u64, (Option<Packet>, Verdict)>,
+    /// By sequence number: replay copies waiting until the instance processed the clock.
+    awaiting: BTreeMap<u64, Vec<Packet>>,
+}
+
+impl Passing {
+    /// Records what the first processing of `pkt`'s clock emitted (later ones change nothing).
+    pub(super) fn record(&mut self, pool: &PacketPool, pkt: &Packet, verdict: Verdict) {
+        self.emitted.entry(pkt.meta.clock.seq()).or_insert_with(|| {
+            let kept = (!matches!(verdict, Verdict::Drop(_))).then(|| pool.copy_of(pkt));
+            (kept, verdict)
+        });
+    }
+
+    /// The replay copies that waited for clock `seq`.
+    pub(super) fn take_awaiting(&mut self, seq: u64) -> Vec<Packet> {
+        self.awaiting.remove(&seq).unwrap_or_default()
+    }
+
+    /// Every copy waiting (lost with a crashed instance).
+    pub(super) fn take_all_awaiting(&mut self) -> impl Iterator<Item = Packet> {
+        std::mem::take(&mut self.awaiting).into_values().flatten()
+    }
+
+    /// Forgets clocks below `seq`: no longer logged, so never replayed again.
+    pub(super) fn trim_below(&mut self, seq: u64, pool: &PacketPool) {
+        while let Some(e) = self.emitted.first_entry() {
+            if *e.key() >= seq {
+                break;
+            }
+            if let (Some(p), _) = e.remove() {
+                pool.recycle(p);
+            }
+        }
+    }
+}
+
+/// Whether `pkt` is a replay copy passing through `slot` towards a later vertex.
+pub(super) fn passes(slot: &Slot, pkt: &Packet) -> bool {
+    pkt.meta.replay_target().is_some_and(|t| usize::from(t.vertex()) != slot.vertex)
+}
+
+/// Sends replay copy `pkt` on as `slot`'s first processing of its clock left it, or keeps it
+/// until that processing. Whether the copy ended here (the caller counts it out of the packets
+/// in flight).
+pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut Outgoing) -> bool {
+    let seq = pkt.meta.clock.seq();
+    let Some(passing) = slot.passing.as_mut() else {
+        // A vertex that leads nowhere: no replay passes through it (`Outgoing::route`).
+        end_copy(shared, &mut slot.stats, out, pkt, Ended::Decided);
+        return true;
+    };
+    let Some((emitted, verdict)) = passing.emitted.get(&seq) else {
+        passing.awaiting.entry(seq).or_default().push(pkt);
+        return false;
+    };
+    slot.stats.replays_passed += 1;
+    let verdict = *verdict;
+    let Some(emitted) = emitted else {
+        end_copy(shared, &mut slot.stats, out, pkt, Ended::Decided);
+        return true;
+    };
+    let mut copy = shared.pool.copy_of(emitted);
+    copy.meta.flags = pkt.meta.flags;
+    copy.meta.target = pkt.meta.target;
+    copy.meta.xor = pkt.meta.xor;
+    copy.meta.ingress_ns = pkt.meta.ingress_ns;
+    shared.pool.recycle(pkt);
+    match hand_on(shared, slot.vertex, copy, verdict, out) {
+        None => false,
+        Some((p, _)) => {
+            // Its own drop, or a way that does not lead to the target: it ends, silently.
+            end_copy(shared, &mut slot.stats, out, p, Ended::Decided);
+            true
+        }
+    }
+}
+
+/// After `slot` processed clock `seq`: the replay copies that waited for it go on. How many
+/// ended here.
+pub(super) fn release(shared: &Shared, slot: &mut Slot, seq: u64, out: &mut Outgoing) -> usize {
+    let waiting = slot.passing.as_mut().map(|p| p.take_awaiting(seq)).unwrap_or_default();
+    waiting.into_iter().map(|p| usize::from(pass_on(shared, slot, p, out))).sum()
+}
