@@ -167,10 +167,11 @@ struct RunArgs {
     /// on stderr). Requests send `Authorization: Bearer TOKEN`.
     #[arg(long, requires = "control")]
     control_token: Option<String>,
-    /// Crash NF instances while the chain runs (a fault-schedule file, as for `sluice verify`;
-    /// only `crash` events so far): each is replaced and the root replays its log to the
-    /// replacement, through the NFs in front of it. Turns on --fault-tolerance; needs a store
-    /// (not --mode local).
+    /// Crash and slow NF instances while the chain runs (a fault-schedule file, as for `sluice
+    /// verify`; only `crash` and `slow` events so far): a crashed instance is replaced and the
+    /// root replays its log to the replacement, through the NFs in front of it; a slowed one
+    /// spends the extra time per packet. Turns on --fault-tolerance; needs a store (not --mode
+    /// local).
     #[arg(long, value_name = "FILE", conflicts_with = "bridge")]
     faults: Option<PathBuf>,
 }
@@ -417,6 +418,7 @@ fn engine_config(e: &EngineArgs, live: bool) -> RunConfig {
         checkpoint_every: (e.checkpoint_ms > 0).then(|| std::time::Duration::from_millis(e.checkpoint_ms)),
         record: false,
         crashes: Vec::new(),
+        slowdowns: Vec::new(),
     }
 }
 
@@ -481,7 +483,9 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
                 total.ok_or_else(|| fail(exit::INVALID)(anyhow::anyhow!("percent positions need a known input length")))
             }
         };
-        cfg.crashes = run_faults::crashes(f, &chain, count)?;
+        let faults = run_faults::faults(f, &chain, count)?;
+        cfg.crashes = faults.crashes;
+        cfg.slowdowns = faults.slowdowns;
         cfg.fault_tolerance = true;
     }
     let state = fault_tolerant(state_config(&a.engine, &chain)?, cfg.fault_tolerance);

@@ -98,6 +98,18 @@ fn instances_further_down_are_replayed_to_through_those_in_front() {
 }
 
 #[test]
+fn a_straggler_slows_while_an_instance_fails_over() {
+    let faults = "faults/threaded/straggler-and-crash.yaml";
+    let report = failover_run("straggler", demo("chains/example.yaml"), faults, &["nat"], &["-w", "2"]);
+    // Half the packets (10 % to 60 % of 30,000) took at least 20 µs more at the portscan
+    // detector: at least 0.3 s of busy time, whatever the machine.
+    let vertices = report["vertices"].as_array().cloned().unwrap_or_default();
+    let portscan = vertices.iter().find(|v| v["name"] == "portscan").cloned().unwrap_or_default();
+    let busy = portscan["instances"][0]["busy_s"].as_f64().unwrap_or(0.0);
+    assert!(busy >= 0.29, "the portscan detector was not slowed: busy {busy} s");
+}
+
+#[test]
 fn a_failover_on_redis_is_equivalent() {
     let Ok(url) = std::env::var("SLUICE_REDIS_URL") else {
         panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
@@ -126,7 +138,7 @@ fn faults_the_threaded_runtime_cannot_apply_are_clear_errors() {
     let nowhere = write("nowhere.yaml", "events:\n  - at: { packet: 10 }\n    crash: { vertex: fw, instance: 0 }\n");
     let ok = "faults/threaded/nat-crash-early-and-late.yaml";
     for (faults, extra, says) in [
-        (scale.as_str(), &[][..], "applies only `crash` events so far"),
+        (scale.as_str(), &[][..], "applies only `crash` and `slow` events so far"),
         (nowhere.as_str(), &[][..], "no vertex `fw`"),
         (ok, &["--mode", "local"][..], "state in a store"),
     ] {
@@ -177,12 +189,13 @@ fn a_crash_asked_through_the_control_endpoint_is_equivalent() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Random crash schedules (the core's generator, crashes only: what the threaded runtime
-/// applies so far) through the threaded runtime, recorded and verified: 50 runs from seed 0, or
+/// Random schedules of crashes and slowdowns (the core's generator, restricted to what the
+/// threaded runtime applies so far) through the threaded runtime, recorded and verified: 50
+/// runs from seed 0, or
 /// `SLUICE_RANDOM_RUNS` from `SLUICE_RANDOM_SEED` (a failure names its seed and prints its
 /// schedule).
 #[test]
-fn random_crash_schedules_through_the_threaded_runtime_are_equivalent() {
+fn random_schedules_through_the_threaded_runtime_are_equivalent() {
     const LIMIT: usize = 12_000;
     let env = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<u64>().ok());
     let base = env("SLUICE_RANDOM_SEED").unwrap_or(0);
@@ -201,7 +214,7 @@ fn random_crash_schedules_through_the_threaded_runtime_are_equivalent() {
         let chain_path = chains[(i as usize) % chains.len()];
         let t = (i as usize / chains.len()) % traces.len();
         let chain = sluice_runtime::Chain::load(&repo(chain_path)).expect("chain");
-        let schedule = sluice_coe::schedule::FaultSchedule::random_crashes(seed, &chain, lengths[t], 4);
+        let schedule = sluice_coe::schedule::FaultSchedule::random_threaded(seed, &chain, lengths[t], 4);
         crashes += schedule.events.len();
         let faults = dir.path().join(format!("s{seed}.yaml"));
         std::fs::write(&faults, schedule.to_yaml()).expect("write schedule");
@@ -225,6 +238,6 @@ fn random_crash_schedules_through_the_threaded_runtime_are_equivalent() {
         }
         let _ = std::fs::remove_dir_all(&rec);
     }
-    assert!(crashes as u64 >= runs, "at least one crash per run: {crashes}");
+    assert!(crashes as u64 >= runs, "at least one event per run: {crashes}");
     assert!(failures.is_empty(), "{} of {runs} random runs failed:\n{}", failures.len(), failures.join("\n"));
 }

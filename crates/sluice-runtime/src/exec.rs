@@ -77,6 +77,22 @@ pub struct RunConfig {
     /// NF instances to crash while the chain runs, each replaced and replayed to (needs
     /// `fault_tolerance` and a state store).
     pub crashes: Vec<Crash>,
+    /// NF instances to slow down (or back to normal) while the chain runs, as stragglers.
+    pub slowdowns: Vec<Slowdown>,
+}
+
+/// An NF instance becomes slower (a `slow` fault): it spends `delay_us` more per packet, busy,
+/// as a straggler on a slower core would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slowdown {
+    /// Applied once the root has admitted this many packets.
+    pub after: u64,
+    /// The vertex (its index in the chain).
+    pub vertex: usize,
+    /// The instance of it.
+    pub index: u16,
+    /// Extra time per packet, µs, drawn between the two; `(0, 0)` back to normal.
+    pub delay_us: (u64, u64),
 }
 
 impl Default for RunConfig {
@@ -91,6 +107,7 @@ impl Default for RunConfig {
             checkpoint_every: Some(Duration::from_millis(150)),
             record: false,
             crashes: Vec::new(),
+            slowdowns: Vec::new(),
         }
     }
 }
@@ -363,6 +380,8 @@ pub fn run(
             "crashing instances needs the root's log (fault tolerance) and state in a store (not `local`)".into(),
         ));
     }
+    // A slowdown is applied through the live record workers read once per batch.
+    let live = hooks.live.clone().or_else(|| (!cfg.slowdowns.is_empty()).then(|| Arc::new(Live::new(&plan))));
     let Plan { name, vertices, entry, traffic, instances, store, state, rebuilder, .. } = plan;
     let per_vertex: Vec<u16> = vertices.iter().map(|v| v.instances.len() as u16).collect();
     let successors: Vec<Vec<usize>> = vertices.iter().map(VertexPlan::successors).collect();
@@ -386,7 +405,7 @@ pub fn run(
         pool: pool.clone(),
         batch: cfg.batch,
         record: cfg.record,
-        live: hooks.live.clone(),
+        live: live.clone(),
         notes: cfg.fault_tolerance.then(|| ArrayQueue::new(NOTE_BUFFERS)),
         note_spare: ArrayQueue::new(NOTE_BUFFERS),
         // Armed for the crashes planned, or for those a control endpoint may ask for.
@@ -400,6 +419,19 @@ pub fn run(
         failover::check(c, &shared).map_err(RunError::Config)?;
     }
     let mut crashes = crashes.into_iter().peekable();
+    for s in &cfg.slowdowns {
+        let v = shared
+            .vertices
+            .get(s.vertex)
+            .ok_or_else(|| RunError::Config(format!("no vertex with index {}", s.vertex)))?;
+        if usize::from(s.index) >= v.instances.len() {
+            let n = v.instances.len();
+            return Err(RunError::Config(format!("`{}` has {n} instance(s), not an instance {}", v.name, s.index)));
+        }
+    }
+    let mut slowdowns = cfg.slowdowns.clone();
+    slowdowns.sort_by_key(|s| s.after);
+    let mut slowdowns = slowdowns.into_iter().peekable();
     if let Some(live) = &shared.live {
         live.set_failover(match (cfg.fault_tolerance, can_fail_over) {
             (_, true) => None,
@@ -608,6 +640,11 @@ pub fn run(
             }
             admitted += 1;
             shared.in_flight.fetch_add(1, Ordering::AcqRel);
+            while let Some(s) = slowdowns.next_if(|s| s.after <= seq) {
+                if let Some(l) = &live {
+                    l.set_slow_of(s.vertex, s.index, s.delay_us);
+                }
+            }
             while let Some(c) = crashes.next_if(|c| c.after <= seq) {
                 let global = shared.vertices.get(c.vertex).and_then(|v| v.instances.get(usize::from(c.index)));
                 if let Some(g) = global.copied() {

@@ -148,15 +148,19 @@ impl Live {
         }
         let v =
             self.vertices.iter().position(|(n, _)| n == vertex).ok_or_else(|| LiveError::NoVertex(vertex.into()))?;
-        let i = self
-            .instances
-            .iter()
-            .find(|i| i.vertex == v && i.index == index)
-            .ok_or_else(|| LiveError::NoInstance { vertex: vertex.into(), index })?;
-        i.slow_max_ns.store(0, Ordering::Relaxed);
-        i.slow_min_ns.store(min_us.saturating_mul(1000), Ordering::Relaxed);
-        i.slow_max_ns.store(max_us.saturating_mul(1000), Ordering::Relaxed);
+        if !self.instances.iter().any(|i| i.vertex == v && i.index == index) {
+            return Err(LiveError::NoInstance { vertex: vertex.into(), index });
+        }
+        self.set_slow_of(v, index, (min_us, max_us));
         Ok(())
+    }
+
+    /// [`Live::set_slow`] by vertex index, for a run's own `slow` faults (checked before).
+    pub(crate) fn set_slow_of(&self, vertex: usize, index: u16, (min_us, max_us): (u64, u64)) {
+        let Some(i) = self.instances.iter().find(|i| i.vertex == vertex && i.index == index) else { return };
+        i.slow_max_ns.store(0, Ordering::Relaxed);
+        i.slow_min_ns.store(min_us.min(max_us).saturating_mul(1000), Ordering::Relaxed);
+        i.slow_max_ns.store(max_us.saturating_mul(1000), Ordering::Relaxed);
     }
 
     /// The extra time per packet of instance `global`, if it is slowed: (min, max) ns.

@@ -212,6 +212,7 @@ pub(super) fn run_modes(
         checkpoint_every: (a.checkpoint_ms > 0).then(|| Duration::from_millis(a.checkpoint_ms)),
         record: false,
         crashes: Vec::new(),
+        slowdowns: Vec::new(),
     };
     let measure =
         |c: &ModeCase| run_mode(c, packets, &cfg_of(c), &registry, env).with_context(|| format!("case {}", c.name));

@@ -20,6 +20,10 @@ pub const RANDOM_CHECKPOINTS: [u64; 3] = [0, 500, 10_000];
 const ALL_KINDS: &[u32] = &[0, 1, 2, 3, 4, 5, 6];
 /// An instance crash, of [`ALL_KINDS`].
 const KIND_CRASH: u32 = 0;
+/// A slowdown, of [`ALL_KINDS`].
+const KIND_SLOW: u32 = 5;
+/// What the threaded runtime applies so far.
+const THREADED_KINDS: &[u32] = &[KIND_CRASH, KIND_SLOW];
 
 /// How often (of 1) an event is put at the same point as an earlier one.
 const SAME_POINT: f64 = 0.25;
@@ -44,13 +48,13 @@ impl FaultSchedule {
         Self::random_events(rng, seed, run, ALL_KINDS, chain, total_packets, max_events)
     }
 
-    /// A random run of instance crashes only, under the default run options: 1 to
-    /// `max_events` crashes of any instance of any vertex at random points, as
-    /// [`FaultSchedule::random`] draws them (what `sluice run --faults` applies to a threaded
-    /// run so far). The same seed always gives the same run.
-    pub fn random_crashes(seed: u64, chain: &Chain, total_packets: u64, max_events: usize) -> FaultSchedule {
+    /// A random run of the kinds of event `sluice run --faults` applies to a threaded run so
+    /// far (instance crashes and slowdowns), under the default run options: 1 to `max_events`
+    /// of them on any instance of any vertex at random points, as [`FaultSchedule::random`]
+    /// draws them. The same seed always gives the same run.
+    pub fn random_threaded(seed: u64, chain: &Chain, total_packets: u64, max_events: usize) -> FaultSchedule {
         let rng = ChaCha8Rng::seed_from_u64(seed);
-        Self::random_events(rng, seed, RunOptions::default(), &[KIND_CRASH], chain, total_packets, max_events)
+        Self::random_events(rng, seed, RunOptions::default(), THREADED_KINDS, chain, total_packets, max_events)
     }
 
     fn random_events(
@@ -161,7 +165,7 @@ impl Drawer {
                 return candidate;
             }
         }
-        if self.kinds.contains(&5) {
+        if self.kinds.contains(&KIND_SLOW) {
             vec![self.slow(rng, 0)]
         } else {
             Vec::new()
