@@ -419,6 +419,7 @@ fn engine_config(e: &EngineArgs, live: bool) -> RunConfig {
         record: false,
         crashes: Vec::new(),
         slowdowns: Vec::new(),
+        latency_timeline: None,
     }
 }
 

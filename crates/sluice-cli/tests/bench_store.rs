@@ -1,5 +1,5 @@
 //! `sluice bench-store --quick`: the smoke run writes every embedded case, the offload/lock
-//! comparison and the plot. No timing assertions.
+//! comparison, the failover part and the plot. No timing assertions.
 
 use std::process::Command;
 
@@ -66,6 +66,16 @@ fn quick_bench_store_writes_json_and_svg() {
     assert!(emb["throughput_ratio"].as_f64().unwrap() > 0.0);
 
     assert!(!v["ops"].as_array().unwrap().is_empty());
+    // The failover part: both chains, every repeat failed over with nothing lost.
+    let failover = v["failover"].as_array().unwrap();
+    for case in ["nat/failover", "example/failover"] {
+        let f = failover.iter().find(|f| f["case"] == case).unwrap_or_else(|| panic!("missing {case}"));
+        for r in f["repeats"].as_array().unwrap() {
+            assert!(r["recovery_ms"].as_f64().unwrap() > 0.0, "{case}: {r}");
+            assert!(r["baseline_p99_us"].as_f64().unwrap() > 0.0, "{case}: no latency before the crash: {r}");
+            assert_eq!(r["packets_in"], r["packets_out"], "{case}: packets lost: {r}");
+        }
+    }
     assert!(v["command"].as_str().unwrap().contains("bench-store"));
     assert!(v["machine"]["nproc"].as_u64().unwrap() >= 1);
     let text = std::fs::read_to_string(&svg).unwrap();

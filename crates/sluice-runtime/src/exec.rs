@@ -79,6 +79,9 @@ pub struct RunConfig {
     pub crashes: Vec<Crash>,
     /// NF instances to slow down (or back to normal) while the chain runs, as stragglers.
     pub slowdowns: Vec<Slowdown>,
+    /// Report latency per window of this width as well ([`RunReport::latency_timeline`]): how
+    /// it moves around a failover.
+    pub latency_timeline: Option<Duration>,
 }
 
 /// An NF instance becomes slower (a `slow` fault): it spends `delay_us` more per packet, busy,
@@ -108,6 +111,7 @@ impl Default for RunConfig {
             record: false,
             crashes: Vec::new(),
             slowdowns: Vec::new(),
+            latency_timeline: None,
         }
     }
 }
@@ -479,8 +483,9 @@ pub fn run(
 
     let mut report =
         RunReport { chain: name, state, workers, batch: cfg.batch, window: cfg.window, ..RunReport::default() };
-    let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
+    let hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
         .map_err(|e| RunError::Config(e.to_string()))?;
+    let mut latencies = Latencies { hist, timeline: cfg.latency_timeline.map(|_| Vec::new()) };
     let t0 = Instant::now();
     let mut root = Outgoing::new(&shared);
     let mut seq: u64 = 0;
@@ -507,11 +512,12 @@ pub fn run(
     // With a log: when the last copy finished, and so the wait for the last commits began.
     let mut settling: Option<Instant> = None;
     let result: Result<(), RunError> = (|| loop {
-        drain_sink(&shared, sink, &mut report, &mut hist, t0, log.as_mut())?;
+        drain_sink(&shared, sink, &mut report, &mut latencies, t0, log.as_mut())?;
         let oldest_logged = log.as_mut().and_then(|l| drain_notes(&shared, l));
         if let (Some(fo), Some(l)) = (&shared.failover, log.as_mut()) {
             fo.set_oldest_logged(oldest_logged.map_or(seq + 1, |c| c.seq()));
-            failover_side.serve(&shared, (&entry, traffic.as_ref()), l, &mut root, &mut failovers);
+            let now_ms = t0.elapsed().as_secs_f64() * 1e3;
+            failover_side.serve(&shared, (&entry, traffic.as_ref()), (l, &mut root), &mut failovers, now_ms);
         }
         // What found a queue full goes first; meanwhile no new input is admitted.
         let stalled = root.retry(&shared);
@@ -520,7 +526,7 @@ pub fn run(
                 let c = Crash { after: seq, vertex, index };
                 let global = shared.vertices.get(vertex).and_then(|v| v.instances.get(usize::from(index))).copied();
                 if let (Ok(()), Some(g)) = (failover::check(&c, &shared), global) {
-                    failover_side.ask(&shared, &c, g, &mut failovers);
+                    failover_side.ask(&shared, (&c, g, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
                 }
             }
         }
@@ -648,7 +654,7 @@ pub fn run(
             while let Some(c) = crashes.next_if(|c| c.after <= seq) {
                 let global = shared.vertices.get(c.vertex).and_then(|v| v.instances.get(usize::from(c.index)));
                 if let Some(g) = global.copied() {
-                    failover_side.ask(&shared, &c, g, &mut failovers);
+                    failover_side.ask(&shared, (&c, g, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
                 }
             }
             if traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
@@ -788,6 +794,10 @@ pub fn run(
         *report.event_counts.entry(format!("{}/{}", e.nf, e.kind)).or_default() += 1;
     }
     report.events = events;
+    let Latencies { hist, timeline } = latencies;
+    if let (Some(t), Some(width)) = (timeline, cfg.latency_timeline) {
+        report.latency_timeline = latency_windows(t, width);
+    }
     let q = |p: f64| hist.value_at_quantile(p) as f64 / 1000.0;
     report.latency_us = Latency {
         samples: hist.len(),
@@ -800,6 +810,36 @@ pub fn run(
         max: hist.max() as f64 / 1000.0,
     };
     Ok(report)
+}
+
+/// Root-to-sink latencies of a run: all of them in a histogram, and with
+/// `RunConfig::latency_timeline` each packet's (egress time, latency), ns.
+struct Latencies {
+    hist: hdrhistogram::Histogram<u64>,
+    timeline: Option<Vec<(u64, u64)>>,
+}
+
+/// Latency per window of `width`, from (egress time, latency) pairs in ns, in egress order.
+fn latency_windows(samples: Vec<(u64, u64)>, width: Duration) -> Vec<crate::report::LatencyWindow> {
+    let width = (width.as_nanos() as u64).max(1);
+    let mut out = Vec::new();
+    let mut rest = samples.as_slice();
+    while let Some(&(first, _)) = rest.first() {
+        let start = first / width * width;
+        let n = rest.iter().take_while(|(t, _)| *t < start + width).count();
+        let (window, tail) = rest.split_at(n);
+        rest = tail;
+        let mut lat: Vec<u64> = window.iter().map(|(_, l)| *l).collect();
+        lat.sort_unstable();
+        let at = |q: f64| lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1))).copied();
+        out.push(crate::report::LatencyWindow {
+            start_ms: start as f64 / 1e6,
+            packets: lat.len() as u64,
+            p50_us: at(0.5).unwrap_or(0) as f64 / 1e3,
+            p99_us: at(0.99).unwrap_or(0) as f64 / 1e3,
+        });
+    }
+    out
 }
 
 /// Note buffers in flight between the workers and the root.
@@ -835,7 +875,7 @@ fn drain_sink(
     shared: &Shared,
     sink: &mut dyn Sink,
     report: &mut RunReport,
-    hist: &mut hdrhistogram::Histogram<u64>,
+    latencies: &mut Latencies,
     t0: Instant,
     mut log: Option<&mut RootLog>,
 ) -> Result<(), RunError> {
@@ -853,7 +893,11 @@ fn drain_sink(
             report.packets_out += 1;
             report.bytes_out += p.len() as u64;
             shared.clocks.done(p.meta.clock);
-            let _ = hist.record(now.saturating_sub(p.meta.ingress_ns).max(1));
+            let latency = now.saturating_sub(p.meta.ingress_ns).max(1);
+            let _ = latencies.hist.record(latency);
+            if let Some(t) = latencies.timeline.as_mut() {
+                t.push((now, latency));
+            }
         }
         let written = b.len() as u64;
         let r = sink.write(&b);

@@ -158,14 +158,11 @@ impl Rebuilder {
 /// Re-arms in `inst` the timers the store says instance `owner` had armed: a replacement
 /// takes over its failed predecessor's (same id), a clone its straggler's.
 pub fn adopt_timers(backend: &dyn Backend, inst: &mut Instance, owner: InstanceId) -> Result<(), PlanError> {
-    let id = owner;
-    let cp = backend.checkpoint().map_err(|e| PlanError::Store(e.to_string()))?;
+    let timers = backend.timers_of(owner).map_err(|e| PlanError::Store(e.to_string()))?;
     let client = inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>());
     if let Some(c) = client {
-        for (key, deadline, owner) in &cp.timers {
-            if *owner == id && key.vertex == id.vertex() {
-                c.adopt_timer(ObjectId(key.object), &key.key, *deadline);
-            }
+        for (key, deadline) in &timers {
+            c.adopt_timer(ObjectId(key.object), &key.key, *deadline);
         }
     }
     Ok(())

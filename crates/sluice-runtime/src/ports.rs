@@ -38,20 +38,36 @@ pub trait Sink {
 pub struct MemorySource<'a> {
     packets: &'a [Packet],
     pos: usize,
+    /// With a fixed rate: packets per second, and when the first one was due.
+    rate: Option<(f64, Option<std::time::Instant>)>,
 }
 
 impl<'a> MemorySource<'a> {
-    /// A source over `packets`.
+    /// A source over `packets`, as fast as the chain takes them.
     pub fn new(packets: &'a [Packet]) -> Self {
-        MemorySource { packets, pos: 0 }
+        MemorySource { packets, pos: 0, rate: None }
+    }
+
+    /// A source over `packets` at `pps` packets per second (open loop: packet `i` is due `i /
+    /// pps` seconds after the first read, whether or not the chain keeps up).
+    pub fn with_rate(packets: &'a [Packet], pps: f64) -> Self {
+        MemorySource { packets, pos: 0, rate: (pps > 0.0).then_some((pps, None)) }
     }
 }
 
 impl Source for MemorySource<'_> {
     fn fill(&mut self, pool: &PacketPool, out: &mut Batch, max: usize) -> Result<Fill, RunError> {
-        let end = (self.pos + max).min(self.packets.len());
+        let mut end = (self.pos + max).min(self.packets.len());
         if self.pos >= end {
             return Ok(Fill::Done);
+        }
+        if let Some((pps, start)) = &mut self.rate {
+            let start = *start.get_or_insert_with(std::time::Instant::now);
+            let due = (start.elapsed().as_secs_f64() * *pps) as usize + 1;
+            end = end.min(due);
+            if end <= self.pos {
+                return Ok(Fill::Idle);
+            }
         }
         for p in &self.packets[self.pos..end] {
             out.push(pool.copy_of(p));

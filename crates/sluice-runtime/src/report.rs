@@ -124,8 +124,25 @@ pub struct FailoverReport {
     pub lost: u64,
     /// Copies the root's replay sent to the replacement.
     pub replayed: u64,
-    /// From the crash to the replacement serving live traffic (its replay done), ms.
+    /// From the root asking for the crash to the replacement serving live traffic (its replay
+    /// done), ms.
     pub recovery_ms: f64,
+    /// When the root asked for the crash, ms since the run started.
+    pub asked_ms: f64,
+}
+
+/// Root-to-sink latency of the packets that left in one window of the run
+/// (`RunConfig::latency_timeline`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct LatencyWindow {
+    /// The window's start, ms since the run started.
+    pub start_ms: f64,
+    /// Packets that left in it.
+    pub packets: u64,
+    /// Median latency, µs.
+    pub p50_us: f64,
+    /// 99th percentile, µs.
+    pub p99_us: f64,
 }
 
 /// The result of a run.
@@ -165,6 +182,9 @@ pub struct RunReport {
     pub vertices: Vec<VertexReport>,
     /// End-to-end latency.
     pub latency_us: Latency,
+    /// With `RunConfig::latency_timeline`: latency per window of egress time, in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub latency_timeline: Vec<LatencyWindow>,
     /// Checkpoints of the state store.
     pub checkpoints: CheckpointReport,
     /// The root's packet log, with `RunConfig::fault_tolerance`.

@@ -1,6 +1,7 @@
 //! The interface every store backend implements.
 
 use crate::wire::{Checkpoint, Notification, Replies, Request};
+use crate::StoreKey;
 use sluice_packet::InstanceId;
 use sluice_state::CustomOp;
 use std::sync::Arc;
@@ -48,6 +49,14 @@ pub trait Backend: Send + Sync {
     fn connect(&self, client: InstanceId) -> Result<Box<dyn Connection>, StoreError>;
     /// Takes a checkpoint of all values and the TS vector.
     fn checkpoint(&self) -> Result<Checkpoint, StoreError>;
+    /// The timers instance `owner` has armed on its vertex's keys, with their deadlines: what
+    /// its replacement (same id) or its clone takes over. The default reads a whole checkpoint;
+    /// a backend that can should answer it without copying every value.
+    fn timers_of(&self, owner: InstanceId) -> Result<Vec<(StoreKey, u64)>, StoreError> {
+        let cp = self.checkpoint()?;
+        let mine = cp.timers.into_iter().filter(|(k, _, o)| *o == owner && k.vertex == owner.vertex());
+        Ok(mine.map(|(k, d, _)| (k, d)).collect())
+    }
     /// Replaces the store's contents with a checkpoint: its values, its TS vector and its
     /// timers (re-armed for the instances listed; a deadline already past fires at the next
     /// advance of packet time). Owners, subscribers and the per-clock log are cleared.

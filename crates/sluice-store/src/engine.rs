@@ -66,6 +66,8 @@ enum Msg {
     Batch(Arc<[Request]>, u64, Arc<ClientQueues>),
     Register(u16, Vec<CustomOp>),
     Checkpoint(mpsc::Sender<Checkpoint>),
+    /// The timers an instance armed on its vertex's keys (`Backend::timers_of`).
+    TimersOf(InstanceId, mpsc::Sender<Vec<(StoreKey, u64)>>),
     Restore(Restore, mpsc::Sender<()>),
     /// Forget everything, as a freshly started store would.
     Wipe(mpsc::Sender<()>),
@@ -488,6 +490,13 @@ fn shard_loop(
                 log.sort_by_key(|l| (l.clock, l.vertex, l.seq));
                 let _ = tx.send(Checkpoint { values, ts, timers, log });
             }
+            Msg::TimersOf(owner, tx) => {
+                let mine = shard.entries.iter().filter_map(|(k, e)| {
+                    let (deadline, armer) = e.timer?;
+                    (e.owner.unwrap_or(armer) == owner && k.vertex == owner.vertex()).then_some((*k, deadline))
+                });
+                let _ = tx.send(mine.collect());
+            }
             Msg::Restore(cp, tx) => {
                 shard.entries.clear();
                 shard.log.clear();
@@ -637,6 +646,19 @@ impl Backend for EmbeddedStore {
         all.values.sort_by_key(|v| v.0);
         all.ts.sort();
         all.timers.sort();
+        Ok(all)
+    }
+
+    fn timers_of(&self, owner: InstanceId) -> Result<Vec<(StoreKey, u64)>, StoreError> {
+        let mut all = Vec::new();
+        for s in 0..self.inner.shards.len() {
+            let (tx, rx) = mpsc::channel();
+            self.inner.post(s, Msg::TimersOf(owner, tx));
+            let part =
+                rx.recv_timeout(Duration::from_secs(10)).map_err(|_| StoreError::Timeout(Duration::from_secs(10)))?;
+            all.extend(part);
+        }
+        all.sort();
         Ok(all)
     }
 

@@ -1,7 +1,7 @@
 //! `sluice bench-store`: what externalising NF state costs, measured in one process so that the
 //! ratios between cases are comparable.
 //!
-//! Three parts, every one repeated `--repeat` times with the repeats interleaved (repeat 1 of
+//! Four parts, every one repeated `--repeat` times with the repeats interleaved (repeat 1 of
 //! every case, then repeat 2, ...), reported as median and min–max:
 //!
 //! 1. **Modes**: NAT, LB and the example chain over packets held in memory (generated with
@@ -19,10 +19,14 @@
 //! 3. **Store operations per second**: `get`, `set`, `incr` through a raw [`Connection`] in
 //!    batches of 1 and 64, for the embedded store (1 and 2 shard threads) and Redis, next to
 //!    `redis-benchmark` run as a subprocess on the same server.
+//! 4. **Failover**: NAT alone and the example chain, fault tolerant, fed at `--failover-rate`
+//!    packets per second; the NAT instance crashes halfway: the recovery time and the time
+//!    until latency is back to normal.
 //!
 //! [`Connection`]: sluice_store::Connection
 
 mod contention;
+mod failover;
 mod modes;
 mod ops;
 mod report;
@@ -33,6 +37,7 @@ use crate::bench::machine::command_line;
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use contention::{run_contention, ContentionResult};
+use failover::{run_failover, FailoverResult};
 use modes::{check_aims, run_modes, Aim, ModeResult};
 use ops::{run_ops, OpsResult};
 use report::{plot, print_tables};
@@ -99,7 +104,11 @@ pub struct BenchStoreArgs {
     /// Requests per measurement of `redis-benchmark` with 50 clients and `-P 64` (`-n`).
     #[arg(long, default_value_t = 100_000)]
     pub redis_benchmark_n: usize,
-    /// Run only these parts (`modes`, `contention`, `ops`; repeatable).
+    /// Packets per second the failover part feeds its chains (open loop; the example chain
+    /// with fault tolerance saturates at about 0.3 Mpps on two cores).
+    #[arg(long, default_value_t = 50_000.0)]
+    pub failover_rate: f64,
+    /// Run only these parts (`modes`, `contention`, `ops`, `failover`; repeatable).
     #[arg(long, value_delimiter = ',')]
     pub parts: Vec<String>,
     /// Fast smoke run: 2,000 packets, 1 repeat, embedded store only, few operations.
@@ -147,6 +156,7 @@ struct BenchStoreResult {
     modes: Vec<ModeResult>,
     contention: Vec<ContentionResult>,
     ops: Vec<OpsResult>,
+    failover: Vec<FailoverResult>,
     aims: Vec<Aim>,
 }
 
@@ -159,8 +169,8 @@ pub fn cmd_bench_store(a: BenchStoreArgs) -> Result<()> {
     warn_if_debug_build("bench-store", a.quick);
     let want = |p: &str| a.parts.is_empty() || a.parts.iter().any(|x| x == p);
     for p in &a.parts {
-        if !["modes", "contention", "ops"].contains(&p.as_str()) {
-            bail!("--parts takes modes, contention, ops; not `{p}`");
+        if !["modes", "contention", "ops", "failover"].contains(&p.as_str()) {
+            bail!("--parts takes modes, contention, ops, failover; not `{p}`");
         }
     }
     let nproc = available_cores();
@@ -188,6 +198,7 @@ pub fn cmd_bench_store(a: BenchStoreArgs) -> Result<()> {
         Vec::new()
     };
     let ops_results = if want("ops") { run_ops(&a, &env, repeat, &mut not_run)? } else { Vec::new() };
+    let failover = if want("failover") { run_failover(&a, &env, &packets, repeat)? } else { Vec::new() };
 
     let aims = check_aims(&modes);
     let result = BenchStoreResult {
@@ -207,6 +218,7 @@ pub fn cmd_bench_store(a: BenchStoreArgs) -> Result<()> {
         modes,
         contention,
         ops: ops_results,
+        failover,
         aims,
     };
     print_tables(&result);

@@ -213,6 +213,7 @@ pub(super) fn run_modes(
         record: false,
         crashes: Vec::new(),
         slowdowns: Vec::new(),
+        latency_timeline: None,
     };
     let measure =
         |c: &ModeCase| run_mode(c, packets, &cfg_of(c), &registry, env).with_context(|| format!("case {}", c.name));

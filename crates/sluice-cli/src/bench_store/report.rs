@@ -13,6 +13,32 @@ pub(super) fn print_tables(r: &BenchStoreResult) {
     for n in &r.not_run {
         println!("{n}");
     }
+    if !r.failover.is_empty() {
+        println!("\nfailover (the NAT instance crashes halfway; open loop; medians of {}):", r.repeat);
+        println!(
+            "{:<18} {:>10} {:>22} {:>26} {:>14} {:>14} {:>7}",
+            "case",
+            "pkt/s",
+            "recovery ms (min..max)",
+            "latency normal ms (min..max)",
+            "p99 before µs",
+            "p99 peak µs",
+            "never"
+        );
+        for f in &r.failover {
+            let range = |s: &crate::bench::common::Stat| format!("{:.2} ({:.2}..{:.2})", s.median, s.min, s.max);
+            println!(
+                "{:<18} {:>10.0} {:>22} {:>26} {:>14.1} {:>14.1} {:>7}",
+                f.case,
+                f.rate_pps,
+                range(&f.recovery_ms),
+                range(&f.back_to_normal_ms),
+                f.baseline_p99_us.median,
+                f.peak_p99_us.median,
+                f.never_normal
+            );
+        }
+    }
     if !r.modes.is_empty() {
         println!(
             "\nmodes ({} packets, {}; batch {}, {} worker(s); sat = window {}, paced = window {}; medians of {}):",

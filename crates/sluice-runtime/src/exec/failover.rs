@@ -34,7 +34,6 @@ use sluice_chc::clockset::ClockSet;
 use sluice_packet::{Clock, InstanceId, Meta, MetaFlags, Packet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
 
 /// Sends replay copy `p` into the chain from the root, along the entry's routes but only
 /// towards its target (`Outgoing::route`); a copy that goes nowhere is done at once. Whether it
@@ -289,8 +288,8 @@ pub(super) fn hold(shared: &Shared, slot: &mut Slot, mut pkt: Packet, out: &mut 
 /// The root thread's side: the failures it has been told of, and the replacements recovering.
 #[derive(Default)]
 pub(super) struct RootSide {
-    /// (global index, replacement, report index, when the root heard of the crash).
-    recovering: Vec<(usize, InstanceId, usize, Instant)>,
+    /// (global index, replacement, report index).
+    recovering: Vec<(usize, InstanceId, usize)>,
     /// Crashes asked for, by global index: the report entry each fills in.
     asked: Vec<(usize, usize)>,
     /// Crashes of instances whose previous crash the worker has not carried out yet: asked
@@ -299,11 +298,18 @@ pub(super) struct RootSide {
 }
 
 impl RootSide {
-    /// The root asks for crash `c` (of instance `global`) and opens its report entry.
-    pub(super) fn ask(&mut self, shared: &Shared, c: &Crash, global: usize, failovers: &mut Vec<FailoverReport>) {
+    /// The root asks for crash `c` (of instance `global`), `asked_ms` into the run, and opens
+    /// its report entry.
+    pub(super) fn ask(
+        &mut self,
+        shared: &Shared,
+        (c, global, asked_ms): (&Crash, usize, f64),
+        failovers: &mut Vec<FailoverReport>,
+    ) {
         let Some(fo) = &shared.failover else { return };
         let vertex = shared.vertices.get(c.vertex).map(|v| v.name.to_string()).unwrap_or_default();
-        failovers.push(FailoverReport { vertex, instance: c.index, at_packet: c.after, ..FailoverReport::default() });
+        let (instance, at_packet) = (c.index, c.after);
+        failovers.push(FailoverReport { vertex, instance, at_packet, asked_ms, ..FailoverReport::default() });
         let ask = (global, failovers.len() - 1);
         if self.asked.iter().any(|(g, _)| *g == global) {
             self.deferred.push(ask);
@@ -316,14 +322,15 @@ impl RootSide {
     }
 
     /// Replays towards the replacements of the instances that failed since the last call, and
-    /// tells those whose replay has drained. `out` is the root's outgoing buffers.
+    /// tells those whose replay has drained. `out` is the root's outgoing buffers; `now_ms` the
+    /// time into the run.
     pub(super) fn serve(
         &mut self,
         shared: &Shared,
         (entry, traffic): (&[Routes], Option<&CompiledFilter>),
-        log: &mut super::ft::RootLog,
-        out: &mut Outgoing,
+        (log, out): (&mut super::ft::RootLog, &mut Outgoing),
         failovers: &mut [FailoverReport],
+        now_ms: f64,
     ) {
         let Some(fo) = &shared.failover else { return };
         let failures = fo.failures.lock().map(|mut f| std::mem::take(&mut *f)).unwrap_or_default();
@@ -353,7 +360,7 @@ impl RootSide {
                 r.lost = f.lost.len() as u64;
                 r.replayed = replayed;
             }
-            self.recovering.push((f.global, f.id, report.unwrap_or(usize::MAX), Instant::now()));
+            self.recovering.push((f.global, f.id, report.unwrap_or(usize::MAX)));
             if let Some(i) = self.deferred.iter().position(|(g, _)| *g == f.global) {
                 let next = self.deferred.remove(i);
                 self.asked.push(next);
@@ -362,7 +369,7 @@ impl RootSide {
                 }
             }
         }
-        self.recovering.retain(|(global, id, report, since)| {
+        self.recovering.retain(|(global, id, report)| {
             if !log.replay_drained_to(*id) {
                 return true;
             }
@@ -370,7 +377,9 @@ impl RootSide {
                 r.store(true, Ordering::Release);
             }
             if let Some(r) = failovers.get_mut(*report) {
-                r.recovery_ms = since.elapsed().as_secs_f64() * 1e3;
+                // From the ask: the worker's part (settling with the store, building the
+                // replacement) counts.
+                r.recovery_ms = now_ms - r.asked_ms;
             }
             false
         });

@@ -143,6 +143,13 @@ pub fn checkpoint_timers(b: &dyn Backend) -> Result<(), String> {
     let cp = b.checkpoint().map_err(|e| format!("checkpoint: {e}"))?;
     ensure(cp.timers.windows(2).all(|w| w[0] <= w[1]), || format!("checkpoint timers not sorted: {:?}", cp.timers))?;
     ensure(mine(&cp.timers) == want, || format!("checkpoint timers {:?}, want {want:?}", mine(&cp.timers)))?;
+    // What a replacement takes over: each instance's own timers, as the checkpoint has them.
+    for who in [ia, ib] {
+        let of = b.timers_of(who).map_err(|e| format!("timers_of: {e}"))?;
+        let want_of: Vec<(StoreKey, u64)> = want.iter().filter(|t| t.2 == who).map(|t| (t.0, t.1)).collect();
+        let got: Vec<(StoreKey, u64)> = of.into_iter().filter(|t| t.0.vertex == v).collect();
+        ensure(got == want_of, || format!("timers_of({who:?}) {got:?}, want {want_of:?}"))?;
+    }
     let value = cp.values.iter().find(|(x, _)| *x == k(2)).map(|(_, v)| v.clone());
     ensure(value == Some(Value::Int(5)), || format!("checkpoint holds {value:?} for {:?}, want Int(5)", k(2)))?;
 

@@ -1,0 +1,188 @@
+//! Part 4: an instance failover under open-loop load. NAT alone and the example chain, fault
+//! tolerant (`async-ft`, embedded store), fed at a fixed packet rate; the NAT instance crashes
+//! halfway through. Reported per run: the root's recovery time (crash asked → the replacement
+//! serves live traffic) and the time until latency is back to normal, from the run's latency
+//! per millisecond window: the first window after the crash from which five windows in a row
+//! have a 99th percentile within twice the one before the crash (and at most 20 µs above it).
+
+use super::store::Env;
+use super::BenchStoreArgs;
+use crate::bench::common::{example_chain, repeat_interleaved, single_nf_chain, Stat, NAT_CONFIG, SAMPLE};
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+use sluice_packet::Packet;
+use sluice_runtime::exec::Crash;
+use sluice_runtime::report::LatencyWindow;
+use sluice_runtime::{compile_with, run, Chain, DiscardSink, MemorySource, Overflow, RunConfig, RunHooks, StateConfig};
+use sluice_store::ClientConfig;
+use std::time::Duration;
+
+/// One case: a chain whose NAT instance fails.
+pub(super) struct FailoverCase {
+    name: String,
+    chain: Chain,
+}
+
+/// One run of a case.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct FailoverSample {
+    /// Crash asked → replacement serving live traffic (the root's replay drained), ms.
+    pub(super) recovery_ms: f64,
+    /// Crash asked → latency back to normal, ms (`None`: not within the run).
+    pub(super) back_to_normal_ms: Option<f64>,
+    /// Median of the per-window p99 before the crash, µs.
+    pub(super) baseline_p99_us: f64,
+    /// Highest per-window p99 after the crash, µs.
+    pub(super) peak_p99_us: f64,
+    /// Copies lost with the instance, and replayed to its replacement.
+    pub(super) lost: u64,
+    pub(super) replayed: u64,
+    /// Packets in and out (nothing may be lost).
+    pub(super) packets_in: u64,
+    pub(super) packets_out: u64,
+}
+
+/// A case over its repeats.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct FailoverResult {
+    pub(super) case: String,
+    pub(super) rate_pps: f64,
+    pub(super) recovery_ms: Stat,
+    pub(super) back_to_normal_ms: Stat,
+    pub(super) baseline_p99_us: Stat,
+    pub(super) peak_p99_us: Stat,
+    /// Runs in which latency did not come back to normal before the input ended.
+    pub(super) never_normal: usize,
+    repeats: Vec<FailoverSample>,
+}
+
+/// Every failover case `repeat` times, interleaved.
+pub(super) fn run_failover(
+    a: &BenchStoreArgs,
+    env: &Env,
+    packets: &[Packet],
+    repeat: usize,
+) -> Result<Vec<FailoverResult>> {
+    if !a.failover_rate.is_finite() || a.failover_rate <= 0.0 {
+        bail!("--failover-rate must be a positive packet rate");
+    }
+    let cases = vec![
+        FailoverCase {
+            name: "nat/failover".into(),
+            chain: single_nf_chain("nat", NAT_CONFIG, 1, "<bench-store nat>")?,
+        },
+        FailoverCase { name: "example/failover".into(), chain: example_chain()? },
+    ];
+    let registry = sluice_nfs::registry();
+    let measure = |c: &FailoverCase| run_one(c, a, env, packets, &registry).with_context(|| format!("case {}", c.name));
+    let samples = repeat_interleaved(&cases, repeat, !a.quick, measure, |r, c, s| {
+        let back = s.back_to_normal_ms.map_or("never".to_string(), |b| format!("{b:.2} ms"));
+        eprintln!(
+            "[failover {r}/{repeat}] {:<18} recovery {:>8.2} ms  latency normal after {back}",
+            c.name, s.recovery_ms
+        )
+    })?;
+    Ok(cases
+        .iter()
+        .zip(samples)
+        .map(|(c, s)| FailoverResult {
+            case: c.name.clone(),
+            rate_pps: a.failover_rate,
+            recovery_ms: Stat::of(s.iter().map(|x| x.recovery_ms)),
+            back_to_normal_ms: Stat::of(s.iter().filter_map(|x| x.back_to_normal_ms)),
+            baseline_p99_us: Stat::of(s.iter().map(|x| x.baseline_p99_us)),
+            peak_p99_us: Stat::of(s.iter().map(|x| x.peak_p99_us)),
+            never_normal: s.iter().filter(|x| x.back_to_normal_ms.is_none()).count(),
+            repeats: s,
+        })
+        .collect())
+}
+
+/// One run: a fresh store, the packets at the set rate, the NAT instance crashing halfway.
+fn run_one(
+    c: &FailoverCase,
+    a: &BenchStoreArgs,
+    env: &Env,
+    packets: &[Packet],
+    registry: &sluice_nf::NfRegistry,
+) -> Result<FailoverSample> {
+    let store = env.store(false, env.store_threads)?;
+    let state = StateConfig::Store { backend: store.backend, client: ClientConfig::default() }.fault_tolerant();
+    let plan = compile_with(&c.chain, registry, &packets[..packets.len().min(SAMPLE)], &state)
+        .map_err(|e| anyhow!("compiling {}: {e}", c.name))?;
+    let nat = plan.vertices.iter().position(|v| v.kind == "nat").ok_or_else(|| anyhow!("no NAT in {}", c.name))?;
+    let cfg = RunConfig {
+        workers: a.workers.max(1),
+        pin: !a.no_pin,
+        batch: a.batch,
+        window: a.window,
+        overflow: Overflow::Wait,
+        fault_tolerance: true,
+        checkpoint_every: (a.checkpoint_ms > 0).then(|| Duration::from_millis(a.checkpoint_ms)),
+        record: false,
+        crashes: vec![Crash { after: packets.len() as u64 / 2, vertex: nat, index: 0 }],
+        slowdowns: Vec::new(),
+        latency_timeline: Some(Duration::from_millis(1)),
+    };
+    let mut source = MemorySource::with_rate(packets, a.failover_rate);
+    let report = run(plan, &cfg, &mut source, &mut DiscardSink, RunHooks::default())?;
+    let f = report.failovers.first().ok_or_else(|| anyhow!("{}: no failover happened", c.name))?;
+    let (baseline, back, peak) = back_to_normal(&report.latency_timeline, f.asked_ms);
+    Ok(FailoverSample {
+        recovery_ms: f.recovery_ms,
+        back_to_normal_ms: back,
+        baseline_p99_us: baseline,
+        peak_p99_us: peak,
+        lost: f.lost,
+        replayed: f.replayed,
+        packets_in: report.packets_in,
+        packets_out: report.packets_out,
+    })
+}
+
+/// Windows in a row that must be normal again.
+const NORMAL_WINDOWS: usize = 5;
+
+/// From a latency timeline and the time of the crash (ms): the baseline p99 before it, the time
+/// from the crash until latency is back to normal, and the peak p99 after the crash.
+fn back_to_normal(timeline: &[LatencyWindow], crash_ms: f64) -> (f64, Option<f64>, f64) {
+    // Before the crash, leaving out the first tenth of it (warm-up).
+    let before: Vec<f64> = timeline
+        .iter()
+        .filter(|w| w.start_ms >= crash_ms / 10.0 && w.start_ms + 1.0 <= crash_ms)
+        .map(|w| w.p99_us)
+        .collect();
+    let baseline = Stat::of(before.into_iter()).median;
+    let limit = (2.0 * baseline).min(baseline + 20.0);
+    let after: Vec<&LatencyWindow> = timeline.iter().filter(|w| w.start_ms + 1.0 > crash_ms).collect();
+    let peak = after.iter().map(|w| w.p99_us).fold(0.0, f64::max);
+    let back = (0..after.len()).find_map(|i| {
+        let run = after.get(i..i + NORMAL_WINDOWS)?;
+        run.iter().all(|w| w.p99_us <= limit).then(|| (run[0].start_ms - crash_ms).max(0.0))
+    });
+    (baseline, back, peak)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(start_ms: f64, p99_us: f64) -> LatencyWindow {
+        LatencyWindow { start_ms, packets: 10, p50_us: p99_us / 2.0, p99_us }
+    }
+
+    #[test]
+    fn latency_is_normal_again_after_five_normal_windows() {
+        let mut t: Vec<LatencyWindow> = (0..20).map(|i| w(f64::from(i), 10.0)).collect();
+        // The crash at 20 ms: 4 slow windows, one normal, one slow, then normal for good.
+        t.extend([w(20.0, 500.0), w(21.0, 400.0), w(22.0, 300.0), w(23.0, 200.0), w(24.0, 12.0), w(25.0, 90.0)]);
+        t.extend((26..40).map(|i| w(f64::from(i), 11.0)));
+        let (baseline, back, peak) = back_to_normal(&t, 20.0);
+        assert_eq!(baseline, 10.0);
+        assert_eq!(back, Some(6.0));
+        assert_eq!(peak, 500.0);
+        // Never normal again within the run.
+        let (_, back, _) = back_to_normal(&t[..26], 20.0);
+        assert_eq!(back, None);
+    }
+}
