@@ -40,6 +40,12 @@ fn free_port() -> std::io::Result<u16> {
     TcpListener::bind("127.0.0.1:0")?.local_addr().map(|a| a.port())
 }
 
+/// `n` distinct free loopback ports: all held at once while they are chosen, so none repeats.
+fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
+    let held: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<_, _>>()?;
+    held.iter().map(|l| l.local_addr().map(|a| a.port())).collect()
+}
+
 impl LocalEtcd {
     /// Starts etcd with its data under `data_dir` on free loopback ports, and waits (up to 20 s)
     /// until it grants a lease.
@@ -58,11 +64,22 @@ impl LocalEtcd {
 
     /// A cluster of `members` etcd members on loopback (data under `data_dir/m<i>`), started
     /// together and each answering before this returns. Three members survive the loss of one.
+    /// A port another process takes between being chosen and etcd binding it (tests run side
+    /// by side) makes a member fail to start: the cluster is started again, once, on fresh ports.
     pub fn start_cluster(data_dir: &Path, members: usize) -> Result<Vec<LocalEtcd>, LocalEtcdError> {
-        let mut ports = Vec::new();
-        for _ in 0..members {
-            ports.push((free_port()?, format!("http://127.0.0.1:{}", free_port()?)));
+        match LocalEtcd::try_start_cluster(&data_dir.join("try1"), members) {
+            Ok(started) => Ok(started),
+            Err(_) => LocalEtcd::try_start_cluster(&data_dir.join("try2"), members),
         }
+    }
+
+    fn try_start_cluster(data_dir: &Path, members: usize) -> Result<Vec<LocalEtcd>, LocalEtcdError> {
+        std::fs::create_dir_all(data_dir)?;
+        let free = free_ports(2 * members)?;
+        let ports: Vec<(u16, String)> = free
+            .chunks(2)
+            .map(|p| (p.first().copied().unwrap_or(0), format!("http://127.0.0.1:{}", p.get(1).copied().unwrap_or(0))))
+            .collect();
         let initial: Vec<String> = ports.iter().enumerate().map(|(i, (_, peer))| format!("m{i}={peer}")).collect();
         let initial = initial.join(",");
         let mut started = Vec::new();
