@@ -436,6 +436,8 @@ pub fn run(
     let mut slowdowns = cfg.slowdowns.clone();
     slowdowns.sort_by_key(|s| s.after);
     let mut slowdowns = slowdowns.into_iter().peekable();
+    // The admission count of the next planned fault: one comparison per packet until then.
+    let mut next_fault = next_fault_at(crashes.peek().map(|c| c.after), slowdowns.peek().map(|s| s.after));
     if let Some(live) = &shared.live {
         live.set_failover(match (cfg.fault_tolerance, can_fail_over) {
             (_, true) => None,
@@ -646,16 +648,19 @@ pub fn run(
             }
             admitted += 1;
             shared.in_flight.fetch_add(1, Ordering::AcqRel);
-            while let Some(s) = slowdowns.next_if(|s| s.after <= seq) {
-                if let Some(l) = &live {
-                    l.set_slow_of(s.vertex, s.index, s.delay_us);
+            if seq >= next_fault {
+                while let Some(s) = slowdowns.next_if(|s| s.after <= seq) {
+                    if let Some(l) = &live {
+                        l.set_slow_of(s.vertex, s.index, s.delay_us);
+                    }
                 }
-            }
-            while let Some(c) = crashes.next_if(|c| c.after <= seq) {
-                let global = shared.vertices.get(c.vertex).and_then(|v| v.instances.get(usize::from(c.index)));
-                if let Some(g) = global.copied() {
-                    failover_side.ask(&shared, (&c, g, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
+                while let Some(c) = crashes.next_if(|c| c.after <= seq) {
+                    let global = shared.vertices.get(c.vertex).and_then(|v| v.instances.get(usize::from(c.index)));
+                    if let Some(g) = global.copied() {
+                        failover_side.ask(&shared, (&c, g, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
+                    }
                 }
+                next_fault = next_fault_at(crashes.peek().map(|c| c.after), slowdowns.peek().map(|s| s.after));
             }
             if traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
                 report.bypassed += 1;
@@ -810,6 +815,11 @@ pub fn run(
         max: hist.max() as f64 / 1000.0,
     };
     Ok(report)
+}
+
+/// The earlier of the next crash and the next slowdown (never, if neither is left).
+fn next_fault_at(crash: Option<u64>, slowdown: Option<u64>) -> u64 {
+    crash.unwrap_or(u64::MAX).min(slowdown.unwrap_or(u64::MAX))
 }
 
 /// Root-to-sink latencies of a run: all of them in a histogram, and with
