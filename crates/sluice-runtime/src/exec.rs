@@ -17,16 +17,17 @@
 use crate::clocks::ClockTracker;
 use crate::live::Live;
 use crate::order::InOrder;
-use crate::plan::{direction, Plan, Routes, Splitter, Target, VertexPlan};
+use crate::plan::{direction, Plan, Target, VertexPlan};
 use crate::ports::{Fill, Sink, Source};
 use crate::record::{DropRecord, Recording};
 use crate::report::{InstanceReport, Latency, RunReport, VertexReport};
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
 use ft::{Note, RootLog};
-use sluice_packet::{Batch, Clock, InstanceId, Packet, PacketPool, ParseStatus};
+use outgoing::Outgoing;
+use sink::{drain_sink, latency_windows, Latencies};
+use sluice_packet::{Batch, Clock, InstanceId, PacketPool, ParseStatus};
 use std::collections::BTreeMap;
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,7 +36,9 @@ use worker::{worker_loop, InstanceStats, Slot};
 mod failover;
 mod finish;
 mod ft;
+mod outgoing;
 mod passing;
+mod sink;
 mod worker;
 
 pub use failover::Crash;
@@ -190,174 +193,6 @@ impl Shared {
             return self.vertices.get(w).and_then(|v| v.instances.get(usize::from(target.index()))) == Some(&dest);
         }
         self.reaches.get(w).and_then(|r| r.get(tv)).copied().unwrap_or(false)
-    }
-}
-
-/// Per-destination output buffers of one thread: index `i` for instance `i`, the last for the
-/// sink. Full buffers are pushed at once; the rest at the end of each input batch.
-struct Outgoing {
-    bufs: Vec<Batch>,
-    splitter: Splitter,
-    mirrored: u64,
-    /// Notes for the root's log not sent yet.
-    notes: Vec<Note>,
-    /// Scratch space for the commits a store client reports.
-    commits: Vec<(Clock, u32)>,
-    /// What found its queue full, in the order it was sent ([`Outgoing::retry`]).
-    stalled: VecDeque<Stalled>,
-}
-
-/// Something a thread sent that found its queue full.
-enum Stalled {
-    /// Notes for the root's log.
-    Notes(Vec<Note>),
-    /// A batch for instance `.0` (or the sink, past the last instance).
-    Batch(usize, Batch),
-}
-
-impl Outgoing {
-    fn new(shared: &Shared) -> Outgoing {
-        Outgoing {
-            bufs: (0..=shared.queues.len()).map(|_| Vec::new()).collect(),
-            splitter: Splitter::default(),
-            mirrored: 0,
-            notes: Vec::new(),
-            commits: Vec::new(),
-            stalled: VecDeque::new(),
-        }
-    }
-
-    /// Pushes `item` onto its queue, or, if that is full or something sent earlier still
-    /// waits, keeps it to push later: in sending order, so the root never sees a copy finish
-    /// before it heard the copy was made.
-    fn send(&mut self, shared: &Shared, item: Stalled) {
-        if !self.stalled.is_empty() {
-            self.stalled.push_back(item);
-            return;
-        }
-        if let Err(back) = try_push(shared, item) {
-            self.stalled.push_back(back);
-        }
-    }
-
-    /// Pushes what waited, in order, as far as the queues take it. Whether anything waits still.
-    fn retry(&mut self, shared: &Shared) -> bool {
-        while let Some(item) = self.stalled.pop_front() {
-            if let Err(back) = try_push(shared, item) {
-                self.stalled.push_front(back);
-                return true;
-            }
-        }
-        false
-    }
-
-    /// Queues a note for the root's log (only when it keeps one).
-    fn note(&mut self, shared: &Shared, note: Note) {
-        if shared.logging() {
-            self.notes.push(note);
-        }
-    }
-
-    /// Sends the notes gathered so far to the root.
-    fn flush_notes(&mut self, shared: &Shared) {
-        if !shared.logging() || self.notes.is_empty() {
-            return;
-        }
-        let fresh = shared.note_spare.pop().unwrap_or_default();
-        let notes = std::mem::replace(&mut self.notes, fresh);
-        self.send(shared, Stalled::Notes(notes));
-    }
-
-    fn push(&mut self, shared: &Shared, dest: usize, pkt: Packet) {
-        let Some(buf) = self.bufs.get_mut(dest) else { return };
-        if buf.capacity() == 0 {
-            *buf = shared.empty_batch();
-        }
-        buf.push(pkt);
-        if buf.len() >= shared.batch {
-            self.flush_one(shared, dest);
-        }
-    }
-
-    fn flush_one(&mut self, shared: &Shared, dest: usize) {
-        if self.bufs.get(dest).is_none_or(Vec::is_empty) {
-            return;
-        }
-        // The root hears of copies made before any of them can finish elsewhere.
-        self.flush_notes(shared);
-        let Some(buf) = self.bufs.get_mut(dest) else { return };
-        let b = std::mem::take(buf);
-        self.send(shared, Stalled::Batch(dest, b));
-    }
-
-    fn flush(&mut self, shared: &Shared) {
-        self.retry(shared);
-        for d in 0..self.bufs.len() {
-            self.flush_one(shared, d);
-        }
-        self.flush_notes(shared);
-    }
-
-    fn dest(&self, shared: &Shared, t: Target, pkt: &Packet) -> usize {
-        match t {
-            Target::Output => shared.queues.len(),
-            Target::Vertex(v) => match shared.vertices.get(v) {
-                Some(vp) => self.splitter.pick(vp, pkt),
-                None => shared.queues.len(),
-            },
-        }
-    }
-
-    /// Sends `pkt` along `routes`: copies to matching mirror edges, the packet itself to the
-    /// first matching on-path edge. Returns the packet back if no edge takes it. A replay copy
-    /// on its way to its target goes only where that leads ([`Shared::leads_to`]).
-    fn route(&mut self, shared: &Shared, routes: &Routes, pkt: Packet) -> Option<Packet> {
-        let replay = pkt.meta.replay_target();
-        if !routes.mirrors.is_empty() {
-            let mut copies = 0;
-            for t in routes.mirror_targets(&pkt) {
-                let d = self.dest(shared, t, &pkt);
-                if replay.is_some_and(|r| !shared.leads_to(t, d, r)) {
-                    continue;
-                }
-                let mut c = shared.pool.copy_of(&pkt);
-                // The original carries the XOR vector of the updates so far; a copy starts
-                // empty, so the root folds each update in once.
-                c.meta.xor = 0;
-                // Account for the copy before it can be seen downstream.
-                shared.in_flight.fetch_add(1, Ordering::AcqRel);
-                shared.clocks.copy(c.meta.clock);
-                self.note(shared, Note::Sent(c.meta));
-                self.push(shared, d, c);
-                copies += 1;
-            }
-            self.mirrored += copies;
-        }
-        match routes.main_target(&pkt) {
-            Some(t) => {
-                let d = self.dest(shared, t, &pkt);
-                if replay.is_some_and(|r| !shared.leads_to(t, d, r)) {
-                    return Some(pkt);
-                }
-                self.push(shared, d, pkt);
-                None
-            }
-            None => Some(pkt),
-        }
-    }
-}
-
-/// Pushes a stalled item onto its queue; the item back if the queue is full.
-fn try_push(shared: &Shared, item: Stalled) -> Result<(), Stalled> {
-    match item {
-        Stalled::Notes(n) => match &shared.notes {
-            Some(q) => q.push(n).map_err(Stalled::Notes),
-            None => Ok(()),
-        },
-        Stalled::Batch(dest, b) => {
-            let q = shared.queues.get(dest).unwrap_or(&shared.sink);
-            q.push(b).map_err(|b| Stalled::Batch(dest, b))
-        }
     }
 }
 
@@ -822,36 +657,6 @@ fn next_fault_at(crash: Option<u64>, slowdown: Option<u64>) -> u64 {
     crash.unwrap_or(u64::MAX).min(slowdown.unwrap_or(u64::MAX))
 }
 
-/// Root-to-sink latencies of a run: all of them in a histogram, and with
-/// `RunConfig::latency_timeline` each packet's (egress time, latency), ns.
-struct Latencies {
-    hist: hdrhistogram::Histogram<u64>,
-    timeline: Option<Vec<(u64, u64)>>,
-}
-
-/// Latency per window of `width`, from (egress time, latency) pairs in ns, in egress order.
-fn latency_windows(samples: Vec<(u64, u64)>, width: Duration) -> Vec<crate::report::LatencyWindow> {
-    let width = (width.as_nanos() as u64).max(1);
-    let mut out = Vec::new();
-    let mut rest = samples.as_slice();
-    while let Some(&(first, _)) = rest.first() {
-        let start = first / width * width;
-        let n = rest.iter().take_while(|(t, _)| *t < start + width).count();
-        let (window, tail) = rest.split_at(n);
-        rest = tail;
-        let mut lat: Vec<u64> = window.iter().map(|(_, l)| *l).collect();
-        lat.sort_unstable();
-        let at = |q: f64| lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1))).copied();
-        out.push(crate::report::LatencyWindow {
-            start_ms: start as f64 / 1e6,
-            packets: lat.len() as u64,
-            p50_us: at(0.5).unwrap_or(0) as f64 / 1e3,
-            p99_us: at(0.99).unwrap_or(0) as f64 / 1e3,
-        });
-    }
-    out
-}
-
 /// Note buffers in flight between the workers and the root.
 const NOTE_BUFFERS: usize = 4096;
 
@@ -879,47 +684,4 @@ fn drain_notes(shared: &Shared, log: &mut RootLog) -> Option<Clock> {
         }
     }
     log.sync_deletes()
-}
-
-fn drain_sink(
-    shared: &Shared,
-    sink: &mut dyn Sink,
-    report: &mut RunReport,
-    latencies: &mut Latencies,
-    t0: Instant,
-    mut log: Option<&mut RootLog>,
-) -> Result<(), RunError> {
-    while let Some(mut b) = shared.sink.pop() {
-        let now = t0.elapsed().as_nanos() as u64;
-        let n = b.len();
-        if let Some(l) = log.as_deref_mut() {
-            // The egress: a clock leaves once; later copies (replays) are dropped here.
-            for dup in b.extract_if(.., |p| !l.leave(&p.meta)) {
-                shared.clocks.done(dup.meta.clock);
-                shared.pool.recycle(dup);
-            }
-        }
-        for p in &b {
-            report.packets_out += 1;
-            report.bytes_out += p.len() as u64;
-            shared.clocks.done(p.meta.clock);
-            let latency = now.saturating_sub(p.meta.ingress_ns).max(1);
-            let _ = latencies.hist.record(latency);
-            if let Some(t) = latencies.timeline.as_mut() {
-                t.push((now, latency));
-            }
-        }
-        let written = b.len() as u64;
-        let r = sink.write(&b);
-        shared.pool.recycle_batch(&mut b);
-        shared.give_back(b);
-        // Every copy taken from the sink queue is done, duplicates included; only those
-        // written count as output.
-        let left = shared.in_flight.fetch_sub(n, Ordering::AcqRel).saturating_sub(n);
-        if let Some(live) = &shared.live {
-            live.output(written, left);
-        }
-        r?;
-    }
-    Ok(())
 }

@@ -1,0 +1,178 @@
+//! What a thread sends to other threads: per-destination batches of packets and the notes for
+//! the root's log, pushed when full or at the end of an input batch. No thread ever waits for
+//! room in a queue: what does not fit stays here, in sending order ([`Outgoing::retry`]).
+
+use super::ft::Note;
+use super::Shared;
+use crate::plan::{Routes, Splitter, Target};
+use sluice_packet::{Batch, Clock, Packet};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+
+/// Per-destination output buffers of one thread: index `i` for instance `i`, the last for the
+/// sink. Full buffers are pushed at once; the rest at the end of each input batch.
+pub(super) struct Outgoing {
+    pub(super) bufs: Vec<Batch>,
+    pub(super) splitter: Splitter,
+    pub(super) mirrored: u64,
+    /// Notes for the root's log not sent yet.
+    pub(super) notes: Vec<Note>,
+    /// Scratch space for the commits a store client reports.
+    pub(super) commits: Vec<(Clock, u32)>,
+    /// What found its queue full, in the order it was sent ([`Outgoing::retry`]).
+    pub(super) stalled: VecDeque<Stalled>,
+}
+
+/// Something a thread sent that found its queue full.
+pub(super) enum Stalled {
+    /// Notes for the root's log.
+    Notes(Vec<Note>),
+    /// A batch for instance `.0` (or the sink, past the last instance).
+    Batch(usize, Batch),
+}
+
+impl Outgoing {
+    pub(super) fn new(shared: &Shared) -> Outgoing {
+        Outgoing {
+            bufs: (0..=shared.queues.len()).map(|_| Vec::new()).collect(),
+            splitter: Splitter::default(),
+            mirrored: 0,
+            notes: Vec::new(),
+            commits: Vec::new(),
+            stalled: VecDeque::new(),
+        }
+    }
+
+    /// Pushes `item` onto its queue, or, if that is full or something sent earlier still
+    /// waits, keeps it to push later: in sending order, so the root never sees a copy finish
+    /// before it heard the copy was made.
+    pub(super) fn send(&mut self, shared: &Shared, item: Stalled) {
+        if !self.stalled.is_empty() {
+            self.stalled.push_back(item);
+            return;
+        }
+        if let Err(back) = try_push(shared, item) {
+            self.stalled.push_back(back);
+        }
+    }
+
+    /// Pushes what waited, in order, as far as the queues take it. Whether anything waits still.
+    pub(super) fn retry(&mut self, shared: &Shared) -> bool {
+        while let Some(item) = self.stalled.pop_front() {
+            if let Err(back) = try_push(shared, item) {
+                self.stalled.push_front(back);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Queues a note for the root's log (only when it keeps one).
+    pub(super) fn note(&mut self, shared: &Shared, note: Note) {
+        if shared.logging() {
+            self.notes.push(note);
+        }
+    }
+
+    /// Sends the notes gathered so far to the root.
+    pub(super) fn flush_notes(&mut self, shared: &Shared) {
+        if !shared.logging() || self.notes.is_empty() {
+            return;
+        }
+        let fresh = shared.note_spare.pop().unwrap_or_default();
+        let notes = std::mem::replace(&mut self.notes, fresh);
+        self.send(shared, Stalled::Notes(notes));
+    }
+
+    pub(super) fn push(&mut self, shared: &Shared, dest: usize, pkt: Packet) {
+        let Some(buf) = self.bufs.get_mut(dest) else { return };
+        if buf.capacity() == 0 {
+            *buf = shared.empty_batch();
+        }
+        buf.push(pkt);
+        if buf.len() >= shared.batch {
+            self.flush_one(shared, dest);
+        }
+    }
+
+    pub(super) fn flush_one(&mut self, shared: &Shared, dest: usize) {
+        if self.bufs.get(dest).is_none_or(Vec::is_empty) {
+            return;
+        }
+        // The root hears of copies made before any of them can finish elsewhere.
+        self.flush_notes(shared);
+        let Some(buf) = self.bufs.get_mut(dest) else { return };
+        let b = std::mem::take(buf);
+        self.send(shared, Stalled::Batch(dest, b));
+    }
+
+    pub(super) fn flush(&mut self, shared: &Shared) {
+        self.retry(shared);
+        for d in 0..self.bufs.len() {
+            self.flush_one(shared, d);
+        }
+        self.flush_notes(shared);
+    }
+
+    pub(super) fn dest(&self, shared: &Shared, t: Target, pkt: &Packet) -> usize {
+        match t {
+            Target::Output => shared.queues.len(),
+            Target::Vertex(v) => match shared.vertices.get(v) {
+                Some(vp) => self.splitter.pick(vp, pkt),
+                None => shared.queues.len(),
+            },
+        }
+    }
+
+    /// Sends `pkt` along `routes`: copies to matching mirror edges, the packet itself to the
+    /// first matching on-path edge. Returns the packet back if no edge takes it. A replay copy
+    /// on its way to its target goes only where that leads ([`Shared::leads_to`]).
+    pub(super) fn route(&mut self, shared: &Shared, routes: &Routes, pkt: Packet) -> Option<Packet> {
+        let replay = pkt.meta.replay_target();
+        if !routes.mirrors.is_empty() {
+            let mut copies = 0;
+            for t in routes.mirror_targets(&pkt) {
+                let d = self.dest(shared, t, &pkt);
+                if replay.is_some_and(|r| !shared.leads_to(t, d, r)) {
+                    continue;
+                }
+                let mut c = shared.pool.copy_of(&pkt);
+                // The original carries the XOR vector of the updates so far; a copy starts
+                // empty, so the root folds each update in once.
+                c.meta.xor = 0;
+                // Account for the copy before it can be seen downstream.
+                shared.in_flight.fetch_add(1, Ordering::AcqRel);
+                shared.clocks.copy(c.meta.clock);
+                self.note(shared, Note::Sent(c.meta));
+                self.push(shared, d, c);
+                copies += 1;
+            }
+            self.mirrored += copies;
+        }
+        match routes.main_target(&pkt) {
+            Some(t) => {
+                let d = self.dest(shared, t, &pkt);
+                if replay.is_some_and(|r| !shared.leads_to(t, d, r)) {
+                    return Some(pkt);
+                }
+                self.push(shared, d, pkt);
+                None
+            }
+            None => Some(pkt),
+        }
+    }
+}
+
+/// Pushes a stalled item onto its queue; the item back if the queue is full.
+fn try_push(shared: &Shared, item: Stalled) -> Result<(), Stalled> {
+    match item {
+        Stalled::Notes(n) => match &shared.notes {
+            Some(q) => q.push(n).map_err(Stalled::Notes),
+            None => Ok(()),
+        },
+        Stalled::Batch(dest, b) => {
+            let q = shared.queues.get(dest).unwrap_or(&shared.sink);
+            q.push(b).map_err(|b| Stalled::Batch(dest, b))
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! The sink side of the root thread: what leaves the chain (the egress drops second copies of a
+//! clock when the root keeps a log), written out, with its root-to-sink latency.
+
+use super::ft::RootLog;
+use super::{RunError, Shared};
+use crate::ports::Sink;
+use crate::report::RunReport;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Root-to-sink latencies of a run: all of them in a histogram, and with
+/// `RunConfig::latency_timeline` each packet's (egress time, latency), ns.
+pub(super) struct Latencies {
+    pub(super) hist: hdrhistogram::Histogram<u64>,
+    pub(super) timeline: Option<Vec<(u64, u64)>>,
+}
+
+/// Latency per window of `width`, from (egress time, latency) pairs in ns, in egress order.
+pub(super) fn latency_windows(samples: Vec<(u64, u64)>, width: Duration) -> Vec<crate::report::LatencyWindow> {
+    let width = (width.as_nanos() as u64).max(1);
+    let mut out = Vec::new();
+    let mut rest = samples.as_slice();
+    while let Some(&(first, _)) = rest.first() {
+        let start = first / width * width;
+        let n = rest.iter().take_while(|(t, _)| *t < start + width).count();
+        let (window, tail) = rest.split_at(n);
+        rest = tail;
+        let mut lat: Vec<u64> = window.iter().map(|(_, l)| *l).collect();
+        lat.sort_unstable();
+        let at = |q: f64| lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1))).copied();
+        out.push(crate::report::LatencyWindow {
+            start_ms: start as f64 / 1e6,
+            packets: lat.len() as u64,
+            p50_us: at(0.5).unwrap_or(0) as f64 / 1e3,
+            p99_us: at(0.99).unwrap_or(0) as f64 / 1e3,
+        });
+    }
+    out
+}
+
+pub(super) fn drain_sink(
+    shared: &Shared,
+    sink: &mut dyn Sink,
+    report: &mut RunReport,
+    latencies: &mut Latencies,
+    t0: Instant,
+    mut log: Option<&mut RootLog>,
+) -> Result<(), RunError> {
+    while let Some(mut b) = shared.sink.pop() {
+        let now = t0.elapsed().as_nanos() as u64;
+        let n = b.len();
+        if let Some(l) = log.as_deref_mut() {
+            // The egress: a clock leaves once; later copies (replays) are dropped here.
+            for dup in b.extract_if(.., |p| !l.leave(&p.meta)) {
+                shared.clocks.done(dup.meta.clock);
+                shared.pool.recycle(dup);
+            }
+        }
+        for p in &b {
+            report.packets_out += 1;
+            report.bytes_out += p.len() as u64;
+            shared.clocks.done(p.meta.clock);
+            let latency = now.saturating_sub(p.meta.ingress_ns).max(1);
+            let _ = latencies.hist.record(latency);
+            if let Some(t) = latencies.timeline.as_mut() {
+                t.push((now, latency));
+            }
+        }
+        let written = b.len() as u64;
+        let r = sink.write(&b);
+        shared.pool.recycle_batch(&mut b);
+        shared.give_back(b);
+        // Every copy taken from the sink queue is done, duplicates included; only those
+        // written count as output.
+        let left = shared.in_flight.fetch_sub(n, Ordering::AcqRel).saturating_sub(n);
+        if let Some(live) = &shared.live {
+            live.output(written, left);
+        }
+        r?;
+    }
+    Ok(())
+}
