@@ -4,7 +4,9 @@
 //! live statistics (`sluice_runtime::live::LiveSnapshot`); `GET /metrics`: the same as
 //! Prometheus text; `POST /api/v1/actions` with one fault-schedule action as JSON
 //! (`{"slow": {"vertex": "nat", "instance": 0, "delay_us": [3, 10]}}`, `{"crash": {"vertex":
-//! "nat", "instance": 0}}`). Anything else gets a JSON
+//! "nat", "instance": 0}}`, `{"scale": {"vertex": "lb", "to": 3}}` or `"by": -1`,
+//! `{"move": {"vertex": "nat", "from": 0, "to": 1, "flows": 4000}}`; instances by index, as
+//! listed). Anything else gets a JSON
 //! error with a 4xx status (501 for actions the threaded runtime does not apply yet) and changes
 //! nothing.
 
@@ -90,7 +92,7 @@ pub(crate) fn prometheus_text(collector: Box<dyn Collector>) -> Response {
 }
 
 /// The actions of the fault-schedule format the threaded runtime does not apply yet.
-const NOT_YET: [&str; 5] = ["crash_root", "crash_store", "scale", "move", "clone"];
+const NOT_YET: [&str; 3] = ["crash_root", "crash_store", "clone"];
 
 async fn action(State(cx): State<Ctx>, body: String) -> Response {
     let v: serde_json::Value = match serde_json::from_str(&body) {
@@ -106,13 +108,14 @@ async fn action(State(cx): State<Ctx>, body: String) -> Response {
     match name.as_str() {
         "slow" => slow(&cx, args),
         "crash" => crash(&cx, args),
+        "scale" | "move" => change(&cx, name, args),
         n if NOT_YET.contains(&n) => error(
             StatusCode::NOT_IMPLEMENTED,
             &format!(
                 "the threaded runtime does not apply `{n}` yet; `sluice verify` runs it in the virtual-time engine"
             ),
         ),
-        n => error(StatusCode::BAD_REQUEST, &format!("unknown action `{n}` (known: slow, crash)")),
+        n => error(StatusCode::BAD_REQUEST, &format!("unknown action `{n}` (known: slow, crash, scale, move)")),
     }
 }
 
@@ -147,6 +150,33 @@ fn crash(cx: &Ctx, args: &serde_json::Value) -> Response {
         Ok(()) => Json(serde_json::json!({ "applied": { "crash": { "vertex": vertex, "instance": instance } } }))
             .into_response(),
         Err(e @ sluice_runtime::live::LiveError::Refused(_)) => error(StatusCode::CONFLICT, &e.to_string()),
+        Err(e) => error(StatusCode::NOT_FOUND, &e.to_string()),
+    }
+}
+
+/// A `scale` (`to` or `by`) or `move` (`from`, `to`, optional `flows`) action.
+fn change(cx: &Ctx, name: &str, args: &serde_json::Value) -> Response {
+    use sluice_runtime::exec::Change;
+    let vertex = args["vertex"].as_str();
+    let num = |k: &str| args[k].as_u64().and_then(|i| u16::try_from(i).ok());
+    let change = match (name, args["to"].as_u64(), args["by"].as_i64()) {
+        ("scale", Some(_), None) => num("to").map(Change::ScaleTo),
+        ("scale", None, Some(by)) => i32::try_from(by).ok().map(Change::ScaleBy),
+        ("move", _, _) => {
+            num("from").zip(num("to")).map(|(from, to)| Change::Move { from, to, flows: args["flows"].as_u64() })
+        }
+        _ => None,
+    };
+    let (Some(vertex), Some(change)) = (vertex, change) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "scale needs vertex (a name) and to (a count) or by (a signed count); move needs vertex, from and to (instance indices) and optionally flows",
+        );
+    };
+    match cx.live.request_change(vertex, change) {
+        Ok(()) => Json(serde_json::json!({ "applied": { name: args } })).into_response(),
+        Err(e @ sluice_runtime::live::LiveError::Refused(_)) => error(StatusCode::CONFLICT, &e.to_string()),
+        Err(e @ sluice_runtime::live::LiveError::BadChange(_)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
         Err(e) => error(StatusCode::NOT_FOUND, &e.to_string()),
     }
 }
@@ -347,6 +377,21 @@ enum CtlCommand {
         /// `VERTEX:INSTANCE`.
         spec: String,
     },
+    /// Scale a vertex: `VERTEX=N` instances, or `VERTEX+N` / `VERTEX-N` (the run needs a
+    /// store; new flows spread over the instances, a removed instance's flows move).
+    Scale {
+        /// `VERTEX=N`, `VERTEX+N` or `VERTEX-N`.
+        spec: String,
+    },
+    /// Move flows between two instances of a vertex: `VERTEX:FROM>TO`, at most `--flows`
+    /// (default all of FROM's); loss-free and in order.
+    Move {
+        /// `VERTEX:FROM>TO` (instance indices, as `list` shows them).
+        spec: String,
+        /// Move at most this many flows.
+        #[arg(long)]
+        flows: Option<u64>,
+    },
     /// (A controller's endpoint) the leading controller, the nodes and the units each holds.
     Nodes {
         /// Print the JSON as the endpoint returns it.
@@ -382,6 +427,35 @@ fn crash_request(spec: &str) -> Result<serde_json::Value, String> {
     Ok(serde_json::json!({ "crash": { "vertex": vertex, "instance": instance } }))
 }
 
+/// Parses `V=N`, `V+N` or `V-N` into a scale action's JSON.
+fn scale_request(spec: &str) -> Result<serde_json::Value, String> {
+    let bad = || format!("`{spec}` is not VERTEX=N, VERTEX+N or VERTEX-N");
+    let at = spec.find(['=', '+', '-']).ok_or_else(bad)?;
+    let (vertex, rest) = spec.split_at(at);
+    let n: i64 = rest.get(1..).ok_or_else(bad)?.parse().map_err(|_| bad())?;
+    if vertex.is_empty() || n < 0 {
+        return Err(bad());
+    }
+    Ok(match rest.chars().next() {
+        Some('=') => serde_json::json!({ "scale": { "vertex": vertex, "to": n } }),
+        Some('+') => serde_json::json!({ "scale": { "vertex": vertex, "by": n } }),
+        _ => serde_json::json!({ "scale": { "vertex": vertex, "by": -n } }),
+    })
+}
+
+/// Parses `V:FROM>TO` into a move action's JSON.
+fn move_request(spec: &str, flows: Option<u64>) -> Result<serde_json::Value, String> {
+    let bad = || format!("`{spec}` is not VERTEX:FROM>TO");
+    let (vertex, pair) = spec.split_once(':').ok_or_else(bad)?;
+    let (from, to) = pair.split_once('>').ok_or_else(bad)?;
+    let (from, to): (u16, u16) = (from.parse().map_err(|_| bad())?, to.parse().map_err(|_| bad())?);
+    let mut m = serde_json::json!({ "vertex": vertex, "from": from, "to": to });
+    if let Some(f) = flows {
+        m["flows"] = f.into();
+    }
+    Ok(serde_json::json!({ "move": m }))
+}
+
 /// `sluice ctl`.
 pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
     let Some(token) = a.token.or_else(|| std::env::var(TOKEN_ENV).ok()) else {
@@ -391,7 +465,11 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
         CtlCommand::List { .. } => "/api/v1/chain",
         CtlCommand::Nodes { .. } => "/api/v1/cluster",
         CtlCommand::Metrics => "/metrics",
-        CtlCommand::Slow { .. } | CtlCommand::Crash { .. } | CtlCommand::Drain(_) => "/api/v1/actions",
+        CtlCommand::Slow { .. }
+        | CtlCommand::Crash { .. }
+        | CtlCommand::Scale { .. }
+        | CtlCommand::Move { .. }
+        | CtlCommand::Drain(_) => "/api/v1/actions",
     };
     let url = format!("http://{}{path}", a.control);
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
@@ -399,6 +477,10 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
     let action = match &a.what {
         CtlCommand::Slow { spec } => Some(slow_request(spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?),
         CtlCommand::Crash { spec } => Some(crash_request(spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?),
+        CtlCommand::Scale { spec } => Some(scale_request(spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?),
+        CtlCommand::Move { spec, flows } => {
+            Some(move_request(spec, *flows).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?)
+        }
         CtlCommand::Drain(d) => Some(d.action()),
         _ => None,
     };

@@ -168,11 +168,12 @@ struct RunArgs {
     /// on stderr). Requests send `Authorization: Bearer TOKEN`.
     #[arg(long, requires = "control")]
     control_token: Option<String>,
-    /// Crash and slow NF instances while the chain runs (a fault-schedule file, as for `sluice
-    /// verify`; only `crash` and `slow` events so far): a crashed instance is replaced and the
-    /// root replays its log to the replacement, through the NFs in front of it; a slowed one
-    /// spends the extra time per packet. Turns on --fault-tolerance; needs a store (not --mode
-    /// local).
+    /// Crash and slow NF instances, scale vertices and move flows while the chain runs (a
+    /// fault-schedule file, as for `sluice verify`; `crash`, `slow`, `scale` and `move` events
+    /// so far): a crashed instance is replaced and the root replays its log to the replacement,
+    /// through the NFs in front of it; a slowed one spends the extra time per packet; a moved
+    /// flow's packets wait at its new instance until the old one is done with it. Turns on
+    /// --fault-tolerance; needs a store (not --mode local).
     #[arg(long, value_name = "FILE", conflicts_with = "bridge")]
     faults: Option<PathBuf>,
 }
@@ -418,8 +419,8 @@ fn engine_config(e: &EngineArgs, live: bool) -> RunConfig {
         fault_tolerance: e.fault_tolerance,
         checkpoint_every: (e.checkpoint_ms > 0).then(|| std::time::Duration::from_millis(e.checkpoint_ms)),
         record: false,
-        crashes: Vec::new(),
-        slowdowns: Vec::new(),
+        planned: Vec::new(),
+        scalable: false,
         latency_timeline: None,
     }
 }
@@ -485,14 +486,18 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
                 total.ok_or_else(|| fail(exit::INVALID)(anyhow::anyhow!("percent positions need a known input length")))
             }
         };
-        let faults = run_faults::faults(f, &chain, count)?;
-        cfg.crashes = faults.crashes;
-        cfg.slowdowns = faults.slowdowns;
+        cfg.planned = run_faults::faults(f, &chain, count)?;
         cfg.fault_tolerance = true;
     }
     let state = fault_tolerant(state_config(&a.engine, &chain)?, cfg.fault_tolerance);
-    let plan =
+    let mut plan =
         compile_with(&chain, &registry, &sample, &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
+    // A run with a control endpoint and a store can be scaled live.
+    cfg.scalable = a.control.is_some() && plan.rebuilder.has_store();
+    if cfg.scalable || cfg.planned.iter().any(|p| matches!(p, sluice_runtime::exec::Planned::Change(_))) {
+        // Before the live statistics are made: they show added instances too.
+        plan.reserve_spares(sluice_runtime::exec::MAX_INSTANCES_PER_VERTEX);
+    }
     let mut sink: Box<dyn Sink> = match &a.output {
         Some(p) => Box::new(
             PcapSink::create(p, if a.nanos { Precision::Nano } else { Precision::Micro })

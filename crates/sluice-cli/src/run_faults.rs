@@ -1,24 +1,21 @@
 //! `sluice run --faults FILE`: the fault-schedule events the threaded runtime applies (NF
-//! instance crashes and slowdowns so far), as the runtime's [`Crash`]es and [`Slowdown`]s.
+//! instance crashes, slowdowns, scaling and flow moves so far), as the runtime's [`Planned`]
+//! events, in the schedule's order.
 
 use crate::{exit, fail, Failure};
+use sluice_coe::schedule::ScaleTo;
 use sluice_coe::schedule::{Action, FaultSchedule};
-use sluice_runtime::exec::{Crash, Slowdown};
+use sluice_runtime::exec::{Change, Crash, Planned, Reconfig, Slowdown};
 use sluice_runtime::Chain;
 use std::path::Path;
 
-/// What a schedule asks of a threaded run.
-#[derive(Debug, Default)]
-pub struct RunFaults {
-    /// Instance crashes.
-    pub crashes: Vec<Crash>,
-    /// Instance slowdowns.
-    pub slowdowns: Vec<Slowdown>,
-}
-
-/// The crashes and slowdowns of the schedule in `path` for `chain`; `total` counts the input's
+/// The events of the schedule in `path` for `chain`, in order; `total` counts the input's
 /// packets (asked only if an event is placed by percentage).
-pub fn faults(path: &Path, chain: &Chain, total: impl FnOnce() -> Result<u64, Failure>) -> Result<RunFaults, Failure> {
+pub fn faults(
+    path: &Path,
+    chain: &Chain,
+    total: impl FnOnce() -> Result<u64, Failure>,
+) -> Result<Vec<Planned>, Failure> {
     let bad = |msg: String| fail(exit::INVALID)(anyhow::anyhow!("{}: {msg}", path.display()));
     let schedule = FaultSchedule::load(path).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!("{e}")))?;
     if !schedule.run.is_empty() {
@@ -32,12 +29,16 @@ pub fn faults(path: &Path, chain: &Chain, total: impl FnOnce() -> Result<u64, Fa
     let total =
         if schedule.events.iter().any(|e| matches!(e.at, sluice_coe::schedule::At::Percent(_))) { total()? } else { 0 };
     let names = chain.vertex_names();
-    let mut out = RunFaults::default();
+    let mut out = Vec::new();
     for (after, e) in schedule.resolve(total) {
         let line = e.line.map(|l| format!("line {l}: ")).unwrap_or_default();
-        let (Action::Crash { vertex, .. } | Action::Slow { vertex, .. }) = &e.action else {
+        let (Action::Crash { vertex, .. }
+        | Action::Slow { vertex, .. }
+        | Action::Scale { vertex, .. }
+        | Action::Move { vertex, .. }) = &e.action
+        else {
             return Err(bad(format!(
-                "{line}`{}`: the threaded runtime applies only `crash` and `slow` events so far (`sluice verify --faults` runs every kind)",
+                "{line}`{}`: the threaded runtime applies `crash`, `slow`, `scale` and `move` events so far (`sluice verify --faults` runs every kind)",
                 e.action.key()
             )));
         };
@@ -45,9 +46,20 @@ pub fn faults(path: &Path, chain: &Chain, total: impl FnOnce() -> Result<u64, Fa
             return Err(bad(format!("{line}no vertex `{vertex}` in chain `{}`", chain.name)));
         };
         match &e.action {
-            Action::Crash { instance, .. } => out.crashes.push(Crash { after, vertex: v, index: *instance }),
+            Action::Crash { instance, .. } => out.push(Planned::Crash(Crash { after, vertex: v, index: *instance })),
             Action::Slow { instance, delay_us, .. } => {
-                out.slowdowns.push(Slowdown { after, vertex: v, index: *instance, delay_us: *delay_us });
+                out.push(Planned::Slow(Slowdown { after, vertex: v, index: *instance, delay_us: *delay_us }));
+            }
+            Action::Scale { to, .. } => {
+                let change = match to {
+                    ScaleTo::Exactly(n) => Change::ScaleTo(*n),
+                    ScaleTo::By(d) => Change::ScaleBy(*d),
+                };
+                out.push(Planned::Change(Reconfig { after, vertex: v, change }));
+            }
+            Action::Move { from, to, flows, .. } => {
+                let change = Change::Move { from: *from, to: *to, flows: *flows };
+                out.push(Planned::Change(Reconfig { after, vertex: v, change }));
             }
             _ => {}
         }

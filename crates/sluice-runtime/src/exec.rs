@@ -16,7 +16,6 @@
 
 use crate::clocks::ClockTracker;
 use crate::live::Live;
-use crate::order::InOrder;
 use crate::plan::{direction, Plan, Target, VertexPlan};
 use crate::ports::{Fill, Sink, Source};
 use crate::record::{DropRecord, Recording};
@@ -29,19 +28,26 @@ use sink::{drain_sink, latency_windows, Latencies};
 use sluice_packet::{Batch, Clock, InstanceId, PacketPool, ParseStatus};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use worker::{worker_loop, InstanceStats, Slot};
+use worker::{worker_loop, Slot};
 
+mod alloc;
 mod failover;
 mod finish;
 mod ft;
 mod outgoing;
 mod passing;
+mod reconfig;
 mod sink;
 mod worker;
 
 pub use failover::Crash;
+pub use reconfig::{Change, Reconfig};
+
+/// How many instances a vertex can have had over a run that scales (an instance's index is
+/// never reused; queues and statistics exist only for those used).
+pub const MAX_INSTANCES_PER_VERTEX: u16 = 64;
 
 /// What to do with input when the in-flight window is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -77,14 +83,39 @@ pub struct RunConfig {
     /// every input packet, every drop by clock, and the final state after the timers due by
     /// the last packet's time fired.
     pub record: bool,
-    /// NF instances to crash while the chain runs, each replaced and replayed to (needs
-    /// `fault_tolerance` and a state store).
-    pub crashes: Vec<Crash>,
-    /// NF instances to slow down (or back to normal) while the chain runs, as stragglers.
-    pub slowdowns: Vec<Slowdown>,
+    /// Faults and changes planned at points of the input (a fault schedule's events): NF
+    /// instances crash (needs `fault_tolerance` and a state store) or slow down, vertices scale
+    /// and flows move (needs a state store). Events at the same point apply in this order.
+    pub planned: Vec<Planned>,
+    /// Keep scaling and moves possible though none is planned (for a control endpoint); the
+    /// run then tracks which flows each instance received and routes by the clock's
+    /// allocation (needs a state store).
+    pub scalable: bool,
     /// Report latency per window of this width as well ([`RunReport::latency_timeline`]): how
     /// it moves around a failover.
     pub latency_timeline: Option<Duration>,
+}
+
+/// Something planned at a point of a run's input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Planned {
+    /// An NF instance crashes.
+    Crash(Crash),
+    /// An NF instance slows down or back.
+    Slow(Slowdown),
+    /// A vertex scales or flows move.
+    Change(Reconfig),
+}
+
+impl Planned {
+    /// Applied once the root has admitted this many packets.
+    pub fn after(&self) -> u64 {
+        match self {
+            Planned::Crash(c) => c.after,
+            Planned::Slow(s) => s.after,
+            Planned::Change(r) => r.after,
+        }
+    }
 }
 
 /// An NF instance becomes slower (a `slow` fault): it spends `delay_us` more per packet, busy,
@@ -95,7 +126,8 @@ pub struct Slowdown {
     pub after: u64,
     /// The vertex (its index in the chain).
     pub vertex: usize,
-    /// The instance of it.
+    /// The instance of it: its position among the vertex's instances at that point, as fault
+    /// schedules name instances.
     pub index: u16,
     /// Extra time per packet, µs, drawn between the two; `(0, 0)` back to normal.
     pub delay_us: (u64, u64),
@@ -112,8 +144,8 @@ impl Default for RunConfig {
             fault_tolerance: false,
             checkpoint_every: Some(Duration::from_millis(150)),
             record: false,
-            crashes: Vec::new(),
-            slowdowns: Vec::new(),
+            planned: Vec::new(),
+            scalable: false,
             latency_timeline: None,
         }
     }
@@ -148,7 +180,10 @@ pub struct RunHooks<'a> {
 }
 
 struct Shared {
-    queues: Vec<ArrayQueue<Batch>>,
+    /// Per instance (global index), made when first used: spares kept for scaling cost
+    /// nothing until then.
+    queues: Vec<OnceLock<ArrayQueue<Batch>>>,
+    queue_cap: usize,
     clocks: ClockTracker,
     /// The root's last admitted sequence number, published after its clock is in `clocks`.
     admitted: CachePadded<AtomicU64>,
@@ -156,6 +191,8 @@ struct Shared {
     spare: ArrayQueue<Batch>,
     in_flight: CachePadded<AtomicUsize>,
     input_done: AtomicBool,
+    /// The run failed: workers stop at once.
+    aborted: AtomicBool,
     vertices: Vec<VertexPlan>,
     pool: PacketPool,
     batch: usize,
@@ -170,9 +207,49 @@ struct Shared {
     failover: Option<failover::Failover>,
     /// `reaches[v][w]`: vertex `v`'s routes lead to vertex `w` (itself included).
     reaches: Vec<Vec<bool>>,
+    /// Per vertex: its instances take their input in entry order.
+    ordered: Vec<bool>,
+    /// With `RunConfig::reconfigs`: the flow allocation and what scaling shares.
+    scaling: Option<reconfig::Scaling>,
 }
 
 impl Shared {
+    /// Instance `i`'s queue (the sink's past the last instance: `None`).
+    fn queue(&self, i: usize) -> Option<&ArrayQueue<Batch>> {
+        self.queues.get(i).map(|q| q.get_or_init(|| ArrayQueue::new(self.queue_cap)))
+    }
+    /// The global index of the instance at `position` among `vertex`'s instances now (fault
+    /// schedules name instances so).
+    fn member(&self, vertex: usize, position: u16) -> Result<usize, String> {
+        let v = self.vertices.get(vertex).ok_or_else(|| format!("no vertex with index {vertex}"))?;
+        let found = match &self.scaling {
+            Some(sc) => sc.alloc.current(vertex).and_then(|e| e.members().nth(usize::from(position))),
+            None => v.instances.get(usize::from(position)).copied(),
+        };
+        let n = self.scaling.as_ref().map_or(v.instances.len(), |sc| sc.members(vertex));
+        found.ok_or_else(|| format!("`{}` has {n} instance(s) at this point, not an instance {position}", v.name))
+    }
+    /// The position among `vertex`'s instances now of the one with index `index`.
+    fn position(&self, vertex: usize, index: u16) -> Option<u16> {
+        let g = self.vertices.get(vertex)?.global(index)?;
+        let sc = self.scaling.as_ref()?;
+        let p = sc.alloc.current(vertex)?.members().position(|m| m == g)?;
+        u16::try_from(p).ok()
+    }
+    /// The index of instance `global` in `vertex`.
+    fn index_of(&self, vertex: usize, global: usize) -> u16 {
+        let v = self.vertices.get(vertex);
+        let all = v.into_iter().flat_map(|v| v.instances.iter().chain(&v.spares));
+        all.enumerate().find(|(_, g)| **g == global).map_or(0, |(i, _)| i as u16)
+    }
+    /// The global index of instance `index` of `vertex`, if it serves flows now.
+    fn serving(&self, vertex: usize, index: u16) -> Option<usize> {
+        let v = self.vertices.get(vertex)?;
+        match &self.scaling {
+            Some(sc) => v.global(index).filter(|g| sc.serving(*g)),
+            None => v.instances.get(usize::from(index)).copied(),
+        }
+    }
     fn empty_batch(&self) -> Batch {
         self.spare.pop().unwrap_or_else(|| Vec::with_capacity(self.batch))
     }
@@ -190,7 +267,7 @@ impl Shared {
         let Target::Vertex(w) = to else { return false };
         let tv = usize::from(target.vertex());
         if w == tv {
-            return self.vertices.get(w).and_then(|v| v.instances.get(usize::from(target.index()))) == Some(&dest);
+            return self.vertices.get(w).and_then(|v| v.global(target.index())) == Some(dest);
         }
         self.reaches.get(w).and_then(|r| r.get(tv)).copied().unwrap_or(false)
     }
@@ -210,17 +287,30 @@ pub fn run(
             cfg.workers, cfg.batch, cfg.window
         )));
     }
-    let ordered = crate::order::needs_entry_order(&plan);
+    let mut plan = plan;
+    let scalable = cfg.scalable || cfg.planned.iter().any(|p| matches!(p, Planned::Change(_)));
+    let crashes_planned = cfg.planned.iter().any(|p| matches!(p, Planned::Crash(_)));
+    if scalable && plan.vertices.iter().all(|v| v.spares.is_empty()) {
+        plan.reserve_spares(MAX_INSTANCES_PER_VERTEX);
+    }
+    let ordered = crate::order::needs_entry_order(&plan, scalable);
     // Only order-sensitive instances read the last admitted clock: nobody else pays for it.
     let any_ordered = ordered.iter().any(|o| *o);
     let can_fail_over = cfg.fault_tolerance && plan.rebuilder.has_store();
-    if !cfg.crashes.is_empty() && !can_fail_over {
+    if scalable && !plan.rebuilder.has_store() {
+        return Err(RunError::Config(
+            "scaling and moving flows needs the state in a store (not `local`): flows take their state along through it".into(),
+        ));
+    }
+    if crashes_planned && !can_fail_over {
         return Err(RunError::Config(
             "crashing instances needs the root's log (fault tolerance) and state in a store (not `local`)".into(),
         ));
     }
     // A slowdown is applied through the live record workers read once per batch.
-    let live = hooks.live.clone().or_else(|| (!cfg.slowdowns.is_empty()).then(|| Arc::new(Live::new(&plan))));
+    let slows = cfg.planned.iter().any(|p| matches!(p, Planned::Slow(_)));
+    let live = hooks.live.clone().or_else(|| slows.then(|| Arc::new(Live::new(&plan))));
+    let slot_count = plan.slot_count();
     let Plan { name, vertices, entry, traffic, instances, store, state, rebuilder, .. } = plan;
     let per_vertex: Vec<u16> = vertices.iter().map(|v| v.instances.len() as u16).collect();
     let successors: Vec<Vec<usize>> = vertices.iter().map(VertexPlan::successors).collect();
@@ -232,14 +322,19 @@ pub fn run(
     // after a failover may not, and wait with their sender.
     let cap = cfg.window * (1 + mirrors) + 1024;
     let pool = PacketPool::new(cfg.window * (1 + mirrors).min(4), 2048);
+    let workers = cfg.workers.min(instances.len().max(1));
+    let scaling =
+        scalable.then(|| reconfig::Scaling::new(&vertices, (slot_count, instances.len()), workers, rebuilder.clone()));
     let shared = Arc::new(Shared {
-        queues: (0..instances.len()).map(|_| ArrayQueue::new(cap)).collect(),
+        queues: (0..slot_count).map(|_| OnceLock::new()).collect(),
+        queue_cap: cap,
         clocks: ClockTracker::new(cfg.window),
         admitted: CachePadded::new(AtomicU64::new(0)),
         sink: ArrayQueue::new(cap),
         spare: ArrayQueue::new(cap.min(1 << 16)),
         in_flight: CachePadded::new(AtomicUsize::new(0)),
         input_done: AtomicBool::new(false),
+        aborted: AtomicBool::new(false),
         vertices,
         pool: pool.clone(),
         batch: cfg.batch,
@@ -248,31 +343,35 @@ pub fn run(
         notes: cfg.fault_tolerance.then(|| ArrayQueue::new(NOTE_BUFFERS)),
         note_spare: ArrayQueue::new(NOTE_BUFFERS),
         // Armed for the crashes planned, or for those a control endpoint may ask for.
-        failover: (!cfg.crashes.is_empty() || (can_fail_over && hooks.live.is_some()))
-            .then(|| failover::Failover::new(instances.len(), per_vertex, rebuilder)),
+        failover: (crashes_planned || (can_fail_over && hooks.live.is_some()))
+            .then(|| failover::Failover::new(slot_count, per_vertex, rebuilder)),
         reaches,
+        ordered,
+        scaling,
     });
-    let mut crashes = cfg.crashes.clone();
-    crashes.sort_by_key(|c| c.after);
-    for c in &crashes {
-        failover::check(c, &shared).map_err(RunError::Config)?;
-    }
-    let mut crashes = crashes.into_iter().peekable();
-    for s in &cfg.slowdowns {
-        let v = shared
-            .vertices
-            .get(s.vertex)
-            .ok_or_else(|| RunError::Config(format!("no vertex with index {}", s.vertex)))?;
-        if usize::from(s.index) >= v.instances.len() {
-            let n = v.instances.len();
-            return Err(RunError::Config(format!("`{}` has {n} instance(s), not an instance {}", v.name, s.index)));
+    let mut planned = cfg.planned.clone();
+    // Stable: events at the same point keep their order.
+    planned.sort_by_key(Planned::after);
+    for p in &planned {
+        match p {
+            // With scaling, which instances a vertex has depends on the point: checked then.
+            Planned::Crash(Crash { vertex, index, .. }) | Planned::Slow(Slowdown { vertex, index, .. }) => {
+                if !scalable {
+                    shared.member(*vertex, *index).map_err(RunError::Config)?;
+                }
+            }
+            Planned::Change(r) => {
+                if r.vertex >= shared.vertices.len() {
+                    return Err(RunError::Config(format!("no vertex with index {}", r.vertex)));
+                }
+            }
         }
     }
-    let mut slowdowns = cfg.slowdowns.clone();
-    slowdowns.sort_by_key(|s| s.after);
-    let mut slowdowns = slowdowns.into_iter().peekable();
-    // The admission count of the next planned fault: one comparison per packet until then.
-    let mut next_fault = next_fault_at(crashes.peek().map(|c| c.after), slowdowns.peek().map(|s| s.after));
+    let mut planned = planned.into_iter().peekable();
+    // The admission count of the next planned event: one comparison per packet until then.
+    let mut next_fault = planned.peek().map_or(u64::MAX, Planned::after);
+    let mut scaling_side = reconfig::RootSide::default();
+    let mut reconfigurations = Vec::new();
     if let Some(live) = &shared.live {
         live.set_failover(match (cfg.fault_tolerance, can_fail_over) {
             (_, true) => None,
@@ -282,23 +381,20 @@ pub fn run(
             }
         });
     }
+    if let Some(live) = &shared.live {
+        live.set_scaling((!scalable).then(|| {
+            "the run was not started to scale: give it a store (not local state) and a control endpoint, or `scale`/`move` faults".into()
+        }));
+    }
     let mut failover_side = failover::RootSide::default();
     let mut failovers = Vec::new();
     let mut log = cfg.fault_tolerance.then(|| RootLog::new(cfg.window));
 
-    // Instances go round-robin to workers.
-    let workers = cfg.workers.min(instances.len().max(1));
+    // Instances go round-robin to workers (those added later too, by global index).
     let mut per_worker: Vec<Vec<Slot>> = (0..workers).map(|_| Vec::new()).collect();
     for (global, (vertex, inst)) in instances.into_iter().enumerate() {
         if let Some(w) = per_worker.get_mut(global % workers) {
-            let order = ordered.get(global).copied().unwrap_or(false).then(InOrder::new);
-            let seen = shared.failover.is_some().then(sluice_chc::clockset::ClockSet::default);
-            let stats = InstanceStats::default();
-            // Only a vertex that leads to others sees replays pass through.
-            let leads_on = successors.get(vertex).is_some_and(|s| !s.is_empty());
-            let passing = (seen.is_some() && leads_on).then(passing::Passing::default);
-            let errors = Vec::new();
-            w.push(Slot { global, vertex, inst, stats, order, seen, recovery: None, passing, errors });
+            w.push(Slot::new(&shared, global, vertex, inst));
         }
     }
     let cores = if cfg.pin { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
@@ -312,7 +408,7 @@ pub fn run(
                 if let Some(c) = core {
                     core_affinity::set_for_current(c);
                 }
-                worker_loop(&shared, slots)
+                worker_loop(&shared, w, slots)
             })
             .map_err(|e| RunError::Worker(e.to_string()))?;
         handles.push(h);
@@ -361,14 +457,48 @@ pub fn run(
         if let Some(live) = shared.live.as_ref().filter(|_| shared.failover.is_some()) {
             for (vertex, index) in live.take_crashes() {
                 let c = Crash { after: seq, vertex, index };
-                let global = shared.vertices.get(vertex).and_then(|v| v.instances.get(usize::from(index))).copied();
-                if let (Ok(()), Some(g)) = (failover::check(&c, &shared), global) {
+                if let Some(g) = shared.serving(vertex, index) {
                     failover_side.ask(&shared, (&c, g, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
                 }
             }
         }
+        if let Some(live) = shared.live.as_ref().filter(|_| shared.scaling.is_some()) {
+            for (vertex, change) in live.take_changes() {
+                // The endpoint names instances by index, a change by position.
+                let change = match change {
+                    Change::Move { from, to, flows } => {
+                        match (shared.position(vertex, from), shared.position(vertex, to)) {
+                            (Some(from), Some(to)) => Change::Move { from, to, flows },
+                            _ => {
+                                tracing::warn!(
+                                    vertex,
+                                    from,
+                                    to,
+                                    "move asked of an instance no longer serving: ignored"
+                                );
+                                continue;
+                            }
+                        }
+                    }
+                    c => c,
+                };
+                let r = Reconfig { after: seq, vertex, change };
+                let at = (seq, t0.elapsed().as_secs_f64() * 1e3);
+                if let Err(e) = scaling_side.apply(&shared, &r, at, &mut reconfigurations) {
+                    tracing::warn!(vertex, error = %e, "change asked through the control endpoint not made");
+                }
+            }
+        }
+        // With failovers, a clock still logged keeps its slot in the ring: a replay may count
+        // copies of it again.
+        let replayable =
+            |c: u64| shared.failover.is_some() && log.as_ref().is_some_and(|l| l.is_logged(Clock::new(0, c)));
+        while low <= seq && shared.clocks.finished(low) && !replayable(low) {
+            low += 1;
+        }
+        scaling_side.serve(&shared, (low, seq), &mut reconfigurations);
         if source_done {
-            if shared.in_flight.load(Ordering::Acquire) == 0 && !failover_side.busy() {
+            if shared.in_flight.load(Ordering::Acquire) == 0 && !failover_side.busy() && !scaling_side.busy() {
                 // The last updates' acknowledgements are still on their way to the log; a
                 // store that stopped answering leaves entries behind (reported), not a hang.
                 let settled = log.as_ref().is_none_or(|l| l.logged() == 0);
@@ -377,6 +507,19 @@ pub fn run(
                     return Ok(());
                 }
             }
+            if last_progress.elapsed() >= WAITING_NOTICE {
+                // Nothing is read any more: say what the end waits for (a run that never ends
+                // is a bug; this is where to start looking).
+                last_progress = Instant::now();
+                tracing::warn!(
+                    in_flight = shared.in_flight.load(Ordering::Acquire),
+                    oldest_unfinished = low,
+                    logged = log.as_ref().map_or(0, RootLog::logged),
+                    failover_pending = failover_side.busy(),
+                    changes_pending = %scaling_side.describe(&shared),
+                    "the input is done; the run waits for these"
+                );
+            }
             // Only the sink is left to serve: leave the CPU to the workers in between.
             std::thread::sleep(Duration::from_micros(20));
             continue;
@@ -384,13 +527,6 @@ pub fn run(
         if hooks.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
             source_done = true;
             continue;
-        }
-        // With failovers, a clock still logged keeps its slot in the ring: a replay may count
-        // copies of it again.
-        let replayable =
-            |c: u64| shared.failover.is_some() && log.as_ref().is_some_and(|l| l.is_logged(Clock::new(0, c)));
-        while low <= seq && shared.clocks.finished(low) && !replayable(low) {
-            low += 1;
         }
         if let Some(conn) = store_conn.as_mut() {
             // Per-clock logs in the store are kept only for packets still in flight, or, with
@@ -484,18 +620,27 @@ pub fn run(
             admitted += 1;
             shared.in_flight.fetch_add(1, Ordering::AcqRel);
             if seq >= next_fault {
-                while let Some(s) = slowdowns.next_if(|s| s.after <= seq) {
-                    if let Some(l) = &live {
-                        l.set_slow_of(s.vertex, s.index, s.delay_us);
+                while let Some(p) = planned.next_if(|p| p.after() <= seq) {
+                    match p {
+                        Planned::Slow(s) => {
+                            let g = shared.member(s.vertex, s.index).map_err(RunError::Config)?;
+                            if let Some(l) = &live {
+                                l.set_slow_of(g, s.delay_us);
+                            }
+                        }
+                        Planned::Crash(c) => {
+                            let g = shared.member(c.vertex, c.index).map_err(RunError::Config)?;
+                            let c = Crash { index: shared.index_of(c.vertex, g), ..c };
+                            let asked_ms = t0.elapsed().as_secs_f64() * 1e3;
+                            failover_side.ask(&shared, (&c, g, asked_ms), &mut failovers);
+                        }
+                        // A change takes effect for the packets admitted after this one.
+                        Planned::Change(r) => scaling_side
+                            .apply(&shared, &r, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut reconfigurations)
+                            .map_err(|e| RunError::Config(format!("scaling while the chain runs: {e}")))?,
                     }
                 }
-                while let Some(c) = crashes.next_if(|c| c.after <= seq) {
-                    let global = shared.vertices.get(c.vertex).and_then(|v| v.instances.get(usize::from(c.index)));
-                    if let Some(g) = global.copied() {
-                        failover_side.ask(&shared, (&c, g, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
-                    }
-                }
-                next_fault = next_fault_at(crashes.peek().map(|c| c.after), slowdowns.peek().map(|s| s.after));
+                next_fault = planned.peek().map_or(u64::MAX, Planned::after);
             }
             if traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
                 report.bypassed += 1;
@@ -534,15 +679,9 @@ pub fn run(
     })();
     shared.input_done.store(true, Ordering::Release);
     if result.is_err() {
-        // Let workers finish what is in flight so they can exit, discarding the output.
-        while shared.in_flight.load(Ordering::Acquire) > 0 {
-            while let Some(mut b) = shared.sink.pop() {
-                let n = b.len();
-                pool.recycle_batch(&mut b);
-                shared.in_flight.fetch_sub(n, Ordering::AcqRel);
-            }
-            std::thread::yield_now();
-        }
+        // The workers stop where they are: what is in flight may wait for something that will
+        // not happen now (a replay, a change settling), and the output is discarded anyway.
+        shared.aborted.store(true, Ordering::Release);
     }
     let mut slots = Vec::new();
     let mut mirrored = root.mirrored;
@@ -567,6 +706,7 @@ pub fn run(
     report.mirrored = mirrored;
     report.fault_tolerance = log.as_ref().map(RootLog::report);
     report.failovers = failovers;
+    report.reconfigurations = reconfigurations;
     if let (Some(live), Some(ft)) = (&shared.live, &report.fault_tolerance) {
         live.root_log(ft.clone());
     }
@@ -609,6 +749,7 @@ pub fn run(
         let busy = s.stats.busy.as_secs_f64();
         vr.instances.push(InstanceReport {
             index: s.inst.id().index(),
+            retired: shared.scaling.as_ref().is_some_and(|sc| !sc.serving(s.global)),
             worker: w,
             packets_in: s.stats.packets_in,
             forwarded: s.stats.forwarded,
@@ -652,10 +793,8 @@ pub fn run(
     Ok(report)
 }
 
-/// The earlier of the next crash and the next slowdown (never, if neither is left).
-fn next_fault_at(crash: Option<u64>, slowdown: Option<u64>) -> u64 {
-    crash.unwrap_or(u64::MAX).min(slowdown.unwrap_or(u64::MAX))
-}
+/// How often a run whose input is done says what it still waits for.
+const WAITING_NOTICE: Duration = Duration::from_secs(5);
 
 /// Note buffers in flight between the workers and the root.
 const NOTE_BUFFERS: usize = 4096;

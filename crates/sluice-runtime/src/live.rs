@@ -4,18 +4,28 @@
 //! [`LiveSnapshot`] at any time. Counters only grow; gauges (queue depth, packets in flight)
 //! are the latest value written.
 
+use crate::exec::Change;
 use crate::plan::Plan;
 use crate::report::FaultToleranceReport;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
+
+/// A global index kept for an instance scaling may add (not shown).
+const SPARE: u8 = 0;
+/// An instance serving flows.
+const SERVING: u8 = 1;
+/// An instance removed by scaling in (shown with what it did).
+const RETIRED: u8 = 2;
 
 /// Live counters of one instance.
 #[derive(Debug, Default)]
 struct InstanceLive {
     vertex: usize,
     index: u16,
+    /// [`SPARE`], [`SERVING`] or [`RETIRED`].
+    status: AtomicU8,
     packets_in: AtomicU64,
     forwarded: AtomicU64,
     consumed: AtomicU64,
@@ -51,6 +61,13 @@ pub struct Live {
     crash_asked: AtomicBool,
     /// Why this run cannot crash instances; `None` once it says it can.
     no_failover: Mutex<Option<String>>,
+    /// Scaling and moves asked for ([`Live::request_change`]) the root has not taken yet:
+    /// (vertex, change; a move names instances by index).
+    changes: Mutex<Vec<(usize, Change)>>,
+    /// Whether `changes` may hold something.
+    change_asked: AtomicBool,
+    /// Why this run cannot scale or move flows; `None` once it says it can.
+    no_scaling: Mutex<Option<String>>,
 }
 
 /// What one batch of an instance did.
@@ -66,18 +83,18 @@ pub(crate) struct BatchCounts {
 impl Live {
     /// Live statistics for a run of `plan` (its vertices and instances, by global index).
     pub fn new(plan: &Plan) -> Live {
-        let index_of = |global: usize| {
-            plan.vertices.iter().find_map(|v| v.instances.iter().position(|g| *g == global)).unwrap_or(0) as u16
-        };
         Live {
             started: Instant::now(),
             chain: plan.name.clone(),
             vertices: plan.vertices.iter().map(|v| (v.name.to_string(), v.kind.clone())).collect(),
             instances: plan
-                .instances
-                .iter()
+                .slots()
+                .into_iter()
                 .enumerate()
-                .map(|(g, (v, _))| InstanceLive { vertex: *v, index: index_of(g), ..InstanceLive::default() })
+                .map(|(g, (vertex, index))| {
+                    let status = AtomicU8::new(if g < plan.instances.len() { SERVING } else { SPARE });
+                    InstanceLive { vertex, index, status, ..InstanceLive::default() }
+                })
                 .collect(),
             packets_in: AtomicU64::new(0),
             packets_out: AtomicU64::new(0),
@@ -87,6 +104,9 @@ impl Live {
             crashes: Mutex::new(Vec::new()),
             crash_asked: AtomicBool::new(false),
             no_failover: Mutex::new(Some("the run has not started".into())),
+            changes: Mutex::new(Vec::new()),
+            change_asked: AtomicBool::new(false),
+            no_scaling: Mutex::new(Some("the run has not started".into())),
         }
     }
 
@@ -95,7 +115,7 @@ impl Live {
     pub fn request_crash(&self, vertex: &str, index: u16) -> Result<(), LiveError> {
         let v =
             self.vertices.iter().position(|(n, _)| n == vertex).ok_or_else(|| LiveError::NoVertex(vertex.into()))?;
-        if !self.instances.iter().any(|i| i.vertex == v && i.index == index) {
+        if !self.serves(v, index) {
             return Err(LiveError::NoInstance { vertex: vertex.into(), index });
         }
         if let Some(why) = self.no_failover.lock().ok().and_then(|w| w.clone()) {
@@ -106,6 +126,63 @@ impl Live {
             self.crash_asked.store(true, Ordering::Release);
         }
         Ok(())
+    }
+
+    /// Scales a vertex or moves flows between two of its instances (named by index), as a
+    /// `scale` or `move` fault does; the root applies it from the next packet it admits.
+    pub fn request_change(&self, vertex: &str, change: Change) -> Result<(), LiveError> {
+        let v =
+            self.vertices.iter().position(|(n, _)| n == vertex).ok_or_else(|| LiveError::NoVertex(vertex.into()))?;
+        match change {
+            Change::ScaleTo(0) => return Err(LiveError::BadChange("a vertex keeps at least one instance".into())),
+            Change::Move { from, to, .. } => {
+                for i in [from, to] {
+                    if !self.serves(v, i) {
+                        return Err(LiveError::NoInstance { vertex: vertex.into(), index: i });
+                    }
+                }
+                if from == to {
+                    return Err(LiveError::BadChange(format!("a move needs two instances, not {from} twice")));
+                }
+            }
+            _ => {}
+        }
+        if let Some(why) = self.no_scaling.lock().ok().and_then(|w| w.clone()) {
+            return Err(LiveError::Refused(why));
+        }
+        if let Ok(mut c) = self.changes.lock() {
+            c.push((v, change));
+            self.change_asked.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// The run says whether it can scale and move flows (`None`) or why not.
+    pub(crate) fn set_scaling(&self, why_not: Option<String>) {
+        if let Ok(mut w) = self.no_scaling.lock() {
+            *w = why_not;
+        }
+    }
+
+    /// Changes asked for since the last call.
+    pub(crate) fn take_changes(&self) -> Vec<(usize, Change)> {
+        if !self.change_asked.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        self.changes.lock().map(|mut c| std::mem::take(&mut *c)).unwrap_or_default()
+    }
+
+    /// Whether instance `index` of vertex `v` serves flows now.
+    fn serves(&self, v: usize, index: u16) -> bool {
+        self.instances.iter().any(|i| i.vertex == v && i.index == index && i.status.load(Ordering::Relaxed) == SERVING)
+    }
+
+    /// Instance `global` serves flows from now on (`true`: added by scaling out) or no longer
+    /// (`false`: retired by scaling in).
+    pub(crate) fn set_serving(&self, global: usize, serving: bool) {
+        if let Some(i) = self.instances.get(global) {
+            i.status.store(if serving { SERVING } else { RETIRED }, Ordering::Relaxed);
+        }
     }
 
     /// The run says whether it can crash instances (`None`) or why not.
@@ -148,16 +225,17 @@ impl Live {
         }
         let v =
             self.vertices.iter().position(|(n, _)| n == vertex).ok_or_else(|| LiveError::NoVertex(vertex.into()))?;
-        if !self.instances.iter().any(|i| i.vertex == v && i.index == index) {
+        let global = self.instances.iter().position(|i| i.vertex == v && i.index == index);
+        let Some(global) = global.filter(|_| self.serves(v, index)) else {
             return Err(LiveError::NoInstance { vertex: vertex.into(), index });
-        }
-        self.set_slow_of(v, index, (min_us, max_us));
+        };
+        self.set_slow_of(global, (min_us, max_us));
         Ok(())
     }
 
-    /// [`Live::set_slow`] by vertex index, for a run's own `slow` faults (checked before).
-    pub(crate) fn set_slow_of(&self, vertex: usize, index: u16, (min_us, max_us): (u64, u64)) {
-        let Some(i) = self.instances.iter().find(|i| i.vertex == vertex && i.index == index) else { return };
+    /// [`Live::set_slow`] by global index, for a run's own `slow` faults.
+    pub(crate) fn set_slow_of(&self, global: usize, (min_us, max_us): (u64, u64)) {
+        let Some(i) = self.instances.get(global) else { return };
         i.slow_max_ns.store(0, Ordering::Relaxed);
         i.slow_min_ns.store(min_us.min(max_us).saturating_mul(1000), Ordering::Relaxed);
         i.slow_max_ns.store(max_us.saturating_mul(1000), Ordering::Relaxed);
@@ -204,9 +282,11 @@ impl Live {
             .map(|(name, kind)| LiveVertex { name: name.clone(), kind: kind.clone(), instances: Vec::new() })
             .collect();
         for i in &self.instances {
-            let Some(v) = vertices.get_mut(i.vertex) else { continue };
+            let status = i.status.load(Ordering::Relaxed);
+            let Some(v) = vertices.get_mut(i.vertex).filter(|_| status != SPARE) else { continue };
             v.instances.push(LiveInstance {
                 index: i.index,
+                retired: status == RETIRED,
                 packets_in: i.packets_in.load(Ordering::Relaxed),
                 forwarded: i.forwarded.load(Ordering::Relaxed),
                 consumed: i.consumed.load(Ordering::Relaxed),
@@ -275,6 +355,8 @@ pub struct LiveVertex {
 pub struct LiveInstance {
     /// Its index in the vertex.
     pub index: u16,
+    /// Removed by scaling in: it serves no flows any more.
+    pub retired: bool,
     /// Packets it took in.
     pub packets_in: u64,
     /// Packets it passed on.
@@ -313,6 +395,9 @@ pub enum LiveError {
     /// The run cannot do that (why).
     #[error("{0}")]
     Refused(String),
+    /// A change that cannot be made (why).
+    #[error("{0}")]
+    BadChange(String),
     /// A delay range upside down.
     #[error("delay {min_us}-{max_us} µs: the first must not exceed the second")]
     BadDelay {

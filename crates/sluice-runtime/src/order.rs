@@ -84,12 +84,13 @@ impl InOrder {
     }
 }
 
-/// Which instances of `plan` (by global index) must take their input in entry order: those of
-/// an NF that needs it (`InputOrder::Clock`) when packets can overtake each other on the way to
-/// it — some vertex has several instances, or it is fed by more than one vertex (or the root
-/// and a vertex). Otherwise arrival order is entry order already and holding would only wait.
-pub(crate) fn needs_entry_order(plan: &Plan) -> Vec<bool> {
-    let scaled = plan.vertices.iter().any(|v| v.instances.len() > 1);
+/// Which vertices of `plan` must take their input in entry order: those of an NF that needs it
+/// (`InputOrder::Clock`) when packets can overtake each other on the way to it — some vertex
+/// has several instances (or may have, `scalable`), or it is fed by more than one vertex (or
+/// the root and a vertex). Otherwise arrival order is entry order already and holding would
+/// only wait.
+pub(crate) fn needs_entry_order(plan: &Plan, scalable: bool) -> Vec<bool> {
+    let scaled = scalable || plan.vertices.iter().any(|v| v.instances.len() > 1);
     let mut feeders: Vec<usize> = vec![0; plan.vertices.len()];
     let vertices = plan.vertices.iter().map(|v| v.routes.iter().flatten().collect::<Vec<_>>());
     for routes in vertices.chain(std::iter::once(plan.entry.iter().collect())) {
@@ -109,13 +110,14 @@ pub(crate) fn needs_entry_order(plan: &Plan) -> Vec<bool> {
             }
         }
     }
-    plan.instances
-        .iter()
-        .map(|(v, inst)| {
-            inst.nf().input_order() == sluice_nf::InputOrder::Clock
-                && (scaled || feeders.get(*v).is_some_and(|n| *n > 1))
-        })
-        .collect()
+    let mut ordered = vec![false; plan.vertices.len()];
+    for (v, inst) in &plan.instances {
+        if let Some(o) = ordered.get_mut(*v) {
+            *o = inst.nf().input_order() == sluice_nf::InputOrder::Clock
+                && (scaled || feeders.get(*v).is_some_and(|n| *n > 1));
+        }
+    }
+    ordered
 }
 
 #[cfg(test)]

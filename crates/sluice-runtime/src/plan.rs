@@ -61,8 +61,11 @@ pub struct VertexPlan {
     pub name: Arc<str>,
     /// NF type.
     pub kind: String,
-    /// Global indices of its instances.
+    /// Global indices of its instances at the start (instance `i` is `instances[i]`).
     pub instances: Vec<usize>,
+    /// Global indices kept for instances added while the chain runs (scaling out): instance
+    /// `instances.len() + j` is `spares[j]` ([`Plan::reserve_spares`]).
+    pub spares: Vec<usize>,
     /// Header fields the upstream splitters partition on (hashed symmetrically, so both
     /// directions of a connection reach the same instance).
     pub split: Vec<HeaderField>,
@@ -74,6 +77,12 @@ pub struct VertexPlan {
 }
 
 impl VertexPlan {
+    /// The global index of instance `index` (one it starts with or a spare).
+    pub fn global(&self, index: u16) -> Option<usize> {
+        let i = usize::from(index);
+        self.instances.get(i).or_else(|| self.spares.get(i.checked_sub(self.instances.len())?)).copied()
+    }
+
     /// The vertices its routes lead to (main and mirror edges, both directions, every output).
     pub fn successors(&self) -> Vec<usize> {
         let mut next: Vec<usize> = self
@@ -114,6 +123,40 @@ pub struct Plan {
     pub rebuilder: Rebuilder,
 }
 
+impl Plan {
+    /// Keeps global indices for instances added while the chain runs, so that every vertex
+    /// can have had `per_vertex` instances in all (indices are never reused: an instance
+    /// removed by scaling in keeps its index). Queues and statistics of a spare exist only
+    /// once it is used.
+    pub fn reserve_spares(&mut self, per_vertex: u16) {
+        let mut next = self.slot_count();
+        for v in &mut self.vertices {
+            while v.instances.len() + v.spares.len() < usize::from(per_vertex) {
+                v.spares.push(next);
+                next += 1;
+            }
+        }
+    }
+
+    /// Global indices in use or kept: the instances, then the spares.
+    pub fn slot_count(&self) -> usize {
+        self.instances.len() + self.vertices.iter().map(|v| v.spares.len()).sum::<usize>()
+    }
+
+    /// Every global index's (vertex, instance index).
+    pub fn slots(&self) -> Vec<(usize, u16)> {
+        let mut out = vec![(0, 0); self.slot_count()];
+        for (vi, v) in self.vertices.iter().enumerate() {
+            for (i, g) in v.instances.iter().chain(&v.spares).enumerate() {
+                if let Some(s) = out.get_mut(*g) {
+                    *s = (vi, i as u16);
+                }
+            }
+        }
+        out
+    }
+}
+
 /// What building an instance of a compiled chain while it runs needs: the chain, the NF types,
 /// the labels interned at compile time and where state lives.
 #[derive(Clone)]
@@ -139,19 +182,25 @@ impl Rebuilder {
     /// the store gives it the predecessor's per-flow state, and the timers its predecessor had
     /// armed re-armed from the store's copy.
     pub fn replacement(&self, vertex: usize, index: u16, instances: u16) -> Result<Instance, PlanError> {
-        let state = match &self.state {
-            // The store holds its flows' state already: a value it has no copy of is looked up.
-            StateConfig::Store { backend, client } => {
-                StateConfig::Store { backend: backend.clone(), client: ClientConfig { fresh: false, ..client.clone() } }
-            }
-            StateConfig::Local => StateConfig::Local,
-        };
-        let mut inst = build_instance(&self.chain, &self.registry, &self.labels, vertex, index, instances, &state)?;
+        let mut inst = self.added(vertex, index, instances)?;
         if let StateConfig::Store { backend, .. } = &self.state {
             let id = inst.id();
             adopt_timers(backend.as_ref(), &mut inst, id)?;
         }
         Ok(inst)
+    }
+
+    /// A new instance `index` of `vertex` (one of `instances`) added while the chain runs
+    /// (scaling out; a replacement starts as one). Flows reach it from other instances, whose
+    /// state the store has: a value it has no copy of is looked up. It arms no timers yet.
+    pub fn added(&self, vertex: usize, index: u16, instances: u16) -> Result<Instance, PlanError> {
+        let state = match &self.state {
+            StateConfig::Store { backend, client } => {
+                StateConfig::Store { backend: backend.clone(), client: ClientConfig { fresh: false, ..client.clone() } }
+            }
+            StateConfig::Local => StateConfig::Local,
+        };
+        build_instance(&self.chain, &self.registry, &self.labels, vertex, index, instances, &state)
     }
 }
 
@@ -297,6 +346,11 @@ impl Default for Splitter {
 }
 
 impl Splitter {
+    /// The key `pkt`'s flow has at vertex `v` ([`split_key`]).
+    pub fn key(&self, v: &VertexPlan, pkt: &Packet) -> u64 {
+        split_hash(pkt, &v.split, &self.hasher).unwrap_or(0)
+    }
+
     /// The global instance index for `pkt` at vertex `v`.
     pub fn pick(&self, v: &VertexPlan, pkt: &Packet) -> usize {
         let i = split_index(pkt, &v.split, v.instances.len(), &self.hasher);
@@ -403,6 +457,7 @@ pub fn compile_with(
             name: vname,
             kind: spec.kind.clone(),
             instances: ids,
+            spares: Vec::new(),
             split,
             routes: vec![vec![Routes::default(); outputs.len() + 1]; directions],
             off_path,

@@ -10,6 +10,8 @@ use std::fmt;
 pub struct InstanceReport {
     /// Index within the vertex.
     pub index: u16,
+    /// Removed by scaling in before the run ended.
+    pub retired: bool,
     /// Worker thread that ran it.
     pub worker: usize,
     /// Packets it received.
@@ -131,6 +133,27 @@ pub struct FailoverReport {
     pub asked_ms: f64,
 }
 
+/// One change of a vertex's instances or flows in a threaded run (`RunConfig::reconfigs`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct ReconfigReport {
+    /// `scale_out`, `scale_in` or `move`.
+    pub kind: String,
+    /// The vertex.
+    pub vertex: String,
+    /// Packets the root had admitted when the change took effect.
+    pub at_packet: u64,
+    /// When, ms since the run started.
+    pub at_ms: f64,
+    /// Instances serving the vertex before and after.
+    pub instances: (usize, usize),
+    /// Flows pinned to another instance (a move's flows, a removed instance's known flows).
+    pub flows: u64,
+    /// From the change to its settling (every packet before it done, the old instances'
+    /// updates flushed to the store): the longest a packet of a flow that changed instance
+    /// waited, ms.
+    pub settle_ms: f64,
+}
+
 /// Root-to-sink latency of the packets that left in one window of the run
 /// (`RunConfig::latency_timeline`).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -191,6 +214,8 @@ pub struct RunReport {
     pub fault_tolerance: Option<FaultToleranceReport>,
     /// Instance failovers (`RunConfig::crashes`), in the order they happened.
     pub failovers: Vec<FailoverReport>,
+    /// Scaling and flow moves (`RunConfig::reconfigs`), in the order they happened.
+    pub reconfigurations: Vec<ReconfigReport>,
     /// Decisions by `nf/kind`.
     pub event_counts: BTreeMap<String, u64>,
     /// All decisions, in clock order.
@@ -294,6 +319,19 @@ impl fmt::Display for RunReport {
                 f,
                 "  failover of {}:{} at packet {}: {} copies lost, {} replayed, serving again after {:.2} ms",
                 fo.vertex, fo.instance, fo.at_packet, fo.lost, fo.replayed, fo.recovery_ms
+            )?;
+        }
+        for r in &self.reconfigurations {
+            writeln!(
+                f,
+                "  {} of {} at packet {}: {} -> {} instances, {} flows pinned, settled after {:.2} ms",
+                r.kind.replace('_', " "),
+                r.vertex,
+                r.at_packet,
+                r.instances.0,
+                r.instances.1,
+                r.flows,
+                r.settle_ms
             )?;
         }
         let l = &self.latency_us;

@@ -11,7 +11,7 @@ use crate::bench::common::{example_chain, repeat_interleaved, single_nf_chain, S
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 use sluice_packet::Packet;
-use sluice_runtime::exec::Crash;
+use sluice_runtime::exec::{Crash, Planned};
 use sluice_runtime::report::LatencyWindow;
 use sluice_runtime::{compile_with, run, Chain, DiscardSink, MemorySource, Overflow, RunConfig, RunHooks, StateConfig};
 use sluice_store::ClientConfig;
@@ -120,8 +120,8 @@ fn run_one(
         fault_tolerance: true,
         checkpoint_every: (a.checkpoint_ms > 0).then(|| Duration::from_millis(a.checkpoint_ms)),
         record: false,
-        crashes: vec![Crash { after: packets.len() as u64 / 2, vertex: nat, index: 0 }],
-        slowdowns: Vec::new(),
+        planned: vec![Planned::Crash(Crash { after: packets.len() as u64 / 2, vertex: nat, index: 0 })],
+        scalable: false,
         latency_timeline: Some(Duration::from_millis(1)),
     };
     let mut source = MemorySource::with_rate(packets, a.failover_rate);
@@ -145,7 +145,7 @@ const NORMAL_WINDOWS: usize = 5;
 
 /// From a latency timeline and the time of the crash (ms): the baseline p99 before it, the time
 /// from the crash until latency is back to normal, and the peak p99 after the crash.
-fn back_to_normal(timeline: &[LatencyWindow], crash_ms: f64) -> (f64, Option<f64>, f64) {
+pub(super) fn back_to_normal(timeline: &[LatencyWindow], crash_ms: f64) -> (f64, Option<f64>, f64) {
     // Before the crash, leaving out the first tenth of it (warm-up).
     let before: Vec<f64> = timeline
         .iter()

@@ -28,6 +28,7 @@
 mod contention;
 mod failover;
 mod modes;
+mod moves;
 mod ops;
 mod report;
 mod store;
@@ -39,6 +40,7 @@ use clap::Args;
 use contention::{run_contention, ContentionResult};
 use failover::{run_failover, FailoverResult};
 use modes::{check_aims, run_modes, Aim, ModeResult};
+use moves::{run_moves, MoveResult};
 use ops::{run_ops, OpsResult};
 use report::{plot, print_tables};
 use serde::Serialize;
@@ -108,7 +110,7 @@ pub struct BenchStoreArgs {
     /// with fault tolerance saturates at about 0.3 Mpps on two cores).
     #[arg(long, default_value_t = 50_000.0)]
     pub failover_rate: f64,
-    /// Run only these parts (`modes`, `contention`, `ops`, `failover`; repeatable).
+    /// Run only these parts (`modes`, `contention`, `ops`, `failover`, `move`; repeatable).
     #[arg(long, value_delimiter = ',')]
     pub parts: Vec<String>,
     /// Fast smoke run: 2,000 packets, 1 repeat, embedded store only, few operations.
@@ -157,6 +159,7 @@ struct BenchStoreResult {
     contention: Vec<ContentionResult>,
     ops: Vec<OpsResult>,
     failover: Vec<FailoverResult>,
+    moves: Vec<MoveResult>,
     aims: Vec<Aim>,
 }
 
@@ -169,8 +172,8 @@ pub fn cmd_bench_store(a: BenchStoreArgs) -> Result<()> {
     warn_if_debug_build("bench-store", a.quick);
     let want = |p: &str| a.parts.is_empty() || a.parts.iter().any(|x| x == p);
     for p in &a.parts {
-        if !["modes", "contention", "ops", "failover"].contains(&p.as_str()) {
-            bail!("--parts takes modes, contention, ops, failover; not `{p}`");
+        if !["modes", "contention", "ops", "failover", "move"].contains(&p.as_str()) {
+            bail!("--parts takes modes, contention, ops, failover, move; not `{p}`");
         }
     }
     let nproc = available_cores();
@@ -199,6 +202,7 @@ pub fn cmd_bench_store(a: BenchStoreArgs) -> Result<()> {
     };
     let ops_results = if want("ops") { run_ops(&a, &env, repeat, &mut not_run)? } else { Vec::new() };
     let failover = if want("failover") { run_failover(&a, &env, &packets, repeat)? } else { Vec::new() };
+    let moves = if want("move") { run_moves(&a, &env, repeat)? } else { Vec::new() };
 
     let aims = check_aims(&modes);
     let result = BenchStoreResult {
@@ -219,6 +223,7 @@ pub fn cmd_bench_store(a: BenchStoreArgs) -> Result<()> {
         contention,
         ops: ops_results,
         failover,
+        moves,
         aims,
     };
     print_tables(&result);

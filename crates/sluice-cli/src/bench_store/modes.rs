@@ -211,8 +211,8 @@ pub(super) fn run_modes(
         fault_tolerance: c.mode == ModeKind::AsyncFt,
         checkpoint_every: (a.checkpoint_ms > 0).then(|| Duration::from_millis(a.checkpoint_ms)),
         record: false,
-        crashes: Vec::new(),
-        slowdowns: Vec::new(),
+        planned: Vec::new(),
+        scalable: false,
         latency_timeline: None,
     };
     let measure =

@@ -39,6 +39,37 @@ pub(super) fn print_tables(r: &BenchStoreResult) {
             );
         }
     }
+    if !r.moves.is_empty() {
+        println!(
+            "\nflow move (NAT scaled to 2, then up to 4,000 flows moved halfway; open loop; medians of {}):",
+            r.repeat
+        );
+        println!(
+            "{:<18} {:>10} {:>8} {:>22} {:>26} {:>14} {:>14} {:>7}",
+            "case",
+            "pkt/s",
+            "flows",
+            "pause ms (min..max)",
+            "latency normal ms (min..max)",
+            "p99 before µs",
+            "p99 peak µs",
+            "never"
+        );
+        for m in &r.moves {
+            let range = |s: &crate::bench::common::Stat| format!("{:.3} ({:.3}..{:.3})", s.median, s.min, s.max);
+            println!(
+                "{:<18} {:>10.0} {:>8.0} {:>22} {:>26} {:>14.1} {:>14.1} {:>7}",
+                m.case,
+                m.rate_pps,
+                m.flows_moved.median,
+                range(&m.pause_ms),
+                range(&m.back_to_normal_ms),
+                m.baseline_p99_us.median,
+                m.peak_p99_us.median,
+                m.never_normal
+            );
+        }
+    }
     if !r.modes.is_empty() {
         println!(
             "\nmodes ({} packets, {}; batch {}, {} worker(s); sat = window {}, paced = window {}; medians of {}):",

@@ -17,6 +17,39 @@ pub fn sluice(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sluice")).current_dir(repo("")).args(args).output().expect("run sluice")
 }
 
+/// Runs `sluice ARGS` like [`sluice`], but kills it after `limit` (a hung run fails its test
+/// rather than the suite): `None` then.
+pub fn sluice_within(args: &[&str], limit: Duration) -> Option<Output> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(repo(""))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run sluice");
+    // Read the pipes while waiting: a full pipe would stop the child.
+    let (mut out, mut err) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
+    let reader = std::thread::spawn(move || {
+        let (mut o, mut e) = (Vec::new(), Vec::new());
+        let _ = out.read_to_end(&mut o);
+        let _ = err.read_to_end(&mut e);
+        (o, e)
+    });
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for sluice") {
+            let (stdout, stderr) = reader.join().expect("pipes");
+            return Some(Output { status, stdout, stderr });
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A command's stdout and stderr, as text.
 pub fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
@@ -55,4 +88,36 @@ pub fn control_endpoint(child: &mut Child) -> (String, String) {
             return (addr, line);
         }
     }
+}
+
+/// Runs `chain` over the first `limit` packets of `trace` with the fault schedule `faults`
+/// (`sluice run --faults`), recording it, and checks what every such run must give: success,
+/// every input packet out or dropped once, nothing left in the root's log, and a record
+/// equivalent to the logical chain (`sluice verify --recorded`). The run's JSON report.
+pub fn recorded_run(
+    name: &str,
+    (chain, trace, limit): (&str, &str, &str),
+    faults: &str,
+    extra: &[&str],
+) -> serde_json::Value {
+    let dir = std::env::temp_dir().join(format!("sluice-recorded-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_string_lossy().into_owned();
+    let mut args = vec!["run", "-c", chain, "-i", trace, "-q", "--no-pin", "--faults", faults, "--record", &d];
+    // A window of 4,096 packets bounds what a replay redoes (the log holds at most a window).
+    args.extend_from_slice(&["--json", "-", "--window", "4096", "--limit", limit]);
+    args.extend_from_slice(extra);
+    let o = sluice(&args);
+    assert!(o.status.success(), "{name}: {}", text(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let ft = &report["fault_tolerance"];
+    assert_eq!(ft["left_in_log"], 0, "{name}: {ft}");
+    // Every input packet is out or dropped once: nothing lost, nothing duplicated.
+    let n = |k: &str| report[k].as_u64().unwrap_or(u64::MAX);
+    assert_eq!(n("packets_in"), n("packets_out") + n("dropped_total"), "{name}: {report}");
+    let v = sluice(&["verify", "--recorded", &d]);
+    assert_eq!(v.status.code(), Some(0), "{name}: {}", text(&v));
+    assert!(text(&v).contains("EQUIVALENT"), "{name}: {}", text(&v));
+    let _ = std::fs::remove_dir_all(dir);
+    report
 }

@@ -22,8 +22,12 @@ const ALL_KINDS: &[u32] = &[0, 1, 2, 3, 4, 5, 6];
 const KIND_CRASH: u32 = 0;
 /// A slowdown, of [`ALL_KINDS`].
 const KIND_SLOW: u32 = 5;
+/// Scaling out or in, of [`ALL_KINDS`].
+const KIND_SCALE: u32 = 3;
+/// A flow move (with a scale-out first if the vertex has one instance), of [`ALL_KINDS`].
+const KIND_MOVE: u32 = 4;
 /// What the threaded runtime applies so far.
-const THREADED_KINDS: &[u32] = &[KIND_CRASH, KIND_SLOW];
+const THREADED_KINDS: &[u32] = &[KIND_CRASH, KIND_SCALE, KIND_MOVE, KIND_SLOW];
 
 /// How often (of 1) an event is put at the same point as an earlier one.
 const SAME_POINT: f64 = 0.25;
@@ -49,7 +53,7 @@ impl FaultSchedule {
     }
 
     /// A random run of the kinds of event `sluice run --faults` applies to a threaded run so
-    /// far (instance crashes and slowdowns), under the default run options: 1 to `max_events`
+    /// far (instance crashes, slowdowns, scaling and flow moves), under the default run options: 1 to `max_events`
     /// of them on any instance of any vertex at random points, as [`FaultSchedule::random`]
     /// draws them. The same seed always gives the same run.
     pub fn random_threaded(seed: u64, chain: &Chain, total_packets: u64, max_events: usize) -> FaultSchedule {

@@ -68,7 +68,8 @@ pub struct Crash {
     pub after: u64,
     /// The vertex (its index in the chain).
     pub vertex: usize,
-    /// The instance of it.
+    /// The instance of it: its position among the vertex's instances at that point, as fault
+    /// schedules name instances (its index while the vertex has not scaled).
     pub index: u16,
 }
 
@@ -123,17 +124,6 @@ impl Failover {
     pub(super) fn set_oldest_logged(&self, seq: u64) {
         self.oldest_logged.store(seq, Ordering::Release);
     }
-}
-
-/// Why a crash cannot be run: no such vertex or instance.
-pub(super) fn check(crash: &Crash, shared: &Shared) -> Result<(), String> {
-    let Some(v) = shared.vertices.get(crash.vertex) else {
-        return Err(format!("no vertex with index {}", crash.vertex));
-    };
-    if usize::from(crash.index) >= v.instances.len() {
-        return Err(format!("`{}` has {} instance(s), not an instance {}", v.name, v.instances.len(), crash.index));
-    }
-    Ok(())
 }
 
 /// At the start of `slot`'s turn: crashes it if the root asked, ends its recovery if the root
@@ -192,7 +182,10 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
             std::thread::yield_now();
         }
     }
-    let instances = fo.instances.get(vertex).copied().unwrap_or(1);
+    let instances = match &shared.scaling {
+        Some(sc) => sc.members(vertex) as u16,
+        None => fo.instances.get(vertex).copied().unwrap_or(1),
+    };
     let replacement = match fo.rebuilder.replacement(vertex, id.index(), instances) {
         Ok(r) => r,
         Err(e) => {
@@ -205,7 +198,7 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
         lost.push(p.meta);
         shared.pool.recycle(p);
     };
-    if let Some(q) = shared.queues.get(slot.global) {
+    if let Some(q) = shared.queue(slot.global) {
         while let Some(mut b) = q.pop() {
             b.drain(..).for_each(&mut lose);
             shared.give_back(b);
@@ -222,6 +215,10 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
     }
     if let Some(p) = slot.passing.as_mut() {
         p.take_all_awaiting().for_each(&mut lose);
+    }
+    if let Some(m) = slot.moving.as_mut() {
+        m.waiting.drain(..).map(|(_, p)| p).for_each(&mut lose);
+        m.forget_waiting();
     }
     let mut failed = std::mem::replace(&mut slot.inst, replacement);
     // What it decided before failing is part of the run.

@@ -2,6 +2,7 @@
 //! the root's log, pushed when full or at the end of an input batch. No thread ever waits for
 //! room in a queue: what does not fit stays here, in sending order ([`Outgoing::retry`]).
 
+use super::alloc::Cached;
 use super::ft::Note;
 use super::Shared;
 use crate::plan::{Routes, Splitter, Target};
@@ -14,6 +15,8 @@ use std::sync::atomic::Ordering;
 pub(super) struct Outgoing {
     pub(super) bufs: Vec<Batch>,
     pub(super) splitter: Splitter,
+    /// With scaling possible: the flow allocation as this thread last loaded it.
+    pub(super) alloc: Cached,
     pub(super) mirrored: u64,
     /// Notes for the root's log not sent yet.
     pub(super) notes: Vec<Note>,
@@ -36,6 +39,7 @@ impl Outgoing {
         Outgoing {
             bufs: (0..=shared.queues.len()).map(|_| Vec::new()).collect(),
             splitter: Splitter::default(),
+            alloc: Cached::default(),
             mirrored: 0,
             notes: Vec::new(),
             commits: Vec::new(),
@@ -114,12 +118,14 @@ impl Outgoing {
         self.flush_notes(shared);
     }
 
-    pub(super) fn dest(&self, shared: &Shared, t: Target, pkt: &Packet) -> usize {
+    pub(super) fn dest(&mut self, shared: &Shared, t: Target, pkt: &Packet) -> usize {
         match t {
             Target::Output => shared.queues.len(),
-            Target::Vertex(v) => match shared.vertices.get(v) {
-                Some(vp) => self.splitter.pick(vp, pkt),
-                None => shared.queues.len(),
+            Target::Vertex(v) => match (shared.vertices.get(v), &shared.scaling) {
+                (Some(vp), None) => self.splitter.pick(vp, pkt),
+                // The allocation of the packet's clock, wherever and whenever it is routed.
+                (Some(vp), Some(sc)) => self.alloc.pick(&sc.alloc, v, vp, pkt).unwrap_or(shared.queues.len()),
+                (None, _) => shared.queues.len(),
             },
         }
     }
@@ -171,7 +177,7 @@ fn try_push(shared: &Shared, item: Stalled) -> Result<(), Stalled> {
             None => Ok(()),
         },
         Stalled::Batch(dest, b) => {
-            let q = shared.queues.get(dest).unwrap_or(&shared.sink);
+            let q = shared.queue(dest).unwrap_or(&shared.sink);
             q.push(b).map_err(|b| Stalled::Batch(dest, b))
         }
     }

@@ -72,12 +72,18 @@ pub(super) fn passes(slot: &Slot, pkt: &Packet) -> bool {
 /// in flight).
 pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut Outgoing) -> bool {
     let seq = pkt.meta.clock.seq();
+    let waiting_here = super::reconfig::is_waiting(slot, seq);
     let Some(passing) = slot.passing.as_mut() else {
         // A vertex that leads nowhere: no replay passes through it (`Outgoing::route`).
         end_copy(shared, &mut slot.stats, out, pkt, Ended::Decided);
         return true;
     };
     let Some((emitted, verdict)) = passing.emitted.get(&seq) else {
+        if waiting_here {
+            // Its packet waits here for a change to settle: the replacement did not lose it.
+            end_copy(shared, &mut slot.stats, out, pkt, Ended::Decided);
+            return true;
+        }
         passing.awaiting.entry(seq).or_default().push(pkt);
         return false;
     };

@@ -2,6 +2,7 @@
 
 use super::failover::{self, Admit, Recovery};
 use super::passing::{self, Passing};
+use super::reconfig::{self, Moving};
 use super::{Note, Outgoing, Shared};
 use crate::live::{BatchCounts, Live};
 use crate::order::InOrder;
@@ -80,8 +81,24 @@ pub(super) struct Slot {
     /// With crashes possible, at a vertex that leads to others: what it emitted per clock, for
     /// replays passing through towards a replacement further down.
     pub(super) passing: Option<Passing>,
+    /// With scaling possible: packets waiting for a change to settle, flows received.
+    pub(super) moving: Option<Moving>,
     /// What went wrong building a replacement.
     pub(super) errors: Vec<String>,
+}
+
+impl Slot {
+    /// The slot of instance `inst` of vertex `vertex`, global index `global`, in `shared`'s run.
+    pub(super) fn new(shared: &Shared, global: usize, vertex: usize, inst: sluice_nf::Instance) -> Slot {
+        let order = shared.ordered.get(vertex).copied().unwrap_or(false).then(InOrder::new);
+        let seen = shared.failover.is_some().then(ClockSet::default);
+        // Only a vertex that leads to others sees replays pass through.
+        let leads_on = shared.vertices.get(vertex).is_some_and(|v| !v.successors().is_empty());
+        let passing = (seen.is_some() && leads_on).then(Passing::default);
+        let moving = shared.scaling.is_some().then(Moving::default);
+        let stats = InstanceStats::default();
+        Slot { global, vertex, inst, stats, order, seen, recovery: None, passing, moving, errors: Vec::new() }
+    }
 }
 
 pub(super) struct WorkerResult {
@@ -90,13 +107,20 @@ pub(super) struct WorkerResult {
     pub(super) flush_errors: Vec<String>,
 }
 
-pub(super) fn worker_loop(shared: &Shared, mut slots: Vec<Slot>) -> WorkerResult {
+pub(super) fn worker_loop(shared: &Shared, worker: usize, mut slots: Vec<Slot>) -> WorkerResult {
     let mut out = Outgoing::new(shared);
     let mut idle_rounds = 0u32;
     loop {
+        if shared.aborted.load(Ordering::Relaxed) {
+            break;
+        }
         let mut did = false;
+        if let Some(sc) = &shared.scaling {
+            slots.extend(sc.take_inbox(worker));
+        }
         for slot in slots.iter_mut() {
             did |= failover::turn(shared, slot, &mut out);
+            did |= reconfig::turn(shared, slot, &mut out);
             did |= serve(shared, slot, &mut out);
         }
         out.flush(shared);
@@ -123,8 +147,12 @@ pub(super) fn worker_loop(shared: &Shared, mut slots: Vec<Slot>) -> WorkerResult
             std::thread::sleep(Duration::from_micros(20));
         }
     }
+    if let Some(sc) = &shared.scaling {
+        // An instance added at the very end has nothing to do, but is part of the run.
+        slots.extend(sc.take_inbox(worker));
+    }
     // Notes that found the root's queue full still go (the root waits for the last commits).
-    while out.retry(shared) {
+    while out.retry(shared) && !shared.aborted.load(Ordering::Acquire) {
         std::thread::yield_now();
     }
     // State cached in instances goes to the store before the run ends.
@@ -154,7 +182,7 @@ fn report_commits(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) {
 /// Serves one instance: a few batches from its queue (keeping instances fair), or, for an
 /// order-sensitive one, whatever it holds whose turn has come. Whether anything happened.
 fn serve(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
-    let Some(q) = shared.queues.get(slot.global) else { return false };
+    let Some(q) = shared.queue(slot.global) else { return false };
     let mut did = false;
     if slot.order.is_none() {
         for _ in 0..4 {
@@ -186,11 +214,33 @@ fn serve(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
 /// holds already ends as a duplicate.
 fn hold_in_order(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut Outgoing) {
     let mut ended = 0;
+    reconfig::take_settled(shared, slot, out);
     for p in batch.drain(..) {
         if slot.seen.is_some() && passing::passes(slot, &p) {
             ended += usize::from(passing::pass_on(shared, slot, p, out));
             continue;
         }
+        if slot.recovery.is_some() {
+            // A recovering replacement holds its replay apart from the entry-order hold and
+            // before any wait for a change of the allocation: a replay copy must count as
+            // arrived at once (the replay drains so), not wait behind a clock the recovery
+            // itself holds. Both come back through here once the replay is done.
+            match failover::admit(slot, &p) {
+                Admit::Duplicate => {
+                    end_copy(shared, &mut slot.stats, out, p, Ended::Duplicate);
+                    ended += 1;
+                }
+                Admit::Hold | Admit::Process => failover::hold(shared, slot, p, out),
+            }
+            continue;
+        }
+        let p = match reconfig::waits(shared, slot, out, p) {
+            Ok(p) => p,
+            Err(n) => {
+                ended += n;
+                continue;
+            }
+        };
         let Some(order) = slot.order.as_mut() else { continue };
         if let Some(dup) = order.hold(p) {
             end_copy(shared, &mut slot.stats, out, dup, Ended::Duplicate);
@@ -198,6 +248,7 @@ fn hold_in_order(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
         }
     }
     shared.give_back(batch);
+    reconfig::publish_flows(shared, slot);
     if ended > 0 {
         out.flush(shared);
         shared.in_flight.fetch_sub(ended, Ordering::AcqRel);
@@ -215,17 +266,35 @@ pub(super) fn take_in(shared: &Shared, slot: &mut Slot, batch: Batch, out: &mut 
 }
 
 fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut Outgoing) {
+    if slot.order.is_none() {
+        // Timers handed over with flows are armed before any packet of those flows runs.
+        reconfig::take_settled(shared, slot, out);
+    }
     let start = Instant::now();
     let before = (slot.stats.packets_in, slot.stats.forwarded, slot.stats.consumed);
     let mut finished = 0usize;
     slot.inst.begin_batch();
     let slow = shared.live.as_ref().and_then(|l| l.slow(slot.global));
     for mut pkt in batch.drain(..) {
-        if slot.seen.is_some() {
-            if passing::passes(slot, &pkt) {
-                finished += usize::from(passing::pass_on(shared, slot, pkt, out));
-                continue;
+        if slot.seen.is_some() && passing::passes(slot, &pkt) {
+            finished += usize::from(passing::pass_on(shared, slot, pkt, out));
+            continue;
+        }
+        // A recovering replacement holds everything first, a copy of its replay counted as
+        // arrived: were the copy to wait for a change of the allocation here, the change would
+        // wait for earlier clocks that the recovery holds. What it held comes back through here
+        // once the replay is done.
+        let recovering = slot.recovery.is_some();
+        if slot.order.is_none() && !recovering {
+            match reconfig::waits(shared, slot, out, pkt) {
+                Ok(p) => pkt = p,
+                Err(n) => {
+                    finished += n;
+                    continue;
+                }
             }
+        }
+        if slot.seen.is_some() {
             match failover::admit(slot, &pkt) {
                 Admit::Process => {}
                 Admit::Hold => {
@@ -271,6 +340,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
         slot.stats.events.extend(slot.inst.take_events());
     }
     shared.give_back(batch);
+    reconfig::publish_flows(shared, slot);
     report_commits(shared, slot, out);
     out.flush(shared);
     if finished > 0 {
@@ -279,7 +349,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     let busy = start.elapsed();
     slot.stats.busy += busy;
     if let Some(live) = &shared.live {
-        let queued = shared.queues.get(slot.global).map_or(0, ArrayQueue::len);
+        let queued = shared.queue(slot.global).map_or(0, ArrayQueue::len);
         slot.stats.publish(live, slot.global, before, busy, queued);
         // The state backend's counters (round trips, cache hits, ...) are a small list built
         // on demand: every few batches is live enough for a scrape.

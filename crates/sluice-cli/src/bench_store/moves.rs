@@ -1,0 +1,128 @@
+//! Part 5: a live flow move under open-loop load (CHC's 4,000-flow move). A NAT (embedded
+//! store, asynchronous updates), fed at `--failover-rate`, scales to two instances at the
+//! start, and halfway through 4,000 of the flows its first instance has received move to the
+//! second. (The example chain is left out: its order-sensitive detectors take their input in
+//! entry order in a run that can scale, and at this rate on two cores it builds a queue before
+//! any move.) Reported per run: the flows moved, the pause of
+//! the moved flows (from the move until it settled: the longest a moved flow's packet waited),
+//! and latency around the move as for a failover.
+
+use super::failover::back_to_normal;
+use super::store::Env;
+use super::BenchStoreArgs;
+use crate::bench::common::{generate_packets, repeat_interleaved, single_nf_chain, Stat, NAT_CONFIG, SAMPLE};
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+use sluice_io::{GenConfig, Workload};
+use sluice_packet::Packet;
+use sluice_runtime::exec::{Change, Planned, Reconfig};
+use sluice_runtime::{compile_with, run, Chain, DiscardSink, MemorySource, Overflow, RunConfig, RunHooks, StateConfig};
+use sluice_store::ClientConfig;
+use std::time::Duration;
+
+/// Flows moved (at most).
+const MOVED: u64 = 4_000;
+
+/// One run of a case.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct MoveSample {
+    pub(super) flows_moved: u64,
+    /// Move → settled, ms.
+    pub(super) pause_ms: f64,
+    pub(super) back_to_normal_ms: Option<f64>,
+    pub(super) baseline_p99_us: f64,
+    pub(super) peak_p99_us: f64,
+    pub(super) packets_in: u64,
+    pub(super) packets_out: u64,
+}
+
+/// A case over its repeats.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct MoveResult {
+    pub(super) case: String,
+    pub(super) rate_pps: f64,
+    pub(super) flows_moved: Stat,
+    pub(super) pause_ms: Stat,
+    pub(super) back_to_normal_ms: Stat,
+    pub(super) baseline_p99_us: Stat,
+    pub(super) peak_p99_us: Stat,
+    pub(super) never_normal: usize,
+    repeats: Vec<MoveSample>,
+}
+
+/// Every move case `repeat` times, interleaved, over their own packets: 16,000 flows of 7
+/// packets (so that the first instance has more than 4,000 flows halfway), 400 of 5 with
+/// `--quick`.
+pub(super) fn run_moves(a: &BenchStoreArgs, env: &Env, repeat: usize) -> Result<Vec<MoveResult>> {
+    if !a.failover_rate.is_finite() || a.failover_rate <= 0.0 {
+        bail!("--failover-rate must be a positive packet rate");
+    }
+    let (flows, packets_per_flow) = if a.quick { (400, 5) } else { (16_000, 7) };
+    let gcfg = GenConfig::new(Workload::Custom { flows, packets_per_flow }, a.seed);
+    let packets = generate_packets(&gcfg).map_err(|e| anyhow!("generating packets: {e}"))?;
+    let cases = vec![("nat/move-4000".to_string(), single_nf_chain("nat", NAT_CONFIG, 1, "<bench-store nat>")?)];
+    let registry = sluice_nfs::registry();
+    let measure = |(name, chain): &(String, Chain)| {
+        run_one(chain, a, env, &packets, &registry).with_context(|| format!("case {name}"))
+    };
+    let samples = repeat_interleaved(&cases, repeat, !a.quick, measure, |r, (name, _), s| {
+        eprintln!("[move {r}/{repeat}] {name:<18} {} flows, pause {:.3} ms", s.flows_moved, s.pause_ms)
+    })?;
+    Ok(cases
+        .iter()
+        .zip(samples)
+        .map(|((name, _), s)| MoveResult {
+            case: name.clone(),
+            rate_pps: a.failover_rate,
+            flows_moved: Stat::of(s.iter().map(|x| x.flows_moved as f64)),
+            pause_ms: Stat::of(s.iter().map(|x| x.pause_ms)),
+            back_to_normal_ms: Stat::of(s.iter().filter_map(|x| x.back_to_normal_ms)),
+            baseline_p99_us: Stat::of(s.iter().map(|x| x.baseline_p99_us)),
+            peak_p99_us: Stat::of(s.iter().map(|x| x.peak_p99_us)),
+            never_normal: s.iter().filter(|x| x.back_to_normal_ms.is_none()).count(),
+            repeats: s,
+        })
+        .collect())
+}
+
+/// One run: a fresh store, the packets at the set rate, the NAT scaled to two at once and
+/// 4,000 flows moved halfway.
+fn run_one(
+    chain: &Chain,
+    a: &BenchStoreArgs,
+    env: &Env,
+    packets: &[Packet],
+    registry: &sluice_nf::NfRegistry,
+) -> Result<MoveSample> {
+    let store = env.store(false, env.store_threads)?;
+    let state = StateConfig::Store { backend: store.backend, client: ClientConfig::default() };
+    let plan = compile_with(chain, registry, &packets[..packets.len().min(SAMPLE)], &state)
+        .map_err(|e| anyhow!("compiling {}: {e}", chain.name))?;
+    let nat = plan.vertices.iter().position(|v| v.kind == "nat").ok_or_else(|| anyhow!("no NAT in {}", chain.name))?;
+    let change = |after: u64, change: Change| Planned::Change(Reconfig { after, vertex: nat, change });
+    let half = packets.len() as u64 / 2;
+    let cfg = RunConfig {
+        workers: a.workers.max(1),
+        pin: !a.no_pin,
+        batch: a.batch,
+        window: a.window,
+        overflow: Overflow::Wait,
+        checkpoint_every: (a.checkpoint_ms > 0).then(|| Duration::from_millis(a.checkpoint_ms)),
+        planned: vec![change(1, Change::ScaleTo(2)), change(half, Change::Move { from: 0, to: 1, flows: Some(MOVED) })],
+        latency_timeline: Some(Duration::from_millis(1)),
+        ..RunConfig::default()
+    };
+    let mut source = MemorySource::with_rate(packets, a.failover_rate);
+    let report = run(plan, &cfg, &mut source, &mut DiscardSink, RunHooks::default())?;
+    let m = report.reconfigurations.get(1).ok_or_else(|| anyhow!("{}: no move happened", chain.name))?;
+    let (baseline, back, peak) = back_to_normal(&report.latency_timeline, m.at_ms);
+    Ok(MoveSample {
+        flows_moved: m.flows,
+        pause_ms: m.settle_ms,
+        back_to_normal_ms: back,
+        baseline_p99_us: baseline,
+        peak_p99_us: peak,
+        packets_in: report.packets_in,
+        packets_out: report.packets_out,
+    })
+}

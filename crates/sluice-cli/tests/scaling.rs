@@ -1,0 +1,165 @@
+//! Scaling and flow moves in the threaded runtime (`sluice run --faults`): vertices scale out
+//! and in and flows move between instances while the chain runs; each change takes effect from
+//! a clock and settles once the old instances have done everything before it. The recorded
+//! run must be equivalent to the logical chain (`sluice verify --recorded`).
+
+mod common;
+
+use common::{recorded_run, sluice, text};
+
+/// The changes a run reports, as (kind, vertex, instances after, flows).
+fn changes(report: &serde_json::Value) -> Vec<(String, String, u64, u64)> {
+    let all = report["reconfigurations"].as_array().cloned().unwrap_or_default();
+    all.iter()
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+            (s("kind"), s("vertex"), r["instances"][1].as_u64().unwrap_or(0), r["flows"].as_u64().unwrap_or(0))
+        })
+        .collect()
+}
+
+/// Per instance of `vertex`: (packets in, retired).
+fn instances(report: &serde_json::Value, vertex: &str) -> Vec<(u64, bool)> {
+    let vertices = report["vertices"].as_array().cloned().unwrap_or_default();
+    let v = vertices.iter().find(|v| v["name"] == vertex).cloned().unwrap_or_default();
+    let all = v["instances"].as_array().cloned().unwrap_or_default();
+    all.iter().map(|i| (i["packets_in"].as_u64().unwrap_or(0), i["retired"].as_bool().unwrap_or(false))).collect()
+}
+
+#[test]
+fn flows_move_between_instances_equivalently() {
+    let faults = "faults/move-4000.yaml";
+    for (name, chain, extra) in [
+        ("move-example", "chains/example.yaml", &["-w", "2"][..]),
+        ("move-nat", "chains/nat.yaml", &["-w", "1", "--batch", "8"][..]),
+    ] {
+        let report = recorded_run(name, (chain, "traces/demo.pcap", "30000"), faults, extra);
+        let c = changes(&report);
+        assert_eq!(c.len(), 2, "{name}: {c:?}");
+        assert_eq!((c[0].0.as_str(), c[0].2), ("scale_out", 2), "{name}: {c:?}");
+        assert_eq!(c[1].0, "move", "{name}: {c:?}");
+        assert!(c[1].3 > 0, "{name}: no flow moved: {c:?}");
+        let nat = instances(&report, "nat");
+        assert_eq!(nat.len(), 2, "{name}: {nat:?}");
+        assert!(nat.iter().all(|(n, retired)| *n > 0 && !retired), "{name}: {nat:?}");
+    }
+}
+
+#[test]
+fn vertices_scale_out_and_in_while_flows_move_and_an_instance_fails() {
+    let faults = "faults/threaded/scale-and-move.yaml";
+    for (name, extra) in [("scale-2w", &["-w", "2"][..]), ("scale-1w", &["-w", "1", "--batch", "8"][..])] {
+        let report = recorded_run(name, ("chains/example.yaml", "traces/demo.pcap", "40000"), faults, extra);
+        let c = changes(&report);
+        let kinds: Vec<&str> = c.iter().map(|x| x.0.as_str()).collect();
+        let expected = ["scale_out", "scale_out", "scale_out", "move", "move", "scale_in", "scale_in", "move"];
+        assert_eq!(kinds, expected, "{name}: {c:?}");
+        let failovers = report["failovers"].as_array().cloned().unwrap_or_default();
+        assert_eq!(failovers.len(), 1, "{name}: {failovers:?}");
+        // The LB had three instances; the last one was retired after taking packets.
+        let lb = instances(&report, "lb");
+        assert_eq!(lb.len(), 3, "{name}: {lb:?}");
+        assert_eq!(lb.iter().filter(|(_, r)| *r).count(), 1, "{name}: {lb:?}");
+        assert!(lb.iter().all(|(n, _)| *n > 0), "{name}: an LB instance got nothing: {lb:?}");
+        // The portscan detector's second instance took its share, then went.
+        let ps = instances(&report, "portscan");
+        assert_eq!(ps.len(), 2, "{name}: {ps:?}");
+        assert!(ps[1].0 > 0 && ps[1].1, "{name}: {ps:?}");
+    }
+}
+
+#[test]
+fn scaling_on_redis_is_equivalent() {
+    let Ok(url) = std::env::var("SLUICE_REDIS_URL") else {
+        panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
+    };
+    let store = format!("{url}?prefix=sc{}", std::process::id());
+    let faults = "faults/threaded/scale-and-move.yaml";
+    let report =
+        recorded_run("scale-redis", ("chains/example.yaml", "traces/demo.pcap", "3000"), faults, &["--store", &store]);
+    assert_eq!(changes(&report).len(), 8, "{report}");
+}
+
+#[test]
+fn changes_that_cannot_be_made_are_clear_errors() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let write = |name: &str, body: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, body).expect("write schedule");
+        p.to_string_lossy().into_owned()
+    };
+    let lonely = write("lonely.yaml", "events:\n  - at: { packet: 10 }\n    move: { vertex: nat, from: 0, to: 1 }\n");
+    let same = write(
+        "same.yaml",
+        "events:\n  - at: { packet: 5 }\n    scale: { vertex: nat, to: 2 }\n  - at: { packet: 10 }\n    move: { vertex: nat, from: 1, to: 1 }\n",
+    );
+    let ok = "faults/move-4000.yaml";
+    for (faults, extra, says) in [
+        (lonely.as_str(), &[][..], "has 1 instance(s) at this point, not an instance 1"),
+        (same.as_str(), &[][..], "needs two different instances"),
+        (ok, &["--mode", "local"][..], "state in a store"),
+    ] {
+        let mut args = vec!["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "-q", "--faults", faults];
+        args.extend_from_slice(extra);
+        let o = sluice(&args);
+        assert!(!o.status.success(), "{faults}: {}", text(&o));
+        assert!(text(&o).contains(says), "{faults}: {}", text(&o));
+    }
+}
+
+#[test]
+fn vertices_scale_and_flows_move_when_asked_through_the_control_endpoint() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path().join("rec").to_string_lossy().into_owned();
+    // 20,000 packets of the demo trace paced to last a few seconds.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(common::repo(""))
+        .args(["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "--limit", "20000", "--pace", "0.01"])
+        .args(["-q", "--no-pin", "--window", "4096", "--fault-tolerance", "--record", &d, "--json", "-"])
+        .args(["--control", "0", "--control-token", "s3cret"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start sluice run");
+    let (addr, _) = common::control_endpoint(&mut child);
+    let port = addr.rsplit(':').next().unwrap_or_default().to_string();
+    let ctl = |args: &[&str]| {
+        let o = sluice(&[&["ctl", "--control", &port, "--token", "s3cret"][..], args].concat());
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+        text(&o)
+    };
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(400));
+    pause();
+    ctl(&["scale", "lb=3"]);
+    ctl(&["scale", "nat+1"]);
+    pause();
+    ctl(&["move", "nat:0>1", "--flows", "100"]);
+    // Refused, changing nothing: a vertex keeps an instance; no such instance.
+    let post = |body: &str| common::http(&addr, "POST", "/api/v1/actions", Some("s3cret"), body);
+    for (body, code, says) in [
+        (r#"{"scale": {"vertex": "lb", "to": 0}}"#, 400, "at least one instance"),
+        (r#"{"move": {"vertex": "nat", "from": 0, "to": 9}}"#, 404, "no instance 9"),
+        (r#"{"move": {"vertex": "nat", "from": 1, "to": 1}}"#, 400, "two instances"),
+        (r#"{"scale": {"vertex": "lb"}}"#, 400, "scale needs"),
+        (r#"{"clone": {"vertex": "lb", "instance": 0}}"#, 501, "does not apply `clone` yet"),
+    ] {
+        let (c, answer) = post(body);
+        assert_eq!(c, code, "{body}: {answer}");
+        assert!(answer.contains(says), "{body}: {answer}");
+    }
+    pause();
+    ctl(&["scale", "lb-1"]);
+    let listed = ctl(&["list"]);
+    assert!(listed.lines().filter(|l| l.starts_with("lb ")).count() == 3, "{listed}");
+    let out = child.wait_with_output().expect("sluice run ends");
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");
+    let c = changes(&report);
+    let kinds: Vec<&str> = c.iter().map(|x| x.0.as_str()).collect();
+    assert_eq!(kinds, ["scale_out", "scale_out", "move", "scale_in"], "{c:?}");
+    assert!(c[2].3 > 0, "no flow moved: {c:?}");
+    let lb = instances(&report, "lb");
+    assert_eq!(lb.iter().filter(|(_, r)| *r).count(), 1, "{lb:?}");
+    let v = sluice(&["verify", "--recorded", &d]);
+    assert_eq!(v.status.code(), Some(0), "{}", text(&v));
+}

@@ -1,0 +1,530 @@
+//! Scaling out and in, and flow moves, in a threaded run (`RunConfig::reconfigs`), as
+//! docs/decisions.md ("Scaling and flow moves in threads") plans them.
+//!
+//! The root thread changes a vertex's allocation (the core's splitter: scale-out pins the
+//! flows the instances have received, so nothing moves; scale-in and moves pin flows to their
+//! new instance) from the clock it has admitted up to ([`super::alloc`]); an instance added
+//! goes to a worker's inbox first. Packets of a flow whose instance changed wait at the new
+//! instance. Once every clock up to the change has finished, the root asks the vertex's
+//! instances to **settle** it: each flushes its updates to the store, drops its copies of the
+//! flows it gave up and hands their timers to the flows' new instances. When all have, the
+//! root forgets the allocation before the change; the waiting packets go, in clock order, after
+//! the new instances took the timers; an instance no longer a member is retired.
+
+use super::alloc::Allocation;
+use super::worker::{end_copy, take_in, Ended, Slot};
+use super::{Outgoing, Shared};
+use crate::plan::{split_key_of_state, Rebuilder};
+use crate::report::ReconfigReport;
+use sluice_chc::NodeId;
+use sluice_packet::Packet;
+use sluice_state::{AccessPattern, ObjectId, StateKey};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// A change to a vertex's instances or flows while the chain runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reconfig {
+    /// Applied once the root has admitted this many packets.
+    pub after: u64,
+    /// The vertex (its index in the chain).
+    pub vertex: usize,
+    /// What changes.
+    pub change: Change,
+}
+
+/// What a [`Reconfig`] changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Scale to this many instances (at least one).
+    ScaleTo(u16),
+    /// Scale by this many instances (negative: in).
+    ScaleBy(i32),
+    /// Move flows of instance `from` to instance `to`: at most `flows`, or all.
+    Move {
+        /// The instance the flows leave.
+        from: u16,
+        /// The instance that takes them.
+        to: u16,
+        /// How many flows at most; `None`: all.
+        flows: Option<u64>,
+    },
+}
+
+/// A timer handed from an instance that gave a flow up: (object, key, deadline).
+type Timer = (ObjectId, StateKey, u64);
+
+/// What the root and the workers share for scaling and moves.
+pub(super) struct Scaling {
+    pub(super) alloc: Allocation,
+    /// Per slot (global index): the change whose settling the root asked of it, as its clock
+    /// plus one (0: none yet), and the last it settled.
+    asked: Vec<AtomicU64>,
+    done: Vec<AtomicU64>,
+    /// Per slot: timers handed to it, not taken over yet.
+    timers: Vec<Mutex<Vec<Timer>>>,
+    /// Per slot: the flows (split keys) it has received and not given up.
+    flows: Vec<Mutex<HashSet<u64>>>,
+    /// Per worker: instances added for it to run.
+    inbox: Vec<Mutex<Vec<Slot>>>,
+    inbox_len: AtomicUsize,
+    /// Per slot: it serves flows (an instance it started with, or one added and not retired).
+    serving: Vec<AtomicBool>,
+    rebuilder: Rebuilder,
+}
+
+impl Scaling {
+    /// For `slots` global indices (the first `initial` serving) run by `workers` threads.
+    pub(super) fn new(
+        vertices: &[crate::plan::VertexPlan],
+        (slots, initial): (usize, usize),
+        workers: usize,
+        rebuilder: Rebuilder,
+    ) -> Scaling {
+        Scaling {
+            alloc: Allocation::new(vertices),
+            asked: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            done: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            timers: (0..slots).map(|_| Mutex::new(Vec::new())).collect(),
+            flows: (0..slots).map(|_| Mutex::new(HashSet::new())).collect(),
+            inbox: (0..workers.max(1)).map(|_| Mutex::new(Vec::new())).collect(),
+            inbox_len: AtomicUsize::new(0),
+            serving: (0..slots).map(|g| AtomicBool::new(g < initial)).collect(),
+            rebuilder,
+        }
+    }
+
+    /// Whether global index `g` serves flows now.
+    pub(super) fn serving(&self, g: usize) -> bool {
+        self.serving.get(g).is_some_and(|s| s.load(Ordering::Acquire))
+    }
+
+    /// The instances vertex `v` has now.
+    pub(super) fn members(&self, v: usize) -> usize {
+        self.alloc.current(v).map_or(1, |e| e.members().count())
+    }
+
+    /// Instances added for worker `w` since it last looked.
+    pub(super) fn take_inbox(&self, w: usize) -> Vec<Slot> {
+        if self.inbox_len.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        let taken = self.inbox.get(w).and_then(|b| b.lock().ok()).map(|mut b| std::mem::take(&mut *b));
+        let taken = taken.unwrap_or_default();
+        self.inbox_len.fetch_sub(taken.len(), Ordering::AcqRel);
+        taken
+    }
+}
+
+/// Per slot, with scaling possible: what waits for a change to settle, and what it has seen.
+#[derive(Default)]
+pub(super) struct Moving {
+    /// Packets of flows whose instance changed, waiting for the change to settle, with their
+    /// flow keys.
+    pub(super) waiting: Vec<(u64, Packet)>,
+    /// The flows with packets waiting, each with its earliest clock waiting: a later packet of
+    /// one waits behind it, whatever this thread knows of the allocation by then (an earlier
+    /// one does not: packets of a flow can arrive out of clock order, from several instances
+    /// in front, and it was never the changed instance's to wait for).
+    waiting_flows: HashMap<u64, u64>,
+    /// The clocks of the packets waiting.
+    waiting_clocks: HashSet<u64>,
+    /// The allocation version it last released waiting packets by.
+    version_seen: u64,
+    /// Flows it took packets of in the batch in progress (published once per batch).
+    keys: Vec<u64>,
+}
+
+impl Moving {
+    /// The waiting packets were taken away (lost with a crashed instance).
+    pub(super) fn forget_waiting(&mut self) {
+        self.waiting_flows.clear();
+        self.waiting_clocks.clear();
+    }
+
+    /// Whether a packet `seq` of flow `key` is behind one of its flow waiting here.
+    fn behind(&self, key: u64, seq: u64) -> bool {
+        self.waiting_flows.get(&key).is_some_and(|first| *first < seq)
+    }
+
+    fn wait(&mut self, key: u64, pkt: Packet) {
+        let seq = pkt.meta.clock.seq();
+        let first = self.waiting_flows.entry(key).or_insert(seq);
+        *first = (*first).min(seq);
+        self.waiting_clocks.insert(pkt.meta.clock.seq());
+        self.waiting.push((key, pkt));
+    }
+}
+
+/// Whether clock `seq`'s packet waits at `slot` for a change to settle.
+pub(super) fn is_waiting(slot: &Slot, seq: u64) -> bool {
+    slot.moving.as_ref().is_some_and(|m| m.waiting_clocks.contains(&seq))
+}
+
+/// `pkt` back if `slot` processes it now (its flow is noted as received); otherwise it waits
+/// for a change to settle, and the count of copies that ended here because of it.
+///
+/// A replay copy passing through towards a replacement further down, of a clock whose packet
+/// waits here, ends: that packet never went past this instance, so the replacement did not
+/// lose it and gets it when it goes. Waiting for it instead would tie the replacement's
+/// recovery to the change settling, which waits for every earlier clock, some of them held by
+/// that recovering replacement.
+pub(super) fn waits(shared: &Shared, slot: &mut Slot, out: &mut Outgoing, pkt: Packet) -> Result<Packet, usize> {
+    let (Some(sc), Some(m), Some(vp)) = (&shared.scaling, slot.moving.as_mut(), shared.vertices.get(slot.vertex))
+    else {
+        return Ok(pkt);
+    };
+    let (waits, key) = out.alloc.waits(&sc.alloc, slot.vertex, vp, &pkt);
+    if !waits && !m.behind(key, pkt.meta.clock.seq()) {
+        m.keys.push(key);
+        return Ok(pkt);
+    }
+    let seq = pkt.meta.clock.seq();
+    m.wait(key, pkt);
+    let passing = slot.passing.as_mut().map(|p| p.take_awaiting(seq)).unwrap_or_default();
+    let ended = passing.len();
+    for p in passing {
+        end_copy(shared, &mut slot.stats, out, p, Ended::Decided);
+    }
+    Err(ended)
+}
+
+/// At the end of a batch: the flows `slot` received go where the root can see them.
+pub(super) fn publish_flows(shared: &Shared, slot: &mut Slot) {
+    let (Some(sc), Some(m)) = (&shared.scaling, slot.moving.as_mut()) else { return };
+    if m.keys.is_empty() {
+        return;
+    }
+    if let Some(mut f) = sc.flows.get(slot.global).and_then(|f| f.lock().ok()) {
+        f.extend(m.keys.drain(..));
+    }
+    m.keys.clear();
+}
+
+/// At the start of `slot`'s turn: settles a change if the root asked, takes timers handed to
+/// it and releases what no longer waits once a change settled. Whether anything happened.
+pub(super) fn turn(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
+    let Some(sc) = &shared.scaling else { return false };
+    let mut did = false;
+    let asked = sc.asked.get(slot.global).map_or(0, |a| a.load(Ordering::Acquire));
+    if asked > sc.done.get(slot.global).map_or(0, |d| d.load(Ordering::Relaxed)) {
+        settle(shared, sc, slot, asked - 1);
+        if let Some(d) = sc.done.get(slot.global) {
+            d.store(asked, Ordering::Release);
+        }
+        did = true;
+    }
+    did | take_settled(shared, slot, out)
+}
+
+/// Once the allocation changed (since `slot` last looked; a change settled, say): takes the
+/// timers handed to it, then the packets that no longer wait, in clock order. Whether anything
+/// happened.
+pub(super) fn take_settled(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
+    let Some(sc) = &shared.scaling else { return false };
+    // The settling instances handed their timers over before the root published the change.
+    let version = sc.alloc.version();
+    let Some(m) = slot.moving.as_mut().filter(|m| m.version_seen != version) else { return false };
+    m.version_seen = version;
+    let timers = sc.timers.get(slot.global).and_then(|t| t.lock().ok()).map(|mut t| std::mem::take(&mut *t));
+    let timers = timers.unwrap_or_default();
+    if !timers.is_empty() {
+        if let Some(c) = slot.inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_store::StoreClient>()) {
+            c.take_over_timers(&timers);
+        }
+    }
+    let waiting = std::mem::take(&mut m.waiting);
+    m.forget_waiting();
+    if waiting.is_empty() {
+        return !timers.is_empty();
+    }
+    let mut go = shared.empty_batch();
+    let vp = shared.vertices.get(slot.vertex);
+    for (key, p) in waiting {
+        let Some(m) = slot.moving.as_mut() else { break };
+        // In arrival order: behind a packet of its flow that still waits, it waits too.
+        let still =
+            m.behind(key, p.meta.clock.seq()) || vp.is_some_and(|vp| out.alloc.waits(&sc.alloc, slot.vertex, vp, &p).0);
+        if still {
+            m.wait(key, p);
+        } else {
+            go.push(p);
+        }
+    }
+    if go.is_empty() {
+        shared.give_back(go);
+        return true;
+    }
+    go.sort_by_key(|p| p.meta.clock);
+    take_in(shared, slot, go, out);
+    true
+}
+
+/// `slot`'s part in settling the change of its vertex's allocation at clock `since`: its
+/// updates go to the store, it drops its copies of the flows it no longer serves and hands
+/// their timers to the instances that do.
+fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, since: u64) {
+    let Some(current) = sc.alloc.current(slot.vertex) else { return };
+    let Some(after) = current.change_at(since) else { return };
+    let Some(vp) = shared.vertices.get(slot.vertex) else { return };
+    let me = slot.global;
+    let member = after.members().any(|m| m == me);
+    let first = after.members().next();
+    let gives_up =
+        |k: &StateKey| !member || split_key_of_state(k, &vp.split).is_some_and(|sk| after.owner(sk) != Some(me));
+    if let Err(e) = slot.inst.state().flush() {
+        slot.errors.push(format!("{}:{} flushing for a move: {e}", vp.name, slot.inst.id().index()));
+    }
+    let shared_objects: Vec<ObjectId> = slot
+        .inst
+        .nf()
+        .state_objects()
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.pattern != AccessPattern::WriteMostly && !d.scope.is_per_flow())
+        .map(|(o, _)| ObjectId(o as u16))
+        .collect();
+    if after.members().count() > 1 {
+        // Another instance uses the vertex's shared objects from now on: no caching them here.
+        for o in shared_objects {
+            slot.inst.state().set_exclusive(o, false);
+        }
+    }
+    let client = slot.inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_store::StoreClient>());
+    let timers = client.map(|c| {
+        let t = c.hand_over(gives_up);
+        c.forget_foreign(gives_up);
+        t
+    });
+    for (o, k, deadline) in timers.unwrap_or_default() {
+        let to = split_key_of_state(&k, &vp.split).and_then(|sk| after.owner(sk)).or(first);
+        if let Some(mut t) = to.and_then(|g| sc.timers.get(g)).and_then(|t| t.lock().ok()) {
+            t.push((o, k, deadline));
+        }
+    }
+    if let Some(mut f) = sc.flows.get(me).and_then(|f| f.lock().ok()) {
+        f.retain(|k| member && after.owner(*k) == Some(me));
+    }
+}
+
+/// A change waiting to settle.
+struct Pending {
+    vertex: usize,
+    since: u64,
+    /// The instances that settle it: the members before and after.
+    slots: Vec<usize>,
+    asked: bool,
+    started: Instant,
+    /// Its report entries.
+    reports: Vec<usize>,
+}
+
+/// The root thread's side: changes applied and not settled yet.
+#[derive(Default)]
+pub(super) struct RootSide {
+    pending: VecDeque<Pending>,
+    /// Settled changes whose allocation before them is still kept for routing: (vertex, clock).
+    kept: VecDeque<(usize, u64)>,
+    /// Every clock before this one has finished (at some point: a replay may count copies of
+    /// one again, which the instances that processed it drop as duplicates).
+    finished_to: u64,
+    /// Per vertex: the index the next added instance gets.
+    next_index: Vec<u16>,
+}
+
+impl RootSide {
+    /// Applies `r` to packets admitted after `since`. An error says why it cannot be done.
+    pub(super) fn apply(
+        &mut self,
+        shared: &Shared,
+        r: &Reconfig,
+        (since, at_ms): (u64, f64),
+        reports: &mut Vec<ReconfigReport>,
+    ) -> Result<(), String> {
+        let Some(sc) = &shared.scaling else { return Err("the run cannot scale".into()) };
+        let v = r.vertex;
+        let vp = shared.vertices.get(v).ok_or_else(|| format!("no vertex with index {v}"))?;
+        let current = sc.alloc.current(v).ok_or_else(|| format!("no vertex with index {v}"))?;
+        if self.next_index.len() < shared.vertices.len() {
+            self.next_index = shared.vertices.iter().map(|x| x.instances.len() as u16).collect();
+        }
+        let members: Vec<NodeId> = current.splitter.members().to_vec();
+        let flows: HashMap<NodeId, HashSet<u64>> = members
+            .iter()
+            .map(|m| (*m, sc.flows.get(m.0).and_then(|f| f.lock().ok()).map(|f| f.clone()).unwrap_or_default()))
+            .collect();
+        let mut splitter = current.splitter.clone();
+        let n = members.len();
+        let target = match r.change {
+            Change::ScaleTo(t) => Some(usize::from(t)),
+            Change::ScaleBy(d) => Some((n as i64 + i64::from(d)).max(0) as usize),
+            Change::Move { .. } => None,
+        };
+        let (kind, moved) = match (target, r.change) {
+            (Some(0), _) => return Err(format!("`{}` cannot scale to no instance", vp.name)),
+            (Some(t), _) if t > n => {
+                let mut added = Vec::new();
+                for _ in n..t {
+                    let index = self.next_index.get(v).copied().unwrap_or(0);
+                    let g = vp.global(index).ok_or_else(|| {
+                        format!("`{}` has used all {} instance indices kept for scaling", vp.name, index)
+                    })?;
+                    let inst = sc.rebuilder.added(v, index, t as u16).map_err(|e| e.to_string())?;
+                    let slot = Slot::new(shared, g, v, inst);
+                    if let Some(mut b) = sc.inbox.get(g % sc.inbox.len().max(1)).and_then(|b| b.lock().ok()) {
+                        b.push(slot);
+                        sc.inbox_len.fetch_add(1, Ordering::AcqRel);
+                    }
+                    if let Some(s) = sc.serving.get(g) {
+                        s.store(true, Ordering::Release);
+                    }
+                    if let Some(live) = &shared.live {
+                        live.set_serving(g, true);
+                    }
+                    if let Some(i) = self.next_index.get_mut(v) {
+                        *i += 1;
+                    }
+                    added.push(NodeId(g));
+                }
+                splitter.scale_out(&added, |m| flows.get(&m));
+                ("scale_out", 0)
+            }
+            (Some(t), _) if t < n => {
+                let mut moved = 0;
+                for (_, groups) in splitter.scale_in(t, |m| flows.get(&m)) {
+                    for (to, keys) in groups {
+                        moved += keys.len() as u64;
+                        splitter.pin(&keys, to);
+                    }
+                }
+                ("scale_in", moved)
+            }
+            (Some(_), _) => return Ok(()),
+            (None, Change::Move { from, to, flows: most }) => {
+                let (from_g, to_g) = (shared.member(v, from)?, shared.member(v, to)?);
+                if from_g == to_g {
+                    return Err(format!("a move of `{}`'s flows needs two instances, not {from} twice", vp.name));
+                }
+                let mut keys: Vec<u64> = flows
+                    .get(&NodeId(from_g))
+                    .into_iter()
+                    .flatten()
+                    .copied()
+                    .filter(|k| current.owner(*k) == Some(from_g))
+                    .collect();
+                keys.sort_unstable();
+                keys.truncate(most.map_or(usize::MAX, |m| usize::try_from(m).unwrap_or(usize::MAX)));
+                splitter.pin(&keys, NodeId(to_g));
+                ("move", keys.len() as u64)
+            }
+            (None, _) => return Ok(()),
+        };
+        let after: Vec<usize> = splitter.members().iter().map(|m| m.0).collect();
+        reports.push(ReconfigReport {
+            kind: kind.into(),
+            vertex: vp.name.to_string(),
+            at_packet: since,
+            at_ms,
+            instances: (n, after.len()),
+            flows: moved,
+            settle_ms: 0.0,
+        });
+        sc.alloc.change(v, since, splitter);
+        let mut slots: Vec<usize> = members.iter().map(|m| m.0).chain(after).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        let report = reports.len() - 1;
+        match self.pending.back_mut().filter(|p| p.vertex == v && p.since == since) {
+            // Two changes at one clock are one (the allocation between them served no packet).
+            Some(p) => {
+                p.slots.extend(slots);
+                p.slots.sort_unstable();
+                p.slots.dedup();
+                p.reports.push(report);
+            }
+            None => {
+                let started = Instant::now();
+                let reports = vec![report];
+                self.pending.push_back(Pending { vertex: v, since, slots, asked: false, started, reports });
+            }
+        }
+        Ok(())
+    }
+
+    /// Settles what can be, and forgets allocations no packet follows any more: `low` is the
+    /// oldest clock not finished or still logged, `seq` the last admitted.
+    pub(super) fn serve(&mut self, shared: &Shared, (low, seq): (u64, u64), reports: &mut [ReconfigReport]) {
+        let Some(sc) = &shared.scaling else { return };
+        while let Some(&(v, since)) = self.kept.front().filter(|(_, since)| low > *since) {
+            sc.alloc.forget(v, since);
+            self.kept.pop_front();
+        }
+        if self.pending.is_empty() {
+            return;
+        }
+        // Clocks still logged may have finished: a change needs them done, not deleted.
+        self.finished_to = self.finished_to.max(low);
+        while self.finished_to <= seq && shared.clocks.finished(self.finished_to) {
+            self.finished_to += 1;
+        }
+        while let Some(p) = self.pending.front_mut() {
+            if !p.asked {
+                if self.finished_to <= p.since {
+                    return;
+                }
+                for g in &p.slots {
+                    if let Some(a) = sc.asked.get(*g) {
+                        a.store(p.since + 1, Ordering::Release);
+                    }
+                }
+                p.asked = true;
+            }
+            let done = |g: &usize| sc.done.get(*g).is_none_or(|d| d.load(Ordering::Acquire) > p.since);
+            if !p.slots.iter().all(done) {
+                return;
+            }
+            sc.alloc.settled(p.vertex, p.since);
+            self.kept.push_back((p.vertex, p.since));
+            let members: Vec<usize> = sc.alloc.current(p.vertex).map(|e| e.members().collect()).unwrap_or_default();
+            for g in p.slots.iter().filter(|g| !members.contains(g)) {
+                if let Some(s) = sc.serving.get(*g) {
+                    s.store(false, Ordering::Release);
+                }
+                if let Some(live) = &shared.live {
+                    live.set_serving(*g, false);
+                }
+            }
+            let ms = p.started.elapsed().as_secs_f64() * 1e3;
+            for r in &p.reports {
+                if let Some(r) = reports.get_mut(*r) {
+                    r.settle_ms = ms;
+                }
+            }
+            self.pending.pop_front();
+        }
+    }
+
+    /// The changes not settled yet, for a person: `vertex@clock (asked, n/m settled)`.
+    pub(super) fn describe(&self, shared: &Shared) -> String {
+        let Some(sc) = &shared.scaling else { return String::new() };
+        let name = |v: usize| shared.vertices.get(v).map_or("?".to_string(), |x| x.name.to_string());
+        let parts: Vec<String> = self
+            .pending
+            .iter()
+            .map(|p| {
+                let done =
+                    p.slots.iter().filter(|g| sc.done.get(**g).is_some_and(|d| d.load(Ordering::Relaxed) > p.since));
+                let asked = if p.asked { "asked" } else { "waiting for earlier clocks" };
+                format!("{}@{} ({asked}, {}/{} settled)", name(p.vertex), p.since, done.count(), p.slots.len())
+            })
+            .collect();
+        parts.join(", ")
+    }
+
+    /// Whether a change has not settled yet (the run waits for it before ending).
+    pub(super) fn busy(&self) -> bool {
+        !self.pending.is_empty()
+    }
+}
