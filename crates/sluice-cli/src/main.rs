@@ -492,12 +492,7 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     let state = fault_tolerant(state_config(&a.engine, &chain)?, cfg.fault_tolerance);
     let mut plan =
         compile_with(&chain, &registry, &sample, &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
-    // A run with a control endpoint and a store can be scaled live.
-    cfg.scalable = a.control.is_some() && plan.rebuilder.has_store();
-    if cfg.scalable || cfg.planned.iter().any(|p| matches!(p, sluice_runtime::exec::Planned::Change(_))) {
-        // Before the live statistics are made: they show added instances too.
-        plan.reserve_spares(sluice_runtime::exec::MAX_INSTANCES_PER_VERTEX);
-    }
+    prepare_scaling(&a, &mut cfg, &mut plan);
     let mut sink: Box<dyn Sink> = match &a.output {
         Some(p) => Box::new(
             PcapSink::create(p, if a.nanos { Precision::Nano } else { Precision::Micro })
@@ -585,13 +580,26 @@ pub(crate) fn stop_flag(duration: Option<f64>) -> Arc<AtomicBool> {
     stop
 }
 
+/// A run with a control endpoint and a store can be scaled live; one with `scale` or `move`
+/// faults scales. Either keeps instance slots for the instances added (before the live
+/// statistics are made: they show those too).
+fn prepare_scaling(a: &RunArgs, cfg: &mut sluice_runtime::RunConfig, plan: &mut sluice_runtime::Plan) {
+    cfg.scalable = a.control.is_some() && plan.rebuilder.has_store();
+    if cfg.scalable || cfg.planned.iter().any(|p| matches!(p, sluice_runtime::exec::Planned::Change(_))) {
+        plan.reserve_spares(sluice_runtime::exec::MAX_INSTANCES_PER_VERTEX);
+    }
+}
+
 fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &[String]) -> Result<(), Failure> {
     let [if0, if1] = ifs else {
         return Err(fail(exit::INVALID)(anyhow::anyhow!("--bridge takes two interfaces, IF0,IF1")));
     };
     let state = fault_tolerant(state_config(&a.engine, &chain)?, cfg.fault_tolerance);
-    let plan = compile_with(&chain, &sluice_nfs::registry(), &[], &state)
+    let mut plan = compile_with(&chain, &sluice_nfs::registry(), &[], &state)
         .map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
+    let mut cfg = cfg.clone();
+    prepare_scaling(a, &mut cfg, &mut plan);
+    let cfg = &cfg;
     let bridge = ports::Bridge::open(if0, if1).map_err(|e| fail(exit::FAILED)(anyhow::Error::new(e)))?;
     let shared = std::rc::Rc::new(std::cell::RefCell::new(bridge));
     let mut source = ports::BridgeSource(shared.clone());

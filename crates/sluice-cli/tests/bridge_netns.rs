@@ -1,11 +1,15 @@
-//! End to end over real Linux interfaces: a NAT → firewall chain runs as `sluice run --bridge`
-//! between two veth pairs; a client namespace pings and downloads a 10 MB file from a server
-//! namespace through it, and the file arrives intact, from the NAT's address. The run is
-//! recorded, and the record is equivalent to the logical chain (`sluice verify --recorded`).
+//! End to end over real Linux interfaces: chains run as `sluice run --bridge` between two veth
+//! pairs, and a client namespace talks to a server namespace through them. A NAT → firewall
+//! chain: ping and a 10 MB download arrive intact, from the NAT's address. A NAT → portscan →
+//! LB chain: 20 parallel downloads of 8 MB arrive intact while `sluice ctl` crashes the NAT instance,
+//! scales the NAT and the portscan detector out and in and moves flows. Each run is recorded,
+//! and the record is equivalent to the logical chain (`sluice verify --recorded`).
 //!
 //! Needs root (network namespaces, AF_PACKET), iproute2, iputils-ping, ethtool and python3;
 //! `.ci/run` installs them. Missing privileges or tools fail the test with the reason. All
 //! traffic stays inside the namespaces this test creates; a guard removes them.
+
+mod common;
 
 use std::io::Read;
 use std::path::Path;
@@ -15,6 +19,8 @@ use std::time::{Duration, Instant};
 const CLIENT_IP: &str = "10.203.0.1";
 const SERVER_IP: &str = "10.203.0.2";
 const NAT_IP: &str = "10.203.0.100";
+/// The address the LB chain's clients connect to; the LB sends it to the server.
+const VIP: &str = "10.203.0.50";
 
 fn sh(args: &[&str]) -> Output {
     let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"));
@@ -63,6 +69,115 @@ fn offloads_off(ns: Option<&str>, dev: &str) {
     let _ = Command::new(args[0]).args(&args[1..]).stdout(Stdio::null()).stderr(Stdio::null()).status();
 }
 
+/// Two namespaces, client and server, each behind a veth pair whose other ends (`m0`, `m1`)
+/// sluice bridges; the server reaches the NAT's address at the client's MAC (the NAT sits in
+/// the wire).
+struct Wire {
+    guard: Cleanup,
+    nc: String,
+    ns: String,
+    m0: String,
+    m1: String,
+}
+
+impl Wire {
+    fn new(tag: &str) -> Wire {
+        assert_eq!(
+            // SAFETY-free check of the effective uid through /proc.
+            std::fs::read_to_string("/proc/self/status").ok().and_then(|s| s
+                .lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))),
+            Some(true),
+            "this test creates network namespaces and AF_PACKET sockets: run it as root"
+        );
+        for (tool, arg) in [("ip", "-V"), ("ping", "-V"), ("ethtool", "--version"), ("python3", "--version")] {
+            assert!(
+                tool_present(tool, arg),
+                "`{tool}` is missing: apt-get install -y iproute2 iputils-ping ethtool python3"
+            );
+        }
+        let id = std::process::id();
+        let (nc, ns) = (format!("sluice-c{tag}-{id}"), format!("sluice-s{tag}-{id}"));
+        let (m0, m1) = (format!("sl{tag}0{id}"), format!("sl{tag}1{id}"));
+        let guard =
+            Cleanup { namespaces: vec![nc.clone(), ns.clone()], links: vec![m0.clone(), m1.clone()], children: vec![] };
+        sh(&["ip", "netns", "add", &nc]);
+        sh(&["ip", "netns", "add", &ns]);
+        sh(&["ip", "link", "add", &m0, "type", "veth", "peer", "name", "c0", "netns", &nc]);
+        sh(&["ip", "link", "add", &m1, "type", "veth", "peer", "name", "s0", "netns", &ns]);
+        for (n, ip) in [(&nc, CLIENT_IP), (&ns, SERVER_IP)] {
+            let dev = if n == &nc { "c0" } else { "s0" };
+            sh(&["ip", "netns", "exec", n, "ip", "addr", "add", &format!("{ip}/24"), "dev", dev]);
+            sh(&["ip", "netns", "exec", n, "ip", "link", "set", dev, "up"]);
+            sh(&["ip", "netns", "exec", n, "ip", "link", "set", "lo", "up"]);
+            offloads_off(Some(n), dev);
+        }
+        for m in [&m0, &m1] {
+            sh(&["ip", "link", "set", m, "up"]);
+            offloads_off(None, m);
+        }
+        let client_mac = mac_of(&nc, "c0");
+        sh(&["ip", "netns", "exec", &ns, "ip", "neigh", "add", NAT_IP, "lladdr", &client_mac, "dev", "s0"]);
+        Wire { guard, nc, ns, m0, m1 }
+    }
+}
+
+/// Serves `data` as `/blob.bin` over HTTP on port 8080 of the server namespace (python's
+/// threaded server); its log goes to `log`.
+fn serve_blob(wire: &mut Wire, dir: &Path, data: &[u8], log: &Path) {
+    let www = dir.join("www");
+    std::fs::create_dir(&www).expect("www");
+    std::fs::write(www.join("blob.bin"), data).expect("blob");
+    let server = Command::new("ip")
+        .args(["netns", "exec", &wire.ns, "python3", "-m", "http.server", "8080", "--bind", SERVER_IP, "--directory"])
+        .arg(&www)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("log"))
+        .spawn()
+        .expect("start http server");
+    wire.guard.children.push(server);
+}
+
+/// `len` random bytes.
+fn random_bytes(len: usize) -> Vec<u8> {
+    let mut data = vec![0u8; len];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut data)).expect("random bytes");
+    data
+}
+
+/// Stops sluice (SIGINT, as an operator would) and waits: its exit status and stderr.
+fn stop(mut sluice: Child) -> (std::process::ExitStatus, String) {
+    let pid = sluice.id().to_string();
+    sh(&["kill", "-INT", &pid]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = sluice.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "sluice did not stop after SIGINT");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = sluice.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    (status, err)
+}
+
+/// `sluice verify --recorded DIR` says the recorded run is equivalent.
+fn assert_equivalent(record: &Path) {
+    let verified = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("verify")
+        .arg("--recorded")
+        .arg(record)
+        .output()
+        .expect("verify");
+    let said = String::from_utf8_lossy(&verified.stdout).into_owned() + &String::from_utf8_lossy(&verified.stderr);
+    assert!(verified.status.success(), "the recorded bridge run is not equivalent: {said}");
+    assert!(said.contains("EQUIVALENT"), "{said}");
+}
+
 fn mac_of(ns: &str, dev: &str) -> String {
     let out = sh(&["ip", "netns", "exec", ns, "cat", &format!("/sys/class/net/{dev}/address")]);
     String::from_utf8_lossy(&out.stdout).trim().to_string()
@@ -70,44 +185,8 @@ fn mac_of(ns: &str, dev: &str) -> String {
 
 #[test]
 fn nat_firewall_chain_bridges_ping_and_a_10mb_download() {
-    assert_eq!(
-        // SAFETY-free check of the effective uid through /proc.
-        std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(2) == Some("0"))),
-        Some(true),
-        "this test creates network namespaces and AF_PACKET sockets: run it as root"
-    );
-    for (tool, arg) in [("ip", "-V"), ("ping", "-V"), ("ethtool", "--version"), ("python3", "--version")] {
-        assert!(
-            tool_present(tool, arg),
-            "`{tool}` is missing: apt-get install -y iproute2 iputils-ping ethtool python3"
-        );
-    }
-    let id = std::process::id();
-    let (nc, ns) = (format!("sluice-c-{id}"), format!("sluice-s-{id}"));
-    let (m0, m1) = (format!("slm0{id}"), format!("slm1{id}"));
-    let mut guard =
-        Cleanup { namespaces: vec![nc.clone(), ns.clone()], links: vec![m0.clone(), m1.clone()], children: vec![] };
-    sh(&["ip", "netns", "add", &nc]);
-    sh(&["ip", "netns", "add", &ns]);
-    sh(&["ip", "link", "add", &m0, "type", "veth", "peer", "name", "c0", "netns", &nc]);
-    sh(&["ip", "link", "add", &m1, "type", "veth", "peer", "name", "s0", "netns", &ns]);
-    for (n, ip) in [(&nc, CLIENT_IP), (&ns, SERVER_IP)] {
-        let dev = if n == &nc { "c0" } else { "s0" };
-        sh(&["ip", "netns", "exec", n, "ip", "addr", "add", &format!("{ip}/24"), "dev", dev]);
-        sh(&["ip", "netns", "exec", n, "ip", "link", "set", dev, "up"]);
-        sh(&["ip", "netns", "exec", n, "ip", "link", "set", "lo", "up"]);
-        offloads_off(Some(n), dev);
-    }
-    for m in [&m0, &m1] {
-        sh(&["ip", "link", "set", m, "up"]);
-        offloads_off(None, m);
-    }
-    // The server reaches the NAT's address at the client's MAC: the NAT sits in the wire.
-    let client_mac = mac_of(&nc, "c0");
-    sh(&["ip", "netns", "exec", &ns, "ip", "neigh", "add", NAT_IP, "lladdr", &client_mac, "dev", "s0"]);
-
+    let mut wire = Wire::new("a");
+    let (nc, m0, m1) = (wire.nc.clone(), wire.m0.clone(), wire.m1.clone());
     let dir = tempfile::tempdir().expect("tempdir");
     let chain = dir.path().join("nat-fw.yaml");
     std::fs::write(
@@ -150,23 +229,12 @@ reverse_edges:    # outside to inside: firewall, then NAT
         .stderr(Stdio::piped())
         .spawn()
         .expect("start sluice");
-    guard.children.push(sluice);
+    wire.guard.children.push(sluice);
 
     // 10 MB of random bytes served over HTTP from the server namespace.
-    let www = dir.path().join("www");
-    std::fs::create_dir(&www).expect("www");
-    let mut data = vec![0u8; 10 * 1024 * 1024];
-    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut data)).expect("random bytes");
-    std::fs::write(www.join("blob.bin"), &data).expect("blob");
+    let data = random_bytes(10 * 1024 * 1024);
     let server_log = dir.path().join("server.log");
-    let server = Command::new("ip")
-        .args(["netns", "exec", &ns, "python3", "-m", "http.server", "8080", "--bind", SERVER_IP, "--directory"])
-        .arg(&www)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&server_log).expect("log"))
-        .spawn()
-        .expect("start http server");
-    guard.children.push(server);
+    serve_blob(&mut wire, dir.path(), &data, &server_log);
 
     // Ping through the chain (the first replies may wait for ARP and the bridge to start).
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -221,21 +289,7 @@ reverse_edges:    # outside to inside: firewall, then NAT
     assert_eq!(String::from_utf8_lossy(&blocked.stdout).trim(), "blocked");
 
     // Stop sluice cleanly (SIGINT) and read its report.
-    let mut sluice = guard.children.remove(0);
-    let pid = sluice.id().to_string();
-    sh(&["kill", "-INT", &pid]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = sluice.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "sluice did not stop after SIGINT");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut err = String::new();
-    if let Some(mut e) = sluice.stderr.take() {
-        let _ = e.read_to_string(&mut err);
-    }
+    let (status, err) = stop(wire.guard.children.remove(0));
     assert!(status.success(), "sluice exited with {status}: {err}");
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(Path::new(&report)).expect("report")).expect("report json");
@@ -245,13 +299,145 @@ reverse_edges:    # outside to inside: firewall, then NAT
     assert!(denied >= 1, "the firewall should have denied the probe to port 9: {}", json["dropped"]);
     // The live run, recorded, is equivalent to the logical chain over the same packets (both
     // directions: the record keeps each packet's port).
-    let verified = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("verify")
-        .arg("--recorded")
+    assert_equivalent(&record);
+}
+
+#[test]
+fn downloads_through_nat_portscan_lb_survive_a_crash_scaling_and_moves() {
+    let mut wire = Wire::new("b");
+    let (nc, m0, m1) = (wire.nc.clone(), wire.m0.clone(), wire.m1.clone());
+    // The client reaches the VIP at the server's MAC: the LB in the wire sends it on there.
+    let server_mac = mac_of(&wire.ns, "s0");
+    sh(&["ip", "netns", "exec", &nc, "ip", "neigh", "add", VIP, "lladdr", &server_mac, "dev", "c0"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let chain = dir.path().join("nat-portscan-lb.yaml");
+    std::fs::write(
+        &chain,
+        format!(
+            "name: nat-portscan-lb
+vertices:
+  nat:
+    type: nat
+    config: {{ external_ip: {NAT_IP}, internal: [\"{CLIENT_IP}/32\"] }}
+  portscan:
+    type: portscan
+  lb:
+    type: lb
+    config: {{ vips: [\"{VIP}:8080\"], backends: [\"{SERVER_IP}:8080\"] }}
+edges:
+  - {{ from: input, to: nat }}
+  - {{ from: nat, to: portscan }}
+  - {{ from: portscan, to: lb }}
+  - {{ from: lb, to: output }}
+reverse_edges:
+  - {{ from: input, to: lb }}
+  - {{ from: lb, to: portscan }}
+  - {{ from: portscan, to: nat }}
+  - {{ from: nat, to: output }}
+"
+        ),
+    )
+    .expect("chain file");
+    let report = dir.path().join("report.json");
+    let record = dir.path().join("record");
+    let sluice = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["run", "--chain"])
+        .arg(&chain)
+        .args(["--bridge", &format!("{m0},{m1}"), "--duration", "120", "--workers", "2", "--fault-tolerance"])
+        .args(["--control", "0", "--control-token", "s3cret", "--json"])
+        .arg(&report)
+        .arg("--record")
         .arg(&record)
-        .output()
-        .expect("verify");
-    let said = String::from_utf8_lossy(&verified.stdout).into_owned() + &String::from_utf8_lossy(&verified.stderr);
-    assert!(verified.status.success(), "the recorded bridge run is not equivalent: {said}");
-    assert!(said.contains("EQUIVALENT"), "{said}");
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sluice");
+    wire.guard.children.push(sluice);
+    let (addr, _) = common::control_endpoint(wire.guard.children.first_mut().expect("sluice"));
+    let port = addr.rsplit(':').next().unwrap_or_default().to_string();
+    let ctl = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["ctl", "--control", &port, "--token", "s3cret"])
+            .args(args)
+            .output()
+            .expect("sluice ctl");
+        let said = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "sluice ctl {args:?}: {said}");
+        said
+    };
+
+    let data = random_bytes(8 * 1024 * 1024);
+    serve_blob(&mut wire, dir.path(), &data, &dir.path().join("server.log"));
+    // 20 downloads in parallel (each retried while the bridge starts), each file checked.
+    let script = format!(
+        "import urllib.request,sys,threading,hashlib,time
+want=sys.argv[1]
+res=[None]*20
+def get(i):
+    for _ in range(60):
+        try:
+            b=urllib.request.urlopen('http://{VIP}:8080/blob.bin', timeout=30).read()
+            res[i]=hashlib.sha256(b).hexdigest(); return
+        except Exception as e:
+            res[i]=repr(e); time.sleep(0.5)
+ts=[threading.Thread(target=get,args=(i,)) for i in range(20)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+bad=[r for r in res if r!=want]
+print('ok' if not bad else 'bad: %r' % bad)
+"
+    );
+    let want = sha256_hex(&data);
+    let downloads = Command::new("timeout")
+        .args(["150", "ip", "netns", "exec", &nc, "python3", "-c", &script, &want])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start downloads");
+    // While they run: crash the NAT, scale it and the portscan detector out, move flows,
+    // scale back in.
+    let pause = || std::thread::sleep(Duration::from_millis(300));
+    pause();
+    ctl(&["crash", "nat:0"]);
+    pause();
+    ctl(&["scale", "portscan+1"]);
+    ctl(&["scale", "nat=2"]);
+    pause();
+    ctl(&["move", "nat:0>1"]);
+    pause();
+    ctl(&["scale", "portscan=1"]);
+    let listed = ctl(&["list"]);
+    let finished = downloads.wait_with_output().expect("downloads");
+    let said = String::from_utf8_lossy(&finished.stdout).into_owned() + &String::from_utf8_lossy(&finished.stderr);
+    assert_eq!(said.trim(), "ok", "downloads through the chain: {said}\n{listed}");
+
+    let (status, err) = stop(wire.guard.children.remove(0));
+    assert!(status.success(), "sluice exited with {status}: {err}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("report json");
+    let failovers = json["failovers"].as_array().cloned().unwrap_or_default();
+    assert_eq!(failovers.len(), 1, "{}", json["failovers"]);
+    let kinds: Vec<String> = json["reconfigurations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| r["kind"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(kinds, ["scale_out", "scale_out", "move", "scale_in"], "{}", json["reconfigurations"]);
+    let out = json["packets_out"].as_u64().unwrap_or(0);
+    assert!(out > 20_000, "only {out} packets crossed the chain; 20 downloads of 8 MB need many more");
+    // The changes came while the downloads ran: traffic went on after the last one.
+    let last = json["reconfigurations"][3]["at_packet"].as_u64().unwrap_or(u64::MAX);
+    let crash = json["failovers"][0]["at_packet"].as_u64().unwrap_or(u64::MAX);
+    assert!(crash < last && last + 1000 < out, "crash at {crash}, last change at {last}, {out} packets out");
+    assert_equivalent(&record);
+}
+
+/// SHA-256 of `data` as hex, by `sha256sum` (coreutils).
+fn sha256_hex(data: &[u8]) -> String {
+    use std::io::Write;
+    let mut c = Command::new("sha256sum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("sha256sum");
+    c.stdin.take().expect("stdin").write_all(data).expect("write");
+    let o = c.wait_with_output().expect("sha256sum");
+    String::from_utf8_lossy(&o.stdout).split_whitespace().next().unwrap_or_default().to_string()
 }

@@ -38,6 +38,10 @@ impl ClockTracker {
             s.fetch_sub(1, Ordering::AcqRel);
         }
     }
+    /// Copies of clock `seq` in flight (or held, for a count of held copies).
+    pub(crate) fn count(&self, seq: u64) -> u32 {
+        self.slots.get((seq & self.mask) as usize).map_or(0, |s| s.load(Ordering::Acquire))
+    }
     pub(crate) fn finished(&self, seq: u64) -> bool {
         self.slots.get((seq & self.mask) as usize).is_none_or(|s| s.load(Ordering::Acquire) == 0)
     }

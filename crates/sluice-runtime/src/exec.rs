@@ -323,8 +323,9 @@ pub fn run(
     let cap = cfg.window * (1 + mirrors) + 1024;
     let pool = PacketPool::new(cfg.window * (1 + mirrors).min(4), 2048);
     let workers = cfg.workers.min(instances.len().max(1));
-    let scaling =
-        scalable.then(|| reconfig::Scaling::new(&vertices, (slot_count, instances.len()), workers, rebuilder.clone()));
+    let scaling = scalable.then(|| {
+        reconfig::Scaling::new(&vertices, (slot_count, instances.len(), cfg.window), workers, rebuilder.clone())
+    });
     let shared = Arc::new(Shared {
         queues: (0..slot_count).map(|_| OnceLock::new()).collect(),
         queue_cap: cap,
@@ -425,6 +426,8 @@ pub fn run(
     let mut inbuf: Batch = Vec::with_capacity(cfg.batch);
     let mut source_done = false;
     let mut last_progress = Instant::now();
+    // Since when the chain has been too full to admit anything.
+    let mut full_since: Option<Instant> = None;
     let mut root_drops: BTreeMap<&'static str, u64> = BTreeMap::new();
     // The oldest clock still in flight, and the store connection that hears about it.
     let mut low: u64 = 1;
@@ -511,14 +514,8 @@ pub fn run(
                 // Nothing is read any more: say what the end waits for (a run that never ends
                 // is a bug; this is where to start looking).
                 last_progress = Instant::now();
-                tracing::warn!(
-                    in_flight = shared.in_flight.load(Ordering::Acquire),
-                    oldest_unfinished = low,
-                    logged = log.as_ref().map_or(0, RootLog::logged),
-                    failover_pending = failover_side.busy(),
-                    changes_pending = %scaling_side.describe(&shared),
-                    "the input is done; the run waits for these"
-                );
+                let (fo, sc) = (&failover_side, &scaling_side);
+                warn_waiting(&shared, (low, log.as_ref()), (fo, sc), "the input is done; the run waits for these");
             }
             // Only the sink is left to serve: leave the CPU to the workers in between.
             std::thread::sleep(Duration::from_micros(20));
@@ -560,9 +557,20 @@ pub fn run(
         let room = admission_room(&shared, cfg.window, seq, low, log.as_ref());
         if stalled || (room < cfg.batch && cfg.overflow == Overflow::Wait) {
             // The chain is full: give the workers the CPU rather than spin on it.
+            if full_since.get_or_insert_with(Instant::now).elapsed() >= WAITING_NOTICE {
+                full_since = Some(Instant::now());
+                let (fo, sc) = (&failover_side, &scaling_side);
+                warn_waiting(
+                    &shared,
+                    (low, log.as_ref()),
+                    (fo, sc),
+                    "the chain is full and nothing finished for a while",
+                );
+            }
             std::thread::sleep(Duration::from_micros(20));
             continue;
         }
+        full_since = None;
         inbuf.clear();
         match source.fill(&pool, &mut inbuf, cfg.batch)? {
             Fill::Done => source_done = true,
@@ -793,7 +801,24 @@ pub fn run(
     Ok(report)
 }
 
-/// How often a run whose input is done says what it still waits for.
+/// Says what a run that makes no progress waits for.
+fn warn_waiting(
+    shared: &Shared,
+    (low, log): (u64, Option<&RootLog>),
+    (failover, scaling): (&failover::RootSide, &reconfig::RootSide),
+    what: &str,
+) {
+    tracing::warn!(
+        in_flight = shared.in_flight.load(Ordering::Acquire),
+        oldest_unfinished = low,
+        logged = log.map_or(0, RootLog::logged),
+        failover_pending = failover.busy(),
+        changes_pending = %scaling.describe(shared),
+        "{what}"
+    );
+}
+
+/// How often a run that makes no progress says what it waits for.
 const WAITING_NOTICE: Duration = Duration::from_secs(5);
 
 /// Note buffers in flight between the workers and the root.

@@ -152,6 +152,9 @@ pub struct ReconfigReport {
     /// updates flushed to the store): the longest a packet of a flow that changed instance
     /// waited, ms.
     pub settle_ms: f64,
+    /// Of that, until every clock before the change had finished (the rest is the instances
+    /// flushing and handing flows over), ms.
+    pub drain_ms: f64,
 }
 
 /// Root-to-sink latency of the packets that left in one window of the run

@@ -29,6 +29,8 @@ pub(super) struct MoveSample {
     pub(super) flows_moved: u64,
     /// Move → settled, ms.
     pub(super) pause_ms: f64,
+    /// Of that, until every earlier clock had finished, ms.
+    pub(super) drain_ms: f64,
     pub(super) back_to_normal_ms: Option<f64>,
     pub(super) baseline_p99_us: f64,
     pub(super) peak_p99_us: f64,
@@ -50,14 +52,14 @@ pub(super) struct MoveResult {
     repeats: Vec<MoveSample>,
 }
 
-/// Every move case `repeat` times, interleaved, over their own packets: 16,000 flows of 7
-/// packets (so that the first instance has more than 4,000 flows halfway), 400 of 5 with
+/// Every move case `repeat` times, interleaved, over their own packets: 24,000 flows of 7
+/// packets (so that the first instance has more than 4,000 flows halfway), 400 with
 /// `--quick`.
 pub(super) fn run_moves(a: &BenchStoreArgs, env: &Env, repeat: usize) -> Result<Vec<MoveResult>> {
     if !a.failover_rate.is_finite() || a.failover_rate <= 0.0 {
         bail!("--failover-rate must be a positive packet rate");
     }
-    let (flows, packets_per_flow) = if a.quick { (400, 5) } else { (16_000, 7) };
+    let (flows, packets_per_flow) = if a.quick { (400, 7) } else { (24_000, 7) };
     let gcfg = GenConfig::new(Workload::Custom { flows, packets_per_flow }, a.seed);
     let packets = generate_packets(&gcfg).map_err(|e| anyhow!("generating packets: {e}"))?;
     let cases = vec![("nat/move-4000".to_string(), single_nf_chain("nat", NAT_CONFIG, 1, "<bench-store nat>")?)];
@@ -66,7 +68,10 @@ pub(super) fn run_moves(a: &BenchStoreArgs, env: &Env, repeat: usize) -> Result<
         run_one(chain, a, env, &packets, &registry).with_context(|| format!("case {name}"))
     };
     let samples = repeat_interleaved(&cases, repeat, !a.quick, measure, |r, (name, _), s| {
-        eprintln!("[move {r}/{repeat}] {name:<18} {} flows, pause {:.3} ms", s.flows_moved, s.pause_ms)
+        eprintln!(
+            "[move {r}/{repeat}] {name:<18} {} flows, pause {:.3} ms ({:.3} ms draining)",
+            s.flows_moved, s.pause_ms, s.drain_ms
+        )
     })?;
     Ok(cases
         .iter()
@@ -119,6 +124,7 @@ fn run_one(
     Ok(MoveSample {
         flows_moved: m.flows,
         pause_ms: m.settle_ms,
+        drain_ms: m.drain_ms,
         back_to_normal_ms: back,
         baseline_p99_us: baseline,
         peak_p99_us: peak,

@@ -144,6 +144,11 @@ pub(super) fn turn(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool
             }
             let mut batch = shared.empty_batch();
             let mut replay = r.replay;
+            if let Some(sc) = &shared.scaling {
+                for p in replay.iter().chain(&r.held) {
+                    sc.held(slot.vertex, p.meta.clock, false);
+                }
+            }
             replay.sort_by_key(|p| p.meta.clock);
             batch.extend(replay);
             batch.extend(r.held);
@@ -210,6 +215,11 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
     // A replacement failing while it recovers: its predecessors' clocks stay processed.
     let mut predecessor = slot.seen.replace(ClockSet::default()).unwrap_or_default();
     if let Some(r) = slot.recovery.take() {
+        if let Some(sc) = &shared.scaling {
+            for p in r.replay.iter().chain(&r.held) {
+                sc.held(vertex, p.meta.clock, false);
+            }
+        }
         r.replay.into_iter().chain(r.held).for_each(&mut lose);
         predecessor.union_with(&r.predecessor);
     }
@@ -273,6 +283,9 @@ pub(super) fn admit(slot: &mut Slot, pkt: &Packet) -> Admit {
 /// like any other.
 pub(super) fn hold(shared: &Shared, slot: &mut Slot, mut pkt: Packet, out: &mut Outgoing) {
     let Some(r) = slot.recovery.as_mut() else { return };
+    if let Some(sc) = &shared.scaling {
+        sc.held(slot.vertex, pkt.meta.clock, true);
+    }
     if pkt.meta.replay_target() == Some(slot.inst.id()) {
         pkt.meta.flags.insert(MetaFlags::REACHED);
         out.note(shared, super::ft::Note::Reached(pkt.meta));

@@ -14,10 +14,11 @@
 use super::alloc::Allocation;
 use super::worker::{end_copy, take_in, Ended, Slot};
 use super::{Outgoing, Shared};
+use crate::clocks::ClockTracker;
 use crate::plan::{split_key_of_state, Rebuilder};
 use crate::report::ReconfigReport;
 use sluice_chc::NodeId;
-use sluice_packet::Packet;
+use sluice_packet::{Clock, Packet};
 use sluice_state::{AccessPattern, ObjectId, StateKey};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -72,6 +73,11 @@ pub(super) struct Scaling {
     inbox_len: AtomicUsize,
     /// Per slot: it serves flows (an instance it started with, or one added and not retired).
     serving: Vec<AtomicBool>,
+    /// Per vertex, per clock: copies held by a recovering replacement there (its replay and
+    /// what arrived meanwhile). A change need not wait for a clock whose every copy is held by
+    /// replacements past the changed vertex: those copies went through it already, and the
+    /// recovery may itself wait for the change (its replay passes through the vertex).
+    held_in_recovery: Vec<ClockTracker>,
     rebuilder: Rebuilder,
 }
 
@@ -79,7 +85,7 @@ impl Scaling {
     /// For `slots` global indices (the first `initial` serving) run by `workers` threads.
     pub(super) fn new(
         vertices: &[crate::plan::VertexPlan],
-        (slots, initial): (usize, usize),
+        (slots, initial, span): (usize, usize, usize),
         workers: usize,
         rebuilder: Rebuilder,
     ) -> Scaling {
@@ -92,6 +98,7 @@ impl Scaling {
             inbox: (0..workers.max(1)).map(|_| Mutex::new(Vec::new())).collect(),
             inbox_len: AtomicUsize::new(0),
             serving: (0..slots).map(|g| AtomicBool::new(g < initial)).collect(),
+            held_in_recovery: vertices.iter().map(|_| ClockTracker::new(span)).collect(),
             rebuilder,
         }
     }
@@ -104,6 +111,32 @@ impl Scaling {
     /// The instances vertex `v` has now.
     pub(super) fn members(&self, v: usize) -> usize {
         self.alloc.current(v).map_or(1, |e| e.members().count())
+    }
+
+    /// A recovering replacement at vertex `v` holds a copy of `clock` (`true`) or no longer
+    /// (`false`).
+    pub(super) fn held(&self, v: usize, clock: Clock, holds: bool) {
+        if let Some(t) = self.held_in_recovery.get(v) {
+            if holds {
+                t.copy(clock);
+            } else {
+                t.done(clock);
+            }
+        }
+    }
+
+    /// Whether every copy of clock `seq` still in flight is held by recovering replacements at
+    /// vertices that do not lead to vertex `v` (and so have gone through it).
+    fn past(&self, shared: &Shared, v: usize, seq: u64) -> bool {
+        let copies = shared.clocks.count(seq);
+        let held: u32 = self
+            .held_in_recovery
+            .iter()
+            .enumerate()
+            .filter(|(w, _)| !shared.reaches.get(*w).and_then(|r| r.get(v)).copied().unwrap_or(true))
+            .map(|(_, t)| t.count(seq))
+            .sum();
+        copies == held
     }
 
     /// Instances added for worker `w` since it last looked.
@@ -315,7 +348,10 @@ struct Pending {
     since: u64,
     /// The instances that settle it: the members before and after.
     slots: Vec<usize>,
-    asked: bool,
+    asked: Option<Instant>,
+    /// Every clock before this one has gone through the vertex (at some point: a replay may
+    /// count copies of one again, which the instances that processed it drop as duplicates).
+    past_to: u64,
     started: Instant,
     /// Its report entries.
     reports: Vec<usize>,
@@ -327,9 +363,6 @@ pub(super) struct RootSide {
     pending: VecDeque<Pending>,
     /// Settled changes whose allocation before them is still kept for routing: (vertex, clock).
     kept: VecDeque<(usize, u64)>,
-    /// Every clock before this one has finished (at some point: a replay may count copies of
-    /// one again, which the instances that processed it drop as duplicates).
-    finished_to: u64,
     /// Per vertex: the index the next added instance gets.
     next_index: Vec<u16>,
 }
@@ -430,6 +463,7 @@ impl RootSide {
             instances: (n, after.len()),
             flows: moved,
             settle_ms: 0.0,
+            drain_ms: 0.0,
         });
         sc.alloc.change(v, since, splitter);
         let mut slots: Vec<usize> = members.iter().map(|m| m.0).chain(after).collect();
@@ -447,7 +481,8 @@ impl RootSide {
             None => {
                 let started = Instant::now();
                 let reports = vec![report];
-                self.pending.push_back(Pending { vertex: v, since, slots, asked: false, started, reports });
+                let p = Pending { vertex: v, since, slots, asked: None, past_to: 0, started, reports };
+                self.pending.push_back(p);
             }
         }
         Ok(())
@@ -464,14 +499,17 @@ impl RootSide {
         if self.pending.is_empty() {
             return;
         }
-        // Clocks still logged may have finished: a change needs them done, not deleted.
-        self.finished_to = self.finished_to.max(low);
-        while self.finished_to <= seq && shared.clocks.finished(self.finished_to) {
-            self.finished_to += 1;
-        }
         while let Some(p) = self.pending.front_mut() {
-            if !p.asked {
-                if self.finished_to <= p.since {
+            if p.asked.is_none() {
+                // Clocks still logged may have gone through: a change needs them past it, not
+                // deleted.
+                p.past_to = p.past_to.max(low);
+                while p.past_to <= p.since.min(seq)
+                    && (shared.clocks.finished(p.past_to) || sc.past(shared, p.vertex, p.past_to))
+                {
+                    p.past_to += 1;
+                }
+                if p.past_to <= p.since {
                     return;
                 }
                 for g in &p.slots {
@@ -479,7 +517,7 @@ impl RootSide {
                         a.store(p.since + 1, Ordering::Release);
                     }
                 }
-                p.asked = true;
+                p.asked = Some(Instant::now());
             }
             let done = |g: &usize| sc.done.get(*g).is_none_or(|d| d.load(Ordering::Acquire) > p.since);
             if !p.slots.iter().all(done) {
@@ -497,9 +535,11 @@ impl RootSide {
                 }
             }
             let ms = p.started.elapsed().as_secs_f64() * 1e3;
+            let drain_ms = p.asked.map_or(0.0, |a| a.duration_since(p.started).as_secs_f64() * 1e3);
             for r in &p.reports {
                 if let Some(r) = reports.get_mut(*r) {
                     r.settle_ms = ms;
+                    r.drain_ms = drain_ms;
                 }
             }
             self.pending.pop_front();
@@ -516,7 +556,7 @@ impl RootSide {
             .map(|p| {
                 let done =
                     p.slots.iter().filter(|g| sc.done.get(**g).is_some_and(|d| d.load(Ordering::Relaxed) > p.since));
-                let asked = if p.asked { "asked" } else { "waiting for earlier clocks" };
+                let asked = if p.asked.is_some() { "asked" } else { "waiting for earlier clocks" };
                 format!("{}@{} ({asked}, {}/{} settled)", name(p.vertex), p.since, done.count(), p.slots.len())
             })
             .collect();
