@@ -421,6 +421,7 @@ fn engine_config(e: &EngineArgs, live: bool) -> RunConfig {
         record: false,
         planned: Vec::new(),
         scalable: false,
+        policies: Vec::new(),
         latency_timeline: None,
     }
 }
@@ -486,7 +487,9 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
                 total.ok_or_else(|| fail(exit::INVALID)(anyhow::anyhow!("percent positions need a known input length")))
             }
         };
-        cfg.planned = run_faults::faults(f, &chain, count)?;
+        let faults = run_faults::faults(f, &chain, count)?;
+        cfg.planned = faults.planned;
+        cfg.policies = faults.policies;
         cfg.fault_tolerance = true;
     }
     let state = fault_tolerant(state_config(&a.engine, &chain)?, cfg.fault_tolerance);
@@ -585,7 +588,8 @@ pub(crate) fn stop_flag(duration: Option<f64>) -> Arc<AtomicBool> {
 /// statistics are made: they show those too).
 fn prepare_scaling(a: &RunArgs, cfg: &mut sluice_runtime::RunConfig, plan: &mut sluice_runtime::Plan) {
     cfg.scalable = a.control.is_some() && plan.rebuilder.has_store();
-    if cfg.scalable || cfg.planned.iter().any(|p| matches!(p, sluice_runtime::exec::Planned::Change(_))) {
+    let changes = cfg.planned.iter().any(|p| matches!(p, sluice_runtime::exec::Planned::Change(_)));
+    if cfg.scalable || changes || !cfg.policies.is_empty() {
         plan.reserve_spares(sluice_runtime::exec::MAX_INSTANCES_PER_VERTEX);
     }
 }

@@ -3,19 +3,25 @@
 //! events, in the schedule's order.
 
 use crate::{exit, fail, Failure};
+
 use sluice_coe::schedule::ScaleTo;
 use sluice_coe::schedule::{Action, FaultSchedule};
-use sluice_runtime::exec::{Change, Crash, Planned, Reconfig, Slowdown};
+use sluice_runtime::exec::{Change, Crash, ManagerPolicy, Planned, Reconfig, Slowdown};
 use sluice_runtime::Chain;
 use std::path::Path;
 
-/// The events of the schedule in `path` for `chain`, in order; `total` counts the input's
+/// What a schedule asks of a threaded run.
+#[derive(Debug, Default)]
+pub struct RunFaults {
+    /// The events, in order.
+    pub planned: Vec<Planned>,
+    /// The vertex managers' policies: (vertex index, policy).
+    pub policies: Vec<(usize, ManagerPolicy)>,
+}
+
+/// The events and policies of the schedule in `path` for `chain`; `total` counts the input's
 /// packets (asked only if an event is placed by percentage).
-pub fn faults(
-    path: &Path,
-    chain: &Chain,
-    total: impl FnOnce() -> Result<u64, Failure>,
-) -> Result<Vec<Planned>, Failure> {
+pub fn faults(path: &Path, chain: &Chain, total: impl FnOnce() -> Result<u64, Failure>) -> Result<RunFaults, Failure> {
     let bad = |msg: String| fail(exit::INVALID)(anyhow::anyhow!("{}: {msg}", path.display()));
     let schedule = FaultSchedule::load(path).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!("{e}")))?;
     if !schedule.run.is_empty() {
@@ -23,12 +29,22 @@ pub fn faults(
             "`run:` options are for `sluice verify`; `sluice run` takes its options on the command line".into()
         ));
     }
-    if !schedule.policies.is_empty() {
-        return Err(bad("policies are not applied by the threaded runtime yet (`sluice verify` runs them)".into()));
+    let names = chain.vertex_names();
+    let mut policies = Vec::new();
+    for p in &schedule.policies {
+        let line = p.line.map(|l| format!("line {l}: ")).unwrap_or_default();
+        if p.straggler_slower_by_percent.is_some() {
+            return Err(bad(format!(
+                "{line}straggler policies clone instances, which the threaded runtime does not do yet (`sluice verify` runs them)"
+            )));
+        }
+        let Some(v) = names.get(p.vertex.as_str()).copied() else {
+            return Err(bad(format!("{line}no vertex `{}` in chain `{}`", p.vertex, chain.name)));
+        };
+        policies.push((v, p.manager()));
     }
     let total =
         if schedule.events.iter().any(|e| matches!(e.at, sluice_coe::schedule::At::Percent(_))) { total()? } else { 0 };
-    let names = chain.vertex_names();
     let mut out = Vec::new();
     for (after, e) in schedule.resolve(total) {
         let line = e.line.map(|l| format!("line {l}: ")).unwrap_or_default();
@@ -64,5 +80,5 @@ pub fn faults(
             _ => {}
         }
     }
-    Ok(out)
+    Ok(RunFaults { planned: out, policies })
 }

@@ -69,6 +69,19 @@ fn vertices_scale_out_and_in_while_flows_move_and_an_instance_fails() {
 }
 
 #[test]
+fn vertex_managers_scale_a_straggling_vertex() {
+    // The portscan detector slows from 10 % to 50 % of the trace; its manager adds instances
+    // while its queue is long and removes them once it is short; the LB scales by the schedule.
+    let report =
+        recorded_run("policy", ("chains/example.yaml", "traces/demo.pcap", "30000"), "faults/scale.yaml", &["-w", "2"]);
+    let c = changes(&report);
+    let by_manager: Vec<_> = c.iter().filter(|x| x.1 == "portscan").collect();
+    assert!(by_manager.iter().any(|x| x.0 == "scale_out"), "the manager never scaled out: {c:?}");
+    assert!(by_manager.iter().all(|x| (1..=4).contains(&x.2)), "outside 1..=4 instances: {c:?}");
+    assert!(c.iter().any(|x| x.1 == "lb" && x.2 == 3), "the schedule's LB scale-out: {c:?}");
+}
+
+#[test]
 fn scaling_on_redis_is_equivalent() {
     let Ok(url) = std::env::var("SLUICE_REDIS_URL") else {
         panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
@@ -95,6 +108,7 @@ fn changes_that_cannot_be_made_are_clear_errors() {
     );
     let ok = "faults/move-4000.yaml";
     for (faults, extra, says) in [
+        ("faults/straggler-policy.yaml", &[][..], "straggler policies clone instances"),
         (lonely.as_str(), &[][..], "has 1 instance(s) at this point, not an instance 1"),
         (same.as_str(), &[][..], "needs two different instances"),
         (ok, &["--mode", "local"][..], "state in a store"),

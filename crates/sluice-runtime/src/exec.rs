@@ -44,6 +44,7 @@ mod worker;
 
 pub use failover::Crash;
 pub use reconfig::{Change, Reconfig};
+pub use sluice_chc::manager::ManagerPolicy;
 
 /// How many instances a vertex can have had over a run that scales (an instance's index is
 /// never reused; queues and statistics exist only for those used).
@@ -87,6 +88,10 @@ pub struct RunConfig {
     /// instances crash (needs `fault_tolerance` and a state store) or slow down, vertices scale
     /// and flows move (needs a state store). Events at the same point apply in this order.
     pub planned: Vec<Planned>,
+    /// Vertex managers' policies (vertex index, policy): every [`MANAGE_EVERY`] admitted
+    /// packets each vertex is scaled on its instances' queues (needs a state store; straggler
+    /// clones are not made in threads yet).
+    pub policies: Vec<(usize, ManagerPolicy)>,
     /// Keep scaling and moves possible though none is planned (for a control endpoint); the
     /// run then tracks which flows each instance received and routes by the clock's
     /// allocation (needs a state store).
@@ -145,6 +150,7 @@ impl Default for RunConfig {
             checkpoint_every: Some(Duration::from_millis(150)),
             record: false,
             planned: Vec::new(),
+            policies: Vec::new(),
             scalable: false,
             latency_timeline: None,
         }
@@ -218,6 +224,14 @@ impl Shared {
     fn queue(&self, i: usize) -> Option<&ArrayQueue<Batch>> {
         self.queues.get(i).map(|q| q.get_or_init(|| ArrayQueue::new(self.queue_cap)))
     }
+    /// A batch from instance `i`'s queue.
+    fn pop(&self, i: usize) -> Option<Batch> {
+        let b = self.queue(i)?.pop()?;
+        if let Some(sc) = &self.scaling {
+            sc.queued(i, -(b.len() as isize));
+        }
+        Some(b)
+    }
     /// The global index of the instance at `position` among `vertex`'s instances now (fault
     /// schedules name instances so).
     fn member(&self, vertex: usize, position: u16) -> Result<usize, String> {
@@ -288,7 +302,18 @@ pub fn run(
         )));
     }
     let mut plan = plan;
-    let scalable = cfg.scalable || cfg.planned.iter().any(|p| matches!(p, Planned::Change(_)));
+    let scalable =
+        cfg.scalable || !cfg.policies.is_empty() || cfg.planned.iter().any(|p| matches!(p, Planned::Change(_)));
+    for (v, p) in &cfg.policies {
+        if *v >= plan.vertices.len() {
+            return Err(RunError::Config(format!("a policy for vertex {v}, which the chain does not have")));
+        }
+        if p.straggler_slower_by_percent.is_some() {
+            return Err(RunError::Config(
+                "straggler policies clone instances, which the threaded runtime does not do yet".into(),
+            ));
+        }
+    }
     let crashes_planned = cfg.planned.iter().any(|p| matches!(p, Planned::Crash(_)));
     if scalable && plan.vertices.iter().all(|v| v.spares.is_empty()) {
         plan.reserve_spares(MAX_INSTANCES_PER_VERTEX);
@@ -373,6 +398,7 @@ pub fn run(
     let mut next_fault = planned.peek().map_or(u64::MAX, Planned::after);
     let mut scaling_side = reconfig::RootSide::default();
     let mut reconfigurations = Vec::new();
+    let managed = !cfg.policies.is_empty();
     if let Some(live) = &shared.live {
         live.set_failover(match (cfg.fault_tolerance, can_fail_over) {
             (_, true) => None,
@@ -650,6 +676,12 @@ pub fn run(
                 }
                 next_fault = planned.peek().map_or(u64::MAX, Planned::after);
             }
+            if managed && seq.is_multiple_of(MANAGE_EVERY) {
+                let at = (seq, t0.elapsed().as_secs_f64() * 1e3);
+                scaling_side
+                    .manage(&shared, &cfg.policies, at, &mut reconfigurations)
+                    .map_err(|e| RunError::Config(format!("a vertex manager's scaling: {e}")))?;
+            }
             if traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
                 report.bypassed += 1;
                 let d = shared.queues.len();
@@ -817,6 +849,10 @@ fn warn_waiting(
         "{what}"
     );
 }
+
+/// Vertex managers look at their vertices every this many admitted packets (as in the
+/// virtual-time engine).
+pub const MANAGE_EVERY: u64 = 1_000;
 
 /// How often a run that makes no progress says what it waits for.
 const WAITING_NOTICE: Duration = Duration::from_secs(5);

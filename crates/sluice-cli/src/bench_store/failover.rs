@@ -122,6 +122,7 @@ fn run_one(
         record: false,
         planned: vec![Planned::Crash(Crash { after: packets.len() as u64 / 2, vertex: nat, index: 0 })],
         scalable: false,
+        policies: Vec::new(),
         latency_timeline: Some(Duration::from_millis(1)),
     };
     let mut source = MemorySource::with_rate(packets, a.failover_rate);

@@ -213,6 +213,7 @@ pub(super) fn run_modes(
         record: false,
         planned: Vec::new(),
         scalable: false,
+        policies: Vec::new(),
         latency_timeline: None,
     };
     let measure =

@@ -3,7 +3,7 @@
 //! builds and retires instances and flushes their clients.
 
 use super::{client, store_err, Engine, EngineError, Episode, Item, Node, Queued};
-use sluice_chc::manager::{evaluate, keep_clone, Decision, InstanceLoad, ManagerPolicy, Trial};
+use sluice_chc::manager::{evaluate, keep_clone, Decision, InstanceLoad, Trial};
 use sluice_chc::moves::{Completed, Move, MoveId, MoveRepair, MoveStart};
 use sluice_chc::NodeId;
 use sluice_packet::InstanceId;
@@ -616,14 +616,7 @@ impl Engine<'_> {
                 .iter()
                 .map(|&m| InstanceLoad { backlog: self.node(m).map_or(0, |n| n.queue.len() as u64), ..self.load(m) })
                 .collect();
-            let policy = ManagerPolicy {
-                max_instances: usize::from(p.max_instances.unwrap_or(8)),
-                min_instances: usize::from(p.min_instances.unwrap_or(1)),
-                scale_out_queue_above: p.scale_out_above.as_ref().and_then(|t| t.queue),
-                scale_in_queue_below: p.scale_in_below.as_ref().and_then(|t| t.queue),
-                straggler_slower_by_percent: p.straggler_slower_by_percent,
-            };
-            for d in evaluate(&policy, &loads, self.moves.busy()) {
+            for d in evaluate(&p.manager(), &loads, self.moves.busy()) {
                 match d {
                     Decision::ScaleTo(n) => self.scale(count, v, n)?,
                     Decision::Clone(m) => self.clone_instance(count, m)?,

@@ -229,6 +229,19 @@ pub struct Policy {
     pub line: Option<usize>,
 }
 
+impl Policy {
+    /// The policy as the core's vertex manager applies it (at most 8 instances unless said).
+    pub fn manager(&self) -> sluice_chc::manager::ManagerPolicy {
+        sluice_chc::manager::ManagerPolicy {
+            max_instances: usize::from(self.max_instances.unwrap_or(8)),
+            min_instances: usize::from(self.min_instances.unwrap_or(1)),
+            scale_out_queue_above: self.scale_out_above.as_ref().and_then(|t| t.queue),
+            scale_in_queue_below: self.scale_in_below.as_ref().and_then(|t| t.queue),
+            straggler_slower_by_percent: self.straggler_slower_by_percent,
+        }
+    }
+}
+
 /// A scaling threshold; it is crossed when any of the given measures crosses it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Threshold {

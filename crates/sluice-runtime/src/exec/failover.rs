@@ -203,11 +203,9 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
         lost.push(p.meta);
         shared.pool.recycle(p);
     };
-    if let Some(q) = shared.queue(slot.global) {
-        while let Some(mut b) = q.pop() {
-            b.drain(..).for_each(&mut lose);
-            shared.give_back(b);
-        }
+    while let Some(mut b) = shared.pop(slot.global) {
+        b.drain(..).for_each(&mut lose);
+        shared.give_back(b);
     }
     if let Some(o) = slot.order.as_mut() {
         o.take_held().into_iter().for_each(&mut lose);

@@ -178,7 +178,12 @@ fn try_push(shared: &Shared, item: Stalled) -> Result<(), Stalled> {
         },
         Stalled::Batch(dest, b) => {
             let q = shared.queue(dest).unwrap_or(&shared.sink);
-            q.push(b).map_err(|b| Stalled::Batch(dest, b))
+            let n = b.len();
+            q.push(b).map_err(|b| Stalled::Batch(dest, b))?;
+            if let Some(sc) = &shared.scaling {
+                sc.queued(dest, n as isize);
+            }
+            Ok(())
         }
     }
 }

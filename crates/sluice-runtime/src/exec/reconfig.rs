@@ -17,11 +17,12 @@ use super::{Outgoing, Shared};
 use crate::clocks::ClockTracker;
 use crate::plan::{split_key_of_state, Rebuilder};
 use crate::report::ReconfigReport;
+use sluice_chc::manager::{evaluate, Decision, InstanceLoad, ManagerPolicy};
 use sluice_chc::NodeId;
 use sluice_packet::{Clock, Packet};
 use sluice_state::{AccessPattern, ObjectId, StateKey};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -78,6 +79,8 @@ pub(super) struct Scaling {
     /// replacements past the changed vertex: those copies went through it already, and the
     /// recovery may itself wait for the change (its replay passes through the vertex).
     held_in_recovery: Vec<ClockTracker>,
+    /// Per slot: packets in its queue (vertex managers scale on them).
+    queue_packets: Vec<AtomicIsize>,
     rebuilder: Rebuilder,
 }
 
@@ -99,6 +102,7 @@ impl Scaling {
             inbox_len: AtomicUsize::new(0),
             serving: (0..slots).map(|g| AtomicBool::new(g < initial)).collect(),
             held_in_recovery: vertices.iter().map(|_| ClockTracker::new(span)).collect(),
+            queue_packets: (0..slots).map(|_| AtomicIsize::new(0)).collect(),
             rebuilder,
         }
     }
@@ -111,6 +115,13 @@ impl Scaling {
     /// The instances vertex `v` has now.
     pub(super) fn members(&self, v: usize) -> usize {
         self.alloc.current(v).map_or(1, |e| e.members().count())
+    }
+
+    /// `n` packets went into (or, negative, out of) slot `g`'s queue.
+    pub(super) fn queued(&self, g: usize, n: isize) {
+        if let Some(q) = self.queue_packets.get(g) {
+            q.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// A recovering replacement at vertex `v` holds a copy of `clock` (`true`) or no longer
@@ -483,6 +494,39 @@ impl RootSide {
                 let reports = vec![report];
                 let p = Pending { vertex: v, since, slots, asked: None, past_to: 0, started, reports };
                 self.pending.push_back(p);
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies the vertex managers' `policies` (vertex, policy) to the instances' queues now,
+    /// at packet `since`: scale out or in (clones are not made in threads yet; the command
+    /// line refuses straggler policies).
+    pub(super) fn manage(
+        &mut self,
+        shared: &Shared,
+        policies: &[(usize, ManagerPolicy)],
+        at: (u64, f64),
+        reports: &mut Vec<ReconfigReport>,
+    ) -> Result<(), String> {
+        let Some(sc) = &shared.scaling else { return Ok(()) };
+        for (v, policy) in policies {
+            let Some(current) = sc.alloc.current(*v) else { continue };
+            let loads: Vec<InstanceLoad> = current
+                .members()
+                .map(|g| InstanceLoad {
+                    node: NodeId(g),
+                    backlog: sc.queue_packets.get(g).map_or(0, |q| q.load(Ordering::Relaxed).max(0) as u64),
+                    ..InstanceLoad::default()
+                })
+                .collect();
+            // One change of a vertex at a time, as the engine's managers wait for moves.
+            let busy = self.pending.iter().any(|p| p.vertex == *v);
+            for d in evaluate(policy, &loads, busy) {
+                if let Decision::ScaleTo(n) = d {
+                    let r = Reconfig { after: at.0, vertex: *v, change: Change::ScaleTo(n as u16) };
+                    self.apply(shared, &r, at, reports)?;
+                }
             }
         }
         Ok(())

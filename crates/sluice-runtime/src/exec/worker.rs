@@ -182,17 +182,16 @@ fn report_commits(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) {
 /// Serves one instance: a few batches from its queue (keeping instances fair), or, for an
 /// order-sensitive one, whatever it holds whose turn has come. Whether anything happened.
 fn serve(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
-    let Some(q) = shared.queue(slot.global) else { return false };
     let mut did = false;
     if slot.order.is_none() {
         for _ in 0..4 {
-            let Some(batch) = q.pop() else { break };
+            let Some(batch) = shared.pop(slot.global) else { break };
             did = true;
             process_batch(shared, slot, batch, out);
         }
         return did;
     }
-    while let Some(batch) = q.pop() {
+    while let Some(batch) = shared.pop(slot.global) {
         did = true;
         hold_in_order(shared, slot, batch, out);
     }
