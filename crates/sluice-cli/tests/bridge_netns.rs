@@ -121,6 +121,23 @@ impl Wire {
         sh(&["ip", "netns", "exec", &ns, "ip", "neigh", "add", NAT_IP, "lladdr", &client_mac, "dev", "s0"]);
         Wire { guard, nc, ns, m0, m1 }
     }
+
+    /// Starts `sluice run --chain CHAIN --bridge m0,m1 --json REPORT --record RECORD EXTRA`.
+    fn start_sluice(&mut self, chain: &Path, (report, record): (&Path, &Path), extra: &[&str]) {
+        let sluice = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["run", "--chain"])
+            .arg(chain)
+            .args(["--bridge", &format!("{},{}", self.m0, self.m1), "--json"])
+            .arg(report)
+            .arg("--record")
+            .arg(record)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start sluice");
+        self.guard.children.push(sluice);
+    }
 }
 
 /// Serves `data` as `/blob.bin` over HTTP on port 8080 of the server namespace (python's
@@ -186,7 +203,7 @@ fn mac_of(ns: &str, dev: &str) -> String {
 #[test]
 fn nat_firewall_chain_bridges_ping_and_a_10mb_download() {
     let mut wire = Wire::new("a");
-    let (nc, m0, m1) = (wire.nc.clone(), wire.m0.clone(), wire.m1.clone());
+    let nc = wire.nc.clone();
     let dir = tempfile::tempdir().expect("tempdir");
     let chain = dir.path().join("nat-fw.yaml");
     std::fs::write(
@@ -218,18 +235,7 @@ reverse_edges:    # outside to inside: firewall, then NAT
     .expect("chain file");
     let report = dir.path().join("report.json");
     let record = dir.path().join("record");
-    let sluice = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["run", "--chain"])
-        .arg(&chain)
-        .args(["--bridge", &format!("{m0},{m1}"), "--duration", "90", "--workers", "1", "--json"])
-        .arg(&report)
-        .arg("--record")
-        .arg(&record)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start sluice");
-    wire.guard.children.push(sluice);
+    wire.start_sluice(&chain, (&report, &record), &["--duration", "90", "--workers", "1"]);
 
     // 10 MB of random bytes served over HTTP from the server namespace.
     let data = random_bytes(10 * 1024 * 1024);
@@ -305,7 +311,7 @@ reverse_edges:    # outside to inside: firewall, then NAT
 #[test]
 fn downloads_through_nat_portscan_lb_survive_a_crash_scaling_and_moves() {
     let mut wire = Wire::new("b");
-    let (nc, m0, m1) = (wire.nc.clone(), wire.m0.clone(), wire.m1.clone());
+    let nc = wire.nc.clone();
     // The client reaches the VIP at the server's MAC: the LB in the wire sends it on there.
     let server_mac = mac_of(&wire.ns, "s0");
     sh(&["ip", "netns", "exec", &nc, "ip", "neigh", "add", VIP, "lladdr", &server_mac, "dev", "c0"]);
@@ -340,19 +346,9 @@ reverse_edges:
     .expect("chain file");
     let report = dir.path().join("report.json");
     let record = dir.path().join("record");
-    let sluice = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["run", "--chain"])
-        .arg(&chain)
-        .args(["--bridge", &format!("{m0},{m1}"), "--duration", "120", "--workers", "2", "--fault-tolerance"])
-        .args(["--control", "0", "--control-token", "s3cret", "--json"])
-        .arg(&report)
-        .arg("--record")
-        .arg(&record)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start sluice");
-    wire.guard.children.push(sluice);
+    let live =
+        ["--duration", "120", "--workers", "2", "--fault-tolerance", "--control", "0", "--control-token", "s3cret"];
+    wire.start_sluice(&chain, (&report, &record), &live);
     let (addr, _) = common::control_endpoint(wire.guard.children.first_mut().expect("sluice"));
     let port = addr.rsplit(':').next().unwrap_or_default().to_string();
     let ctl = |args: &[&str]| {

@@ -69,6 +69,18 @@ fn vertices_scale_out_and_in_while_flows_move_and_an_instance_fails() {
 }
 
 #[test]
+fn a_moved_flows_timer_fires_at_its_new_instance() {
+    // A race: the old instance must process later packets before the change settles. One run
+    // in four failed before the fix; eight runs.
+    let http = ("chains/example.yaml", "../shared/traces/http_methods.pcap", "12000");
+    for i in 0..8 {
+        let name = format!("lb-timers-{i}");
+        let report = recorded_run(&name, http, "faults/threaded/lb-scale-out-early.yaml", &["-w", "2", "--batch", "8"]);
+        assert_eq!(changes(&report).len(), 1, "{name}");
+    }
+}
+
+#[test]
 fn vertex_managers_scale_a_straggling_vertex() {
     // The portscan detector slows from 10 % to 50 % of the trace; its manager adds instances
     // while its queue is long and removes them once it is short; the LB scales by the schedule.

@@ -3,7 +3,7 @@
 
 use crate::{Event, LabelTable, NetworkFunction, NfContext, Verdict};
 use sluice_packet::{InstanceId, Packet};
-use sluice_state::{StateHandle, TimerFired};
+use sluice_state::{ObjectId, StateHandle, StateKey, TimerFired};
 use std::sync::Arc;
 
 /// How many timers may fire before one packet; the rest fire before the next ones, so a burst
@@ -20,7 +20,13 @@ pub struct Instance {
     events: Vec<Event>,
     fired: Vec<TimerFired>,
     now_ns: u64,
+    timer_filter: Option<TimerFilter>,
 }
+
+/// Which of an instance's due timers fire before a packet with this clock (the others stay
+/// armed): while flows move away from it, the timers of flows that are another instance's at
+/// that clock wait to be handed over.
+pub type TimerFilter = Box<dyn Fn(ObjectId, &StateKey, sluice_packet::Clock) -> bool + Send>;
 
 impl Instance {
     /// An instance of `nf` named `vertex`, with state behind `state`.
@@ -31,7 +37,12 @@ impl Instance {
         id: InstanceId,
         labels: Arc<LabelTable>,
     ) -> Instance {
-        Instance { nf, state, vertex, id, labels, events: Vec::new(), fired: Vec::new(), now_ns: 0 }
+        Instance { nf, state, vertex, id, labels, events: Vec::new(), fired: Vec::new(), now_ns: 0, timer_filter: None }
+    }
+
+    /// Sets which due timers fire from now on ([`TimerFilter`]; `None`: all).
+    pub fn set_timer_filter(&mut self, filter: Option<TimerFilter>) {
+        self.timer_filter = filter;
     }
 
     /// The NF.
@@ -94,7 +105,10 @@ impl Instance {
             self.now_ns = now_ns;
         }
         self.fired.clear();
-        self.state.expired(now_ns, TIMERS_PER_PACKET, &mut self.fired);
+        match &self.timer_filter {
+            Some(f) => self.state.expired_where(now_ns, TIMERS_PER_PACKET, &mut self.fired, &|o, k| f(o, k, clock)),
+            None => self.state.expired(now_ns, TIMERS_PER_PACKET, &mut self.fired),
+        }
         if self.fired.is_empty() {
             return;
         }

@@ -70,6 +70,20 @@ pub trait StateHandle: Send {
     /// Removes and returns up to `max` timers due at `now_ns`, earliest first.
     fn expired(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>);
 
+    /// [`StateHandle::expired`] for the timers `fire` accepts; the others stay armed. A flow
+    /// moving to another instance is that instance's to expire from the move on, while this
+    /// one still has earlier packets of it to process (and the timer to hand over once done).
+    /// Backends that cannot keep timers back fire them all.
+    fn expired_where(
+        &mut self,
+        now_ns: u64,
+        max: usize,
+        out: &mut Vec<TimerFired>,
+        _fire: &dyn Fn(ObjectId, &StateKey) -> bool,
+    ) {
+        self.expired(now_ns, max, out);
+    }
+
     /// Called by the runtime before an instance processes a batch.
     fn begin_batch(&mut self) {}
 

@@ -66,7 +66,21 @@ impl Timers {
     /// [`Timers::expired`], also giving each fired timer's deadline (in `deadlines`, in the
     /// same order as the timers appended to `out`).
     pub fn expired_at(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>, deadlines: &mut Vec<u64>) {
+        self.expired_where(now_ns, max, out, deadlines, &|_, _| true);
+    }
+
+    /// [`Timers::expired_at`] for the timers `fire` accepts; the others stay armed (their key
+    /// is not this instance's to expire now, see `StateHandle::expired_where`).
+    pub fn expired_where(
+        &mut self,
+        now_ns: u64,
+        max: usize,
+        out: &mut Vec<TimerFired>,
+        deadlines: &mut Vec<u64>,
+        fire: &dyn Fn(ObjectId, &StateKey) -> bool,
+    ) {
         let mut n = 0;
+        let mut kept = Vec::new();
         while n < max {
             match self.heap.peek() {
                 Some(Reverse((deadline, ..))) if *deadline <= now_ns => {}
@@ -74,12 +88,17 @@ impl Timers {
             }
             let Some(Reverse((deadline, seq, object, key))) = self.heap.pop() else { break };
             if self.armed.get(&(object, key)).map(|e| e.0) == Some(seq) {
+                if !fire(object, &key) {
+                    kept.push(Reverse((deadline, seq, object, key)));
+                    continue;
+                }
                 self.armed.remove(&(object, key));
                 out.push(TimerFired { object, key });
                 deadlines.push(deadline);
                 n += 1;
             }
         }
+        self.heap.extend(kept);
         // Cancelled and re-armed entries would otherwise pile up in the heap: when mostly
         // stale, rebuild it from the armed timers (a scan and a heapify, no lookups).
         if self.heap.len() > 1024 && self.heap.len() > 4 * self.armed.len() {
@@ -185,6 +204,16 @@ impl StateHandle for LocalState {
 
     fn expired(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>) {
         self.timers.expired(now_ns, max, out);
+    }
+
+    fn expired_where(
+        &mut self,
+        now_ns: u64,
+        max: usize,
+        out: &mut Vec<TimerFired>,
+        fire: &dyn Fn(ObjectId, &StateKey) -> bool,
+    ) {
+        self.timers.expired_where(now_ns, max, out, &mut Vec::new(), fire);
     }
 }
 

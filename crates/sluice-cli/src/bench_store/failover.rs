@@ -13,6 +13,7 @@ use serde::Serialize;
 use sluice_packet::Packet;
 use sluice_runtime::exec::{Crash, Planned};
 use sluice_runtime::report::LatencyWindow;
+use sluice_runtime::RunReport;
 use sluice_runtime::{compile_with, run, Chain, DiscardSink, MemorySource, Overflow, RunConfig, RunHooks, StateConfig};
 use sluice_store::ClientConfig;
 use std::time::Duration;
@@ -28,12 +29,9 @@ pub(super) struct FailoverCase {
 pub(super) struct FailoverSample {
     /// Crash asked → replacement serving live traffic (the root's replay drained), ms.
     pub(super) recovery_ms: f64,
-    /// Crash asked → latency back to normal, ms (`None`: not within the run).
-    pub(super) back_to_normal_ms: Option<f64>,
-    /// Median of the per-window p99 before the crash, µs.
-    pub(super) baseline_p99_us: f64,
-    /// Highest per-window p99 after the crash, µs.
-    pub(super) peak_p99_us: f64,
+    /// Latency around the crash.
+    #[serde(flatten)]
+    pub(super) latency: Around,
     /// Copies lost with the instance, and replayed to its replacement.
     pub(super) lost: u64,
     pub(super) replayed: u64,
@@ -48,11 +46,8 @@ pub(super) struct FailoverResult {
     pub(super) case: String,
     pub(super) rate_pps: f64,
     pub(super) recovery_ms: Stat,
-    pub(super) back_to_normal_ms: Stat,
-    pub(super) baseline_p99_us: Stat,
-    pub(super) peak_p99_us: Stat,
-    /// Runs in which latency did not come back to normal before the input ended.
-    pub(super) never_normal: usize,
+    #[serde(flatten)]
+    pub(super) latency: AroundStats,
     repeats: Vec<FailoverSample>,
 }
 
@@ -76,7 +71,7 @@ pub(super) fn run_failover(
     let registry = sluice_nfs::registry();
     let measure = |c: &FailoverCase| run_one(c, a, env, packets, &registry).with_context(|| format!("case {}", c.name));
     let samples = repeat_interleaved(&cases, repeat, !a.quick, measure, |r, c, s| {
-        let back = s.back_to_normal_ms.map_or("never".to_string(), |b| format!("{b:.2} ms"));
+        let back = s.latency.back_to_normal_ms.map_or("never".to_string(), |b| format!("{b:.2} ms"));
         eprintln!(
             "[failover {r}/{repeat}] {:<18} recovery {:>8.2} ms  latency normal after {back}",
             c.name, s.recovery_ms
@@ -89,10 +84,7 @@ pub(super) fn run_failover(
             case: c.name.clone(),
             rate_pps: a.failover_rate,
             recovery_ms: Stat::of(s.iter().map(|x| x.recovery_ms)),
-            back_to_normal_ms: Stat::of(s.iter().filter_map(|x| x.back_to_normal_ms)),
-            baseline_p99_us: Stat::of(s.iter().map(|x| x.baseline_p99_us)),
-            peak_p99_us: Stat::of(s.iter().map(|x| x.peak_p99_us)),
-            never_normal: s.iter().filter(|x| x.back_to_normal_ms.is_none()).count(),
+            latency: AroundStats::of(s.iter().map(|x| &x.latency)),
             repeats: s,
         })
         .collect())
@@ -106,34 +98,12 @@ fn run_one(
     packets: &[Packet],
     registry: &sluice_nf::NfRegistry,
 ) -> Result<FailoverSample> {
-    let store = env.store(false, env.store_threads)?;
-    let state = StateConfig::Store { backend: store.backend, client: ClientConfig::default() }.fault_tolerant();
-    let plan = compile_with(&c.chain, registry, &packets[..packets.len().min(SAMPLE)], &state)
-        .map_err(|e| anyhow!("compiling {}: {e}", c.name))?;
-    let nat = plan.vertices.iter().position(|v| v.kind == "nat").ok_or_else(|| anyhow!("no NAT in {}", c.name))?;
-    let cfg = RunConfig {
-        workers: a.workers.max(1),
-        pin: !a.no_pin,
-        batch: a.batch,
-        window: a.window,
-        overflow: Overflow::Wait,
-        fault_tolerance: true,
-        checkpoint_every: (a.checkpoint_ms > 0).then(|| Duration::from_millis(a.checkpoint_ms)),
-        record: false,
-        planned: vec![Planned::Crash(Crash { after: packets.len() as u64 / 2, vertex: nat, index: 0 })],
-        scalable: false,
-        policies: Vec::new(),
-        latency_timeline: Some(Duration::from_millis(1)),
-    };
-    let mut source = MemorySource::with_rate(packets, a.failover_rate);
-    let report = run(plan, &cfg, &mut source, &mut DiscardSink, RunHooks::default())?;
+    let crash = |nat: usize| vec![Planned::Crash(Crash { after: packets.len() as u64 / 2, vertex: nat, index: 0 })];
+    let report = run_open_loop(&c.chain, (a, env, registry), packets, true, crash)?;
     let f = report.failovers.first().ok_or_else(|| anyhow!("{}: no failover happened", c.name))?;
-    let (baseline, back, peak) = back_to_normal(&report.latency_timeline, f.asked_ms);
     Ok(FailoverSample {
         recovery_ms: f.recovery_ms,
-        back_to_normal_ms: back,
-        baseline_p99_us: baseline,
-        peak_p99_us: peak,
+        latency: back_to_normal(&report.latency_timeline, f.asked_ms),
         lost: f.lost,
         replayed: f.replayed,
         packets_in: report.packets_in,
@@ -141,12 +111,89 @@ fn run_one(
     })
 }
 
+/// Runs `chain` on a fresh embedded store (`fault_tolerant` or not) over `packets` fed at
+/// `--failover-rate`, with the events `planned` gives for the NAT's vertex index, keeping
+/// latency per millisecond.
+pub(super) fn run_open_loop(
+    chain: &Chain,
+    (a, env, registry): (&BenchStoreArgs, &Env, &sluice_nf::NfRegistry),
+    packets: &[Packet],
+    fault_tolerant: bool,
+    planned: impl FnOnce(usize) -> Vec<Planned>,
+) -> Result<RunReport> {
+    let store = env.store(false, env.store_threads)?;
+    let state = StateConfig::Store { backend: store.backend, client: ClientConfig::default() };
+    let state = if fault_tolerant { state.fault_tolerant() } else { state };
+    let plan = compile_with(chain, registry, &packets[..packets.len().min(SAMPLE)], &state)
+        .map_err(|e| anyhow!("compiling {}: {e}", chain.name))?;
+    let nat = plan.vertices.iter().position(|v| v.kind == "nat").ok_or_else(|| anyhow!("no NAT in {}", chain.name))?;
+    let cfg = RunConfig {
+        workers: a.workers.max(1),
+        pin: !a.no_pin,
+        batch: a.batch,
+        window: a.window,
+        overflow: Overflow::Wait,
+        fault_tolerance: fault_tolerant,
+        checkpoint_every: (a.checkpoint_ms > 0).then(|| Duration::from_millis(a.checkpoint_ms)),
+        planned: planned(nat),
+        latency_timeline: Some(Duration::from_millis(1)),
+        ..RunConfig::default()
+    };
+    let mut source = MemorySource::with_rate(packets, a.failover_rate);
+    Ok(run(plan, &cfg, &mut source, &mut DiscardSink, RunHooks::default())?)
+}
+
 /// Windows in a row that must be normal again.
 const NORMAL_WINDOWS: usize = 5;
 
-/// From a latency timeline and the time of the crash (ms): the baseline p99 before it, the time
-/// from the crash until latency is back to normal, and the peak p99 after the crash.
-pub(super) fn back_to_normal(timeline: &[LatencyWindow], crash_ms: f64) -> (f64, Option<f64>, f64) {
+/// Latency around a disruption (a crash, a move) in one run.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct Around {
+    /// Disruption → latency back to normal, ms (`None`: not within the run).
+    pub(super) back_to_normal_ms: Option<f64>,
+    /// Median of the per-window p99 before it, µs.
+    pub(super) baseline_p99_us: f64,
+    /// Highest per-window p99 after it, µs.
+    pub(super) peak_p99_us: f64,
+}
+
+/// [`Around`] over a case's repeats.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct AroundStats {
+    pub(super) back_to_normal_ms: Stat,
+    pub(super) baseline_p99_us: Stat,
+    pub(super) peak_p99_us: Stat,
+    /// Runs in which latency did not come back to normal before the input ended.
+    pub(super) never_normal: usize,
+}
+
+impl AroundStats {
+    pub(super) fn of<'a>(runs: impl Iterator<Item = &'a Around> + Clone) -> AroundStats {
+        AroundStats {
+            back_to_normal_ms: Stat::of(runs.clone().filter_map(|x| x.back_to_normal_ms)),
+            baseline_p99_us: Stat::of(runs.clone().map(|x| x.baseline_p99_us)),
+            peak_p99_us: Stat::of(runs.clone().map(|x| x.peak_p99_us)),
+            never_normal: runs.filter(|x| x.back_to_normal_ms.is_none()).count(),
+        }
+    }
+
+    /// The table's columns: latency normal (min..max), p99 before, p99 peak, never normal.
+    pub(super) fn columns(&self) -> String {
+        let s = &self.back_to_normal_ms;
+        let range = format!("{:.2} ({:.2}..{:.2})", s.median, s.min, s.max);
+        format!(
+            "{range:>26} {:>14.1} {:>14.1} {:>7}",
+            self.baseline_p99_us.median, self.peak_p99_us.median, self.never_normal
+        )
+    }
+}
+
+/// The header of [`AroundStats::columns`].
+pub(super) const AROUND_HEADER: &str = "latency normal ms (min..max)  p99 before µs    p99 peak µs   never";
+
+/// From a latency timeline and the time of a disruption (ms): the baseline p99 before it, the
+/// time from it until latency is back to normal, and the peak p99 after it.
+pub(super) fn back_to_normal(timeline: &[LatencyWindow], crash_ms: f64) -> Around {
     // Before the crash, leaving out the first tenth of it (warm-up).
     let before: Vec<f64> = timeline
         .iter()
@@ -161,7 +208,7 @@ pub(super) fn back_to_normal(timeline: &[LatencyWindow], crash_ms: f64) -> (f64,
         let run = after.get(i..i + NORMAL_WINDOWS)?;
         run.iter().all(|w| w.p99_us <= limit).then(|| (run[0].start_ms - crash_ms).max(0.0))
     });
-    (baseline, back, peak)
+    Around { back_to_normal_ms: back, baseline_p99_us: baseline, peak_p99_us: peak }
 }
 
 #[cfg(test)]
@@ -178,12 +225,11 @@ mod tests {
         // The crash at 20 ms: 4 slow windows, one normal, one slow, then normal for good.
         t.extend([w(20.0, 500.0), w(21.0, 400.0), w(22.0, 300.0), w(23.0, 200.0), w(24.0, 12.0), w(25.0, 90.0)]);
         t.extend((26..40).map(|i| w(f64::from(i), 11.0)));
-        let (baseline, back, peak) = back_to_normal(&t, 20.0);
-        assert_eq!(baseline, 10.0);
-        assert_eq!(back, Some(6.0));
-        assert_eq!(peak, 500.0);
+        let a = back_to_normal(&t, 20.0);
+        assert_eq!(a.baseline_p99_us, 10.0);
+        assert_eq!(a.back_to_normal_ms, Some(6.0));
+        assert_eq!(a.peak_p99_us, 500.0);
         // Never normal again within the run.
-        let (_, back, _) = back_to_normal(&t[..26], 20.0);
-        assert_eq!(back, None);
+        assert_eq!(back_to_normal(&t[..26], 20.0).back_to_normal_ms, None);
     }
 }

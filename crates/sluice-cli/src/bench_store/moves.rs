@@ -7,18 +7,16 @@
 //! the moved flows (from the move until it settled: the longest a moved flow's packet waited),
 //! and latency around the move as for a failover.
 
-use super::failover::back_to_normal;
+use super::failover::{back_to_normal, run_open_loop, Around, AroundStats};
 use super::store::Env;
 use super::BenchStoreArgs;
-use crate::bench::common::{generate_packets, repeat_interleaved, single_nf_chain, Stat, NAT_CONFIG, SAMPLE};
+use crate::bench::common::{generate_packets, repeat_interleaved, single_nf_chain, Stat, NAT_CONFIG};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 use sluice_io::{GenConfig, Workload};
 use sluice_packet::Packet;
 use sluice_runtime::exec::{Change, Planned, Reconfig};
-use sluice_runtime::{compile_with, run, Chain, DiscardSink, MemorySource, Overflow, RunConfig, RunHooks, StateConfig};
-use sluice_store::ClientConfig;
-use std::time::Duration;
+use sluice_runtime::Chain;
 
 /// Flows moved (at most).
 const MOVED: u64 = 4_000;
@@ -31,9 +29,9 @@ pub(super) struct MoveSample {
     pub(super) pause_ms: f64,
     /// Of that, until every earlier clock had finished, ms.
     pub(super) drain_ms: f64,
-    pub(super) back_to_normal_ms: Option<f64>,
-    pub(super) baseline_p99_us: f64,
-    pub(super) peak_p99_us: f64,
+    /// Latency around the move.
+    #[serde(flatten)]
+    pub(super) latency: Around,
     pub(super) packets_in: u64,
     pub(super) packets_out: u64,
 }
@@ -45,10 +43,9 @@ pub(super) struct MoveResult {
     pub(super) rate_pps: f64,
     pub(super) flows_moved: Stat,
     pub(super) pause_ms: Stat,
-    pub(super) back_to_normal_ms: Stat,
-    pub(super) baseline_p99_us: Stat,
-    pub(super) peak_p99_us: Stat,
-    pub(super) never_normal: usize,
+    pub(super) drain_ms: Stat,
+    #[serde(flatten)]
+    pub(super) latency: AroundStats,
     repeats: Vec<MoveSample>,
 }
 
@@ -81,10 +78,8 @@ pub(super) fn run_moves(a: &BenchStoreArgs, env: &Env, repeat: usize) -> Result<
             rate_pps: a.failover_rate,
             flows_moved: Stat::of(s.iter().map(|x| x.flows_moved as f64)),
             pause_ms: Stat::of(s.iter().map(|x| x.pause_ms)),
-            back_to_normal_ms: Stat::of(s.iter().filter_map(|x| x.back_to_normal_ms)),
-            baseline_p99_us: Stat::of(s.iter().map(|x| x.baseline_p99_us)),
-            peak_p99_us: Stat::of(s.iter().map(|x| x.peak_p99_us)),
-            never_normal: s.iter().filter(|x| x.back_to_normal_ms.is_none()).count(),
+            drain_ms: Stat::of(s.iter().map(|x| x.drain_ms)),
+            latency: AroundStats::of(s.iter().map(|x| &x.latency)),
             repeats: s,
         })
         .collect())
@@ -99,35 +94,18 @@ fn run_one(
     packets: &[Packet],
     registry: &sluice_nf::NfRegistry,
 ) -> Result<MoveSample> {
-    let store = env.store(false, env.store_threads)?;
-    let state = StateConfig::Store { backend: store.backend, client: ClientConfig::default() };
-    let plan = compile_with(chain, registry, &packets[..packets.len().min(SAMPLE)], &state)
-        .map_err(|e| anyhow!("compiling {}: {e}", chain.name))?;
-    let nat = plan.vertices.iter().position(|v| v.kind == "nat").ok_or_else(|| anyhow!("no NAT in {}", chain.name))?;
-    let change = |after: u64, change: Change| Planned::Change(Reconfig { after, vertex: nat, change });
     let half = packets.len() as u64 / 2;
-    let cfg = RunConfig {
-        workers: a.workers.max(1),
-        pin: !a.no_pin,
-        batch: a.batch,
-        window: a.window,
-        overflow: Overflow::Wait,
-        checkpoint_every: (a.checkpoint_ms > 0).then(|| Duration::from_millis(a.checkpoint_ms)),
-        planned: vec![change(1, Change::ScaleTo(2)), change(half, Change::Move { from: 0, to: 1, flows: Some(MOVED) })],
-        latency_timeline: Some(Duration::from_millis(1)),
-        ..RunConfig::default()
+    let planned = |nat: usize| {
+        let change = |after: u64, change: Change| Planned::Change(Reconfig { after, vertex: nat, change });
+        vec![change(1, Change::ScaleTo(2)), change(half, Change::Move { from: 0, to: 1, flows: Some(MOVED) })]
     };
-    let mut source = MemorySource::with_rate(packets, a.failover_rate);
-    let report = run(plan, &cfg, &mut source, &mut DiscardSink, RunHooks::default())?;
+    let report = run_open_loop(chain, (a, env, registry), packets, false, planned)?;
     let m = report.reconfigurations.get(1).ok_or_else(|| anyhow!("{}: no move happened", chain.name))?;
-    let (baseline, back, peak) = back_to_normal(&report.latency_timeline, m.at_ms);
     Ok(MoveSample {
         flows_moved: m.flows,
         pause_ms: m.settle_ms,
         drain_ms: m.drain_ms,
-        back_to_normal_ms: back,
-        baseline_p99_us: baseline,
-        peak_p99_us: peak,
+        latency: back_to_normal(&report.latency_timeline, m.at_ms),
         packets_in: report.packets_in,
         packets_out: report.packets_out,
     })

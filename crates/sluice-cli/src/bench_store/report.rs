@@ -1,5 +1,6 @@
 //! `sluice bench-store`'s report: the tables on the terminal and the SVG (CHC's Figure 8).
 
+use super::failover::AROUND_HEADER;
 use super::modes::{Load, ModeKind, ModeResult, StoreKind};
 use super::BenchStoreResult;
 use crate::bench::common::{drawing_error, log_axis};
@@ -15,58 +16,29 @@ pub(super) fn print_tables(r: &BenchStoreResult) {
     }
     if !r.failover.is_empty() {
         println!("\nfailover (the NAT instance crashes halfway; open loop; medians of {}):", r.repeat);
-        println!(
-            "{:<18} {:>10} {:>22} {:>26} {:>14} {:>14} {:>7}",
-            "case",
-            "pkt/s",
-            "recovery ms (min..max)",
-            "latency normal ms (min..max)",
-            "p99 before µs",
-            "p99 peak µs",
-            "never"
-        );
+        println!("{:<18} {:>10} {:>22} {AROUND_HEADER}", "case", "pkt/s", "recovery ms (min..max)");
         for f in &r.failover {
-            let range = |s: &crate::bench::common::Stat| format!("{:.2} ({:.2}..{:.2})", s.median, s.min, s.max);
-            println!(
-                "{:<18} {:>10.0} {:>22} {:>26} {:>14.1} {:>14.1} {:>7}",
-                f.case,
-                f.rate_pps,
-                range(&f.recovery_ms),
-                range(&f.back_to_normal_ms),
-                f.baseline_p99_us.median,
-                f.peak_p99_us.median,
-                f.never_normal
-            );
+            let s = &f.recovery_ms;
+            let recovery = format!("{:.2} ({:.2}..{:.2})", s.median, s.min, s.max);
+            println!("{:<18} {:>10.0} {recovery:>22} {}", f.case, f.rate_pps, f.latency.columns());
         }
     }
     if !r.moves.is_empty() {
+        println!("\nflow move (NAT scaled to 2, then 4,000 flows moved halfway; open loop; medians of {}):", r.repeat);
         println!(
-            "\nflow move (NAT scaled to 2, then up to 4,000 flows moved halfway; open loop; medians of {}):",
-            r.repeat
-        );
-        println!(
-            "{:<18} {:>10} {:>8} {:>22} {:>26} {:>14} {:>14} {:>7}",
-            "case",
-            "pkt/s",
-            "flows",
-            "pause ms (min..max)",
-            "latency normal ms (min..max)",
-            "p99 before µs",
-            "p99 peak µs",
-            "never"
+            "{:<18} {:>10} {:>8} {:>22} {:>10} {AROUND_HEADER}",
+            "case", "pkt/s", "flows", "pause ms (min..max)", "drain ms"
         );
         for m in &r.moves {
-            let range = |s: &crate::bench::common::Stat| format!("{:.3} ({:.3}..{:.3})", s.median, s.min, s.max);
+            let s = &m.pause_ms;
+            let pause = format!("{:.3} ({:.3}..{:.3})", s.median, s.min, s.max);
             println!(
-                "{:<18} {:>10.0} {:>8.0} {:>22} {:>26} {:>14.1} {:>14.1} {:>7}",
+                "{:<18} {:>10.0} {:>8.0} {pause:>22} {:>10.3} {}",
                 m.case,
                 m.rate_pps,
                 m.flows_moved.median,
-                range(&m.pause_ms),
-                range(&m.back_to_normal_ms),
-                m.baseline_p99_us.median,
-                m.peak_p99_us.median,
-                m.never_normal
+                m.drain_ms.median,
+                m.latency.columns()
             );
         }
     }

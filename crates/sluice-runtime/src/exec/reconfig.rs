@@ -270,8 +270,12 @@ pub(super) fn take_settled(shared: &Shared, slot: &mut Slot, out: &mut Outgoing)
     let Some(sc) = &shared.scaling else { return false };
     // The settling instances handed their timers over before the root published the change.
     let version = sc.alloc.version();
-    let Some(m) = slot.moving.as_mut().filter(|m| m.version_seen != version) else { return false };
-    m.version_seen = version;
+    match slot.moving.as_mut() {
+        Some(m) if m.version_seen != version => m.version_seen = version,
+        _ => return false,
+    }
+    set_timer_filter(shared, sc, slot);
+    let Some(m) = slot.moving.as_mut() else { return false };
     let timers = sc.timers.get(slot.global).and_then(|t| t.lock().ok()).map(|mut t| std::mem::take(&mut *t));
     let timers = timers.unwrap_or_default();
     if !timers.is_empty() {
@@ -304,6 +308,22 @@ pub(super) fn take_settled(shared: &Shared, slot: &mut Slot, out: &mut Outgoing)
     go.sort_by_key(|p| p.meta.clock);
     take_in(shared, slot, go, out);
     true
+}
+
+/// While flows are moving away from `slot` (a change of its vertex not settled), its due
+/// timers fire only for flows that are its own at the clock of the packet they fire before:
+/// a moved flow's timer is the new instance's to fire from the move on, once handed over.
+/// Otherwise every due timer fires.
+fn set_timer_filter(shared: &Shared, sc: &Scaling, slot: &mut Slot) {
+    let epoch = sc.alloc.current(slot.vertex).filter(|e| e.changing());
+    let split = shared.vertices.get(slot.vertex).map(|v| v.split.clone()).unwrap_or_default();
+    let me = slot.global;
+    let filter = epoch.map(|epoch| -> sluice_nf::TimerFilter {
+        Box::new(move |_, key: &StateKey, clock: Clock| {
+            split_key_of_state(key, &split).is_none_or(|sk| epoch.pick(sk, clock.seq()) == Some(me))
+        })
+    });
+    slot.inst.set_timer_filter(filter);
 }
 
 /// `slot`'s part in settling the change of its vertex's allocation at clock `since`: its

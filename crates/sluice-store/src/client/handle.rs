@@ -96,10 +96,20 @@ impl StateHandle for StoreClient {
     }
 
     fn expired(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>) {
+        self.expired_where(now_ns, max, out, &|_, _| true);
+    }
+
+    fn expired_where(
+        &mut self,
+        now_ns: u64,
+        max: usize,
+        out: &mut Vec<TimerFired>,
+        fire: &dyn Fn(ObjectId, &StateKey) -> bool,
+    ) {
         self.now_ns = self.now_ns.max(now_ns);
         let start = out.len();
         let mut deadlines = Vec::new();
-        self.timers.expired_at(now_ns, max, out, &mut deadlines);
+        self.timers.expired_where(now_ns, max, out, &mut deadlines, fire);
         if out.len() == start {
             return;
         }
