@@ -49,14 +49,14 @@ pub(super) struct MoveResult {
     repeats: Vec<MoveSample>,
 }
 
-/// Every move case `repeat` times, interleaved, over their own packets: 24,000 flows of 7
+/// Every move case `repeat` times, interleaved, over their own packets: 40,000 flows of 7
 /// packets (so that the first instance has more than 4,000 flows halfway), 400 with
 /// `--quick`.
 pub(super) fn run_moves(a: &BenchStoreArgs, env: &Env, repeat: usize) -> Result<Vec<MoveResult>> {
     if !a.failover_rate.is_finite() || a.failover_rate <= 0.0 {
         bail!("--failover-rate must be a positive packet rate");
     }
-    let (flows, packets_per_flow) = if a.quick { (400, 7) } else { (24_000, 7) };
+    let (flows, packets_per_flow) = if a.quick { (400, 7) } else { (40_000, 7) };
     let gcfg = GenConfig::new(Workload::Custom { flows, packets_per_flow }, a.seed);
     let packets = generate_packets(&gcfg).map_err(|e| anyhow!("generating packets: {e}"))?;
     let cases = vec![("nat/move-4000".to_string(), single_nf_chain("nat", NAT_CONFIG, 1, "<bench-store nat>")?)];

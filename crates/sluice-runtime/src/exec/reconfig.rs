@@ -358,8 +358,11 @@ fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, since: u64) {
     }
     let client = slot.inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_store::StoreClient>());
     let timers = client.map(|c| {
+        // One pass drops the copies of every flow given up (those keyed by another flow than
+        // the packet's too: the predicate names no flow this instance keeps); what remains is
+        // its own, so `forget_foreign` only has to stop taking a missing value to be absent.
         let t = c.hand_over(gives_up);
-        c.forget_foreign(gives_up);
+        c.forget_foreign(|_| false);
         t
     });
     for (o, k, deadline) in timers.unwrap_or_default() {
