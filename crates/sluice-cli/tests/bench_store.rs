@@ -9,7 +9,9 @@ fn quick_bench_store_writes_json_and_svg() {
     let json = dir.path().join("store.json");
     let svg = dir.path().join("store.svg");
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["bench-store", "--quick", "--json"])
+        // 2,000 packets at 10,000 a second: the crash comes 100 ms in, time enough on a busy
+        // machine for packets to leave before it (the baseline latency).
+        .args(["bench-store", "--quick", "--failover-rate", "10000", "--json"])
         .arg(&json)
         .arg("--plot")
         .arg(&svg)
