@@ -1,0 +1,145 @@
+//! What a run is given: its parameters, the faults and changes planned at points of its input,
+//! the hooks of its caller, and how it fails.
+
+use super::failover::Crash;
+use super::reconfig::Reconfig;
+use crate::live::Live;
+use sluice_chc::manager::ManagerPolicy;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What to do with input when the in-flight window is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overflow {
+    /// Drop it and count it (live traffic: never build a backlog).
+    Drop,
+    /// Stop reading until there is room (files: nothing is lost).
+    Wait,
+}
+
+/// Run parameters.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// Worker threads.
+    pub workers: usize,
+    /// Pin workers to cores.
+    pub pin: bool,
+    /// Packets per batch.
+    pub batch: usize,
+    /// Most packets in flight at once.
+    pub window: usize,
+    /// Policy when the window is full.
+    pub overflow: Overflow,
+    /// Keep CHC's packet log at the root: every packet stays logged until its copies are done
+    /// and the store acknowledged its updates (the XOR check), and copies of a clock that
+    /// already left are dropped at the egress. What replay after a failure needs; off by
+    /// default until the threaded runtime replays (docs/decisions.md).
+    pub fault_tolerance: bool,
+    /// With a state store: take a checkpoint of its contents (with the TS vector) this often.
+    pub checkpoint_every: Option<Duration>,
+    /// Keep what `sluice verify --recorded` needs ([`crate::record::Recording`]): the clock of
+    /// every input packet, every drop by clock, and the final state after the timers due by
+    /// the last packet's time fired.
+    pub record: bool,
+    /// Faults and changes planned at points of the input (a fault schedule's events): NF
+    /// instances crash (needs `fault_tolerance` and a state store) or slow down, vertices scale
+    /// and flows move (needs a state store). Events at the same point apply in this order.
+    pub planned: Vec<Planned>,
+    /// Vertex managers' policies (vertex index, policy): every [`MANAGE_EVERY`](super::MANAGE_EVERY) admitted
+    /// packets each vertex is scaled on its instances' queues (needs a state store; straggler
+    /// clones are not made in threads yet).
+    pub policies: Vec<(usize, ManagerPolicy)>,
+    /// Keep scaling and moves possible though none is planned (for a control endpoint); the
+    /// run then tracks which flows each instance received and routes by the clock's
+    /// allocation (needs a state store).
+    pub scalable: bool,
+    /// Report latency per window of this width as well ([`RunReport::latency_timeline`]): how
+    /// it moves around a failover.
+    pub latency_timeline: Option<Duration>,
+}
+
+/// Something planned at a point of a run's input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Planned {
+    /// An NF instance crashes.
+    Crash(Crash),
+    /// An NF instance slows down or back.
+    Slow(Slowdown),
+    /// A vertex scales or flows move.
+    Change(Reconfig),
+}
+
+impl Planned {
+    /// Applied once the root has admitted this many packets.
+    pub fn after(&self) -> u64 {
+        match self {
+            Planned::Crash(c) => c.after,
+            Planned::Slow(s) => s.after,
+            Planned::Change(r) => r.after,
+        }
+    }
+}
+
+/// An NF instance becomes slower (a `slow` fault): it spends `delay_us` more per packet, busy,
+/// as a straggler on a slower core would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slowdown {
+    /// Applied once the root has admitted this many packets.
+    pub after: u64,
+    /// The vertex (its index in the chain).
+    pub vertex: usize,
+    /// The instance of it: its position among the vertex's instances at that point, as fault
+    /// schedules name instances.
+    pub index: u16,
+    /// Extra time per packet, µs, drawn between the two; `(0, 0)` back to normal.
+    pub delay_us: (u64, u64),
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            pin: true,
+            batch: 32,
+            window: 65_536,
+            overflow: Overflow::Wait,
+            fault_tolerance: false,
+            checkpoint_every: Some(Duration::from_millis(150)),
+            record: false,
+            planned: Vec::new(),
+            policies: Vec::new(),
+            scalable: false,
+            latency_timeline: None,
+        }
+    }
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The source failed.
+    #[error("input: {0}")]
+    Source(String),
+    /// The sink failed.
+    #[error("output: {0}")]
+    Sink(String),
+    /// A worker thread died.
+    #[error("worker thread failed: {0}")]
+    Worker(String),
+    /// Bad run parameters.
+    #[error("run configuration: {0}")]
+    Config(String),
+}
+
+/// Hooks the caller can give a run.
+#[derive(Default)]
+pub struct RunHooks<'a> {
+    /// Called about ten times a second with the number of packets read so far.
+    pub progress: Option<&'a dyn Fn(u64)>,
+    /// Set to end the run early (input is treated as finished).
+    pub stop: Option<Arc<AtomicBool>>,
+    /// Live statistics to keep up to date while the run goes ([`Live::new`] of the plan).
+    pub live: Option<Arc<Live>>,
+}
