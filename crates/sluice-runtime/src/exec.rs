@@ -66,6 +66,9 @@ struct Shared {
     input_done: AtomicBool,
     /// The run failed: workers stop at once.
     aborted: AtomicBool,
+    /// Raised by the root when nothing has finished for a while: each worker then says what
+    /// its instances hold (once per raise).
+    describe_asked: AtomicU64,
     vertices: Vec<VertexPlan>,
     pool: PacketPool,
     batch: usize,
@@ -228,6 +231,7 @@ pub fn run(
         in_flight: CachePadded::new(AtomicUsize::new(0)),
         input_done: AtomicBool::new(false),
         aborted: AtomicBool::new(false),
+        describe_asked: AtomicU64::new(0),
         vertices,
         pool: pool.clone(),
         batch: cfg.batch,
@@ -319,8 +323,8 @@ pub fn run(
     let mut inbuf: Batch = Vec::with_capacity(cfg.batch);
     let mut source_done = false;
     let mut last_progress = Instant::now();
-    // Since when the chain has been too full to admit anything.
-    let mut full_since: Option<Instant> = None;
+    // The oldest unfinished clock as last seen, and since when it has not moved.
+    let (mut low_seen, mut quiet_since) = (0u64, Instant::now());
     let mut root_drops: BTreeMap<&'static str, u64> = BTreeMap::new();
     // The oldest clock still in flight, and the store connection that hears about it.
     let mut low: u64 = 1;
@@ -393,6 +397,19 @@ pub fn run(
             low += 1;
         }
         scaling_side.serve(&shared, (low, seq), &mut reconfigurations);
+        if low != low_seen || (shared.in_flight.load(Ordering::Acquire) == 0 && !source_done) {
+            (low_seen, quiet_since) = (low, Instant::now());
+        } else if quiet_since.elapsed() >= WAITING_NOTICE {
+            // Nothing finished for a while: say what the run waits for (a run that never ends
+            // is a bug; this is where to start looking), and ask the workers what they hold.
+            quiet_since = Instant::now();
+            let what = if source_done {
+                "the input is done; the run waits for these"
+            } else {
+                "nothing has finished for a while; the run waits for these"
+            };
+            warn_waiting(&shared, (low, log.as_ref()), (&failover_side, &scaling_side), what);
+        }
         if source_done {
             if shared.in_flight.load(Ordering::Acquire) == 0 && !failover_side.busy() && !scaling_side.busy() {
                 // The last updates' acknowledgements are still on their way to the log; a
@@ -402,13 +419,6 @@ pub fn run(
                 if settled || since.elapsed() >= SETTLE_LIMIT {
                     return Ok(());
                 }
-            }
-            if last_progress.elapsed() >= WAITING_NOTICE {
-                // Nothing is read any more: say what the end waits for (a run that never ends
-                // is a bug; this is where to start looking).
-                last_progress = Instant::now();
-                let (fo, sc) = (&failover_side, &scaling_side);
-                warn_waiting(&shared, (low, log.as_ref()), (fo, sc), "the input is done; the run waits for these");
             }
             // Only the sink is left to serve: leave the CPU to the workers in between.
             std::thread::sleep(Duration::from_micros(20));
@@ -450,20 +460,9 @@ pub fn run(
         let room = admission_room(&shared, cfg.window, seq, low, log.as_ref());
         if stalled || (room < cfg.batch && cfg.overflow == Overflow::Wait) {
             // The chain is full: give the workers the CPU rather than spin on it.
-            if full_since.get_or_insert_with(Instant::now).elapsed() >= WAITING_NOTICE {
-                full_since = Some(Instant::now());
-                let (fo, sc) = (&failover_side, &scaling_side);
-                warn_waiting(
-                    &shared,
-                    (low, log.as_ref()),
-                    (fo, sc),
-                    "the chain is full and nothing finished for a while",
-                );
-            }
             std::thread::sleep(Duration::from_micros(20));
             continue;
         }
-        full_since = None;
         inbuf.clear();
         match source.fill(&pool, &mut inbuf, cfg.batch)? {
             Fill::Done => source_done = true,
@@ -707,9 +706,12 @@ fn warn_waiting(
     (failover, scaling): (&failover::RootSide, &reconfig::RootSide),
     what: &str,
 ) {
+    shared.describe_asked.fetch_add(1, Ordering::Relaxed);
     tracing::warn!(
         in_flight = shared.in_flight.load(Ordering::Acquire),
         oldest_unfinished = low,
+        its_copies_in_flight = shared.clocks.count(low),
+        admitted = shared.admitted.load(Ordering::Acquire),
         logged = log.map_or(0, RootLog::logged),
         failover_pending = failover.busy(),
         changes_pending = %scaling.describe(shared),

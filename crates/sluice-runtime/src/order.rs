@@ -51,6 +51,12 @@ impl InOrder {
         self.held.len()
     }
 
+    /// For a person: how many it holds, the first, and the clock it waits for.
+    pub(crate) fn describe(&self) -> String {
+        let first = self.held.keys().next().map_or("-".into(), u64::to_string);
+        format!("{} held (first {first}), next {}", self.held.len(), self.next)
+    }
+
     /// Moves the packets whose turn has come, in entry order, into `out`. `admitted` is the
     /// root's last admitted sequence number (published after the clock is marked in flight).
     pub(crate) fn take_ready(&mut self, clocks: &ClockTracker, admitted: &AtomicU64, out: &mut Vec<Packet>) {

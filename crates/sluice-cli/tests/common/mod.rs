@@ -75,8 +75,8 @@ pub fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &st
 }
 
 /// Reads `child`'s stderr (piped) up to the line announcing its control endpoint; the endpoint's
-/// `HOST:PORT` and the whole line. The rest of stderr is drained on a thread of its own, so the
-/// run never blocks on a full pipe.
+/// `HOST:PORT` and the whole line. The rest of stderr goes to the test's output on a thread of
+/// its own, so the run never blocks on a full pipe.
 pub fn control_endpoint(child: &mut Child) -> (String, String) {
     let stderr = child.stderr.take().expect("stderr piped");
     let mut lines = BufReader::new(stderr).lines();
@@ -84,7 +84,9 @@ pub fn control_endpoint(child: &mut Child) -> (String, String) {
         let line = lines.next().and_then(Result::ok).unwrap_or_else(|| panic!("sluice run ended without an endpoint"));
         if let Some(a) = line.strip_prefix("control endpoint: http://") {
             let addr = a.split_whitespace().next().unwrap_or_default().to_string();
-            std::thread::spawn(move || lines.for_each(drop));
+            // The rest goes to the test's output (shown when it fails): warnings of a run
+            // that waits say what for.
+            std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| eprintln!("sluice: {l}")));
             return (addr, line);
         }
     }

@@ -93,6 +93,14 @@ pub(super) struct Recovery {
     predecessor: ClockSet,
 }
 
+impl Recovery {
+    /// For a person: what the replacement holds while its replay drains.
+    pub(super) fn describe(&self) -> String {
+        let first = self.replay.iter().map(|p| p.meta.clock.seq()).min().map_or("-".into(), |s| s.to_string());
+        format!("{} replayed (first {first}), {} live held", self.replay.len(), self.held.len())
+    }
+}
+
 /// What the root thread and the workers share for failovers.
 pub(super) struct Failover {
     /// Per instance (global index): the root asks for a crash.

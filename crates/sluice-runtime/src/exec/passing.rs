@@ -39,6 +39,13 @@ impl Passing {
         });
     }
 
+    /// For a person: the replay copies waiting for their clock, from which clock.
+    pub(super) fn describe(&self) -> String {
+        let n: usize = self.awaiting.values().map(Vec::len).sum();
+        let first = self.awaiting.keys().next().map_or("-".into(), u64::to_string);
+        format!("{n} copies waiting (first {first}), {} clocks recorded", self.emitted.len())
+    }
+
     /// The replay copies that waited for clock `seq`.
     pub(super) fn take_awaiting(&mut self, seq: u64) -> Vec<Packet> {
         self.awaiting.remove(&seq).unwrap_or_default()

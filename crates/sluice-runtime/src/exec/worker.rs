@@ -110,9 +110,17 @@ pub(super) struct WorkerResult {
 pub(super) fn worker_loop(shared: &Shared, worker: usize, mut slots: Vec<Slot>) -> WorkerResult {
     let mut out = Outgoing::new(shared);
     let mut idle_rounds = 0u32;
+    let mut described = 0;
     loop {
         if shared.aborted.load(Ordering::Relaxed) {
             break;
+        }
+        let asked = shared.describe_asked.load(Ordering::Relaxed);
+        if asked != described {
+            described = asked;
+            for slot in &slots {
+                describe(shared, slot);
+            }
         }
         let mut did = false;
         if let Some(sc) = &shared.scaling {
@@ -166,6 +174,23 @@ pub(super) fn worker_loop(shared: &Shared, worker: usize, mut slots: Vec<Slot>) 
         out.commits.clear();
     }
     WorkerResult { slots, mirrored: out.mirrored, flush_errors }
+}
+
+/// Says what `slot` holds and why (the root asks when nothing has finished for a while).
+fn describe(shared: &Shared, slot: &Slot) {
+    let name = shared.vertices.get(slot.vertex).map_or("?", |v| &*v.name);
+    let serving = shared.scaling.as_ref().is_none_or(|sc| sc.serving(slot.global));
+    let queued = shared.queue(slot.global).map_or(0, ArrayQueue::len);
+    tracing::warn!(
+        instance = %format_args!("{name}:{}", shared.index_of(slot.vertex, slot.global)),
+        serving,
+        queued_batches = queued,
+        in_entry_order = %slot.order.as_ref().map(InOrder::describe).unwrap_or_default(),
+        waiting_for_a_change = %slot.moving.as_ref().map(Moving::describe).unwrap_or_default(),
+        recovering = %slot.recovery.as_ref().map(Recovery::describe).unwrap_or_default(),
+        replays_passing = %slot.passing.as_ref().map(Passing::describe).unwrap_or_default(),
+        "what this instance holds"
+    );
 }
 
 /// Passes the commits `slot`'s store client has heard of to the root's log, or, without a log,
