@@ -69,6 +69,23 @@ fn vertices_scale_out_and_in_while_flows_move_and_an_instance_fails() {
 }
 
 #[test]
+fn an_instance_left_alone_by_a_scale_in_caches_shared_state_again() {
+    let faults = "faults/threaded/portscan-out-and-back.yaml";
+    let chain = ("chains/nat-portscan.yaml", "traces/demo.pcap", "20000");
+    let report = recorded_run("portscan-out-and-back", chain, faults, &["-w", "2", "--batch", "8"]);
+    let kinds: Vec<String> = changes(&report).into_iter().map(|c| c.0).collect();
+    assert_eq!(kinds, ["scale_out", "scale_in"]);
+    let vertices = report["vertices"].as_array().cloned().unwrap_or_default();
+    let portscan = vertices.iter().find(|v| v["name"] == "portscan").cloned().unwrap_or_default();
+    let first = &portscan["instances"][0];
+    let (packets, trips) = (first["packets_in"].as_u64().unwrap_or(0), first["state"]["round_trips"].as_u64());
+    // Cached, as one instance from the start: about one round trip per two packets (writes
+    // going out per batch). Still uncached after the scale-in: three per two packets.
+    let trips = trips.unwrap_or(u64::MAX);
+    assert!(packets > 15_000 && trips < packets, "{packets} packets, {trips} round trips: {first}");
+}
+
+#[test]
 fn a_moved_flows_timer_fires_at_its_new_instance() {
     // A race: the old instance must process later packets before the change settles. One run
     // in four failed before the fix; eight runs.

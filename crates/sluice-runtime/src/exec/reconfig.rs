@@ -188,6 +188,12 @@ impl Moving {
         self.waiting_clocks.clear();
     }
 
+    /// For a person: how many packets wait, of how many flows, from which clock.
+    pub(super) fn describe(&self) -> String {
+        let first = self.waiting_clocks.iter().min().map_or("-".into(), u64::to_string);
+        format!("{} packets of {} flows (first {first})", self.waiting.len(), self.waiting_flows.len())
+    }
+
     /// Whether a packet `seq` of flow `key` is behind one of its flow waiting here.
     fn behind(&self, key: u64, seq: u64) -> bool {
         self.waiting_flows.get(&key).is_some_and(|first| *first < seq)
@@ -275,6 +281,15 @@ pub(super) fn take_settled(shared: &Shared, slot: &mut Slot, out: &mut Outgoing)
         _ => return false,
     }
     set_timer_filter(shared, sc, slot);
+    let alone = sc.alloc.current(slot.vertex).filter(|e| !e.changing()).is_some_and(|e| e.members().eq([slot.global]));
+    if alone {
+        // Scaled back in to this instance, settled: every other one flushed its updates and
+        // has gone, so its shared objects are its own to cache again (the cache is empty:
+        // they were not cached while shared).
+        for o in cacheable_shared_objects(slot) {
+            slot.inst.state().set_exclusive(o, true);
+        }
+    }
     let Some(m) = slot.moving.as_mut() else { return false };
     let timers = sc.timers.get(slot.global).and_then(|t| t.lock().ok()).map(|mut t| std::mem::take(&mut *t));
     let timers = timers.unwrap_or_default();
@@ -341,18 +356,9 @@ fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, since: u64) {
     if let Err(e) = slot.inst.state().flush() {
         slot.errors.push(format!("{}:{} flushing for a move: {e}", vp.name, slot.inst.id().index()));
     }
-    let shared_objects: Vec<ObjectId> = slot
-        .inst
-        .nf()
-        .state_objects()
-        .iter()
-        .enumerate()
-        .filter(|(_, d)| d.pattern != AccessPattern::WriteMostly && !d.scope.is_per_flow())
-        .map(|(o, _)| ObjectId(o as u16))
-        .collect();
     if after.members().count() > 1 {
         // Another instance uses the vertex's shared objects from now on: no caching them here.
-        for o in shared_objects {
+        for o in cacheable_shared_objects(slot) {
             slot.inst.state().set_exclusive(o, false);
         }
     }
@@ -374,6 +380,14 @@ fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, since: u64) {
     if let Some(mut f) = sc.flows.get(me).and_then(|f| f.lock().ok()) {
         f.retain(|k| member && after.owner(*k) == Some(me));
     }
+}
+
+/// The objects shared across flows that `slot`'s instance caches while it is its vertex's
+/// only instance.
+fn cacheable_shared_objects(slot: &mut Slot) -> Vec<ObjectId> {
+    let decls = slot.inst.nf().state_objects().iter().enumerate();
+    let shared = decls.filter(|(_, d)| d.pattern != AccessPattern::WriteMostly && !d.scope.is_per_flow());
+    shared.map(|(o, _)| ObjectId(o as u16)).collect()
 }
 
 /// A change waiting to settle.

@@ -210,6 +210,9 @@ impl StateHandle for StoreClient {
     fn set_exclusive(&mut self, obj: ObjectId, exclusive: bool) {
         let idx = usize::from(obj.0);
         let was = self.exclusive.get(idx).copied().unwrap_or(false);
+        if was == exclusive {
+            return;
+        }
         if let Some(e) = self.exclusive.get_mut(idx) {
             *e = exclusive;
         }
