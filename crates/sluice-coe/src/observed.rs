@@ -14,6 +14,10 @@ pub struct OutputRecord {
     pub input: u64,
     /// The logical clock it carried (for reports).
     pub clock: u64,
+    /// The port its input arrived on. Outputs of inputs from different ports (the two sides
+    /// of a bridge) travel different paths to different wires: their order relative to each
+    /// other is not one the chain keeps, even with equal headers.
+    pub in_port: u16,
     /// The frame as written to the output.
     #[serde(skip)]
     pub bytes: Vec<u8>,

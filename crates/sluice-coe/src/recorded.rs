@@ -171,7 +171,8 @@ impl RunRecord {
                     "an output packet carries clock {clock}, which no input had"
                 )));
             };
-            obs.outputs.push(OutputRecord { input: i, clock: *clock, bytes });
+            let in_port = usize::try_from(i).ok().and_then(|i| self.in_ports.get(i)).copied().unwrap_or(0);
+            obs.outputs.push(OutputRecord { input: i, clock: *clock, in_port, bytes });
         }
         // A drop is always a packet's (the last one's too).
         let packet = |clock: u64| input_of.get(&clock).copied().unwrap_or(inputs);

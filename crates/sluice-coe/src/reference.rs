@@ -36,7 +36,12 @@ pub fn run_reference(chain: &Chain, registry: &NfRegistry, packets: &[Packet]) -
         clock_input.insert(pkt.meta.clock, input);
         last_ts = last_ts.max(pkt.meta.ts_ns);
         if plan.traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
-            obs.outputs.push(OutputRecord { input, clock: pkt.meta.clock.0, bytes: pkt.data().to_vec() });
+            obs.outputs.push(OutputRecord {
+                input,
+                clock: pkt.meta.clock.0,
+                in_port: pkt.meta.in_port,
+                bytes: pkt.data().to_vec(),
+            });
             continue;
         }
         let routes = &plan.entry[direction(&pkt, plan.entry.len())];
@@ -45,7 +50,12 @@ pub fn run_reference(chain: &Chain, registry: &NfRegistry, packets: &[Packet]) -
         while let Some((target, mut pkt)) = work.pop() {
             let v = match target {
                 Target::Output => {
-                    obs.outputs.push(OutputRecord { input, clock: pkt.meta.clock.0, bytes: pkt.data().to_vec() });
+                    obs.outputs.push(OutputRecord {
+                        input,
+                        clock: pkt.meta.clock.0,
+                        in_port: pkt.meta.in_port,
+                        bytes: pkt.data().to_vec(),
+                    });
                     continue;
                 }
                 Target::Vertex(v) => v,

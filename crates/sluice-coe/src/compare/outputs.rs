@@ -61,8 +61,9 @@ struct Matcher<'a> {
     reference: &'a Observed,
     physical: &'a Observed,
     /// The two directions of a connection are independent streams (a network may reorder one
-    /// against the other); each keeps its order.
-    order: HashMap<Option<FiveTuple>, FlowOrder>,
+    /// against the other), and so are packets with equal headers arriving on different ports;
+    /// each keeps its order.
+    order: HashMap<(u16, Option<FiveTuple>), FlowOrder>,
     /// Endpoint pairs already reported as conflicting with the renaming (each is reported once).
     conflicts: HashSet<Vec<(Ep, Ep)>>,
 }
@@ -77,7 +78,7 @@ impl Matcher<'_> {
         let diff = |kind, detail| Difference::new(kind, detail).input(input).clock(po.clock).flow(flow_text(&rh));
 
         // Per-flow order, in reference (input) order.
-        let key = rh.tuple;
+        let key = (ro.in_port, rh.tuple);
         match self.order.get_mut(&key) {
             None => {
                 self.order.insert(key, FlowOrder { max_pos: pi, max_input: input, reported: false });

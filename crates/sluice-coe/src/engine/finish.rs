@@ -71,7 +71,7 @@ impl Engine<'_> {
             }
             let input = self.root.input_of(clock).unwrap_or(u64::MAX);
             self.latencies.push((at, at.saturating_sub(ingress)));
-            self.report.observed.outputs.push(OutputRecord { input, clock: clock.0, bytes });
+            self.report.observed.outputs.push(OutputRecord { input, clock: clock.0, in_port: 0, bytes });
         }
         let cp = self.backend.checkpoint().map_err(store_err)?;
         for (k, value) in cp.values {
