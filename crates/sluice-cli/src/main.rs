@@ -216,6 +216,11 @@ struct EngineArgs {
     /// left are dropped at the egress. The report gains a `root log` line.
     #[arg(long)]
     fault_tolerance: bool,
+    /// With --fault-tolerance: where the root keeps its packet log. `store` writes every
+    /// packet to the state store, acknowledged, before it enters the chain, so a root crash
+    /// (`crash_root` in --faults) loses no entry: the new root reads the log back.
+    #[arg(long, value_enum, default_value = "root")]
+    log: verify::LogArg,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -417,6 +422,7 @@ fn engine_config(e: &EngineArgs, live: bool) -> RunConfig {
             None => Overflow::Wait,
         },
         fault_tolerance: e.fault_tolerance,
+        log_in_store: e.log == verify::LogArg::Store,
         checkpoint_every: (e.checkpoint_ms > 0).then(|| std::time::Duration::from_millis(e.checkpoint_ms)),
         record: false,
         planned: Vec::new(),

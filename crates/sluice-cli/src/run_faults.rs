@@ -1,5 +1,5 @@
 //! `sluice run --faults FILE`: the fault-schedule events the threaded runtime applies (NF
-//! instance crashes, slowdowns, scaling and flow moves so far), as the runtime's [`Planned`]
+//! instance and root crashes, slowdowns, scaling and flow moves so far), as the runtime's [`Planned`]
 //! events, in the schedule's order.
 
 use crate::{exit, fail, Failure};
@@ -48,13 +48,20 @@ pub fn faults(path: &Path, chain: &Chain, total: impl FnOnce() -> Result<u64, Fa
     let mut out = Vec::new();
     for (after, e) in schedule.resolve(total) {
         let line = e.line.map(|l| format!("line {l}: ")).unwrap_or_default();
+        if let Action::CrashRoot { root } = &e.action {
+            if *root != 0 {
+                return Err(bad(format!("{line}`crash_root`: a threaded run has one root, root 0, not root {root}")));
+            }
+            out.push(Planned::CrashRoot(after));
+            continue;
+        }
         let (Action::Crash { vertex, .. }
         | Action::Slow { vertex, .. }
         | Action::Scale { vertex, .. }
         | Action::Move { vertex, .. }) = &e.action
         else {
             return Err(bad(format!(
-                "{line}`{}`: the threaded runtime applies `crash`, `slow`, `scale` and `move` events so far (`sluice verify --faults` runs every kind)",
+                "{line}`{}`: the threaded runtime applies `crash`, `crash_root`, `slow`, `scale` and `move` events so far (`sluice verify --faults` runs every kind)",
                 e.action.key()
             )));
         };

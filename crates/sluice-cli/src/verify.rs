@@ -106,9 +106,13 @@ enum Mechanism {
     Nondet,
 }
 
+/// Where the root keeps its packet log (`--log`).
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LogArg {
+pub(crate) enum LogArg {
+    /// At the root: lost when the root fails.
     Root,
+    /// In the state store too: every packet written, and acknowledged, before it enters the
+    /// chain; a new root reads the log back.
     Store,
 }
 

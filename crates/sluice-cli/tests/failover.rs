@@ -120,7 +120,7 @@ fn faults_the_threaded_runtime_cannot_apply_are_clear_errors() {
     let nowhere = write("nowhere.yaml", "events:\n  - at: { packet: 10 }\n    crash: { vertex: fw, instance: 0 }\n");
     let ok = "faults/threaded/nat-crash-early-and-late.yaml";
     for (faults, extra, says) in [
-        (clone.as_str(), &[][..], "applies `crash`, `slow`, `scale` and `move` events so far"),
+        (clone.as_str(), &[][..], "applies `crash`, `crash_root`, `slow`, `scale` and `move` events so far"),
         (nowhere.as_str(), &[][..], "no vertex `fw`"),
         (ok, &["--mode", "local"][..], "state in a store"),
     ] {
@@ -206,9 +206,11 @@ fn random_schedules_through_the_threaded_runtime_are_equivalent() {
         let (f, r) = (faults.to_string_lossy().into_owned(), rec.to_string_lossy().into_owned());
         let args = ["run", "-c", chain_path, "-i", traces[t], "-q", "--no-pin", "--faults", &f, "--record", &r];
         let limit = LIMIT.to_string();
-        let rest = ["--window", "4096", "--limit", &limit, "-w", workers, "--batch", batch];
-        let what =
-            format!("seed {seed} ({chain_path}, {}, -w {workers} --batch {batch}):\n{}", traces[t], schedule.to_yaml());
+        let mut rest = vec!["--window", "4096", "--limit", &limit, "-w", workers, "--batch", batch];
+        if schedule.events.iter().any(|e| matches!(e.action, sluice_coe::schedule::Action::CrashRoot { .. })) {
+            rest.extend(["--log", "store"]);
+        }
+        let what = format!("seed {seed} ({chain_path}, {}, {}):\n{}", traces[t], rest.join(" "), schedule.to_yaml());
         // A run takes well under a second; one that hangs fails with its seed.
         let Some(o) = sluice_within(&[&args[..], &rest[..]].concat(), std::time::Duration::from_secs(60)) else {
             failures.push(format!("{what}run did not end within 60 s"));

@@ -15,7 +15,8 @@ pub mod fuzz;
 pub mod observed;
 pub mod recorded;
 pub mod reference;
-pub mod root_log;
+/// The root's packet log in the state store lives with the runtime, which keeps it too.
+pub use sluice_runtime::root_log;
 pub mod schedule;
 pub mod verify;
 

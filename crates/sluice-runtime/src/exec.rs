@@ -102,6 +102,11 @@ impl Shared {
         }
         Some(b)
     }
+    /// Whether every copy of clock `seq` in flight is held by recovering replacements past
+    /// vertex `v` ([`failover::Failover::past`]): for what waits at `v`, it has gone by.
+    fn past_recovering(&self, v: usize, seq: u64) -> bool {
+        self.failover.as_ref().is_some_and(|fo| fo.past(self, v, seq))
+    }
     /// The global index of the instance at `position` among `vertex`'s instances now (fault
     /// schedules name instances so).
     fn member(&self, vertex: usize, position: u16) -> Result<usize, String> {
@@ -202,6 +207,15 @@ pub fn run(
             "crashing instances needs the root's log (fault tolerance) and state in a store (not `local`)".into(),
         ));
     }
+    let root_crashes = cfg.planned.iter().any(|p| matches!(p, Planned::CrashRoot(_)));
+    if root_crashes && !cfg.fault_tolerance {
+        return Err(RunError::Config("crashing the root needs its log and clock (fault tolerance)".into()));
+    }
+    if cfg.log_in_store && !can_fail_over {
+        return Err(RunError::Config(
+            "keeping the root's log in the store needs fault tolerance and state in a store (not `local`)".into(),
+        ));
+    }
     // A slowdown is applied through the live record workers read once per batch.
     let slows = cfg.planned.iter().any(|p| matches!(p, Planned::Slow(_)));
     let live = hooks.live.clone().or_else(|| slows.then(|| Arc::new(Live::new(&plan))));
@@ -218,9 +232,8 @@ pub fn run(
     let cap = cfg.window * (1 + mirrors) + 1024;
     let pool = PacketPool::new(cfg.window * (1 + mirrors).min(4), 2048);
     let workers = cfg.workers.min(instances.len().max(1));
-    let scaling = scalable.then(|| {
-        reconfig::Scaling::new(&vertices, (slot_count, instances.len(), cfg.window), workers, rebuilder.clone())
-    });
+    let scaling =
+        scalable.then(|| reconfig::Scaling::new(&vertices, (slot_count, instances.len()), workers, rebuilder.clone()));
     let shared = Arc::new(Shared {
         queues: (0..slot_count).map(|_| OnceLock::new()).collect(),
         queue_cap: cap,
@@ -241,7 +254,7 @@ pub fn run(
         note_spare: ArrayQueue::new(NOTE_BUFFERS),
         // Armed for the crashes planned, or for those a control endpoint may ask for.
         failover: (crashes_planned || (can_fail_over && hooks.live.is_some()))
-            .then(|| failover::Failover::new(slot_count, per_vertex, rebuilder)),
+            .then(|| failover::Failover::new(slot_count, per_vertex, rebuilder, cfg.window)),
         reaches,
         ordered,
         scaling,
@@ -262,6 +275,7 @@ pub fn run(
                     return Err(RunError::Config(format!("no vertex with index {}", r.vertex)));
                 }
             }
+            Planned::CrashRoot(_) => {}
         }
     }
     let mut planned = planned.into_iter().peekable();
@@ -287,6 +301,11 @@ pub fn run(
     let mut failover_side = failover::RootSide::default();
     let mut failovers = Vec::new();
     let mut log = cfg.fault_tolerance.then(|| RootLog::new(cfg.window));
+    if let (true, Some(b)) = (cfg.log_in_store, &store) {
+        if let Some(l) = log.take() {
+            log = Some(l.in_store(b.clone()).map_err(|e| RunError::Config(e.to_string()))?);
+        }
+    }
 
     // Instances go round-robin to workers (those added later too, by global index).
     let mut per_worker: Vec<Vec<Slot>> = (0..workers).map(|_| Vec::new()).collect();
@@ -321,6 +340,9 @@ pub fn run(
     let mut root = Outgoing::new(&shared);
     let mut seq: u64 = 0;
     let mut inbuf: Batch = Vec::with_capacity(cfg.batch);
+    // Admitted and stamped, not yet in the chain.
+    let mut stamped: Batch = Vec::with_capacity(cfg.batch);
+    let mut root_crash_due = false;
     let mut source_done = false;
     let mut last_progress = Instant::now();
     // The oldest unfinished clock as last seen, and since when it has not moved.
@@ -408,7 +430,7 @@ pub fn run(
             } else {
                 "nothing has finished for a while; the run waits for these"
             };
-            warn_waiting(&shared, (low, log.as_ref()), (&failover_side, &scaling_side), what);
+            warn_waiting(&shared, (low, seq, log.as_ref()), (&failover_side, &scaling_side), what);
         }
         if source_done {
             if shared.in_flight.load(Ordering::Acquire) == 0 && !failover_side.busy() && !scaling_side.busy() {
@@ -496,14 +518,19 @@ pub fn run(
                 continue;
             }
             if let Some(l) = log.as_mut() {
-                if l.admit(seq + 1, &mut pkt, now_ns).is_none() {
-                    // Unreachable while admission waits for room in the log; counted if not.
-                    if let Some(rec) = recording.as_mut() {
-                        rec.admitted.push(None);
+                match l.admit(seq + 1, &mut pkt, now_ns) {
+                    // The log's root stamps the clock: after a root crash it resumes past the
+                    // persisted one, not at the next.
+                    Some(clock) => seq = clock.seq() - 1,
+                    None => {
+                        // Unreachable while admission waits for room in the log; counted if not.
+                        if let Some(rec) = recording.as_mut() {
+                            rec.admitted.push(None);
+                        }
+                        *root_drops.entry("log-full").or_default() += 1;
+                        pool.recycle(pkt);
+                        continue;
                     }
-                    *root_drops.entry("log-full").or_default() += 1;
-                    pool.recycle(pkt);
-                    continue;
                 }
             }
             seq += 1;
@@ -538,6 +565,8 @@ pub fn run(
                         Planned::Change(r) => scaling_side
                             .apply(&shared, &r, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut reconfigurations)
                             .map_err(|e| RunError::Config(format!("scaling while the chain runs: {e}")))?,
+                        // Once this batch is in the chain: the root fails between batches.
+                        Planned::CrashRoot(_) => root_crash_due = true,
                     }
                 }
                 next_fault = planned.peek().map_or(u64::MAX, Planned::after);
@@ -548,6 +577,13 @@ pub fn run(
                     .manage(&shared, &cfg.policies, at, &mut reconfigurations)
                     .map_err(|e| RunError::Config(format!("a vertex manager's scaling: {e}")))?;
             }
+            stamped.push(pkt);
+        }
+        if let Some(l) = log.as_mut() {
+            // With the log in the store, a packet enters the chain once the store has it.
+            l.persist(stamped.iter().map(|p| (p.meta.clock.seq(), p))).map_err(|e| RunError::Worker(e.to_string()))?;
+        }
+        for pkt in stamped.drain(..) {
             if traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
                 report.bypassed += 1;
                 let d = shared.queues.len();
@@ -569,6 +605,22 @@ pub fn run(
             }
         }
         root.flush(&shared);
+        if std::mem::take(&mut root_crash_due) {
+            if let Some(l) = log.as_mut() {
+                let mut c = l.crash().map_err(|e| RunError::Worker(format!("the new root: {e}")))?;
+                (c.at_packet, c.at_ms) = (seq, t0.elapsed().as_secs_f64() * 1e3);
+                // The clocks skipped count against the window at once: admitting past the
+                // in-flight ring's span would put two clocks on one slot.
+                seq = c.resumed_at;
+                tracing::info!(
+                    at_packet = seq,
+                    resumed_at = c.resumed_at,
+                    lost = c.lost,
+                    "the root failed; a new one took over"
+                );
+                report.root_crashes.push(c);
+            }
+        }
         if let Some(live) = &shared.live {
             let dropped = root_drops.values().sum::<u64>() - dropped_before;
             live.root(read, dropped, shared.in_flight.load(Ordering::Relaxed));
@@ -702,7 +754,7 @@ pub fn run(
 /// Says what a run that makes no progress waits for.
 fn warn_waiting(
     shared: &Shared,
-    (low, log): (u64, Option<&RootLog>),
+    (low, admitted, log): (u64, u64, Option<&RootLog>),
     (failover, scaling): (&failover::RootSide, &reconfig::RootSide),
     what: &str,
 ) {
@@ -711,7 +763,7 @@ fn warn_waiting(
         in_flight = shared.in_flight.load(Ordering::Acquire),
         oldest_unfinished = low,
         its_copies_in_flight = shared.clocks.count(low),
-        admitted = shared.admitted.load(Ordering::Acquire),
+        admitted,
         logged = log.map_or(0, RootLog::logged),
         failover_pending = failover.busy(),
         changes_pending = %scaling.describe(shared),

@@ -1,6 +1,6 @@
 //! The Sluice chain runtime: chain files ([`spec`]), traffic filters ([`filter`]), compilation
 //! to a physical graph ([`plan`]), execution ([`exec`]) between sources and sinks ([`ports`]),
-//! run reports ([`report`]), live statistics of a running chain ([`live`]) and what a recorded
+//! run reports ([`report`]), the root's packet log in the store ([`root_log`]), live statistics of a running chain ([`live`]) and what a recorded
 //! run keeps for verification ([`record`]).
 mod clocks;
 pub mod exec;
@@ -11,6 +11,7 @@ pub mod plan;
 pub mod ports;
 pub mod record;
 pub mod report;
+pub mod root_log;
 pub mod spec;
 
 pub use exec::{run, Overflow, RunConfig, RunError, RunHooks};

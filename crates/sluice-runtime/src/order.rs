@@ -5,9 +5,14 @@
 //! order would. With several instances of it, or of anything in front of it, packets overtake
 //! each other on the way. Such an instance therefore holds what arrives and processes a clock
 //! only once every earlier clock is *finished* (dropped, consumed or out of the chain: the
-//! [`ClockTracker`]) or processed here. The earliest unfinished clock never waits for anything,
-//! so holding cannot deadlock; it costs latency, not correctness, when an earlier packet is on
-//! a branch that never reaches this vertex.
+//! [`ClockTracker`]), processed here, or gone past this vertex for good. The earliest
+//! unfinished clock never waits here, so holding cannot deadlock by itself; it costs latency,
+//! not correctness, when an earlier packet is on a branch that never reaches this vertex.
+//! After a failover, though, the earliest unfinished clock may be held by a recovering
+//! replacement further down until its replay has drained — and the replay's copies pass
+//! through this vertex, waiting for the clocks this instance holds. Such a clock has gone by
+//! (it was processed here or at a sibling instance before the crash); waiting for it would
+//! close the circle.
 
 use crate::clocks::ClockTracker;
 use crate::plan::{Plan, Target};
@@ -58,8 +63,17 @@ impl InOrder {
     }
 
     /// Moves the packets whose turn has come, in entry order, into `out`. `admitted` is the
-    /// root's last admitted sequence number (published after the clock is marked in flight).
-    pub(crate) fn take_ready(&mut self, clocks: &ClockTracker, admitted: &AtomicU64, out: &mut Vec<Packet>) {
+    /// root's last admitted sequence number (published after the clock is marked in flight);
+    /// `gone_by(seq)` says that clock `seq`, unfinished, has gone past this vertex for good
+    /// (its copies held by a recovering replacement further down, which may wait for what
+    /// this instance holds).
+    pub(crate) fn take_ready(
+        &mut self,
+        clocks: &ClockTracker,
+        admitted: &AtomicU64,
+        gone_by: impl Fn(u64) -> bool,
+        out: &mut Vec<Packet>,
+    ) {
         let mut last = admitted.load(Ordering::Acquire);
         loop {
             if let Some(entry) = self.held.first_entry() {
@@ -81,7 +95,7 @@ impl InOrder {
             }
             // Admitted: finished, or its slot reused by a clock a ring later (which the root
             // admits only once this one finished).
-            if self.next + clocks.span() <= last || clocks.finished(self.next) {
+            if self.next + clocks.span() <= last || clocks.finished(self.next) || gone_by(self.next) {
                 self.next += 1;
                 continue;
             }
@@ -150,14 +164,14 @@ mod tests {
         let mut o = InOrder::new();
         let mut out = Vec::new();
         o.hold(pkt(2));
-        o.take_ready(&clocks, &admitted, &mut out);
+        o.take_ready(&clocks, &admitted, |_| false, &mut out);
         assert!(out.is_empty(), "clock 1 is still in flight");
         // Clock 1 finishes elsewhere (dropped upstream, say): 2 goes; 3 is still in flight.
         clocks.done(Clock::new(0, 1));
-        o.take_ready(&clocks, &admitted, &mut out);
+        o.take_ready(&clocks, &admitted, |_| false, &mut out);
         assert_eq!(seqs(&out), vec![2]);
         o.hold(pkt(3));
-        o.take_ready(&clocks, &admitted, &mut out);
+        o.take_ready(&clocks, &admitted, |_| false, &mut out);
         assert_eq!(seqs(&out), vec![2, 3]);
         assert_eq!(o.held(), 0);
     }
@@ -173,20 +187,20 @@ mod tests {
             o.hold(pkt(s));
         }
         // Nothing is admitted as far as the root has said: the held ones are still in order.
-        o.take_ready(&clocks, &admitted, &mut out);
+        o.take_ready(&clocks, &admitted, |_| false, &mut out);
         assert_eq!(seqs(&out), vec![1, 2, 3]);
         // Clock 4 is not admitted yet: a finished-looking empty slot is not skipped.
         o.hold(pkt(5));
         clocks.admit(Clock::new(0, 5));
         admitted.store(3, Ordering::Release);
-        o.take_ready(&clocks, &admitted, &mut out);
+        o.take_ready(&clocks, &admitted, |_| false, &mut out);
         assert_eq!(seqs(&out), vec![1, 2, 3]);
         clocks.admit(Clock::new(0, 4));
         admitted.store(5, Ordering::Release);
-        o.take_ready(&clocks, &admitted, &mut out);
+        o.take_ready(&clocks, &admitted, |_| false, &mut out);
         assert_eq!(seqs(&out), vec![1, 2, 3], "4 is in flight");
         clocks.done(Clock::new(0, 4));
-        o.take_ready(&clocks, &admitted, &mut out);
+        o.take_ready(&clocks, &admitted, |_| false, &mut out);
         assert_eq!(seqs(&out), vec![1, 2, 3, 5]);
     }
 }

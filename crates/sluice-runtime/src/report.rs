@@ -124,6 +124,9 @@ pub struct FailoverReport {
     pub at_packet: u64,
     /// Copies the failed instance took down with it (queued or held).
     pub lost: u64,
+    /// Of those, copies no replay can redo: their log entries died with the root earlier (the
+    /// log was not in the store). Their packets are lost.
+    pub beyond_replay: u64,
     /// Copies the root's replay sent to the replacement.
     pub replayed: u64,
     /// From the root asking for the crash to the replacement serving live traffic (its replay
@@ -131,6 +134,24 @@ pub struct FailoverReport {
     pub recovery_ms: f64,
     /// When the root asked for the crash, ms since the run started.
     pub asked_ms: f64,
+}
+
+/// A root crash in a threaded run (`Planned::CrashRoot`): a new root took over.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct RootCrashReport {
+    /// Packets the root had admitted when it failed.
+    pub at_packet: u64,
+    /// When, ms since the run started.
+    pub at_ms: f64,
+    /// The sequence number the new root resumed from (past anything the old one stamped).
+    pub resumed_at: u64,
+    /// Packets in the log when it failed.
+    pub logged: u64,
+    /// Whether they were lost with the root (log at the root) rather than read back from the
+    /// store (`RunConfig::log_in_store`).
+    pub lost: bool,
+    /// With the log in the store: entries the new root read back.
+    pub read_back: u64,
 }
 
 /// One change of a vertex's instances or flows in a threaded run (`RunConfig::reconfigs`).
@@ -219,6 +240,9 @@ pub struct RunReport {
     pub failovers: Vec<FailoverReport>,
     /// Scaling and flow moves (`RunConfig::reconfigs`), in the order they happened.
     pub reconfigurations: Vec<ReconfigReport>,
+    /// Root crashes, in the order they happened.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub root_crashes: Vec<RootCrashReport>,
     /// Decisions by `nf/kind`.
     pub event_counts: BTreeMap<String, u64>,
     /// All decisions, in clock order.
@@ -323,6 +347,14 @@ impl fmt::Display for RunReport {
                 "  failover of {}:{} at packet {}: {} copies lost, {} replayed, serving again after {:.2} ms",
                 fo.vertex, fo.instance, fo.at_packet, fo.lost, fo.replayed, fo.recovery_ms
             )?;
+        }
+        for c in &self.root_crashes {
+            let log = if c.lost {
+                format!("{} logged packets lost with it", c.logged)
+            } else {
+                format!("{} logged packets read back from the store", c.read_back)
+            };
+            writeln!(f, "  root crash at packet {}: clock resumed at {}, {log}", c.at_packet, c.resumed_at)?;
         }
         for r in &self.reconfigurations {
             writeln!(

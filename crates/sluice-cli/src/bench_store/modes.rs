@@ -211,10 +211,8 @@ pub(super) fn run_modes(
         fault_tolerance: c.mode == ModeKind::AsyncFt,
         checkpoint_every: (a.checkpoint_ms > 0).then(|| Duration::from_millis(a.checkpoint_ms)),
         record: false,
-        planned: Vec::new(),
-        scalable: false,
-        policies: Vec::new(),
         latency_timeline: None,
+        ..RunConfig::default()
     };
     let measure =
         |c: &ModeCase| run_mode(c, packets, &cfg_of(c), &registry, env).with_context(|| format!("case {}", c.name));

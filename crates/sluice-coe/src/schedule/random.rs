@@ -26,8 +26,10 @@ const KIND_SLOW: u32 = 5;
 const KIND_SCALE: u32 = 3;
 /// A flow move (with a scale-out first if the vertex has one instance), of [`ALL_KINDS`].
 const KIND_MOVE: u32 = 4;
+/// A root crash, of [`ALL_KINDS`].
+const KIND_ROOT_CRASH: u32 = 1;
 /// What the threaded runtime applies so far.
-const THREADED_KINDS: &[u32] = &[KIND_CRASH, KIND_SCALE, KIND_MOVE, KIND_SLOW];
+const THREADED_KINDS: &[u32] = &[KIND_CRASH, KIND_ROOT_CRASH, KIND_SCALE, KIND_MOVE, KIND_SLOW];
 
 /// How often (of 1) an event is put at the same point as an earlier one.
 const SAME_POINT: f64 = 0.25;
@@ -53,9 +55,12 @@ impl FaultSchedule {
     }
 
     /// A random run of the kinds of event `sluice run --faults` applies to a threaded run so
-    /// far (instance crashes, slowdowns, scaling and flow moves), under the default run options: 1 to `max_events`
-    /// of them on any instance of any vertex at random points, as [`FaultSchedule::random`]
-    /// draws them. The same seed always gives the same run.
+    /// far (instance and root crashes, slowdowns, scaling and flow moves), under the default
+    /// run options: 1 to `max_events` of them on any instance of any vertex at random points,
+    /// as [`FaultSchedule::random`] draws them. The same seed always gives the same run. A
+    /// threaded run keeps thousands of packets in flight: one with a root crash needs the log
+    /// in the store (`--log store`) for a later instance crash to replay what the old root
+    /// admitted.
     pub fn random_threaded(seed: u64, chain: &Chain, total_packets: u64, max_events: usize) -> FaultSchedule {
         let rng = ChaCha8Rng::seed_from_u64(seed);
         Self::random_events(rng, seed, RunOptions::default(), THREADED_KINDS, chain, total_packets, max_events)

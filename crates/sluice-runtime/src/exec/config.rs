@@ -37,6 +37,11 @@ pub struct RunConfig {
     /// already left are dropped at the egress. What replay after a failure needs; off by
     /// default until the threaded runtime replays (docs/decisions.md).
     pub fault_tolerance: bool,
+    /// With `fault_tolerance` and a state store: keep the root's packet log in the store too
+    /// (`--log store`): every admitted packet is written there, and acknowledged, before it
+    /// enters the chain, so a root crash loses no entry (the new root reads the log back).
+    /// Otherwise the log lives at the root and dies with it.
+    pub log_in_store: bool,
     /// With a state store: take a checkpoint of its contents (with the TS vector) this often.
     pub checkpoint_every: Option<Duration>,
     /// Keep what `sluice verify --recorded` needs ([`crate::record::Recording`]): the clock of
@@ -69,6 +74,9 @@ pub enum Planned {
     Slow(Slowdown),
     /// A vertex scales or flows move.
     Change(Reconfig),
+    /// The root fails once it has admitted this many packets and a new one takes over (needs
+    /// `fault_tolerance`).
+    CrashRoot(u64),
 }
 
 impl Planned {
@@ -78,6 +86,7 @@ impl Planned {
             Planned::Crash(c) => c.after,
             Planned::Slow(s) => s.after,
             Planned::Change(r) => r.after,
+            Planned::CrashRoot(after) => *after,
         }
     }
 }
@@ -106,6 +115,7 @@ impl Default for RunConfig {
             window: 65_536,
             overflow: Overflow::Wait,
             fault_tolerance: false,
+            log_in_store: false,
             checkpoint_every: Some(Duration::from_millis(150)),
             record: false,
             planned: Vec::new(),

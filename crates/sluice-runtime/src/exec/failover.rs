@@ -27,6 +27,7 @@
 
 use super::worker::Slot;
 use super::{Outgoing, Shared};
+use crate::clocks::ClockTracker;
 use crate::filter::CompiledFilter;
 use crate::plan::{direction, Rebuilder, Routes};
 use crate::report::FailoverReport;
@@ -114,18 +115,53 @@ pub(super) struct Failover {
     rebuilder: Rebuilder,
     /// Instances per vertex.
     instances: Vec<u16>,
+    /// Per vertex, per clock: copies held by a recovering replacement there (its replay and
+    /// what arrived meanwhile). Such copies have gone through every vertex in front; what
+    /// waits there for the clock to go by (an order-sensitive instance's entry order, a
+    /// change of the allocation) must not wait for the recovery, which may itself wait for
+    /// copies of its replay held up there.
+    held_in_recovery: Vec<ClockTracker>,
 }
 
 impl Failover {
-    pub(super) fn new(instances: usize, per_vertex: Vec<u16>, rebuilder: Rebuilder) -> Failover {
+    /// For `instances` global indices and `per_vertex` instances per vertex, clocks in a ring
+    /// of `span`.
+    pub(super) fn new(instances: usize, per_vertex: Vec<u16>, rebuilder: Rebuilder, span: usize) -> Failover {
         Failover {
             crash: (0..instances).map(|_| AtomicBool::new(false)).collect(),
             recovered: (0..instances).map(|_| AtomicBool::new(false)).collect(),
             failures: Mutex::new(Vec::new()),
             oldest_logged: AtomicU64::new(1),
             rebuilder,
+            held_in_recovery: per_vertex.iter().map(|_| ClockTracker::new(span)).collect(),
             instances: per_vertex,
         }
+    }
+
+    /// A recovering replacement at vertex `v` holds a copy of `clock` (`true`) or no longer
+    /// (`false`).
+    pub(super) fn held(&self, v: usize, clock: Clock, holds: bool) {
+        if let Some(t) = self.held_in_recovery.get(v) {
+            if holds {
+                t.copy(clock);
+            } else {
+                t.done(clock);
+            }
+        }
+    }
+
+    /// Whether every copy of clock `seq` still in flight is held by recovering replacements at
+    /// vertices that do not lead to vertex `v` (and so have gone through it).
+    pub(super) fn past(&self, shared: &Shared, v: usize, seq: u64) -> bool {
+        let copies = shared.clocks.count(seq);
+        let held: u32 = self
+            .held_in_recovery
+            .iter()
+            .enumerate()
+            .filter(|(w, _)| !shared.reaches.get(*w).and_then(|r| r.get(v)).copied().unwrap_or(true))
+            .map(|(_, t)| t.count(seq))
+            .sum();
+        copies == held
     }
 
     /// The root publishes the oldest clock still logged.
@@ -152,10 +188,8 @@ pub(super) fn turn(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool
             }
             let mut batch = shared.empty_batch();
             let mut replay = r.replay;
-            if let Some(sc) = &shared.scaling {
-                for p in replay.iter().chain(&r.held) {
-                    sc.held(slot.vertex, p.meta.clock, false);
-                }
+            for p in replay.iter().chain(&r.held) {
+                fo.held(slot.vertex, p.meta.clock, false);
             }
             replay.sort_by_key(|p| p.meta.clock);
             batch.extend(replay);
@@ -221,10 +255,8 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
     // A replacement failing while it recovers: its predecessors' clocks stay processed.
     let mut predecessor = slot.seen.replace(ClockSet::default()).unwrap_or_default();
     if let Some(r) = slot.recovery.take() {
-        if let Some(sc) = &shared.scaling {
-            for p in r.replay.iter().chain(&r.held) {
-                sc.held(vertex, p.meta.clock, false);
-            }
+        for p in r.replay.iter().chain(&r.held) {
+            fo.held(vertex, p.meta.clock, false);
         }
         r.replay.into_iter().chain(r.held).for_each(&mut lose);
         predecessor.union_with(&r.predecessor);
@@ -288,10 +320,8 @@ pub(super) fn admit(slot: &mut Slot, pkt: &Packet) -> Admit {
 /// hears so (the replay drains as its copies arrive), and downstream the copy will be a packet
 /// like any other.
 pub(super) fn hold(shared: &Shared, slot: &mut Slot, mut pkt: Packet, out: &mut Outgoing) {
-    let Some(r) = slot.recovery.as_mut() else { return };
-    if let Some(sc) = &shared.scaling {
-        sc.held(slot.vertex, pkt.meta.clock, true);
-    }
+    let (Some(r), Some(fo)) = (slot.recovery.as_mut(), &shared.failover) else { return };
+    fo.held(slot.vertex, pkt.meta.clock, true);
     if pkt.meta.replay_target() == Some(slot.inst.id()) {
         pkt.meta.flags.insert(MetaFlags::REACHED);
         out.note(shared, super::ft::Note::Reached(pkt.meta));
@@ -358,7 +388,14 @@ impl RootSide {
         for f in failures {
             let report = self.asked.iter().position(|(g, _)| *g == f.global).map(|i| self.asked.remove(i).1);
             // Copies of other instances' replays the failed one was passing on go again.
-            let resend = log.instance_failed(f.id, &f.lost);
+            let (resend, beyond_replay) = log.instance_failed(f.id, &f.lost);
+            if beyond_replay > 0 {
+                tracing::warn!(
+                    instance = ?f.id,
+                    packets = beyond_replay,
+                    "packets lost for good: their log entries died with the root (keep the log in the store: --log store)"
+                );
+            }
             let mut replayed = 0u64;
             for p in log.replay_to(f.id).into_iter().chain(resend) {
                 let to_target = p.meta.target == Some(f.id);
@@ -374,6 +411,7 @@ impl RootSide {
             shared.in_flight.fetch_sub(f.lost.len(), Ordering::AcqRel);
             if let Some(r) = report.and_then(|i| failovers.get_mut(i)) {
                 r.lost = f.lost.len() as u64;
+                r.beyond_replay = beyond_replay as u64;
                 r.replayed = replayed;
             }
             self.recovering.push((f.global, f.id, report.unwrap_or(usize::MAX)));

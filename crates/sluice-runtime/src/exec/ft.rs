@@ -9,12 +9,16 @@
 //! queue, so the root never sees a copy finish before it heard the copy was made. Commits and
 //! finished copies fold into the XOR vector in any order.
 
-use crate::report::FaultToleranceReport;
+use crate::report::{FaultToleranceReport, RootCrashReport};
+use crate::root_log::{RootLogError, StoreLog};
 use sluice_chc::egress::Egress;
 use sluice_chc::failover::instance_failed;
 use sluice_chc::gate::Decided;
 use sluice_chc::root::{Admission, Root, RootConfig};
 use sluice_packet::{Clock, InstanceId, Meta, Packet};
+use sluice_store::Backend;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// What a worker tells the root about copies and commits.
 #[derive(Debug, Clone, Copy)]
@@ -39,6 +43,8 @@ pub(super) struct RootLog {
     /// No clock below this sequence number is logged (one root: sequence numbers follow each
     /// other, and entries mostly go in order, so it moves up a step at a time).
     oldest: u64,
+    /// With `RunConfig::log_in_store`: the log's copy in the store, which a new root reads back.
+    store: Option<(StoreLog, Arc<dyn Backend>)>,
 }
 
 impl RootLog {
@@ -52,7 +58,51 @@ impl RootLog {
             remember_inputs: false,
             ..RootConfig::default()
         };
-        RootLog { root: Root::new(cfg), egress: Egress::default(), capacity, commits: 0, oldest: 1 }
+        RootLog { root: Root::new(cfg), egress: Egress::default(), capacity, commits: 0, oldest: 1, store: None }
+    }
+
+    /// Keeps a copy of the log in `backend`'s store: every admitted packet is written there,
+    /// and acknowledged, before it enters the chain ([`Self::persist`]).
+    pub(super) fn in_store(mut self, backend: Arc<dyn Backend>) -> Result<RootLog, RootLogError> {
+        self.store = Some((StoreLog::connect(&backend)?, backend));
+        Ok(self)
+    }
+
+    /// With the log in the store: writes `packets` (input number, packet; just admitted) and
+    /// waits for the store to have them.
+    pub(super) fn persist<'a>(
+        &mut self,
+        packets: impl IntoIterator<Item = (u64, &'a Packet)>,
+    ) -> Result<(), RootLogError> {
+        match &mut self.store {
+            Some((sl, _)) => sl.write_all(packets),
+            None => Ok(()),
+        }
+    }
+
+    /// The root fails and a new one takes over (CHC's root recovery): the clock resumes past
+    /// anything the old root may have stamped. With the log at the root its entries are lost
+    /// (their copies in flight finish unlogged and can no longer be replayed); with the log
+    /// in the store the new root reads it back from there.
+    pub(super) fn crash(&mut self) -> Result<RootCrashReport, RootLogError> {
+        let lost = self.store.is_none();
+        let crash = self.root.crash(0, lost).map_err(|e| RootLogError::Store(format!("{e:?}")))?;
+        let mut report = RootCrashReport {
+            resumed_at: crash.resumed,
+            logged: crash.logged as u64,
+            lost: crash.lost,
+            ..RootCrashReport::default()
+        };
+        let Some((sl, backend)) = &mut self.store else { return Ok(report) };
+        let stored: BTreeMap<Clock, (u64, Packet)> =
+            StoreLog::read(backend)?.into_iter().map(|(c, l)| (c, (l.input, l.packet))).collect();
+        let r = self.root.reload(stored);
+        for c in &r.stale {
+            sl.delete(*c);
+        }
+        sl.sync()?;
+        report.read_back = r.kept;
+        Ok(report)
     }
 
     /// Entries the log can still take.
@@ -84,11 +134,14 @@ impl RootLog {
 
     /// Instance `failed` lost these copies (the replay towards its replacement redoes them);
     /// returns fresh copies of the replays towards *other* instances it was passing on, to
-    /// send again (CHC R5, [`instance_failed`]).
-    pub(super) fn instance_failed(&mut self, failed: InstanceId, lost: &[Meta]) -> Vec<Packet> {
-        // Without root or store crashes nothing is beyond replay: no vertex's decisions needed.
+    /// send again (CHC R5, [`instance_failed`]), and how many copies are lost for good: their
+    /// entries died with a root that kept its log (CHC cannot recover a root and an NF
+    /// failing together unless the log is in the store).
+    pub(super) fn instance_failed(&mut self, failed: InstanceId, lost: &[Meta]) -> (Vec<Packet>, usize) {
+        // A threaded run does not track which clocks each vertex decided: a lost copy of an
+        // unlogged clock counts as beyond replay.
         let loss = instance_failed(&mut self.root, &Decided::default(), failed, lost);
-        loss.resend.into_iter().map(|(_, p)| p).collect()
+        (loss.resend.into_iter().map(|(_, p)| p).collect(), loss.beyond_replay)
     }
 
     /// Copies of every logged packet aimed at `target` (a replacement), in clock order, each
@@ -122,7 +175,14 @@ impl RootLog {
     /// clock still logged, below which the store's per-clock logs can go.
     pub(super) fn sync_deletes(&mut self) -> Option<Clock> {
         let egress = &mut self.egress;
-        self.root.drain_deleted(|c| egress.forget(c));
+        let mut store = self.store.as_mut().map(|(sl, _)| sl);
+        self.root.drain_deleted(|c| {
+            egress.forget(c);
+            // Sent with the next write: a delete lost with the root is found again by the next.
+            if let Some(sl) = store.as_mut() {
+                sl.delete(c);
+            }
+        });
         let last = self.root.last_clock().seq();
         while self.oldest <= last && !self.root.is_logged(Clock::new(0, self.oldest)) {
             self.oldest += 1;

@@ -14,7 +14,6 @@
 use super::alloc::Allocation;
 use super::worker::{end_copy, take_in, Ended, Slot};
 use super::{Outgoing, Shared};
-use crate::clocks::ClockTracker;
 use crate::plan::{split_key_of_state, Rebuilder};
 use crate::report::ReconfigReport;
 use sluice_chc::manager::{evaluate, Decision, InstanceLoad, ManagerPolicy};
@@ -74,11 +73,6 @@ pub(super) struct Scaling {
     inbox_len: AtomicUsize,
     /// Per slot: it serves flows (an instance it started with, or one added and not retired).
     serving: Vec<AtomicBool>,
-    /// Per vertex, per clock: copies held by a recovering replacement there (its replay and
-    /// what arrived meanwhile). A change need not wait for a clock whose every copy is held by
-    /// replacements past the changed vertex: those copies went through it already, and the
-    /// recovery may itself wait for the change (its replay passes through the vertex).
-    held_in_recovery: Vec<ClockTracker>,
     /// Per slot: packets in its queue (vertex managers scale on them).
     queue_packets: Vec<AtomicIsize>,
     rebuilder: Rebuilder,
@@ -88,7 +82,7 @@ impl Scaling {
     /// For `slots` global indices (the first `initial` serving) run by `workers` threads.
     pub(super) fn new(
         vertices: &[crate::plan::VertexPlan],
-        (slots, initial, span): (usize, usize, usize),
+        (slots, initial): (usize, usize),
         workers: usize,
         rebuilder: Rebuilder,
     ) -> Scaling {
@@ -101,7 +95,6 @@ impl Scaling {
             inbox: (0..workers.max(1)).map(|_| Mutex::new(Vec::new())).collect(),
             inbox_len: AtomicUsize::new(0),
             serving: (0..slots).map(|g| AtomicBool::new(g < initial)).collect(),
-            held_in_recovery: vertices.iter().map(|_| ClockTracker::new(span)).collect(),
             queue_packets: (0..slots).map(|_| AtomicIsize::new(0)).collect(),
             rebuilder,
         }
@@ -122,32 +115,6 @@ impl Scaling {
         if let Some(q) = self.queue_packets.get(g) {
             q.fetch_add(n, Ordering::Relaxed);
         }
-    }
-
-    /// A recovering replacement at vertex `v` holds a copy of `clock` (`true`) or no longer
-    /// (`false`).
-    pub(super) fn held(&self, v: usize, clock: Clock, holds: bool) {
-        if let Some(t) = self.held_in_recovery.get(v) {
-            if holds {
-                t.copy(clock);
-            } else {
-                t.done(clock);
-            }
-        }
-    }
-
-    /// Whether every copy of clock `seq` still in flight is held by recovering replacements at
-    /// vertices that do not lead to vertex `v` (and so have gone through it).
-    fn past(&self, shared: &Shared, v: usize, seq: u64) -> bool {
-        let copies = shared.clocks.count(seq);
-        let held: u32 = self
-            .held_in_recovery
-            .iter()
-            .enumerate()
-            .filter(|(w, _)| !shared.reaches.get(*w).and_then(|r| r.get(v)).copied().unwrap_or(true))
-            .map(|(_, t)| t.count(seq))
-            .sum();
-        copies == held
     }
 
     /// Instances added for worker `w` since it last looked.
@@ -586,7 +553,7 @@ impl RootSide {
                 // deleted.
                 p.past_to = p.past_to.max(low);
                 while p.past_to <= p.since.min(seq)
-                    && (shared.clocks.finished(p.past_to) || sc.past(shared, p.vertex, p.past_to))
+                    && (shared.clocks.finished(p.past_to) || shared.past_recovering(p.vertex, p.past_to))
                 {
                     p.past_to += 1;
                 }

@@ -220,12 +220,14 @@ fn serve(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
         did = true;
         hold_in_order(shared, slot, batch, out);
     }
+    let vertex = slot.vertex;
     let Some(order) = slot.order.as_mut() else { return did };
     if order.held() == 0 {
         return did;
     }
     let mut ready = shared.empty_batch();
-    order.take_ready(&shared.clocks, &shared.admitted, &mut ready);
+    let gone_by = |seq| shared.past_recovering(vertex, seq);
+    order.take_ready(&shared.clocks, &shared.admitted, gone_by, &mut ready);
     if ready.is_empty() {
         shared.give_back(ready);
         return did;

@@ -1,4 +1,5 @@
-//! The root's packet log kept in the state store (`--log store`, [`crate::engine::LogPlace::Store`]).
+//! The root's packet log kept in the state store (`--log store`: the threaded runtime's
+//! `RunConfig::log_in_store` and the virtual-time engine's `LogPlace::Store`).
 //!
 //! Every admitted packet is written to the store, and the write is acknowledged, before the
 //! packet enters the chain: a root that crashes after that point cannot lose a packet that is
@@ -93,16 +94,29 @@ impl StoreLog {
     /// Writes `pkt` (input packet `input`) and waits until the store has it, sending the
     /// pending deletes along.
     pub fn write(&mut self, input: u64, pkt: &Packet) -> Result<(), RootLogError> {
+        self.write_all([(input, pkt)])
+    }
+
+    /// Writes several packets (input packet number, packet) in one batch and waits until the
+    /// store has them all, sending the pending deletes along.
+    pub fn write_all<'a>(&mut self, packets: impl IntoIterator<Item = (u64, &'a Packet)>) -> Result<(), RootLogError> {
         let started = Instant::now();
-        let m = &pkt.meta;
-        let value = Value::List(VecDeque::from([
-            Value::Ints(vec![input as i64, m.ts_ns as i64, m.ingress_ns as i64, i64::from(m.in_port)]),
-            Value::Bytes(pkt.data().to_vec()),
-        ]));
         let mut batch = std::mem::take(&mut self.deletes);
-        batch.push(request(m.clock, StateOp::Set(value)));
+        let before = batch.len();
+        for (input, pkt) in packets {
+            let m = &pkt.meta;
+            let value = Value::List(VecDeque::from([
+                Value::Ints(vec![input as i64, m.ts_ns as i64, m.ingress_ns as i64, i64::from(m.in_port)]),
+                Value::Bytes(pkt.data().to_vec()),
+            ]));
+            batch.push(request(m.clock, StateOp::Set(value)));
+        }
+        let written = (batch.len() - before) as u64;
+        if batch.is_empty() {
+            return Ok(());
+        }
         self.send_and_wait(batch)?;
-        self.writes += 1;
+        self.writes += written;
         self.wall += started.elapsed();
         Ok(())
     }
