@@ -92,6 +92,31 @@ fn a_straggler_slows_while_an_instance_fails_over() {
 }
 
 #[test]
+fn a_replay_through_a_nat_whose_scale_out_settles_meanwhile_keeps_connections_in_order() {
+    // The NAT's change settles while the replay towards the Trojan detector's replacement
+    // passes its new instance in about one run in ten (it depends on the threads' timing):
+    // enough runs to see it nearly always, stopping at the first difference.
+    let runs = std::env::var("SLUICE_RACE_RUNS").ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(60);
+    let faults = "faults/threaded/nat-scale-trojan-crash.yaml";
+    let dir = tempfile::tempdir().expect("temp dir");
+    for i in 0..runs {
+        let rec = dir.path().join(format!("rec{i}"));
+        let r = rec.to_string_lossy().into_owned();
+        let batch = if i % 2 == 0 { "1" } else { "8" };
+        let chain = ["run", "-c", "chains/nat-trojan.yaml", "-i", "traces/demo.pcap", "-q", "--no-pin"];
+        let rest =
+            ["--faults", faults, "--record", &r, "--window", "4096", "--limit", "12000", "-w", "2", "--batch", batch];
+        let what = format!("run {i} (--batch {batch})");
+        let o = sluice_within(&[&chain[..], &rest[..]].concat(), std::time::Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("{what} did not end within 60 s"));
+        assert!(o.status.success(), "{what}: {}", text(&o));
+        let v = sluice(&["verify", "--recorded", &r]);
+        assert!(v.status.code() == Some(0) && text(&v).contains("EQUIVALENT"), "{what}: {}", text(&v));
+        let _ = std::fs::remove_dir_all(&rec);
+    }
+}
+
+#[test]
 fn a_failover_on_redis_is_equivalent() {
     let Ok(url) = std::env::var("SLUICE_REDIS_URL") else {
         panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
