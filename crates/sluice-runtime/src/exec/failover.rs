@@ -13,9 +13,9 @@
 //! counts the lost copies out of the in-flight ring, so that no lost clock looks finished to an
 //! order-sensitive instance downstream before its replay copy is on its way. Once every copy of
 //! the replay has reached the replacement, the root raises its `recovered` flag and the
-//! replacement processes the replay in clock order (copies of an earlier replay towards a
-//! predecessor that failed in turn may arrive among them), then the live packets it held, as
-//! duplicates where the replay carried them.
+//! replacement processes the replay and the live packets it held together in clock order
+//! (copies of an earlier replay towards a predecessor that failed in turn may arrive among
+//! them; a live packet the replay carried too goes after its replay copy, as a duplicate).
 //!
 //! Duplicates: with crashes planned, every instance remembers the clocks it processed (a
 //! [`ClockSet`], trimmed below the oldest clock still logged, which the root publishes) and
@@ -88,7 +88,9 @@ pub(super) struct Recovery {
     /// before or among the new replay's: processing in arrival order would let a later clock of
     /// a flow go before an earlier one.
     replay: Vec<Packet>,
-    /// Live packets that arrived meanwhile, in arrival order.
+    /// Live packets that arrived meanwhile, in arrival order. Some may be earlier than replay
+    /// copies of their flow: those whose replay copy ended at an instance in front, where the
+    /// packet waited for a change of the allocation (`reconfig::waits`).
     held: Vec<Packet>,
     /// The clocks the failed instance (and those it replaced) processed.
     predecessor: ClockSet,
@@ -191,9 +193,15 @@ pub(super) fn turn(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool
             for p in replay.iter().chain(&r.held) {
                 fo.held(slot.vertex, p.meta.clock, false);
             }
+            // One clock order over both: an instance in front that waited for a change to
+            // settle ends the replay copies of the packets waiting there and sends those packets
+            // live; when the change settles while the replay passes, a flow's earlier packets
+            // come live and its later ones in the replay (random schedules: a scaled NAT in
+            // front of a failing Trojan detector), and replay-then-live would reorder them.
+            // Stable: a replay copy goes before the live copy of its clock, a duplicate then.
+            replay.extend(r.held);
             replay.sort_by_key(|p| p.meta.clock);
             batch.extend(replay);
-            batch.extend(r.held);
             super::worker::take_in(shared, slot, batch, out);
         }
         did = true;
