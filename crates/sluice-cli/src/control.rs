@@ -92,7 +92,7 @@ pub(crate) fn prometheus_text(collector: Box<dyn Collector>) -> Response {
 }
 
 /// The actions of the fault-schedule format the threaded runtime does not apply yet.
-const NOT_YET: [&str; 3] = ["crash_root", "crash_store", "clone"];
+const NOT_YET: [&str; 2] = ["crash_store", "clone"];
 
 async fn action(State(cx): State<Ctx>, body: String) -> Response {
     let v: serde_json::Value = match serde_json::from_str(&body) {
@@ -109,13 +109,17 @@ async fn action(State(cx): State<Ctx>, body: String) -> Response {
         "slow" => slow(&cx, args),
         "crash" => crash(&cx, args),
         "scale" | "move" => change(&cx, name, args),
+        "crash_root" => crash_root(&cx, args),
         n if NOT_YET.contains(&n) => error(
             StatusCode::NOT_IMPLEMENTED,
             &format!(
                 "the threaded runtime does not apply `{n}` yet; `sluice verify` runs it in the virtual-time engine"
             ),
         ),
-        n => error(StatusCode::BAD_REQUEST, &format!("unknown action `{n}` (known: slow, crash, scale, move)")),
+        n => error(
+            StatusCode::BAD_REQUEST,
+            &format!("unknown action `{n}` (known: slow, crash, crash_root, scale, move)"),
+        ),
     }
 }
 
@@ -149,6 +153,22 @@ fn crash(cx: &Ctx, args: &serde_json::Value) -> Response {
     match cx.live.request_crash(vertex, instance) {
         Ok(()) => Json(serde_json::json!({ "applied": { "crash": { "vertex": vertex, "instance": instance } } }))
             .into_response(),
+        Err(e @ sluice_runtime::live::LiveError::Refused(_)) => error(StatusCode::CONFLICT, &e.to_string()),
+        Err(e) => error(StatusCode::NOT_FOUND, &e.to_string()),
+    }
+}
+
+/// A `crash_root` action: `{}` or `{"root": 0}`.
+fn crash_root(cx: &Ctx, args: &serde_json::Value) -> Response {
+    let root = match &args["root"] {
+        serde_json::Value::Null => Some(0),
+        r => r.as_u64().and_then(|r| u8::try_from(r).ok()),
+    };
+    let (Some(root), true) = (root, args.is_object() || args.is_null()) else {
+        return error(StatusCode::BAD_REQUEST, "crash_root takes {} or {\"root\": N}");
+    };
+    match cx.live.request_root_crash(root) {
+        Ok(()) => Json(serde_json::json!({ "applied": { "crash_root": { "root": root } } })).into_response(),
         Err(e @ sluice_runtime::live::LiveError::Refused(_)) => error(StatusCode::CONFLICT, &e.to_string()),
         Err(e) => error(StatusCode::NOT_FOUND, &e.to_string()),
     }
@@ -377,6 +397,9 @@ enum CtlCommand {
         /// `VERTEX:INSTANCE`.
         spec: String,
     },
+    /// Crash the root: a new one takes over and resumes the clock; with `--log store` it reads
+    /// the log back, else the log is lost (the run needs --fault-tolerance).
+    CrashRoot,
     /// Scale a vertex: `VERTEX=N` instances, or `VERTEX+N` / `VERTEX-N` (the run needs a
     /// store; new flows spread over the instances, a removed instance's flows move).
     Scale {
@@ -467,6 +490,7 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
         CtlCommand::Metrics => "/metrics",
         CtlCommand::Slow { .. }
         | CtlCommand::Crash { .. }
+        | CtlCommand::CrashRoot
         | CtlCommand::Scale { .. }
         | CtlCommand::Move { .. }
         | CtlCommand::Drain(_) => "/api/v1/actions",
@@ -481,6 +505,7 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
         CtlCommand::Move { spec, flows } => {
             Some(move_request(spec, *flows).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?)
         }
+        CtlCommand::CrashRoot => Some(serde_json::json!({ "crash_root": {} })),
         CtlCommand::Drain(d) => Some(d.action()),
         _ => None,
     };

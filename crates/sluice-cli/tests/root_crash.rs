@@ -7,7 +7,8 @@
 
 mod common;
 
-use common::{recorded_run, sluice, text};
+use common::{recorded_run, repo, sluice, text};
+use std::process::{Command, Stdio};
 
 /// The report's one root crash.
 fn root_crash(report: &serde_json::Value) -> serde_json::Value {
@@ -95,4 +96,44 @@ fn root_crashes_the_run_cannot_make_are_clear_errors() {
         assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", text(&o));
         assert!(text(&o).contains(says), "{extra:?}: {}", text(&o));
     }
+}
+
+#[test]
+fn a_root_crash_asked_through_the_control_endpoint_is_equivalent() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path().join("rec").to_string_lossy().into_owned();
+    // 20,000 packets of the demo trace paced to last a few seconds; the log in the store, so
+    // the NAT's crash right after the root's loses nothing.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(repo(""))
+        .args(["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "--limit", "20000", "--pace", "0.01"])
+        .args(["-q", "--no-pin", "--window", "4096", "--fault-tolerance", "--log", "store", "--record", &d])
+        .args(["--json", "-", "--control", "0", "--control-token", "s3cret"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sluice run");
+    let (addr, _) = common::control_endpoint(&mut child);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let port = addr.rsplit(':').next().unwrap_or_default().to_string();
+    let ctl = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["ctl", "--control", &port, "--token", "s3cret"])
+            .args(args)
+            .output()
+            .expect("sluice ctl");
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+    };
+    ctl(&["crash-root"]);
+    ctl(&["crash", "nat:0"]);
+    // Root 1 does not exist: 404, nothing changes.
+    let (code, body) = common::http(&addr, "POST", "/api/v1/actions", Some("s3cret"), r#"{"crash_root": {"root": 1}}"#);
+    assert_eq!(code, 404, "{body}");
+    let out = child.wait_with_output().expect("sluice run ends");
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");
+    assert_eq!(root_crash(&report)["lost"], false);
+    assert_eq!(report["failovers"].as_array().map(Vec::len), Some(1), "{}", report["failovers"]);
+    let v = sluice(&["verify", "--recorded", &d]);
+    assert_eq!(v.status.code(), Some(0), "{}", text(&v));
 }

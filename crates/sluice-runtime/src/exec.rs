@@ -294,6 +294,7 @@ pub fn run(
         });
     }
     if let Some(live) = &shared.live {
+        live.set_root_can_fail(cfg.fault_tolerance);
         live.set_scaling((!scalable).then(|| {
             "the run was not started to scale: give it a store (not local state) and a control endpoint, or `scale`/`move` faults".into()
         }));
@@ -376,6 +377,25 @@ pub fn run(
         }
         // What found a queue full goes first; meanwhile no new input is admitted.
         let stalled = root.retry(&shared);
+        root_crash_due |= shared.live.as_ref().is_some_and(|l| l.take_root_crash());
+        if root_crash_due && !stalled {
+            // Between two batches, everything admitted in the chain: the root fails.
+            root_crash_due = false;
+            if let Some(l) = log.as_mut() {
+                let mut c = l.crash().map_err(|e| RunError::Worker(format!("the new root: {e}")))?;
+                (c.at_packet, c.at_ms) = (seq, t0.elapsed().as_secs_f64() * 1e3);
+                tracing::info!(
+                    at_packet = seq,
+                    resumed_at = c.resumed_at,
+                    lost = c.lost,
+                    "the root failed; a new one took over"
+                );
+                // The clocks skipped count against the window at once: admitting past the
+                // in-flight ring's span would put two clocks on one slot.
+                seq = c.resumed_at;
+                report.root_crashes.push(c);
+            }
+        }
         if let Some(live) = shared.live.as_ref().filter(|_| shared.failover.is_some()) {
             for (vertex, index) in live.take_crashes() {
                 let c = Crash { after: seq, vertex, index };
@@ -565,7 +585,8 @@ pub fn run(
                         Planned::Change(r) => scaling_side
                             .apply(&shared, &r, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut reconfigurations)
                             .map_err(|e| RunError::Config(format!("scaling while the chain runs: {e}")))?,
-                        // Once this batch is in the chain: the root fails between batches.
+                        // Once this batch is in the chain (at the loop's top): the root fails
+                        // between batches.
                         Planned::CrashRoot(_) => root_crash_due = true,
                     }
                 }
@@ -605,22 +626,6 @@ pub fn run(
             }
         }
         root.flush(&shared);
-        if std::mem::take(&mut root_crash_due) {
-            if let Some(l) = log.as_mut() {
-                let mut c = l.crash().map_err(|e| RunError::Worker(format!("the new root: {e}")))?;
-                (c.at_packet, c.at_ms) = (seq, t0.elapsed().as_secs_f64() * 1e3);
-                // The clocks skipped count against the window at once: admitting past the
-                // in-flight ring's span would put two clocks on one slot.
-                seq = c.resumed_at;
-                tracing::info!(
-                    at_packet = seq,
-                    resumed_at = c.resumed_at,
-                    lost = c.lost,
-                    "the root failed; a new one took over"
-                );
-                report.root_crashes.push(c);
-            }
-        }
         if let Some(live) = &shared.live {
             let dropped = root_drops.values().sum::<u64>() - dropped_before;
             live.root(read, dropped, shared.in_flight.load(Ordering::Relaxed));

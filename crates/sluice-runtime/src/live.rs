@@ -61,6 +61,10 @@ pub struct Live {
     crash_asked: AtomicBool,
     /// Why this run cannot crash instances; `None` once it says it can.
     no_failover: Mutex<Option<String>>,
+    /// A root crash asked for ([`Live::request_root_crash`]) the root has not taken yet.
+    root_crash_asked: AtomicBool,
+    /// Whether the run keeps the root's log and clock, which a root crash needs.
+    root_can_fail: AtomicBool,
     /// Scaling and moves asked for ([`Live::request_change`]) the root has not taken yet:
     /// (vertex, change; a move names instances by index).
     changes: Mutex<Vec<(usize, Change)>>,
@@ -104,6 +108,8 @@ impl Live {
             crashes: Mutex::new(Vec::new()),
             crash_asked: AtomicBool::new(false),
             no_failover: Mutex::new(Some("the run has not started".into())),
+            root_crash_asked: AtomicBool::new(false),
+            root_can_fail: AtomicBool::new(false),
             changes: Mutex::new(Vec::new()),
             change_asked: AtomicBool::new(false),
             no_scaling: Mutex::new(Some("the run has not started".into())),
@@ -125,6 +131,21 @@ impl Live {
             c.push((v, index));
             self.crash_asked.store(true, Ordering::Release);
         }
+        Ok(())
+    }
+
+    /// Crashes root `root` (a threaded run has one, root 0): a new root takes over, as a
+    /// `crash_root` fault does.
+    pub fn request_root_crash(&self, root: u8) -> Result<(), LiveError> {
+        if root != 0 {
+            return Err(LiveError::NoRoot(root));
+        }
+        if !self.root_can_fail.load(Ordering::Acquire) {
+            return Err(LiveError::Refused(
+                "the run keeps no root log and clock to recover: start it with --fault-tolerance".into(),
+            ));
+        }
+        self.root_crash_asked.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -190,6 +211,16 @@ impl Live {
         if let Ok(mut w) = self.no_failover.lock() {
             *w = why_not;
         }
+    }
+
+    /// The run says whether its root can fail (it keeps the log and the clock).
+    pub(crate) fn set_root_can_fail(&self, can: bool) {
+        self.root_can_fail.store(can, Ordering::Release);
+    }
+
+    /// Whether a root crash was asked for since the last call.
+    pub(crate) fn take_root_crash(&self) -> bool {
+        self.root_crash_asked.swap(false, Ordering::AcqRel)
     }
 
     /// Crashes asked for since the last call: (vertex, index).
@@ -395,6 +426,9 @@ pub enum LiveError {
     /// The run cannot do that (why).
     #[error("{0}")]
     Refused(String),
+    /// No root with that number.
+    #[error("no root {0}: a threaded run has one root, root 0")]
+    NoRoot(u8),
     /// A change that cannot be made (why).
     #[error("{0}")]
     BadChange(String),
