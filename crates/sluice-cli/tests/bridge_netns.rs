@@ -352,21 +352,20 @@ reverse_edges:
     .expect("chain file");
     let report = dir.path().join("report.json");
     let record = dir.path().join("record");
-    let live =
-        ["--duration", "120", "--workers", "2", "--fault-tolerance", "--control", "0", "--control-token", "s3cret"];
+    let live = [
+        "--duration",
+        "120",
+        "--workers",
+        "2",
+        "--fault-tolerance",
+        "--control",
+        "0",
+        "--control-token",
+        common::CONTROL_TOKEN,
+    ];
     wire.start_sluice(&chain, (&report, &record), &live);
     let (addr, _) = common::control_endpoint(wire.guard.children.first_mut().expect("sluice"));
-    let port = addr.rsplit(':').next().unwrap_or_default().to_string();
-    let ctl = |args: &[&str]| {
-        let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["ctl", "--control", &port, "--token", "s3cret"])
-            .args(args)
-            .output()
-            .expect("sluice ctl");
-        let said = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "sluice ctl {args:?}: {said}");
-        said
-    };
+    let ctl = |args: &[&str]| common::ctl(&addr, args);
 
     let data = random_bytes(8 * 1024 * 1024);
     serve_blob(&mut wire, dir.path(), &data, &dir.path().join("server.log"));

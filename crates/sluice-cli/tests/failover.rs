@@ -5,7 +5,6 @@
 //! equivalent to the logical chain (`sluice verify --recorded`). Faults the threaded runtime
 //! cannot apply yet are clear errors.
 
-use std::process::{Command, Stdio};
 
 mod common;
 
@@ -162,27 +161,17 @@ fn a_crash_asked_through_the_control_endpoint_is_equivalent() {
     let dir = std::env::temp_dir().join(format!("sluice-failover-{}-live", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let d = dir.to_string_lossy().into_owned();
-    // 20,000 packets of the demo trace paced to last a few seconds.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .current_dir(repo(""))
-        .args(["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "--limit", "20000", "--pace", "0.01"])
-        .args(["-q", "--no-pin", "--window", "4096", "--fault-tolerance", "--record", &d, "--json", "-"])
-        .args(["--control", "0", "--control-token", "s3cret"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start sluice run");
-    let (addr, _) = common::control_endpoint(&mut child);
+    let (child, addr) = common::paced_live_run(&d, &[]);
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let port = addr.rsplit(':').next().unwrap_or_default().to_string();
-    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["ctl", "--control", &port, "--token", "s3cret", "crash", "nat:0"])
-        .output()
-        .expect("sluice ctl");
-    assert!(o.status.success(), "{}", text(&o));
+    common::ctl(&addr, &["crash", "nat:0"]);
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let (code, body) =
-        common::http(&addr, "POST", "/api/v1/actions", Some("s3cret"), r#"{"crash": {"vertex": "lb", "instance": 0}}"#);
+    let (code, body) = common::http(
+        &addr,
+        "POST",
+        "/api/v1/actions",
+        Some(common::CONTROL_TOKEN),
+        r#"{"crash": {"vertex": "lb", "instance": 0}}"#,
+    );
     assert_eq!(code, 200, "{body}");
     let out = child.wait_with_output().expect("sluice run ends");
     assert!(out.status.success(), "{}", text(&out));

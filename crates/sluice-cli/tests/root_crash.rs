@@ -7,8 +7,7 @@
 
 mod common;
 
-use common::{recorded_run, repo, sluice, text};
-use std::process::{Command, Stdio};
+use common::{recorded_run, sluice, text};
 
 /// The report's one root crash.
 fn root_crash(report: &serde_json::Value) -> serde_json::Value {
@@ -104,30 +103,13 @@ fn a_root_crash_asked_through_the_control_endpoint_is_equivalent() {
     let d = dir.path().join("rec").to_string_lossy().into_owned();
     // 20,000 packets of the demo trace paced to last a few seconds; the log in the store, so
     // the NAT's crash right after the root's loses nothing.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .current_dir(repo(""))
-        .args(["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "--limit", "20000", "--pace", "0.01"])
-        .args(["-q", "--no-pin", "--window", "4096", "--fault-tolerance", "--log", "store", "--record", &d])
-        .args(["--json", "-", "--control", "0", "--control-token", "s3cret"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start sluice run");
-    let (addr, _) = common::control_endpoint(&mut child);
+    let (child, addr) = common::paced_live_run(&d, &["--log", "store"]);
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let port = addr.rsplit(':').next().unwrap_or_default().to_string();
-    let ctl = |args: &[&str]| {
-        let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["ctl", "--control", &port, "--token", "s3cret"])
-            .args(args)
-            .output()
-            .expect("sluice ctl");
-        assert!(o.status.success(), "{args:?}: {}", text(&o));
-    };
-    ctl(&["crash-root"]);
-    ctl(&["crash", "nat:0"]);
+    common::ctl(&addr, &["crash-root"]);
+    common::ctl(&addr, &["crash", "nat:0"]);
     // Root 1 does not exist: 404, nothing changes.
-    let (code, body) = common::http(&addr, "POST", "/api/v1/actions", Some("s3cret"), r#"{"crash_root": {"root": 1}}"#);
+    let (code, body) =
+        common::http(&addr, "POST", "/api/v1/actions", Some(common::CONTROL_TOKEN), r#"{"crash_root": {"root": 1}}"#);
     assert_eq!(code, 404, "{body}");
     let out = child.wait_with_output().expect("sluice run ends");
     assert!(out.status.success(), "{}", text(&out));

@@ -154,23 +154,8 @@ fn changes_that_cannot_be_made_are_clear_errors() {
 fn vertices_scale_and_flows_move_when_asked_through_the_control_endpoint() {
     let dir = tempfile::tempdir().expect("temp dir");
     let d = dir.path().join("rec").to_string_lossy().into_owned();
-    // 20,000 packets of the demo trace paced to last a few seconds.
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .current_dir(common::repo(""))
-        .args(["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "--limit", "20000", "--pace", "0.01"])
-        .args(["-q", "--no-pin", "--window", "4096", "--fault-tolerance", "--record", &d, "--json", "-"])
-        .args(["--control", "0", "--control-token", "s3cret"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start sluice run");
-    let (addr, _) = common::control_endpoint(&mut child);
-    let port = addr.rsplit(':').next().unwrap_or_default().to_string();
-    let ctl = |args: &[&str]| {
-        let o = sluice(&[&["ctl", "--control", &port, "--token", "s3cret"][..], args].concat());
-        assert!(o.status.success(), "{args:?}: {}", text(&o));
-        text(&o)
-    };
+    let (child, addr) = common::paced_live_run(&d, &[]);
+    let ctl = |args: &[&str]| common::ctl(&addr, args);
     let pause = || std::thread::sleep(std::time::Duration::from_millis(400));
     pause();
     ctl(&["scale", "lb=3"]);
@@ -178,7 +163,7 @@ fn vertices_scale_and_flows_move_when_asked_through_the_control_endpoint() {
     pause();
     ctl(&["move", "nat:0>1", "--flows", "100"]);
     // Refused, changing nothing: a vertex keeps an instance; no such instance.
-    let post = |body: &str| common::http(&addr, "POST", "/api/v1/actions", Some("s3cret"), body);
+    let post = |body: &str| common::http(&addr, "POST", "/api/v1/actions", Some(common::CONTROL_TOKEN), body);
     for (body, code, says) in [
         (r#"{"scale": {"vertex": "lb", "to": 0}}"#, 400, "at least one instance"),
         (r#"{"move": {"vertex": "nat", "from": 0, "to": 9}}"#, 404, "no instance 9"),

@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 /// A path in the repository.
@@ -122,4 +122,35 @@ pub fn recorded_run(
     assert!(text(&v).contains("EQUIVALENT"), "{name}: {}", text(&v));
     let _ = std::fs::remove_dir_all(dir);
     report
+}
+
+/// The token the tests' control endpoints take.
+pub const CONTROL_TOKEN: &str = "s3cret";
+
+/// Starts `sluice run` on 20,000 packets of the demo trace through `chains/example.yaml`,
+/// paced to last a few seconds, fault-tolerant, recorded into `record`, its JSON report on
+/// stdout, with a control endpoint (token [`CONTROL_TOKEN`]) and `extra` options: the child and
+/// the endpoint's `HOST:PORT`.
+pub fn paced_live_run(record: &str, extra: &[&str]) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(repo(""))
+        .args(["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "--limit", "20000", "--pace", "0.01"])
+        .args(["-q", "--no-pin", "--window", "4096", "--fault-tolerance", "--record", record, "--json", "-"])
+        .args(["--control", "0", "--control-token", CONTROL_TOKEN])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start sluice run");
+    let (addr, _) = control_endpoint(&mut child);
+    (child, addr)
+}
+
+/// `sluice ctl ARGS` against the endpoint at `addr` (token [`CONTROL_TOKEN`]), which must
+/// succeed: what it printed.
+pub fn ctl(addr: &str, args: &[&str]) -> String {
+    let port = addr.rsplit(':').next().unwrap_or_default();
+    let o = sluice(&[&["ctl", "--control", port, "--token", CONTROL_TOKEN][..], args].concat());
+    assert!(o.status.success(), "sluice ctl {args:?}: {}", text(&o));
+    text(&o)
 }
