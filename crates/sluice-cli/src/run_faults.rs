@@ -1,5 +1,5 @@
 //! `sluice run --faults FILE`: the fault-schedule events the threaded runtime applies (NF
-//! instance and root crashes, slowdowns, scaling and flow moves so far), as the runtime's [`Planned`]
+//! instance, root and store crashes, slowdowns, scaling and flow moves so far), as the runtime's [`Planned`]
 //! events, in the schedule's order.
 
 use crate::{exit, fail, Failure};
@@ -55,13 +55,17 @@ pub fn faults(path: &Path, chain: &Chain, total: impl FnOnce() -> Result<u64, Fa
             out.push(Planned::CrashRoot(after));
             continue;
         }
+        if let Action::CrashStore = &e.action {
+            out.push(Planned::CrashStore(after));
+            continue;
+        }
         let (Action::Crash { vertex, .. }
         | Action::Slow { vertex, .. }
         | Action::Scale { vertex, .. }
         | Action::Move { vertex, .. }) = &e.action
         else {
             return Err(bad(format!(
-                "{line}`{}`: the threaded runtime applies `crash`, `crash_root`, `slow`, `scale` and `move` events so far (`sluice verify --faults` runs every kind)",
+                "{line}`{}`: the threaded runtime applies `crash`, `crash_root`, `crash_store`, `slow`, `scale` and `move` events so far (`sluice verify --faults` runs every kind)",
                 e.action.key()
             )));
         };

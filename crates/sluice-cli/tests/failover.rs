@@ -5,7 +5,6 @@
 //! equivalent to the logical chain (`sluice verify --recorded`). Faults the threaded runtime
 //! cannot apply yet are clear errors.
 
-
 mod common;
 
 use common::{recorded_run, repo, sluice, sluice_within, text};
@@ -144,7 +143,11 @@ fn faults_the_threaded_runtime_cannot_apply_are_clear_errors() {
     let nowhere = write("nowhere.yaml", "events:\n  - at: { packet: 10 }\n    crash: { vertex: fw, instance: 0 }\n");
     let ok = "faults/threaded/nat-crash-early-and-late.yaml";
     for (faults, extra, says) in [
-        (clone.as_str(), &[][..], "applies `crash`, `crash_root`, `slow`, `scale` and `move` events so far"),
+        (
+            clone.as_str(),
+            &[][..],
+            "applies `crash`, `crash_root`, `crash_store`, `slow`, `scale` and `move` events so far",
+        ),
         (nowhere.as_str(), &[][..], "no vertex `fw`"),
         (ok, &["--mode", "local"][..], "state in a store"),
     ] {

@@ -19,7 +19,7 @@ use crate::live::Live;
 use crate::plan::{direction, Plan, Target, VertexPlan};
 use crate::ports::{Fill, Sink, Source};
 use crate::record::{DropRecord, Recording};
-use crate::report::{InstanceReport, Latency, RunReport, VertexReport};
+use crate::report::{InstanceReport, Latency, RunReport, StoreCrashReport, VertexReport};
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
 use ft::{Note, RootLog};
@@ -41,6 +41,7 @@ mod outgoing;
 mod passing;
 mod reconfig;
 mod sink;
+mod store_crash;
 mod worker;
 
 pub use config::{Overflow, Planned, RunConfig, RunError, RunHooks, Slowdown};
@@ -87,6 +88,8 @@ struct Shared {
     ordered: Vec<bool>,
     /// With `RunConfig::reconfigs`: the flow allocation and what scaling shares.
     scaling: Option<reconfig::Scaling>,
+    /// With store crashes planned: what the root and the workers share for them.
+    store_crash: Option<store_crash::StoreCrash>,
 }
 
 impl Shared {
@@ -211,6 +214,12 @@ pub fn run(
     if root_crashes && !cfg.fault_tolerance {
         return Err(RunError::Config("crashing the root needs its log and clock (fault tolerance)".into()));
     }
+    let store_crashes = cfg.planned.iter().any(|p| matches!(p, Planned::CrashStore(_)));
+    if store_crashes && !can_fail_over {
+        return Err(RunError::Config(
+            "crashing the store needs the instances' write-ahead logs (fault tolerance) and state in a store (not `local`)".into(),
+        ));
+    }
     if cfg.log_in_store && !can_fail_over {
         return Err(RunError::Config(
             "keeping the root's log in the store needs fault tolerance and state in a store (not `local`)".into(),
@@ -258,6 +267,7 @@ pub fn run(
         reaches,
         ordered,
         scaling,
+        store_crash: store_crashes.then_some(()).and(store.clone()).map(store_crash::StoreCrash::new),
     });
     let mut planned = cfg.planned.clone();
     // Stable: events at the same point keep their order.
@@ -275,7 +285,7 @@ pub fn run(
                     return Err(RunError::Config(format!("no vertex with index {}", r.vertex)));
                 }
             }
-            Planned::CrashRoot(_) => {}
+            Planned::CrashRoot(_) | Planned::CrashStore(_) => {}
         }
     }
     let mut planned = planned.into_iter().peekable();
@@ -344,6 +354,7 @@ pub fn run(
     // Admitted and stamped, not yet in the chain.
     let mut stamped: Batch = Vec::with_capacity(cfg.batch);
     let mut root_crash_due = false;
+    let mut checkpoints = store_crash::Checkpoints::new(cfg.checkpoint_every);
     let mut source_done = false;
     let mut last_progress = Instant::now();
     // The oldest unfinished clock as last seen, and since when it has not moved.
@@ -361,7 +372,6 @@ pub fn run(
         None => None,
     };
     let mut discard = sluice_store::Replies::default();
-    let mut last_checkpoint = Instant::now();
     let mut forget_batches: u64 = 0;
     let mut recording = cfg.record.then(Recording::default);
     let mut last_ts = 0u64;
@@ -382,55 +392,17 @@ pub fn run(
             // Between two batches, everything admitted in the chain: the root fails.
             root_crash_due = false;
             if let Some(l) = log.as_mut() {
-                let mut c = l.crash().map_err(|e| RunError::Worker(format!("the new root: {e}")))?;
-                (c.at_packet, c.at_ms) = (seq, t0.elapsed().as_secs_f64() * 1e3);
-                tracing::info!(
-                    at_packet = seq,
-                    resumed_at = c.resumed_at,
-                    lost = c.lost,
-                    "the root failed; a new one took over"
-                );
+                let c = l
+                    .crash((seq, t0.elapsed().as_secs_f64() * 1e3))
+                    .map_err(|e| RunError::Worker(format!("the new root: {e}")))?;
                 // The clocks skipped count against the window at once: admitting past the
                 // in-flight ring's span would put two clocks on one slot.
                 seq = c.resumed_at;
                 report.root_crashes.push(c);
             }
         }
-        if let Some(live) = shared.live.as_ref().filter(|_| shared.failover.is_some()) {
-            for (vertex, index) in live.take_crashes() {
-                let c = Crash { after: seq, vertex, index };
-                if let Some(g) = shared.serving(vertex, index) {
-                    failover_side.ask(&shared, (&c, g, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
-                }
-            }
-        }
-        if let Some(live) = shared.live.as_ref().filter(|_| shared.scaling.is_some()) {
-            for (vertex, change) in live.take_changes() {
-                // The endpoint names instances by index, a change by position.
-                let change = match change {
-                    Change::Move { from, to, flows } => {
-                        match (shared.position(vertex, from), shared.position(vertex, to)) {
-                            (Some(from), Some(to)) => Change::Move { from, to, flows },
-                            _ => {
-                                tracing::warn!(
-                                    vertex,
-                                    from,
-                                    to,
-                                    "move asked of an instance no longer serving: ignored"
-                                );
-                                continue;
-                            }
-                        }
-                    }
-                    c => c,
-                };
-                let r = Reconfig { after: seq, vertex, change };
-                let at = (seq, t0.elapsed().as_secs_f64() * 1e3);
-                if let Err(e) = scaling_side.apply(&shared, &r, at, &mut reconfigurations) {
-                    tracing::warn!(vertex, error = %e, "change asked through the control endpoint not made");
-                }
-            }
-        }
+        failover_side.take_live(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
+        scaling_side.take_live(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut reconfigurations);
         // With failovers, a clock still logged keeps its slot in the ring: a replay may count
         // copies of it again.
         let replayable =
@@ -451,6 +423,26 @@ pub fn run(
                 "nothing has finished for a while; the run waits for these"
             };
             warn_waiting(&shared, (low, seq, log.as_ref()), (&failover_side, &scaling_side), what);
+        }
+        if let Some(b) = &store {
+            let crashed = checkpoints
+                .turn(&shared, (b, workers), &failover_side, &mut report, &|c| {
+                    log.as_ref().is_some_and(|l| l.is_logged(c))
+                })
+                .map_err(RunError::Worker)?;
+            if let Some(r) = crashed {
+                // The root's own connections go to the rebuilt store too.
+                if let Some(conn) = store_conn.as_mut() {
+                    *conn =
+                        b.connect(InstanceId(u32::MAX)).map_err(|e| RunError::Config(format!("state store: {e}")))?;
+                }
+                let written =
+                    log.as_mut().map_or(Ok(0), RootLog::store_rebuilt).map_err(|e| RunError::Worker(e.to_string()))?;
+                let detail = format!("{}; {written} log entries written back", r.detail);
+                tracing::info!(at_packet = seq, paused_ms = r.paused_ms, %detail, "the store failed and was rebuilt");
+                let at_ms = t0.elapsed().as_secs_f64() * 1e3;
+                report.store_crashes.push(StoreCrashReport { at_packet: seq, at_ms, paused_ms: r.paused_ms, detail });
+            }
         }
         if source_done {
             if shared.in_flight.load(Ordering::Acquire) == 0 && !failover_side.busy() && !scaling_side.busy() {
@@ -486,17 +478,6 @@ pub fn run(
                     .map_err(|e| RunError::Worker(format!("state store: {e}")))?;
                 discard = sluice_store::Replies::default();
                 let _ = conn.poll(&mut discard);
-            }
-        }
-        if let (Some(b), Some(every)) = (&store, cfg.checkpoint_every) {
-            if last_checkpoint.elapsed() >= every {
-                last_checkpoint = Instant::now();
-                let t = Instant::now();
-                let cp = b.checkpoint().map_err(|e| RunError::Worker(format!("state store checkpoint: {e}")))?;
-                report.checkpoints.taken += 1;
-                report.checkpoints.last_values = cp.values.len() as u64;
-                report.checkpoints.last_ts = cp.ts.len() as u64;
-                report.checkpoints.total_s += t.elapsed().as_secs_f64();
             }
         }
         let room = admission_room(&shared, cfg.window, seq, low, log.as_ref());
@@ -588,6 +569,7 @@ pub fn run(
                         // Once this batch is in the chain (at the loop's top): the root fails
                         // between batches.
                         Planned::CrashRoot(_) => root_crash_due = true,
+                        Planned::CrashStore(_) => checkpoints.crash_due = true,
                     }
                 }
                 next_fault = planned.peek().map_or(u64::MAX, Planned::after);

@@ -154,6 +154,19 @@ pub struct RootCrashReport {
     pub read_back: u64,
 }
 
+/// A store crash in a threaded run (`Planned::CrashStore`): the store was wiped and rebuilt.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct StoreCrashReport {
+    /// Packets the root had admitted when the store failed.
+    pub at_packet: u64,
+    /// When, ms since the run started.
+    pub at_ms: f64,
+    /// How long the chain held still while the store was rebuilt, ms.
+    pub paused_ms: f64,
+    /// What the rebuild loaded.
+    pub detail: String,
+}
+
 /// One change of a vertex's instances or flows in a threaded run (`RunConfig::reconfigs`).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct ReconfigReport {
@@ -243,6 +256,9 @@ pub struct RunReport {
     /// Root crashes, in the order they happened.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub root_crashes: Vec<RootCrashReport>,
+    /// Store crashes, in the order they happened.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub store_crashes: Vec<StoreCrashReport>,
     /// Decisions by `nf/kind`.
     pub event_counts: BTreeMap<String, u64>,
     /// All decisions, in clock order.
@@ -355,6 +371,13 @@ impl fmt::Display for RunReport {
                 format!("{} logged packets read back from the store", c.read_back)
             };
             writeln!(f, "  root crash at packet {}: clock resumed at {}, {log}", c.at_packet, c.resumed_at)?;
+        }
+        for c in &self.store_crashes {
+            writeln!(
+                f,
+                "  store crash at packet {}: rebuilt while the chain held still {:.2} ms",
+                c.at_packet, c.paused_ms
+            )?;
         }
         for r in &self.reconfigurations {
             writeln!(

@@ -127,6 +127,10 @@ fn ts_weight(ts: &[(InstanceId, Clock)]) -> u128 {
 /// vectors that are not comparable (not from one store instance) the greater sum of clocks; for
 /// equal vectors the later in `reads`.
 pub fn select_ts(reads: &[&ReadRecord], wals: &[(InstanceId, &[WalEntry])]) -> Option<usize> {
+    if reads.is_empty() {
+        // Nothing to choose from: no need to look through every log (once per key).
+        return None;
+    }
     let mut alive: Vec<bool> = vec![true; reads.len()];
     for (who, wal) in wals {
         let holds = |r: &ReadRecord, c: Clock| clock_of(&r.ts, *who) == Some(c);
@@ -153,7 +157,7 @@ pub fn select_ts(reads: &[&ReadRecord], wals: &[(InstanceId, &[WalEntry])]) -> O
 /// When the WAL has no entry with that clock (it was an update the caller left out, such as a
 /// per-flow one, or the WAL was trimmed), after every entry with a clock up to it — clocks grow
 /// along a WAL.
-fn cut(wal: &[WalEntry], who: InstanceId, ts: &[(InstanceId, Clock)]) -> usize {
+pub fn cut(wal: &[WalEntry], who: InstanceId, ts: &[(InstanceId, Clock)]) -> usize {
     let Some(c) = clock_of(ts, who) else { return 0 };
     match wal.iter().rposition(|e| e.tag.clock == c) {
         Some(p) => p + 1,

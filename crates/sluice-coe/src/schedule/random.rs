@@ -28,8 +28,10 @@ const KIND_SCALE: u32 = 3;
 const KIND_MOVE: u32 = 4;
 /// A root crash, of [`ALL_KINDS`].
 const KIND_ROOT_CRASH: u32 = 1;
+/// A store crash, of [`ALL_KINDS`].
+const KIND_STORE_CRASH: u32 = 2;
 /// What the threaded runtime applies so far.
-const THREADED_KINDS: &[u32] = &[KIND_CRASH, KIND_ROOT_CRASH, KIND_SCALE, KIND_MOVE, KIND_SLOW];
+const THREADED_KINDS: &[u32] = &[KIND_CRASH, KIND_ROOT_CRASH, KIND_STORE_CRASH, KIND_SCALE, KIND_MOVE, KIND_SLOW];
 
 /// How often (of 1) an event is put at the same point as an earlier one.
 const SAME_POINT: f64 = 0.25;
@@ -55,7 +57,7 @@ impl FaultSchedule {
     }
 
     /// A random run of the kinds of event `sluice run --faults` applies to a threaded run so
-    /// far (instance and root crashes, slowdowns, scaling and flow moves), under the default
+    /// far (instance, root and store crashes, slowdowns, scaling and flow moves), under the default
     /// run options: 1 to `max_events` of them on any instance of any vertex at random points,
     /// as [`FaultSchedule::random`] draws them. The same seed always gives the same run. A
     /// threaded run keeps thousands of packets in flight: one with a root crash needs the log

@@ -77,6 +77,10 @@ pub enum Planned {
     /// The root fails once it has admitted this many packets and a new one takes over (needs
     /// `fault_tolerance`).
     CrashRoot(u64),
+    /// The state store loses everything once the root has admitted this many packets and is
+    /// rebuilt from its last checkpoint and the instances (needs `fault_tolerance` and a
+    /// store).
+    CrashStore(u64),
 }
 
 impl Planned {
@@ -86,7 +90,7 @@ impl Planned {
             Planned::Crash(c) => c.after,
             Planned::Slow(s) => s.after,
             Planned::Change(r) => r.after,
-            Planned::CrashRoot(after) => *after,
+            Planned::CrashRoot(after) | Planned::CrashStore(after) => *after,
         }
     }
 }

@@ -349,9 +349,23 @@ pub(super) struct RootSide {
     /// Crashes of instances whose previous crash the worker has not carried out yet: asked
     /// once it has (two asks before the worker's turn would make one crash).
     deferred: Vec<(usize, usize)>,
+    /// Failed instances whose write-ahead logs died with them, handled so far.
+    pub(super) logs_lost: u64,
 }
 
 impl RootSide {
+    /// Asks for the crashes asked through the control endpoint since the last look, at packet
+    /// `at.0` (`at.1` ms into the run); the endpoint names instances by index.
+    pub(super) fn take_live(&mut self, shared: &Shared, at: (u64, f64), reports: &mut Vec<FailoverReport>) {
+        let Some(live) = shared.live.as_ref().filter(|_| shared.failover.is_some()) else { return };
+        for (vertex, index) in live.take_crashes() {
+            let c = Crash { after: at.0, vertex, index };
+            if let Some(g) = shared.serving(vertex, index) {
+                self.ask(shared, (&c, g, at.1), reports);
+            }
+        }
+    }
+
     /// The root asks for crash `c` (of instance `global`), `asked_ms` into the run, and opens
     /// its report entry.
     pub(super) fn ask(
@@ -394,6 +408,7 @@ impl RootSide {
             super::drain_notes(shared, log);
         }
         for f in failures {
+            self.logs_lost += 1;
             let report = self.asked.iter().position(|(g, _)| *g == f.global).map(|i| self.asked.remove(i).1);
             // Copies of other instances' replays the failed one was passing on go again.
             let (resend, beyond_replay) = log.instance_failed(f.id, &f.lost);
@@ -450,5 +465,11 @@ impl RootSide {
     /// Whether a crash asked for is not recovered yet (the run waits for it before ending).
     pub(super) fn busy(&self) -> bool {
         !self.recovering.is_empty() || !self.asked.is_empty() || !self.deferred.is_empty()
+    }
+
+    /// Whether a crash was asked for whose failure the root has not taken in yet (the
+    /// instance may have failed already, its write-ahead log gone).
+    pub(super) fn failing(&self) -> bool {
+        !self.asked.is_empty() || !self.deferred.is_empty()
     }
 }

@@ -43,7 +43,11 @@ pub(super) fn record_end(
     }
     if let Some(b) = store {
         let cp = b.checkpoint().map_err(|e| RunError::Worker(format!("reading the final state: {e}")))?;
-        let owned = cp.values.into_iter().filter(|(k, _)| usize::from(k.vertex) < vertices.len());
+        // Not the chain's: the root's log (its own vertex) and the scratch value a store rebuild
+        // marks in-flight updates with.
+        let owned = cp.values.into_iter().filter(|(k, _)| {
+            usize::from(k.vertex) < vertices.len() && k.object != sluice_chc::recovery::SCRATCH_OBJECT
+        });
         rec.state.extend(owned.map(|(k, value)| StateRecord {
             vertex: usize::from(k.vertex),
             object: k.object,

@@ -84,10 +84,14 @@ impl RootLog {
     /// anything the old root may have stamped. With the log at the root its entries are lost
     /// (their copies in flight finish unlogged and can no longer be replayed); with the log
     /// in the store the new root reads it back from there.
-    pub(super) fn crash(&mut self) -> Result<RootCrashReport, RootLogError> {
+    /// `(at_packet, at_ms)` says when, for the report.
+    pub(super) fn crash(&mut self, (at_packet, at_ms): (u64, f64)) -> Result<RootCrashReport, RootLogError> {
         let lost = self.store.is_none();
         let crash = self.root.crash(0, lost).map_err(|e| RootLogError::Store(format!("{e:?}")))?;
+        tracing::info!(at_packet, resumed_at = crash.resumed, lost, "the root failed; a new one took over");
         let mut report = RootCrashReport {
+            at_packet,
+            at_ms,
             resumed_at: crash.resumed,
             logged: crash.logged as u64,
             lost: crash.lost,
@@ -103,6 +107,20 @@ impl RootLog {
         sl.sync()?;
         report.read_back = r.kept;
         Ok(report)
+    }
+
+    /// With the log in the store: the store was rebuilt from its checkpoint, which lacks the
+    /// entries written since; this root still has them and writes them back (a later root
+    /// crash reads a whole log back). How many.
+    pub(super) fn store_rebuilt(&mut self) -> Result<u64, RootLogError> {
+        let Some((sl, backend)) = &mut self.store else { return Ok(0) };
+        sl.reconnect(backend)?;
+        let stored = StoreLog::read(backend)?;
+        let missing: Vec<(u64, &Packet)> =
+            self.root.log_entries().filter(|(c, _, _)| !stored.contains_key(c)).map(|(_, i, p)| (i, p)).collect();
+        let n = missing.len() as u64;
+        sl.write_all(missing)?;
+        Ok(n)
     }
 
     /// Entries the log can still take.

@@ -503,6 +503,30 @@ impl RootSide {
         Ok(())
     }
 
+    /// Applies the changes asked through the control endpoint since the last look, from packet
+    /// `at.0` on (the endpoint names instances by index, a change by position).
+    pub(super) fn take_live(&mut self, shared: &Shared, at: (u64, f64), reports: &mut Vec<ReconfigReport>) {
+        let Some(live) = shared.live.as_ref().filter(|_| shared.scaling.is_some()) else { return };
+        for (vertex, change) in live.take_changes() {
+            let change = match change {
+                Change::Move { from, to, flows } => {
+                    match (shared.position(vertex, from), shared.position(vertex, to)) {
+                        (Some(from), Some(to)) => Change::Move { from, to, flows },
+                        _ => {
+                            tracing::warn!(vertex, from, to, "move asked of an instance no longer serving: ignored");
+                            continue;
+                        }
+                    }
+                }
+                c => c,
+            };
+            let r = Reconfig { after: at.0, vertex, change };
+            if let Err(e) = self.apply(shared, &r, at, reports) {
+                tracing::warn!(vertex, error = %e, "change asked through the control endpoint not made");
+            }
+        }
+    }
+
     /// Applies the vertex managers' `policies` (vertex, policy) to the instances' queues now,
     /// at packet `since`: scale out or in (clones are not made in threads yet; the command
     /// line refuses straggler policies).

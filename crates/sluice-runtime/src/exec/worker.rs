@@ -111,6 +111,7 @@ pub(super) fn worker_loop(shared: &Shared, worker: usize, mut slots: Vec<Slot>) 
     let mut out = Outgoing::new(shared);
     let mut idle_rounds = 0u32;
     let mut described = 0;
+    let mut held_seen = 0;
     loop {
         if shared.aborted.load(Ordering::Relaxed) {
             break;
@@ -126,6 +127,7 @@ pub(super) fn worker_loop(shared: &Shared, worker: usize, mut slots: Vec<Slot>) 
         if let Some(sc) = &shared.scaling {
             slots.extend(sc.take_inbox(worker));
         }
+        super::store_crash::hold_if_asked(shared, &mut slots, &mut held_seen);
         for slot in slots.iter_mut() {
             did |= failover::turn(shared, slot, &mut out);
             did |= reconfig::turn(shared, slot, &mut out);

@@ -1,0 +1,61 @@
+//! Store crashes in the threaded runtime (`crash_store` in `sluice run --faults`): the state
+//! store loses everything and is rebuilt while the chain holds still — shared state from the
+//! last checkpoint and the instances' write-ahead logs, per-flow state and timers from the
+//! instances — then the instances reconnect and send their unacknowledged requests again.
+//! Recorded runs must be equivalent to the logical chain (`sluice verify --recorded`).
+
+mod common;
+
+use common::{recorded_run, sluice, text};
+
+/// The report's store crashes.
+fn store_crashes(report: &serde_json::Value) -> Vec<serde_json::Value> {
+    report["store_crashes"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn the_store_fails_and_is_rebuilt_from_its_checkpoint_and_the_instances() {
+    for (name, chain, extra) in [
+        ("store-example", "chains/example.yaml", &["-w", "2"][..]),
+        ("store-example-1w", "chains/example.yaml", &["-w", "1", "--batch", "8"][..]),
+        ("store-portscan", "chains/nat-portscan.yaml", &["-w", "2", "--checkpoint-ms", "20"][..]),
+    ] {
+        let report = recorded_run(name, (chain, "traces/demo.pcap", "20000"), "faults/store-crash.yaml", extra);
+        let crashes = store_crashes(&report);
+        assert_eq!(crashes.len(), 1, "{name}: {crashes:?}");
+        let detail = crashes[0]["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains("values"), "{name}: the rebuild loaded nothing: {detail}");
+    }
+}
+
+#[test]
+fn instances_and_the_root_fail_after_the_store_was_rebuilt() {
+    let faults = "faults/threaded/store-nf-root.yaml";
+    let extra = ["-w", "2", "--log", "store"];
+    let report = recorded_run("store-nf-root", ("chains/example.yaml", "traces/demo.pcap", "20000"), faults, &extra);
+    assert_eq!(store_crashes(&report).len(), 1);
+    assert_eq!(report["root_crashes"].as_array().map(Vec::len), Some(1), "{}", report["root_crashes"]);
+    let failovers = report["failovers"].as_array().cloned().unwrap_or_default();
+    assert_eq!(failovers.len(), 2, "{failovers:?}");
+    assert!(failovers.iter().all(|f| f["beyond_replay"] == 0), "{failovers:?}");
+}
+
+#[test]
+fn a_store_crash_needs_a_store_and_fault_tolerance() {
+    let base = ["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "--limit", "2000", "-q"];
+    let o = sluice(&[&base[..], &["--faults", "faults/store-crash.yaml", "--mode", "local"][..]].concat());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("crashing the store needs"), "{}", text(&o));
+}
+
+#[test]
+fn a_redis_store_fails_and_is_rebuilt() {
+    let Ok(url) = std::env::var("SLUICE_REDIS_URL") else {
+        panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
+    };
+    // Each run its own keys: the rebuild wipes only what the run's prefix holds.
+    let store = format!("{url}?prefix=sc{}", std::process::id());
+    let input = ("chains/example.yaml", "traces/demo.pcap", "4000");
+    let report = recorded_run("store-redis", input, "faults/store-crash.yaml", &["--store", &store, "-w", "2"]);
+    assert_eq!(store_crashes(&report).len(), 1);
+}

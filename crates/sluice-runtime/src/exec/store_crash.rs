@@ -1,0 +1,330 @@
+//! A store crash in a threaded run (`Planned::CrashStore`, CHC R6): the state store loses
+//! everything and is rebuilt while the chain holds still.
+//!
+//! The root asks every worker to pause at the top of its loop (between batches: no NF is in
+//! the middle of a packet, every blocking call has its answer). Each worker hands over, per
+//! instance, what the rebuild needs — its write-ahead log and reads since the checkpoint, its
+//! copies of per-flow state, its armed timers, its NF's custom operations and declarations —
+//! and waits. The root wipes the store, plans the rebuild with the core
+//! ([`sluice_chc::recovery::rebuild_plan`]: the last checkpoint, the logs' updates past it by
+//! the checkpoint's TS vector, the instances' per-flow copies), applies it, marks the updates
+//! still in flight so that their retransmissions are recognised, and lets the workers go on:
+//! each reconnects its instances, which send their unacknowledged requests again.
+
+use super::worker::Slot;
+use super::Shared;
+use sluice_chc::recovery::{in_flight_marks, rebuild_plan};
+use sluice_packet::{Clock, InstanceId};
+use sluice_state::{CustomOp, StateDecl, Value};
+use sluice_store::recovery::{ReadRecord, RecoveryLog};
+use sluice_store::{Backend, Checkpoint, StoreKey};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What one instance hands over for the rebuild.
+struct Handed {
+    log: RecoveryLog,
+    per_flow: Vec<(StoreKey, Option<Value>)>,
+    timers: Vec<(StoreKey, u64, InstanceId)>,
+    vertex: u16,
+    ops: Vec<CustomOp>,
+    decls: Vec<StateDecl>,
+}
+
+/// Why the root holds the chain still.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    /// A checkpoint: every instance flushes first, so that the checkpoint and each instance's
+    /// write-ahead log agree on what it holds (the engine does the same).
+    Checkpoint = 1,
+    /// A store crash: every instance hands over what the rebuild needs.
+    Crash = 2,
+}
+
+/// What the root and the workers share for store crashes.
+pub(super) struct StoreCrash {
+    backend: Arc<dyn Backend>,
+    /// The hold asked for (a count: 0 none yet), and why.
+    asked: AtomicU64,
+    why: AtomicU8,
+    /// Workers holding still for it.
+    paused: AtomicUsize,
+    /// The root's part is done (the count of the hold it finished).
+    done: AtomicU64,
+    /// The rebuild failed: workers go on without reconnecting (the run ends with the error).
+    failed: AtomicBool,
+    handed: Mutex<Vec<Handed>>,
+    /// An instance's write-ahead log is half full of updates since the checkpoint: the next
+    /// checkpoint should not wait (a rebuild past the log's capacity would miss updates).
+    pub(super) wal_filling: AtomicBool,
+}
+
+impl StoreCrash {
+    pub(super) fn new(backend: Arc<dyn Backend>) -> StoreCrash {
+        StoreCrash {
+            backend,
+            asked: AtomicU64::new(0),
+            why: AtomicU8::new(0),
+            paused: AtomicUsize::new(0),
+            done: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+            handed: Mutex::new(Vec::new()),
+            wal_filling: AtomicBool::new(false),
+        }
+    }
+}
+
+fn client(slot: &mut Slot) -> Option<&mut sluice_store::StoreClient> {
+    slot.inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_store::StoreClient>())
+}
+
+/// At the top of a worker's loop: if the root asked for a hold this worker has not taken part
+/// in (`seen`: the last one), does its part before and after the root's. For a checkpoint, its
+/// instances flush, and note the checkpoint once taken; for a crash, they hand over what the
+/// rebuild needs and reconnect to the rebuilt store.
+pub(super) fn hold_if_asked(shared: &Shared, slots: &mut [Slot], seen: &mut u64) {
+    let Some(sc) = &shared.store_crash else { return };
+    let asked = sc.asked.load(Ordering::Acquire);
+    if asked == *seen {
+        if slots.iter_mut().any(|s| client(s).is_some_and(|c| !c.wal_has_room())) {
+            sc.wal_filling.store(true, Ordering::Release);
+        }
+        return;
+    }
+    *seen = asked;
+    let crash = sc.why.load(Ordering::Acquire) == Hold::Crash as u8;
+    if crash {
+        hand_over(sc, slots);
+    } else {
+        for slot in slots.iter_mut() {
+            if let Err(e) = slot.inst.state().flush() {
+                slot.errors.push(format!("flushing for a checkpoint: {e}"));
+            }
+        }
+    }
+    sc.paused.fetch_add(1, Ordering::AcqRel);
+    while sc.done.load(Ordering::Acquire) < asked && !shared.aborted.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    if sc.failed.load(Ordering::Acquire) {
+        return;
+    }
+    for slot in slots.iter_mut() {
+        let id = slot.inst.id();
+        let Some(c) = client(slot) else { continue };
+        if !crash {
+            c.checkpointed();
+            continue;
+        }
+        let reconnected = sc
+            .backend
+            .connect(id)
+            .map_err(|e| e.to_string())
+            .and_then(|conn| c.reconnect(conn).map_err(|e| e.to_string()));
+        if let Err(e) = reconnected {
+            slot.errors.push(format!("reconnecting to the rebuilt store: {e}"));
+        }
+    }
+}
+
+/// A worker's instances hand over what a rebuild needs.
+fn hand_over(sc: &StoreCrash, slots: &mut [Slot]) {
+    let mut handed = Vec::with_capacity(slots.len());
+    for slot in slots.iter_mut() {
+        let vertex = slot.inst.id().vertex();
+        let ops = slot.inst.nf().custom_ops().to_vec();
+        let decls = slot.inst.nf().state_objects().to_vec();
+        let Some(c) = client(slot) else { continue };
+        let reads = c.reads().iter().map(|r| ReadRecord { key: r.key, value: r.value.clone(), ts: r.ts.clone() });
+        let wal: Vec<_> = c.wal().iter().cloned().collect();
+        // Every instance flushed before the checkpoint: what it logged before is in it.
+        let after_checkpoint = Some(wal.len().saturating_sub(c.wal_since_checkpoint()));
+        let log = RecoveryLog { instance: c.id(), wal, reads: reads.collect(), after_checkpoint };
+        let id = c.id();
+        let timers = c
+            .armed_timers()
+            .into_iter()
+            .map(|(o, key, deadline)| (StoreKey { vertex: id.vertex(), object: o.0, key }, deadline, id))
+            .collect();
+        handed.push(Handed { log, per_flow: c.per_flow_values(), timers, vertex, ops, decls });
+    }
+    if let Ok(mut h) = sc.handed.lock() {
+        h.extend(handed);
+    }
+}
+
+/// The root's side of a hold: asks the `workers` to hold still, waits until they all do, and
+/// runs `part` meanwhile. An error if they do not within [`PAUSE_LIMIT`] or `part` fails.
+fn hold<T>(
+    shared: &Shared,
+    workers: usize,
+    why: Hold,
+    part: impl FnOnce(&StoreCrash) -> Result<T, String>,
+) -> Result<T, String> {
+    let Some(sc) = &shared.store_crash else { return Err("the run has no store to crash".into()) };
+    let started = Instant::now();
+    let count = sc.asked.load(Ordering::Acquire) + 1;
+    sc.paused.store(0, Ordering::Release);
+    sc.why.store(why as u8, Ordering::Release);
+    sc.asked.store(count, Ordering::Release);
+    while sc.paused.load(Ordering::Acquire) < workers {
+        if started.elapsed() >= PAUSE_LIMIT || shared.aborted.load(Ordering::Acquire) {
+            sc.failed.store(true, Ordering::Release);
+            sc.done.store(count, Ordering::Release);
+            return Err(format!("the workers did not hold still within {PAUSE_LIMIT:?}"));
+        }
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    let result = part(sc);
+    sc.failed.store(result.is_err(), Ordering::Release);
+    sc.done.store(count, Ordering::Release);
+    result
+}
+
+/// A checkpoint of the store consistent with every instance's write-ahead log: the workers
+/// hold still and flush, the store is read, and the instances note it.
+pub(super) fn checkpoint(shared: &Shared, workers: usize) -> Result<Checkpoint, String> {
+    hold(shared, workers, Hold::Checkpoint, |sc| {
+        sc.wal_filling.store(false, Ordering::Release);
+        sc.backend.checkpoint().map_err(|e| e.to_string())
+    })
+}
+
+/// Whether a checkpoint should be taken now, before its time: an instance's log is filling.
+pub(super) fn checkpoint_due(shared: &Shared) -> bool {
+    shared.store_crash.as_ref().is_some_and(|sc| sc.wal_filling.load(Ordering::Acquire))
+}
+
+/// The root's checkpoints and store crashes.
+pub(super) struct Checkpoints {
+    every: Option<Duration>,
+    last: Instant,
+    /// The store's last checkpoint, which a rebuild starts from.
+    last_taken: Checkpoint,
+    /// Failed instances (their logs lost) the root had taken in at the last look.
+    logs_lost_seen: u64,
+    /// A store crash is planned from now on.
+    pub(super) crash_due: bool,
+}
+
+impl Checkpoints {
+    /// Checkpoints every `every` (none: never).
+    pub(super) fn new(every: Option<Duration>) -> Checkpoints {
+        let (last, last_taken) = (Instant::now(), Checkpoint::default());
+        Checkpoints { every, last, last_taken, logs_lost_seen: 0, crash_due: false }
+    }
+
+    /// Takes a checkpoint of `backend` if one is due, then makes the store fail if that is due:
+    /// what the rebuild did, if it did. `workers` hold still for either when the run may lose
+    /// its store; `is_logged` is the root's log.
+    pub(super) fn turn(
+        &mut self,
+        shared: &Shared,
+        (backend, workers): (&Arc<dyn Backend>, usize),
+        failover: &super::failover::RootSide,
+        report: &mut crate::report::RunReport,
+        is_logged: &dyn Fn(Clock) -> bool,
+    ) -> Result<Option<Rebuilt>, String> {
+        // A failed instance's write-ahead log died with it: a checkpoint at once makes a store
+        // rebuild independent of it (what it committed is in the store now; what it had not,
+        // its clocks still logged, the replay redoes). The engine checkpoints once the replay
+        // has drained, which in threads leaves a window where the store failing would lose it.
+        let lost = std::mem::replace(&mut self.logs_lost_seen, failover.logs_lost) != failover.logs_lost;
+        if let Some(every) = self.every {
+            let early = shared.store_crash.is_some() && (lost || checkpoint_due(shared));
+            if early || self.last.elapsed() >= every {
+                self.last = Instant::now();
+                // A run that may lose its store takes checkpoints its instances' logs agree
+                // with (they hold still and flush); others read the store as it is.
+                let cp = match shared.store_crash {
+                    Some(_) => checkpoint(shared, workers),
+                    None => backend.checkpoint().map_err(|e| e.to_string()),
+                }
+                .map_err(|e| format!("state store checkpoint: {e}"))?;
+                report.checkpoints.taken += 1;
+                report.checkpoints.last_values = cp.values.len() as u64;
+                report.checkpoints.last_ts = cp.ts.len() as u64;
+                report.checkpoints.total_s += self.last.elapsed().as_secs_f64();
+                if shared.store_crash.is_some() {
+                    self.last_taken = cp;
+                }
+            }
+        }
+        // After the checkpoint a failure just taken in calls for, and not while a crash asked
+        // for is still to be taken in: a store failing with an NF instance, before anyone
+        // noticed the instance, is beyond CHC's recovery (the instance's log died with it).
+        if !self.crash_due || failover.failing() {
+            return Ok(None);
+        }
+        self.crash_due = false;
+        crash(shared, workers, &self.last_taken, is_logged).map(Some)
+    }
+}
+
+/// What a store crash did, for a person.
+pub(super) struct Rebuilt {
+    /// How long the chain held still, ms.
+    pub(super) paused_ms: f64,
+    /// What the rebuild loaded.
+    pub(super) detail: String,
+}
+
+/// The root's side: the `workers` hold still and hand over, the store is rebuilt from
+/// `checkpoint` and what they handed over (`is_logged`: the root's log, for the updates still
+/// in flight), and they go on.
+pub(super) fn crash(
+    shared: &Shared,
+    workers: usize,
+    checkpoint: &Checkpoint,
+    is_logged: &dyn Fn(Clock) -> bool,
+) -> Result<Rebuilt, String> {
+    let started = Instant::now();
+    let detail = hold(shared, workers, Hold::Crash, |sc| rebuild(sc, checkpoint, is_logged))?;
+    Ok(Rebuilt { paused_ms: started.elapsed().as_secs_f64() * 1e3, detail })
+}
+
+/// How long the root waits for every worker to hold still.
+const PAUSE_LIMIT: Duration = Duration::from_secs(10);
+
+fn rebuild(sc: &StoreCrash, checkpoint: &Checkpoint, is_logged: &dyn Fn(Clock) -> bool) -> Result<String, String> {
+    let handed = sc.handed.lock().map(|mut h| std::mem::take(&mut *h)).map_err(|e| e.to_string())?;
+    let mut logs = Vec::with_capacity(handed.len());
+    let mut per_flow = Vec::new();
+    let mut timers = Vec::new();
+    let mut vertices: BTreeMap<u16, (Vec<CustomOp>, Vec<StateDecl>)> = BTreeMap::new();
+    for h in handed {
+        logs.push(h.log);
+        per_flow.extend(h.per_flow);
+        timers.extend(h.timers);
+        vertices.entry(h.vertex).or_insert((h.ops, h.decls));
+    }
+    let last = vertices.keys().next_back().map_or(0, |v| usize::from(*v) + 1);
+    let decls: Vec<Vec<StateDecl>> =
+        (0..last).map(|v| vertices.get(&(v as u16)).map(|(_, d)| d.clone()).unwrap_or_default()).collect();
+    // One root: entry order is clock order.
+    let mut plan = rebuild_plan(checkpoint, &mut logs, per_flow, &decls, &|_| 0);
+    plan.log.retain(|l| is_logged(l.clock));
+    sc.backend.wipe().map_err(|e| format!("wiping the store: {e}"))?;
+    // Custom operations first: re-executed updates may use them.
+    for (v, (ops, _)) in &vertices {
+        sc.backend.register_custom_ops(*v, ops).map_err(|e| format!("custom operations: {e}"))?;
+    }
+    timers.sort();
+    let stats = sluice_store::recovery::apply(sc.backend.as_ref(), &plan, &timers).map_err(|e| e.to_string())?;
+    let marks = in_flight_marks(&logs, is_logged);
+    if !marks.is_empty() {
+        let mut conn = sc.backend.connect(InstanceId(u32::MAX - 1)).map_err(|e| e.to_string())?;
+        conn.send(1, marks.into()).map_err(|e| e.to_string())?;
+        let mut replies = sluice_store::Replies::default();
+        let deadline = Instant::now() + PAUSE_LIMIT;
+        while !replies.acked.contains(&1) {
+            if Instant::now() >= deadline {
+                return Err("the rebuilt store did not acknowledge the in-flight marks".into());
+            }
+            conn.wait(&mut replies, Duration::from_millis(100)).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(format!("{stats:?}"))
+}
