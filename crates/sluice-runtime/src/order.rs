@@ -46,6 +46,11 @@ impl InOrder {
         }
     }
 
+    /// Whether it holds a packet of clock `seq`, waiting for its turn.
+    pub(crate) fn holds(&self, seq: u64) -> bool {
+        self.held.contains_key(&seq)
+    }
+
     /// Takes every packet held (the instance failed with them).
     pub(crate) fn take_held(&mut self) -> Vec<Packet> {
         std::mem::take(&mut self.held).into_values().collect()

@@ -269,9 +269,16 @@ fn hold_in_order(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
                 continue;
             }
         };
+        let seq = p.meta.clock.seq();
         let Some(order) = slot.order.as_mut() else { continue };
         if let Some(dup) = order.hold(p) {
             end_copy(shared, &mut slot.stats, out, dup, Ended::Duplicate);
+            ended += 1;
+        }
+        // Replay copies that waited here for this clock end: its packet now waits here for
+        // its turn (`passing::pass_on`).
+        for r in slot.passing.as_mut().map(|x| x.take_awaiting(seq)).unwrap_or_default() {
+            end_copy(shared, &mut slot.stats, out, r, Ended::Decided);
             ended += 1;
         }
     }
