@@ -6,10 +6,14 @@
 //! instance, what the rebuild needs — its write-ahead log and reads since the checkpoint, its
 //! copies of per-flow state, its armed timers, its NF's custom operations and declarations —
 //! and waits. The root wipes the store, plans the rebuild with the core
-//! ([`sluice_chc::recovery::rebuild_plan`]: the last checkpoint, the logs' updates past it by
-//! the checkpoint's TS vector, the instances' per-flow copies), applies it, marks the updates
-//! still in flight so that their retransmissions are recognised, and lets the workers go on:
-//! each reconnects its instances, which send their unacknowledged requests again.
+//! ([`sluice_chc::recovery::rebuild_plan`]: the last checkpoint, the logs' updates past it,
+//! the instances' per-flow copies), applies it, marks the updates still in flight so that
+//! their retransmissions are recognised, and lets the workers go on: each reconnects its
+//! instances, which send their unacknowledged requests again.
+//!
+//! Each log knows where the checkpoint cut it because, in a run that may lose its store,
+//! checkpoints are taken in the same kind of hold: the instances flush, the store is read,
+//! and each instance notes it ([`Checkpoints`]).
 
 use super::worker::Slot;
 use super::Shared;
