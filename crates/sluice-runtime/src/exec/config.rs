@@ -60,7 +60,7 @@ pub struct RunConfig {
     /// run then tracks which flows each instance received and routes by the clock's
     /// allocation (needs a state store).
     pub scalable: bool,
-    /// Report latency per window of this width as well ([`RunReport::latency_timeline`]): how
+    /// Report latency per window of this width as well ([`RunReport::latency_timeline`](crate::report::RunReport::latency_timeline)): how
     /// it moves around a failover.
     pub latency_timeline: Option<Duration>,
 }
