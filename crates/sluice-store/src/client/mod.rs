@@ -209,6 +209,18 @@ pub struct LastRead {
     pub ts: TsVector,
 }
 
+/// What an update of `obj` by instance `id` folds into its packet's XOR vector. It names the
+/// vertex too, and is never zero: the index and object alone made the NAT's and the portscan
+/// detector's first instances cancel each other on objects with the same number, and made
+/// object 0 of instance 0 invisible, so the root deleted log entries whose updates were still
+/// on their way to the store (a store rebuilt meanwhile then counted them twice). Mixed into
+/// 32 bits, two different updates cancel with a chance of about 2^-32.
+fn xor_id(id: InstanceId, obj: ObjectId) -> u32 {
+    let raw = (u64::from(id.vertex()) << 32) | (u64::from(id.index()) << 16) | u64::from(obj.0);
+    let mixed = (raw.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32;
+    mixed.max(1)
+}
+
 /// A [`StateHandle`] backed by a store.
 pub struct StoreClient {
     conn: Box<dyn Connection>,
@@ -359,7 +371,7 @@ impl StoreClient {
 
     /// Folds `(this instance, obj)` into the current packet's XOR vector, once per object.
     fn note_update(&mut self, obj: ObjectId) {
-        let id = (u32::from(self.id.index()) << 16) | u32::from(obj.0);
+        let id = xor_id(self.id, obj);
         if obj.0 < 64 {
             let bit = 1u64 << obj.0;
             if self.touched & bit != 0 {
@@ -733,5 +745,19 @@ fn strategy(d: &StateDecl, cfg: &ClientConfig) -> Strategy {
         (true, _) => Strategy::Owned,
         (false, AccessPattern::ReadHeavy) => Strategy::Callbacks,
         (false, AccessPattern::ReadWriteOften) => Strategy::SharedOften,
+    }
+}
+
+#[cfg(test)]
+mod xor_tests {
+    use super::*;
+
+    #[test]
+    fn xor_ids_tell_vertices_apart_and_are_never_zero() {
+        let obj = ObjectId(4);
+        let (nat, portscan) = (InstanceId::new(0, 0), InstanceId::new(1, 0));
+        assert_ne!(xor_id(nat, obj), xor_id(portscan, obj), "same object number in two vertices");
+        assert_ne!(xor_id(nat, ObjectId(0)), 0, "object 0 of instance 0 must count");
+        assert_ne!(xor_id(nat, obj), xor_id(InstanceId::new(0, 1), obj));
     }
 }
