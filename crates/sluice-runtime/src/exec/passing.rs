@@ -120,6 +120,18 @@ pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut O
     }
 }
 
+/// Clock `seq`'s packet now waits at `slot` (for a change to settle, or for its turn in entry
+/// order): the replay copies that waited here for it end, as [`pass_on`] ends those arriving
+/// after. How many.
+pub(super) fn end_awaiting(shared: &Shared, slot: &mut Slot, seq: u64, out: &mut Outgoing) -> usize {
+    let waiting = slot.passing.as_mut().map(|p| p.take_awaiting(seq)).unwrap_or_default();
+    let ended = waiting.len();
+    for p in waiting {
+        end_copy(shared, &mut slot.stats, out, p, Ended::Decided);
+    }
+    ended
+}
+
 /// After `slot` processed clock `seq`: the replay copies that waited for it go on. How many
 /// ended here.
 pub(super) fn release(shared: &Shared, slot: &mut Slot, seq: u64, out: &mut Outgoing) -> usize {

@@ -12,7 +12,7 @@
 //! the new instances took the timers; an instance no longer a member is retired.
 
 use super::alloc::Allocation;
-use super::worker::{end_copy, take_in, Ended, Slot};
+use super::worker::{take_in, Slot};
 use super::{Outgoing, Shared};
 use crate::plan::{split_key_of_state, Rebuilder};
 use crate::report::ReconfigReport;
@@ -200,12 +200,7 @@ pub(super) fn waits(shared: &Shared, slot: &mut Slot, out: &mut Outgoing, pkt: P
     }
     let seq = pkt.meta.clock.seq();
     m.wait(key, pkt);
-    let passing = slot.passing.as_mut().map(|p| p.take_awaiting(seq)).unwrap_or_default();
-    let ended = passing.len();
-    for p in passing {
-        end_copy(shared, &mut slot.stats, out, p, Ended::Decided);
-    }
-    Err(ended)
+    Err(super::passing::end_awaiting(shared, slot, seq, out))
 }
 
 /// At the end of a batch: the flows `slot` received go where the root can see them.

@@ -275,12 +275,7 @@ fn hold_in_order(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             end_copy(shared, &mut slot.stats, out, dup, Ended::Duplicate);
             ended += 1;
         }
-        // Replay copies that waited here for this clock end: its packet now waits here for
-        // its turn (`passing::pass_on`).
-        for r in slot.passing.as_mut().map(|x| x.take_awaiting(seq)).unwrap_or_default() {
-            end_copy(shared, &mut slot.stats, out, r, Ended::Decided);
-            ended += 1;
-        }
+        ended += passing::end_awaiting(shared, slot, seq, out);
     }
     shared.give_back(batch);
     reconfig::publish_flows(shared, slot);
