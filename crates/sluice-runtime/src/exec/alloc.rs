@@ -30,6 +30,9 @@ pub(super) struct Epoch {
     pub(super) previous: Option<Arc<Epoch>>,
     /// The change at `since` has settled: nothing waits for it any more.
     pub(super) settled: bool,
+    /// The only instances that may give flows up at the change at `since` (a move's source);
+    /// `None`: any (scaling re-spreads the flows no instance had received yet).
+    pub(super) givers: Option<Vec<usize>>,
 }
 
 impl Epoch {
@@ -143,7 +146,7 @@ impl Allocation {
             .map(|v| {
                 let members = v.instances.iter().map(|g| NodeId(*g)).collect();
                 let splitter = Splitter::new(members);
-                RwLock::new(Arc::new(Epoch { since: 0, splitter, previous: None, settled: true }))
+                RwLock::new(Arc::new(Epoch { since: 0, splitter, previous: None, settled: true, givers: None }))
             })
             .collect();
         Allocation { version: AtomicU64::new(1), per_vertex }
@@ -161,12 +164,19 @@ impl Allocation {
 
     /// Makes `splitter` vertex `v`'s allocation for packets admitted after `since`. The root
     /// calls it before it admits any such packet. A second change at the same clock replaces
-    /// the first (no packet followed that one).
-    pub(super) fn change(&self, v: usize, since: u64, splitter: Splitter) {
+    /// the first (no packet followed that one). `givers`: the only instances that may give
+    /// flows up ([`Epoch::givers`]).
+    pub(super) fn change(&self, v: usize, since: u64, splitter: Splitter, givers: Option<Vec<usize>>) {
         let Some(cell) = self.per_vertex.get(v) else { return };
         if let Ok(mut e) = cell.write() {
-            let previous = if e.since == since { e.previous.clone() } else { Some(e.clone()) };
-            *e = Arc::new(Epoch { since, splitter, previous, settled: false });
+            // Two changes at one clock are one: either's givers may give flows up.
+            let (previous, givers) = if e.since == since {
+                let both = e.givers.clone().zip(givers).map(|(a, b)| a.into_iter().chain(b).collect());
+                (e.previous.clone(), both)
+            } else {
+                (Some(e.clone()), givers)
+            };
+            *e = Arc::new(Epoch { since, splitter, previous, settled: false, givers });
         }
         self.version.fetch_add(1, Ordering::AcqRel);
     }
@@ -237,6 +247,7 @@ mod tests {
             splitter: Splitter::new(members.iter().map(|m| NodeId(*m)).collect()),
             settled: previous.is_none(),
             previous: previous.map(Arc::new),
+            givers: None,
         }
     }
 
@@ -269,10 +280,12 @@ mod tests {
             since: 20,
             splitter: s2,
             settled: false,
+            givers: None,
             previous: Some(Arc::new(Epoch {
                 since: 10,
                 splitter: s1,
                 settled: false,
+                givers: None,
                 previous: Some(Arc::new(epoch(0, &[0, 1], None))),
             })),
         };
@@ -285,5 +298,21 @@ mod tests {
         let forgotten = once.without_oldest();
         assert_eq!(forgotten.oldest_change(), Some(20));
         assert_eq!(forgotten.pick(4, 5), Some(1), "clocks before the first change follow the oldest kept");
+    }
+
+    #[test]
+    fn two_changes_at_one_clock_let_either_changes_givers_give_flows_up() {
+        let one = |givers| {
+            let a = Allocation {
+                version: AtomicU64::new(0),
+                per_vertex: vec![RwLock::new(Arc::new(epoch(0, &[0, 1, 2], None)))],
+            };
+            let s = Splitter::new(vec![NodeId(0), NodeId(1), NodeId(2)]);
+            a.change(0, 10, s.clone(), Some(vec![0]));
+            a.change(0, 10, s, givers);
+            a.current(0).and_then(|e| e.givers.clone())
+        };
+        assert_eq!(one(Some(vec![1])), Some(vec![0, 1]), "two moves: both sources");
+        assert_eq!(one(None), None, "a move and a scaling: anyone");
     }
 }

@@ -313,6 +313,10 @@ fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, since: u64) {
     let me = slot.global;
     let member = after.members().any(|m| m == me);
     let first = after.members().next();
+    // A move's target and bystanders keep every flow they had: no need to look through
+    // their state and timers for flows given up (the cost of a settle grows with the state
+    // an instance holds, and the moved flows' packets wait meanwhile).
+    let gives_nothing = member && after.givers.as_ref().is_some_and(|g| !g.contains(&me));
     let gives_up =
         |k: &StateKey| !member || split_key_of_state(k, &vp.split).is_some_and(|sk| after.owner(sk) != Some(me));
     if let Err(e) = slot.inst.state().flush() {
@@ -326,6 +330,11 @@ fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, since: u64) {
     }
     let client = slot.inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_store::StoreClient>());
     let timers = client.map(|c| {
+        if gives_nothing {
+            // Flows may have come here: their values are in the store, not absent.
+            c.look_up_missing_values();
+            return Vec::new();
+        }
         // One pass drops the copies of every flow given up (those keyed by another flow than
         // the packet's too: the predicate names no flow this instance keeps); what remains is
         // its own, so `forget_foreign` only has to stop taking a missing value to be absent.
@@ -338,6 +347,9 @@ fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, since: u64) {
         if let Some(mut t) = to.and_then(|g| sc.timers.get(g)).and_then(|t| t.lock().ok()) {
             t.push((o, k, deadline));
         }
+    }
+    if gives_nothing {
+        return;
     }
     if let Some(mut f) = sc.flows.get(me).and_then(|f| f.lock().ok()) {
         f.retain(|k| member && after.owner(*k) == Some(me));
@@ -405,7 +417,7 @@ impl RootSide {
             Change::ScaleBy(d) => Some((n as i64 + i64::from(d)).max(0) as usize),
             Change::Move { .. } => None,
         };
-        let (kind, moved) = match (target, r.change) {
+        let (kind, moved, givers) = match (target, r.change) {
             (Some(0), _) => return Err(format!("`{}` cannot scale to no instance", vp.name)),
             (Some(t), _) if t > n => {
                 let mut added = Vec::new();
@@ -432,7 +444,7 @@ impl RootSide {
                     added.push(NodeId(g));
                 }
                 splitter.scale_out(&added, |m| flows.get(&m));
-                ("scale_out", 0)
+                ("scale_out", 0, None)
             }
             (Some(t), _) if t < n => {
                 let mut moved = 0;
@@ -442,7 +454,7 @@ impl RootSide {
                         splitter.pin(&keys, to);
                     }
                 }
-                ("scale_in", moved)
+                ("scale_in", moved, None)
             }
             (Some(_), _) => return Ok(()),
             (None, Change::Move { from, to, flows: most }) => {
@@ -460,7 +472,7 @@ impl RootSide {
                 keys.sort_unstable();
                 keys.truncate(most.map_or(usize::MAX, |m| usize::try_from(m).unwrap_or(usize::MAX)));
                 splitter.pin(&keys, NodeId(to_g));
-                ("move", keys.len() as u64)
+                ("move", keys.len() as u64, Some(vec![from_g]))
             }
             (None, _) => return Ok(()),
         };
@@ -475,7 +487,7 @@ impl RootSide {
             settle_ms: 0.0,
             drain_ms: 0.0,
         });
-        sc.alloc.change(v, since, splitter);
+        sc.alloc.change(v, since, splitter, givers);
         let mut slots: Vec<usize> = members.iter().map(|m| m.0).chain(after).collect();
         slots.sort_unstable();
         slots.dedup();

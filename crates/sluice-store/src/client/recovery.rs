@@ -80,6 +80,12 @@ impl StoreClient {
                 cache.retain(|k, e| e.dirty || !foreign(k));
             }
         }
+        self.look_up_missing_values();
+    }
+
+    /// From now on a per-flow value this instance holds no copy of is looked up in the store,
+    /// not taken to be absent: flows may have moved here with their values.
+    pub fn look_up_missing_values(&mut self) {
         self.cfg.fresh = false;
     }
 
