@@ -190,6 +190,26 @@ impl Rebuilder {
         Ok(inst)
     }
 
+    /// Gives the replacement `inst` of its vertex's only instance every value the store has
+    /// for the vertex's objects it caches, at once ([`StoreClient::load_flows`]), when the store can list
+    /// them cheaply. Call it once the predecessor's store answers have settled, before the
+    /// replacement processes anything. Whether it did.
+    pub fn load_flows(&self, inst: &mut Instance) -> Result<bool, PlanError> {
+        let StateConfig::Store { backend, .. } = &self.state else { return Ok(false) };
+        let vertex = inst.id().vertex();
+        let Some(client) = inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>()) else {
+            return Ok(false);
+        };
+        let objects = client.loaded_objects();
+        match backend.values_of(vertex, &objects).map_err(|e| PlanError::Store(e.to_string()))? {
+            Some(values) => {
+                client.load_flows(values);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
     /// A new instance `index` of `vertex` (one of `instances`) added while the chain runs
     /// (scaling out; a replacement starts as one). Flows reach it from other instances, whose
     /// state the store has: a value it has no copy of is looked up. It arms no timers yet.

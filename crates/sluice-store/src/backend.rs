@@ -3,7 +3,7 @@
 use crate::wire::{Checkpoint, Notification, Replies, Request};
 use crate::StoreKey;
 use sluice_packet::InstanceId;
-use sluice_state::CustomOp;
+use sluice_state::{CustomOp, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,6 +56,13 @@ pub trait Backend: Send + Sync {
         let cp = self.checkpoint()?;
         let mine = cp.timers.into_iter().filter(|(k, _, o)| *o == owner && k.vertex == owner.vertex());
         Ok(mine.map(|(k, d, _)| (k, d)).collect())
+    }
+    /// The values of `vertex`'s objects `objects` (its per-flow objects, say), all at once: what
+    /// a replacement of the vertex's only instance loads before it serves, instead of reading
+    /// each flow's value on the flow's first packet. `None`: this backend cannot list them
+    /// without copying the whole store, and the replacement reads on first touch.
+    fn values_of(&self, _vertex: u16, _objects: &[u16]) -> Result<Option<Vec<(StoreKey, Value)>>, StoreError> {
+        Ok(None)
     }
     /// Replaces the store's contents with a checkpoint: its values, its TS vector and its
     /// timers (re-armed for the instances listed; a deadline already past fires at the next

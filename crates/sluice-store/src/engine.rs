@@ -68,6 +68,8 @@ enum Msg {
     Checkpoint(mpsc::Sender<Checkpoint>),
     /// The timers an instance armed on its vertex's keys (`Backend::timers_of`).
     TimersOf(InstanceId, mpsc::Sender<Vec<(StoreKey, u64)>>),
+    /// The values of a vertex's objects (`Backend::values_of`).
+    ValuesOf(u16, Vec<u16>, mpsc::Sender<Vec<(StoreKey, Value)>>),
     Restore(Restore, mpsc::Sender<()>),
     /// Forget everything, as a freshly started store would.
     Wipe(mpsc::Sender<()>),
@@ -497,6 +499,10 @@ fn shard_loop(
                 });
                 let _ = tx.send(mine.collect());
             }
+            Msg::ValuesOf(vertex, objects, tx) => {
+                let wanted = shard.entries.iter().filter(|(k, _)| k.vertex == vertex && objects.contains(&k.object));
+                let _ = tx.send(wanted.filter_map(|(k, e)| Some((*k, e.value.clone()?))).collect());
+            }
             Msg::Restore(cp, tx) => {
                 shard.entries.clear();
                 shard.log.clear();
@@ -660,6 +666,18 @@ impl Backend for EmbeddedStore {
         }
         all.sort();
         Ok(all)
+    }
+
+    fn values_of(&self, vertex: u16, objects: &[u16]) -> Result<Option<Vec<(StoreKey, Value)>>, StoreError> {
+        let mut all = Vec::new();
+        for s in 0..self.inner.shards.len() {
+            let (tx, rx) = mpsc::channel();
+            self.inner.post(s, Msg::ValuesOf(vertex, objects.to_vec(), tx));
+            let part =
+                rx.recv_timeout(Duration::from_secs(10)).map_err(|_| StoreError::Timeout(Duration::from_secs(10)))?;
+            all.extend(part);
+        }
+        Ok(Some(all))
     }
 
     fn restore(&self, cp: &Checkpoint) -> Result<(), StoreError> {

@@ -241,13 +241,21 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
         Some(sc) => sc.members(vertex) as u16,
         None => fo.instances.get(vertex).copied().unwrap_or(1),
     };
-    let replacement = match fo.rebuilder.replacement(vertex, id.index(), instances) {
+    let mut replacement = match fo.rebuilder.replacement(vertex, id.index(), instances) {
         Ok(r) => r,
         Err(e) => {
             slot.errors.push(format!("building the replacement of {}:{}: {e}", slot.inst.vertex(), id.index()));
             return;
         }
     };
+    if instances == 1 && shared.scaling.is_none() {
+        // Every flow of the vertex is the replacement's: it takes their values in one go
+        // rather than one store round trip per flow on each flow's next packet, while the
+        // packets queued during the failure wait (docs/decisions.md, "Failover in threads").
+        if let Err(e) = fo.rebuilder.load_flows(&mut replacement) {
+            slot.errors.push(format!("loading the flows of {}:{}: {e}", slot.inst.vertex(), id.index()));
+        }
+    }
     let mut lost = Vec::new();
     let mut lose = |p: Packet| {
         lost.push(p.meta);

@@ -89,6 +89,32 @@ impl StoreClient {
         self.cfg.fresh = false;
     }
 
+    /// The objects whose missing copies [`StoreClient::load_flows`] makes absent rather than
+    /// looked up: those written through (per flow, and shared while this instance is their only
+    /// user) and those cached per flow. It loads all of them.
+    pub fn loaded_objects(&self) -> Vec<u16> {
+        (0..self.strategies.len()).filter(|o| self.strategies.get(*o).is_some_and(loads)).map(|o| o as u16).collect()
+    }
+
+    /// A replacement of its vertex's only instance starts with every value the store has for
+    /// the vertex's [`StoreClient::loaded_objects`] (`values`, from `Backend::values_of` after
+    /// the predecessor's answers settled): copies of what it would read on each flow's first
+    /// packet, one store round trip at a time, while the packets queued during the failure
+    /// wait. With all of them here, a value it has no copy of is absent, as for an instance
+    /// that served every flow from its first packet.
+    pub fn load_flows(&mut self, values: Vec<(StoreKey, Value)>) {
+        for (k, v) in values {
+            let o = usize::from(k.object);
+            if k.vertex != self.vertex || !self.strategies.get(o).is_some_and(loads) {
+                continue;
+            }
+            if let Some(c) = self.caches.get_mut(o) {
+                c.entry(k.key).or_insert_with(|| Cached::new(Some(v)));
+            }
+        }
+        self.cfg.fresh = true;
+    }
+
     /// Takes over timers another instance armed (flows moved here, an instance retired): armed
     /// here, and the store told at the end of the next batch that this instance arms them.
     pub fn take_over_timers(&mut self, timers: &[(ObjectId, StateKey, u64)]) {
@@ -210,4 +236,10 @@ impl StoreClient {
     pub fn unacknowledged(&self) -> usize {
         self.inflight.iter().map(|(_, b, _)| b.len()).sum()
     }
+}
+
+/// Whether [`StoreClient::load_flows`] loads objects of strategy `s`: every strategy whose
+/// misses `fresh` turns into absent values.
+fn loads(s: &Strategy) -> bool {
+    matches!(s, Strategy::Owned | Strategy::WriteThrough | Strategy::SharedWriteThrough)
 }
