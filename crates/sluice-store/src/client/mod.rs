@@ -275,7 +275,7 @@ pub struct StoreClient {
     last_read: Option<LastRead>,
     /// Reads of shared values since the last [`StoreClient::checkpointed`], with their TS
     /// vectors: what store-instance recovery selects a starting point from.
-    reads: Vec<LastRead>,
+    reads: VecDeque<LastRead>,
     /// Updates logged since the last checkpoint.
     wal_since_checkpoint: usize,
     /// The current packet is a replay from the root's log: updates wait for the store's
@@ -342,7 +342,7 @@ impl StoreClient {
             batches: 0,
             wal: VecDeque::new(),
             last_read: None,
-            reads: Vec::new(),
+            reads: VecDeque::new(),
             wal_since_checkpoint: 0,
             replaying: false,
             batch_xors: Vec::new(),
@@ -623,9 +623,9 @@ impl StoreClient {
             let read = LastRead { key: skey, value: v.clone(), ts: ts.clone() };
             if self.cfg.write_through {
                 if self.reads.len() >= self.cfg.wal_capacity {
-                    self.reads.remove(0);
+                    self.reads.pop_front();
                 }
-                self.reads.push(read.clone());
+                self.reads.push_back(read.clone());
             }
             self.last_read = Some(read);
         }

@@ -145,7 +145,7 @@ impl StoreClient {
     }
 
     /// Reads of shared values (with TS vectors) since the last checkpoint, oldest first.
-    pub fn reads(&self) -> &[LastRead] {
+    pub fn reads(&self) -> &VecDeque<LastRead> {
         &self.reads
     }
 
