@@ -56,7 +56,7 @@ struct LogEntry {
     /// Copies still travelling.
     refs: u32,
     /// XOR of the values the copies carried out and the commits reported.
-    xor: u32,
+    xor: u64,
     /// A replay copy went all the way: its updates are committed.
     replayed: bool,
     /// The root has heard that a copy left the chain.
@@ -337,7 +337,7 @@ impl Root {
     }
 
     /// An instance reports that the store acknowledged updates made for `clock`.
-    pub fn commit(&mut self, clock: Clock, xor: u32) {
+    pub fn commit(&mut self, clock: Clock, xor: u64) {
         let xor_check = self.cfg.xor_check;
         let Some(e) = self.log.get_mut(&clock) else { return };
         e.xor ^= xor;

@@ -163,8 +163,9 @@ pub struct Meta {
     pub flags: MetaFlags,
     /// For replayed packets: the instance the replay is meant for (others only forward).
     pub target: Option<InstanceId>,
-    /// XOR of `instance << 16 | object` for every non-blocking state update made for the packet.
-    pub xor: u32,
+    /// XOR of an id per (instance, object) for every non-blocking state update made for the
+    /// packet (64 bits: distinct updates cancel out with a chance of about 2^-64).
+    pub xor: u64,
     /// Labels set by NFs.
     pub labels: Labels,
     /// Capture time of the packet, nanoseconds since the Unix epoch. NFs use it as "now" so that

@@ -106,7 +106,7 @@ pub trait StateHandle: Send {
     /// XOR of the ids this instance folded into that packet's vector)`: the root folds them
     /// into its copy of the vector and may forget a logged packet once it comes to zero.
     /// Local state commits nothing (it is lost with the instance anyway).
-    fn take_commits(&mut self, _out: &mut Vec<(sluice_packet::Clock, u32)>) {}
+    fn take_commits(&mut self, _out: &mut Vec<(sluice_packet::Clock, u64)>) {}
 
     /// The backend as `Any`, for the runtime's recovery procedures (reconnecting a client after
     /// a store failure, collecting its write-ahead log).

@@ -9,7 +9,7 @@
 //!
 //! | type | critical | words | content |
 //! |---|---|---|---|
-//! | 0x81 packet | yes | 5 | clock u64, XOR vector u32, destination instance u32, flags u8, 0 u8, input port u16 |
+//! | 0x81 packet | yes | 6 | clock u64, XOR vector u64, destination instance u32, flags u8, 0 u8, input port u16 |
 //! | 0x82 replay target | yes | 1 | instance u32 (only on replay copies) |
 //! | 0x03 times | no | 4 | capture time ns u64, root's ingress time ns u64 |
 //! | 0x84 labels | yes | 2 per label | label id u16, 0 u16, value u32 (only when labels are set) |
@@ -32,7 +32,7 @@ const TYPE_PACKET: u8 = 0x81;
 const TYPE_REPLAY_TARGET: u8 = 0x82;
 const TYPE_TIMES: u8 = 0x03;
 const TYPE_LABELS: u8 = 0x84;
-const PACKET_WORDS: u8 = 5;
+const PACKET_WORDS: u8 = 6;
 const TIMES_WORDS: u8 = 4;
 const LABEL_WORDS: u8 = 2;
 /// The largest VNI (24 bits).
@@ -211,12 +211,12 @@ pub fn decode(datagram: &[u8]) -> Result<Decoded<'_>, WireError> {
         let bad_length = WireError::OptionLength { kind, words };
         match kind {
             TYPE_PACKET => {
-                let b: &[u8; 20] = body.try_into().map_err(|_| bad_length)?;
+                let b: &[u8; 24] = body.try_into().map_err(|_| bad_length)?;
                 meta.clock = Clock(u64::from_be_bytes(array(&b[0..8])));
-                meta.xor = u32::from_be_bytes(array(&b[8..12]));
-                dest = Some(InstanceId(u32::from_be_bytes(array(&b[12..16]))));
-                meta.flags = MetaFlags::from_bits(b[16]).ok_or(WireError::UnknownFlags(b[16]))?;
-                meta.in_port = u16::from_be_bytes([b[18], b[19]]);
+                meta.xor = u64::from_be_bytes(array(&b[8..16]));
+                dest = Some(InstanceId(u32::from_be_bytes(array(&b[16..20]))));
+                meta.flags = MetaFlags::from_bits(b[20]).ok_or(WireError::UnknownFlags(b[20]))?;
+                meta.in_port = u16::from_be_bytes([b[22], b[23]]);
             }
             TYPE_REPLAY_TARGET => {
                 let b: &[u8; 4] = body.try_into().map_err(|_| bad_length)?;

@@ -16,7 +16,7 @@ fn demo_packets(n: usize) -> Vec<Packet> {
     let mut packets = sluice_io::load(&trace, Some(n)).expect("traces/demo.pcap");
     for (i, p) in packets.iter_mut().enumerate() {
         p.meta.clock = Clock::new(1, i as u64 + 1);
-        p.meta.xor = i as u32 * 7;
+        p.meta.xor = i as u64 * 7;
         if i % 5 == 0 {
             p.meta.flags.insert(MetaFlags::REPLAYED);
             p.meta.target = Some(InstanceId::new(2, 0));
@@ -119,7 +119,7 @@ fn tcpdump_reads_a_capture_as_geneve_around_the_original_packets() {
     let geneve = text.lines().filter(|l| l.contains("Geneve")).count();
     assert_eq!(geneve, 20, "every frame decodes as Geneve:\n{text}");
     assert!(text.contains("vni 0x9"), "{text}");
-    assert!(text.contains("class Experimental (0xfff0) type 0x81(C) len 24"), "Sluice's packet option:\n{text}");
+    assert!(text.contains("class Experimental (0xfff0) type 0x81(C) len 28"), "Sluice's packet option:\n{text}");
     // The inner packets follow, with their own addresses.
     let inner = packets[0].tuple().expect("an IP packet");
     assert!(text.contains(&inner.src.to_string()), "inner source {}:\n{text}", inner.src);

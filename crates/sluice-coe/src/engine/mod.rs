@@ -239,7 +239,7 @@ pub struct Engine<'a> {
     /// The core's moves in progress, and when each started (wall, virtual).
     moves: Moves,
     move_started: HashMap<MoveId, (Instant, u64)>,
-    commits: Vec<(sluice_packet::Clock, u32)>,
+    commits: Vec<(sluice_packet::Clock, u64)>,
     now: u64,
     rng: ChaCha8Rng,
     report: EngineReport,

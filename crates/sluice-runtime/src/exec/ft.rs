@@ -28,7 +28,7 @@ pub(super) enum Note {
     /// A copy is done inside the chain: dropped, consumed off-path, or without a route.
     Finished(Meta),
     /// The store acknowledged the updates an instance made for a clock: their XOR value.
-    Commit(Clock, u32),
+    Commit(Clock, u64),
     /// A replay copy reached its target, which processed it (a replacement's recovery waits
     /// for its replay's copies to reach it).
     Reached(Meta),

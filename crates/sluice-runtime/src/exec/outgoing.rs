@@ -21,7 +21,7 @@ pub(super) struct Outgoing {
     /// Notes for the root's log not sent yet.
     pub(super) notes: Vec<Note>,
     /// Scratch space for the commits a store client reports.
-    pub(super) commits: Vec<(Clock, u32)>,
+    pub(super) commits: Vec<(Clock, u64)>,
     /// What found its queue full, in the order it was sent ([`Outgoing::retry`]).
     pub(super) stalled: VecDeque<Stalled>,
 }

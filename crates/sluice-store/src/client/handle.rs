@@ -197,7 +197,7 @@ impl StateHandle for StoreClient {
         }
     }
 
-    fn take_commits(&mut self, out: &mut Vec<(Clock, u32)>) {
+    fn take_commits(&mut self, out: &mut Vec<(Clock, u64)>) {
         let _ = self.absorb();
         self.stats.commits_taken += self.committed.len() as u64;
         out.append(&mut self.committed);

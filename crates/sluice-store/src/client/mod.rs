@@ -213,12 +213,15 @@ pub struct LastRead {
 /// vertex too, and is never zero: the index and object alone made the NAT's and the portscan
 /// detector's first instances cancel each other on objects with the same number, and made
 /// object 0 of instance 0 invisible, so the root deleted log entries whose updates were still
-/// on their way to the store (a store rebuilt meanwhile then counted them twice). Mixed into
-/// 32 bits, two different updates cancel with a chance of about 2^-32.
-fn xor_id(id: InstanceId, obj: ObjectId) -> u32 {
+/// on their way to the store (a store rebuilt meanwhile then counted them twice). Mixed over
+/// 64 bits (the SplitMix64 finaliser), a set of different updates cancels out with a chance of
+/// about 2^-64; in 32 bits it was 2^-32, which a long run can reach.
+fn xor_id(id: InstanceId, obj: ObjectId) -> u64 {
     let raw = (u64::from(id.vertex()) << 32) | (u64::from(id.index()) << 16) | u64::from(obj.0);
-    let mixed = (raw.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32;
-    mixed.max(1)
+    let mut z = raw.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)).max(1)
 }
 
 /// A [`StateHandle`] backed by a store.
@@ -264,7 +267,7 @@ pub struct StoreClient {
     /// The current packet starts a flow moved here: look its per-flow state up.
     moved_in: bool,
     seq: u16,
-    xor: u32,
+    xor: u64,
     /// Objects (below 64) the current packet updated: each is folded into its XOR vector once,
     /// so two updates of one object cannot cancel out.
     touched: u64,
@@ -283,11 +286,11 @@ pub struct StoreClient {
     replaying: bool,
     /// Per packet of the current batch: its clock and the XOR of the ids this instance folded
     /// into its vector.
-    batch_xors: Vec<(Clock, u32)>,
+    batch_xors: Vec<(Clock, u64)>,
     /// Such entries waiting for the batch that carried their updates to be acknowledged.
-    uncommitted: VecDeque<(u64, Vec<(Clock, u32)>)>,
+    uncommitted: VecDeque<(u64, Vec<(Clock, u64)>)>,
     /// Entries whose updates the store has acknowledged, for [`StateHandle::take_commits`].
-    committed: Vec<(Clock, u32)>,
+    committed: Vec<(Clock, u64)>,
     /// Per-flow keys written through since the last [`StoreClient::take_written`], collected
     /// only while another instance serves the same flows (a straggler and its clone).
     written: Option<Vec<(ObjectId, StateKey)>>,

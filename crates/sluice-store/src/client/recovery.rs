@@ -223,7 +223,7 @@ impl StoreClient {
     /// moves the commits they carry into `commits`: what the framework learns by asking the
     /// store which of the failed instance's tagged updates it applied, so that the root's log
     /// knows which of its packets are done and a replay does not redo them against later state.
-    pub fn fail(&mut self, commits: &mut Vec<(Clock, u32)>) -> Result<(), StateError> {
+    pub fn fail(&mut self, commits: &mut Vec<(Clock, u64)>) -> Result<(), StateError> {
         self.pending.clear();
         self.increments.clear();
         self.wait_for_acks(0)?;

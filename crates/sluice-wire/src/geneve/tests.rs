@@ -44,12 +44,12 @@ fn header_is_geneve_version_0_with_critical_options_and_ethernet() {
     let mut out = Vec::new();
     encode(&Meta::default(), InstanceId::new(0, 0), 0x00ab_cdef, &frame(), &mut out).expect("encode");
     assert_eq!(out[0] >> 6, 0, "version");
-    // Packet option (1 + 5 words) and times (1 + 4): no target, no labels.
-    assert_eq!(out[0] & 0x3f, 11);
+    // Packet option (1 + 6 words) and times (1 + 4): no target, no labels.
+    assert_eq!(out[0] & 0x3f, 12);
     assert_eq!(out[1], 0x40, "C bit set, O bit clear");
     assert_eq!(&out[2..4], &[0x65, 0x58]);
     assert_eq!(&out[4..7], &[0xab, 0xcd, 0xef]);
-    assert_eq!(&out[8..12], &[0xff, 0xf0, 0x81, 5], "first option: Sluice's packet option");
+    assert_eq!(&out[8..12], &[0xff, 0xf0, 0x81, 6], "first option: Sluice's packet option");
 }
 
 #[test]
@@ -80,7 +80,7 @@ fn bad_input_is_a_typed_error() {
     p[3] = 0x00;
     assert_eq!(decode(&p), Err(WireError::Protocol(0x0800)));
     let mut flags = good.clone();
-    flags[8 + 4 + 16] = 0x80;
+    flags[8 + 4 + 20] = 0x80;
     assert_eq!(decode(&flags), Err(WireError::UnknownFlags(0x80)));
     let mut len = good.clone();
     len[11] = 4;
@@ -131,7 +131,7 @@ fn source_port_is_dynamic_and_fixed_per_flow() {
 proptest! {
     #[test]
     fn any_meta_round_trips(
-        clock in any::<u64>(), xor in any::<u32>(), dest in any::<u32>(), flags in 0u8..32,
+        clock in any::<u64>(), xor in any::<u64>(), dest in any::<u32>(), flags in 0u8..32,
         target in proptest::option::of(any::<u32>()), ts in any::<u64>(), ingress in any::<u64>(),
         port in any::<u16>(), vni in 0u32..=MAX_VNI,
         labels in proptest::collection::vec((any::<u16>(), any::<u32>()), 0..=MAX_LABELS),
