@@ -5,8 +5,8 @@
 //! Prometheus text; `POST /api/v1/actions` with one fault-schedule action as JSON
 //! (`{"slow": {"vertex": "nat", "instance": 0, "delay_us": [3, 10]}}`, `{"crash": {"vertex":
 //! "nat", "instance": 0}}`, `{"scale": {"vertex": "lb", "to": 3}}` or `"by": -1`,
-//! `{"move": {"vertex": "nat", "from": 0, "to": 1, "flows": 4000}}`; instances by index, as
-//! listed). Anything else gets a JSON
+//! `{"move": {"vertex": "nat", "from": 0, "to": 1, "flows": 4000}}`, `{"clone": {"vertex":
+//! "nat", "instance": 0}}`; instances by index, as listed). Anything else gets a JSON
 //! error with a 4xx status (501 for actions the threaded runtime does not apply yet) and changes
 //! nothing.
 
@@ -92,7 +92,7 @@ pub(crate) fn prometheus_text(collector: Box<dyn Collector>) -> Response {
 }
 
 /// The actions of the fault-schedule format the threaded runtime does not apply yet.
-const NOT_YET: [&str; 2] = ["crash_store", "clone"];
+const NOT_YET: [&str; 1] = ["crash_store"];
 
 async fn action(State(cx): State<Ctx>, body: String) -> Response {
     let v: serde_json::Value = match serde_json::from_str(&body) {
@@ -108,7 +108,7 @@ async fn action(State(cx): State<Ctx>, body: String) -> Response {
     match name.as_str() {
         "slow" => slow(&cx, args),
         "crash" => crash(&cx, args),
-        "scale" | "move" => change(&cx, name, args),
+        "scale" | "move" | "clone" => change(&cx, name, args),
         "crash_root" => crash_root(&cx, args),
         n if NOT_YET.contains(&n) => error(
             StatusCode::NOT_IMPLEMENTED,
@@ -118,7 +118,7 @@ async fn action(State(cx): State<Ctx>, body: String) -> Response {
         ),
         n => error(
             StatusCode::BAD_REQUEST,
-            &format!("unknown action `{n}` (known: slow, crash, crash_root, scale, move)"),
+            &format!("unknown action `{n}` (known: slow, crash, crash_root, scale, move, clone)"),
         ),
     }
 }
@@ -174,7 +174,8 @@ fn crash_root(cx: &Ctx, args: &serde_json::Value) -> Response {
     }
 }
 
-/// A `scale` (`to` or `by`) or `move` (`from`, `to`, optional `flows`) action.
+/// A `scale` (`to` or `by`), `move` (`from`, `to`, optional `flows`) or `clone` (`instance`)
+/// action.
 fn change(cx: &Ctx, name: &str, args: &serde_json::Value) -> Response {
     use sluice_runtime::exec::Change;
     let vertex = args["vertex"].as_str();
@@ -185,12 +186,13 @@ fn change(cx: &Ctx, name: &str, args: &serde_json::Value) -> Response {
         ("move", _, _) => {
             num("from").zip(num("to")).map(|(from, to)| Change::Move { from, to, flows: args["flows"].as_u64() })
         }
+        ("clone", _, _) => num("instance").map(|instance| Change::Clone { instance }),
         _ => None,
     };
     let (Some(vertex), Some(change)) = (vertex, change) else {
         return error(
             StatusCode::BAD_REQUEST,
-            "scale needs vertex (a name) and to (a count) or by (a signed count); move needs vertex, from and to (instance indices) and optionally flows",
+            "scale needs vertex (a name) and to (a count) or by (a signed count); move needs vertex, from and to (instance indices) and optionally flows; clone needs vertex and instance",
         );
     };
     match cx.live.request_change(vertex, change) {
@@ -397,6 +399,12 @@ enum CtlCommand {
         /// `VERTEX:INSTANCE`.
         spec: String,
     },
+    /// Clone a straggler: a new instance takes its flows on trial and the faster of the two
+    /// keeps them (the run needs a store).
+    Clone {
+        /// `VERTEX:INSTANCE`.
+        spec: String,
+    },
     /// Crash the root: a new one takes over and resumes the clock; with `--log store` it reads
     /// the log back, else the log is lost (the run needs --fault-tolerance).
     CrashRoot,
@@ -442,12 +450,12 @@ fn slow_request(spec: &str) -> Result<serde_json::Value, String> {
     Ok(serde_json::json!({ "slow": { "vertex": vertex, "instance": instance, "delay_us": [min, max] } }))
 }
 
-/// Parses `V:I` into a crash action's JSON.
-fn crash_request(spec: &str) -> Result<serde_json::Value, String> {
+/// Parses `V:I` into the JSON of action `kind` (`crash`, `clone`) on that instance.
+fn instance_request(kind: &str, spec: &str) -> Result<serde_json::Value, String> {
     let bad = || format!("`{spec}` is not VERTEX:INSTANCE");
     let (vertex, instance) = spec.split_once(':').ok_or_else(bad)?;
     let instance: u16 = instance.parse().map_err(|_| bad())?;
-    Ok(serde_json::json!({ "crash": { "vertex": vertex, "instance": instance } }))
+    Ok(serde_json::json!({ kind: { "vertex": vertex, "instance": instance } }))
 }
 
 /// Parses `V=N`, `V+N` or `V-N` into a scale action's JSON.
@@ -490,6 +498,7 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
         CtlCommand::Metrics => "/metrics",
         CtlCommand::Slow { .. }
         | CtlCommand::Crash { .. }
+        | CtlCommand::Clone { .. }
         | CtlCommand::CrashRoot
         | CtlCommand::Scale { .. }
         | CtlCommand::Move { .. }
@@ -500,7 +509,12 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
     let auth = format!("Bearer {token}");
     let action = match &a.what {
         CtlCommand::Slow { spec } => Some(slow_request(spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?),
-        CtlCommand::Crash { spec } => Some(crash_request(spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?),
+        CtlCommand::Crash { spec } => {
+            Some(instance_request("crash", spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?)
+        }
+        CtlCommand::Clone { spec } => {
+            Some(instance_request("clone", spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?)
+        }
         CtlCommand::Scale { spec } => Some(scale_request(spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?),
         CtlCommand::Move { spec, flows } => {
             Some(move_request(spec, *flows).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?)

@@ -1,5 +1,5 @@
 //! `sluice run --faults FILE`: the fault-schedule events the threaded runtime applies (NF
-//! instance, root and store crashes, slowdowns, scaling and flow moves so far), as the runtime's [`Planned`]
+//! instance, root and store crashes, slowdowns, scaling, flow moves and clones), as the runtime's [`Planned`]
 //! events, in the schedule's order.
 
 use crate::{exit, fail, Failure};
@@ -33,11 +33,6 @@ pub fn faults(path: &Path, chain: &Chain, total: impl FnOnce() -> Result<u64, Fa
     let mut policies = Vec::new();
     for p in &schedule.policies {
         let line = p.line.map(|l| format!("line {l}: ")).unwrap_or_default();
-        if p.straggler_slower_by_percent.is_some() {
-            return Err(bad(format!(
-                "{line}straggler policies clone instances, which the threaded runtime does not do yet (`sluice verify` runs them)"
-            )));
-        }
         let Some(v) = names.get(p.vertex.as_str()).copied() else {
             return Err(bad(format!("{line}no vertex `{}` in chain `{}`", p.vertex, chain.name)));
         };
@@ -62,10 +57,11 @@ pub fn faults(path: &Path, chain: &Chain, total: impl FnOnce() -> Result<u64, Fa
         let (Action::Crash { vertex, .. }
         | Action::Slow { vertex, .. }
         | Action::Scale { vertex, .. }
-        | Action::Move { vertex, .. }) = &e.action
+        | Action::Move { vertex, .. }
+        | Action::Clone { vertex, .. }) = &e.action
         else {
             return Err(bad(format!(
-                "{line}`{}`: the threaded runtime applies `crash`, `crash_root`, `crash_store`, `slow`, `scale` and `move` events so far (`sluice verify --faults` runs every kind)",
+                "{line}`{}`: the threaded runtime applies `crash`, `crash_root`, `crash_store`, `slow`, `scale`, `move` and `clone` events so far (`sluice verify --faults` runs every kind)",
                 e.action.key()
             )));
         };
@@ -86,6 +82,10 @@ pub fn faults(path: &Path, chain: &Chain, total: impl FnOnce() -> Result<u64, Fa
             }
             Action::Move { from, to, flows, .. } => {
                 let change = Change::Move { from: *from, to: *to, flows: *flows };
+                out.push(Planned::Change(Reconfig { after, vertex: v, change }));
+            }
+            Action::Clone { instance, .. } => {
+                let change = Change::Clone { instance: *instance };
                 out.push(Planned::Change(Reconfig { after, vertex: v, change }));
             }
             _ => {}

@@ -137,7 +137,6 @@ fn changes_that_cannot_be_made_are_clear_errors() {
     );
     let ok = "faults/move-4000.yaml";
     for (faults, extra, says) in [
-        ("faults/straggler-policy.yaml", &[][..], "straggler policies clone instances"),
         (lonely.as_str(), &[][..], "has 1 instance(s) at this point, not an instance 1"),
         (same.as_str(), &[][..], "needs two different instances"),
         (ok, &["--mode", "local"][..], "state in a store"),
@@ -169,7 +168,6 @@ fn vertices_scale_and_flows_move_when_asked_through_the_control_endpoint() {
         (r#"{"move": {"vertex": "nat", "from": 0, "to": 9}}"#, 404, "no instance 9"),
         (r#"{"move": {"vertex": "nat", "from": 1, "to": 1}}"#, 400, "two instances"),
         (r#"{"scale": {"vertex": "lb"}}"#, 400, "scale needs"),
-        (r#"{"clone": {"vertex": "lb", "instance": 0}}"#, 501, "does not apply `clone` yet"),
     ] {
         let (c, answer) = post(body);
         assert_eq!(c, code, "{body}: {answer}");

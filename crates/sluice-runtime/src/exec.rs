@@ -182,14 +182,9 @@ pub fn run(
     let mut plan = plan;
     let scalable =
         cfg.scalable || !cfg.policies.is_empty() || cfg.planned.iter().any(|p| matches!(p, Planned::Change(_)));
-    for (v, p) in &cfg.policies {
+    for (v, _) in &cfg.policies {
         if *v >= plan.vertices.len() {
             return Err(RunError::Config(format!("a policy for vertex {v}, which the chain does not have")));
-        }
-        if p.straggler_slower_by_percent.is_some() {
-            return Err(RunError::Config(
-                "straggler policies clone instances, which the threaded runtime does not do yet".into(),
-            ));
         }
     }
     let crashes_planned = cfg.planned.iter().any(|p| matches!(p, Planned::Crash(_)));
@@ -225,9 +220,13 @@ pub fn run(
             "keeping the root's log in the store needs fault tolerance and state in a store (not `local`)".into(),
         ));
     }
-    // A slowdown is applied through the live record workers read once per batch.
+    // A slowdown is applied through the live record workers read once per batch; a clone's
+    // trial compares the instances' busy times there.
     let slows = cfg.planned.iter().any(|p| matches!(p, Planned::Slow(_)));
-    let live = hooks.live.clone().or_else(|| slows.then(|| Arc::new(Live::new(&plan))));
+    let clones =
+        cfg.planned.iter().any(|p| matches!(p, Planned::Change(Reconfig { change: Change::Clone { .. }, .. })))
+            || cfg.policies.iter().any(|(_, p)| p.straggler_slower_by_percent.is_some());
+    let live = hooks.live.clone().or_else(|| (slows || clones).then(|| Arc::new(Live::new(&plan))));
     let slot_count = plan.slot_count();
     let Plan { name, vertices, entry, traffic, instances, store, state, rebuilder, .. } = plan;
     let per_vertex: Vec<u16> = vertices.iter().map(|v| v.instances.len() as u16).collect();
@@ -403,6 +402,7 @@ pub fn run(
         }
         failover_side.take_live(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
         scaling_side.take_live(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut reconfigurations);
+        scaling_side.judge_trials(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut reconfigurations);
         // With failovers, a clock still logged keeps its slot in the ring: a replay may count
         // copies of it again.
         let replayable =

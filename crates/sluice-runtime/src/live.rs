@@ -149,8 +149,9 @@ impl Live {
         Ok(())
     }
 
-    /// Scales a vertex or moves flows between two of its instances (named by index), as a
-    /// `scale` or `move` fault does; the root applies it from the next packet it admits.
+    /// Scales a vertex, moves flows between two of its instances or clones one (instances named
+    /// by index), as a `scale`, `move` or `clone` fault does; the root applies it from the next
+    /// packet it admits.
     pub fn request_change(&self, vertex: &str, change: Change) -> Result<(), LiveError> {
         let v =
             self.vertices.iter().position(|(n, _)| n == vertex).ok_or_else(|| LiveError::NoVertex(vertex.into()))?;
@@ -165,6 +166,9 @@ impl Live {
                 if from == to {
                     return Err(LiveError::BadChange(format!("a move needs two instances, not {from} twice")));
                 }
+            }
+            Change::Clone { instance } if !self.serves(v, instance) => {
+                return Err(LiveError::NoInstance { vertex: vertex.into(), index: instance });
             }
             _ => {}
         }
@@ -229,6 +233,12 @@ impl Live {
             return Vec::new();
         }
         self.crashes.lock().map(|mut c| std::mem::take(&mut *c)).unwrap_or_default()
+    }
+
+    /// Instance `global`'s packets taken in and time spent on them, ns, so far.
+    pub(crate) fn work(&self, global: usize) -> (u64, u64) {
+        let Some(i) = self.instances.get(global) else { return (0, 0) };
+        (i.packets_in.load(Ordering::Relaxed), i.busy_ns.load(Ordering::Relaxed))
     }
 
     pub(crate) fn batch(&self, global: usize, c: BatchCounts, reasons: &[(&'static str, u64)], queued: usize) {

@@ -170,7 +170,8 @@ pub struct StoreCrashReport {
 /// One change of a vertex's instances or flows in a threaded run (`RunConfig::reconfigs`).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct ReconfigReport {
-    /// `scale_out`, `scale_in` or `move`.
+    /// `scale_out`, `scale_in`, `move`, `clone` (a straggler's clone takes its flows on
+    /// trial) or `clone_back` (the clone lost its trial: the straggler takes them back).
     pub kind: String,
     /// The vertex.
     pub vertex: String,
@@ -189,6 +190,20 @@ pub struct ReconfigReport {
     /// Of that, until every clock before the change had finished (the rest is the instances
     /// flushing and handing flows over), ms.
     pub drain_ms: f64,
+    /// For a clone: how its trial ended (absent while it runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trial: Option<TrialReport>,
+}
+
+/// How a clone's trial ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct TrialReport {
+    /// The straggler's time per packet before the clone took over, ns.
+    pub straggler_ns: f64,
+    /// The clone's during its trial, ns.
+    pub clone_ns: f64,
+    /// Whether the clone kept the flows (it was not slower).
+    pub clone_kept: bool,
 }
 
 /// Root-to-sink latency of the packets that left in one window of the run

@@ -30,8 +30,11 @@ const KIND_MOVE: u32 = 4;
 const KIND_ROOT_CRASH: u32 = 1;
 /// A store crash, of [`ALL_KINDS`].
 const KIND_STORE_CRASH: u32 = 2;
-/// What the threaded runtime applies so far.
-const THREADED_KINDS: &[u32] = &[KIND_CRASH, KIND_ROOT_CRASH, KIND_STORE_CRASH, KIND_SCALE, KIND_MOVE, KIND_SLOW];
+/// A straggler's clone, of [`ALL_KINDS`].
+const KIND_CLONE: u32 = 6;
+/// What the threaded runtime applies: every kind.
+const THREADED_KINDS: &[u32] =
+    &[KIND_CRASH, KIND_ROOT_CRASH, KIND_STORE_CRASH, KIND_SCALE, KIND_MOVE, KIND_SLOW, KIND_CLONE];
 
 /// How often (of 1) an event is put at the same point as an earlier one.
 const SAME_POINT: f64 = 0.25;

@@ -24,6 +24,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
+use trial::{ns_per_packet, Trial};
+
+mod trial;
 
 /// A change to a vertex's instances or flows while the chain runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +54,12 @@ pub enum Change {
         to: u16,
         /// How many flows at most; `None`: all.
         flows: Option<u64>,
+    },
+    /// Clone instance `instance` (a straggler) and keep the faster of the two
+    /// (docs/decisions.md, "Clones in threads").
+    Clone {
+        /// The straggler.
+        instance: u16,
     },
 }
 
@@ -251,6 +260,17 @@ pub(super) fn take_settled(shared: &Shared, slot: &mut Slot, out: &mut Outgoing)
         for o in cacheable_shared_objects(slot) {
             slot.inst.state().set_exclusive(o, true);
         }
+        // Every value of the vertex is its own now: it takes them in one request and stops
+        // reading each flow's on its next packet (an instance added by scaling, or a clone
+        // that took its straggler's place, would otherwise pay a store round trip per flow
+        // for the rest of the run).
+        let client = slot.inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_store::StoreClient>());
+        if client.is_some_and(|c| c.looks_up_missing()) {
+            if let Err(e) = sc.rebuilder.load_flows(&mut slot.inst) {
+                let name = shared.vertices.get(slot.vertex).map_or("?", |v| &*v.name);
+                slot.errors.push(format!("{name}:{} loading its flows: {e}", slot.inst.id().index()));
+            }
+        }
     }
     let Some(m) = slot.moving.as_mut() else { return false };
     let timers = sc.timers.get(slot.global).and_then(|t| t.lock().ok()).map(|mut t| std::mem::take(&mut *t));
@@ -322,8 +342,10 @@ fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, since: u64) {
     if let Err(e) = slot.inst.state().flush() {
         slot.errors.push(format!("{}:{} flushing for a move: {e}", vp.name, slot.inst.id().index()));
     }
-    if after.members().count() > 1 {
-        // Another instance uses the vertex's shared objects from now on: no caching them here.
+    if after.members().count() > 1 || !member {
+        // Another instance uses the vertex's shared objects from now on: no caching them here
+        // (an instance that gave every flow up may serve again — a clone that lost its trial
+        // hands the flows back — and must not find its old copies then).
         for o in cacheable_shared_objects(slot) {
             slot.inst.state().set_exclusive(o, false);
         }
@@ -387,9 +409,44 @@ pub(super) struct RootSide {
     kept: VecDeque<(usize, u64)>,
     /// Per vertex: the index the next added instance gets.
     next_index: Vec<u16>,
+    /// Clones on trial.
+    trials: Vec<Trial>,
 }
 
 impl RootSide {
+    /// Adds an instance to vertex `v` (one of `instances` then): built from the store, handed to
+    /// a worker, serving. Its global index.
+    fn add_instance(&mut self, shared: &Shared, v: usize, instances: u16) -> Result<usize, String> {
+        let (Some(sc), Some(vp)) = (&shared.scaling, shared.vertices.get(v)) else {
+            return Err("the run cannot scale".into());
+        };
+        let index = self.next_index.get(v).copied().unwrap_or(0);
+        let g = vp
+            .global(index)
+            .ok_or_else(|| format!("`{}` has used all {} instance indices kept for scaling", vp.name, index))?;
+        let inst = sc.rebuilder.added(v, index, instances).map_err(|e| e.to_string())?;
+        let slot = Slot::new(shared, g, v, inst);
+        if let Some(mut b) = sc.inbox.get(g % sc.inbox.len().max(1)).and_then(|b| b.lock().ok()) {
+            b.push(slot);
+            sc.inbox_len.fetch_add(1, Ordering::AcqRel);
+        }
+        self.set_serving(shared, g, true);
+        if let Some(i) = self.next_index.get_mut(v) {
+            *i += 1;
+        }
+        Ok(g)
+    }
+
+    /// Marks instance `g` serving flows or not.
+    fn set_serving(&self, shared: &Shared, g: usize, serving: bool) {
+        if let Some(s) = shared.scaling.as_ref().and_then(|sc| sc.serving.get(g)) {
+            s.store(serving, Ordering::Release);
+        }
+        if let Some(live) = &shared.live {
+            live.set_serving(g, serving);
+        }
+    }
+
     /// Applies `r` to packets admitted after `since`. An error says why it cannot be done.
     pub(super) fn apply(
         &mut self,
@@ -415,33 +472,14 @@ impl RootSide {
         let target = match r.change {
             Change::ScaleTo(t) => Some(usize::from(t)),
             Change::ScaleBy(d) => Some((n as i64 + i64::from(d)).max(0) as usize),
-            Change::Move { .. } => None,
+            Change::Move { .. } | Change::Clone { .. } => None,
         };
         let (kind, moved, givers) = match (target, r.change) {
             (Some(0), _) => return Err(format!("`{}` cannot scale to no instance", vp.name)),
             (Some(t), _) if t > n => {
                 let mut added = Vec::new();
                 for _ in n..t {
-                    let index = self.next_index.get(v).copied().unwrap_or(0);
-                    let g = vp.global(index).ok_or_else(|| {
-                        format!("`{}` has used all {} instance indices kept for scaling", vp.name, index)
-                    })?;
-                    let inst = sc.rebuilder.added(v, index, t as u16).map_err(|e| e.to_string())?;
-                    let slot = Slot::new(shared, g, v, inst);
-                    if let Some(mut b) = sc.inbox.get(g % sc.inbox.len().max(1)).and_then(|b| b.lock().ok()) {
-                        b.push(slot);
-                        sc.inbox_len.fetch_add(1, Ordering::AcqRel);
-                    }
-                    if let Some(s) = sc.serving.get(g) {
-                        s.store(true, Ordering::Release);
-                    }
-                    if let Some(live) = &shared.live {
-                        live.set_serving(g, true);
-                    }
-                    if let Some(i) = self.next_index.get_mut(v) {
-                        *i += 1;
-                    }
-                    added.push(NodeId(g));
+                    added.push(NodeId(self.add_instance(shared, v, t as u16)?));
                 }
                 splitter.scale_out(&added, |m| flows.get(&m));
                 ("scale_out", 0, None)
@@ -474,24 +512,61 @@ impl RootSide {
                 splitter.pin(&keys, NodeId(to_g));
                 ("move", keys.len() as u64, Some(vec![from_g]))
             }
+            (None, Change::Clone { instance }) => {
+                let straggler = shared.member(v, instance)?;
+                let clone = self.add_instance(shared, v, n as u16)?;
+                splitter.replace(NodeId(straggler), NodeId(clone));
+                let before = ns_per_packet(shared, straggler, (0, 0));
+                self.trials.push(Trial {
+                    vertex: v,
+                    straggler,
+                    clone,
+                    since,
+                    before,
+                    clone_from: None,
+                    report: reports.len(),
+                });
+                let moved = flows.get(&NodeId(straggler)).map_or(0, |f| f.len() as u64);
+                ("clone", moved, Some(vec![straggler]))
+            }
             (None, _) => return Ok(()),
         };
-        let after: Vec<usize> = splitter.members().iter().map(|m| m.0).collect();
         reports.push(ReconfigReport {
             kind: kind.into(),
             vertex: vp.name.to_string(),
             at_packet: since,
             at_ms,
-            instances: (n, after.len()),
+            instances: (n, splitter.members().len()),
             flows: moved,
             settle_ms: 0.0,
             drain_ms: 0.0,
+            trial: None,
         });
+        let before: Vec<usize> = members.iter().map(|m| m.0).collect();
+        self.changed(shared, v, since, splitter, givers, reports.len() - 1, &before);
+        Ok(())
+    }
+
+    /// Makes `splitter` vertex `v`'s allocation from packet `since` on (report entry `report`;
+    /// `givers` as [`Allocation::change`] takes them), to be settled by the members `before`
+    /// and after it.
+    #[allow(clippy::too_many_arguments)]
+    fn changed(
+        &mut self,
+        shared: &Shared,
+        v: usize,
+        since: u64,
+        splitter: sluice_chc::splitter::Splitter,
+        givers: Option<Vec<usize>>,
+        report: usize,
+        before: &[usize],
+    ) {
+        let Some(sc) = &shared.scaling else { return };
+        let after: Vec<usize> = splitter.members().iter().map(|m| m.0).collect();
         sc.alloc.change(v, since, splitter, givers);
-        let mut slots: Vec<usize> = members.iter().map(|m| m.0).chain(after).collect();
+        let mut slots: Vec<usize> = before.iter().copied().chain(after).collect();
         slots.sort_unstable();
         slots.dedup();
-        let report = reports.len() - 1;
         match self.pending.back_mut().filter(|p| p.vertex == v && p.since == since) {
             // Two changes at one clock are one (the allocation between them served no packet).
             Some(p) => {
@@ -507,7 +582,6 @@ impl RootSide {
                 self.pending.push_back(p);
             }
         }
-        Ok(())
     }
 
     /// Applies the changes asked through the control endpoint since the last look, from packet
@@ -525,6 +599,13 @@ impl RootSide {
                         }
                     }
                 }
+                Change::Clone { instance } => match shared.position(vertex, instance) {
+                    Some(instance) => Change::Clone { instance },
+                    None => {
+                        tracing::warn!(vertex, instance, "clone asked of an instance no longer serving: ignored");
+                        continue;
+                    }
+                },
                 c => c,
             };
             let r = Reconfig { after: at.0, vertex, change };
@@ -534,9 +615,8 @@ impl RootSide {
         }
     }
 
-    /// Applies the vertex managers' `policies` (vertex, policy) to the instances' queues now,
-    /// at packet `since`: scale out or in (clones are not made in threads yet; the command
-    /// line refuses straggler policies).
+    /// Applies the vertex managers' `policies` (vertex, policy) to the instances' queues and
+    /// times per packet now, at packet `since`: scale out or in, clone a straggler.
     pub(super) fn manage(
         &mut self,
         shared: &Shared,
@@ -552,16 +632,21 @@ impl RootSide {
                 .map(|g| InstanceLoad {
                     node: NodeId(g),
                     backlog: sc.queue_packets.get(g).map_or(0, |q| q.load(Ordering::Relaxed).max(0) as u64),
-                    ..InstanceLoad::default()
+                    ns_per_packet: ns_per_packet(shared, g, (0, 0)),
+                    cloning: self.trials.iter().any(|t| t.vertex == *v),
                 })
                 .collect();
             // One change of a vertex at a time, as the engine's managers wait for moves.
             let busy = self.pending.iter().any(|p| p.vertex == *v);
             for d in evaluate(policy, &loads, busy) {
-                if let Decision::ScaleTo(n) = d {
-                    let r = Reconfig { after: at.0, vertex: *v, change: Change::ScaleTo(n as u16) };
-                    self.apply(shared, &r, at, reports)?;
-                }
+                let change = match d {
+                    Decision::ScaleTo(n) => Change::ScaleTo(n as u16),
+                    Decision::Clone(node) => match current.members().position(|m| m == node.0) {
+                        Some(instance) => Change::Clone { instance: instance as u16 },
+                        None => continue,
+                    },
+                };
+                self.apply(shared, &Reconfig { after: at.0, vertex: *v, change }, at, reports)?;
             }
         }
         Ok(())

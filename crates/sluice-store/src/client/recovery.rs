@@ -83,6 +83,12 @@ impl StoreClient {
         self.look_up_missing_values();
     }
 
+    /// Whether a value this instance holds no copy of is looked up in the store (rather than
+    /// taken to be absent).
+    pub fn looks_up_missing(&self) -> bool {
+        !self.cfg.fresh
+    }
+
     /// From now on a per-flow value this instance holds no copy of is looked up in the store,
     /// not taken to be absent: flows may have moved here with their values.
     pub fn look_up_missing_values(&mut self) {
