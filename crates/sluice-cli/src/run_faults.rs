@@ -54,42 +54,24 @@ pub fn faults(path: &Path, chain: &Chain, total: impl FnOnce() -> Result<u64, Fa
             out.push(Planned::CrashStore(after));
             continue;
         }
-        let (Action::Crash { vertex, .. }
-        | Action::Slow { vertex, .. }
-        | Action::Scale { vertex, .. }
-        | Action::Move { vertex, .. }
-        | Action::Clone { vertex, .. }) = &e.action
-        else {
-            return Err(bad(format!(
-                "{line}`{}`: the threaded runtime applies `crash`, `crash_root`, `crash_store`, `slow`, `scale`, `move` and `clone` events so far (`sluice verify --faults` runs every kind)",
-                e.action.key()
-            )));
-        };
-        let Some(v) = names.get(vertex.as_str()).copied() else {
+        // Every other action names a vertex.
+        let vertex = e.action.vertex().unwrap_or_default();
+        let Some(v) = names.get(vertex).copied() else {
             return Err(bad(format!("{line}no vertex `{vertex}` in chain `{}`", chain.name)));
         };
-        match &e.action {
-            Action::Crash { instance, .. } => out.push(Planned::Crash(Crash { after, vertex: v, index: *instance })),
+        let change = |change| Planned::Change(Reconfig { after, vertex: v, change });
+        out.push(match &e.action {
+            Action::Crash { instance, .. } => Planned::Crash(Crash { after, vertex: v, index: *instance }),
             Action::Slow { instance, delay_us, .. } => {
-                out.push(Planned::Slow(Slowdown { after, vertex: v, index: *instance, delay_us: *delay_us }));
+                Planned::Slow(Slowdown { after, vertex: v, index: *instance, delay_us: *delay_us })
             }
-            Action::Scale { to, .. } => {
-                let change = match to {
-                    ScaleTo::Exactly(n) => Change::ScaleTo(*n),
-                    ScaleTo::By(d) => Change::ScaleBy(*d),
-                };
-                out.push(Planned::Change(Reconfig { after, vertex: v, change }));
-            }
-            Action::Move { from, to, flows, .. } => {
-                let change = Change::Move { from: *from, to: *to, flows: *flows };
-                out.push(Planned::Change(Reconfig { after, vertex: v, change }));
-            }
-            Action::Clone { instance, .. } => {
-                let change = Change::Clone { instance: *instance };
-                out.push(Planned::Change(Reconfig { after, vertex: v, change }));
-            }
-            _ => {}
-        }
+            Action::Scale { to: ScaleTo::Exactly(n), .. } => change(Change::ScaleTo(*n)),
+            Action::Scale { to: ScaleTo::By(d), .. } => change(Change::ScaleBy(*d)),
+            Action::Move { from, to, flows, .. } => change(Change::Move { from: *from, to: *to, flows: *flows }),
+            Action::Clone { instance, .. } => change(Change::Clone { instance: *instance }),
+            // Handled above.
+            Action::CrashRoot { .. } | Action::CrashStore => continue,
+        });
     }
     Ok(RunFaults { planned: out, policies })
 }
