@@ -5,7 +5,7 @@ use crate::filter::CompiledFilter;
 use crate::spec::Chain;
 use sluice_nf::{BuildCtx, Instance, LabelTable, NetworkFunction, NfError, NfRegistry};
 use sluice_packet::{HeaderField, InstanceId, Packet};
-use sluice_state::{AccessPattern, LocalState, ObjectId, StateDecl, StateHandle};
+use sluice_state::{AccessPattern, LocalState, ObjectId, StateDecl, StateHandle, Value};
 use sluice_store::{Backend, ClientConfig, Mode, StoreClient};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
@@ -190,6 +190,24 @@ impl Rebuilder {
         Ok(inst)
     }
 
+    /// Starts reading, on a thread of its own, every value the store has for the objects the
+    /// replacement `inst` of its vertex's only instance caches; [`load_read_flows`] gives them
+    /// to it once they arrived ([`StoreClient::load_flows`]). Meanwhile it reads what it
+    /// touches one value at a time, so its recovery does not wait for the scan. Call it once the
+    /// predecessor's store answers have settled. `None`: no store client.
+    pub fn read_flows(&self, inst: &mut Instance) -> Option<FlowsReading> {
+        let StateConfig::Store { backend, .. } = &self.state else { return None };
+        let vertex = inst.id().vertex();
+        let client = inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>())?;
+        let objects = client.loaded_objects();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let backend = backend.clone();
+        let spawned = std::thread::Builder::new().name("sluice-load-flows".into()).spawn(move || {
+            let _ = tx.send(backend.values_of(vertex, &objects).map_err(|e| e.to_string()));
+        });
+        spawned.ok().map(|_| rx)
+    }
+
     /// Gives the replacement `inst` of its vertex's only instance every value the store has
     /// for the vertex's objects it caches, at once ([`StoreClient::load_flows`]), when the store can list
     /// them cheaply. Call it once the predecessor's store answers have settled, before the
@@ -222,6 +240,27 @@ impl Rebuilder {
         };
         build_instance(&self.chain, &self.registry, &self.labels, vertex, index, instances, &state)
     }
+}
+
+/// The values a [`Rebuilder::read_flows`] thread reads: `None` inside when the backend cannot
+/// list them.
+pub type FlowsReading = std::sync::mpsc::Receiver<Result<Option<Vec<(sluice_store::StoreKey, Value)>>, String>>;
+
+/// If the values `reading` reads have arrived, gives them to `inst` ([`StoreClient::load_flows`])
+/// and says so (`Some(Ok)`); `None` while they have not. A replacement may have touched some
+/// of the values since the read: its own copies stay (only it writes them).
+pub fn load_read_flows(reading: &FlowsReading, inst: &mut Instance) -> Option<Result<(), String>> {
+    let values = match reading.try_recv() {
+        Ok(Ok(values)) => values,
+        Ok(Err(e)) => return Some(Err(e)),
+        Err(std::sync::mpsc::TryRecvError::Empty) => return None,
+        Err(std::sync::mpsc::TryRecvError::Disconnected) => return Some(Err("the reading thread ended".into())),
+    };
+    let client = inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>());
+    if let (Some(c), Some(values)) = (client, values) {
+        c.load_flows(values);
+    }
+    Some(Ok(()))
 }
 
 /// Re-arms in `inst` the timers the store says instance `owner` had armed: a replacement

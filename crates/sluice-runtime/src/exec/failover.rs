@@ -248,14 +248,10 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
             return;
         }
     };
-    if instances == 1 && shared.scaling.is_none() {
-        // Every flow of the vertex is the replacement's: it takes their values in one go
-        // rather than one store round trip per flow on each flow's next packet, while the
-        // packets queued during the failure wait (docs/decisions.md, "Failover in threads").
-        if let Err(e) = fo.rebuilder.load_flows(&mut replacement) {
-            slot.errors.push(format!("loading the flows of {}:{}: {e}", slot.inst.vertex(), id.index()));
-        }
-    }
+    // Every flow of the vertex is the replacement's: it takes their values in one go rather
+    // than one store round trip per flow on each flow's next packet, read meanwhile on another
+    // thread (docs/decisions.md, "Instance failover in threads" point 10).
+    let loading = (instances == 1 && shared.scaling.is_none()).then(|| fo.rebuilder.read_flows(&mut replacement)).flatten();
     let mut lost = Vec::new();
     let mut lose = |p: Packet| {
         lost.push(p.meta);
@@ -285,6 +281,7 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
         m.forget_waiting();
     }
     let mut failed = std::mem::replace(&mut slot.inst, replacement);
+    slot.loading = loading;
     // What it decided before failing is part of the run.
     slot.stats.events.extend(failed.take_events());
     drop(failed);
