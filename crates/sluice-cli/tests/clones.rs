@@ -75,24 +75,12 @@ fn a_clone_on_redis_is_equivalent() {
 #[test]
 fn clones_that_cannot_be_made_are_clear_errors() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let write = |name: &str, body: &str| {
-        let p = dir.path().join(name);
-        std::fs::write(&p, body).expect("write schedule");
-        p.to_string_lossy().into_owned()
-    };
-    let missing = write("missing.yaml", "events:\n  - at: { packet: 10 }\n    clone: { vertex: nat, instance: 3 }\n");
-    let local = "faults/straggler.yaml";
-    for (faults, extra, says) in [
+    let clone_3 = "events:\n  - at: { packet: 10 }\n    clone: { vertex: nat, instance: 3 }\n";
+    let missing = common::schedule(dir.path(), "missing.yaml", clone_3);
+    common::refused_schedules(&[
         (missing.as_str(), &[][..], "has 1 instance(s) at this point, not an instance 3"),
-        (local, &["--mode", "local"][..], "state in a store"),
-    ] {
-        let mut args = vec!["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "-q", "--limit", "3000"];
-        args.extend_from_slice(&["--faults", faults]);
-        args.extend_from_slice(extra);
-        let o = sluice(&args);
-        assert!(!o.status.success(), "{faults}: {}", text(&o));
-        assert!(text(&o).contains(says), "{faults}: {}", text(&o));
-    }
+        ("faults/straggler.yaml", &["--mode", "local"][..], "state in a store"),
+    ]);
 }
 
 #[test]
@@ -103,15 +91,13 @@ fn a_clone_asked_through_the_control_endpoint_is_equivalent() {
     std::thread::sleep(std::time::Duration::from_millis(400));
     common::ctl(&addr, &["clone", "nat:0"]);
     // Refused, changing nothing: no such instance; no instance named.
-    let post = |body: &str| common::http(&addr, "POST", "/api/v1/actions", Some(common::CONTROL_TOKEN), body);
-    for (body, code, says) in [
-        (r#"{"clone": {"vertex": "nat", "instance": 9}}"#, 404, "no instance 9"),
-        (r#"{"clone": {"vertex": "nat"}}"#, 400, "clone needs vertex and instance"),
-    ] {
-        let (c, answer) = post(body);
-        assert_eq!(c, code, "{body}: {answer}");
-        assert!(answer.contains(says), "{body}: {answer}");
-    }
+    common::refused_actions(
+        &addr,
+        &[
+            (r#"{"clone": {"vertex": "nat", "instance": 9}}"#, 404, "no instance 9"),
+            (r#"{"clone": {"vertex": "nat"}}"#, 400, "clone needs vertex and instance"),
+        ],
+    );
     let out = child.wait_with_output().expect("sluice run ends");
     assert!(out.status.success(), "{}", text(&out));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");

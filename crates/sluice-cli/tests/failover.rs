@@ -155,22 +155,13 @@ fn a_failover_on_redis_is_equivalent() {
 #[test]
 fn faults_the_threaded_runtime_cannot_apply_are_clear_errors() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let write = |name: &str, body: &str| {
-        let p = dir.path().join(name);
-        std::fs::write(&p, body).expect("write schedule");
-        p.to_string_lossy().into_owned()
-    };
-    let nowhere = write("nowhere.yaml", "events:\n  - at: { packet: 10 }\n    crash: { vertex: fw, instance: 0 }\n");
+    let crash_fw = "events:\n  - at: { packet: 10 }\n    crash: { vertex: fw, instance: 0 }\n";
+    let nowhere = common::schedule(dir.path(), "nowhere.yaml", crash_fw);
     let ok = "faults/threaded/nat-crash-early-and-late.yaml";
-    for (faults, extra, says) in
-        [(nowhere.as_str(), &[][..], "no vertex `fw`"), (ok, &["--mode", "local"][..], "state in a store")]
-    {
-        let mut args = vec!["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "-q", "--faults", faults];
-        args.extend_from_slice(extra);
-        let o = sluice(&args);
-        assert_eq!(o.status.code(), Some(2), "{faults}: {}", text(&o));
-        assert!(text(&o).contains(says), "{faults}: {}", text(&o));
-    }
+    common::refused_schedules(&[
+        (nowhere.as_str(), &[][..], "no vertex `fw`"),
+        (ok, &["--mode", "local"][..], "state in a store"),
+    ]);
 }
 
 #[test]

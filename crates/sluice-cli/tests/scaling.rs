@@ -125,28 +125,17 @@ fn scaling_on_redis_is_equivalent() {
 #[test]
 fn changes_that_cannot_be_made_are_clear_errors() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let write = |name: &str, body: &str| {
-        let p = dir.path().join(name);
-        std::fs::write(&p, body).expect("write schedule");
-        p.to_string_lossy().into_owned()
-    };
+    let write = |name: &str, body: &str| common::schedule(dir.path(), name, body);
     let lonely = write("lonely.yaml", "events:\n  - at: { packet: 10 }\n    move: { vertex: nat, from: 0, to: 1 }\n");
     let same = write(
         "same.yaml",
         "events:\n  - at: { packet: 5 }\n    scale: { vertex: nat, to: 2 }\n  - at: { packet: 10 }\n    move: { vertex: nat, from: 1, to: 1 }\n",
     );
-    let ok = "faults/move-4000.yaml";
-    for (faults, extra, says) in [
+    common::refused_schedules(&[
         (lonely.as_str(), &[][..], "has 1 instance(s) at this point, not an instance 1"),
         (same.as_str(), &[][..], "needs two different instances"),
-        (ok, &["--mode", "local"][..], "state in a store"),
-    ] {
-        let mut args = vec!["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "-q", "--faults", faults];
-        args.extend_from_slice(extra);
-        let o = sluice(&args);
-        assert!(!o.status.success(), "{faults}: {}", text(&o));
-        assert!(text(&o).contains(says), "{faults}: {}", text(&o));
-    }
+        ("faults/move-4000.yaml", &["--mode", "local"][..], "state in a store"),
+    ]);
 }
 
 #[test]
@@ -162,17 +151,15 @@ fn vertices_scale_and_flows_move_when_asked_through_the_control_endpoint() {
     pause();
     ctl(&["move", "nat:0>1", "--flows", "100"]);
     // Refused, changing nothing: a vertex keeps an instance; no such instance.
-    let post = |body: &str| common::http(&addr, "POST", "/api/v1/actions", Some(common::CONTROL_TOKEN), body);
-    for (body, code, says) in [
-        (r#"{"scale": {"vertex": "lb", "to": 0}}"#, 400, "at least one instance"),
-        (r#"{"move": {"vertex": "nat", "from": 0, "to": 9}}"#, 404, "no instance 9"),
-        (r#"{"move": {"vertex": "nat", "from": 1, "to": 1}}"#, 400, "two instances"),
-        (r#"{"scale": {"vertex": "lb"}}"#, 400, "scale needs"),
-    ] {
-        let (c, answer) = post(body);
-        assert_eq!(c, code, "{body}: {answer}");
-        assert!(answer.contains(says), "{body}: {answer}");
-    }
+    common::refused_actions(
+        &addr,
+        &[
+            (r#"{"scale": {"vertex": "lb", "to": 0}}"#, 400, "at least one instance"),
+            (r#"{"move": {"vertex": "nat", "from": 0, "to": 9}}"#, 404, "no instance 9"),
+            (r#"{"move": {"vertex": "nat", "from": 1, "to": 1}}"#, 400, "two instances"),
+            (r#"{"scale": {"vertex": "lb"}}"#, 400, "scale needs"),
+        ],
+    );
     pause();
     ctl(&["scale", "lb-1"]);
     let listed = ctl(&["list"]);

@@ -154,3 +154,34 @@ pub fn ctl(addr: &str, args: &[&str]) -> String {
     assert!(o.status.success(), "sluice ctl {args:?}: {}", text(&o));
     text(&o)
 }
+
+/// Writes the fault schedule `body` as `name` in `dir`; its path.
+pub fn schedule(dir: &std::path::Path, name: &str, body: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, body).expect("write schedule");
+    p.to_string_lossy().into_owned()
+}
+
+/// Runs the example chain over the bundled trace with each case's fault schedule and options,
+/// and checks that the run is refused as bad input (exit code 2) with a message that contains
+/// the case's text.
+pub fn refused_schedules(cases: &[(&str, &[&str], &str)]) {
+    for (faults, extra, says) in cases {
+        let mut args = vec!["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "-q", "--limit", "3000"];
+        args.extend_from_slice(&["--faults", faults]);
+        args.extend_from_slice(extra);
+        let o = sluice(&args);
+        assert_eq!(o.status.code(), Some(2), "{faults}: {}", text(&o));
+        assert!(text(&o).contains(says), "{faults}: {}", text(&o));
+    }
+}
+
+/// Posts each case's action to the control endpoint at `addr` and checks that it is refused
+/// with the case's status and an answer that contains its text.
+pub fn refused_actions(addr: &str, cases: &[(&str, u16, &str)]) {
+    for (body, code, says) in cases {
+        let (c, answer) = http(addr, "POST", "/api/v1/actions", Some(CONTROL_TOKEN), body);
+        assert_eq!(c, *code, "{body}: {answer}");
+        assert!(answer.contains(says), "{body}: {answer}");
+    }
+}

@@ -251,7 +251,8 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
     // Every flow of the vertex is the replacement's: it takes their values in one go rather
     // than one store round trip per flow on each flow's next packet, read meanwhile on another
     // thread (docs/decisions.md, "Instance failover in threads" point 10).
-    let loading = (instances == 1 && shared.scaling.is_none()).then(|| fo.rebuilder.read_flows(&mut replacement)).flatten();
+    let loading =
+        (instances == 1 && shared.scaling.is_none()).then(|| fo.rebuilder.read_flows(&mut replacement)).flatten();
     let mut lost = Vec::new();
     let mut lose = |p: Packet| {
         lost.push(p.meta);

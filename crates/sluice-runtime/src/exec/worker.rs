@@ -99,7 +99,19 @@ impl Slot {
         let passing = (seen.is_some() && leads_on).then(Passing::default);
         let moving = shared.scaling.is_some().then(Moving::default);
         let stats = InstanceStats::default();
-        Slot { global, vertex, inst, stats, order, seen, recovery: None, loading: None, passing, moving, errors: Vec::new() }
+        Slot {
+            global,
+            vertex,
+            inst,
+            stats,
+            order,
+            seen,
+            recovery: None,
+            loading: None,
+            passing,
+            moving,
+            errors: Vec::new(),
+        }
     }
 }
 
