@@ -120,6 +120,11 @@ enum EmbarkCmd {
         /// copied in just before the chain runs, as the runtime delivers them) or `cold`.
         #[arg(long, value_enum)]
         arrival: Option<crate::embark_bench::Arrival>,
+        /// Pad each plaintext frame with a zero Ethernet trailer to the length of its
+        /// encryption: the same NF work on frames as big as the ciphertext's, which separates
+        /// the cost of Embark's bigger frames from that of the NFs' work on encrypted values.
+        #[arg(long)]
+        pad_plain: bool,
     },
 }
 
@@ -231,8 +236,8 @@ pub fn cmd(a: EmbarkArgs) -> Result<bool> {
             let c = compare_with_swap(&reg, &read_chain(&chain)?, &enc, &mut gw, &packets, plan, in_flight)?;
             return report(&c, json.as_ref());
         }
-        EmbarkCmd::Bench { input, repeat, part, nf_packets, side, nf, arrival } => {
-            let nfs = crate::embark_bench::NfSelection { packets: nf_packets, side, kind: nf, arrival };
+        EmbarkCmd::Bench { input, repeat, part, nf_packets, side, nf, arrival, pad_plain } => {
+            let nfs = crate::embark_bench::NfSelection { packets: nf_packets, side, kind: nf, arrival, pad_plain };
             crate::embark_bench::bench(&input, repeat.max(1), part, &nfs)?
         }
     }

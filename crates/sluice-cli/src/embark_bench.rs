@@ -230,7 +230,10 @@ fn bench_nfs(
         enc_bytes as f64 / enc_pk.len().max(1) as f64
     );
     let arrival = sel.arrival.unwrap_or(Arrival::Batch);
-    println!("# arrival: {arrival:?}");
+    println!(
+        "# arrival: {arrival:?}{}",
+        if sel.pad_plain { ", plaintext frames padded to the ciphertext's lengths" } else { "" }
+    );
     let reg = sluice_nfs::registry();
     for kind in ["firewall", "lb", "nat"] {
         if sel.kind.as_deref().is_some_and(|k| k != kind) {
@@ -299,6 +302,22 @@ pub struct NfSelection {
     pub kind: Option<String>,
     /// How packets meet the chain.
     pub arrival: Option<Arrival>,
+    /// Pad the plaintext frames to their encryptions' lengths (see [`padded`]).
+    pub pad_plain: bool,
+}
+
+/// `p` with a zero Ethernet trailer up to `len` bytes: the headers and hence the NFs' work are
+/// unchanged (the IP length fields bound the payload), only the frame is as big as its
+/// encryption. `p` itself if padding would change the parsed headers.
+fn padded(p: &Packet, len: usize) -> Packet {
+    let mut d = p.data().to_vec();
+    d.resize(len.max(d.len()), 0);
+    let q = Packet::new(d, p.meta);
+    if q.hdr() == p.hdr() {
+        q
+    } else {
+        p.clone()
+    }
 }
 
 /// Runs the benchmarks of `part` over the trace `input`.
@@ -326,7 +345,7 @@ pub fn bench(input: &Path, repeat: usize, part: Part, sel: &NfSelection) -> Resu
         let mut pairs = (Vec::new(), Vec::new());
         for p in packets.iter().filter(|p| p.hdr().is_ip()).take(sel.packets.unwrap_or(usize::MAX)) {
             if let Ok(e) = gw.encrypt(p) {
-                pairs.0.push(p.clone());
+                pairs.0.push(if sel.pad_plain { padded(p, e.data.len()) } else { p.clone() });
                 pairs.1.push(e.data);
             }
         }
