@@ -62,10 +62,7 @@ fn a_vertex_manager_clones_its_straggler() {
 
 #[test]
 fn a_clone_on_redis_is_equivalent() {
-    let Ok(url) = std::env::var("SLUICE_REDIS_URL") else {
-        panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
-    };
-    let store = format!("{url}?prefix=cl{}", std::process::id());
+    let store = common::redis_store("cl");
     let input = ("chains/example.yaml", "traces/demo.pcap", "6000");
     let report = recorded_run("clone-redis", input, "faults/straggler.yaml", &["--store", &store]);
     let c = changes(&report);

@@ -137,11 +137,7 @@ fn a_replay_through_a_nat_whose_scale_out_settles_meanwhile_keeps_connections_in
 
 #[test]
 fn a_failover_on_redis_is_equivalent() {
-    let Ok(url) = std::env::var("SLUICE_REDIS_URL") else {
-        panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
-    };
-    // Each run its own keys: a run starts from an empty store.
-    let store = |run: &str| format!("{url}?prefix=fo{}{run}", std::process::id());
+    let store = |run: &str| common::redis_store(&format!("fo{run}"));
     // Every write-through update is a round trip to Redis: fewer packets.
     let example = ("chains/example.yaml", "traces/demo.pcap", "8000");
     let (a, b) = (store("a"), store("b"));

@@ -64,10 +64,7 @@ fn recorded_runs_are_equivalent_on_the_bundled_and_shared_traces() {
 
 #[test]
 fn a_recorded_run_on_redis_is_equivalent() {
-    let Ok(url) = std::env::var("SLUICE_REDIS_URL") else {
-        panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
-    };
-    let store = format!("{url}?prefix=rec{}", std::process::id());
+    let store = common::redis_store("rec");
     let dir = record(
         "redis",
         "chains/example.yaml",

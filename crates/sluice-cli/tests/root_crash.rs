@@ -70,10 +70,7 @@ fn with_the_log_at_the_root_an_nf_failing_with_it_loses_packets_and_says_so() {
 
 #[test]
 fn a_root_crash_on_redis_with_the_log_there_is_equivalent() {
-    let Ok(url) = std::env::var("SLUICE_REDIS_URL") else {
-        panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
-    };
-    let store = format!("{url}?prefix=rc{}", std::process::id());
+    let store = common::redis_store("rc");
     let input = ("chains/example.yaml", "traces/demo.pcap", "4000");
     let report = recorded_run("root-redis", input, "faults/root-and-nf.yaml", &["--store", &store, "--log", "store"]);
     assert_eq!(root_crash(&report)["lost"], false);

@@ -112,10 +112,7 @@ fn vertex_managers_scale_a_straggling_vertex() {
 
 #[test]
 fn scaling_on_redis_is_equivalent() {
-    let Ok(url) = std::env::var("SLUICE_REDIS_URL") else {
-        panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
-    };
-    let store = format!("{url}?prefix=sc{}", std::process::id());
+    let store = common::redis_store("sc");
     let faults = "faults/threaded/scale-and-move.yaml";
     let report =
         recorded_run("scale-redis", ("chains/example.yaml", "traces/demo.pcap", "3000"), faults, &["--store", &store]);

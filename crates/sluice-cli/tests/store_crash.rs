@@ -50,11 +50,8 @@ fn a_store_crash_needs_a_store_and_fault_tolerance() {
 
 #[test]
 fn a_redis_store_fails_and_is_rebuilt() {
-    let Ok(url) = std::env::var("SLUICE_REDIS_URL") else {
-        panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
-    };
     // Each run its own keys: the rebuild wipes only what the run's prefix holds.
-    let store = format!("{url}?prefix=sc{}", std::process::id());
+    let store = common::redis_store("stc");
     let input = ("chains/example.yaml", "traces/demo.pcap", "4000");
     let report = recorded_run("store-redis", input, "faults/store-crash.yaml", &["--store", &store, "-w", "2"]);
     assert_eq!(store_crashes(&report).len(), 1);

@@ -185,3 +185,13 @@ pub fn refused_actions(addr: &str, cases: &[(&str, u16, &str)]) {
         assert!(answer.contains(says), "{body}: {answer}");
     }
 }
+
+/// The Redis store a test uses, its keys under `prefix` and this process's id (each run its
+/// own keys: a run starts from an empty store). Fails the test when the suite's Redis is not
+/// there.
+pub fn redis_store(prefix: &str) -> String {
+    let Ok(url) = std::env::var("SLUICE_REDIS_URL") else {
+        panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
+    };
+    format!("{url}?prefix={prefix}{}", std::process::id())
+}
