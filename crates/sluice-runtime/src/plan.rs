@@ -190,42 +190,40 @@ impl Rebuilder {
         Ok(inst)
     }
 
+    /// What to ask the store for `inst`'s values: the store, the vertex, the objects whose
+    /// values it loads ([`StoreClient::loaded_objects`]). `None` without a store client.
+    fn flows_request(&self, inst: &mut Instance) -> Option<(Arc<dyn Backend>, u16, Vec<u16>)> {
+        let StateConfig::Store { backend, .. } = &self.state else { return None };
+        let vertex = inst.id().vertex();
+        let client = inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>())?;
+        Some((backend.clone(), vertex, client.loaded_objects()))
+    }
+
     /// Starts reading, on a thread of its own, every value the store has for the objects the
     /// replacement `inst` of its vertex's only instance caches; [`load_read_flows`] gives them
     /// to it once they arrived ([`StoreClient::load_flows`]). Meanwhile it reads what it
     /// touches one value at a time, so its recovery does not wait for the scan. Call it once the
     /// predecessor's store answers have settled. `None`: no store client.
     pub fn read_flows(&self, inst: &mut Instance) -> Option<FlowsReading> {
-        let StateConfig::Store { backend, .. } = &self.state else { return None };
-        let vertex = inst.id().vertex();
-        let client = inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>())?;
-        let objects = client.loaded_objects();
+        let (backend, vertex, objects) = self.flows_request(inst)?;
         let (tx, rx) = std::sync::mpsc::channel();
-        let backend = backend.clone();
         let spawned = std::thread::Builder::new().name("sluice-load-flows".into()).spawn(move || {
             let _ = tx.send(backend.values_of(vertex, &objects).map_err(|e| e.to_string()));
         });
         spawned.ok().map(|_| rx)
     }
 
-    /// Gives the replacement `inst` of its vertex's only instance every value the store has
-    /// for the vertex's objects it caches, at once ([`StoreClient::load_flows`]), when the store can list
-    /// them cheaply. Call it once the predecessor's store answers have settled, before the
-    /// replacement processes anything. Whether it did.
+    /// Gives `inst`, now its vertex's only instance with nobody else writing the vertex's
+    /// values (an instance left alone by a scale-in, or a clone that took its straggler's
+    /// place), every value the store has for the objects it caches, at once
+    /// ([`StoreClient::load_flows`]), when the store can list them cheaply. Whether it did.
     pub fn load_flows(&self, inst: &mut Instance) -> Result<bool, PlanError> {
-        let StateConfig::Store { backend, .. } = &self.state else { return Ok(false) };
-        let vertex = inst.id().vertex();
-        let Some(client) = inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>()) else {
+        let Some((backend, vertex, objects)) = self.flows_request(inst) else { return Ok(false) };
+        let Some(values) = backend.values_of(vertex, &objects).map_err(|e| PlanError::Store(e.to_string()))? else {
             return Ok(false);
         };
-        let objects = client.loaded_objects();
-        match backend.values_of(vertex, &objects).map_err(|e| PlanError::Store(e.to_string()))? {
-            Some(values) => {
-                client.load_flows(values);
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        let client = inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>());
+        Ok(client.map(|c| c.load_flows(values)).is_some())
     }
 
     /// A new instance `index` of `vertex` (one of `instances`) added while the chain runs
