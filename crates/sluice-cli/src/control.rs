@@ -6,9 +6,8 @@
 //! (`{"slow": {"vertex": "nat", "instance": 0, "delay_us": [3, 10]}}`, `{"crash": {"vertex":
 //! "nat", "instance": 0}}`, `{"scale": {"vertex": "lb", "to": 3}}` or `"by": -1`,
 //! `{"move": {"vertex": "nat", "from": 0, "to": 1, "flows": 4000}}`, `{"clone": {"vertex":
-//! "nat", "instance": 0}}`; instances by index, as listed). Anything else gets a JSON
-//! error with a 4xx status (501 for actions the threaded runtime does not apply yet) and changes
-//! nothing.
+//! "nat", "instance": 0}}`, `{"crash_root": {}}`, `{"crash_store": {}}`; instances by index,
+//! as listed). Anything else gets a JSON error with a 4xx status and changes nothing.
 
 use crate::{exit, fail, Failure};
 use anyhow::Context;
@@ -91,9 +90,6 @@ pub(crate) fn prometheus_text(collector: Box<dyn Collector>) -> Response {
     }
 }
 
-/// The actions of the fault-schedule format the threaded runtime does not apply yet.
-const NOT_YET: [&str; 1] = ["crash_store"];
-
 async fn action(State(cx): State<Ctx>, body: String) -> Response {
     let v: serde_json::Value = match serde_json::from_str(&body) {
         Ok(v) => v,
@@ -110,15 +106,10 @@ async fn action(State(cx): State<Ctx>, body: String) -> Response {
         "crash" => crash(&cx, args),
         "scale" | "move" | "clone" => change(&cx, name, args),
         "crash_root" => crash_root(&cx, args),
-        n if NOT_YET.contains(&n) => error(
-            StatusCode::NOT_IMPLEMENTED,
-            &format!(
-                "the threaded runtime does not apply `{n}` yet; `sluice verify` runs it in the virtual-time engine"
-            ),
-        ),
+        "crash_store" => crash_store(&cx, args),
         n => error(
             StatusCode::BAD_REQUEST,
-            &format!("unknown action `{n}` (known: slow, crash, crash_root, scale, move, clone)"),
+            &format!("unknown action `{n}` (known: slow, crash, crash_root, crash_store, scale, move, clone)"),
         ),
     }
 }
@@ -171,6 +162,17 @@ fn crash_root(cx: &Ctx, args: &serde_json::Value) -> Response {
         Ok(()) => Json(serde_json::json!({ "applied": { "crash_root": { "root": root } } })).into_response(),
         Err(e @ sluice_runtime::live::LiveError::Refused(_)) => error(StatusCode::CONFLICT, &e.to_string()),
         Err(e) => error(StatusCode::NOT_FOUND, &e.to_string()),
+    }
+}
+
+/// A `crash_store` action: `{}`.
+fn crash_store(cx: &Ctx, args: &serde_json::Value) -> Response {
+    if !args.as_object().is_some_and(|o| o.is_empty()) && !args.is_null() {
+        return error(StatusCode::BAD_REQUEST, "crash_store takes {}");
+    }
+    match cx.live.request_store_crash() {
+        Ok(()) => Json(serde_json::json!({ "applied": { "crash_store": {} } })).into_response(),
+        Err(e) => error(StatusCode::CONFLICT, &e.to_string()),
     }
 }
 
@@ -408,6 +410,10 @@ enum CtlCommand {
     /// Crash the root: a new one takes over and resumes the clock; with `--log store` it reads
     /// the log back, else the log is lost (the run needs --fault-tolerance).
     CrashRoot,
+    /// Crash the state store: it loses everything and is rebuilt from its last checkpoint and
+    /// the instances' write-ahead logs while the chain holds still (the run needs
+    /// --fault-tolerance, a store and checkpoints).
+    CrashStore,
     /// Scale a vertex: `VERTEX=N` instances, or `VERTEX+N` / `VERTEX-N` (the run needs a
     /// store; new flows spread over the instances, a removed instance's flows move).
     Scale {
@@ -500,6 +506,7 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
         | CtlCommand::Crash { .. }
         | CtlCommand::Clone { .. }
         | CtlCommand::CrashRoot
+        | CtlCommand::CrashStore
         | CtlCommand::Scale { .. }
         | CtlCommand::Move { .. }
         | CtlCommand::Drain(_) => "/api/v1/actions",
@@ -520,6 +527,7 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
             Some(move_request(spec, *flows).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?)
         }
         CtlCommand::CrashRoot => Some(serde_json::json!({ "crash_root": {} })),
+        CtlCommand::CrashStore => Some(serde_json::json!({ "crash_store": {} })),
         CtlCommand::Drain(d) => Some(d.action()),
         _ => None,
     };

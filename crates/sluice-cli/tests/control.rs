@@ -152,7 +152,7 @@ fn a_running_chain_answers_its_control_endpoint() {
         (r#"{"frobnicate": {}}"#, 400, "unknown action"),
         (r#"{"crash": {"vertex": "nat", "instance": 3}}"#, 404, "no instance 3"),
         (r#"{"crash": {"vertex": "nat"}}"#, 400, "crash needs"),
-        (r#"{"crash_store": {}}"#, 501, "does not apply `crash_store` yet"),
+        (r#"{"crash_store": {"now": 1}}"#, 400, "crash_store takes {}"),
         (r#"{"scale": {"vertex": "nat", "to": 0}}"#, 400, "at least one instance"),
         (r#"{"move": {"vertex": "nat", "from": 0, "to": 4}}"#, 404, "no instance 4"),
         (r#"[1, 2]"#, 400, "send one action"),

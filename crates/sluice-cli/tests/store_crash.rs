@@ -56,3 +56,48 @@ fn a_redis_store_fails_and_is_rebuilt() {
     let report = recorded_run("store-redis", input, "faults/store-crash.yaml", &["--store", &store, "-w", "2"]);
     assert_eq!(store_crashes(&report).len(), 1);
 }
+
+#[test]
+fn a_store_crash_asked_through_the_control_endpoint_is_equivalent() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path().join("rec").to_string_lossy().into_owned();
+    // Checkpoints every 50 ms: the rebuild starts from a recent one and the logs past it.
+    let (child, addr) = common::paced_live_run(&d, &["-w", "2", "--checkpoint-ms", "50"]);
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let answer = common::ctl(&addr, &["crash-store"]);
+    assert!(answer.contains("crash_store"), "{answer}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // An instance failing after the rebuild recovers from the rebuilt store.
+    common::ctl(&addr, &["crash", "nat:0"]);
+    // Malformed arguments: a 400, nothing happens.
+    common::refused_actions(&addr, &[(r#"{"crash_store": {"now": true}}"#, 400, "crash_store takes {}")]);
+    let out = child.wait_with_output().expect("sluice run ends");
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");
+    let crashes = store_crashes(&report);
+    assert_eq!(crashes.len(), 1, "{crashes:?}");
+    let detail = crashes[0]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("values"), "the rebuild loaded nothing: {detail}");
+    assert!(report["checkpoints"]["taken"].as_u64().unwrap_or(0) > 0, "{}", report["checkpoints"]);
+    assert_eq!(report["failovers"].as_array().map(Vec::len), Some(1), "{}", report["failovers"]);
+    assert_eq!(report["fault_tolerance"]["left_in_log"], 0, "{}", report["fault_tolerance"]);
+    let v = sluice(&["verify", "--recorded", &d]);
+    assert_eq!(v.status.code(), Some(0), "{}", text(&v));
+}
+
+#[test]
+fn a_store_crash_is_refused_by_a_run_that_cannot_rebuild_its_store() {
+    for (extra, says) in [
+        (&["--checkpoint-ms", "0"][..], "takes no checkpoints"),
+        (&["--mode", "local"][..], "--fault-tolerance and a store"),
+    ] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let d = dir.path().join("rec").to_string_lossy().into_owned();
+        let (child, addr) = common::paced_live_run(&d, extra);
+        common::refused_actions(&addr, &[(r#"{"crash_store": {}}"#, 409, says)]);
+        let out = child.wait_with_output().expect("sluice run ends");
+        assert!(out.status.success(), "{extra:?}: {}", text(&out));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");
+        assert_eq!(store_crashes(&report).len(), 0, "{extra:?}: a refused action changes nothing");
+    }
+}

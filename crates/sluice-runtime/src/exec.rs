@@ -227,6 +227,14 @@ pub fn run(
         cfg.planned.iter().any(|p| matches!(p, Planned::Change(Reconfig { change: Change::Clone { .. }, .. })))
             || cfg.policies.iter().any(|(_, p)| p.straggler_slower_by_percent.is_some());
     let live = hooks.live.clone().or_else(|| (slows || clones).then(|| Arc::new(Live::new(&plan))));
+    // A control endpoint may ask for a store crash at any time: the run then takes the
+    // checkpoints a rebuild starts from (the workers hold still and flush for each).
+    let why_no_store_crash = match (can_fail_over, cfg.checkpoint_every) {
+        (false, _) => Some("losing the store needs the instances' write-ahead logs and the root's log: start the run with --fault-tolerance and a store (not local state)".to_string()),
+        (true, None) => Some("the run takes no checkpoints (--checkpoint-ms 0): a rebuilt store starts from the last one".to_string()),
+        (true, Some(_)) => None,
+    };
+    let live_store_crash = hooks.live.is_some() && why_no_store_crash.is_none();
     let slot_count = plan.slot_count();
     let Plan { name, vertices, entry, traffic, instances, store, state, rebuilder, .. } = plan;
     let per_vertex: Vec<u16> = vertices.iter().map(|v| v.instances.len() as u16).collect();
@@ -266,7 +274,10 @@ pub fn run(
         reaches,
         ordered,
         scaling,
-        store_crash: store_crashes.then_some(()).and(store.clone()).map(store_crash::StoreCrash::new),
+        store_crash: (store_crashes || live_store_crash)
+            .then_some(())
+            .and(store.clone())
+            .map(store_crash::StoreCrash::new),
     });
     let mut planned = cfg.planned.clone();
     // Stable: events at the same point keep their order.
@@ -304,6 +315,7 @@ pub fn run(
     }
     if let Some(live) = &shared.live {
         live.set_root_can_fail(cfg.fault_tolerance);
+        live.set_store_crash(why_no_store_crash);
         live.set_scaling((!scalable).then(|| {
             "the run was not started to scale: give it a store (not local state) and a control endpoint, or `scale`/`move` faults".into()
         }));
@@ -387,6 +399,7 @@ pub fn run(
         // What found a queue full goes first; meanwhile no new input is admitted.
         let stalled = root.retry(&shared);
         root_crash_due |= shared.live.as_ref().is_some_and(|l| l.take_root_crash());
+        checkpoints.crash_due |= shared.live.as_ref().is_some_and(|l| l.take_store_crash());
         if root_crash_due && !stalled {
             // Between two batches, everything admitted in the chain: the root fails.
             root_crash_due = false;

@@ -65,6 +65,10 @@ pub struct Live {
     root_crash_asked: AtomicBool,
     /// Whether the run keeps the root's log and clock, which a root crash needs.
     root_can_fail: AtomicBool,
+    /// A store crash asked for ([`Live::request_store_crash`]) the root has not taken yet.
+    store_crash_asked: AtomicBool,
+    /// Why this run cannot lose its store; `None` once it says it can.
+    no_store_crash: Mutex<Option<String>>,
     /// Scaling and moves asked for ([`Live::request_change`]) the root has not taken yet:
     /// (vertex, change; a move names instances by index).
     changes: Mutex<Vec<(usize, Change)>>,
@@ -110,6 +114,8 @@ impl Live {
             no_failover: Mutex::new(Some("the run has not started".into())),
             root_crash_asked: AtomicBool::new(false),
             root_can_fail: AtomicBool::new(false),
+            store_crash_asked: AtomicBool::new(false),
+            no_store_crash: Mutex::new(Some("the run has not started".into())),
             changes: Mutex::new(Vec::new()),
             change_asked: AtomicBool::new(false),
             no_scaling: Mutex::new(Some("the run has not started".into())),
@@ -146,6 +152,18 @@ impl Live {
             ));
         }
         self.root_crash_asked.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Makes the state store fail: it loses everything and is rebuilt from its last checkpoint
+    /// and the instances' write-ahead logs while the chain holds still, as a `crash_store`
+    /// fault does.
+    pub fn request_store_crash(&self) -> Result<(), LiveError> {
+        let why_not = self.no_store_crash.lock().map(|w| w.clone()).unwrap_or_else(|_| Some("unknown".into()));
+        if let Some(why) = why_not {
+            return Err(LiveError::Refused(why));
+        }
+        self.store_crash_asked.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -220,6 +238,18 @@ impl Live {
     /// The run says whether its root can fail (it keeps the log and the clock).
     pub(crate) fn set_root_can_fail(&self, can: bool) {
         self.root_can_fail.store(can, Ordering::Release);
+    }
+
+    /// The run says whether its store can fail (`None`) or why not.
+    pub(crate) fn set_store_crash(&self, why_not: Option<String>) {
+        if let Ok(mut w) = self.no_store_crash.lock() {
+            *w = why_not;
+        }
+    }
+
+    /// Whether a store crash was asked for since the last call.
+    pub(crate) fn take_store_crash(&self) -> bool {
+        self.store_crash_asked.swap(false, Ordering::AcqRel)
     }
 
     /// Whether a root crash was asked for since the last call.
