@@ -94,6 +94,8 @@ fn a_store_crash_is_refused_by_a_run_that_cannot_rebuild_its_store() {
         let dir = tempfile::tempdir().expect("temp dir");
         let d = dir.path().join("rec").to_string_lossy().into_owned();
         let (child, addr) = common::paced_live_run(&d, extra);
+        // The endpoint answers before the run has said what it can do.
+        std::thread::sleep(std::time::Duration::from_millis(500));
         common::refused_actions(&addr, &[(r#"{"crash_store": {}}"#, 409, says)]);
         let out = child.wait_with_output().expect("sluice run ends");
         assert!(out.status.success(), "{extra:?}: {}", text(&out));
