@@ -388,6 +388,7 @@ pub fn run(
     let mut last_ts = 0u64;
     // With a log: when the last copy finished, and so the wait for the last commits began.
     let mut settling: Option<Instant> = None;
+    let mut idle_turns = 0u32;
     let result: Result<(), RunError> = (|| loop {
         drain_sink(&shared, sink, &mut report, &mut latencies, t0, log.as_mut())?;
         let oldest_logged = log.as_mut().and_then(|l| drain_notes(&shared, l));
@@ -502,8 +503,18 @@ pub fn run(
         inbuf.clear();
         match source.fill(&pool, &mut inbuf, cfg.batch)? {
             Fill::Done => source_done = true,
-            Fill::Idle => std::thread::yield_now(),
-            Fill::Data => {}
+            Fill::Idle => {
+                // Nothing to read yet (a paced trace, a quiet interface): after a few turns,
+                // sleep rather than yield, which keeps a core busy that the workers and the
+                // store's threads need (on two cores, milliseconds of latency every so often).
+                idle_turns += 1;
+                if idle_turns < IDLE_TURNS_BEFORE_SLEEP {
+                    std::thread::yield_now()
+                } else {
+                    std::thread::sleep(Duration::from_micros(10))
+                }
+            }
+            Fill::Data => idle_turns = 0,
         }
         if inbuf.is_empty() {
             continue;
@@ -770,6 +781,9 @@ fn warn_waiting(
         "{what}"
     );
 }
+
+/// Turns of the root loop with nothing to read before it sleeps between turns.
+const IDLE_TURNS_BEFORE_SLEEP: u32 = 16;
 
 /// Vertex managers look at their vertices every this many admitted packets (as in the
 /// virtual-time engine).

@@ -28,6 +28,8 @@ const STAY_AWAKE: Duration = Duration::from_micros(5);
 /// The same after answering a blocking request: its client is likely to send another soon, and
 /// a wakeup costs tens of microseconds.
 const STAY_AWAKE_AFTER_CALL: Duration = Duration::from_micros(200);
+/// How long a question to every shard (checkpoint, scan, restore, wipe) waits for the answers.
+const SHARD_ANSWER_LIMIT: Duration = Duration::from_secs(10);
 
 /// What a shard sends back.
 enum Reply {
@@ -77,6 +79,7 @@ enum Msg {
 }
 
 /// One shard's part of a checkpoint being restored.
+#[derive(Default)]
 struct Restore {
     values: Vec<(StoreKey, Value)>,
     ts: Vec<(InstanceId, Clock)>,
@@ -552,6 +555,26 @@ impl Inner {
         shard_of(&self.hasher, self.shards.len(), key)
     }
 
+    /// Asks every shard at once (`ask(shard, reply)` makes the message) and waits for all the
+    /// answers, in shard order: the wait is the slowest shard's, not the sum of them all.
+    fn ask_every_shard<T>(&self, mut ask: impl FnMut(usize, mpsc::Sender<T>) -> Msg) -> Result<Vec<T>, StoreError> {
+        let receivers: Vec<mpsc::Receiver<T>> = (0..self.shards.len())
+            .map(|s| {
+                let (tx, rx) = mpsc::channel();
+                self.post(s, ask(s, tx));
+                rx
+            })
+            .collect();
+        let deadline = Instant::now() + SHARD_ANSWER_LIMIT;
+        receivers
+            .into_iter()
+            .map(|rx| {
+                rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                    .map_err(|_| StoreError::Timeout(SHARD_ANSWER_LIMIT))
+            })
+            .collect()
+    }
+
     fn post(&self, shard: usize, mut msg: Msg) {
         let Some(s) = self.shards.get(shard) else { return };
         loop {
@@ -634,11 +657,7 @@ impl Backend for EmbeddedStore {
 
     fn checkpoint(&self) -> Result<Checkpoint, StoreError> {
         let mut all = Checkpoint::default();
-        for s in 0..self.inner.shards.len() {
-            let (tx, rx) = mpsc::channel();
-            self.inner.post(s, Msg::Checkpoint(tx));
-            let cp =
-                rx.recv_timeout(Duration::from_secs(10)).map_err(|_| StoreError::Timeout(Duration::from_secs(10)))?;
+        for (s, cp) in self.inner.ask_every_shard(|_, tx| Msg::Checkpoint(tx))?.into_iter().enumerate() {
             all.values.extend(cp.values);
             all.timers.extend(cp.timers);
             all.log.extend(cp.log.into_iter().map(|l| LoggedResult { part: s as u32, ..l }));
@@ -656,35 +675,20 @@ impl Backend for EmbeddedStore {
     }
 
     fn timers_of(&self, owner: InstanceId) -> Result<Vec<(StoreKey, u64)>, StoreError> {
-        let mut all = Vec::new();
-        for s in 0..self.inner.shards.len() {
-            let (tx, rx) = mpsc::channel();
-            self.inner.post(s, Msg::TimersOf(owner, tx));
-            let part =
-                rx.recv_timeout(Duration::from_secs(10)).map_err(|_| StoreError::Timeout(Duration::from_secs(10)))?;
-            all.extend(part);
-        }
+        let mut all: Vec<_> =
+            self.inner.ask_every_shard(|_, tx| Msg::TimersOf(owner, tx))?.into_iter().flatten().collect();
         all.sort();
         Ok(all)
     }
 
     fn values_of(&self, vertex: u16, objects: &[u16]) -> Result<Option<Vec<(StoreKey, Value)>>, StoreError> {
-        let mut all = Vec::new();
-        for s in 0..self.inner.shards.len() {
-            let (tx, rx) = mpsc::channel();
-            self.inner.post(s, Msg::ValuesOf(vertex, objects.to_vec(), tx));
-            let part =
-                rx.recv_timeout(Duration::from_secs(10)).map_err(|_| StoreError::Timeout(Duration::from_secs(10)))?;
-            all.extend(part);
-        }
-        Ok(Some(all))
+        let parts = self.inner.ask_every_shard(|_, tx| Msg::ValuesOf(vertex, objects.to_vec(), tx))?;
+        Ok(Some(parts.into_iter().flatten().collect()))
     }
 
     fn restore(&self, cp: &Checkpoint) -> Result<(), StoreError> {
         let n = self.inner.shards.len();
-        let mut parts: Vec<Restore> = (0..n)
-            .map(|_| Restore { values: Vec::new(), ts: cp.ts.clone(), timers: Vec::new(), log: Vec::new() })
-            .collect();
+        let mut parts: Vec<Restore> = (0..n).map(|_| Restore { ts: cp.ts.clone(), ..Restore::default() }).collect();
         for l in &cp.log {
             if let Some(p) = parts.get_mut(l.part as usize % n.max(1)) {
                 p.log.push(l.clone());
@@ -700,20 +704,13 @@ impl Backend for EmbeddedStore {
                 p.timers.push((*k, *d, *who));
             }
         }
-        for (s, part) in parts.into_iter().enumerate() {
-            let (tx, rx) = mpsc::channel();
-            self.inner.post(s, Msg::Restore(part, tx));
-            rx.recv_timeout(Duration::from_secs(10)).map_err(|_| StoreError::Timeout(Duration::from_secs(10)))?;
-        }
+        self.inner
+            .ask_every_shard(|s, tx| Msg::Restore(parts.get_mut(s).map(std::mem::take).unwrap_or_default(), tx))?;
         Ok(())
     }
 
     fn wipe(&self) -> Result<(), StoreError> {
-        for s in 0..self.inner.shards.len() {
-            let (tx, rx) = mpsc::channel();
-            self.inner.post(s, Msg::Wipe(tx));
-            rx.recv_timeout(Duration::from_secs(10)).map_err(|_| StoreError::Timeout(Duration::from_secs(10)))?;
-        }
+        self.inner.ask_every_shard(|_, tx| Msg::Wipe(tx))?;
         Ok(())
     }
 }
