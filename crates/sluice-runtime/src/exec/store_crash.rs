@@ -201,10 +201,16 @@ pub(super) fn checkpoint_due(shared: &Shared) -> bool {
     shared.store_crash.as_ref().is_some_and(|sc| sc.wal_filling.load(Ordering::Acquire))
 }
 
+/// What a checkpoint taken on a thread of its own found: values, instances in its TS vector,
+/// seconds it took.
+type Taken = Result<(u64, u64, f64), String>;
+
 /// The root's checkpoints and store crashes.
 pub(super) struct Checkpoints {
     every: Option<Duration>,
     last: Instant,
+    /// A checkpoint being taken on a thread of its own (runs that cannot lose their store).
+    taking: Option<std::sync::mpsc::Receiver<Taken>>,
     /// The store's last checkpoint, which a rebuild starts from.
     last_taken: Checkpoint,
     /// Failed instances (their logs lost) the root had taken in at the last look.
@@ -217,7 +223,7 @@ impl Checkpoints {
     /// Checkpoints every `every` (none: never).
     pub(super) fn new(every: Option<Duration>) -> Checkpoints {
         let (last, last_taken) = (Instant::now(), Checkpoint::default());
-        Checkpoints { every, last, last_taken, logs_lost_seen: 0, crash_due: false }
+        Checkpoints { every, last, taking: None, last_taken, logs_lost_seen: 0, crash_due: false }
     }
 
     /// Takes a checkpoint of `backend` if one is due, then makes the store fail if that is due:
@@ -236,24 +242,21 @@ impl Checkpoints {
         // its clocks still logged, the replay redoes). The engine checkpoints once the replay
         // has drained, which in threads leaves a window where the store failing would lose it.
         let lost = std::mem::replace(&mut self.logs_lost_seen, failover.logs_lost) != failover.logs_lost;
+        if shared.store_crash.is_none() {
+            self.in_background(backend, report)?;
+            return Ok(None);
+        }
         if let Some(every) = self.every {
-            let early = shared.store_crash.is_some() && (lost || checkpoint_due(shared));
-            if early || self.last.elapsed() >= every {
+            if lost || checkpoint_due(shared) || self.last.elapsed() >= every {
                 self.last = Instant::now();
                 // A run that may lose its store takes checkpoints its instances' logs agree
-                // with (they hold still and flush); others read the store as it is.
-                let cp = match shared.store_crash {
-                    Some(_) => checkpoint(shared, workers),
-                    None => backend.checkpoint().map_err(|e| e.to_string()),
-                }
-                .map_err(|e| format!("state store checkpoint: {e}"))?;
+                // with: they hold still and flush.
+                let cp = checkpoint(shared, workers).map_err(|e| format!("state store checkpoint: {e}"))?;
                 report.checkpoints.taken += 1;
                 report.checkpoints.last_values = cp.values.len() as u64;
                 report.checkpoints.last_ts = cp.ts.len() as u64;
                 report.checkpoints.total_s += self.last.elapsed().as_secs_f64();
-                if shared.store_crash.is_some() {
-                    self.last_taken = cp;
-                }
+                self.last_taken = cp;
             }
         }
         // After the checkpoint a failure just taken in calls for, and not while a crash asked
@@ -264,6 +267,48 @@ impl Checkpoints {
         }
         self.crash_due = false;
         crash(shared, workers, &self.last_taken, is_logged).map(Some)
+    }
+
+    /// In a run that cannot lose its store, a checkpoint only reads it: it is taken on a thread
+    /// of its own, so that copying the store (milliseconds with the per-clock logs of a
+    /// fault-tolerant run) does not stall admission and output on the root thread.
+    fn in_background(
+        &mut self,
+        backend: &Arc<dyn Backend>,
+        report: &mut crate::report::RunReport,
+    ) -> Result<(), String> {
+        if let Some(rx) = &self.taking {
+            let taken = match rx.try_recv() {
+                Ok(t) => t,
+                Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(()),
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => Err("the checkpoint's thread ended".into()),
+            };
+            self.taking = None;
+            let (values, ts, took_s) = taken.map_err(|e| format!("state store checkpoint: {e}"))?;
+            report.checkpoints.taken += 1;
+            report.checkpoints.last_values = values;
+            report.checkpoints.last_ts = ts;
+            report.checkpoints.total_s += took_s;
+        }
+        let Some(every) = self.every else { return Ok(()) };
+        if self.last.elapsed() < every {
+            return Ok(());
+        }
+        self.last = Instant::now();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let backend = backend.clone();
+        std::thread::Builder::new()
+            .name("sluice-checkpoint".into())
+            .spawn(move || {
+                let started = Instant::now();
+                let taken = backend.checkpoint().map_err(|e| e.to_string());
+                let _ = tx.send(
+                    taken.map(|cp| (cp.values.len() as u64, cp.ts.len() as u64, started.elapsed().as_secs_f64())),
+                );
+            })
+            .map_err(|e| format!("starting a checkpoint: {e}"))?;
+        self.taking = Some(rx);
+        Ok(())
     }
 }
 
