@@ -470,18 +470,17 @@ fn shard_loop(
                 shard.custom.insert(v, ops);
             }
             Msg::Checkpoint(tx) => {
-                let mut values: Vec<_> =
+                // Copied only: the asker sorts what every shard sent, off this thread, which
+                // the instances wait for.
+                let values: Vec<_> =
                     shard.entries.iter().filter_map(|(k, e)| e.value.clone().map(|v| (*k, v))).collect();
-                values.sort_by_key(|v| v.0);
-                let mut ts: Vec<_> = shard.ts.iter().map(|(k, c)| (*k, *c)).collect();
-                ts.sort();
-                let mut timers: Vec<_> = shard
+                let ts: Vec<_> = shard.ts.iter().map(|(k, c)| (*k, *c)).collect();
+                let timers: Vec<_> = shard
                     .entries
                     .iter()
                     .filter_map(|(k, e)| e.timer.map(|(d, armer)| (*k, d, e.owner.unwrap_or(armer))))
                     .collect();
-                timers.sort();
-                let mut log: Vec<_> = shard
+                let log: Vec<_> = shard
                     .log
                     .iter()
                     .map(|(&(clock, vertex, seq), result)| LoggedResult {
@@ -492,7 +491,6 @@ fn shard_loop(
                         result: result.clone(),
                     })
                     .collect();
-                log.sort_by_key(|l| (l.clock, l.vertex, l.seq));
                 let _ = tx.send(Checkpoint { values, ts, timers, log });
             }
             Msg::TimersOf(owner, tx) => {
@@ -671,6 +669,7 @@ impl Backend for EmbeddedStore {
         all.values.sort_by_key(|v| v.0);
         all.ts.sort();
         all.timers.sort();
+        all.log.sort_by_key(|l| (l.part, l.clock, l.vertex, l.seq));
         Ok(all)
     }
 
