@@ -236,7 +236,17 @@ pub fn run(
     };
     let live_store_crash = hooks.live.is_some() && why_no_store_crash.is_none();
     let slot_count = plan.slot_count();
-    let Plan { name, vertices, entry, traffic, instances, store, state, rebuilder, .. } = plan;
+    let Plan { name, vertices, entry, traffic, instances, store, state, mut rebuilder, .. } = plan;
+    let mut instances = instances;
+    if !(store_crashes || live_store_crash) {
+        // Only a store rebuild reads the instances' write-ahead logs.
+        rebuilder.without_write_ahead_log();
+        for (_, inst) in &mut instances {
+            if let Some(c) = inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_store::StoreClient>()) {
+                c.drop_write_ahead_log();
+            }
+        }
+    }
     let per_vertex: Vec<u16> = vertices.iter().map(|v| v.instances.len() as u16).collect();
     let successors: Vec<Vec<usize>> = vertices.iter().map(VertexPlan::successors).collect();
     let reaches = sluice_chc::splitter::reachability(&successors);

@@ -168,6 +168,14 @@ pub struct Rebuilder {
 }
 
 impl Rebuilder {
+    /// Instances built from now on keep no write-ahead log (a run whose store is never
+    /// rebuilt; [`sluice_store::StoreClient::drop_write_ahead_log`]).
+    pub fn without_write_ahead_log(&mut self) {
+        if let StateConfig::Store { client, .. } = &mut self.state {
+            client.wal_capacity = 0;
+        }
+    }
+
     /// A builder for `chain`'s instances.
     pub fn new(chain: &Chain, registry: &NfRegistry, labels: Arc<LabelTable>, state: &StateConfig) -> Rebuilder {
         Rebuilder { chain: Arc::new(chain.clone()), registry: registry.clone(), labels, state: state.clone() }

@@ -55,7 +55,8 @@ pub struct ClientConfig {
     pub retransmit_after: Duration,
     /// A blocking call fails after this long without an answer.
     pub call_timeout: Duration,
-    /// Entries kept in the write-ahead log of shared-state updates.
+    /// Entries kept in the write-ahead log of shared-state updates (what a store rebuild
+    /// re-executes); 0 keeps none, for runs whose store is never rebuilt.
     pub wal_capacity: usize,
     /// Most batches sent and not yet acknowledged; past it the client waits (backpressure
     /// from a store that falls behind).
@@ -568,6 +569,9 @@ impl StoreClient {
     }
 
     fn log_update(&mut self, tag: OpTag, key: StoreKey, op: &StateOp) {
+        if self.cfg.wal_capacity == 0 {
+            return;
+        }
         if self.wal.len() >= self.cfg.wal_capacity {
             self.wal.pop_front();
         }

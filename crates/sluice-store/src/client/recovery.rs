@@ -167,6 +167,14 @@ impl StoreClient {
         self.wal_since_checkpoint
     }
 
+    /// Keeps no write-ahead log from now on (a run whose store is never rebuilt: nothing
+    /// would read it, and every update would be copied into it).
+    pub fn drop_write_ahead_log(&mut self) {
+        self.cfg.wal_capacity = 0;
+        self.wal = VecDeque::new();
+        self.wal_since_checkpoint = 0;
+    }
+
     /// Whether the write-ahead log holds less than half of its capacity of updates made since
     /// the last checkpoint. A store rebuild needs all of them: past the capacity the oldest
     /// are gone, so the owner of the store should checkpoint before (the COE engine does).
