@@ -208,7 +208,10 @@ struct EngineArgs {
     /// Threads of the embedded store.
     #[arg(long, default_value_t = 1)]
     store_threads: usize,
-    /// Checkpoint the state store this often, in milliseconds (0: never).
+    /// Checkpoint the state store this often, in milliseconds (0: never). A run that may lose
+    /// its store (`crash_store` faults, or `--fault-tolerance` with `--control`, where `sluice
+    /// ctl crash-store` may ask for it) holds the chain still for each, so that the instances'
+    /// write-ahead logs agree with it; others take it on a thread of their own.
     #[arg(long, default_value_t = 150)]
     checkpoint_ms: u64,
     /// Keep CHC's packet log at the root: each packet stays logged until every copy is done
