@@ -19,7 +19,7 @@ use crate::live::Live;
 use crate::plan::{direction, Plan, Target, VertexPlan};
 use crate::ports::{Fill, Sink, Source};
 use crate::record::{DropRecord, Recording};
-use crate::report::{InstanceReport, Latency, RunReport, StoreCrashReport, VertexReport};
+use crate::report::{Latency, RunReport, StoreCrashReport};
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
 use ft::{Note, RootLog};
@@ -703,57 +703,7 @@ pub fn run(
         }
         report.recording = Some(rec);
     }
-    report.vertices = shared
-        .vertices
-        .iter()
-        .map(|v| VertexReport {
-            name: v.name.to_string(),
-            kind: v.kind.clone(),
-            split: v.split.iter().map(|f| format!("{f:?}")).collect(),
-            off_path: v.off_path,
-            instances: Vec::new(),
-        })
-        .collect();
-    let mut events = Vec::new();
-    for (w, mut s) in slots {
-        events.append(&mut s.stats.events);
-        events.extend(s.inst.take_events());
-        let Some(vr) = report.vertices.get_mut(s.vertex) else { continue };
-        // Off-path vertices only ever drop mirror copies, which are not input packets.
-        if !vr.off_path {
-            for (r, n) in &s.stats.dropped {
-                *report.dropped.entry(format!("{}: {r}", vr.name)).or_default() += n;
-            }
-        }
-        let busy = s.stats.busy.as_secs_f64();
-        vr.instances.push(InstanceReport {
-            index: s.inst.id().index(),
-            retired: shared.scaling.as_ref().is_some_and(|sc| !sc.serving(s.global)),
-            worker: w,
-            packets_in: s.stats.packets_in,
-            forwarded: s.stats.forwarded,
-            dropped: s.stats.dropped.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
-            consumed: s.stats.consumed,
-            duplicates: s.stats.duplicates,
-            replays_passed: s.stats.replays_passed,
-            busy_s: busy,
-            busy_mpps: if busy > 0.0 { s.stats.packets_in as f64 / busy / 1e6 } else { 0.0 },
-            state: s.inst.state().counters().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
-        });
-        if let Some(live) = &shared.live {
-            live.state_counters(s.global, &s.inst.state().counters());
-        }
-    }
-    report.dropped_total = report.dropped.values().sum();
-    events.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()).then_with(|| a.detail.cmp(&b.detail)));
-    if !report.failovers.is_empty() {
-        // A replacement redoing a clock its predecessor processed decides the same again.
-        events.dedup_by(|a, b| a.sort_key() == b.sort_key() && a.detail == b.detail);
-    }
-    for e in &events {
-        *report.event_counts.entry(format!("{}/{}", e.nf, e.kind)).or_default() += 1;
-    }
-    report.events = events;
+    finish::instances_into(&mut report, &shared, slots);
     let Latencies { hist, timeline } = latencies;
     if let (Some(t), Some(width)) = (timeline, cfg.latency_timeline) {
         report.latency_timeline = latency_windows(t, width);
