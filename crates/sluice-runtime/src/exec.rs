@@ -236,13 +236,12 @@ pub fn run(
     };
     let live_store_crash = hooks.live.is_some() && why_no_store_crash.is_none();
     let slot_count = plan.slot_count();
-    let Plan { name, vertices, entry, traffic, instances, store, state, mut rebuilder, .. } = plan;
-    let mut instances = instances;
+    let Plan { name, vertices, entry, traffic, mut instances, store, state, mut rebuilder, .. } = plan;
     if !(store_crashes || live_store_crash) {
         // Only a store rebuild reads the instances' write-ahead logs.
         rebuilder.without_write_ahead_log();
         for (_, inst) in &mut instances {
-            if let Some(c) = inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_store::StoreClient>()) {
+            if let Some(c) = crate::plan::store_client(inst) {
                 c.drop_write_ahead_log();
             }
         }
@@ -284,10 +283,7 @@ pub fn run(
         reaches,
         ordered,
         scaling,
-        store_crash: (store_crashes || live_store_crash)
-            .then_some(())
-            .and(store.clone())
-            .map(store_crash::StoreCrash::new),
+        store_crash: store.clone().filter(|_| store_crashes || live_store_crash).map(store_crash::StoreCrash::new),
     });
     let mut planned = cfg.planned.clone();
     // Stable: events at the same point keep their order.

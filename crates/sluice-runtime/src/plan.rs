@@ -203,7 +203,7 @@ impl Rebuilder {
     fn flows_request(&self, inst: &mut Instance) -> Option<(Arc<dyn Backend>, u16, Vec<u16>)> {
         let StateConfig::Store { backend, .. } = &self.state else { return None };
         let vertex = inst.id().vertex();
-        let client = inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>())?;
+        let client = store_client(inst)?;
         Some((backend.clone(), vertex, client.loaded_objects()))
     }
 
@@ -230,7 +230,7 @@ impl Rebuilder {
         let Some(values) = backend.values_of(vertex, &objects).map_err(|e| PlanError::Store(e.to_string()))? else {
             return Ok(false);
         };
-        let client = inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>());
+        let client = store_client(inst);
         Ok(client.map(|c| c.load_flows(values)).is_some())
     }
 
@@ -262,18 +262,23 @@ pub fn load_read_flows(reading: &FlowsReading, inst: &mut Instance) -> Option<Re
         Err(std::sync::mpsc::TryRecvError::Empty) => return None,
         Err(std::sync::mpsc::TryRecvError::Disconnected) => return Some(Err("the reading thread ended".into())),
     };
-    let client = inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>());
+    let client = store_client(inst);
     if let (Some(c), Some(values)) = (client, values) {
         c.load_flows(values);
     }
     Some(Ok(()))
 }
 
+/// `inst`'s store client, if its state lives in a store.
+pub fn store_client(inst: &mut Instance) -> Option<&mut StoreClient> {
+    inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>())
+}
+
 /// Re-arms in `inst` the timers the store says instance `owner` had armed: a replacement
 /// takes over its failed predecessor's (same id), a clone its straggler's.
 pub fn adopt_timers(backend: &dyn Backend, inst: &mut Instance, owner: InstanceId) -> Result<(), PlanError> {
     let timers = backend.timers_of(owner).map_err(|e| PlanError::Store(e.to_string()))?;
-    let client = inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>());
+    let client = store_client(inst);
     if let Some(c) = client {
         for (key, deadline) in &timers {
             c.adopt_timer(ObjectId(key.object), &key.key, *deadline);

@@ -598,7 +598,7 @@ impl<'a> Engine<'a> {
     }
 }
 
-/// The vertices `vp`'s routes lead to.
+/// `inst`'s store client.
 fn client(inst: &mut Instance) -> Option<&mut StoreClient> {
-    inst.state().as_any_mut().and_then(|a| a.downcast_mut::<StoreClient>())
+    sluice_runtime::plan::store_client(inst)
 }

@@ -224,7 +224,7 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
     let (vertex, id) = (slot.vertex, slot.inst.id());
     // Its unsent updates are lost; those it sent the store applies anyway, and the root hears
     // which (before it hears of the failure, so its replay does not redo them).
-    let client = slot.inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_store::StoreClient>());
+    let client = crate::plan::store_client(&mut slot.inst);
     if let Some(client) = client {
         if let Err(e) = client.fail(&mut out.commits) {
             slot.errors.push(format!("{}:{} failing: {e}", slot.inst.vertex(), id.index()));

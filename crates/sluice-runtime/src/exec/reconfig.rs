@@ -264,7 +264,7 @@ pub(super) fn take_settled(shared: &Shared, slot: &mut Slot, out: &mut Outgoing)
         // reading each flow's on its next packet (an instance added by scaling, or a clone
         // that took its straggler's place, would otherwise pay a store round trip per flow
         // for the rest of the run).
-        let client = slot.inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_store::StoreClient>());
+        let client = crate::plan::store_client(&mut slot.inst);
         if client.is_some_and(|c| c.looks_up_missing()) {
             if let Err(e) = sc.rebuilder.load_flows(&mut slot.inst) {
                 let name = shared.vertices.get(slot.vertex).map_or("?", |v| &*v.name);
@@ -276,7 +276,7 @@ pub(super) fn take_settled(shared: &Shared, slot: &mut Slot, out: &mut Outgoing)
     let timers = sc.timers.get(slot.global).and_then(|t| t.lock().ok()).map(|mut t| std::mem::take(&mut *t));
     let timers = timers.unwrap_or_default();
     if !timers.is_empty() {
-        if let Some(c) = slot.inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_store::StoreClient>()) {
+        if let Some(c) = crate::plan::store_client(&mut slot.inst) {
             c.take_over_timers(&timers);
         }
     }
@@ -350,7 +350,7 @@ fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, since: u64) {
             slot.inst.state().set_exclusive(o, false);
         }
     }
-    let client = slot.inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_store::StoreClient>());
+    let client = crate::plan::store_client(&mut slot.inst);
     let timers = client.map(|c| {
         if gives_nothing {
             // Flows may have come here: their values are in the store, not absent.

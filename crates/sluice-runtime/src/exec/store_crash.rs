@@ -81,7 +81,7 @@ impl StoreCrash {
 }
 
 fn client(slot: &mut Slot) -> Option<&mut sluice_store::StoreClient> {
-    slot.inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_store::StoreClient>())
+    crate::plan::store_client(&mut slot.inst)
 }
 
 /// At the top of a worker's loop: if the root asked for a hold this worker has not taken part
@@ -205,6 +205,15 @@ pub(super) fn checkpoint_due(shared: &Shared) -> bool {
 /// seconds it took.
 type Taken = Result<(u64, u64, f64), String>;
 
+/// Counts a checkpoint taken (values, instances in its TS vector, seconds) in `report`.
+fn counted(report: &mut crate::report::RunReport, (values, ts, took_s): (u64, u64, f64)) {
+    let c = &mut report.checkpoints;
+    c.taken += 1;
+    c.last_values = values;
+    c.last_ts = ts;
+    c.total_s += took_s;
+}
+
 /// The root's checkpoints and store crashes.
 pub(super) struct Checkpoints {
     every: Option<Duration>,
@@ -252,10 +261,7 @@ impl Checkpoints {
                 // A run that may lose its store takes checkpoints its instances' logs agree
                 // with: they hold still and flush.
                 let cp = checkpoint(shared, workers).map_err(|e| format!("state store checkpoint: {e}"))?;
-                report.checkpoints.taken += 1;
-                report.checkpoints.last_values = cp.values.len() as u64;
-                report.checkpoints.last_ts = cp.ts.len() as u64;
-                report.checkpoints.total_s += self.last.elapsed().as_secs_f64();
+                counted(report, (cp.values.len() as u64, cp.ts.len() as u64, self.last.elapsed().as_secs_f64()));
                 self.last_taken = cp;
             }
         }
@@ -284,11 +290,7 @@ impl Checkpoints {
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => Err("the checkpoint's thread ended".into()),
             };
             self.taking = None;
-            let (values, ts, took_s) = taken.map_err(|e| format!("state store checkpoint: {e}"))?;
-            report.checkpoints.taken += 1;
-            report.checkpoints.last_values = values;
-            report.checkpoints.last_ts = ts;
-            report.checkpoints.total_s += took_s;
+            counted(report, taken.map_err(|e| format!("state store checkpoint: {e}"))?);
         }
         let Some(every) = self.every else { return Ok(()) };
         if self.last.elapsed() < every {
