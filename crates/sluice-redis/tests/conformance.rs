@@ -51,6 +51,7 @@ checks!(
     timers_fire_once,
     only_the_current_timer_expires,
     twins_share_timers,
+    a_shared_timer_due_in_its_batch_fires,
     checkpoint_restore,
     ts_vector_on_reads,
     client_modes_agree,

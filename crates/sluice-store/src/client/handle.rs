@@ -120,6 +120,11 @@ impl StateHandle for StoreClient {
                 // Several instances may arm timers on a shared key: only a copy the store still
                 // holds expires it (one round trip per expiry of a shared key).
                 let key = self.key(f.object, &f.key);
+                if let Some(Some(armed)) = self.timer_changes.remove(&(f.object, f.key)) {
+                    // Armed in this batch: the store hears of it first (ahead of the expiry
+                    // on the same connection), or it would not know this copy.
+                    self.queue_nb(key, StoreOp::SetTimer { deadline_ns: armed }, None);
+                }
                 let op = StoreOp::ExpireTimer { deadline_ns };
                 // Otherwise stale (re-armed or cancelled elsewhere), or the store is
                 // unreachable: a replacement adopts it and fires it again.

@@ -165,3 +165,37 @@ pub fn twins_share_timers(b: &dyn Backend) -> Result<(), String> {
     let left = straggler.take_timer_changes();
     ensure(left.is_empty(), || format!("changes collected while not tracking: {left:?}"))
 }
+
+/// A write-through client (a fault-tolerant run) arms a timer on a key shared with other
+/// instances and the timer is due before the batch ends: it fires, once. The store is told of
+/// armed timers once per batch, and expiring a shared key asks the store whether this copy is
+/// still the current one, so the arming must reach the store first. (A trace with a gap longer
+/// than a timeout inside one batch lost the expiry: a scaled portscan detector kept its
+/// `first_contacts` entries forever.)
+pub fn a_shared_timer_due_in_its_batch_fires(b: &dyn Backend) -> Result<(), String> {
+    let v = 1032;
+    let base = fresh_base();
+    let t0 = packet_time_base(base);
+    let decls = [StateDecl::new("contacts", Scope::global(), AccessPattern::ReadHeavy)];
+    let obj = ObjectId(0);
+    let k = StateKey::Id(base);
+    let cfg = ClientConfig { write_through: true, ..ClientConfig::default() };
+    let mut c = open_client(b, InstanceId::new(v, 0), &decls, &[], cfg)?;
+    // Another instance of the vertex uses the object: its keys are shared.
+    c.set_exclusive(obj, false);
+    let meta = |seq: u64| sluice_packet::Meta { clock: sluice_packet::Clock::new(0, base + seq), ..Default::default() };
+    c.begin_batch();
+    c.begin_packet(&meta(1));
+    c.set_timer(obj, &k, t0 + 100);
+    let mut fired = Vec::new();
+    c.expired(t0 + 200, 16, &mut fired);
+    c.end_batch();
+    let keys: Vec<StateKey> = fired.iter().map(|f| f.key).collect();
+    ensure(keys == vec![k], || format!("a timer due in the batch that armed it fired {keys:?}, not once"))?;
+    c.begin_batch();
+    c.begin_packet(&meta(2));
+    fired.clear();
+    c.expired(t0 + 300, 16, &mut fired);
+    c.end_batch();
+    ensure(fired.is_empty(), || format!("the timer fired again: {fired:?}"))
+}
