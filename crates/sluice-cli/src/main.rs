@@ -168,11 +168,13 @@ struct RunArgs {
     /// on stderr). Requests send `Authorization: Bearer TOKEN`.
     #[arg(long, requires = "control")]
     control_token: Option<String>,
-    /// Crash and slow NF instances, scale vertices and move flows while the chain runs (a
-    /// fault-schedule file, as for `sluice verify`; `crash`, `slow`, `scale` and `move` events
-    /// so far): a crashed instance is replaced and the root replays its log to the replacement,
-    /// through the NFs in front of it; a slowed one spends the extra time per packet; a moved
-    /// flow's packets wait at its new instance until the old one is done with it. Turns on
+    /// Crash, slow, scale, move and clone while the chain runs (a fault-schedule file, as for
+    /// `sluice verify`: `crash`, `crash_root`, `crash_store`, `slow`, `scale`, `move` and `clone`
+    /// events, scaling and straggler policies): a crashed instance is replaced and the root
+    /// replays its log to the replacement, through the NFs in front of it; a slowed one spends
+    /// the extra time per packet; a moved flow's packets wait at its new instance until the old
+    /// one is done with it. A `run:` section is for `sluice verify` (the chain, input, limit and
+    /// log come from this command line; `roots` above 1 is refused). Turns on
     /// --fault-tolerance; needs a store (not --mode local).
     #[arg(long, value_name = "FILE", conflicts_with = "bridge")]
     faults: Option<PathBuf>,

@@ -190,9 +190,8 @@ fn a_crash_asked_through_the_control_endpoint_is_equivalent() {
 }
 
 /// Random schedules (the core's generator: instance, root and store crashes, slowdowns,
-/// scaling, moves and clones) through the threaded runtime, recorded and verified: 50 runs
-/// from seed 0, or
-/// `SLUICE_RANDOM_RUNS` from `SLUICE_RANDOM_SEED` (a failure names its seed and prints its
+/// scaling, moves and clones) through the threaded runtime over the bundled trace and every
+/// shared one, recorded and verified: 50 runs from seed 0, or `SLUICE_RANDOM_RUNS` from `SLUICE_RANDOM_SEED` (a failure names its seed and prints its
 /// schedule).
 #[test]
 fn random_schedules_through_the_threaded_runtime_are_equivalent() {
@@ -201,7 +200,17 @@ fn random_schedules_through_the_threaded_runtime_are_equivalent() {
     let base = env("SLUICE_RANDOM_SEED").unwrap_or(0);
     let runs = env("SLUICE_RANDOM_RUNS").unwrap_or(50);
     let chains = ["chains/example.yaml", "chains/nat-portscan.yaml", "chains/nat-trojan.yaml", "chains/nat.yaml"];
-    let traces = ["traces/demo.pcap", "../shared/traces/echo-connections.pcap", "../shared/traces/http_methods.pcap"];
+    // The bundled trace and every shared one (each pcap in ../shared/traces).
+    let mut traces = vec!["traces/demo.pcap".to_string()];
+    let shared = std::fs::read_dir(repo("../shared/traces")).expect("../shared/traces");
+    let mut found: Vec<String> = shared
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|n| n.ends_with(".pcap"))
+        .map(|n| format!("../shared/traces/{n}"))
+        .collect();
+    found.sort();
+    assert!(found.len() >= 5, "the shared traces: {found:?}");
+    traces.extend(found);
     let lengths: Vec<u64> = traces
         .iter()
         .map(|t| sluice_io::load(repo(t), Some(LIMIT)).map(|p| p.len() as u64).unwrap_or_else(|e| panic!("{t}: {e}")))
@@ -225,7 +234,7 @@ fn random_schedules_through_the_threaded_runtime_are_equivalent() {
         let workers = if i % 2 == 0 { "2" } else { "1" };
         let batch = ["32", "8", "1"][(i as usize / 2) % 3];
         let (f, r) = (faults.to_string_lossy().into_owned(), rec.to_string_lossy().into_owned());
-        let args = ["run", "-c", chain_path, "-i", traces[t], "-q", "--no-pin", "--faults", &f, "--record", &r];
+        let args = ["run", "-c", chain_path, "-i", &traces[t], "-q", "--no-pin", "--faults", &f, "--record", &r];
         let limit = LIMIT.to_string();
         let mut rest = vec!["--window", "4096", "--limit", &limit, "-w", workers, "--batch", batch];
         if schedule.events.iter().any(|e| matches!(e.action, sluice_coe::schedule::Action::CrashRoot { .. })) {

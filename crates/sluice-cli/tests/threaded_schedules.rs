@@ -38,3 +38,40 @@ fn every_bundled_schedule_is_equivalent_in_threads() {
         assert_eq!(report["packets_in"], 20000, "{name}: {report}");
     }
 }
+
+/// Every regression file the engine's random runs found (`faults/regressions/`) through the
+/// threaded runtime, on the chain, trace and packet limit its `run:` section names and its log
+/// place, recorded and verified. Those with several roots are refused with a clear error (the
+/// threaded runtime has one root so far): the test checks the refusal, so none passes unrun.
+#[test]
+fn every_regression_schedule_is_equivalent_in_threads() {
+    let files = schedules("faults/regressions");
+    assert!(files.len() >= 50, "the regression files: {}", files.len());
+    let (mut ran, mut refused) = (0, 0);
+    for f in &files {
+        let schedule = sluice_coe::schedule::FaultSchedule::load(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let name = f.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let path = f.to_string_lossy().into_owned();
+        let run = &schedule.run;
+        let dir = repo("faults/regressions");
+        let chain = dir.join(run.chain.as_ref().unwrap_or_else(|| panic!("{name}: no run.chain")));
+        let input = dir.join(run.input.as_ref().unwrap_or_else(|| panic!("{name}: no run.input")));
+        let (chain, input) = (chain.to_string_lossy().into_owned(), input.to_string_lossy().into_owned());
+        if run.roots.unwrap_or(1) > 1 {
+            let o = common::sluice(&["run", "-c", &chain, "-i", &input, "-q", "--faults", &path]);
+            assert!(!o.status.success(), "{name}: several roots ran in threads");
+            assert!(common::text(&o).contains("one root so far"), "{name}: {}", common::text(&o));
+            refused += 1;
+            continue;
+        }
+        let limit = run.limit.map_or_else(|| u64::MAX.to_string(), |l| l.to_string());
+        let mut extra = vec!["-w", "2"];
+        if run.log == Some(sluice_coe::engine::LogPlace::Store) {
+            extra.extend(["--log", "store"]);
+        }
+        let report = recorded_run(&name, (&chain, &input, &limit), &path, &extra);
+        assert!(report["packets_in"].as_u64().is_some_and(|n| n > 0), "{name}: {report}");
+        ran += 1;
+    }
+    assert!(ran >= 50, "{ran} regression files ran in threads, {refused} refused");
+}
