@@ -7,7 +7,9 @@
 //! Chain-entry order is the order of the packets' logical clocks (`ctx.clock`, stamped by the
 //! root), **not** the order in which packets reach this NF: upstream NFs may delay some flows.
 //! The detector therefore records the clock of each observed event per host and decides on
-//! clocks. Events, all attributed to the *client* (the packet's source address):
+//! clocks. Its memory bound (a host is forgotten after `host_timeout_ms` of packet time without
+//! events) is decided in time order, though, so the detector asks for chain-entry order
+//! (`InputOrder::Clock`) where packets can overtake each other. Events, all attributed to the *client* (the packet's source address):
 //!
 //! * **SSH**: a TCP SYN (without ACK) to one of `ssh_ports` (default 22).
 //! * **FTP download**: a TCP segment to one of `ftp_ports` (default 21) whose payload holds a
@@ -75,8 +77,8 @@
 use crate::util::parse_config;
 use serde::Deserialize;
 use sluice_nf::{
-    AccessPattern, BuildCtx, CustomOp, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl, StateError,
-    StateKey, TimerFired, Value, Verdict,
+    AccessPattern, BuildCtx, CustomOp, InputOrder, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl,
+    StateError, StateKey, TimerFired, Value, Verdict,
 };
 use sluice_packet::{HeaderField, Packet, Proto, L4};
 
@@ -398,6 +400,14 @@ impl NetworkFunction for Trojan {
 
     fn custom_ops(&self) -> &[CustomOp] {
         &self.ops
+    }
+
+    /// The detection itself is decided on clocks, but forgetting a host after
+    /// `host_timeout_ms` of packet time without events is not: a packet that overtook earlier
+    /// ones of other flows would fire (or re-arm) the host's timer out of time order and drop
+    /// events the logical chain keeps.
+    fn input_order(&self) -> InputOrder {
+        InputOrder::Clock
     }
 
     fn process(&self, pkt: &mut Packet, ctx: &mut NfContext<'_>) -> Verdict {
