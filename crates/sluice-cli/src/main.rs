@@ -188,9 +188,10 @@ struct EngineArgs {
     /// Packets per batch.
     #[arg(long, default_value_t = 32)]
     batch: usize,
-    /// Most packets in flight in the chain.
-    #[arg(long, default_value_t = 65_536)]
-    window: usize,
+    /// Most packets in flight in the chain. Default: 4,096 when input waits for room (files,
+    /// the generator), 65,536 when it is dropped (live interfaces), which absorbs bursts.
+    #[arg(long)]
+    window: Option<usize>,
     /// When the window is full: wait (no loss; default for files) or drop (live traffic).
     #[arg(long, value_enum)]
     overflow: Option<OverflowArg>,
@@ -415,17 +416,18 @@ fn progress_bar(quiet: bool, total: Option<u64>) -> Option<ProgressBar> {
 
 fn engine_config(e: &EngineArgs, live: bool) -> RunConfig {
     let d = RunConfig::default();
+    let overflow = match e.overflow {
+        Some(OverflowArg::Wait) => Overflow::Wait,
+        Some(OverflowArg::Drop) => Overflow::Drop,
+        None if live => Overflow::Drop,
+        None => Overflow::Wait,
+    };
     RunConfig {
         workers: e.workers.unwrap_or(d.workers),
         pin: !e.no_pin,
         batch: e.batch,
-        window: e.window,
-        overflow: match e.overflow {
-            Some(OverflowArg::Wait) => Overflow::Wait,
-            Some(OverflowArg::Drop) => Overflow::Drop,
-            None if live => Overflow::Drop,
-            None => Overflow::Wait,
-        },
+        window: e.window.unwrap_or_else(|| overflow.default_window()),
+        overflow,
         fault_tolerance: e.fault_tolerance,
         log_in_store: e.log == verify::LogArg::Store,
         checkpoint_every: (e.checkpoint_ms > 0).then(|| std::time::Duration::from_millis(e.checkpoint_ms)),
