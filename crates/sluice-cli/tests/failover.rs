@@ -191,14 +191,33 @@ fn a_crash_asked_through_the_control_endpoint_is_equivalent() {
 
 /// Random schedules (the core's generator: instance, root and store crashes, slowdowns,
 /// scaling, moves and clones) through the threaded runtime over the bundled trace and every
-/// shared one, recorded and verified: 50 runs from seed 0, or `SLUICE_RANDOM_RUNS` from `SLUICE_RANDOM_SEED` (a failure names its seed and prints its
+/// shared one, embedded store, recorded and verified: 50 runs from seed 0, or
+/// `SLUICE_RANDOM_RUNS` from `SLUICE_RANDOM_SEED` (a failure names its seed and prints its
 /// schedule).
 #[test]
 fn random_schedules_through_the_threaded_runtime_are_equivalent() {
-    const LIMIT: usize = 12_000;
     let env = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<u64>().ok());
     let base = env("SLUICE_RANDOM_SEED").unwrap_or(0);
     let runs = env("SLUICE_RANDOM_RUNS").unwrap_or(50);
+    random_threaded_runs(base..base + runs, 12_000, None);
+}
+
+/// The same with the state (and the root's log, when a root crashes) in Redis: 16 runs from
+/// seed 100,000 over at most 1,500 packets of each trace (on Redis a threaded run pays a round
+/// trip per operation), or `SLUICE_REDIS_RANDOM_RUNS` from `SLUICE_REDIS_RANDOM_SEED`.
+#[test]
+fn random_schedules_through_the_threaded_runtime_on_redis_are_equivalent() {
+    let env = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<u64>().ok());
+    let base = env("SLUICE_REDIS_RANDOM_SEED").unwrap_or(100_000);
+    let runs = env("SLUICE_REDIS_RANDOM_RUNS").unwrap_or(16);
+    let store = common::redis_store("random-threaded");
+    random_threaded_runs(base..base + runs, 1_500, Some(&store));
+}
+
+/// Runs the random threaded schedules of `seeds` over at most `limit` packets of each trace
+/// (`store`: `--store`, else embedded) and fails with every run that failed, seed and schedule.
+fn random_threaded_runs(seeds: std::ops::Range<u64>, limit: usize, store: Option<&str>) {
+    let runs = seeds.end - seeds.start;
     let chains = ["chains/example.yaml", "chains/nat-portscan.yaml", "chains/nat-trojan.yaml", "chains/nat.yaml"];
     // The bundled trace and every shared one (each pcap in ../shared/traces).
     let mut traces = vec!["traces/demo.pcap".to_string()];
@@ -213,13 +232,13 @@ fn random_schedules_through_the_threaded_runtime_are_equivalent() {
     traces.extend(found);
     let lengths: Vec<u64> = traces
         .iter()
-        .map(|t| sluice_io::load(repo(t), Some(LIMIT)).map(|p| p.len() as u64).unwrap_or_else(|e| panic!("{t}: {e}")))
+        .map(|t| sluice_io::load(repo(t), Some(limit)).map(|p| p.len() as u64).unwrap_or_else(|e| panic!("{t}: {e}")))
         .collect();
     let dir = tempfile::tempdir().expect("temp dir");
     let mut failures = Vec::new();
     let mut crashes = 0;
     let mut clones = 0;
-    for seed in base..base + runs {
+    for seed in seeds {
         let i = seed;
         let chain_path = chains[(i as usize) % chains.len()];
         let t = (i as usize / chains.len()) % traces.len();
@@ -235,15 +254,20 @@ fn random_schedules_through_the_threaded_runtime_are_equivalent() {
         let batch = ["32", "8", "1"][(i as usize / 2) % 3];
         let (f, r) = (faults.to_string_lossy().into_owned(), rec.to_string_lossy().into_owned());
         let args = ["run", "-c", chain_path, "-i", &traces[t], "-q", "--no-pin", "--faults", &f, "--record", &r];
-        let limit = LIMIT.to_string();
+        let limit = limit.to_string();
         let mut rest = vec!["--window", "4096", "--limit", &limit, "-w", workers, "--batch", batch];
         if schedule.events.iter().any(|e| matches!(e.action, sluice_coe::schedule::Action::CrashRoot { .. })) {
             rest.extend(["--log", "store"]);
         }
+        // Each run its own keys: a run starts from an empty store.
+        let store = store.map(|s| format!("{s}-s{seed}-"));
+        if let Some(s) = &store {
+            rest.extend(["--store", s]);
+        }
         let what = format!("seed {seed} ({chain_path}, {}, {}):\n{}", traces[t], rest.join(" "), schedule.to_yaml());
-        // A run takes well under a second; one that hangs fails with its seed.
-        let Some(o) = sluice_within(&[&args[..], &rest[..]].concat(), std::time::Duration::from_secs(60)) else {
-            failures.push(format!("{what}run did not end within 60 s"));
+        // A run takes seconds at most; one that hangs fails with its seed.
+        let Some(o) = sluice_within(&[&args[..], &rest[..]].concat(), std::time::Duration::from_secs(120)) else {
+            failures.push(format!("{what}run did not end within 120 s"));
             continue;
         };
         if !o.status.success() {
