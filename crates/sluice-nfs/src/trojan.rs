@@ -7,9 +7,11 @@
 //! Chain-entry order is the order of the packets' logical clocks (`ctx.clock`, stamped by the
 //! root), **not** the order in which packets reach this NF: upstream NFs may delay some flows.
 //! The detector therefore records the clock of each observed event per host and decides on
-//! clocks. Its memory bound (a host is forgotten after `host_timeout_ms` of packet time without
-//! events) is decided in time order, though, so the detector asks for chain-entry order
-//! (`InputOrder::Clock`) where packets can overtake each other. Events, all attributed to the *client* (the packet's source address):
+//! clocks, in whatever order packets arrive (CHC R4). Its memory bound is not: forgetting a host
+//! after `host_timeout_ms` of packet time without events depends on the order of event times
+//! across flows, so a detector with a timeout asks for chain-entry order (`InputOrder::Clock`)
+//! where packets can overtake each other. With `host_timeout_ms: 0` it never forgets and takes
+//! packets in arrival order, deciding on clocks alone. Events, all attributed to the *client* (the packet's source address):
 //!
 //! * **SSH**: a TCP SYN (without ACK) to one of `ssh_ports` (default 22).
 //! * **FTP download**: a TCP segment to one of `ftp_ports` (default 21) whose payload holds a
@@ -58,7 +60,7 @@
 //!
 //! A host's record holds at most `8 + 3 * max_clocks_per_type` integers and is deleted
 //! `host_timeout_ms` of packet time after its last event (timer). A host forgotten this way can
-//! be flagged again.
+//! be flagged again. With `host_timeout_ms: 0` records are kept for the whole run.
 //!
 //! # Configuration
 //!
@@ -68,7 +70,7 @@
 //!   ssh_ports: [22]
 //!   ftp_ports: [21]
 //!   irc_ports: [6667]
-//!   host_timeout_ms: 3600000   # forget a host after an hour without events
+//!   host_timeout_ms: 3600000   # forget a host after an hour without events (0: never)
 //!   max_clocks_per_type: 16    # bound of each file-type clock list
 //! ```
 //!
@@ -109,7 +111,8 @@ pub struct Config {
     pub ftp_ports: Vec<u16>,
     /// TCP ports of IRC.
     pub irc_ports: Vec<u16>,
-    /// Milliseconds of packet time without events after which a host is forgotten.
+    /// Milliseconds of packet time without events after which a host is forgotten (0: never;
+    /// the detector then takes packets in arrival order).
     pub host_timeout_ms: u64,
     /// Bound of each per-type clock list (4 to 1024).
     pub max_clocks_per_type: u16,
@@ -134,7 +137,7 @@ pub struct Trojan {
     ssh_ports: Vec<u16>,
     ftp_ports: Vec<u16>,
     irc_ports: Vec<u16>,
-    host_timeout_ns: u64,
+    host_timeout_ns: Option<u64>,
     max_clocks: i64,
 }
 
@@ -148,9 +151,6 @@ impl Trojan {
             if ports.contains(&0) {
                 return Err(NfError::config(field, "port 0 is not a valid port"));
             }
-        }
-        if c.host_timeout_ms == 0 {
-            return Err(NfError::config("host_timeout_ms", "must be positive"));
         }
         if !(4..=1024).contains(&c.max_clocks_per_type) {
             return Err(NfError::config("max_clocks_per_type", "must be between 4 and 1024"));
@@ -169,7 +169,7 @@ impl Trojan {
             ssh_ports: c.ssh_ports.clone(),
             ftp_ports: c.ftp_ports.clone(),
             irc_ports: c.irc_ports.clone(),
-            host_timeout_ns: c.host_timeout_ms.saturating_mul(1_000_000),
+            host_timeout_ns: (c.host_timeout_ms > 0).then(|| c.host_timeout_ms.saturating_mul(1_000_000)),
             max_clocks: i64::from(c.max_clocks_per_type),
         })
     }
@@ -179,7 +179,9 @@ impl Trojan {
         let key = StateKey::Addr(t.src);
         let arg = Value::Ints(vec![kind, ctx.clock.0 as i64, self.max_clocks]);
         let res = ctx.state.custom(HOST_EVENTS, &key, OP_TROJAN_EVENT, arg);
-        ctx.state.set_timer(HOST_EVENTS, &key, ctx.now_ns.saturating_add(self.host_timeout_ns));
+        if let Some(timeout) = self.host_timeout_ns {
+            ctx.state.set_timer(HOST_EVENTS, &key, ctx.now_ns.saturating_add(timeout));
+        }
         if let Ok(Some(Value::Int(1))) = res {
             ctx.emit("trojan", t.src, "ssh, then ftp downloads of html, zip and exe, then irc (by chain-entry clock)");
         }
@@ -405,9 +407,13 @@ impl NetworkFunction for Trojan {
     /// The detection itself is decided on clocks, but forgetting a host after
     /// `host_timeout_ms` of packet time without events is not: a packet that overtook earlier
     /// ones of other flows would fire (or re-arm) the host's timer out of time order and drop
-    /// events the logical chain keeps.
+    /// events the logical chain keeps. A detector that never forgets takes arrival order.
     fn input_order(&self) -> InputOrder {
-        InputOrder::Clock
+        if self.host_timeout_ns.is_some() {
+            InputOrder::Clock
+        } else {
+            InputOrder::Arrival
+        }
     }
 
     fn process(&self, pkt: &mut Packet, ctx: &mut NfContext<'_>) -> Verdict {

@@ -245,7 +245,7 @@ fn host_state_expires() {
 
 #[test]
 fn bad_config_is_rejected() {
-    for y in ["ssh_ports: []", "host_timeout_ms: 0", "max_clocks_per_type: 1", "nope: 1"] {
+    for y in ["ssh_ports: []", "host_timeout_ms: -1", "max_clocks_per_type: 1", "nope: 1"] {
         let cfg: serde_yaml::Value = serde_yaml::from_str(y).expect("yaml");
         assert!(local_instance(&registry(), "trojan", &cfg).is_err(), "{y}");
     }
@@ -282,4 +282,27 @@ proptest! {
             prop_assert!(matches!(v, Verdict::Forward | Verdict::Drop(_) | Verdict::Output(_)));
         }
     }
+}
+
+/// With a timeout the detector needs chain-entry order (forgetting a host is decided in time
+/// order); with `host_timeout_ms: 0` it never forgets, arms no timer and takes arrival order,
+/// deciding on clocks alone.
+#[test]
+fn only_a_detector_that_forgets_asks_for_entry_order() {
+    let order = |y: &str| {
+        let cfg: serde_yaml::Value = serde_yaml::from_str(y).expect("yaml");
+        local_instance(&registry(), "trojan", &cfg).expect("trojan").nf().input_order()
+    };
+    assert_eq!(order("host_timeout_ms: 1000"), sluice_nf::InputOrder::Clock);
+    assert_eq!(order("host_timeout_ms: 0"), sluice_nf::InputOrder::Arrival);
+    let cfg: serde_yaml::Value = serde_yaml::from_str("host_timeout_ms: 0").expect("yaml");
+    let mut inst = local_instance(&registry(), "trojan", &cfg).expect("trojan");
+    for p in sample_packets() {
+        let mut p = p.clone();
+        inst.process(&mut p);
+    }
+    let key = sluice_nf::StateKey::Addr(host_a());
+    inst.advance_time(u64::MAX / 2, Clock::new(0, 1 << 40));
+    let kept = inst.state().get(sluice_nfs::trojan::HOST_EVENTS, &key).ok().flatten();
+    assert!(kept.is_some(), "a detector that never forgets lost the host's record");
 }

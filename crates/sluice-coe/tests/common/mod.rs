@@ -46,7 +46,9 @@ vertices:
   ssh_scrubber: { type: passthrough }
   ftp_scrubber: { type: passthrough }
   irc_scrubber: { type: passthrough }
-  trojan: { type: trojan }
+  # CHC's detector: it never forgets a host, so it takes packets as they arrive and decides on
+  # clocks alone (with a timeout it would ask for entry order, which hides what clocks do).
+  trojan: { type: trojan, config: { host_timeout_ms: 0 } }
 edges:
   - { from: input, to: ssh_scrubber, filter: "tcp and port == 22" }
   - { from: input, to: irc_scrubber, filter: "tcp and port == 6667" }
