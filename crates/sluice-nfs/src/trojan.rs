@@ -11,7 +11,9 @@
 //! after `host_timeout_ms` of packet time without events depends on the order of event times
 //! across flows, so a detector with a timeout asks for chain-entry order (`InputOrder::Clock`)
 //! where packets can overtake each other. With `host_timeout_ms: 0` it never forgets and takes
-//! packets in arrival order, deciding on clocks alone. Events, all attributed to the *client* (the packet's source address):
+//! packets in arrival order, deciding on clocks alone.
+//!
+//! Events, all attributed to the *client* (the packet's source address):
 //!
 //! * **SSH**: a TCP SYN (without ACK) to one of `ssh_ports` (default 22).
 //! * **FTP download**: a TCP segment to one of `ftp_ports` (default 21) whose payload holds a
