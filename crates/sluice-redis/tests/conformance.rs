@@ -52,6 +52,7 @@ checks!(
     only_the_current_timer_expires,
     twins_share_timers,
     a_shared_timer_due_in_its_batch_fires,
+    shared_key_timers_fire_at_any_instance_of_the_vertex,
     checkpoint_restore,
     ts_vector_on_reads,
     client_modes_agree,

@@ -246,6 +246,14 @@ pub fn run(
             }
         }
     }
+    if scalable || vertices.iter().any(|v| v.instances.len() > 1) {
+        // Several instances of a vertex: a timer on a key they share fires wherever the first
+        // packet past its deadline goes.
+        rebuilder.share_vertex_timers(vertices.len());
+        for (_, inst) in &mut instances {
+            rebuilder.attach_vertex_timers(inst);
+        }
+    }
     let per_vertex: Vec<u16> = vertices.iter().map(|v| v.instances.len() as u16).collect();
     let successors: Vec<Vec<usize>> = vertices.iter().map(VertexPlan::successors).collect();
     let reaches = sluice_chc::splitter::reachability(&successors);

@@ -165,7 +165,13 @@ pub struct Rebuilder {
     registry: NfRegistry,
     labels: Arc<LabelTable>,
     state: StateConfig,
+    /// Per vertex, the table of timers on shared keys its instances use
+    /// ([`Rebuilder::share_vertex_timers`]).
+    vertex_timers: Option<Arc<[VertexTimers]>>,
 }
+
+/// The timers on a vertex's shared keys, one table for all its instances.
+pub type VertexTimers = Arc<std::sync::Mutex<sluice_state::Timers>>;
 
 impl Rebuilder {
     /// Instances built from now on keep no write-ahead log (a run whose store is never
@@ -178,7 +184,31 @@ impl Rebuilder {
 
     /// A builder for `chain`'s instances.
     pub fn new(chain: &Chain, registry: &NfRegistry, labels: Arc<LabelTable>, state: &StateConfig) -> Rebuilder {
-        Rebuilder { chain: Arc::new(chain.clone()), registry: registry.clone(), labels, state: state.clone() }
+        Rebuilder {
+            chain: Arc::new(chain.clone()),
+            registry: registry.clone(),
+            labels,
+            state: state.clone(),
+            vertex_timers: None,
+        }
+    }
+
+    /// Instances built from now on (and those given to [`Rebuilder::attach_vertex_timers`])
+    /// keep the timers on their shared keys in one table per vertex, so that a timer fires
+    /// before the first packet past its deadline whichever instance of the vertex gets it
+    /// ([`StoreClient::share_vertex_timers`]): for runs whose vertices have, or may get,
+    /// several instances.
+    pub fn share_vertex_timers(&mut self, vertices: usize) {
+        self.vertex_timers = Some((0..vertices).map(|_| VertexTimers::default()).collect());
+    }
+
+    /// Puts `inst`'s timers on shared keys into its vertex's table, if the run shares them.
+    pub fn attach_vertex_timers(&self, inst: &mut Instance) {
+        let vertex = usize::from(inst.id().vertex());
+        let table = self.vertex_timers.as_ref().and_then(|t| t.get(vertex)).cloned();
+        if let (Some(table), Some(c)) = (table, store_client(inst)) {
+            c.share_vertex_timers(table);
+        }
     }
 
     /// Whether instances keep their state in a store (a replacement can take it over).
@@ -244,7 +274,9 @@ impl Rebuilder {
             }
             StateConfig::Local => StateConfig::Local,
         };
-        build_instance(&self.chain, &self.registry, &self.labels, vertex, index, instances, &state)
+        let mut inst = build_instance(&self.chain, &self.registry, &self.labels, vertex, index, instances, &state)?;
+        self.attach_vertex_timers(&mut inst);
+        Ok(inst)
     }
 }
 

@@ -85,12 +85,12 @@ impl StateHandle for StoreClient {
     fn set_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
         // Fired here, at the same packet as with local state; the store keeps a copy (sent once
         // per batch) so that a replacement instance is told if this one is gone.
-        self.timers.set(obj, key, deadline_ns);
+        self.timers_of_object(obj, |t| t.set(obj, key, deadline_ns));
         self.timer_changes.insert((obj, *key), Some(deadline_ns));
     }
 
     fn cancel_timer(&mut self, obj: ObjectId, key: &StateKey) {
-        if self.timers.cancel(obj, key) {
+        if self.timers_of_object(obj, |t| t.cancel(obj, key)) {
             self.timer_changes.insert((obj, *key), None);
         }
     }
@@ -110,11 +110,17 @@ impl StateHandle for StoreClient {
         let start = out.len();
         let mut deadlines = Vec::new();
         self.timers.expired_where(now_ns, max, out, &mut deadlines, fire);
-        if out.len() == start {
-            return;
-        }
-        let fired: Vec<TimerFired> = out.drain(start..).collect();
-        for (f, deadline_ns) in fired.into_iter().zip(deadlines) {
+        let mut fired: Vec<(TimerFired, u64, bool)> =
+            out.drain(start..).zip(deadlines).map(|(f, d)| (f, d, false)).collect();
+        self.take_vertex_timers(now_ns, max, &mut fired, fire);
+        for (f, deadline_ns, from_table) in fired {
+            if from_table {
+                // Taken from the vertex's table, so fired once in this process; the store's
+                // copy is cancelled with the batch (a replacement must not adopt it again).
+                self.timer_changes.insert((f.object, f.key), None);
+                out.push(f);
+                continue;
+            }
             let shared = !matches!(self.strategies.get(usize::from(f.object.0)), Some(Strategy::WriteThrough));
             if self.cfg.write_through && shared {
                 // Several instances may arm timers on a shared key: only a copy the store still

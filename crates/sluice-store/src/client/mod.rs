@@ -245,6 +245,11 @@ pub struct StoreClient {
     /// When unacknowledged requests were last checked for retransmission.
     last_resend_check: Instant,
     timers: Timers,
+    /// Per object: scoped wider than a flow (its keys may be shared by the vertex's instances).
+    shared_objects: Vec<bool>,
+    /// While a vertex may have several instances: the timers on its shared keys, one table for
+    /// all of them ([`StoreClient::share_vertex_timers`]).
+    vertex_timers: Option<Arc<std::sync::Mutex<Timers>>>,
     /// Timer changes not yet mirrored to the store, coalesced per key (`None`: cancelled).
     timer_changes: Map<(ObjectId, StateKey), Option<u64>>,
     pending: Vec<Request>,
@@ -327,6 +332,8 @@ impl StoreClient {
             strategies,
             cfg,
             timers: Timers::default(),
+            shared_objects: decls.iter().map(|d| !d.scope.is_per_flow()).collect(),
+            vertex_timers: None,
             timer_changes: Map::default(),
             pending: Vec::new(),
             increments: Vec::new(),
@@ -415,6 +422,22 @@ impl StoreClient {
             let r = self.request(key, StoreOp::IncrMany(incrs), None, false);
             self.pending.push(r);
         }
+    }
+
+    /// Runs `f` on the timers `obj`'s timers live in: the vertex's table for a shared object
+    /// while one is attached, else this instance's own.
+    fn timers_of_object<R>(&mut self, obj: ObjectId, f: impl FnOnce(&mut Timers) -> R) -> R {
+        let shared = self.shared_objects.get(usize::from(obj.0)).copied().unwrap_or(false);
+        match self.vertex_timers.as_ref().filter(|_| shared) {
+            // A poisoned lock only means another worker panicked; the table itself is whole.
+            Some(t) => f(&mut t.lock().unwrap_or_else(std::sync::PoisonError::into_inner)),
+            None => f(&mut self.timers),
+        }
+    }
+
+    /// Whether `obj`'s timers are in the vertex's table.
+    fn in_vertex_table(&self, obj: ObjectId) -> bool {
+        self.vertex_timers.is_some() && self.shared_objects.get(usize::from(obj.0)).copied().unwrap_or(false)
     }
 
     fn send_pending(&mut self) -> Result<(), StateError> {

@@ -5,6 +5,54 @@
 use super::*;
 
 impl StoreClient {
+    /// From now on the timers on this instance's shared keys live in `table`, one table for
+    /// every instance of the vertex (those it armed so far move there). A timer on a key
+    /// several instances share must fire before the first packet past its deadline, whichever
+    /// instance that packet reaches — the logical NF fires it there — not when the instance
+    /// that armed it next sees such a packet; whoever gets there first takes it from the table
+    /// and fires it, once.
+    pub fn share_vertex_timers(&mut self, table: Arc<std::sync::Mutex<Timers>>) {
+        let mut t = table.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (o, k, d) in self.timers.armed() {
+            if self.shared_objects.get(usize::from(o.0)).copied().unwrap_or(false) {
+                self.timers.cancel(o, &k);
+                t.set(o, &k, d);
+            }
+        }
+        drop(t);
+        self.vertex_timers = Some(table);
+    }
+
+    /// Adds the due timers of the vertex's table that `fire` lets fire here to `fired` (this
+    /// instance's own due timers: timer, deadline, `false`), marked `true`, keeping the
+    /// earliest `max` of both in deadline order (as one wheel would fire them) and putting the
+    /// others back where they came from.
+    pub(super) fn take_vertex_timers(
+        &mut self,
+        now_ns: u64,
+        max: usize,
+        fired: &mut Vec<(TimerFired, u64, bool)>,
+        fire: &dyn Fn(ObjectId, &StateKey) -> bool,
+    ) {
+        let Some(table) = self.vertex_timers.clone() else { return };
+        let mut t = table.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (mut shared, mut deadlines) = (Vec::new(), Vec::new());
+        t.expired_where(now_ns, max, &mut shared, &mut deadlines, fire);
+        if shared.is_empty() {
+            return;
+        }
+        fired.extend(shared.into_iter().zip(deadlines).map(|(f, d)| (f, d, true)));
+        // Stable: on equal deadlines the instance's own go first.
+        fired.sort_by_key(|(_, d, _)| *d);
+        for (f, d, from_table) in fired.drain(max.min(fired.len())..) {
+            if from_table {
+                t.set(f.object, &f.key, d);
+            } else {
+                self.timers.set(f.object, &f.key, d);
+            }
+        }
+    }
+
     /// Starts (or stops) collecting the per-flow keys this instance writes through, for a
     /// twin that serves the same flows to forget its copies of ([`StoreClient::forget_cached`]).
     pub fn track_written(&mut self, on: bool) {
@@ -29,9 +77,9 @@ impl StoreClient {
     pub fn mirror_timers(&mut self, changes: &[(ObjectId, StateKey, Option<u64>)]) {
         for (obj, key, change) in changes {
             match change {
-                Some(deadline_ns) => self.timers.set(*obj, key, *deadline_ns),
+                Some(deadline_ns) => self.timers_of_object(*obj, |t| t.set(*obj, key, *deadline_ns)),
                 None => {
-                    self.timers.cancel(*obj, key);
+                    self.timers_of_object(*obj, |t| t.cancel(*obj, key));
                 }
             }
         }
@@ -125,7 +173,7 @@ impl StoreClient {
     /// here, and the store told at the end of the next batch that this instance arms them.
     pub fn take_over_timers(&mut self, timers: &[(ObjectId, StateKey, u64)]) {
         for (o, k, d) in timers {
-            self.timers.set(*o, k, *d);
+            self.timers_of_object(*o, |t| t.set(*o, k, *d));
             self.timer_changes.insert((*o, *k), Some(*d));
         }
     }
@@ -201,11 +249,20 @@ impl StoreClient {
 
     /// The timers armed at this instance, as `(object, key, deadline_ns)`.
     pub fn armed_timers(&self) -> Vec<(ObjectId, StateKey, u64)> {
-        self.timers.armed()
+        let mut armed = self.timers.armed();
+        if let Some(t) = &self.vertex_timers {
+            armed.extend(t.lock().unwrap_or_else(std::sync::PoisonError::into_inner).armed());
+        }
+        armed
     }
 
     /// Re-arms a timer a predecessor armed (recovery), without telling the store again.
     pub fn adopt_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
+        if self.in_vertex_table(obj) {
+            // The vertex's table outlived the predecessor: its shared timers are still there
+            // (or fired already, which re-arming would undo).
+            return;
+        }
         self.timers.set(obj, key, deadline_ns);
     }
 

@@ -54,7 +54,8 @@ pub use ownership::ownership_handover;
 pub use semantics::{ops_semantics, value_and_key_fidelity};
 pub use support::{fresh_base, least_loaded_incr, Rng, BASE_STRIDE, CUSTOM_OPS};
 pub use timers::{
-    a_shared_timer_due_in_its_batch_fires, only_the_current_timer_expires, timers_fire_once, twins_share_timers,
+    a_shared_timer_due_in_its_batch_fires, only_the_current_timer_expires,
+    shared_key_timers_fire_at_any_instance_of_the_vertex, timers_fire_once, twins_share_timers,
 };
 
 use crate::backend::Backend;
@@ -87,6 +88,7 @@ pub fn all() -> Vec<(&'static str, Check)> {
         ("only_the_current_timer_expires", only_the_current_timer_expires),
         ("twins_share_timers", twins_share_timers),
         ("a_shared_timer_due_in_its_batch_fires", a_shared_timer_due_in_its_batch_fires),
+        ("shared_key_timers_fire_at_any_instance_of_the_vertex", shared_key_timers_fire_at_any_instance_of_the_vertex),
         ("checkpoint_restore", checkpoint_restore),
         ("ts_vector_on_reads", ts_vector_on_reads),
         ("client_modes_agree", client_modes_agree),

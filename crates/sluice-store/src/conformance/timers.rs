@@ -199,3 +199,50 @@ pub fn a_shared_timer_due_in_its_batch_fires(b: &dyn Backend) -> Result<(), Stri
     c.end_batch();
     ensure(fired.is_empty(), || format!("the timer fired again: {fired:?}"))
 }
+
+/// Two instances of a vertex share its keys' timers through one table
+/// (`share_vertex_timers`): a timer one arms on a shared key fires at the other, before its
+/// next packet past the deadline, once, in deadline order with that instance's own timers; a
+/// per-flow timer stays with the instance that armed it. (An instance that armed a host's
+/// expiry fired it only on its own next packet past the deadline, so a sibling that got the
+/// first such packet found the record the logical NF had deleted.)
+pub fn shared_key_timers_fire_at_any_instance_of_the_vertex(b: &dyn Backend) -> Result<(), String> {
+    let v = 1033;
+    let base = fresh_base();
+    let t0 = packet_time_base(base);
+    let decls = [
+        StateDecl::new("hosts", Scope::fields(&[sluice_packet::HeaderField::SrcIp]), AccessPattern::ReadWriteOften),
+        StateDecl::new("flows", Scope::per_flow(), AccessPattern::ReadWriteOften),
+    ];
+    let (hosts, flows) = (ObjectId(0), ObjectId(1));
+    let (host, flow) = (StateKey::Id(base), StateKey::Id(base + 1));
+    let cfg = ClientConfig { write_through: true, ..ClientConfig::default() };
+    let mut x = open_client(b, InstanceId::new(v, 0), &decls, &[], cfg.clone())?;
+    let mut y = open_client(b, InstanceId::new(v, 1), &decls, &[], cfg)?;
+    let table = std::sync::Arc::new(std::sync::Mutex::new(sluice_state::Timers::default()));
+    x.share_vertex_timers(table.clone());
+    y.share_vertex_timers(table);
+    for c in [&mut x, &mut y] {
+        c.set_exclusive(hosts, false);
+    }
+    let fire = |c: &mut StoreClient, at: u64| -> Vec<(ObjectId, StateKey)> {
+        c.begin_batch();
+        let mut out = Vec::new();
+        c.expired(at, 16, &mut out);
+        c.end_batch();
+        out.into_iter().map(|f| (f.object, f.key)).collect()
+    };
+    x.begin_batch();
+    x.set_timer(hosts, &host, t0 + 100);
+    x.set_timer(flows, &flow, t0 + 100);
+    x.end_batch();
+    y.begin_batch();
+    y.set_timer(flows, &flow, t0 + 150);
+    y.end_batch();
+    let at_y = fire(&mut y, t0 + 200);
+    ensure(at_y == vec![(hosts, host), (flows, flow)], || {
+        format!("the sibling fired {at_y:?}, not the shared timer and then its own, in deadline order")
+    })?;
+    let at_x = fire(&mut x, t0 + 300);
+    ensure(at_x == vec![(flows, flow)], || format!("the arming instance fired {at_x:?}, not its per-flow timer alone"))
+}
