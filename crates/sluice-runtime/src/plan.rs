@@ -167,11 +167,8 @@ pub struct Rebuilder {
     state: StateConfig,
     /// Per vertex, the table of timers on shared keys its instances use
     /// ([`Rebuilder::share_vertex_timers`]).
-    vertex_timers: Option<Arc<[VertexTimers]>>,
+    vertex_timers: Option<Arc<[sluice_store::VertexTimers]>>,
 }
-
-/// The timers on a vertex's shared keys, one table for all its instances.
-pub type VertexTimers = Arc<std::sync::Mutex<sluice_state::Timers>>;
 
 impl Rebuilder {
     /// Instances built from now on keep no write-ahead log (a run whose store is never
@@ -199,7 +196,7 @@ impl Rebuilder {
     /// ([`StoreClient::share_vertex_timers`]): for runs whose vertices have, or may get,
     /// several instances.
     pub fn share_vertex_timers(&mut self, vertices: usize) {
-        self.vertex_timers = Some((0..vertices).map(|_| VertexTimers::default()).collect());
+        self.vertex_timers = Some((0..vertices).map(|_| sluice_store::VertexTimers::default()).collect());
     }
 
     /// Puts `inst`'s timers on shared keys into its vertex's table, if the run shares them.

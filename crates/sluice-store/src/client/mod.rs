@@ -134,6 +134,10 @@ pub struct ClientStats {
     pub commits_taken: u64,
 }
 
+/// The timers on a vertex's shared keys, one table for all its instances in a process
+/// ([`StoreClient::share_vertex_timers`]).
+pub type VertexTimers = Arc<std::sync::Mutex<Timers>>;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Strategy {
     /// No caching: every operation at the store.
@@ -249,7 +253,7 @@ pub struct StoreClient {
     shared_objects: Vec<bool>,
     /// While a vertex may have several instances: the timers on its shared keys, one table for
     /// all of them ([`StoreClient::share_vertex_timers`]).
-    vertex_timers: Option<Arc<std::sync::Mutex<Timers>>>,
+    vertex_timers: Option<VertexTimers>,
     /// Timer changes not yet mirrored to the store, coalesced per key (`None`: cancelled).
     timer_changes: Map<(ObjectId, StateKey), Option<u64>>,
     pending: Vec<Request>,
@@ -427,7 +431,7 @@ impl StoreClient {
     /// Runs `f` on the timers `obj`'s timers live in: the vertex's table for a shared object
     /// while one is attached, else this instance's own.
     fn timers_of_object<R>(&mut self, obj: ObjectId, f: impl FnOnce(&mut Timers) -> R) -> R {
-        let shared = self.shared_objects.get(usize::from(obj.0)).copied().unwrap_or(false);
+        let shared = self.is_shared_object(obj);
         match self.vertex_timers.as_ref().filter(|_| shared) {
             // A poisoned lock only means another worker panicked; the table itself is whole.
             Some(t) => f(&mut t.lock().unwrap_or_else(std::sync::PoisonError::into_inner)),
@@ -437,7 +441,12 @@ impl StoreClient {
 
     /// Whether `obj`'s timers are in the vertex's table.
     fn in_vertex_table(&self, obj: ObjectId) -> bool {
-        self.vertex_timers.is_some() && self.shared_objects.get(usize::from(obj.0)).copied().unwrap_or(false)
+        self.vertex_timers.is_some() && self.is_shared_object(obj)
+    }
+
+    /// Whether `obj` is scoped wider than a flow.
+    fn is_shared_object(&self, obj: ObjectId) -> bool {
+        self.shared_objects.get(usize::from(obj.0)).copied().unwrap_or(false)
     }
 
     fn send_pending(&mut self) -> Result<(), StateError> {

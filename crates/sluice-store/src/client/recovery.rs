@@ -11,10 +11,10 @@ impl StoreClient {
     /// instance that packet reaches — the logical NF fires it there — not when the instance
     /// that armed it next sees such a packet; whoever gets there first takes it from the table
     /// and fires it, once.
-    pub fn share_vertex_timers(&mut self, table: Arc<std::sync::Mutex<Timers>>) {
+    pub fn share_vertex_timers(&mut self, table: VertexTimers) {
         let mut t = table.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for (o, k, d) in self.timers.armed() {
-            if self.shared_objects.get(usize::from(o.0)).copied().unwrap_or(false) {
+            if self.is_shared_object(o) {
                 self.timers.cancel(o, &k);
                 t.set(o, &k, d);
             }
