@@ -18,6 +18,7 @@
 
 mod handle;
 mod recovery;
+mod vertex_timers;
 
 use crate::backend::{Connection, StoreError};
 use crate::wire::{Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp, TsVector};
@@ -426,27 +427,6 @@ impl StoreClient {
             let r = self.request(key, StoreOp::IncrMany(incrs), None, false);
             self.pending.push(r);
         }
-    }
-
-    /// Runs `f` on the timers `obj`'s timers live in: the vertex's table for a shared object
-    /// while one is attached, else this instance's own.
-    fn timers_of_object<R>(&mut self, obj: ObjectId, f: impl FnOnce(&mut Timers) -> R) -> R {
-        let shared = self.is_shared_object(obj);
-        match self.vertex_timers.as_ref().filter(|_| shared) {
-            // A poisoned lock only means another worker panicked; the table itself is whole.
-            Some(t) => f(&mut t.lock().unwrap_or_else(std::sync::PoisonError::into_inner)),
-            None => f(&mut self.timers),
-        }
-    }
-
-    /// Whether `obj`'s timers are in the vertex's table.
-    fn in_vertex_table(&self, obj: ObjectId) -> bool {
-        self.vertex_timers.is_some() && self.is_shared_object(obj)
-    }
-
-    /// Whether `obj` is scoped wider than a flow.
-    fn is_shared_object(&self, obj: ObjectId) -> bool {
-        self.shared_objects.get(usize::from(obj.0)).copied().unwrap_or(false)
     }
 
     fn send_pending(&mut self) -> Result<(), StateError> {
