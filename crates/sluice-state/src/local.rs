@@ -79,6 +79,11 @@ impl Timers {
         deadlines: &mut Vec<u64>,
         fire: &dyn Fn(ObjectId, &StateKey) -> bool,
     ) {
+        if !matches!(self.heap.peek(), Some(Reverse((deadline, ..))) if *deadline <= now_ns) {
+            // Nothing due (most packets): no more work than a look at the heap's top.
+            self.compact_if_stale();
+            return;
+        }
         let mut n = 0;
         let mut kept = Vec::new();
         while n < max {
@@ -99,8 +104,12 @@ impl Timers {
             }
         }
         self.heap.extend(kept);
-        // Cancelled and re-armed entries would otherwise pile up in the heap: when mostly
-        // stale, rebuild it from the armed timers (a scan and a heapify, no lookups).
+        self.compact_if_stale();
+    }
+
+    /// Cancelled and re-armed entries would otherwise pile up in the heap: when mostly stale,
+    /// rebuilds it from the armed timers (a scan and a heapify, no lookups).
+    fn compact_if_stale(&mut self) {
         if self.heap.len() > 1024 && self.heap.len() > 4 * self.armed.len() {
             let mut v = std::mem::take(&mut self.heap).into_vec();
             v.clear();

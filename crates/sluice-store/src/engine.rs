@@ -117,7 +117,7 @@ struct Shard {
     log: Map<(Clock, u16, u16), Option<Value>>,
     /// The log's keys in arrival order, per root, for forgetting finished clocks (arrival order
     /// is nearly clock order; an entry waits behind a younger one at most until that one goes).
-    log_order: Map<u8, VecDeque<(Clock, u16, u16)>>,
+    log_order: Vec<VecDeque<(Clock, u16, u16)>>,
     ts: Map<InstanceId, Clock>,
     ts_cache: Option<TsVector>,
     timers: BinaryHeap<Reverse<(u64, StoreKey)>>,
@@ -135,7 +135,7 @@ impl Shard {
         Shard {
             entries: Map::default(),
             log: Map::default(),
-            log_order: Map::default(),
+            log_order: Vec::new(),
             ts: Map::default(),
             ts_cache: None,
             timers: BinaryHeap::new(),
@@ -176,7 +176,7 @@ impl Shard {
             StoreOp::ForgetClock(c) => {
                 // Everything of `c`'s root up to and including `c` is done there; other roots'
                 // clocks are not comparable and keep their entries.
-                if let Some(order) = self.log_order.get_mut(&c.root()) {
+                if let Some(order) = self.log_order.get_mut(usize::from(c.root())) {
                     while let Some(k) = order.front() {
                         if k.0 > c {
                             break;
@@ -340,10 +340,19 @@ impl Shard {
         Ok((None, None))
     }
 
+    /// Root `root`'s log keys in arrival order (made at its first entry).
+    fn log_order_of(&mut self, root: u8) -> &mut VecDeque<(Clock, u16, u16)> {
+        let r = usize::from(root);
+        if self.log_order.len() <= r {
+            self.log_order.resize_with(r + 1, VecDeque::new);
+        }
+        &mut self.log_order[r]
+    }
+
     fn log_applied(&mut self, client: InstanceId, vertex: u16, tag: OpTag, result: Option<Value>) {
         let k = (tag.clock, vertex, tag.seq);
         if self.log.insert(k, result).is_none() {
-            self.log_order.entry(tag.clock.root()).or_default().push_back(k);
+            self.log_order_of(tag.clock.root()).push_back(k);
             // The instance's last update applied, in the order applied: not the greatest clock,
             // since clocks need not grow along an instance's log (several roots; a root that
             // restarted past its persisted clock while older packets were in flight; replays).
@@ -379,6 +388,10 @@ impl Shard {
 }
 
 fn shard_of(hasher: &ahash::RandomState, shards: usize, key: &StoreKey) -> usize {
+    if shards <= 1 {
+        // One shard holds everything: no key to hash.
+        return 0;
+    }
     (hasher.hash_one(key) % shards.max(1) as u64) as usize
 }
 
@@ -449,6 +462,11 @@ fn shard_loop(
                 if number < *next {
                     // Applied before (the acknowledgement was late or lost): acknowledge again.
                     client.replies.push(Reply::Ack(number));
+                } else if number == *next && held.is_empty() {
+                    // The usual case: the connection's next batch, nothing held back.
+                    *next += 1;
+                    apply_batch(&mut shard, &reqs, &client, me, shards, &hasher);
+                    client.replies.push(Reply::Ack(number));
                 } else {
                     held.insert(number, reqs);
                     let mut ready = Vec::new();
@@ -462,7 +480,7 @@ fn shard_loop(
                     }
                 }
                 client.wake();
-                for c in std::mem::take(&mut shard.touched) {
+                for c in shard.touched.drain(..) {
                     c.wake();
                 }
             }
@@ -521,7 +539,7 @@ fn shard_loop(
                 for l in cp.log {
                     let k = (l.clock, l.vertex, l.seq);
                     if shard.log.insert(k, l.result).is_none() {
-                        shard.log_order.entry(l.clock.root()).or_default().push_back(k);
+                        shard.log_order_of(l.clock.root()).push_back(k);
                     }
                 }
                 let _ = tx.send(());

@@ -74,6 +74,11 @@ impl Outgoing {
     /// Queues a note for the root's log (only when it keeps one).
     pub(super) fn note(&mut self, shared: &Shared, note: Note) {
         if shared.logging() {
+            if self.notes.len() >= NOTES_PER_BUFFER {
+                // A burst (a store acknowledging many batches at once) goes in several
+                // buffers rather than growing one: the buffers circulate and never reallocate.
+                self.flush_notes(shared);
+            }
             self.notes.push(note);
         }
     }
@@ -83,7 +88,7 @@ impl Outgoing {
         if !shared.logging() || self.notes.is_empty() {
             return;
         }
-        let fresh = shared.note_spare.pop().unwrap_or_default();
+        let fresh = shared.note_spare.pop().unwrap_or_else(|| Vec::with_capacity(NOTES_PER_BUFFER));
         let notes = std::mem::replace(&mut self.notes, fresh);
         self.send(shared, Stalled::Notes(notes));
     }
@@ -187,3 +192,6 @@ fn try_push(shared: &Shared, item: Stalled) -> Result<(), Stalled> {
         }
     }
 }
+
+/// Notes per buffer sent to the root (reserved when a buffer is made).
+const NOTES_PER_BUFFER: usize = 256;

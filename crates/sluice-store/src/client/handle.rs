@@ -74,7 +74,12 @@ impl StateHandle for StoreClient {
             // Counters: one request per value per batch, each increment still tagged.
             match self.increments.iter_mut().find(|(k, _)| *k == skey) {
                 Some((_, v)) => v.push((tag, d)),
-                None => self.increments.push((skey, vec![(tag, d)])),
+                None => {
+                    // Sized for a batch's increments of one counter, so it rarely grows.
+                    let mut v = Vec::with_capacity(INCREMENTS_PER_COUNTER);
+                    v.push((tag, d));
+                    self.increments.push((skey, v));
+                }
             }
             return Ok(());
         }
@@ -110,6 +115,10 @@ impl StateHandle for StoreClient {
         let start = out.len();
         let mut deadlines = Vec::new();
         self.timers.expired_where(now_ns, max, out, &mut deadlines, fire);
+        if out.len() == start && self.vertex_timers.is_none() {
+            // Nothing due here, and no vertex table to look at (most packets).
+            return;
+        }
         let mut fired: Vec<(TimerFired, u64, bool)> =
             out.drain(start..).zip(deadlines).map(|(f, d)| (f, d, false)).collect();
         self.take_vertex_timers(now_ns, max, &mut fired, fire);
@@ -177,11 +186,12 @@ impl StateHandle for StoreClient {
             // Every update of this batch's packets has been sent by now, at the latest in the
             // batch just sent.
             let last_sent = self.next_batch - 1;
-            let xors = std::mem::take(&mut self.batch_xors);
             if self.inflight.iter().any(|(b, _, _)| *b == last_sent) {
+                let fresh = self.xor_spares.pop().unwrap_or_default();
+                let xors = std::mem::replace(&mut self.batch_xors, fresh);
                 self.uncommitted.push_back((last_sent, xors));
             } else {
-                self.committed.extend(xors);
+                self.committed.append(&mut self.batch_xors);
             }
         }
         if self.cfg.mode != Mode::Async {
@@ -262,3 +272,6 @@ impl StateHandle for StoreClient {
         self.drain_acks()
     }
 }
+
+/// Room for one counter's increments in a batch, reserved at its first.
+const INCREMENTS_PER_COUNTER: usize = 16;

@@ -300,6 +300,8 @@ pub struct StoreClient {
     batch_xors: Vec<(Clock, u64)>,
     /// Such entries waiting for the batch that carried their updates to be acknowledged.
     uncommitted: VecDeque<(u64, Vec<(Clock, u64)>)>,
+    /// Emptied such lists, for the next batches (no allocation per batch).
+    xor_spares: Vec<Vec<(Clock, u64)>>,
     /// Entries whose updates the store has acknowledged, for [`StateHandle::take_commits`].
     committed: Vec<(Clock, u64)>,
     /// Per-flow keys written through since the last [`StoreClient::take_written`], collected
@@ -363,6 +365,7 @@ impl StoreClient {
             replaying: false,
             batch_xors: Vec::new(),
             uncommitted: VecDeque::new(),
+            xor_spares: Vec::new(),
             committed: Vec::new(),
             written: None,
             twin_timer_changes: None,
@@ -435,7 +438,8 @@ impl StoreClient {
             return Ok(());
         }
         self.stats.requests += self.pending.len() as u64;
-        let batch: Arc<[Request]> = Arc::from(std::mem::take(&mut self.pending));
+        // Moved into one allocation; `pending` keeps its buffer for the next batch.
+        let batch: Arc<[Request]> = self.pending.drain(..).collect();
         let b = self.next_batch;
         self.next_batch += 1;
         self.conn.send(b, batch.clone()).map_err(backend)?;
@@ -538,8 +542,11 @@ impl StoreClient {
             // oldest unacknowledged batch is applied.
             let floor = self.inflight.front().map_or(u64::MAX, |(b, _, _)| *b);
             while self.uncommitted.front().is_some_and(|(b, _)| *b < floor) {
-                if let Some((_, v)) = self.uncommitted.pop_front() {
-                    self.committed.extend(v);
+                if let Some((_, mut v)) = self.uncommitted.pop_front() {
+                    self.committed.append(&mut v);
+                    if self.xor_spares.len() < XOR_SPARES {
+                        self.xor_spares.push(v);
+                    }
                 }
             }
         }
@@ -708,22 +715,27 @@ impl StoreClient {
     }
 
     fn flush_dirty(&mut self) {
-        for (obj, k) in std::mem::take(&mut self.dirty) {
+        // The list's buffer is kept for the next batch: a flush allocates nothing for itself.
+        let mut dirty = std::mem::take(&mut self.dirty);
+        for (obj, k) in dirty.drain(..) {
             let Some(e) = self.caches.get_mut(usize::from(obj.0)).and_then(|c| c.get_mut(&k)) else { continue };
             if !e.dirty {
                 continue;
             }
             e.dirty = false;
-            let ops = match (e.list_ops.take(), &e.value) {
-                (Some(ops), _) => ops,
-                (None, Some(v)) => vec![StateOp::Set(v.clone())],
-                (None, None) => vec![StateOp::Delete],
+            let (list, single) = match (e.list_ops.take(), &e.value) {
+                (Some(ops), _) => (ops, None),
+                (None, Some(v)) => (Vec::new(), Some(StateOp::Set(v.clone()))),
+                (None, None) => (Vec::new(), Some(StateOp::Delete)),
             };
             let key = StoreKey { vertex: self.vertex, object: obj.0, key: k };
-            for op in ops {
+            for op in list.into_iter().chain(single) {
                 self.queue_nb(key, StoreOp::State(op), None);
             }
             self.stats.flushed += 1;
+        }
+        if self.dirty.is_empty() {
+            self.dirty = dirty;
         }
         for cache in &mut self.caches {
             // Knowing a value is absent saves a lookup, but flows come and go: past a bound, such
@@ -740,6 +752,9 @@ impl StoreClient {
         self.wait_for_acks(0)
     }
 }
+
+/// Emptied per-batch XOR lists a client keeps for reuse.
+const XOR_SPARES: usize = 64;
 
 /// Cached entries per object above which known-absent values are forgotten at a flush.
 const ABSENT_LIMIT: usize = 1 << 16;
