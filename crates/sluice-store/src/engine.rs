@@ -4,6 +4,7 @@
 //! issue order) and answers through the client's own lock-free queues.
 
 use crate::backend::{Backend, Connection, StoreError};
+use crate::clock_log::{ClockLog, LastApplied};
 use crate::wire::{
     Checkpoint, LoggedResult, Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp, TsVector,
 };
@@ -11,7 +12,7 @@ use crossbeam_queue::{ArrayQueue, SegQueue};
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::{ops::apply, CustomOp, StateOp, Value};
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{JoinHandle, Thread};
@@ -112,13 +113,9 @@ type Sequence = (u64, BTreeMap<u64, Arc<[Request]>>);
 
 struct Shard {
     entries: Map<StoreKey, Entry>,
-    /// Results of tagged updates of packets still in flight, by (clock, vertex, index in the
-    /// packet): CHC's store-side log.
-    log: Map<(Clock, u16, u16), Option<Value>>,
-    /// The log's keys in arrival order, per root, for forgetting finished clocks (arrival order
-    /// is nearly clock order; an entry waits behind a younger one at most until that one goes).
-    log_order: Vec<VecDeque<(Clock, u16, u16)>>,
-    ts: Map<InstanceId, Clock>,
+    /// Results of tagged updates of packets still in flight: CHC's store-side log.
+    log: ClockLog,
+    ts: LastApplied,
     ts_cache: Option<TsVector>,
     timers: BinaryHeap<Reverse<(u64, StoreKey)>>,
     now_ns: u64,
@@ -134,9 +131,8 @@ impl Shard {
     fn new() -> Shard {
         Shard {
             entries: Map::default(),
-            log: Map::default(),
-            log_order: Vec::new(),
-            ts: Map::default(),
+            log: ClockLog::default(),
+            ts: LastApplied::default(),
             ts_cache: None,
             timers: BinaryHeap::new(),
             now_ns: 0,
@@ -158,7 +154,7 @@ impl Shard {
         if let Some(t) = &self.ts_cache {
             return t.clone();
         }
-        let mut v: Vec<_> = self.ts.iter().map(|(k, c)| (*k, *c)).collect();
+        let mut v: Vec<_> = self.ts.iter().collect();
         v.sort();
         let t: TsVector = v.into();
         self.ts_cache = Some(t.clone());
@@ -174,24 +170,14 @@ impl Shard {
                 return Response { id, result: Ok(None), replayed: false, ts: None };
             }
             StoreOp::ForgetClock(c) => {
-                // Everything of `c`'s root up to and including `c` is done there; other roots'
-                // clocks are not comparable and keep their entries.
-                if let Some(order) = self.log_order.get_mut(usize::from(c.root())) {
-                    while let Some(k) = order.front() {
-                        if k.0 > c {
-                            break;
-                        }
-                        self.log.remove(k);
-                        order.pop_front();
-                    }
-                }
+                self.log.forget(c);
                 return Response { id, result: Ok(None), replayed: false, ts: None };
             }
             _ => {}
         }
         // Exactly once: a tagged update already applied returns its logged result.
         if let Some(tag) = req.tag {
-            if let Some(r) = self.log.get(&(tag.clock, req.key.vertex, tag.seq)) {
+            if let Some(r) = self.log.get(tag.clock, req.key.vertex, tag.seq) {
                 return Response { id, result: Ok(r.clone()), replayed: true, ts: None };
             }
         }
@@ -318,7 +304,7 @@ impl Shard {
                 }
             }
             for (tag, d) in incrs {
-                if self.log.contains_key(&(tag.clock, key.vertex, tag.seq)) {
+                if self.log.contains(tag.clock, key.vertex, tag.seq) {
                     continue;
                 }
                 let r = apply(&mut entry.value, StateOp::Incr(d), &[]).map_err(|e| e.to_string())?;
@@ -340,24 +326,13 @@ impl Shard {
         Ok((None, None))
     }
 
-    /// Root `root`'s log keys in arrival order (made at its first entry).
-    fn log_order_of(&mut self, root: u8) -> &mut VecDeque<(Clock, u16, u16)> {
-        let r = usize::from(root);
-        if self.log_order.len() <= r {
-            self.log_order.resize_with(r + 1, VecDeque::new);
-        }
-        &mut self.log_order[r]
-    }
-
     fn log_applied(&mut self, client: InstanceId, vertex: u16, tag: OpTag, result: Option<Value>) {
-        let k = (tag.clock, vertex, tag.seq);
-        if self.log.insert(k, result).is_none() {
-            self.log_order_of(tag.clock.root()).push_back(k);
+        if self.log.insert(tag.clock, vertex, tag.seq, result) {
             // The instance's last update applied, in the order applied: not the greatest clock,
             // since clocks need not grow along an instance's log (several roots; a root that
             // restarted past its persisted clock while older packets were in flight; replays).
             // A duplicate changes nothing, so it does not move the vector either.
-            self.ts.insert(client, tag.clock);
+            self.ts.set(client, tag.clock);
             self.ts_cache = None;
         }
     }
@@ -492,7 +467,7 @@ fn shard_loop(
                 // the instances wait for.
                 let values: Vec<_> =
                     shard.entries.iter().filter_map(|(k, e)| e.value.clone().map(|v| (*k, v))).collect();
-                let ts: Vec<_> = shard.ts.iter().map(|(k, c)| (*k, *c)).collect();
+                let ts: Vec<_> = shard.ts.iter().collect();
                 let timers: Vec<_> = shard
                     .entries
                     .iter()
@@ -501,7 +476,7 @@ fn shard_loop(
                 let log: Vec<_> = shard
                     .log
                     .iter()
-                    .map(|(&(clock, vertex, seq), result)| LoggedResult {
+                    .map(|(clock, vertex, seq, result)| LoggedResult {
                         part: 0,
                         clock,
                         vertex,
@@ -525,7 +500,6 @@ fn shard_loop(
             Msg::Restore(cp, tx) => {
                 shard.entries.clear();
                 shard.log.clear();
-                shard.log_order.clear();
                 shard.timers.clear();
                 for (k, v) in cp.values {
                     shard.entries.entry(k).or_default().value = Some(v);
@@ -537,10 +511,7 @@ fn shard_loop(
                 shard.ts = cp.ts.into_iter().collect();
                 shard.ts_cache = None;
                 for l in cp.log {
-                    let k = (l.clock, l.vertex, l.seq);
-                    if shard.log.insert(k, l.result).is_none() {
-                        shard.log_order_of(l.clock.root()).push_back(k);
-                    }
+                    shard.log.insert(l.clock, l.vertex, l.seq, l.result);
                 }
                 let _ = tx.send(());
             }

@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod client;
+mod clock_log;
 pub mod conformance;
 pub mod engine;
 pub mod recovery;

@@ -1,0 +1,283 @@
+//! The embedded store's per-clock log: the result of every tagged update of a packet still in
+//! flight, by (clock, vertex, index in the packet), so that the same update arriving again (a
+//! replay, a retransmitted batch) is answered from the log instead of applied twice (CHC's
+//! exactly-once updates).
+//!
+//! Every tagged update is logged and looked up once, and the root tells the store when a
+//! root's clocks up to some point are done ([`ClockLog::forget`]). Clocks of one root are
+//! sequence numbers that arrive nearly in order, so the log is one ring per root indexed by
+//! sequence number, each slot holding that clock's few updates: a lookup is a subtraction and
+//! a scan of a handful of entries, forgetting pops slots off the front, and emptied slots keep
+//! their buffers for the next clocks — no hashing, and no allocation once running.
+
+use sluice_packet::{Clock, InstanceId};
+use sluice_state::Value;
+use std::collections::{HashMap, VecDeque};
+
+/// One logged update of a clock: its vertex, its index in the packet, its result.
+type Logged = (u16, u16, Option<Value>);
+
+/// Emptied slot buffers kept for reuse (a log that shrinks frees the rest).
+const SPARE_SLOTS: usize = 1 << 16;
+
+/// One root's clocks: the updates of sequence number `base + i` in `slots[i]`.
+#[derive(Default)]
+struct Ring {
+    base: u64,
+    slots: VecDeque<Vec<Logged>>,
+    /// Every clock of this root up to here is done: nothing of it can come again.
+    forgotten: u64,
+}
+
+/// The per-clock log of one shard.
+#[derive(Default)]
+pub(crate) struct ClockLog {
+    /// By root id.
+    rings: Vec<Ring>,
+    spare: Vec<Vec<Logged>>,
+    /// Updates of clocks the rings do not cover: already forgotten (a clock's updates can be
+    /// logged again after it was forgotten, as in the Redis store), or too far from the ring's
+    /// clocks to stretch it that far. Empty in a running chain.
+    stray: HashMap<(Clock, u16, u16), Option<Value>>,
+}
+
+/// How far a ring stretches to take a clock before or after the ones it holds; beyond, the
+/// update goes to the strays (a ring slot costs 24 bytes even when empty).
+const MAX_STRETCH: u64 = 1 << 20;
+
+impl ClockLog {
+    fn slot(&self, clock: Clock) -> Option<&Vec<Logged>> {
+        let ring = self.rings.get(usize::from(clock.root()))?;
+        let i = usize::try_from(clock.seq().checked_sub(ring.base)?).ok()?;
+        ring.slots.get(i)
+    }
+
+    /// The result logged for update `seq` of `clock` at `vertex`, if it was applied.
+    pub(crate) fn get(&self, clock: Clock, vertex: u16, seq: u16) -> Option<&Option<Value>> {
+        let found = self.slot(clock).and_then(|s| s.iter().find(|(v, s, _)| *v == vertex && *s == seq));
+        match found {
+            Some((_, _, r)) => Some(r),
+            None if self.stray.is_empty() => None,
+            None => self.stray.get(&(clock, vertex, seq)),
+        }
+    }
+
+    /// Whether update `seq` of `clock` at `vertex` was applied (and is still remembered).
+    pub(crate) fn contains(&self, clock: Clock, vertex: u16, seq: u16) -> bool {
+        self.get(clock, vertex, seq).is_some()
+    }
+
+    /// Logs the result of update `seq` of `clock` at `vertex`; whether it is new (a second
+    /// result for the same update keeps the first).
+    pub(crate) fn insert(&mut self, clock: Clock, vertex: u16, seq: u16, result: Option<Value>) -> bool {
+        if self.contains(clock, vertex, seq) {
+            return false;
+        }
+        let r = usize::from(clock.root());
+        if self.rings.len() <= r {
+            self.rings.resize_with(r + 1, Ring::default);
+        }
+        let Some(ring) = self.rings.get_mut(r) else { return false };
+        let at = clock.seq();
+        if ring.slots.is_empty() && at > ring.forgotten {
+            ring.base = at;
+        }
+        let end = ring.base + ring.slots.len() as u64;
+        if at <= ring.forgotten || at.saturating_add(MAX_STRETCH) < ring.base || at > end.saturating_add(MAX_STRETCH) {
+            self.stray.insert((clock, vertex, seq), result);
+            return true;
+        }
+        // Grow the ring to cover `at`: at the back (the usual case) or the front (an older
+        // clock's update arriving after a younger one's).
+        while at < ring.base {
+            ring.slots.push_front(Vec::new());
+            ring.base -= 1;
+        }
+        let i = usize::try_from(at - ring.base).unwrap_or(usize::MAX);
+        if i >= ring.slots.len() {
+            ring.slots.resize_with(i.saturating_add(1), Vec::new);
+        }
+        let Some(slot) = ring.slots.get_mut(i) else { return false };
+        if slot.capacity() == 0 {
+            if let Some(buf) = self.spare.pop() {
+                *slot = buf;
+            }
+        }
+        slot.push((vertex, seq, result));
+        true
+    }
+
+    /// Every clock of `upto`'s root up to and including `upto` is done there: their entries
+    /// go. Other roots' clocks are not comparable and stay.
+    pub(crate) fn forget(&mut self, upto: Clock) {
+        let Some(ring) = self.rings.get_mut(usize::from(upto.root())) else { return };
+        ring.forgotten = ring.forgotten.max(upto.seq());
+        while ring.base <= ring.forgotten {
+            let Some(mut slot) = ring.slots.pop_front() else { break };
+            ring.base += 1;
+            if slot.capacity() > 0 && self.spare.len() < SPARE_SLOTS {
+                slot.clear();
+                self.spare.push(slot);
+            }
+        }
+        if !self.stray.is_empty() {
+            self.stray.retain(|(c, _, _), _| c.root() != upto.root() || c.seq() > upto.seq());
+        }
+    }
+
+    /// Forgets everything, forgotten marks included (a store restored from a checkpoint).
+    pub(crate) fn clear(&mut self) {
+        self.rings.clear();
+        self.stray.clear();
+    }
+
+    /// Every logged update as (clock, vertex, index in the packet, result): the rings' by root
+    /// and then clock, then the strays in no order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Clock, u16, u16, &Option<Value>)> + '_ {
+        let ringed = self.rings.iter().enumerate().flat_map(|(r, ring)| {
+            let root = u8::try_from(r).unwrap_or(u8::MAX);
+            ring.slots.iter().enumerate().flat_map(move |(i, slot)| {
+                let clock = Clock::new(root, ring.base + i as u64);
+                slot.iter().map(move |(v, s, res)| (clock, *v, *s, res))
+            })
+        });
+        ringed.chain(self.stray.iter().map(|(&(c, v, s), res)| (c, v, s, res)))
+    }
+}
+
+/// Per instance, the clock of its last update applied (CHC's TS vector, in no order). A shard
+/// hears from few instances, a batch at a time, so a short list with a hint at the last one
+/// used answers most updates with one comparison.
+#[derive(Default)]
+pub(crate) struct LastApplied {
+    last: Vec<(InstanceId, Clock)>,
+    hint: usize,
+}
+
+impl LastApplied {
+    /// `who`'s last update applied is now one of `clock`.
+    pub(crate) fn set(&mut self, who: InstanceId, clock: Clock) {
+        if let Some(e) = self.last.get_mut(self.hint).filter(|e| e.0 == who) {
+            e.1 = clock;
+            return;
+        }
+        match self.last.iter().position(|e| e.0 == who) {
+            Some(i) => {
+                self.hint = i;
+                if let Some(e) = self.last.get_mut(i) {
+                    e.1 = clock;
+                }
+            }
+            None => {
+                self.hint = self.last.len();
+                self.last.push((who, clock));
+            }
+        }
+    }
+
+    /// (instance, clock of its last update applied), in no order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (InstanceId, Clock)> + '_ {
+        self.last.iter().copied()
+    }
+}
+
+impl FromIterator<(InstanceId, Clock)> for LastApplied {
+    fn from_iter<I: IntoIterator<Item = (InstanceId, Clock)>>(iter: I) -> Self {
+        let mut t = LastApplied::default();
+        for (who, clock) in iter {
+            t.set(who, clock);
+        }
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn int(n: i64) -> Option<Value> {
+        Some(Value::Int(n))
+    }
+
+    #[test]
+    fn updates_are_found_by_clock_vertex_and_index_and_kept_once() {
+        let mut log = ClockLog::default();
+        let c = Clock::new(0, 7);
+        assert!(log.insert(c, 1, 0, int(10)));
+        assert!(log.insert(c, 1, 1, int(11)));
+        assert!(log.insert(c, 2, 0, None));
+        assert!(!log.insert(c, 1, 0, int(99)), "the same update again keeps the first result");
+        assert_eq!(log.get(c, 1, 0), Some(&int(10)));
+        assert_eq!(log.get(c, 2, 0), Some(&None));
+        assert!(!log.contains(c, 2, 1) && !log.contains(Clock::new(0, 8), 1, 0));
+        assert!(!log.contains(Clock::new(1, 7), 1, 0), "another root's clock 7 is another clock");
+    }
+
+    #[test]
+    fn forgetting_goes_by_root_up_to_a_clock_and_older_clocks_fit_in_front() {
+        let mut log = ClockLog::default();
+        for (root, seq) in [(0u8, 5u64), (0, 9), (1, 2), (0, 3)] {
+            log.insert(Clock::new(root, seq), 0, 0, int(seq as i64));
+        }
+        let all: Vec<(Clock, u16, u16)> = log.iter().map(|(c, v, s, _)| (c, v, s)).collect();
+        assert_eq!(
+            all,
+            vec![
+                (Clock::new(0, 3), 0, 0),
+                (Clock::new(0, 5), 0, 0),
+                (Clock::new(0, 9), 0, 0),
+                (Clock::new(1, 2), 0, 0)
+            ]
+        );
+        log.forget(Clock::new(0, 5));
+        assert!(!log.contains(Clock::new(0, 3), 0, 0) && !log.contains(Clock::new(0, 5), 0, 0));
+        assert!(log.contains(Clock::new(0, 9), 0, 0) && log.contains(Clock::new(1, 2), 0, 0));
+        // An update of a forgotten clock is logged again (until the next forget), as is a
+        // clock far from the ring's.
+        assert!(log.insert(Clock::new(0, 4), 0, 0, int(4)));
+        assert!(!log.insert(Clock::new(0, 4), 0, 0, int(5)));
+        assert_eq!(log.get(Clock::new(0, 4), 0, 0), Some(&int(4)));
+        let far = Clock::new(0, 9 + 2 * MAX_STRETCH);
+        assert!(log.insert(far, 0, 0, None) && log.contains(far, 0, 0));
+        assert!(log.insert(Clock::new(0, 6), 0, 1, int(6)));
+        assert!(log.contains(Clock::new(0, 6), 0, 1));
+        assert_eq!(log.rings[0].slots.len(), 4, "the ring holds 6 to 9 only");
+        assert_eq!(log.iter().count(), 5);
+        log.forget(Clock::new(0, 100));
+        assert!(!log.contains(Clock::new(0, 4), 0, 0) && log.contains(far, 0, 0));
+        log.forget(far);
+        assert_eq!(log.iter().count(), 1, "root 1's clock stays");
+        log.clear();
+        assert_eq!(log.iter().count(), 0);
+        assert!(log.insert(Clock::new(0, 2), 0, 0, None), "a cleared log forgets its marks too");
+        assert!(log.contains(Clock::new(0, 2), 0, 0));
+    }
+
+    #[test]
+    fn emptied_slots_are_reused() {
+        let mut log = ClockLog::default();
+        for seq in 1..=100u64 {
+            log.insert(Clock::new(0, seq), 0, 0, None);
+        }
+        log.forget(Clock::new(0, 100));
+        assert_eq!(log.spare.len(), 100);
+        for seq in 101..=150u64 {
+            log.insert(Clock::new(0, seq), 0, 0, None);
+        }
+        assert_eq!(log.spare.len(), 50, "new clocks took emptied buffers");
+    }
+
+    #[test]
+    fn the_last_applied_clock_is_kept_per_instance() {
+        let mut t = LastApplied::default();
+        t.set(InstanceId(1), Clock::new(0, 5));
+        t.set(InstanceId(2), Clock::new(0, 3));
+        t.set(InstanceId(1), Clock::new(0, 4));
+        let mut v: Vec<_> = t.iter().collect();
+        v.sort();
+        assert_eq!(v, vec![(InstanceId(1), Clock::new(0, 4)), (InstanceId(2), Clock::new(0, 3))]);
+        let again: LastApplied = v.iter().copied().chain([(InstanceId(2), Clock::new(1, 1))]).collect();
+        assert_eq!(again.iter().count(), 2);
+        assert!(again.iter().any(|e| e == (InstanceId(2), Clock::new(1, 1))));
+    }
+}
