@@ -38,8 +38,9 @@ impl Default for RootConfig {
     }
 }
 
-/// Most buffers of deleted entries kept for reuse (a log that shrinks frees the rest).
-const SPARE_BUFFERS: usize = 1024;
+/// Most buffers of deleted entries kept for reuse, whatever the log's capacity (a log that
+/// shrinks frees the rest).
+const SPARE_BUFFERS: usize = 1 << 16;
 
 /// A root's logical clock: the last sequence number stamped and the last one persisted.
 #[derive(Debug, Clone, Copy, Default)]
@@ -348,7 +349,9 @@ impl Root {
 
     fn delete(&mut self, clock: Clock) {
         if let Some(e) = self.log.remove(&clock) {
-            if self.spare.len() < SPARE_BUFFERS {
+            // As many as the log can hold: entries come and go in bursts of up to a window,
+            // and a cap below it sends most of a burst back to the allocator.
+            if self.spare.len() < SPARE_BUFFERS.min(self.cfg.log_capacity) {
                 self.spare.push(e.packet.into_data());
             }
             self.deleted.push(clock);

@@ -214,3 +214,20 @@ fn a_long_running_root_forgets_inputs_with_their_entries_and_counts_deletes() {
     assert_eq!(r.stats().deleted, 1);
     assert_eq!(r.take_deleted(), vec![p.meta.clock]);
 }
+
+#[test]
+fn a_burst_of_a_whole_log_reuses_every_buffer() {
+    let cap = 3_000;
+    let mut r = root(cap);
+    for round in 0..2u64 {
+        let copies: Vec<Packet> = (0..cap as u64).map(|i| admit(&mut r, round * 10_000 + i)).collect();
+        if round == 1 {
+            assert_eq!(r.spare.len(), 0, "the second burst took every buffer the first left");
+        }
+        for p in &copies {
+            r.copy_finished(p);
+        }
+        assert_eq!(r.logged(), 0);
+        assert_eq!(r.spare.len(), cap, "every deleted entry's buffer is kept for the next burst");
+    }
+}
