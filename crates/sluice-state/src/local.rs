@@ -40,6 +40,12 @@ impl Timers {
         self.armed.contains_key(&(obj, *key))
     }
 
+    /// No timer is due before this packet time (`None`: none armed). Cancelled and re-armed
+    /// timers may leave an earlier deadline behind until they are next looked at.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.heap.peek().map(|Reverse((deadline, ..))| *deadline)
+    }
+
     /// The armed timers as `(object, key, deadline_ns)`, earliest first.
     pub fn armed(&self) -> Vec<(ObjectId, StateKey, u64)> {
         let mut v: Vec<_> = self.armed.iter().map(|(&(o, k), &(_, d))| (o, k, d)).collect();

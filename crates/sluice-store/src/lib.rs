@@ -12,7 +12,7 @@ pub mod recovery;
 pub mod wire;
 
 pub use backend::{Backend, Connection, StoreError};
-pub use client::{ClientConfig, ClientStats, Mode, StoreClient, VertexTimers, NONDET_OBJECT};
+pub use client::{ClientConfig, ClientStats, Mode, StoreClient, VertexTimerTable, VertexTimers, NONDET_OBJECT};
 pub use engine::EmbeddedStore;
 pub use wire::{
     Checkpoint, LoggedResult, Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp, TsVector,

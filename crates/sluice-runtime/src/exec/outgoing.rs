@@ -13,7 +13,10 @@ use std::sync::atomic::Ordering;
 /// Per-destination output buffers of one thread: index `i` for instance `i`, the last for the
 /// sink. Full buffers are pushed at once; the rest at the end of each input batch.
 pub(super) struct Outgoing {
-    pub(super) bufs: Vec<Batch>,
+    bufs: Vec<Batch>,
+    /// Destinations whose buffer took a packet since the last [`Outgoing::flush`] (a run that
+    /// may scale has hundreds of destinations, most of them spares never used).
+    filled: Vec<usize>,
     pub(super) splitter: Splitter,
     /// With scaling possible: the flow allocation as this thread last loaded it.
     pub(super) alloc: Cached,
@@ -38,6 +41,7 @@ impl Outgoing {
     pub(super) fn new(shared: &Shared) -> Outgoing {
         Outgoing {
             bufs: (0..=shared.queues.len()).map(|_| Vec::new()).collect(),
+            filled: Vec::new(),
             splitter: Splitter::default(),
             alloc: Cached::default(),
             mirrored: 0,
@@ -98,6 +102,9 @@ impl Outgoing {
         if buf.capacity() == 0 {
             *buf = shared.empty_batch();
         }
+        if buf.is_empty() {
+            self.filled.push(dest);
+        }
         buf.push(pkt);
         if buf.len() >= shared.batch {
             self.flush_one(shared, dest);
@@ -117,9 +124,15 @@ impl Outgoing {
 
     pub(super) fn flush(&mut self, shared: &Shared) {
         self.retry(shared);
-        for d in 0..self.bufs.len() {
+        let mut filled = std::mem::take(&mut self.filled);
+        // In destination order, as a walk over every buffer would go; a destination filled,
+        // pushed and filled again is listed twice.
+        filled.sort_unstable();
+        filled.dedup();
+        for d in filled.drain(..) {
             self.flush_one(shared, d);
         }
+        self.filled = filled;
         self.flush_notes(shared);
     }
 

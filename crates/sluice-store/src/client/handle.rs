@@ -115,8 +115,8 @@ impl StateHandle for StoreClient {
         let start = out.len();
         let mut deadlines = Vec::new();
         self.timers.expired_where(now_ns, max, out, &mut deadlines, fire);
-        if out.len() == start && self.vertex_timers.is_none() {
-            // Nothing due here, and no vertex table to look at (most packets).
+        if out.len() == start && self.vertex_timers.as_ref().is_none_or(|t| !t.may_be_due(now_ns)) {
+            // Nothing due here nor in the vertex's table (most packets).
             return;
         }
         let mut fired: Vec<(TimerFired, u64, bool)> =

@@ -19,6 +19,7 @@
 mod handle;
 mod recovery;
 mod vertex_timers;
+pub use vertex_timers::VertexTimerTable;
 
 use crate::backend::{Connection, StoreError};
 use crate::wire::{Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp, TsVector};
@@ -137,7 +138,7 @@ pub struct ClientStats {
 
 /// The timers on a vertex's shared keys, one table for all its instances in a process
 /// ([`StoreClient::share_vertex_timers`]).
-pub type VertexTimers = Arc<std::sync::Mutex<Timers>>;
+pub type VertexTimers = Arc<VertexTimerTable>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Strategy {

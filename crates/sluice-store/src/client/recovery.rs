@@ -203,7 +203,7 @@ impl StoreClient {
     pub fn armed_timers(&self) -> Vec<(ObjectId, StateKey, u64)> {
         let mut armed = self.timers.armed();
         if let Some(t) = &self.vertex_timers {
-            armed.extend(t.lock().unwrap_or_else(std::sync::PoisonError::into_inner).armed());
+            armed.extend(t.with(|t| t.armed()));
         }
         armed
     }

@@ -219,7 +219,7 @@ pub fn shared_key_timers_fire_at_any_instance_of_the_vertex(b: &dyn Backend) -> 
     let cfg = ClientConfig { write_through: true, ..ClientConfig::default() };
     let mut x = open_client(b, InstanceId::new(v, 0), &decls, &[], cfg.clone())?;
     let mut y = open_client(b, InstanceId::new(v, 1), &decls, &[], cfg)?;
-    let table = std::sync::Arc::new(std::sync::Mutex::new(sluice_state::Timers::default()));
+    let table = crate::VertexTimers::default();
     x.share_vertex_timers(table.clone());
     y.share_vertex_timers(table);
     for c in [&mut x, &mut y] {
