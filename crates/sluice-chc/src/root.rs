@@ -180,20 +180,9 @@ impl Root {
         self.clocks.len()
     }
 
-    /// The root whose share of the input `pkt` is: a static partition by source address, so a
-    /// host's packets all enter at one root and keep their order in its clocks.
+    /// The root whose share of the input `pkt` is ([`partition`] over this root's count).
     pub fn partition(&self, pkt: &Packet) -> u8 {
-        let n = self.clocks.len() as u64;
-        if n <= 1 {
-            return 0;
-        }
-        let h = match pkt.tuple().map(|t| t.src) {
-            Some(std::net::IpAddr::V4(a)) => u64::from(u32::from(a)),
-            Some(std::net::IpAddr::V6(a)) => a.octets().iter().fold(0u64, |h, x| h.rotate_left(8) ^ u64::from(*x)),
-            None => 0,
-        };
-        // Multiplicative hashing spreads neighbouring addresses over the roots.
-        ((h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % n) as u8
+        partition(pkt, self.clocks.len())
     }
 
     /// Input packet number `input` arrives: stamp its clock (and ingress time), log it.
@@ -362,6 +351,11 @@ impl Root {
     /// Entries deleted since the last call, oldest first (for the log's copy in a store).
     pub fn take_deleted(&mut self) -> Vec<Clock> {
         std::mem::take(&mut self.deleted)
+    }
+
+    /// Whether entries were deleted since they were last taken.
+    pub fn has_deleted(&self) -> bool {
+        !self.deleted.is_empty()
     }
 
     /// [`Root::take_deleted`] without allocating: `each` is called with every clock.
@@ -540,3 +534,22 @@ impl std::fmt::Display for NoSuchRoot {
 }
 
 impl std::error::Error for NoSuchRoot {}
+
+/// The root (of `roots`) whose share of the input `pkt` is: a static partition by source
+/// address, so that a host's packets all enter at one root and keep their order in its clocks
+/// (NFs that order a host's events by clock, such as the Trojan detector, rely on it). Not
+/// symmetric: a connection's two directions may enter at different roots, so a driver whose
+/// roots run concurrently merges what they admit in entry order before the chain's first NFs.
+pub fn partition(pkt: &Packet, roots: usize) -> u8 {
+    let n = roots as u64;
+    if n <= 1 {
+        return 0;
+    }
+    let h = match pkt.tuple().map(|t| t.src) {
+        Some(std::net::IpAddr::V4(a)) => u64::from(u32::from(a)),
+        Some(std::net::IpAddr::V6(a)) => a.octets().iter().fold(0u64, |h, x| h.rotate_left(8) ^ u64::from(*x)),
+        None => 0,
+    };
+    // Multiplicative hashing spreads neighbouring addresses over the roots.
+    ((h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % n) as u8
+}

@@ -188,6 +188,12 @@ struct EngineArgs {
     /// Packets per batch.
     #[arg(long, default_value_t = 32)]
     batch: usize,
+    /// Roots (1 to 8), each on its own thread with its own clocks and, with
+    /// --fault-tolerance, its own log; the input is split over them by source address. More
+    /// than one does not yet combine with faults, scaling, --control, --log store or NFs that
+    /// need chain-entry order (portscan, trojan): such a run is refused with the reason.
+    #[arg(long, default_value_t = 1)]
+    roots: u8,
     /// Most packets in flight in the chain. Default: 4,096 when input waits for room (files,
     /// the generator), 65,536 when it is dropped (live interfaces), which absorbs bursts.
     #[arg(long)]
@@ -426,6 +432,7 @@ fn engine_config(e: &EngineArgs, live: bool) -> RunConfig {
         workers: e.workers.unwrap_or(d.workers),
         pin: !e.no_pin,
         batch: e.batch,
+        roots: e.roots,
         window: e.window.unwrap_or_else(|| overflow.default_window()),
         overflow,
         fault_tolerance: e.fault_tolerance,

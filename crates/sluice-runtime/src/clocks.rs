@@ -1,32 +1,51 @@
 //! Which clocks are still in flight in a threaded run (the in-flight window's ring).
 
 use sluice_packet::Clock;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-/// Which clocks are still in flight. One counter per clock in a ring (the packet plus its mirror
-/// copies); the root admits a clock only while the oldest unfinished one is less than a ring's
-/// length behind, so a slot is never reused while its clock is in flight. The oldest unfinished
-/// clock is the watermark below which per-clock logs can be forgotten.
+/// Which clocks are still in flight. One counter per clock in a ring per root (the packet plus
+/// its mirror copies); a root admits a clock only while its oldest unfinished one is less than a
+/// ring's length behind, so a slot is never reused while its clock is in flight. A root's oldest
+/// unfinished clock is the watermark below which its per-clock logs can be forgotten.
 pub(crate) struct ClockTracker {
+    /// The roots' rings one after the other.
     slots: Vec<AtomicU32>,
+    /// With several roots, beside each slot: its clock's entry time (what orders clocks of
+    /// different roots for order-sensitive instances).
+    entries: Vec<AtomicU64>,
     mask: u64,
 }
 
 impl ClockTracker {
-    pub(crate) fn new(span: usize) -> ClockTracker {
+    /// Rings of at least `span` clocks for `roots` roots.
+    pub(crate) fn new(span: usize, roots: u8) -> ClockTracker {
         let n = span.next_power_of_two().max(2);
-        ClockTracker { slots: (0..n).map(|_| AtomicU32::new(0)).collect(), mask: n as u64 - 1 }
+        let total = n * usize::from(roots.max(1));
+        let entries = if roots > 1 { (0..total).map(|_| AtomicU64::new(0)).collect() } else { Vec::new() };
+        ClockTracker { slots: (0..total).map(|_| AtomicU32::new(0)).collect(), entries, mask: n as u64 - 1 }
     }
+    fn index(&self, c: Clock) -> usize {
+        (u64::from(c.root()) * self.span() + (c.seq() & self.mask)) as usize
+    }
+    /// Clocks per root's ring.
     pub(crate) fn span(&self) -> u64 {
         self.mask + 1
     }
     fn slot(&self, c: Clock) -> Option<&AtomicU32> {
-        self.slots.get((c.seq() & self.mask) as usize)
+        self.slots.get(self.index(c))
     }
-    pub(crate) fn admit(&self, c: Clock) {
+    /// Clock `c` is admitted, having entered at `entry` (kept with several roots).
+    pub(crate) fn admit(&self, c: Clock, entry: u64) {
+        if let Some(e) = self.entries.get(self.index(c)) {
+            e.store(entry, Ordering::Release);
+        }
         if let Some(s) = self.slot(c) {
             s.store(1, Ordering::Release);
         }
+    }
+    /// The entry time of clock `c`, in flight (0 with one root).
+    pub(crate) fn entry(&self, c: Clock) -> u64 {
+        self.entries.get(self.index(c)).map_or(0, |e| e.load(Ordering::Acquire))
     }
     pub(crate) fn copy(&self, c: Clock) {
         if let Some(s) = self.slot(c) {
@@ -38,11 +57,31 @@ impl ClockTracker {
             s.fetch_sub(1, Ordering::AcqRel);
         }
     }
-    /// Copies of clock `seq` in flight (or held, for a count of held copies).
-    pub(crate) fn count(&self, seq: u64) -> u32 {
-        self.slots.get((seq & self.mask) as usize).map_or(0, |s| s.load(Ordering::Acquire))
+    /// Copies of clock `c` in flight (or held, for a count of held copies).
+    pub(crate) fn count(&self, c: Clock) -> u32 {
+        self.slot(c).map_or(0, |s| s.load(Ordering::Acquire))
     }
-    pub(crate) fn finished(&self, seq: u64) -> bool {
-        self.slots.get((seq & self.mask) as usize).is_none_or(|s| s.load(Ordering::Acquire) == 0)
+    pub(crate) fn finished(&self, c: Clock) -> bool {
+        self.slot(c).is_none_or(|s| s.load(Ordering::Acquire) == 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_root_has_its_own_ring() {
+        let t = ClockTracker::new(4, 2);
+        t.admit(Clock::new(1, 3), 9);
+        assert_eq!(t.entry(Clock::new(1, 3)), 9);
+        assert!(!t.finished(Clock::new(1, 3)));
+        assert!(t.finished(Clock::new(0, 3)), "root 0's clock 3 shares no slot with root 1's");
+        t.copy(Clock::new(1, 3));
+        assert_eq!(t.count(Clock::new(1, 3)), 2);
+        t.done(Clock::new(1, 3));
+        t.done(Clock::new(1, 3));
+        assert!(t.finished(Clock::new(1, 3)));
+        assert!(t.finished(Clock::new(7, 1)), "a root the tracker does not have holds nothing");
     }
 }

@@ -16,19 +16,21 @@
 
 use crate::clocks::ClockTracker;
 use crate::live::Live;
-use crate::plan::{direction, Plan, Target, VertexPlan};
+use crate::plan::{Plan, Target, VertexPlan};
 use crate::ports::{Fill, Sink, Source};
-use crate::record::{DropRecord, Recording};
+use crate::record::Recording;
 use crate::report::{Latency, RunReport, StoreCrashReport};
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
 use ft::{Note, RootLog};
 use outgoing::Outgoing;
+use roots::{RootState, Split};
 use sink::{drain_sink, latency_windows, Latencies};
+use sluice_chc::egress::Egress;
 use sluice_packet::{Batch, Clock, InstanceId, PacketPool, ParseStatus};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use worker::{worker_loop, Slot};
 
@@ -40,11 +42,12 @@ mod ft;
 mod outgoing;
 mod passing;
 mod reconfig;
+mod roots;
 mod sink;
 mod store_crash;
 mod worker;
 
-pub use config::{Overflow, Planned, RunConfig, RunError, RunHooks, Slowdown};
+pub use config::{Overflow, Planned, RunConfig, RunError, RunHooks, Slowdown, MAX_ROOTS};
 pub use failover::Crash;
 pub use reconfig::{Change, Reconfig};
 pub use sluice_chc::manager::ManagerPolicy;
@@ -59,8 +62,24 @@ struct Shared {
     queues: Vec<OnceLock<ArrayQueue<Batch>>>,
     queue_cap: usize,
     clocks: ClockTracker,
-    /// The root's last admitted sequence number, published after its clock is in `clocks`.
-    admitted: CachePadded<AtomicU64>,
+    /// Roots stamping clocks (`RunConfig::roots`).
+    roots: u8,
+    /// Per root (0 unused: the calling thread's own share): the batches the calling thread
+    /// split off for it.
+    root_inputs: Vec<ArrayQueue<Batch>>,
+    /// Packets put on `root_inputs` and not yet admitted or dropped by their root.
+    handed: CachePadded<AtomicUsize>,
+    /// Per root: entries in its log, as it last said (root 0's unused).
+    root_logged: Vec<CachePadded<AtomicUsize>>,
+    /// Where copies leave the chain with a log: a clock leaves once (one for all roots).
+    egress: Mutex<Egress>,
+    /// How far each root has admitted, for order-sensitive instances.
+    admissions: crate::order::Admissions,
+    /// Some vertex takes its input in entry order (the roots then publish `admissions`).
+    any_ordered: bool,
+    /// With several roots: every packet that entered up to this time is admitted by root 0
+    /// or on its root's queue (`roots::Split::push`).
+    entered: CachePadded<AtomicU64>,
     sink: ArrayQueue<Batch>,
     spare: ArrayQueue<Batch>,
     in_flight: CachePadded<AtomicUsize>,
@@ -77,8 +96,8 @@ struct Shared {
     record: bool,
     /// Live statistics, if someone reads them.
     live: Option<Arc<Live>>,
-    /// With `RunConfig::fault_tolerance`: notes for the root's log, and emptied note buffers.
-    notes: Option<ArrayQueue<Vec<Note>>>,
+    /// With `RunConfig::fault_tolerance`: notes for each root's log, and emptied note buffers.
+    notes: Option<Vec<ArrayQueue<Vec<Note>>>>,
     note_spare: ArrayQueue<Vec<Note>>,
     /// With `RunConfig::crashes`: what the root and the workers share for failovers.
     failover: Option<failover::Failover>,
@@ -191,9 +210,34 @@ pub fn run(
     if scalable && plan.vertices.iter().all(|v| v.spares.is_empty()) {
         plan.reserve_spares(MAX_INSTANCES_PER_VERTEX);
     }
-    let ordered = crate::order::needs_entry_order(&plan, scalable);
+    let roots = cfg.roots;
+    if !(1..=MAX_ROOTS).contains(&roots) {
+        return Err(RunError::Config(format!("{roots} roots: a run has 1 to {MAX_ROOTS}")));
+    }
+    if cfg.window < usize::from(roots) * cfg.batch {
+        return Err(RunError::Config(format!(
+            "window ({}) must hold a batch ({}) for each of the {roots} roots: each root has its share of it",
+            cfg.window, cfg.batch
+        )));
+    }
+    // Packets of different roots overtake each other everywhere in the chain.
+    let ordered = crate::order::needs_entry_order(&plan, scalable, roots);
     // Only order-sensitive instances read the last admitted clock: nobody else pays for it.
     let any_ordered = ordered.iter().any(|o| *o);
+    if roots > 1 {
+        let not_yet = [
+            (!cfg.planned.is_empty(), "planned faults, scaling or moves"),
+            (!cfg.policies.is_empty(), "vertex managers"),
+            (scalable, "a run that may scale"),
+            (hooks.live.is_some(), "a control endpoint"),
+            (cfg.log_in_store, "the root's log in the store"),
+        ];
+        if let Some((_, what)) = not_yet.into_iter().find(|(n, _)| *n) {
+            return Err(RunError::Config(format!(
+                "several roots (--roots {roots}) do not yet work with {what}: run it with one root (docs/decisions.md, \"Several roots in threads\")"
+            )));
+        }
+    }
     let can_fail_over = cfg.fault_tolerance && plan.rebuilder.has_store();
     if scalable && !plan.rebuilder.has_store() {
         return Err(RunError::Config(
@@ -270,8 +314,15 @@ pub fn run(
     let shared = Arc::new(Shared {
         queues: (0..slot_count).map(|_| OnceLock::new()).collect(),
         queue_cap: cap,
-        clocks: ClockTracker::new(cfg.window),
-        admitted: CachePadded::new(AtomicU64::new(0)),
+        clocks: ClockTracker::new(cfg.window, roots),
+        roots,
+        root_inputs: (0..roots).map(|r| ArrayQueue::new(if r == 0 { 1 } else { ROOT_INPUT_BATCHES })).collect(),
+        handed: CachePadded::new(AtomicUsize::new(0)),
+        root_logged: (0..roots).map(|_| CachePadded::new(AtomicUsize::new(0))).collect(),
+        egress: Mutex::new(Egress::default()),
+        admissions: crate::order::Admissions::new(roots),
+        any_ordered,
+        entered: CachePadded::new(AtomicU64::new(0)),
         sink: ArrayQueue::new(cap),
         spare: ArrayQueue::new(cap.min(1 << 16)),
         in_flight: CachePadded::new(AtomicUsize::new(0)),
@@ -283,8 +334,8 @@ pub fn run(
         batch: cfg.batch,
         record: cfg.record,
         live: live.clone(),
-        notes: cfg.fault_tolerance.then(|| ArrayQueue::new(NOTE_BUFFERS)),
-        note_spare: ArrayQueue::new(NOTE_BUFFERS),
+        notes: cfg.fault_tolerance.then(|| (0..roots).map(|_| ArrayQueue::new(NOTE_BUFFERS)).collect()),
+        note_spare: ArrayQueue::new(NOTE_BUFFERS * usize::from(roots)),
         // Armed for the crashes planned, or for those a control endpoint may ask for.
         failover: (crashes_planned || (can_fail_over && hooks.live.is_some()))
             .then(|| failover::Failover::new(slot_count, per_vertex, rebuilder, cfg.window)),
@@ -336,11 +387,17 @@ pub fn run(
     }
     let mut failover_side = failover::RootSide::default();
     let mut failovers = Vec::new();
-    let mut log = cfg.fault_tolerance.then(|| RootLog::new(cfg.window));
+    let new_log = |id: u8| cfg.fault_tolerance.then(|| RootLog::new(cfg.window, id, roots));
+    let mut log = new_log(0);
     if let (true, Some(b)) = (cfg.log_in_store, &store) {
         if let Some(l) = log.take() {
             log = Some(l.in_store(b.clone()).map_err(|e| RunError::Config(e.to_string()))?);
         }
+    }
+    let mut r0 = RootState::new(0, (log, cfg.record), store.as_ref())?;
+    let mut others = Vec::new();
+    for id in 1..roots {
+        others.push(RootState::new(id, (new_log(id), cfg.record), store.as_ref())?);
     }
 
     // Instances go round-robin to workers (those added later too, by global index).
@@ -367,14 +424,33 @@ pub fn run(
         handles.push(h);
     }
 
+    let t0 = Instant::now();
+    let mut root_handles = Vec::new();
+    for state in others {
+        let shared = shared.clone();
+        let (entry, traffic) = (entry.clone(), traffic.clone());
+        let pace = (cfg.window, cfg.overflow);
+        let h = std::thread::Builder::new()
+            .name(format!("sluice-root-{}", state.id))
+            .spawn(move || {
+                let end = roots::other_root(&shared, state, (&entry, traffic.as_ref()), pace);
+                if end.is_err() {
+                    // The run cannot end well: everyone stops.
+                    shared.aborted.store(true, Ordering::Release);
+                }
+                end
+            })
+            .map_err(|e| RunError::Worker(e.to_string()))?;
+        root_handles.push(h);
+    }
+    let mut split = Split::new(roots, cfg.record);
+
     let mut report =
-        RunReport { chain: name, state, workers, batch: cfg.batch, window: cfg.window, ..RunReport::default() };
+        RunReport { chain: name, state, workers, roots, batch: cfg.batch, window: cfg.window, ..RunReport::default() };
     let hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
         .map_err(|e| RunError::Config(e.to_string()))?;
     let mut latencies = Latencies { hist, timeline: cfg.latency_timeline.map(|_| Vec::new()) };
-    let t0 = Instant::now();
     let mut root = Outgoing::new(&shared);
-    let mut seq: u64 = 0;
     let mut inbuf: Batch = Vec::with_capacity(cfg.batch);
     // Admitted and stamped, not yet in the chain.
     let mut stamped: Batch = Vec::with_capacity(cfg.batch);
@@ -384,60 +460,47 @@ pub fn run(
     let mut last_progress = Instant::now();
     // The oldest unfinished clock as last seen, and since when it has not moved.
     let (mut low_seen, mut quiet_since) = (0u64, Instant::now());
+    // Dropped before any root: malformed or truncated.
     let mut root_drops: BTreeMap<&'static str, u64> = BTreeMap::new();
-    // The oldest clock still in flight, and the store connection that hears about it.
-    let mut low: u64 = 1;
-    let mut forgotten: u64 = 0;
-    let mut last_forget = Instant::now();
-    let mut store_conn = match &store {
-        Some(b) => Some(
-            b.connect(sluice_packet::InstanceId(u32::MAX))
-                .map_err(|e| RunError::Config(format!("state store: {e}")))?,
-        ),
-        None => None,
-    };
-    let mut discard = sluice_store::Replies::default();
-    let mut forget_batches: u64 = 0;
-    let mut recording = cfg.record.then(Recording::default);
-    let mut last_ts = 0u64;
+    let recording = cfg.record.then(Recording::default);
     // With a log: when the last copy finished, and so the wait for the last commits began.
     let mut settling: Option<Instant> = None;
     let mut idle_turns = 0u32;
     let result: Result<(), RunError> = (|| loop {
-        drain_sink(&shared, sink, &mut report, &mut latencies, t0, log.as_mut())?;
-        let oldest_logged = log.as_mut().and_then(|l| drain_notes(&shared, l));
-        if let (Some(fo), Some(l)) = (&shared.failover, log.as_mut()) {
+        if shared.aborted.load(Ordering::Acquire) {
+            return Err(RunError::Worker("a root thread failed".into()));
+        }
+        drain_sink(&shared, sink, &mut report, &mut latencies, t0, (r0.log.as_mut(), &mut root))?;
+        let oldest_logged = r0.take_notes(&shared);
+        let seq = r0.seq;
+        if let (Some(fo), Some(l)) = (&shared.failover, r0.log.as_mut()) {
             fo.set_oldest_logged(oldest_logged.map_or(seq + 1, |c| c.seq()));
             let now_ms = t0.elapsed().as_secs_f64() * 1e3;
             failover_side.serve(&shared, (&entry, traffic.as_ref()), (l, &mut root), &mut failovers, now_ms);
         }
         // What found a queue full goes first; meanwhile no new input is admitted.
-        let stalled = root.retry(&shared);
+        let stalled = root.retry(&shared) || split.push(&shared);
         root_crash_due |= shared.live.as_ref().is_some_and(|l| l.take_root_crash());
         checkpoints.crash_due |= shared.live.as_ref().is_some_and(|l| l.take_store_crash());
         if root_crash_due && !stalled {
             // Between two batches, everything admitted in the chain: the root fails.
             root_crash_due = false;
-            if let Some(l) = log.as_mut() {
+            if let Some(l) = r0.log.as_mut() {
                 let c = l
                     .crash((seq, t0.elapsed().as_secs_f64() * 1e3))
                     .map_err(|e| RunError::Worker(format!("the new root: {e}")))?;
                 // The clocks skipped count against the window at once: admitting past the
                 // in-flight ring's span would put two clocks on one slot.
-                seq = c.resumed_at;
+                r0.seq = c.resumed_at;
                 report.root_crashes.push(c);
             }
         }
+        let seq = r0.seq;
         failover_side.take_live(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
         scaling_side.take_live(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut reconfigurations);
         scaling_side.judge_trials(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut reconfigurations);
-        // With failovers, a clock still logged keeps its slot in the ring: a replay may count
-        // copies of it again.
-        let replayable =
-            |c: u64| shared.failover.is_some() && log.as_ref().is_some_and(|l| l.is_logged(Clock::new(0, c)));
-        while low <= seq && shared.clocks.finished(low) && !replayable(low) {
-            low += 1;
-        }
+        r0.advance_low(&shared);
+        let low = r0.low;
         scaling_side.serve(&shared, (low, seq), &mut reconfigurations);
         if low != low_seen || (shared.in_flight.load(Ordering::Acquire) == 0 && !source_done) {
             (low_seen, quiet_since) = (low, Instant::now());
@@ -450,22 +513,22 @@ pub fn run(
             } else {
                 "nothing has finished for a while; the run waits for these"
             };
-            warn_waiting(&shared, (low, seq, log.as_ref()), (&failover_side, &scaling_side), what);
+            warn_waiting(&shared, (low, seq, r0.log.as_ref()), (&failover_side, &scaling_side), what);
         }
         if let Some(b) = &store {
             let crashed = checkpoints
                 .turn(&shared, (b, workers), &failover_side, &mut report, &|c| {
-                    log.as_ref().is_some_and(|l| l.is_logged(c))
+                    r0.log.as_ref().is_some_and(|l| l.is_logged(c))
                 })
                 .map_err(RunError::Worker)?;
             if let Some(r) = crashed {
                 // The root's own connections go to the rebuilt store too.
-                if let Some(conn) = store_conn.as_mut() {
-                    *conn =
-                        b.connect(InstanceId(u32::MAX)).map_err(|e| RunError::Config(format!("state store: {e}")))?;
-                }
-                let written =
-                    log.as_mut().map_or(Ok(0), RootLog::store_rebuilt).map_err(|e| RunError::Worker(e.to_string()))?;
+                r0.reconnect(b)?;
+                let written = r0
+                    .log
+                    .as_mut()
+                    .map_or(Ok(0), RootLog::store_rebuilt)
+                    .map_err(|e| RunError::Worker(e.to_string()))?;
                 let detail = format!("{}; {written} log entries written back", r.detail);
                 tracing::info!(at_packet = seq, paused_ms = r.paused_ms, %detail, "the store failed and was rebuilt");
                 let at_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -473,10 +536,19 @@ pub fn run(
             }
         }
         if source_done {
-            if shared.in_flight.load(Ordering::Acquire) == 0 && !failover_side.busy() && !scaling_side.busy() {
-                // The last updates' acknowledgements are still on their way to the log; a
+            // Nothing handed to another root and not admitted (read first: a root counts a
+            // packet in flight, and its log, before it stops counting it as handed).
+            let handed = shared.handed.load(Ordering::Acquire);
+            if handed == 0
+                && !stalled
+                && shared.in_flight.load(Ordering::Acquire) == 0
+                && !failover_side.busy()
+                && !scaling_side.busy()
+            {
+                // The last updates' acknowledgements are still on their way to the logs; a
                 // store that stopped answering leaves entries behind (reported), not a hang.
-                let settled = log.as_ref().is_none_or(|l| l.logged() == 0);
+                let others_logged: usize = shared.root_logged.iter().skip(1).map(|n| n.load(Ordering::Acquire)).sum();
+                let settled = r0.logged() == 0 && others_logged == 0;
                 let since = *settling.get_or_insert_with(Instant::now);
                 if settled || since.elapsed() >= SETTLE_LIMIT {
                     return Ok(());
@@ -490,25 +562,8 @@ pub fn run(
             source_done = true;
             continue;
         }
-        if let Some(conn) = store_conn.as_mut() {
-            // Per-clock logs in the store are kept only for packets still in flight, or, with
-            // the root's log, still logged (a replay would need them).
-            let floor = oldest_logged.map_or(low, |c| c.seq().min(low));
-            if floor > forgotten + 1 && last_forget.elapsed() >= Duration::from_millis(2) {
-                last_forget = Instant::now();
-                forgotten = floor - 1;
-                let key = sluice_store::StoreKey { vertex: 0, object: 0, key: sluice_state::StateKey::Unit };
-                let op = sluice_store::StoreOp::ForgetClock(Clock::new(0, forgotten));
-                let client = sluice_packet::InstanceId(0);
-                let req = sluice_store::Request { id: 0, client, tag: None, key, op, reply: false };
-                forget_batches += 1;
-                conn.send(forget_batches, std::sync::Arc::new([req]))
-                    .map_err(|e| RunError::Worker(format!("state store: {e}")))?;
-                discard = sluice_store::Replies::default();
-                let _ = conn.poll(&mut discard);
-            }
-        }
-        let room = admission_room(&shared, cfg.window, seq, low, log.as_ref());
+        r0.forget_old(oldest_logged)?;
+        let room = r0.room(&shared, cfg.window);
         if stalled || (room < cfg.batch && cfg.overflow == Overflow::Wait) {
             // The chain is full: give the workers the CPU rather than spin on it.
             std::thread::sleep(Duration::from_micros(20));
@@ -535,56 +590,35 @@ pub fn run(
         }
         let now_ns = t0.elapsed().as_nanos() as u64;
         let read = inbuf.len() as u64;
-        let dropped_before: u64 = root_drops.values().sum();
+        let dropped_before: u64 = root_drops.values().sum::<u64>() + r0.dropped();
         let mut admitted = 0usize;
-        let room = admission_room(&shared, cfg.window, seq, low, log.as_ref());
+        let room = r0.room(&shared, cfg.window);
         for mut pkt in inbuf.drain(..) {
             report.packets_in += 1;
             report.bytes_in += pkt.len() as u64;
-            let reason = match pkt.hdr().status {
+            let malformed = match pkt.hdr().status {
                 ParseStatus::Truncated => Some("truncated"),
                 ParseStatus::Malformed => Some("malformed"),
-                // With `wait`, room was checked before reading: what was read is admitted.
-                _ if admitted >= room && cfg.overflow == Overflow::Drop => Some("window-full"),
                 _ => None,
             };
-            if let Some(r) = reason {
-                if let Some(rec) = recording.as_mut() {
-                    rec.admitted.push(None);
-                }
+            if let Some(r) = malformed {
+                split.routed(None);
                 *root_drops.entry(r).or_default() += 1;
                 pool.recycle(pkt);
                 continue;
             }
-            if let Some(l) = log.as_mut() {
-                match l.admit(seq + 1, &mut pkt, now_ns) {
-                    // The log's root stamps the clock: after a root crash it resumes past the
-                    // persisted one, not at the next.
-                    Some(clock) => seq = clock.seq() - 1,
-                    None => {
-                        // Unreachable while admission waits for room in the log; counted if not.
-                        if let Some(rec) = recording.as_mut() {
-                            rec.admitted.push(None);
-                        }
-                        *root_drops.entry("log-full").or_default() += 1;
-                        pool.recycle(pkt);
-                        continue;
-                    }
-                }
+            split.stamp(&mut pkt, now_ns);
+            let to = if roots > 1 { sluice_chc::root::partition(&pkt, usize::from(roots)) } else { 0 };
+            split.routed(Some(to));
+            if to != 0 {
+                split.hand(&shared, to, pkt);
+                continue;
             }
-            seq += 1;
-            pkt.meta.clock = Clock::new(0, seq);
-            pkt.meta.ingress_ns = now_ns;
-            shared.clocks.admit(pkt.meta.clock);
-            if any_ordered {
-                shared.admitted.store(seq, Ordering::Release);
-            }
-            if let Some(rec) = recording.as_mut() {
-                rec.admitted.push(Some(pkt.meta.clock));
-                last_ts = last_ts.max(pkt.meta.ts_ns);
-            }
+            // With `wait`, room was checked before reading: what was read is admitted.
+            let over = admitted >= room && cfg.overflow == Overflow::Drop;
+            let Some(pkt) = r0.admit(&shared, pkt, over) else { continue };
+            let seq = r0.seq;
             admitted += 1;
-            shared.in_flight.fetch_add(1, Ordering::AcqRel);
             if seq >= next_fault {
                 while let Some(p) = planned.next_if(|p| p.after() <= seq) {
                     match p {
@@ -620,36 +654,14 @@ pub fn run(
             }
             stamped.push(pkt);
         }
-        if let Some(l) = log.as_mut() {
-            // With the log in the store, a packet enters the chain once the store has it.
-            l.persist(stamped.iter().map(|p| (p.meta.clock.seq(), p))).map_err(|e| RunError::Worker(e.to_string()))?;
-        }
-        for pkt in stamped.drain(..) {
-            if traffic.as_ref().is_some_and(|f| !f.matches(&pkt)) {
-                report.bypassed += 1;
-                let d = shared.queues.len();
-                root.push(&shared, d, pkt);
-                continue;
-            }
-            let routes = &entry[direction(&pkt, entry.len())];
-            if let Some(pkt) = root.route(&shared, routes, pkt) {
-                if let Some(rec) = recording.as_mut() {
-                    rec.drops.push(DropRecord { clock: pkt.meta.clock, vertex: "input".into(), reason: "no-route" });
-                }
-                *root_drops.entry("no-route").or_default() += 1;
-                if let Some(l) = log.as_mut() {
-                    l.note(&Note::Finished(pkt.meta));
-                }
-                shared.clocks.done(pkt.meta.clock);
-                pool.recycle(pkt);
-                shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        root.flush(&shared);
+        // Root 0 has admitted its share of everything read.
+        r0.passed(&shared, split.last_entry);
+        split.push(&shared);
+        r0.enter(&shared, &mut root, (&entry, traffic.as_ref()), &mut stamped)?;
         if let Some(live) = &shared.live {
-            let dropped = root_drops.values().sum::<u64>() - dropped_before;
+            let dropped = root_drops.values().sum::<u64>() + r0.dropped() - dropped_before;
             live.root(read, dropped, shared.in_flight.load(Ordering::Relaxed));
-            if let Some(l) = &log {
+            if let Some(l) = &r0.log {
                 live.root_log(l.report());
             }
         }
@@ -679,6 +691,10 @@ pub fn run(
         }
         slots.extend(r.slots.into_iter().map(|s| (w, s)));
     }
+    let mut all_roots = vec![r0];
+    for h in root_handles {
+        all_roots.push(h.join().map_err(|_| RunError::Worker("a root thread panicked".into()))??);
+    }
     result?;
     if let Some(live) = &shared.live {
         live.output(0, shared.in_flight.load(Ordering::Acquire));
@@ -686,19 +702,34 @@ pub fn run(
     sink.finish()?;
     report.elapsed_s = t0.elapsed().as_secs_f64();
     report.mpps = if report.elapsed_s > 0.0 { report.packets_in as f64 / report.elapsed_s / 1e6 } else { 0.0 };
-    report.mirrored = mirrored;
-    report.fault_tolerance = log.as_ref().map(RootLog::report);
+    report.mirrored = mirrored + all_roots.iter().skip(1).map(|r| r.mirrored).sum::<u64>();
+    report.fault_tolerance = roots::log_report(&all_roots, &shared.egress);
     report.failovers = failovers;
     report.reconfigurations = reconfigurations;
     if let (Some(live), Some(ft)) = (&shared.live, &report.fault_tolerance) {
         live.root_log(ft.clone());
+    }
+    for r in &mut all_roots {
+        report.bypassed += r.bypassed;
+        for (reason, n) in std::mem::take(&mut r.drops) {
+            *root_drops.entry(reason).or_default() += n;
+        }
     }
     for (r, n) in root_drops {
         report.dropped.insert(format!("root: {r}"), n);
     }
     slots.sort_by_key(|(_, s)| s.global);
     if let Some(mut rec) = recording {
-        rec.end = Clock::new(0, seq);
+        let last_ts = all_roots.iter().map(|r| r.last_ts).max().unwrap_or(0);
+        let routed = split.routed.take().unwrap_or_default();
+        rec.admitted = roots::merge_recorded(routed, &mut all_roots);
+        rec.drops.extend(all_roots.iter_mut().flat_map(|r| std::mem::take(&mut r.no_route)));
+        // What timers fired at the end carry: the last clock stamped (with several roots, the
+        // last input packet's).
+        rec.end = match all_roots.as_slice() {
+            [only] => Clock::new(0, only.seq),
+            _ => rec.admitted.iter().rev().find_map(|c| *c).unwrap_or_default(),
+        };
         finish::record_end(&mut rec, &mut slots, &shared.vertices, store.as_ref(), last_ts)?;
         if !report.failovers.is_empty() {
             // A replacement redoing a clock its predecessor dropped drops it again.
@@ -737,7 +768,7 @@ fn warn_waiting(
     tracing::warn!(
         in_flight = shared.in_flight.load(Ordering::Acquire),
         oldest_unfinished = low,
-        its_copies_in_flight = shared.clocks.count(low),
+        its_copies_in_flight = shared.clocks.count(Clock::new(0, low)),
         admitted,
         logged = log.map_or(0, RootLog::logged),
         failover_pending = failover.busy(),
@@ -745,6 +776,9 @@ fn warn_waiting(
         "{what}"
     );
 }
+
+/// Batches the calling thread may have split off for another root and not yet taken.
+const ROOT_INPUT_BATCHES: usize = 64;
 
 /// Turns of the root loop with nothing to read before it sleeps between turns.
 const IDLE_TURNS_BEFORE_SLEEP: u32 = 16;
@@ -763,17 +797,27 @@ const NOTE_BUFFERS: usize = 4096;
 /// updates before it ends the run with entries left in its log.
 const SETTLE_LIMIT: Duration = Duration::from_secs(10);
 
-/// How many packets the root may admit now: within the window, the clock ring and the log.
-fn admission_room(shared: &Shared, window: usize, seq: u64, low: u64, log: Option<&RootLog>) -> usize {
-    let span_room = shared.clocks.span().saturating_sub(seq + 1 - low) as usize;
+/// How many packets root `id` may admit now: within the window, its clock ring and its log.
+/// With several roots each has its own share of the window, counted as its clocks from the
+/// oldest unfinished one: a root always gets room once its own clocks finish, whatever the
+/// others hold. (A shared count would let packets held in entry order fill the window while
+/// the packet they wait for cannot be admitted.)
+fn admission_room(shared: &Shared, window: usize, (_id, seq, low): (u8, u64, u64), log: Option<&RootLog>) -> usize {
+    let outstanding = seq + 1 - low;
+    let span_room = shared.clocks.span().saturating_sub(outstanding) as usize;
     let log_room = log.map_or(usize::MAX, RootLog::room);
-    window.saturating_sub(shared.in_flight.load(Ordering::Acquire)).min(span_room).min(log_room)
+    let window_room = if shared.roots > 1 {
+        (window / usize::from(shared.roots)).saturating_sub(outstanding as usize)
+    } else {
+        window.saturating_sub(shared.in_flight.load(Ordering::Acquire))
+    };
+    window_room.min(span_room).min(log_room)
 }
 
-/// Applies the workers' notes to the log and passes its deletes on; the oldest clock still
-/// logged.
-fn drain_notes(shared: &Shared, log: &mut RootLog) -> Option<Clock> {
-    if let Some(q) = &shared.notes {
+/// Applies the notes about root `id`'s clocks to its log and passes its deletes on; the oldest
+/// clock still logged.
+fn drain_notes(shared: &Shared, id: u8, log: &mut RootLog) -> Option<Clock> {
+    if let Some(q) = shared.notes.as_ref().and_then(|q| q.get(usize::from(id))) {
         while let Some(mut b) = q.pop() {
             for n in &b {
                 log.note(n);
@@ -782,5 +826,5 @@ fn drain_notes(shared: &Shared, log: &mut RootLog) -> Option<Clock> {
             let _ = shared.note_spare.push(b);
         }
     }
-    log.sync_deletes()
+    log.sync_deletes(&shared.egress)
 }

@@ -16,28 +16,64 @@
 
 use crate::clocks::ClockTracker;
 use crate::plan::{Plan, Target};
-use sluice_packet::Packet;
+use sluice_chc::order::OrderKey;
+use sluice_packet::{Clock, Meta, Packet};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// How far the roots have got, as order-sensitive instances read it (per root).
+pub(crate) struct Admissions {
+    /// The last sequence number each root admitted (published after its clock, and entry
+    /// time, are in the tracker).
+    pub(crate) admitted: Vec<AtomicU64>,
+    /// With several roots: an entry time up to which each root has admitted every packet
+    /// handed to it (published after `admitted`).
+    pub(crate) passed: Vec<AtomicU64>,
+}
+
+impl Admissions {
+    pub(crate) fn new(roots: u8) -> Admissions {
+        let n = usize::from(roots.max(1));
+        Admissions {
+            admitted: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            passed: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+    fn admitted(&self, r: usize) -> u64 {
+        self.admitted.get(r).map_or(0, |a| a.load(Ordering::Acquire))
+    }
+    fn passed(&self, r: usize) -> u64 {
+        self.passed.get(r).map_or(0, |a| a.load(Ordering::Acquire))
+    }
+}
 
 /// The packets an order-sensitive instance holds, and how far it has got.
 #[derive(Debug)]
 pub(crate) struct InOrder {
-    held: BTreeMap<u64, Packet>,
-    /// The next sequence number this instance has not processed and does not know finished.
-    next: u64,
+    /// By entry order: the clock alone with one root, (entry time, clock) with several.
+    held: BTreeMap<OrderKey, Packet>,
+    /// Per root: the next sequence number this instance has not processed and does not know
+    /// finished.
+    next: Vec<u64>,
 }
 
 impl InOrder {
-    /// An instance that starts before the root's first clock (sequence number 1).
-    pub(crate) fn new() -> InOrder {
-        InOrder { held: BTreeMap::new(), next: 1 }
+    /// An instance that starts before the roots' first clocks (sequence number 1).
+    pub(crate) fn new(roots: u8) -> InOrder {
+        InOrder { held: BTreeMap::new(), next: vec![1; usize::from(roots.max(1))] }
+    }
+
+    /// A packet's place in entry order: with several roots, whose clocks are independent,
+    /// the entry time the reading thread stamped first (unique and in input order), then the
+    /// clock.
+    fn key(&self, meta: &Meta) -> OrderKey {
+        OrderKey { time: if self.next.len() > 1 { meta.ingress_ns } else { 0 }, clock: meta.clock }
     }
 
     /// Holds `pkt` until its turn. A second copy of a clock held already (a replay's copy
     /// after a failover upstream) is handed back: the caller ends it as a duplicate.
     pub(crate) fn hold(&mut self, pkt: Packet) -> Option<Packet> {
-        match self.held.entry(pkt.meta.clock.seq()) {
+        match self.held.entry(self.key(&pkt.meta)) {
             std::collections::btree_map::Entry::Occupied(_) => Some(pkt),
             std::collections::btree_map::Entry::Vacant(v) => {
                 v.insert(pkt);
@@ -46,9 +82,9 @@ impl InOrder {
         }
     }
 
-    /// Whether it holds a packet of clock `seq`, waiting for its turn.
-    pub(crate) fn holds(&self, seq: u64) -> bool {
-        self.held.contains_key(&seq)
+    /// Whether it holds a packet of `meta`'s clock, waiting for its turn.
+    pub(crate) fn holds(&self, meta: &Meta) -> bool {
+        self.held.contains_key(&self.key(meta))
     }
 
     /// Takes every packet held (the instance failed with them).
@@ -61,64 +97,100 @@ impl InOrder {
         self.held.len()
     }
 
-    /// For a person: how many it holds, the first, and the clock it waits for.
+    /// For a person: how many it holds, the first, and the clocks it waits for.
     pub(crate) fn describe(&self) -> String {
-        let first = self.held.keys().next().map_or("-".into(), u64::to_string);
-        format!("{} held (first {first}), next {}", self.held.len(), self.next)
+        let first = self.held.keys().next().map_or("-".into(), |k| format!("{:?}", k.clock));
+        format!("{} held (first {first}), next {:?}", self.held.len(), self.next)
     }
 
-    /// Moves the packets whose turn has come, in entry order, into `out`. `admitted` is the
-    /// root's last admitted sequence number (published after the clock is marked in flight);
-    /// `gone_by(seq)` says that clock `seq`, unfinished, has gone past this vertex for good
-    /// (its copies held by a recovering replacement further down, which may wait for what
-    /// this instance holds).
+    /// Moves the packets whose turn has come, in entry order, into `out`. A held packet's turn
+    /// has come when, at every root, each clock before it in entry order is admitted and
+    /// either finished, processed here, or gone past this vertex for good (`gone_by`: its
+    /// copies held by a recovering replacement further down, which may wait for what this
+    /// instance holds).
     pub(crate) fn take_ready(
         &mut self,
         clocks: &ClockTracker,
-        admitted: &AtomicU64,
-        gone_by: impl Fn(u64) -> bool,
+        roots: &Admissions,
+        gone_by: impl Fn(Clock) -> bool,
         out: &mut Vec<Packet>,
     ) {
-        let mut last = admitted.load(Ordering::Acquire);
-        loop {
-            if let Some(entry) = self.held.first_entry() {
-                if *entry.key() <= self.next {
-                    let seq = *entry.key();
-                    out.push(entry.remove());
-                    self.next = self.next.max(seq + 1);
-                    continue;
+        while let Some(key) = self.held.first_key_value().map(|(k, _)| *k) {
+            for (r, next) in self.next.iter_mut().enumerate() {
+                if !earlier_done((r as u8, next), key, clocks, roots, &gone_by) {
+                    return;
                 }
             }
-            if self.next > last {
-                // Not admitted as far as we know: look again before waiting.
-                let now = admitted.load(Ordering::Acquire);
+            if let Some((_, p)) = self.held.pop_first() {
+                out.push(p);
+            }
+            if let Some(n) = self.next.get_mut(usize::from(key.clock.root())) {
+                *n = (*n).max(key.clock.seq() + 1);
+            }
+        }
+    }
+}
+
+/// Whether every clock of root `id` before `key` in entry order is admitted and done with as far
+/// as the instance is concerned, moving the root's cursor `next` past what is.
+fn earlier_done(
+    (id, next): (u8, &mut u64),
+    key: OrderKey,
+    clocks: &ClockTracker,
+    roots: &Admissions,
+    gone_by: &impl Fn(Clock) -> bool,
+) -> bool {
+    let r = usize::from(id);
+    let mut last = roots.admitted(r);
+    loop {
+        if id == key.clock.root() && key.clock.seq() <= *next {
+            // Everything of the packet's own root before it is done.
+            return true;
+        }
+        if *next > last {
+            if id == key.clock.root() {
+                // Not admitted as far as we know (the packet itself is): look again.
+                let now = roots.admitted(r);
                 if now == last {
-                    return;
+                    return false;
                 }
                 last = now;
                 continue;
             }
-            // Admitted: finished, or its slot reused by a clock a ring later (which the root
-            // admits only once this one finished).
-            if self.next + clocks.span() <= last || clocks.finished(self.next) || gone_by(self.next) {
-                self.next += 1;
-                continue;
+            // Another root: done if it has admitted everything entered before the packet.
+            if roots.passed(r) < key.time {
+                return false;
             }
-            return;
+            let now = roots.admitted(r);
+            if now == last {
+                return true;
+            }
+            last = now;
+            continue;
         }
+        let c = Clock::new(id, *next);
+        // Admitted: finished, or its slot reused by a clock a ring later (which the root
+        // admits only once this one finished).
+        if *next + clocks.span() <= last || clocks.finished(c) || gone_by(c) {
+            *next += 1;
+            continue;
+        }
+        // In flight elsewhere: in the way only if it entered before the packet.
+        return key.time > 0 && clocks.entry(c) > key.time;
     }
 }
 
 /// Which vertices of `plan` must take their input in entry order: those of an NF that needs it
 /// (`InputOrder::Clock`) when packets can overtake each other on the way to it — some vertex
 /// has several instances (or may have, `scalable`), or it is fed by more than one vertex (or
-/// the root and a vertex). Otherwise arrival order is entry order already and holding would
-/// only wait.
-pub(crate) fn needs_entry_order(plan: &Plan, scalable: bool) -> Vec<bool> {
-    let scaled = scalable || plan.vertices.iter().any(|v| v.instances.len() > 1);
-    let mut feeders: Vec<usize> = vec![0; plan.vertices.len()];
-    let vertices = plan.vertices.iter().map(|v| v.routes.iter().flatten().collect::<Vec<_>>());
-    for routes in vertices.chain(std::iter::once(plan.entry.iter().collect())) {
+/// the root and a vertex), or several roots feed the chain. Otherwise arrival order is entry
+/// order already and holding would only wait. With several `roots`, which split the input by
+/// source address, the two directions of a connection enter at different roots and would
+/// overtake each other at the first vertex: every vertex the roots feed merges them in entry
+/// order, whatever its NF; past it, a flow's packets keep that order.
+pub(crate) fn needs_entry_order(plan: &Plan, scalable: bool, roots: u8) -> Vec<bool> {
+    let scaled = scalable || roots > 1 || plan.vertices.iter().any(|v| v.instances.len() > 1);
+    let targets = |routes: &[&crate::plan::Routes]| {
         let mut to: Vec<usize> = routes
             .iter()
             .flat_map(|r| r.main.iter().chain(&r.mirrors))
@@ -129,7 +201,12 @@ pub(crate) fn needs_entry_order(plan: &Plan, scalable: bool) -> Vec<bool> {
             .collect();
         to.sort_unstable();
         to.dedup();
-        for w in to {
+        to
+    };
+    let mut feeders: Vec<usize> = vec![0; plan.vertices.len()];
+    let vertices = plan.vertices.iter().map(|v| v.routes.iter().flatten().collect::<Vec<_>>());
+    for routes in vertices.chain(std::iter::once(plan.entry.iter().collect())) {
+        for w in targets(&routes) {
             if let Some(n) = feeders.get_mut(w) {
                 *n += 1;
             }
@@ -140,6 +217,13 @@ pub(crate) fn needs_entry_order(plan: &Plan, scalable: bool) -> Vec<bool> {
         if let Some(o) = ordered.get_mut(*v) {
             *o = inst.nf().input_order() == sluice_nf::InputOrder::Clock
                 && (scaled || feeders.get(*v).is_some_and(|n| *n > 1));
+        }
+    }
+    if roots > 1 {
+        for w in targets(&plan.entry.iter().collect::<Vec<_>>()) {
+            if let Some(o) = ordered.get_mut(w) {
+                *o = true;
+            }
         }
     }
     ordered
@@ -160,52 +244,119 @@ mod tests {
 
     #[test]
     fn a_later_clock_waits_for_an_earlier_one_in_flight_elsewhere() {
-        let clocks = ClockTracker::new(16);
-        let admitted = AtomicU64::new(0);
+        let clocks = ClockTracker::new(16, 1);
+        let roots = Admissions::new(1);
         for s in 1..=3 {
-            clocks.admit(Clock::new(0, s));
-            admitted.store(s, Ordering::Release);
+            clocks.admit(Clock::new(0, s), 0);
+            roots.admitted[0].store(s, Ordering::Release);
         }
-        let mut o = InOrder::new();
+        let mut o = InOrder::new(1);
         let mut out = Vec::new();
         o.hold(pkt(2));
-        o.take_ready(&clocks, &admitted, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
         assert!(out.is_empty(), "clock 1 is still in flight");
         // Clock 1 finishes elsewhere (dropped upstream, say): 2 goes; 3 is still in flight.
         clocks.done(Clock::new(0, 1));
-        o.take_ready(&clocks, &admitted, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
         assert_eq!(seqs(&out), vec![2]);
         o.hold(pkt(3));
-        o.take_ready(&clocks, &admitted, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
         assert_eq!(seqs(&out), vec![2, 3]);
         assert_eq!(o.held(), 0);
     }
 
     #[test]
     fn held_packets_leave_in_entry_order_and_unadmitted_clocks_are_waited_for() {
-        let clocks = ClockTracker::new(16);
-        let admitted = AtomicU64::new(0);
-        let mut o = InOrder::new();
+        let clocks = ClockTracker::new(16, 1);
+        let roots = Admissions::new(1);
+        let mut o = InOrder::new(1);
         let mut out = Vec::new();
         for s in [3, 1, 2] {
-            clocks.admit(Clock::new(0, s));
+            clocks.admit(Clock::new(0, s), 0);
             o.hold(pkt(s));
         }
         // Nothing is admitted as far as the root has said: the held ones are still in order.
-        o.take_ready(&clocks, &admitted, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
         assert_eq!(seqs(&out), vec![1, 2, 3]);
         // Clock 4 is not admitted yet: a finished-looking empty slot is not skipped.
         o.hold(pkt(5));
-        clocks.admit(Clock::new(0, 5));
-        admitted.store(3, Ordering::Release);
-        o.take_ready(&clocks, &admitted, |_| false, &mut out);
+        clocks.admit(Clock::new(0, 5), 0);
+        roots.admitted[0].store(3, Ordering::Release);
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
         assert_eq!(seqs(&out), vec![1, 2, 3]);
-        clocks.admit(Clock::new(0, 4));
-        admitted.store(5, Ordering::Release);
-        o.take_ready(&clocks, &admitted, |_| false, &mut out);
+        clocks.admit(Clock::new(0, 4), 0);
+        roots.admitted[0].store(5, Ordering::Release);
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
         assert_eq!(seqs(&out), vec![1, 2, 3], "4 is in flight");
         clocks.done(Clock::new(0, 4));
-        o.take_ready(&clocks, &admitted, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
         assert_eq!(seqs(&out), vec![1, 2, 3, 5]);
+    }
+
+    fn entered(root: u8, seq: u64, entry: u64) -> Packet {
+        Packet::from_slice(&[0; 14], Meta { clock: Clock::new(root, seq), ingress_ns: entry, ..Meta::default() })
+    }
+
+    fn clocks_of(v: &[Packet]) -> Vec<(u8, u64)> {
+        v.iter().map(|p| (p.meta.clock.root(), p.meta.clock.seq())).collect()
+    }
+
+    #[test]
+    fn with_two_roots_packets_go_in_entry_order_across_them() {
+        let clocks = ClockTracker::new(16, 2);
+        let roots = Admissions::new(2);
+        let mut o = InOrder::new(2);
+        let mut out = Vec::new();
+        // Input order: (0,1)@10, (1,1)@20, (0,2)@30, (1,2)@40.
+        for (r, s, t) in [(0, 1, 10), (1, 1, 20), (0, 2, 30), (1, 2, 40)] {
+            clocks.admit(Clock::new(r, s), t);
+        }
+        roots.admitted[0].store(2, Ordering::Release);
+        roots.admitted[1].store(2, Ordering::Release);
+        // Root 1's packets arrive first: root 0's clock 1 entered before them, in flight.
+        o.hold(entered(1, 2, 40));
+        o.hold(entered(1, 1, 20));
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        assert!(out.is_empty(), "(0,1) entered first and is on its way");
+        o.hold(entered(0, 1, 10));
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        assert_eq!(clocks_of(&out), vec![(0, 1), (1, 1)], "(0,2) entered before (1,2)");
+        // (0,2) finishes elsewhere (dropped upstream); root 0 may still admit something that
+        // entered before (1,2), until it says it has everything up to 40.
+        clocks.done(Clock::new(0, 2));
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        assert_eq!(out.len(), 2);
+        roots.passed[0].store(40, Ordering::Release);
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        assert_eq!(clocks_of(&out), vec![(0, 1), (1, 1), (1, 2)]);
+    }
+
+    #[test]
+    fn with_two_roots_a_root_that_has_not_admitted_what_entered_before_is_waited_for() {
+        let clocks = ClockTracker::new(16, 2);
+        let roots = Admissions::new(2);
+        let mut o = InOrder::new(2);
+        let mut out = Vec::new();
+        clocks.admit(Clock::new(1, 1), 50);
+        roots.admitted[1].store(1, Ordering::Release);
+        o.hold(entered(1, 1, 50));
+        // Root 0 has admitted nothing, and has not said it has everything before 50.
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        assert!(out.is_empty(), "root 0 may still admit a packet that entered before 50");
+        roots.passed[0].store(40, Ordering::Release);
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        assert!(out.is_empty(), "root 0 has everything up to 40 only");
+        roots.passed[0].store(60, Ordering::Release);
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        assert_eq!(clocks_of(&out), vec![(1, 1)]);
+        // Root 0 then admits a packet that entered later: it does not wait for root 1.
+        clocks.admit(Clock::new(0, 1), 70);
+        roots.admitted[0].store(1, Ordering::Release);
+        o.hold(entered(0, 1, 70));
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        assert!(out.is_empty(), "root 1 has not said it has everything before 70");
+        roots.passed[1].store(70, Ordering::Release);
+        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        assert_eq!(clocks_of(&out), vec![(1, 1), (0, 1)]);
     }
 }

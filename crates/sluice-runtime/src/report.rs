@@ -229,6 +229,8 @@ pub struct RunReport {
     pub state: String,
     /// Worker threads.
     pub workers: usize,
+    /// Roots (each on its own thread when more than one).
+    pub roots: u8,
     /// Batch size.
     pub batch: usize,
     /// In-flight window of the root.
@@ -292,9 +294,10 @@ impl RunReport {
 
 impl fmt::Display for RunReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let roots = if self.roots > 1 { format!(", {} roots", self.roots) } else { String::new() };
         writeln!(
             f,
-            "chain `{}`: {} worker(s), batch {}, window {}",
+            "chain `{}`: {} worker(s){roots}, batch {}, window {}",
             self.chain, self.workers, self.batch, self.window
         )?;
         writeln!(

@@ -231,3 +231,16 @@ fn a_burst_of_a_whole_log_reuses_every_buffer() {
         assert_eq!(r.spare.len(), cap, "every deleted entry's buffer is kept for the next burst");
     }
 }
+
+#[test]
+fn a_hosts_packets_enter_at_one_root_and_hosts_spread_over_all() {
+    let mut seen = [false; 4];
+    for src in 0..=255u8 {
+        let root = partition(&udp(src, 7), 4);
+        assert_eq!(root, partition(&udp(src, 9000), 4), "host 10.0.0.{src}: its flows went to two roots");
+        if let Some(s) = seen.get_mut(usize::from(root)) {
+            *s = true;
+        }
+    }
+    assert_eq!(seen, [true; 4], "256 hosts spread over every root");
+}

@@ -41,6 +41,11 @@ pub struct RunConfig {
     pub pin: bool,
     /// Packets per batch.
     pub batch: usize,
+    /// Roots, each on its own thread with its own clocks and log (CHC's several roots); the
+    /// input is split over them by source address. `1` keeps everything on the calling thread.
+    /// More than one does not yet combine with planned faults, scaling, vertex managers, a
+    /// control endpoint, a log in the store or order-sensitive NFs ([`MAX_ROOTS`] at most).
+    pub roots: u8,
     /// Most packets in flight at once.
     pub window: usize,
     /// Policy when the window is full.
@@ -123,12 +128,16 @@ pub struct Slowdown {
     pub delay_us: (u64, u64),
 }
 
+/// The most roots a threaded run can have.
+pub const MAX_ROOTS: u8 = 8;
+
 impl Default for RunConfig {
     fn default() -> Self {
         RunConfig {
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             pin: true,
             batch: 32,
+            roots: 1,
             window: Overflow::Wait.default_window(),
             overflow: Overflow::Wait,
             fault_tolerance: false,

@@ -135,7 +135,7 @@ impl Failover {
             failures: Mutex::new(Vec::new()),
             oldest_logged: AtomicU64::new(1),
             rebuilder,
-            held_in_recovery: per_vertex.iter().map(|_| ClockTracker::new(span)).collect(),
+            held_in_recovery: per_vertex.iter().map(|_| ClockTracker::new(span, 1)).collect(),
             instances: per_vertex,
         }
     }
@@ -155,13 +155,13 @@ impl Failover {
     /// Whether every copy of clock `seq` still in flight is held by recovering replacements at
     /// vertices that do not lead to vertex `v` (and so have gone through it).
     pub(super) fn past(&self, shared: &Shared, v: usize, seq: u64) -> bool {
-        let copies = shared.clocks.count(seq);
+        let copies = shared.clocks.count(Clock::new(0, seq));
         let held: u32 = self
             .held_in_recovery
             .iter()
             .enumerate()
             .filter(|(w, _)| !shared.reaches.get(*w).and_then(|r| r.get(v)).copied().unwrap_or(true))
-            .map(|(_, t)| t.count(seq))
+            .map(|(_, t)| t.count(Clock::new(0, seq)))
             .sum();
         copies == held
     }
@@ -416,7 +416,7 @@ impl RootSide {
         if !failures.is_empty() {
             // The commits a failed instance's store answers carried were queued before its
             // failure: the log has them before it decides what the replay marks committed.
-            super::drain_notes(shared, log);
+            super::drain_notes(shared, 0, log);
         }
         for f in failures {
             self.logs_lost += 1;

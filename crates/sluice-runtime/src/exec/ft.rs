@@ -5,9 +5,13 @@
 //! sent in batches over one queue that the root thread drains.
 //!
 //! Ordering: a worker that makes a mirror copy sends its [`Note::Sent`] before the copy itself
-//! can reach another thread (see `Outgoing::flush_one`), and all notes share one linearizable
-//! queue, so the root never sees a copy finish before it heard the copy was made. Commits and
-//! finished copies fold into the XOR vector in any order.
+//! can reach another thread (see `Outgoing::flush_one`), and all notes about one root's clocks
+//! share that root's linearizable queue, so a root never sees a copy finish before it heard the
+//! copy was made. Commits and finished copies fold into the XOR vector in any order.
+//!
+//! With several roots (`RunConfig::roots`) each root thread keeps its own log; the egress, where
+//! copies leave the chain, is one for the run (the sink is one), shared under a lock that the
+//! sink takes once per batch and a root once per batch of deletes.
 
 use crate::report::{FaultToleranceReport, RootCrashReport};
 use crate::root_log::{RootLogError, StoreLog};
@@ -18,7 +22,7 @@ use sluice_chc::root::{Admission, Root, RootConfig};
 use sluice_packet::{Clock, InstanceId, Meta, Packet};
 use sluice_store::Backend;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// What a worker tells the root about copies and commits.
 #[derive(Debug, Clone, Copy)]
@@ -32,12 +36,35 @@ pub(super) enum Note {
     /// A replay copy reached its target, which processed it (a replacement's recovery waits
     /// for its replay's copies to reach it).
     Reached(Meta),
+    /// A copy left the chain at the egress (the first of its clock).
+    Left(Meta),
+}
+
+impl Note {
+    /// The clock the note is about: the root whose log hears it.
+    pub(super) fn clock(&self) -> Clock {
+        match self {
+            Note::Sent(m) | Note::Finished(m) | Note::Reached(m) | Note::Left(m) => m.clock,
+            Note::Commit(c, _) => *c,
+        }
+    }
+}
+
+/// A copy reaches the chain's output: the note for the log of the root that stamped it — it
+/// left (the first copy of its clock, which goes on) or it is a duplicate, to drop.
+pub(super) fn at_egress(egress: &mut Egress, meta: &Meta) -> Note {
+    if egress.pass(meta.clock) {
+        Note::Left(*meta)
+    } else {
+        Note::Finished(*meta)
+    }
 }
 
 /// The root thread's part: the log, the egress, and what they did.
 pub(super) struct RootLog {
     root: Root,
-    egress: Egress,
+    /// Which root this is (its clocks carry it).
+    id: u8,
     capacity: usize,
     commits: u64,
     /// No clock below this sequence number is logged (one root: sequence numbers follow each
@@ -48,17 +75,18 @@ pub(super) struct RootLog {
 }
 
 impl RootLog {
-    /// A log holding at most `capacity` packets (the run's window: admission waits for room).
-    pub(super) fn new(capacity: usize) -> RootLog {
+    /// Root `id`'s log (of `roots`), holding at most `capacity` packets (its share of the run's
+    /// window: admission waits for room).
+    pub(super) fn new(capacity: usize, id: u8, roots: u8) -> RootLog {
         let cfg = RootConfig {
             log_capacity: capacity,
-            roots: 1,
+            roots,
             xor_check: true,
             // A long-running chain keeps only what its log holds.
             remember_inputs: false,
             ..RootConfig::default()
         };
-        RootLog { root: Root::new(cfg), egress: Egress::default(), capacity, commits: 0, oldest: 1, store: None }
+        RootLog { root: Root::new(cfg), id, capacity, commits: 0, oldest: 1, store: None }
     }
 
     /// Keeps a copy of the log in `backend`'s store: every admitted packet is written there,
@@ -147,6 +175,7 @@ impl RootLog {
                 self.root.commit(*clock, *xor);
             }
             Note::Reached(meta) => self.root.replay_reached(meta),
+            Note::Left(meta) => self.root.copy_left(meta),
         }
     }
 
@@ -178,34 +207,25 @@ impl RootLog {
         self.root.is_logged(clock)
     }
 
-    /// A copy reaches the chain's output: whether it goes on (the first copy of its clock) or
-    /// is a duplicate to drop.
-    pub(super) fn leave(&mut self, meta: &Meta) -> bool {
-        if !self.egress.pass(meta.clock) {
-            self.root.copy_finished(meta);
-            return false;
-        }
-        self.root.copy_left(meta);
-        true
-    }
-
     /// Forgets the deleted entries at the egress (no copy of them can come again); the oldest
     /// clock still logged, below which the store's per-clock logs can go.
-    pub(super) fn sync_deletes(&mut self) -> Option<Clock> {
-        let egress = &mut self.egress;
-        let mut store = self.store.as_mut().map(|(sl, _)| sl);
-        self.root.drain_deleted(|c| {
-            egress.forget(c);
-            // Sent with the next write: a delete lost with the root is found again by the next.
-            if let Some(sl) = store.as_mut() {
-                sl.delete(c);
-            }
-        });
+    pub(super) fn sync_deletes(&mut self, egress: &Mutex<Egress>) -> Option<Clock> {
+        if self.root.has_deleted() {
+            let mut egress = egress.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut store = self.store.as_mut().map(|(sl, _)| sl);
+            self.root.drain_deleted(|c| {
+                egress.forget(c);
+                // Sent with the next write: a delete lost with the root is found again by the next.
+                if let Some(sl) = store.as_mut() {
+                    sl.delete(c);
+                }
+            });
+        }
         let last = self.root.last_clock().seq();
-        while self.oldest <= last && !self.root.is_logged(Clock::new(0, self.oldest)) {
+        while self.oldest <= last && !self.root.is_logged(Clock::new(self.id, self.oldest)) {
             self.oldest += 1;
         }
-        (self.oldest <= last).then(|| Clock::new(0, self.oldest))
+        (self.oldest <= last).then(|| Clock::new(self.id, self.oldest))
     }
 
     /// Packets in the log.
@@ -222,7 +242,8 @@ impl RootLog {
             left_in_log: self.root.logged() as u64,
             log_peak: s.log_peak,
             commits: self.commits,
-            duplicates_suppressed: self.egress.dropped(),
+            // The egress's, which the run adds.
+            duplicates_suppressed: 0,
         }
     }
 }
@@ -232,13 +253,21 @@ mod tests {
     use super::*;
     use sluice_packet::Meta;
 
+    /// The sink's part: the egress decides, the log hears.
+    fn leave(log: &mut RootLog, egress: &Mutex<Egress>, meta: &Meta) -> bool {
+        let note = at_egress(&mut egress.lock().unwrap_or_else(PoisonError::into_inner), meta);
+        log.note(&note);
+        matches!(note, Note::Left(_))
+    }
+
     fn packet() -> Packet {
         Packet::from_slice(&[0u8; 60], Meta::default())
     }
 
     #[test]
     fn an_entry_waits_for_its_copies_and_its_commits() {
-        let mut log = RootLog::new(4);
+        let mut log = RootLog::new(4, 0, 1);
+        let egress = Mutex::new(Egress::default());
         let mut p = packet();
         let clock = log.admit(1, &mut p, 0).expect("room");
         assert_eq!(log.room(), 3);
@@ -247,33 +276,34 @@ mod tests {
         copy.xor = 0;
         log.note(&Note::Sent(copy));
         p.meta.xor = 0x0001_0002;
-        assert!(log.leave(&p.meta));
+        assert!(leave(&mut log, &egress, &p.meta));
         log.note(&Note::Finished(copy));
-        assert_eq!(log.sync_deletes(), Some(clock), "the update is not committed yet");
+        assert_eq!(log.sync_deletes(&egress), Some(clock), "the update is not committed yet");
         log.note(&Note::Commit(clock, 0x0001_0002));
-        assert_eq!(log.sync_deletes(), None);
+        assert_eq!(log.sync_deletes(&egress), None);
         let r = log.report();
         assert_eq!((r.logged, r.deleted, r.left_in_log, r.commits), (1, 1, 0, 1));
     }
 
     #[test]
     fn a_second_copy_of_a_clock_at_the_egress_is_suppressed_until_the_entry_is_deleted() {
-        let mut log = RootLog::new(4);
+        let mut log = RootLog::new(4, 0, 1);
+        let egress = Mutex::new(Egress::default());
         let mut p = packet();
         let clock = log.admit(1, &mut p, 0).expect("room");
         let mut again = p.meta;
         again.xor = 0;
         log.note(&Note::Sent(again));
-        assert!(log.leave(&p.meta));
-        assert!(!log.leave(&again), "a duplicate of a clock that left");
-        assert_eq!(log.report().duplicates_suppressed, 1);
-        assert_eq!(log.sync_deletes(), None, "both copies are done");
-        assert!(log.leave(&Meta { clock, ..Meta::default() }), "forgotten once deleted");
+        assert!(leave(&mut log, &egress, &p.meta));
+        assert!(!leave(&mut log, &egress, &again), "a duplicate of a clock that left");
+        assert_eq!(egress.lock().map(|e| e.dropped()).unwrap_or(0), 1);
+        assert_eq!(log.sync_deletes(&egress), None, "both copies are done");
+        assert!(leave(&mut log, &egress, &Meta { clock, ..Meta::default() }), "forgotten once deleted");
     }
 
     #[test]
     fn a_full_log_refuses_admission() {
-        let mut log = RootLog::new(1);
+        let mut log = RootLog::new(1, 0, 1);
         assert!(log.admit(1, &mut packet(), 0).is_some());
         assert_eq!(log.room(), 0);
         assert!(log.admit(2, &mut packet(), 0).is_none());

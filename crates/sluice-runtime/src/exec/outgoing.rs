@@ -21,8 +21,8 @@ pub(super) struct Outgoing {
     /// With scaling possible: the flow allocation as this thread last loaded it.
     pub(super) alloc: Cached,
     pub(super) mirrored: u64,
-    /// Notes for the root's log not sent yet.
-    pub(super) notes: Vec<Note>,
+    /// Notes for the roots' logs not sent yet, by root.
+    pub(super) notes: Vec<Vec<Note>>,
     /// Scratch space for the commits a store client reports.
     pub(super) commits: Vec<(Clock, u64)>,
     /// What found its queue full, in the order it was sent ([`Outgoing::retry`]).
@@ -31,8 +31,8 @@ pub(super) struct Outgoing {
 
 /// Something a thread sent that found its queue full.
 pub(super) enum Stalled {
-    /// Notes for the root's log.
-    Notes(Vec<Note>),
+    /// Notes for root `.0`'s log.
+    Notes(usize, Vec<Note>),
     /// A batch for instance `.0` (or the sink, past the last instance).
     Batch(usize, Batch),
 }
@@ -45,7 +45,7 @@ impl Outgoing {
             splitter: Splitter::default(),
             alloc: Cached::default(),
             mirrored: 0,
-            notes: Vec::new(),
+            notes: (0..shared.roots).map(|_| Vec::new()).collect(),
             commits: Vec::new(),
             stalled: VecDeque::new(),
         }
@@ -75,26 +75,35 @@ impl Outgoing {
         false
     }
 
-    /// Queues a note for the root's log (only when it keeps one).
+    /// Queues a note for the log of the root that stamped its clock (only when roots keep logs).
     pub(super) fn note(&mut self, shared: &Shared, note: Note) {
         if shared.logging() {
-            if self.notes.len() >= NOTES_PER_BUFFER {
+            let r = usize::from(note.clock().root());
+            if self.notes.get(r).is_some_and(|n| n.len() >= NOTES_PER_BUFFER) {
                 // A burst (a store acknowledging many batches at once) goes in several
                 // buffers rather than growing one: the buffers circulate and never reallocate.
                 self.flush_notes(shared);
             }
-            self.notes.push(note);
+            if let Some(n) = self.notes.get_mut(r) {
+                n.push(note);
+            }
         }
     }
 
-    /// Sends the notes gathered so far to the root.
+    /// Sends the notes gathered so far to their roots.
     pub(super) fn flush_notes(&mut self, shared: &Shared) {
-        if !shared.logging() || self.notes.is_empty() {
+        if !shared.logging() {
             return;
         }
-        let fresh = shared.note_spare.pop().unwrap_or_else(|| Vec::with_capacity(NOTES_PER_BUFFER));
-        let notes = std::mem::replace(&mut self.notes, fresh);
-        self.send(shared, Stalled::Notes(notes));
+        for r in 0..self.notes.len() {
+            if self.notes.get(r).is_none_or(Vec::is_empty) {
+                continue;
+            }
+            let fresh = shared.note_spare.pop().unwrap_or_else(|| Vec::with_capacity(NOTES_PER_BUFFER));
+            let Some(n) = self.notes.get_mut(r) else { continue };
+            let notes = std::mem::replace(n, fresh);
+            self.send(shared, Stalled::Notes(r, notes));
+        }
     }
 
     pub(super) fn push(&mut self, shared: &Shared, dest: usize, pkt: Packet) {
@@ -190,8 +199,8 @@ impl Outgoing {
 /// Pushes a stalled item onto its queue; the item back if the queue is full.
 fn try_push(shared: &Shared, item: Stalled) -> Result<(), Stalled> {
     match item {
-        Stalled::Notes(n) => match &shared.notes {
-            Some(q) => q.push(n).map_err(Stalled::Notes),
+        Stalled::Notes(r, n) => match shared.notes.as_ref().and_then(|q| q.get(r)) {
+            Some(q) => q.push(n).map_err(|n| Stalled::Notes(r, n)),
             None => Ok(()),
         },
         Stalled::Batch(dest, b) => {

@@ -84,7 +84,8 @@ pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut O
     // when it goes. Waiting for it instead would tie the recovery to what the packet waits
     // for — an earlier clock the recovering replacement holds, say (a NAT recovering on a
     // bridge whose reverse path crosses an order-sensitive detector before it).
-    let waiting_here = super::reconfig::is_waiting(slot, seq) || slot.order.as_ref().is_some_and(|o| o.holds(seq));
+    let waiting_here =
+        super::reconfig::is_waiting(slot, seq) || slot.order.as_ref().is_some_and(|o| o.holds(&pkt.meta));
     let Some(passing) = slot.passing.as_mut() else {
         // A vertex that leads nowhere: no replay passes through it (`Outgoing::route`).
         end_copy(shared, &mut slot.stats, out, pkt, Ended::Decided);

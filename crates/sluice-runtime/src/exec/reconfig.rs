@@ -669,7 +669,7 @@ impl RootSide {
                 // deleted.
                 p.past_to = p.past_to.max(low);
                 while p.past_to <= p.since.min(seq)
-                    && (shared.clocks.finished(p.past_to) || shared.past_recovering(p.vertex, p.past_to))
+                    && (shared.clocks.finished(Clock::new(0, p.past_to)) || shared.past_recovering(p.vertex, p.past_to))
                 {
                     p.past_to += 1;
                 }

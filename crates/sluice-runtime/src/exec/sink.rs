@@ -1,11 +1,13 @@
 //! The sink side of the root thread: what leaves the chain (the egress drops second copies of a
 //! clock when the root keeps a log), written out, with its root-to-sink latency.
 
-use super::ft::RootLog;
+use super::ft::{at_egress, Note, RootLog};
+use super::outgoing::Outgoing;
 use super::{RunError, Shared};
 use crate::ports::Sink;
 use crate::report::RunReport;
 use std::sync::atomic::Ordering;
+use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 /// Root-to-sink latencies of a run: all of them in a histogram, and with
@@ -44,14 +46,26 @@ pub(super) fn drain_sink(
     report: &mut RunReport,
     latencies: &mut Latencies,
     t0: Instant,
-    mut log: Option<&mut RootLog>,
+    (mut log, out): (Option<&mut RootLog>, &mut Outgoing),
 ) -> Result<(), RunError> {
     while let Some(mut b) = shared.sink.pop() {
         let now = t0.elapsed().as_nanos() as u64;
         let n = b.len();
-        if let Some(l) = log.as_deref_mut() {
-            // The egress: a clock leaves once; later copies (replays) are dropped here.
-            for dup in b.extract_if(.., |p| !l.leave(&p.meta)) {
+        if shared.logging() {
+            // The egress: a clock leaves once; later copies (replays) are dropped here. The
+            // root that stamped the clock hears which: root 0 (this thread's) at once, the
+            // others through their notes.
+            let mut tell = |note: Note| match log.as_deref_mut() {
+                Some(l) if note.clock().root() == 0 => l.note(&note),
+                _ => out.note(shared, note),
+            };
+            let mut egress = shared.egress.lock().unwrap_or_else(PoisonError::into_inner);
+            for dup in b.extract_if(.., |p| {
+                let note = at_egress(&mut egress, &p.meta);
+                let duplicate = matches!(note, Note::Finished(_));
+                tell(note);
+                duplicate
+            }) {
                 shared.clocks.done(dup.meta.clock);
                 shared.pool.recycle(dup);
             }
@@ -78,5 +92,6 @@ pub(super) fn drain_sink(
         }
         r?;
     }
+    out.flush_notes(shared);
     Ok(())
 }

@@ -92,7 +92,7 @@ pub(super) struct Slot {
 impl Slot {
     /// The slot of instance `inst` of vertex `vertex`, global index `global`, in `shared`'s run.
     pub(super) fn new(shared: &Shared, global: usize, vertex: usize, inst: sluice_nf::Instance) -> Slot {
-        let order = shared.ordered.get(vertex).copied().unwrap_or(false).then(InOrder::new);
+        let order = shared.ordered.get(vertex).copied().unwrap_or(false).then(|| InOrder::new(shared.roots));
         let seen = shared.failover.is_some().then(ClockSet::default);
         // Only a vertex that leads to others sees replays pass through.
         let leads_on = shared.vertices.get(vertex).is_some_and(|v| !v.successors().is_empty());
@@ -242,8 +242,8 @@ fn serve(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
         return did;
     }
     let mut ready = shared.empty_batch();
-    let gone_by = |seq| shared.past_recovering(vertex, seq);
-    order.take_ready(&shared.clocks, &shared.admitted, gone_by, &mut ready);
+    let gone_by = |c: Clock| shared.past_recovering(vertex, c.seq());
+    order.take_ready(&shared.clocks, &shared.admissions, gone_by, &mut ready);
     if ready.is_empty() {
         shared.give_back(ready);
         return did;
