@@ -796,35 +796,3 @@ const NOTE_BUFFERS: usize = 4096;
 /// How long the root waits, once every copy is done, for the store to acknowledge the last
 /// updates before it ends the run with entries left in its log.
 const SETTLE_LIMIT: Duration = Duration::from_secs(10);
-
-/// How many packets root `id` may admit now: within the window, its clock ring and its log.
-/// With several roots each has its own share of the window, counted as its clocks from the
-/// oldest unfinished one: a root always gets room once its own clocks finish, whatever the
-/// others hold. (A shared count would let packets held in entry order fill the window while
-/// the packet they wait for cannot be admitted.)
-fn admission_room(shared: &Shared, window: usize, (_id, seq, low): (u8, u64, u64), log: Option<&RootLog>) -> usize {
-    let outstanding = seq + 1 - low;
-    let span_room = shared.clocks.span().saturating_sub(outstanding) as usize;
-    let log_room = log.map_or(usize::MAX, RootLog::room);
-    let window_room = if shared.roots > 1 {
-        (window / usize::from(shared.roots)).saturating_sub(outstanding as usize)
-    } else {
-        window.saturating_sub(shared.in_flight.load(Ordering::Acquire))
-    };
-    window_room.min(span_room).min(log_room)
-}
-
-/// Applies the notes about root `id`'s clocks to its log and passes its deletes on; the oldest
-/// clock still logged.
-fn drain_notes(shared: &Shared, id: u8, log: &mut RootLog) -> Option<Clock> {
-    if let Some(q) = shared.notes.as_ref().and_then(|q| q.get(usize::from(id))) {
-        while let Some(mut b) = q.pop() {
-            for n in &b {
-                log.note(n);
-            }
-            b.clear();
-            let _ = shared.note_spare.push(b);
-        }
-    }
-    log.sync_deletes(&shared.egress)
-}

@@ -416,7 +416,7 @@ impl RootSide {
         if !failures.is_empty() {
             // The commits a failed instance's store answers carried were queued before its
             // failure: the log has them before it decides what the replay marks committed.
-            super::drain_notes(shared, 0, log);
+            super::roots::drain_notes(shared, 0, log);
         }
         for f in failures {
             self.logs_lost += 1;

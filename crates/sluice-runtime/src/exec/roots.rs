@@ -12,7 +12,7 @@
 
 use super::ft::{Note, RootLog};
 use super::outgoing::Outgoing;
-use super::{admission_room, drain_notes, Overflow, RunError, Shared};
+use super::{Overflow, RunError, Shared};
 use crate::filter::CompiledFilter;
 use crate::plan::{direction, Routes};
 use crate::record::DropRecord;
@@ -249,6 +249,43 @@ impl RootState {
     pub(super) fn logged(&self) -> usize {
         self.log.as_ref().map_or(0, RootLog::logged)
     }
+}
+
+/// How many packets root `id` may admit now: within the window, its clock ring and its log.
+/// With several roots each has its own share of the window, counted as its clocks from the
+/// oldest unfinished one: a root always gets room once its own clocks finish, whatever the
+/// others hold. (A shared count would let packets held in entry order fill the window while
+/// the packet they wait for cannot be admitted.)
+pub(super) fn admission_room(
+    shared: &Shared,
+    window: usize,
+    (_id, seq, low): (u8, u64, u64),
+    log: Option<&RootLog>,
+) -> usize {
+    let outstanding = seq + 1 - low;
+    let span_room = shared.clocks.span().saturating_sub(outstanding) as usize;
+    let log_room = log.map_or(usize::MAX, RootLog::room);
+    let window_room = if shared.roots > 1 {
+        (window / usize::from(shared.roots)).saturating_sub(outstanding as usize)
+    } else {
+        window.saturating_sub(shared.in_flight.load(Ordering::Acquire))
+    };
+    window_room.min(span_room).min(log_room)
+}
+
+/// Applies the notes about root `id`'s clocks to its log and passes its deletes on; the oldest
+/// clock still logged.
+pub(super) fn drain_notes(shared: &Shared, id: u8, log: &mut RootLog) -> Option<Clock> {
+    if let Some(q) = shared.notes.as_ref().and_then(|q| q.get(usize::from(id))) {
+        while let Some(mut b) = q.pop() {
+            for n in &b {
+                log.note(n);
+            }
+            b.clear();
+            let _ = shared.note_spare.push(b);
+        }
+    }
+    log.sync_deletes(&shared.egress)
 }
 
 /// The calling thread's side of the split: batches for the other roots, pushed onto their
