@@ -354,7 +354,7 @@ mod tests {
         roots.admitted[0].store(1, Ordering::Release);
         o.hold(entered(0, 1, 70));
         o.take_ready(&clocks, &roots, |_| false, &mut out);
-        assert!(out.is_empty(), "root 1 has not said it has everything before 70");
+        assert_eq!(clocks_of(&out), vec![(1, 1)], "root 1 has not said it has everything before 70");
         roots.passed[1].store(70, Ordering::Release);
         o.take_ready(&clocks, &roots, |_| false, &mut out);
         assert_eq!(clocks_of(&out), vec![(1, 1), (0, 1)]);

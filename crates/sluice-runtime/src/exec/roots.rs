@@ -140,10 +140,21 @@ impl RootState {
         Ok(())
     }
 
-    /// How many packets this root may admit now: its share of the window, its clock ring and
-    /// its log.
+    /// How many packets this root may admit now: within the window, its clock ring and its
+    /// log. With several roots each has its own share of the window, counted as its clocks from
+    /// the oldest unfinished one: a root always gets room once its own clocks finish, whatever
+    /// the others hold. (A shared count would let packets held in entry order fill the window
+    /// while the packet they wait for cannot be admitted.)
     pub(super) fn room(&self, shared: &Shared, window: usize) -> usize {
-        admission_room(shared, window, (self.id, self.seq, self.low), self.log.as_ref())
+        let outstanding = self.seq + 1 - self.low;
+        let span_room = shared.clocks.span().saturating_sub(outstanding) as usize;
+        let log_room = self.log.as_ref().map_or(usize::MAX, RootLog::room);
+        let window_room = if shared.roots > 1 {
+            (window / usize::from(shared.roots)).saturating_sub(outstanding as usize)
+        } else {
+            window.saturating_sub(shared.in_flight.load(Ordering::Acquire))
+        };
+        window_room.min(span_room).min(log_room)
     }
 
     /// Stamps, logs and counts in flight a packet handed to this root (its entry time, in
@@ -249,28 +260,6 @@ impl RootState {
     pub(super) fn logged(&self) -> usize {
         self.log.as_ref().map_or(0, RootLog::logged)
     }
-}
-
-/// How many packets root `id` may admit now: within the window, its clock ring and its log.
-/// With several roots each has its own share of the window, counted as its clocks from the
-/// oldest unfinished one: a root always gets room once its own clocks finish, whatever the
-/// others hold. (A shared count would let packets held in entry order fill the window while
-/// the packet they wait for cannot be admitted.)
-pub(super) fn admission_room(
-    shared: &Shared,
-    window: usize,
-    (_id, seq, low): (u8, u64, u64),
-    log: Option<&RootLog>,
-) -> usize {
-    let outstanding = seq + 1 - low;
-    let span_room = shared.clocks.span().saturating_sub(outstanding) as usize;
-    let log_room = log.map_or(usize::MAX, RootLog::room);
-    let window_room = if shared.roots > 1 {
-        (window / usize::from(shared.roots)).saturating_sub(outstanding as usize)
-    } else {
-        window.saturating_sub(shared.in_flight.load(Ordering::Acquire))
-    };
-    window_room.min(span_room).min(log_room)
 }
 
 /// Applies the notes about root `id`'s clocks to its log and passes its deletes on; the oldest
