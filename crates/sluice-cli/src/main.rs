@@ -220,7 +220,8 @@ struct EngineArgs {
     /// Checkpoint the state store this often, in milliseconds (0: never). A run that may lose
     /// its store (`crash_store` faults, or `--fault-tolerance` with `--control`, where `sluice
     /// ctl crash-store` may ask for it) holds the chain still for each, so that the instances'
-    /// write-ahead logs agree with it; others take it on a thread of their own.
+    /// write-ahead logs agree with it; others take it on a thread of their own. Checkpoints
+    /// that take long are spaced out to at most a tenth of the run's time.
     #[arg(long, default_value_t = 150)]
     checkpoint_ms: u64,
     /// Keep CHC's packet log at the root: each packet stays logged until every copy is done
