@@ -196,10 +196,18 @@ fn a_crash_asked_through_the_control_endpoint_is_equivalent() {
 /// schedule).
 #[test]
 fn random_schedules_through_the_threaded_runtime_are_equivalent() {
-    let env = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<u64>().ok());
-    let base = env("SLUICE_RANDOM_SEED").unwrap_or(0);
-    let runs = env("SLUICE_RANDOM_RUNS").unwrap_or(50);
-    random_threaded_runs(base..base + runs, 12_000, None);
+    let seeds = seeds_from_env("SLUICE_RANDOM", 0, 50);
+    random_threaded_runs(seeds, 12_000, None, false);
+}
+
+/// Random schedules of what a run with several roots applies so far (instance crashes and
+/// slowdowns) through the threaded runtime with 2, 3 or 4 roots, over the bundled trace and
+/// every shared one, embedded store, recorded and verified: 40 runs from seed 200,000, or
+/// `SLUICE_ROOTS_RANDOM_RUNS` from `SLUICE_ROOTS_RANDOM_SEED`.
+#[test]
+fn random_crashes_through_several_roots_are_equivalent() {
+    let seeds = seeds_from_env("SLUICE_ROOTS_RANDOM", 200_000, 40);
+    random_threaded_runs(seeds, 12_000, None, true);
 }
 
 /// The same with the state (and the root's log, when a root crashes) in Redis: 16 runs from
@@ -207,16 +215,31 @@ fn random_schedules_through_the_threaded_runtime_are_equivalent() {
 /// trip per operation), or `SLUICE_REDIS_RANDOM_RUNS` from `SLUICE_REDIS_RANDOM_SEED`.
 #[test]
 fn random_schedules_through_the_threaded_runtime_on_redis_are_equivalent() {
-    let env = |k: &str| std::env::var(k).ok().and_then(|s| s.parse::<u64>().ok());
-    let base = env("SLUICE_REDIS_RANDOM_SEED").unwrap_or(100_000);
-    let runs = env("SLUICE_REDIS_RANDOM_RUNS").unwrap_or(16);
+    let seeds = seeds_from_env("SLUICE_REDIS_RANDOM", 100_000, 16);
     let store = common::redis_store("random-threaded");
-    random_threaded_runs(base..base + runs, 1_500, Some(&store));
+    random_threaded_runs(seeds, 1_500, Some(&store), false);
+}
+
+/// Random crashes and slowdowns with several roots on Redis: 12 runs from seed 300,000, or
+/// `SLUICE_REDIS_ROOTS_RANDOM_RUNS` from `SLUICE_REDIS_ROOTS_RANDOM_SEED`.
+#[test]
+fn random_crashes_through_several_roots_on_redis_are_equivalent() {
+    let seeds = seeds_from_env("SLUICE_REDIS_ROOTS_RANDOM", 300_000, 12);
+    let store = common::redis_store("random-roots");
+    random_threaded_runs(seeds, 1_500, Some(&store), true);
+}
+
+/// The seeds of a random test: `runs` from `base`, or `{var}_RUNS` from `{var}_SEED`.
+fn seeds_from_env(var: &str, base: u64, runs: u64) -> std::ops::Range<u64> {
+    let env = |k: &str| std::env::var(format!("{var}_{k}")).ok().and_then(|s| s.parse::<u64>().ok());
+    let base = env("SEED").unwrap_or(base);
+    base..base + env("RUNS").unwrap_or(runs)
 }
 
 /// Runs the random threaded schedules of `seeds` over at most `limit` packets of each trace
-/// (`store`: `--store`, else embedded) and fails with every run that failed, seed and schedule.
-fn random_threaded_runs(seeds: std::ops::Range<u64>, limit: usize, store: Option<&str>) {
+/// (`store`: `--store`, else embedded; `several_roots`: 2 to 4 roots and the events they
+/// apply) and fails with every run that failed, seed and schedule.
+fn random_threaded_runs(seeds: std::ops::Range<u64>, limit: usize, store: Option<&str>, several_roots: bool) {
     let runs = seeds.end - seeds.start;
     let chains = ["chains/example.yaml", "chains/nat-portscan.yaml", "chains/nat-trojan.yaml", "chains/nat.yaml"];
     // The bundled trace and every shared one (each pcap in ../shared/traces).
@@ -238,15 +261,22 @@ fn random_threaded_runs(seeds: std::ops::Range<u64>, limit: usize, store: Option
     let mut failures = Vec::new();
     let mut crashes = 0;
     let mut clones = 0;
+    let mut instance_crashes = 0;
     for seed in seeds {
         let i = seed;
         let chain_path = chains[(i as usize) % chains.len()];
         let t = (i as usize / chains.len()) % traces.len();
         let chain = sluice_runtime::Chain::load(&repo(chain_path)).expect("chain");
-        let schedule = sluice_coe::schedule::FaultSchedule::random_threaded(seed, &chain, lengths[t], 4);
+        let schedule = if several_roots {
+            sluice_coe::schedule::FaultSchedule::random_threaded_several_roots(seed, &chain, lengths[t], 4)
+        } else {
+            sluice_coe::schedule::FaultSchedule::random_threaded(seed, &chain, lengths[t], 4)
+        };
         crashes += schedule.events.len();
         clones +=
             schedule.events.iter().filter(|e| matches!(e.action, sluice_coe::schedule::Action::Clone { .. })).count();
+        instance_crashes +=
+            schedule.events.iter().filter(|e| matches!(e.action, sluice_coe::schedule::Action::Crash { .. })).count();
         let faults = dir.path().join(format!("s{seed}.yaml"));
         std::fs::write(&faults, schedule.to_yaml()).expect("write schedule");
         let rec = dir.path().join(format!("rec{seed}"));
@@ -263,6 +293,10 @@ fn random_threaded_runs(seeds: std::ops::Range<u64>, limit: usize, store: Option
         let store = store.map(|s| format!("{s}-s{seed}-"));
         if let Some(s) = &store {
             rest.extend(["--store", s]);
+        }
+        let roots = (2 + seed % 3).to_string();
+        if several_roots {
+            rest.extend(["--roots", &roots]);
         }
         let what = format!("seed {seed} ({chain_path}, {}, {}):\n{}", traces[t], rest.join(" "), schedule.to_yaml());
         // A run takes seconds (on Redis with batches of one packet and a store crash, about
@@ -284,6 +318,7 @@ fn random_threaded_runs(seeds: std::ops::Range<u64>, limit: usize, store: Option
         let _ = std::fs::remove_dir_all(&rec);
     }
     assert!(crashes as u64 >= runs, "at least one event per run: {crashes}");
-    assert!(runs < 50 || clones > 0, "no clone drawn in {runs} runs");
+    assert!(several_roots || runs < 50 || clones > 0, "no clone drawn in {runs} runs");
+    assert!(runs < 4 || instance_crashes > 0, "no instance crash drawn in {runs} runs");
     assert!(failures.is_empty(), "{} of {runs} random runs failed:\n{}", failures.len(), failures.join("\n"));
 }

@@ -124,10 +124,10 @@ impl Shared {
         }
         Some(b)
     }
-    /// Whether every copy of clock `seq` in flight is held by recovering replacements past
-    /// vertex `v` ([`failover::Failover::past`]): for what waits at `v`, it has gone by.
-    fn past_recovering(&self, v: usize, seq: u64) -> bool {
-        self.failover.as_ref().is_some_and(|fo| fo.past(self, v, seq))
+    /// Whether every copy of `clock` in flight is held by recovering replacements past vertex
+    /// `v` ([`failover::Failover::past`]): for what waits at `v`, it has gone by.
+    fn past_recovering(&self, v: usize, clock: Clock) -> bool {
+        self.failover.as_ref().is_some_and(|fo| fo.past(self, v, clock))
     }
     /// The global index of the instance at `position` among `vertex`'s instances now (fault
     /// schedules name instances so).
@@ -226,7 +226,10 @@ pub fn run(
     let any_ordered = ordered.iter().any(|o| *o);
     if roots > 1 {
         let not_yet = [
-            (!cfg.planned.is_empty(), "planned faults, scaling or moves"),
+            (
+                cfg.planned.iter().any(|p| !matches!(p, Planned::Crash(_) | Planned::Slow(_))),
+                "planned root or store crashes, scaling or moves",
+            ),
             (!cfg.policies.is_empty(), "vertex managers"),
             (scalable, "a run that may scale"),
             (hooks.live.is_some(), "a control endpoint"),
@@ -338,7 +341,7 @@ pub fn run(
         note_spare: ArrayQueue::new(NOTE_BUFFERS * usize::from(roots)),
         // Armed for the crashes planned, or for those a control endpoint may ask for.
         failover: (crashes_planned || (can_fail_over && hooks.live.is_some()))
-            .then(|| failover::Failover::new(slot_count, per_vertex, rebuilder, cfg.window)),
+            .then(|| failover::Failover::new((slot_count, per_vertex), rebuilder, (cfg.window, roots))),
         reaches,
         ordered,
         scaling,
@@ -474,7 +477,7 @@ pub fn run(
         let oldest_logged = r0.take_notes(&shared);
         let seq = r0.seq;
         if let (Some(fo), Some(l)) = (&shared.failover, r0.log.as_mut()) {
-            fo.set_oldest_logged(oldest_logged.map_or(seq + 1, |c| c.seq()));
+            fo.set_oldest_logged(0, oldest_logged.map_or(seq + 1, |c| c.seq()));
             let now_ms = t0.elapsed().as_secs_f64() * 1e3;
             failover_side.serve(&shared, (&entry, traffic.as_ref()), (l, &mut root), &mut failovers, now_ms);
         }
@@ -610,15 +613,19 @@ pub fn run(
             split.stamp(&mut pkt, now_ns);
             let to = if roots > 1 { sluice_chc::root::partition(&pkt, usize::from(roots)) } else { 0 };
             split.routed(Some(to));
-            if to != 0 {
+            let pkt = if to != 0 {
                 split.hand(&shared, to, pkt);
-                continue;
-            }
-            // With `wait`, room was checked before reading: what was read is admitted.
-            let over = admitted >= room && cfg.overflow == Overflow::Drop;
-            let Some(pkt) = r0.admit(&shared, pkt, over) else { continue };
-            let seq = r0.seq;
-            admitted += 1;
+                None
+            } else {
+                // With `wait`, room was checked before reading: what was read is admitted.
+                let over = admitted >= room && cfg.overflow == Overflow::Drop;
+                let Some(pkt) = r0.admit(&shared, pkt, over) else { continue };
+                admitted += 1;
+                Some(pkt)
+            };
+            // Faults are planned by packets admitted: root 0's clock, or with several roots
+            // the packets that went to any root (each admits all it is handed).
+            let seq = if roots > 1 { split.entered() } else { r0.seq };
             if seq >= next_fault {
                 while let Some(p) = planned.next_if(|p| p.after() <= seq) {
                     match p {
@@ -652,7 +659,7 @@ pub fn run(
                     .manage(&shared, &cfg.policies, at, &mut reconfigurations)
                     .map_err(|e| RunError::Config(format!("a vertex manager's scaling: {e}")))?;
             }
-            stamped.push(pkt);
+            stamped.extend(pkt);
         }
         // Root 0 has admitted its share of everything read.
         r0.passed(&shared, split.last_entry);

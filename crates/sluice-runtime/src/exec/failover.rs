@@ -74,16 +74,24 @@ pub struct Crash {
     pub index: u16,
 }
 
-/// What a worker tells the root about an instance it crashed.
+/// What a worker tells each root about an instance it crashed.
 pub(super) struct Failure {
     global: usize,
     id: InstanceId,
+    /// The lost copies of this root's clocks.
     lost: Vec<Meta>,
+    /// The lost copies of every root's clocks.
+    lost_in_all: usize,
+    /// The instance's crash count: its replacement recovers once every root's replay of
+    /// this crash (or a later one) drained.
+    epoch: u64,
 }
 
 /// A replacement waiting for the root's replay.
 pub(super) struct Recovery {
-    /// Its replay's copies, as they arrived; processed in clock order once the replay drained.
+    /// The crash it recovers from (see [`Failure::epoch`]).
+    epoch: u64,
+    /// Its replay's copies, as they arrived; processed in entry order once the replay drained.
     /// Copies of a replay towards a predecessor that failed while they travelled arrive too,
     /// before or among the new replay's: processing in arrival order would let a later clock of
     /// a flow go before an earlier one.
@@ -108,12 +116,17 @@ impl Recovery {
 pub(super) struct Failover {
     /// Per instance (global index): the root asks for a crash.
     crash: Vec<AtomicBool>,
-    /// Per instance: the replay towards the replacement has drained.
-    recovered: Vec<AtomicBool>,
-    /// Crashed instances the root has not replayed to yet.
-    failures: Mutex<Vec<Failure>>,
-    /// The oldest sequence number still logged: no copy of an older clock can come again.
-    oldest_logged: AtomicU64,
+    /// Per instance: how many times it (and its replacements) crashed.
+    epochs: Vec<AtomicU64>,
+    /// Per instance, per root: the last crash whose replay from that root has drained.
+    drained: Vec<Vec<AtomicU64>>,
+    /// Per instance: replay copies roots other than 0 sent (root 0 reports the failover).
+    replayed_by_others: Vec<AtomicU64>,
+    /// Per root: crashed instances the root has not replayed to yet.
+    failures: Vec<Mutex<Vec<Failure>>>,
+    /// Per root: the oldest sequence number still logged: no copy of an older clock of the
+    /// root can come again.
+    oldest_logged: Vec<AtomicU64>,
     rebuilder: Rebuilder,
     /// Instances per vertex.
     instances: Vec<u16>,
@@ -126,18 +139,31 @@ pub(super) struct Failover {
 }
 
 impl Failover {
-    /// For `instances` global indices and `per_vertex` instances per vertex, clocks in a ring
-    /// of `span`.
-    pub(super) fn new(instances: usize, per_vertex: Vec<u16>, rebuilder: Rebuilder, span: usize) -> Failover {
+    /// For `instances` global indices and `per_vertex` instances per vertex, clocks of
+    /// `roots` roots in a ring of `span` each.
+    pub(super) fn new(
+        (instances, per_vertex): (usize, Vec<u16>),
+        rebuilder: Rebuilder,
+        (span, roots): (usize, u8),
+    ) -> Failover {
+        let roots = usize::from(roots.max(1));
+        let atomics = |n: usize, v: u64| (0..n).map(|_| AtomicU64::new(v)).collect::<Vec<_>>();
         Failover {
             crash: (0..instances).map(|_| AtomicBool::new(false)).collect(),
-            recovered: (0..instances).map(|_| AtomicBool::new(false)).collect(),
-            failures: Mutex::new(Vec::new()),
-            oldest_logged: AtomicU64::new(1),
+            epochs: atomics(instances, 0),
+            drained: (0..instances).map(|_| atomics(roots, 0)).collect(),
+            replayed_by_others: atomics(instances, 0),
+            failures: (0..roots).map(|_| Mutex::new(Vec::new())).collect(),
+            oldest_logged: atomics(roots, 1),
             rebuilder,
-            held_in_recovery: per_vertex.iter().map(|_| ClockTracker::new(span, 1)).collect(),
+            held_in_recovery: per_vertex.iter().map(|_| ClockTracker::new(span, roots as u8)).collect(),
             instances: per_vertex,
         }
+    }
+
+    /// Whether every root's replay towards instance `global` after its crash `epoch` drained.
+    fn drained_everywhere(&self, global: usize, epoch: u64) -> bool {
+        self.drained.get(global).is_some_and(|d| d.iter().all(|e| e.load(Ordering::Acquire) >= epoch))
     }
 
     /// A recovering replacement at vertex `v` holds a copy of `clock` (`true`) or no longer
@@ -152,23 +178,25 @@ impl Failover {
         }
     }
 
-    /// Whether every copy of clock `seq` still in flight is held by recovering replacements at
+    /// Whether every copy of `clock` still in flight is held by recovering replacements at
     /// vertices that do not lead to vertex `v` (and so have gone through it).
-    pub(super) fn past(&self, shared: &Shared, v: usize, seq: u64) -> bool {
-        let copies = shared.clocks.count(Clock::new(0, seq));
+    pub(super) fn past(&self, shared: &Shared, v: usize, clock: Clock) -> bool {
+        let copies = shared.clocks.count(clock);
         let held: u32 = self
             .held_in_recovery
             .iter()
             .enumerate()
             .filter(|(w, _)| !shared.reaches.get(*w).and_then(|r| r.get(v)).copied().unwrap_or(true))
-            .map(|(_, t)| t.count(Clock::new(0, seq)))
+            .map(|(_, t)| t.count(clock))
             .sum();
         copies == held
     }
 
-    /// The root publishes the oldest clock still logged.
-    pub(super) fn set_oldest_logged(&self, seq: u64) {
-        self.oldest_logged.store(seq, Ordering::Release);
+    /// Root `root` publishes the oldest sequence number it still logs.
+    pub(super) fn set_oldest_logged(&self, root: u8, seq: u64) {
+        if let Some(o) = self.oldest_logged.get(usize::from(root)) {
+            o.store(seq, Ordering::Release);
+        }
     }
 }
 
@@ -181,8 +209,7 @@ pub(super) fn turn(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool
         crash(shared, fo, slot, out);
         did = true;
     }
-    let recovered = || fo.recovered.get(slot.global).is_some_and(|f| f.swap(false, Ordering::AcqRel));
-    if slot.recovery.is_some() && recovered() {
+    if slot.recovery.as_ref().is_some_and(|r| fo.drained_everywhere(slot.global, r.epoch)) {
         if let Some(r) = slot.recovery.take() {
             // What its predecessors processed counts as processed here, should it fail too.
             if let Some(seen) = slot.seen.as_mut() {
@@ -199,22 +226,26 @@ pub(super) fn turn(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool
             // come live and its later ones in the replay (random schedules: a scaled NAT in
             // front of a failing Trojan detector), and replay-then-live would reorder them.
             // Stable: a replay copy goes before the live copy of its clock, a duplicate then.
+            // With several roots, entry order is entry time first (`InOrder`'s order).
             replay.extend(r.held);
-            replay.sort_by_key(|p| p.meta.clock);
+            let several = fo.oldest_logged.len() > 1;
+            replay.sort_by_key(|p| (if several { p.meta.ingress_ns } else { 0 }, p.meta.clock));
             batch.extend(replay);
             super::worker::take_in(shared, slot, batch, out);
         }
         did = true;
     }
-    let oldest = fo.oldest_logged.load(Ordering::Acquire);
-    if let Some(seen) = slot.seen.as_mut() {
-        seen.remove_below(Clock::new(0, oldest));
-    }
-    if let Some(r) = slot.recovery.as_mut() {
-        r.predecessor.remove_below(Clock::new(0, oldest));
-    }
-    if let Some(p) = slot.passing.as_mut() {
-        p.trim_below(oldest, &shared.pool);
+    for (root, oldest) in fo.oldest_logged.iter().enumerate() {
+        let oldest = Clock::new(root as u8, oldest.load(Ordering::Acquire));
+        if let Some(seen) = slot.seen.as_mut() {
+            seen.remove_below(oldest);
+        }
+        if let Some(r) = slot.recovery.as_mut() {
+            r.predecessor.remove_below(oldest);
+        }
+        if let Some(p) = slot.passing.as_mut() {
+            p.trim_below(oldest, &shared.pool);
+        }
     }
     did
 }
@@ -291,13 +322,15 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
     if let Err(e) = freeing {
         tracing::debug!(error = %e, "freeing a failed instance on this thread");
     }
-    slot.recovery = Some(Recovery { replay: Vec::new(), held: Vec::new(), predecessor });
-    // A flag the root raised for the failed instance's own recovery is not this one's.
-    if let Some(r) = fo.recovered.get(slot.global) {
-        r.store(false, Ordering::Release);
-    }
-    if let Ok(mut f) = fo.failures.lock() {
-        f.push(Failure { global: slot.global, id, lost });
+    let epoch = fo.epochs.get(slot.global).map_or(0, |e| e.fetch_add(1, Ordering::AcqRel) + 1);
+    slot.recovery = Some(Recovery { epoch, replay: Vec::new(), held: Vec::new(), predecessor });
+    // Every root hears of it, with the lost copies of its own clocks: each replays its log.
+    let lost_in_all = lost.len();
+    for (root, failures) in fo.failures.iter().enumerate() {
+        let lost = lost.iter().filter(|m| usize::from(m.clock.root()) == root).copied().collect();
+        if let Ok(mut f) = failures.lock() {
+            f.push(Failure { global: slot.global, id, lost, lost_in_all, epoch });
+        }
     }
 }
 
@@ -350,11 +383,94 @@ pub(super) fn hold(shared: &Shared, slot: &mut Slot, mut pkt: Packet, out: &mut 
     }
 }
 
-/// The root thread's side: the failures it has been told of, and the replacements recovering.
+/// One root's part in every failover: it takes in the failures reported to it, replays its
+/// log towards the replacements, and says when each replay has drained. With several roots
+/// each root does so for its own clocks; a replacement recovers once all have.
+#[derive(Default)]
+pub(super) struct Replays {
+    /// (global index, replacement, crash epoch) whose replay from this root is on its way.
+    recovering: Vec<(usize, InstanceId, u64)>,
+}
+
+/// A failure a root took in.
+pub(super) struct TakenIn {
+    global: usize,
+    epoch: u64,
+    lost: usize,
+    beyond_replay: usize,
+    /// Replay copies this root sent towards the replacement.
+    replayed: u64,
+}
+
+impl Replays {
+    /// Root `root` takes in the failures reported to it since the last call, replaying `log`
+    /// through `out` along the entry's routes, and publishes the replays that have drained.
+    pub(super) fn serve(
+        &mut self,
+        shared: &Shared,
+        root: u8,
+        (entry, traffic): (&[Routes], Option<&CompiledFilter>),
+        (log, out): (&mut super::ft::RootLog, &mut Outgoing),
+    ) -> Vec<TakenIn> {
+        let Some(fo) = &shared.failover else { return Vec::new() };
+        let mine = fo.failures.get(usize::from(root));
+        let failures = mine.and_then(|f| f.lock().ok().map(|mut f| std::mem::take(&mut *f))).unwrap_or_default();
+        if !failures.is_empty() {
+            // The commits a failed instance's store answers carried were queued before its
+            // failure: the log has them before it decides what the replay marks committed.
+            super::roots::drain_notes(shared, root, log);
+        }
+        let mut taken = Vec::with_capacity(failures.len());
+        for f in failures {
+            // Copies of other instances' replays the failed one was passing on go again.
+            let (resend, beyond_replay) = log.instance_failed(f.id, &f.lost);
+            if beyond_replay > 0 {
+                tracing::warn!(
+                    instance = ?f.id,
+                    packets = beyond_replay,
+                    "packets lost for good: their log entries died with the root (keep the log in the store: --log store)"
+                );
+            }
+            let mut replayed = 0u64;
+            for p in log.replay_to(f.id).into_iter().chain(resend) {
+                let to_target = p.meta.target == Some(f.id);
+                if send_replay_copy(shared, (entry, traffic), log, out, p) && to_target {
+                    replayed += 1;
+                }
+            }
+            out.flush(shared);
+            // The replay is counted in flight: the lost copies can go.
+            for m in &f.lost {
+                shared.clocks.done(m.clock);
+            }
+            shared.in_flight.fetch_sub(f.lost.len(), Ordering::AcqRel);
+            if root != 0 {
+                if let Some(n) = fo.replayed_by_others.get(f.global) {
+                    n.fetch_add(replayed, Ordering::AcqRel);
+                }
+            }
+            self.recovering.push((f.global, f.id, f.epoch));
+            taken.push(TakenIn { global: f.global, epoch: f.epoch, lost: f.lost_in_all, beyond_replay, replayed });
+        }
+        self.recovering.retain(|(global, id, epoch)| {
+            if !log.replay_drained_to(*id) {
+                return true;
+            }
+            if let Some(d) = fo.drained.get(*global).and_then(|d| d.get(usize::from(root))) {
+                d.fetch_max(*epoch, Ordering::AcqRel);
+            }
+            false
+        });
+        taken
+    }
+}
+
+/// Root 0's side: its own replays, the crashes it asks for, and their reports.
 #[derive(Default)]
 pub(super) struct RootSide {
-    /// (global index, replacement, report index).
-    recovering: Vec<(usize, InstanceId, usize)>,
+    replays: Replays,
+    /// (global index, crash epoch, report index) not recovered everywhere yet.
+    recovering: Vec<(usize, u64, usize)>,
     /// Crashes asked for, by global index: the report entry each fills in.
     asked: Vec<(usize, usize)>,
     /// Crashes of instances whose previous crash the worker has not carried out yet: asked
@@ -401,8 +517,8 @@ impl RootSide {
     }
 
     /// Replays towards the replacements of the instances that failed since the last call, and
-    /// tells those whose replay has drained. `out` is the root's outgoing buffers; `now_ms` the
-    /// time into the run.
+    /// reports those every root's replay has reached. `out` is root 0's outgoing buffers;
+    /// `now_ms` the time into the run.
     pub(super) fn serve(
         &mut self,
         shared: &Shared,
@@ -412,62 +528,32 @@ impl RootSide {
         now_ms: f64,
     ) {
         let Some(fo) = &shared.failover else { return };
-        let failures = fo.failures.lock().map(|mut f| std::mem::take(&mut *f)).unwrap_or_default();
-        if !failures.is_empty() {
-            // The commits a failed instance's store answers carried were queued before its
-            // failure: the log has them before it decides what the replay marks committed.
-            super::roots::drain_notes(shared, 0, log);
-        }
-        for f in failures {
+        for t in self.replays.serve(shared, 0, (entry, traffic), (log, out)) {
             self.logs_lost += 1;
-            let report = self.asked.iter().position(|(g, _)| *g == f.global).map(|i| self.asked.remove(i).1);
-            // Copies of other instances' replays the failed one was passing on go again.
-            let (resend, beyond_replay) = log.instance_failed(f.id, &f.lost);
-            if beyond_replay > 0 {
-                tracing::warn!(
-                    instance = ?f.id,
-                    packets = beyond_replay,
-                    "packets lost for good: their log entries died with the root (keep the log in the store: --log store)"
-                );
-            }
-            let mut replayed = 0u64;
-            for p in log.replay_to(f.id).into_iter().chain(resend) {
-                let to_target = p.meta.target == Some(f.id);
-                if send_replay_copy(shared, (entry, traffic), log, out, p) && to_target {
-                    replayed += 1;
-                }
-            }
-            out.flush(shared);
-            // The replay is counted in flight: the lost copies can go.
-            for m in &f.lost {
-                shared.clocks.done(m.clock);
-            }
-            shared.in_flight.fetch_sub(f.lost.len(), Ordering::AcqRel);
+            let report = self.asked.iter().position(|(g, _)| *g == t.global).map(|i| self.asked.remove(i).1);
             if let Some(r) = report.and_then(|i| failovers.get_mut(i)) {
-                r.lost = f.lost.len() as u64;
-                r.beyond_replay = beyond_replay as u64;
-                r.replayed = replayed;
+                r.lost = t.lost as u64;
+                r.beyond_replay = t.beyond_replay as u64;
+                r.replayed = t.replayed;
             }
-            self.recovering.push((f.global, f.id, report.unwrap_or(usize::MAX)));
-            if let Some(i) = self.deferred.iter().position(|(g, _)| *g == f.global) {
+            self.recovering.push((t.global, t.epoch, report.unwrap_or(usize::MAX)));
+            if let Some(i) = self.deferred.iter().position(|(g, _)| *g == t.global) {
                 let next = self.deferred.remove(i);
                 self.asked.push(next);
-                if let Some(c) = fo.crash.get(f.global) {
+                if let Some(c) = fo.crash.get(t.global) {
                     c.store(true, Ordering::Release);
                 }
             }
         }
-        self.recovering.retain(|(global, id, report)| {
-            if !log.replay_drained_to(*id) {
+        self.recovering.retain(|(global, epoch, report)| {
+            if !fo.drained_everywhere(*global, *epoch) {
                 return true;
-            }
-            if let Some(r) = fo.recovered.get(*global) {
-                r.store(true, Ordering::Release);
             }
             if let Some(r) = failovers.get_mut(*report) {
                 // From the ask: the worker's part (settling with the store, building the
                 // replacement) counts.
                 r.recovery_ms = now_ms - r.asked_ms;
+                r.replayed += fo.replayed_by_others.get(*global).map_or(0, |n| n.swap(0, Ordering::AcqRel));
             }
             false
         });

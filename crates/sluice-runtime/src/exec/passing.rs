@@ -18,22 +18,22 @@
 use super::worker::{end_copy, hand_on, Ended, Slot};
 use super::{Outgoing, Shared};
 use sluice_nf::Verdict;
-use sluice_packet::{Packet, PacketPool};
+use sluice_packet::{Clock, Packet, PacketPool};
 use std::collections::BTreeMap;
 
 /// What an instance emitted per clock, and the replay copies waiting for a clock.
 #[derive(Default)]
 pub(super) struct Passing {
-    /// By sequence number: the emitted packet (none if the NF dropped it) and the verdict.
-    emitted: BTreeMap<u64, (Option<Packet>, Verdict)>,
-    /// By sequence number: replay copies waiting until the instance processed the clock.
-    awaiting: BTreeMap<u64, Vec<Packet>>,
+    /// By clock: the emitted packet (none if the NF dropped it) and the verdict.
+    emitted: BTreeMap<Clock, (Option<Packet>, Verdict)>,
+    /// By clock: replay copies waiting until the instance processed the clock.
+    awaiting: BTreeMap<Clock, Vec<Packet>>,
 }
 
 impl Passing {
     /// Records what the first processing of `pkt`'s clock emitted (later ones change nothing).
     pub(super) fn record(&mut self, pool: &PacketPool, pkt: &Packet, verdict: Verdict) {
-        self.emitted.entry(pkt.meta.clock.seq()).or_insert_with(|| {
+        self.emitted.entry(pkt.meta.clock).or_insert_with(|| {
             let kept = (!matches!(verdict, Verdict::Drop(_))).then(|| pool.copy_of(pkt));
             (kept, verdict)
         });
@@ -42,13 +42,13 @@ impl Passing {
     /// For a person: the replay copies waiting for their clock, from which clock.
     pub(super) fn describe(&self) -> String {
         let n: usize = self.awaiting.values().map(Vec::len).sum();
-        let first = self.awaiting.keys().next().map_or("-".into(), u64::to_string);
+        let first = self.awaiting.keys().next().map_or("-".into(), Clock::to_string);
         format!("{n} copies waiting (first {first}), {} clocks recorded", self.emitted.len())
     }
 
-    /// The replay copies that waited for clock `seq`.
-    pub(super) fn take_awaiting(&mut self, seq: u64) -> Vec<Packet> {
-        self.awaiting.remove(&seq).unwrap_or_default()
+    /// The replay copies that waited for `clock`.
+    pub(super) fn take_awaiting(&mut self, clock: Clock) -> Vec<Packet> {
+        self.awaiting.remove(&clock).unwrap_or_default()
     }
 
     /// Every copy waiting (lost with a crashed instance).
@@ -56,13 +56,12 @@ impl Passing {
         std::mem::take(&mut self.awaiting).into_values().flatten()
     }
 
-    /// Forgets clocks below `seq`: no longer logged, so never replayed again.
-    pub(super) fn trim_below(&mut self, seq: u64, pool: &PacketPool) {
-        while let Some(e) = self.emitted.first_entry() {
-            if *e.key() >= seq {
-                break;
-            }
-            if let (Some(p), _) = e.remove() {
+    /// Forgets the clocks of `oldest`'s root below it: no longer logged, so never replayed
+    /// again.
+    pub(super) fn trim_below(&mut self, oldest: Clock, pool: &PacketPool) {
+        let first = Clock::new(oldest.root(), 0);
+        while let Some(c) = self.emitted.range(first..oldest).next().map(|(c, _)| *c) {
+            if let Some((Some(p), _)) = self.emitted.remove(&c) {
                 pool.recycle(p);
             }
         }
@@ -91,12 +90,12 @@ pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut O
         end_copy(shared, &mut slot.stats, out, pkt, Ended::Decided);
         return true;
     };
-    let Some((emitted, verdict)) = passing.emitted.get(&seq) else {
+    let Some((emitted, verdict)) = passing.emitted.get(&pkt.meta.clock) else {
         if waiting_here {
             end_copy(shared, &mut slot.stats, out, pkt, Ended::Decided);
             return true;
         }
-        passing.awaiting.entry(seq).or_default().push(pkt);
+        passing.awaiting.entry(pkt.meta.clock).or_default().push(pkt);
         return false;
     };
     slot.stats.replays_passed += 1;
@@ -121,11 +120,11 @@ pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut O
     }
 }
 
-/// Clock `seq`'s packet now waits at `slot` (for a change to settle, or for its turn in entry
+/// `clock`'s packet now waits at `slot` (for a change to settle, or for its turn in entry
 /// order): the replay copies that waited here for it end, as [`pass_on`] ends those arriving
 /// after. How many.
-pub(super) fn end_awaiting(shared: &Shared, slot: &mut Slot, seq: u64, out: &mut Outgoing) -> usize {
-    let waiting = slot.passing.as_mut().map(|p| p.take_awaiting(seq)).unwrap_or_default();
+pub(super) fn end_awaiting(shared: &Shared, slot: &mut Slot, clock: Clock, out: &mut Outgoing) -> usize {
+    let waiting = slot.passing.as_mut().map(|p| p.take_awaiting(clock)).unwrap_or_default();
     let ended = waiting.len();
     for p in waiting {
         end_copy(shared, &mut slot.stats, out, p, Ended::Decided);
@@ -133,9 +132,9 @@ pub(super) fn end_awaiting(shared: &Shared, slot: &mut Slot, seq: u64, out: &mut
     ended
 }
 
-/// After `slot` processed clock `seq`: the replay copies that waited for it go on. How many
+/// After `slot` processed `clock`: the replay copies that waited for it go on. How many
 /// ended here.
-pub(super) fn release(shared: &Shared, slot: &mut Slot, seq: u64, out: &mut Outgoing) -> usize {
-    let waiting = slot.passing.as_mut().map(|p| p.take_awaiting(seq)).unwrap_or_default();
+pub(super) fn release(shared: &Shared, slot: &mut Slot, clock: Clock, out: &mut Outgoing) -> usize {
+    let waiting = slot.passing.as_mut().map(|p| p.take_awaiting(clock)).unwrap_or_default();
     waiting.into_iter().map(|p| usize::from(pass_on(shared, slot, p, out))).sum()
 }

@@ -207,9 +207,9 @@ pub(super) fn waits(shared: &Shared, slot: &mut Slot, out: &mut Outgoing, pkt: P
         m.keys.push(key);
         return Ok(pkt);
     }
-    let seq = pkt.meta.clock.seq();
+    let clock = pkt.meta.clock;
     m.wait(key, pkt);
-    Err(super::passing::end_awaiting(shared, slot, seq, out))
+    Err(super::passing::end_awaiting(shared, slot, clock, out))
 }
 
 /// At the end of a batch: the flows `slot` received go where the root can see them.
@@ -669,7 +669,8 @@ impl RootSide {
                 // deleted.
                 p.past_to = p.past_to.max(low);
                 while p.past_to <= p.since.min(seq)
-                    && (shared.clocks.finished(Clock::new(0, p.past_to)) || shared.past_recovering(p.vertex, p.past_to))
+                    && (shared.clocks.finished(Clock::new(0, p.past_to))
+                        || shared.past_recovering(p.vertex, Clock::new(0, p.past_to)))
                 {
                     p.past_to += 1;
                 }

@@ -285,18 +285,27 @@ pub(super) struct Split {
     pub(super) last_entry: u64,
     /// With a recording: per input packet, the root it went to (`None`: dropped before).
     pub(super) routed: Option<Vec<Option<u8>>>,
+    /// Input packets that went to a root so far.
+    entered: u64,
 }
 
 impl Split {
     pub(super) fn new(roots: u8, record: bool) -> Split {
-        Split { bufs: (0..roots).map(|_| Vec::new()).collect(), last_entry: 0, routed: record.then(Vec::new) }
+        let bufs = (0..roots).map(|_| Vec::new()).collect();
+        Split { bufs, last_entry: 0, routed: record.then(Vec::new), entered: 0 }
     }
 
     /// Notes that the next input packet went to root `to` (`None`: dropped before any root).
     pub(super) fn routed(&mut self, to: Option<u8>) {
+        self.entered += u64::from(to.is_some());
         if let Some(r) = self.routed.as_mut() {
             r.push(to);
         }
+    }
+
+    /// How many input packets went to a root so far.
+    pub(super) fn entered(&self) -> u64 {
+        self.entered
     }
 
     /// Hands `pkt` to root `to` (not 0).
@@ -357,6 +366,7 @@ pub(super) fn other_root(
     let id = usize::from(state.id);
     let Some(input) = shared.root_inputs.get(id) else { return Ok(state) };
     let mut idle = 0u32;
+    let mut replays = super::failover::Replays::default();
     let publish = |state: &RootState| {
         if let Some(n) = shared.root_logged.get(id) {
             n.store(state.logged(), Ordering::Release);
@@ -364,6 +374,10 @@ pub(super) fn other_root(
     };
     while !shared.aborted.load(Ordering::Acquire) {
         let oldest_logged = state.take_notes(shared);
+        if let (Some(fo), Some(log)) = (&shared.failover, state.log.as_mut()) {
+            fo.set_oldest_logged(state.id, oldest_logged.map_or(state.seq + 1, |c| c.seq()));
+            replays.serve(shared, state.id, (entry, traffic), (log, &mut out));
+        }
         publish(&state);
         let stalled = out.retry(shared);
         state.advance_low(shared);

@@ -242,7 +242,7 @@ fn serve(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
         return did;
     }
     let mut ready = shared.empty_batch();
-    let gone_by = |c: Clock| shared.past_recovering(vertex, c.seq());
+    let gone_by = |c: Clock| shared.past_recovering(vertex, c);
     order.take_ready(&shared.clocks, &shared.admissions, gone_by, &mut ready);
     if ready.is_empty() {
         shared.give_back(ready);
@@ -283,13 +283,13 @@ fn hold_in_order(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
                 continue;
             }
         };
-        let seq = p.meta.clock.seq();
+        let clock = p.meta.clock;
         let Some(order) = slot.order.as_mut() else { continue };
         if let Some(dup) = order.hold(p) {
             end_copy(shared, &mut slot.stats, out, dup, Ended::Duplicate);
             ended += 1;
         }
-        ended += passing::end_awaiting(shared, slot, seq, out);
+        ended += passing::end_awaiting(shared, slot, clock, out);
     }
     shared.give_back(batch);
     reconfig::publish_flows(shared, slot);
@@ -371,7 +371,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             pkt.meta.flags.insert(MetaFlags::REACHED);
             out.note(shared, Note::Reached(pkt.meta));
         }
-        let seq = pkt.meta.clock.seq();
+        let clock = pkt.meta.clock;
         if let Some(p) = slot.passing.as_mut() {
             p.record(&shared.pool, &pkt, verdict);
         }
@@ -383,7 +383,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             }
         }
         if slot.passing.is_some() {
-            finished += passing::release(shared, slot, seq, out);
+            finished += passing::release(shared, slot, clock, out);
         }
     }
     slot.inst.end_batch();
