@@ -97,7 +97,7 @@ fn several_roots_on_redis_are_equivalent() {
         "redis",
         "chains/example.yaml",
         &common::repo("traces/demo.pcap"),
-        &["--roots", "2", "--store", &store, "--limit", "1000", "--fault-tolerance"],
+        &["--roots", "2", "--store", &store, "--limit", "5000", "--fault-tolerance"],
     );
     assert_eq!(roots, vec![0, 1]);
 }
