@@ -45,6 +45,7 @@ mod reconfig;
 mod roots;
 mod sink;
 mod store_crash;
+mod waiting;
 mod worker;
 
 pub use config::{Overflow, Planned, RunConfig, RunError, RunHooks, Slowdown, MAX_ROOTS};
@@ -507,7 +508,7 @@ pub fn run(
         scaling_side.serve(&shared, (low, seq), &mut reconfigurations);
         if low != low_seen || (shared.in_flight.load(Ordering::Acquire) == 0 && !source_done) {
             (low_seen, quiet_since) = (low, Instant::now());
-        } else if quiet_since.elapsed() >= WAITING_NOTICE {
+        } else if quiet_since.elapsed() >= waiting::NOTICE_AFTER {
             // Nothing finished for a while: say what the run waits for (a run that never ends
             // is a bug; this is where to start looking), and ask the workers what they hold.
             quiet_since = Instant::now();
@@ -516,7 +517,7 @@ pub fn run(
             } else {
                 "nothing has finished for a while; the run waits for these"
             };
-            warn_waiting(&shared, (low, seq, r0.log.as_ref()), (&failover_side, &scaling_side), what);
+            waiting::warn(&shared, (low, seq, r0.log.as_ref()), (&failover_side, &scaling_side), what);
         }
         if let Some(b) = &store {
             let crashed = checkpoints
@@ -764,26 +765,6 @@ pub fn run(
     Ok(report)
 }
 
-/// Says what a run that makes no progress waits for.
-fn warn_waiting(
-    shared: &Shared,
-    (low, admitted, log): (u64, u64, Option<&RootLog>),
-    (failover, scaling): (&failover::RootSide, &reconfig::RootSide),
-    what: &str,
-) {
-    shared.describe_asked.fetch_add(1, Ordering::Relaxed);
-    tracing::warn!(
-        in_flight = shared.in_flight.load(Ordering::Acquire),
-        oldest_unfinished = low,
-        its_copies_in_flight = shared.clocks.count(Clock::new(0, low)),
-        admitted,
-        logged = log.map_or(0, RootLog::logged),
-        failover_pending = failover.busy(),
-        changes_pending = %scaling.describe(shared),
-        "{what}"
-    );
-}
-
 /// Batches the calling thread may have split off for another root and not yet taken.
 const ROOT_INPUT_BATCHES: usize = 64;
 
@@ -793,9 +774,6 @@ const IDLE_TURNS_BEFORE_SLEEP: u32 = 16;
 /// Vertex managers look at their vertices every this many admitted packets (as in the
 /// virtual-time engine).
 pub const MANAGE_EVERY: u64 = 1_000;
-
-/// How often a run that makes no progress says what it waits for.
-const WAITING_NOTICE: Duration = Duration::from_secs(5);
 
 /// Note buffers in flight between the workers and the root.
 const NOTE_BUFFERS: usize = 4096;
