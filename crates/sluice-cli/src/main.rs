@@ -190,9 +190,8 @@ struct EngineArgs {
     batch: usize,
     /// Roots (1 to 8), each on its own thread with its own clocks and, with
     /// --fault-tolerance, its own log; the input is split over them by source address. More
-    /// than one takes instance crashes and slowdowns (--faults) but not yet root or store
-    /// crashes, scaling, moves, clones, --control or --log store: such a run is refused with
-    /// the reason.
+    /// than one takes instance and root crashes and slowdowns (--faults) but not yet store
+    /// crashes, scaling, moves, clones or --control: such a run is refused with the reason.
     #[arg(long, default_value_t = 1)]
     roots: u8,
     /// Most packets in flight in the chain. Default: 4,096 when input waits for room (files,
@@ -509,7 +508,7 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
                 total.ok_or_else(|| fail(exit::INVALID)(anyhow::anyhow!("percent positions need a known input length")))
             }
         };
-        let faults = run_faults::faults(f, &chain, count)?;
+        let faults = run_faults::faults(f, &chain, a.engine.roots, count)?;
         cfg.planned = faults.planned;
         cfg.policies = faults.policies;
         cfg.fault_tolerance = true;

@@ -19,20 +19,23 @@ pub struct RunFaults {
     pub policies: Vec<(usize, ManagerPolicy)>,
 }
 
-/// The events and policies of the schedule in `path` for `chain`; `total` counts the input's
-/// packets (asked only if an event is placed by percentage).
-pub fn faults(path: &Path, chain: &Chain, total: impl FnOnce() -> Result<u64, Failure>) -> Result<RunFaults, Failure> {
+/// The events and policies of the schedule in `path` for `chain` in a run with `roots` roots;
+/// `total` counts the input's packets (asked only if an event is placed by percentage).
+pub fn faults(
+    path: &Path,
+    chain: &Chain,
+    roots: u8,
+    total: impl FnOnce() -> Result<u64, Failure>,
+) -> Result<RunFaults, Failure> {
     let bad = |msg: String| fail(exit::INVALID)(anyhow::anyhow!("{}: {msg}", path.display()));
     let schedule = FaultSchedule::load(path).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!("{e}")))?;
     // A schedule written for `sluice verify` (a regression file, say) runs here too: its chain,
     // input, limit and log come from the command line instead, and the engine's own options
-    // (`async_delete`, `checkpoint_every`) have no counterpart in threads. Several roots do
-    // not run in threads yet.
-    if let Some(roots) = schedule.run.roots.filter(|r| *r > 1) {
+    // (`async_delete`, `checkpoint_every`) have no counterpart in threads. Its roots must be
+    // the run's: its events name them.
+    if let Some(wanted) = schedule.run.roots.filter(|r| *r != roots) {
         let line = schedule.run.line.map(|l| format!("line {l}: ")).unwrap_or_default();
-        return Err(bad(format!(
-            "{line}`run: roots: {roots}`: a threaded run has one root so far; `sluice verify` runs it in the engine"
-        )));
+        return Err(bad(format!("{line}`run: roots: {wanted}`: run it with --roots {wanted} (this run has {roots})")));
     }
     if !schedule.run.is_empty() {
         tracing::info!(
@@ -55,10 +58,10 @@ pub fn faults(path: &Path, chain: &Chain, total: impl FnOnce() -> Result<u64, Fa
     for (after, e) in schedule.resolve(total) {
         let line = e.line.map(|l| format!("line {l}: ")).unwrap_or_default();
         if let Action::CrashRoot { root } = &e.action {
-            if *root != 0 {
-                return Err(bad(format!("{line}`crash_root`: a threaded run has one root, root 0, not root {root}")));
+            if *root >= roots {
+                return Err(bad(format!("{line}`crash_root`: no root {root} in a run of {roots} root(s) (--roots)")));
             }
-            out.push(Planned::CrashRoot(after));
+            out.push(Planned::CrashRoot(after, *root));
             continue;
         }
         if let Action::CrashStore = &e.action {

@@ -84,7 +84,7 @@ fn root_crashes_the_run_cannot_make_are_clear_errors() {
     let second = second.to_string_lossy().into_owned();
     let base = ["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "--limit", "2000", "-q"];
     for (extra, says) in [
-        (&["--faults", second.as_str()][..], "one root, root 0, not root 1"),
+        (&["--faults", second.as_str()][..], "no root 1 in a run of 1 root(s) (--roots)"),
         (&["--fault-tolerance", "--log", "store", "--mode", "local"][..], "the root's log in the store needs"),
         (&["--log", "store"][..], "the root's log in the store needs"),
     ] {

@@ -74,6 +74,8 @@ struct Shared {
     root_logged: Vec<CachePadded<AtomicUsize>>,
     /// Where copies leave the chain with a log: a clock leaves once (one for all roots).
     egress: Mutex<Egress>,
+    /// Crashes of roots other than 0, asked and done.
+    root_crashes: roots::RootCrashes,
     /// How far each root has admitted, for order-sensitive instances.
     admissions: crate::order::Admissions,
     /// Some vertex takes its input in entry order (the roots then publish `admissions`).
@@ -228,13 +230,12 @@ pub fn run(
     if roots > 1 {
         let not_yet = [
             (
-                cfg.planned.iter().any(|p| !matches!(p, Planned::Crash(_) | Planned::Slow(_))),
-                "planned root or store crashes, scaling or moves",
+                cfg.planned.iter().any(|p| !matches!(p, Planned::Crash(_) | Planned::Slow(_) | Planned::CrashRoot(..))),
+                "planned store crashes, scaling or moves",
             ),
             (!cfg.policies.is_empty(), "vertex managers"),
             (scalable, "a run that may scale"),
             (hooks.live.is_some(), "a control endpoint"),
-            (cfg.log_in_store, "the root's log in the store"),
         ];
         if let Some((_, what)) = not_yet.into_iter().find(|(n, _)| *n) {
             return Err(RunError::Config(format!(
@@ -253,7 +254,13 @@ pub fn run(
             "crashing instances needs the root's log (fault tolerance) and state in a store (not `local`)".into(),
         ));
     }
-    let root_crashes = cfg.planned.iter().any(|p| matches!(p, Planned::CrashRoot(_)));
+    let root_crashes = cfg.planned.iter().any(|p| matches!(p, Planned::CrashRoot(..)));
+    if let Some(r) = cfg.planned.iter().find_map(|p| match p {
+        Planned::CrashRoot(_, r) if *r >= roots => Some(*r),
+        _ => None,
+    }) {
+        return Err(RunError::Config(format!("a crash of root {r}: the run has {roots} root(s), 0 to {}", roots - 1)));
+    }
     if root_crashes && !cfg.fault_tolerance {
         return Err(RunError::Config("crashing the root needs its log and clock (fault tolerance)".into()));
     }
@@ -323,6 +330,7 @@ pub fn run(
         root_inputs: (0..roots).map(|r| ArrayQueue::new(if r == 0 { 1 } else { ROOT_INPUT_BATCHES })).collect(),
         handed: CachePadded::new(AtomicUsize::new(0)),
         root_logged: (0..roots).map(|_| CachePadded::new(AtomicUsize::new(0))).collect(),
+        root_crashes: roots::RootCrashes::new(roots),
         egress: Mutex::new(Egress::default()),
         admissions: crate::order::Admissions::new(roots),
         any_ordered,
@@ -364,7 +372,7 @@ pub fn run(
                     return Err(RunError::Config(format!("no vertex with index {}", r.vertex)));
                 }
             }
-            Planned::CrashRoot(_) | Planned::CrashStore(_) => {}
+            Planned::CrashRoot(..) | Planned::CrashStore(_) => {}
         }
     }
     let mut planned = planned.into_iter().peekable();
@@ -391,17 +399,17 @@ pub fn run(
     }
     let mut failover_side = failover::RootSide::default();
     let mut failovers = Vec::new();
-    let new_log = |id: u8| cfg.fault_tolerance.then(|| RootLog::new(cfg.window, id, roots));
-    let mut log = new_log(0);
-    if let (true, Some(b)) = (cfg.log_in_store, &store) {
-        if let Some(l) = log.take() {
-            log = Some(l.in_store(b.clone()).map_err(|e| RunError::Config(e.to_string()))?);
+    let new_log = |id: u8| -> Result<Option<RootLog>, RunError> {
+        let Some(log) = cfg.fault_tolerance.then(|| RootLog::new(cfg.window, id, roots)) else { return Ok(None) };
+        match (cfg.log_in_store, &store) {
+            (true, Some(b)) => log.in_store(b.clone()).map(Some).map_err(|e| RunError::Config(e.to_string())),
+            _ => Ok(Some(log)),
         }
-    }
-    let mut r0 = RootState::new(0, (log, cfg.record), store.as_ref())?;
+    };
+    let mut r0 = RootState::new(0, (new_log(0)?, cfg.record), store.as_ref())?;
     let mut others = Vec::new();
     for id in 1..roots {
-        others.push(RootState::new(id, (new_log(id), cfg.record), store.as_ref())?);
+        others.push(RootState::new(id, (new_log(id)?, cfg.record), store.as_ref())?);
     }
 
     // Instances go round-robin to workers (those added later too, by global index).
@@ -458,7 +466,8 @@ pub fn run(
     let mut inbuf: Batch = Vec::with_capacity(cfg.batch);
     // Admitted and stamped, not yet in the chain.
     let mut stamped: Batch = Vec::with_capacity(cfg.batch);
-    let mut root_crash_due = false;
+    // Root 0's crash, asked at this many packets admitted.
+    let mut root_crash_due: Option<u64> = None;
     let mut checkpoints = store_crash::Checkpoints::new(cfg.checkpoint_every);
     let mut source_done = false;
     let mut last_progress = Instant::now();
@@ -484,14 +493,16 @@ pub fn run(
         }
         // What found a queue full goes first; meanwhile no new input is admitted.
         let stalled = root.retry(&shared) || split.push(&shared);
-        root_crash_due |= shared.live.as_ref().is_some_and(|l| l.take_root_crash());
+        if shared.live.as_ref().is_some_and(|l| l.take_root_crash()) {
+            root_crash_due = Some(seq);
+        }
         checkpoints.crash_due |= shared.live.as_ref().is_some_and(|l| l.take_store_crash());
-        if root_crash_due && !stalled {
+        if let Some(at) = root_crash_due.filter(|_| !stalled) {
             // Between two batches, everything admitted in the chain: the root fails.
-            root_crash_due = false;
+            root_crash_due = None;
             if let Some(l) = r0.log.as_mut() {
                 let c = l
-                    .crash((seq, t0.elapsed().as_secs_f64() * 1e3))
+                    .crash((at, t0.elapsed().as_secs_f64() * 1e3))
                     .map_err(|e| RunError::Worker(format!("the new root: {e}")))?;
                 // The clocks skipped count against the window at once: admitting past the
                 // in-flight ring's span would put two clocks on one slot.
@@ -548,6 +559,7 @@ pub fn run(
                 && shared.in_flight.load(Ordering::Acquire) == 0
                 && !failover_side.busy()
                 && !scaling_side.busy()
+                && !shared.root_crashes.pending()
             {
                 // The last updates' acknowledgements are still on their way to the logs; a
                 // store that stopped answering leaves entries behind (reported), not a hang.
@@ -648,7 +660,9 @@ pub fn run(
                             .map_err(|e| RunError::Config(format!("scaling while the chain runs: {e}")))?,
                         // Once this batch is in the chain (at the loop's top): the root fails
                         // between batches.
-                        Planned::CrashRoot(_) => root_crash_due = true,
+                        Planned::CrashRoot(after, 0) => root_crash_due = Some(after),
+                        // Another root fails between two of its batches.
+                        Planned::CrashRoot(after, r) => shared.root_crashes.ask(r, after),
                         Planned::CrashStore(_) => checkpoints.crash_due = true,
                     }
                 }
@@ -704,6 +718,8 @@ pub fn run(
         all_roots.push(h.join().map_err(|_| RunError::Worker("a root thread panicked".into()))??);
     }
     result?;
+    report.root_crashes.extend(shared.root_crashes.take_done());
+    report.root_crashes.sort_by_key(|c| c.at_packet);
     if let Some(live) = &shared.live {
         live.output(0, shared.in_flight.load(Ordering::Acquire));
     }

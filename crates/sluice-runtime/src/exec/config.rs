@@ -92,9 +92,9 @@ pub enum Planned {
     Slow(Slowdown),
     /// A vertex scales or flows move.
     Change(Reconfig),
-    /// The root fails once it has admitted this many packets and a new one takes over (needs
-    /// `fault_tolerance`).
-    CrashRoot(u64),
+    /// Root `.1` fails once this many packets were admitted (`.0`) and a new one takes over
+    /// (needs `fault_tolerance`).
+    CrashRoot(u64, u8),
     /// The state store loses everything once the root has admitted this many packets and is
     /// rebuilt from its last checkpoint and the instances (needs `fault_tolerance` and a
     /// store).
@@ -108,7 +108,7 @@ impl Planned {
             Planned::Crash(c) => c.after,
             Planned::Slow(s) => s.after,
             Planned::Change(r) => r.after,
-            Planned::CrashRoot(after) | Planned::CrashStore(after) => *after,
+            Planned::CrashRoot(after, _) | Planned::CrashStore(after) => *after,
         }
     }
 }

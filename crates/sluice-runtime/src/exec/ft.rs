@@ -115,8 +115,14 @@ impl RootLog {
     /// `(at_packet, at_ms)` says when, for the report.
     pub(super) fn crash(&mut self, (at_packet, at_ms): (u64, f64)) -> Result<RootCrashReport, RootLogError> {
         let lost = self.store.is_none();
-        let crash = self.root.crash(0, lost).map_err(|e| RootLogError::Store(format!("{e:?}")))?;
-        tracing::info!(at_packet, resumed_at = crash.resumed, lost, "the root failed; a new one took over");
+        let crash = self.root.crash(self.id, lost).map_err(|e| RootLogError::Store(format!("{e:?}")))?;
+        tracing::info!(
+            root = self.id,
+            at_packet,
+            resumed_at = crash.resumed,
+            lost,
+            "a root failed; a new one took over"
+        );
         let mut report = RootCrashReport {
             at_packet,
             at_ms,
@@ -126,8 +132,13 @@ impl RootLog {
             ..RootCrashReport::default()
         };
         let Some((sl, backend)) = &mut self.store else { return Ok(report) };
-        let stored: BTreeMap<Clock, (u64, Packet)> =
-            StoreLog::read(backend)?.into_iter().map(|(c, l)| (c, (l.input, l.packet))).collect();
+        // Only this root's entries: the store holds every root's log.
+        let id = self.id;
+        let stored: BTreeMap<Clock, (u64, Packet)> = StoreLog::read(backend)?
+            .into_iter()
+            .filter(|(c, _)| c.root() == id)
+            .map(|(c, l)| (c, (l.input, l.packet)))
+            .collect();
         let r = self.root.reload(stored);
         for c in &r.stale {
             sl.delete(*c);
@@ -143,7 +154,8 @@ impl RootLog {
     pub(super) fn store_rebuilt(&mut self) -> Result<u64, RootLogError> {
         let Some((sl, backend)) = &mut self.store else { return Ok(0) };
         sl.reconnect(backend)?;
-        let stored = StoreLog::read(backend)?;
+        let id = self.id;
+        let stored: BTreeMap<Clock, _> = StoreLog::read(backend)?.into_iter().filter(|(c, _)| c.root() == id).collect();
         let missing: Vec<(u64, &Packet)> =
             self.root.log_entries().filter(|(c, _, _)| !stored.contains_key(c)).map(|(_, i, p)| (i, p)).collect();
         let n = missing.len() as u64;

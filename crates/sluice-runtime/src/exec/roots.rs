@@ -16,12 +16,12 @@ use super::{Overflow, RunError, Shared};
 use crate::filter::CompiledFilter;
 use crate::plan::{direction, Routes};
 use crate::record::DropRecord;
-use crate::report::FaultToleranceReport;
+use crate::report::{FaultToleranceReport, RootCrashReport};
 use sluice_chc::egress::Egress;
 use sluice_packet::{Batch, Clock, InstanceId, Packet};
 use sluice_store::{Backend, Connection, Replies, Request, StoreKey, StoreOp};
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -350,6 +350,60 @@ impl Split {
     }
 }
 
+/// Crashes of roots other than 0 (root 0 fails on the calling thread): asked by the calling
+/// thread, carried out by the root's own thread between two of its batches.
+pub(super) struct RootCrashes {
+    /// Per root: the packet count its crash was asked at, or `u64::MAX` for none.
+    asked: Vec<AtomicU64>,
+    /// What the crashes did, for the report.
+    done: Mutex<Vec<RootCrashReport>>,
+    /// When the run was set up (the reports' times count from it).
+    t0: Instant,
+}
+
+impl RootCrashes {
+    pub(super) fn new(roots: u8) -> RootCrashes {
+        let asked = (0..roots).map(|_| AtomicU64::new(u64::MAX)).collect();
+        RootCrashes { asked, done: Mutex::new(Vec::new()), t0: Instant::now() }
+    }
+
+    /// Asks root `root` to fail (`after` packets admitted).
+    pub(super) fn ask(&self, root: u8, after: u64) {
+        if let Some(a) = self.asked.get(usize::from(root)) {
+            a.store(after, Ordering::Release);
+        }
+    }
+
+    /// Whether a crash asked for is not carried out yet.
+    pub(super) fn pending(&self) -> bool {
+        self.asked.iter().any(|a| a.load(Ordering::Acquire) != u64::MAX)
+    }
+
+    /// The crashes carried out, for the report.
+    pub(super) fn take_done(&self) -> Vec<RootCrashReport> {
+        std::mem::take(&mut *self.done.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// On root `state.id`'s thread, between two batches: fails the root if asked, its log lost
+    /// or read back from the store (`RootLog::crash`), and resumes its clock past it.
+    fn carry_out(&self, state: &mut RootState) -> Result<(), RunError> {
+        let Some(asked) = self.asked.get(usize::from(state.id)) else { return Ok(()) };
+        let after = asked.load(Ordering::Acquire);
+        if after == u64::MAX {
+            return Ok(());
+        }
+        let Some(log) = state.log.as_mut() else { return Ok(()) };
+        let at_ms = self.t0.elapsed().as_secs_f64() * 1e3;
+        let report =
+            log.crash((after, at_ms)).map_err(|e| RunError::Worker(format!("the new root {}: {e}", state.id)))?;
+        // The clocks skipped count against the window at once (as for root 0).
+        state.seq = report.resumed_at;
+        self.done.lock().unwrap_or_else(PoisonError::into_inner).push(report);
+        asked.store(u64::MAX, Ordering::Release);
+        Ok(())
+    }
+}
+
 /// What a root thread hands back at the end of the run.
 pub(super) type RootEnd = Result<RootState, RunError>;
 
@@ -380,6 +434,10 @@ pub(super) fn other_root(
         }
         publish(&state);
         let stalled = out.retry(shared);
+        if !stalled {
+            // Between two batches, everything admitted in the chain.
+            shared.root_crashes.carry_out(&mut state)?;
+        }
         state.advance_low(shared);
         state.forget_old(oldest_logged)?;
         // Read before looking at the queue: with the queue empty, everything entered up to
