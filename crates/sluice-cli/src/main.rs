@@ -190,8 +190,8 @@ struct EngineArgs {
     batch: usize,
     /// Roots (1 to 8), each on its own thread with its own clocks and, with
     /// --fault-tolerance, its own log; the input is split over them by source address. More
-    /// than one takes instance and root crashes and slowdowns (--faults) but not yet store
-    /// crashes, scaling, moves, clones or --control: such a run is refused with the reason.
+    /// than one takes instance, root and store crashes and slowdowns (--faults) but not yet
+    /// scaling, moves, clones or --control: such a run is refused with the reason.
     #[arg(long, default_value_t = 1)]
     roots: u8,
     /// Most packets in flight in the chain. Default: 4,096 when input waits for room (files,

@@ -200,8 +200,8 @@ fn random_schedules_through_the_threaded_runtime_are_equivalent() {
     random_threaded_runs(seeds, 12_000, None, false);
 }
 
-/// Random schedules of what a run with several roots applies so far (instance and root
-/// crashes, slowdowns) through the threaded runtime with 2, 3 or 4 roots, over the bundled trace and
+/// Random schedules of what a run with several roots applies so far (instance, root and
+/// store crashes, slowdowns) through the threaded runtime with 2, 3 or 4 roots, over the bundled trace and
 /// every shared one, embedded store, recorded and verified: 40 runs from seed 200,000, or
 /// `SLUICE_ROOTS_RANDOM_RUNS` from `SLUICE_ROOTS_RANDOM_SEED`.
 #[test]
@@ -220,7 +220,7 @@ fn random_schedules_through_the_threaded_runtime_on_redis_are_equivalent() {
     random_threaded_runs(seeds, 1_500, Some(&store), false);
 }
 
-/// Random instance and root crashes and slowdowns with several roots on Redis: 12 runs from seed 300,000, or
+/// Random instance, root and store crashes and slowdowns with several roots on Redis: 12 runs from seed 300,000, or
 /// `SLUICE_REDIS_ROOTS_RANDOM_RUNS` from `SLUICE_REDIS_ROOTS_RANDOM_SEED`.
 #[test]
 fn random_crashes_through_several_roots_on_redis_are_equivalent() {
@@ -263,6 +263,7 @@ fn random_threaded_runs(seeds: std::ops::Range<u64>, limit: usize, store: Option
     let mut clones = 0;
     let mut instance_crashes = 0;
     let mut other_root_crashes = 0;
+    let mut store_crashes = 0;
     for seed in seeds {
         let i = seed;
         let chain_path = chains[(i as usize) % chains.len()];
@@ -284,6 +285,8 @@ fn random_threaded_runs(seeds: std::ops::Range<u64>, limit: usize, store: Option
             .iter()
             .filter(|e| matches!(e.action, sluice_coe::schedule::Action::CrashRoot { root } if root > 0))
             .count();
+        store_crashes +=
+            schedule.events.iter().filter(|e| matches!(e.action, sluice_coe::schedule::Action::CrashStore)).count();
         let faults = dir.path().join(format!("s{seed}.yaml"));
         std::fs::write(&faults, schedule.to_yaml()).expect("write schedule");
         let rec = dir.path().join(format!("rec{seed}"));
@@ -328,5 +331,6 @@ fn random_threaded_runs(seeds: std::ops::Range<u64>, limit: usize, store: Option
     assert!(several_roots || runs < 50 || clones > 0, "no clone drawn in {runs} runs");
     assert!(runs < 4 || instance_crashes > 0, "no instance crash drawn in {runs} runs");
     assert!(!several_roots || runs < 12 || other_root_crashes > 0, "no crash of a root but 0 drawn in {runs} runs");
+    assert!(runs < 12 || store_crashes > 0, "no store crash drawn in {runs} runs");
     assert!(failures.is_empty(), "{} of {runs} random runs failed:\n{}", failures.len(), failures.join("\n"));
 }

@@ -106,14 +106,21 @@ fn several_roots_on_redis_are_equivalent() {
 fn what_several_roots_do_not_yet_support_is_refused_with_the_reason() {
     let dir = std::env::temp_dir().join(format!("sluice-roots-refused-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
-    let faults = common::schedule(&dir, "store-crash.yaml", "events:\n  - at: { packet: 100 }\n    crash_store: {}\n");
+    let clone = common::schedule(
+        &dir,
+        "clone.yaml",
+        "events:\n  - at: { packet: 100 }\n    clone: { vertex: nat, instance: 0 }\n",
+    );
     let scale =
         common::schedule(&dir, "scale.yaml", "events:\n  - at: { packet: 100 }\n    scale: { vertex: nat, to: 2 }\n");
     let cases: [(&[&str], &str); 5] = [
         (&["--roots", "0"], "a run has 1 to 8"),
         (&["--roots", "9"], "a run has 1 to 8"),
-        (&["--roots", "2", "--faults", &faults, "--fault-tolerance"], "do not yet work with planned store crashes"),
-        (&["--roots", "2", "--faults", &scale], "do not yet work with planned store crashes, scaling or moves"),
+        (
+            &["--roots", "2", "--faults", &clone, "--fault-tolerance"],
+            "do not yet work with planned scaling, moves or clones",
+        ),
+        (&["--roots", "2", "--faults", &scale], "do not yet work with planned scaling, moves or clones"),
         (&["--roots", "4", "--window", "64", "--batch", "32"], "must hold a batch (32) for each of the 4 roots"),
     ];
     for (extra, says) in cases {

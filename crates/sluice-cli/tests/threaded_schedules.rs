@@ -42,8 +42,8 @@ fn every_bundled_schedule_is_equivalent_in_threads() {
 /// Every regression file the engine's random runs found (`faults/regressions/`) through the
 /// threaded runtime, on the chain, trace and packet limit its `run:` section names and its log
 /// place (and roots), recorded and verified. Those with several roots and an event a run with
-/// several roots does not apply yet (a store crash, a clone) are refused with a clear error:
-/// the test checks the refusal, so none passes unrun.
+/// several roots does not apply yet (a clone) are refused with a clear error: the test checks
+/// the refusal, so none passes unrun.
 #[test]
 fn every_regression_schedule_is_equivalent_in_threads() {
     let files = schedules("faults/regressions");
@@ -59,9 +59,7 @@ fn every_regression_schedule_is_equivalent_in_threads() {
         let input = dir.join(run.input.as_ref().unwrap_or_else(|| panic!("{name}: no run.input")));
         let (chain, input) = (chain.to_string_lossy().into_owned(), input.to_string_lossy().into_owned());
         let roots = run.roots.unwrap_or(1).to_string();
-        let not_yet = schedule.events.iter().any(|e| {
-            matches!(e.action, sluice_coe::schedule::Action::CrashStore | sluice_coe::schedule::Action::Clone { .. })
-        });
+        let not_yet = schedule.events.iter().any(|e| matches!(e.action, sluice_coe::schedule::Action::Clone { .. }));
         if run.roots.unwrap_or(1) > 1 && not_yet {
             let o = common::sluice(&["run", "-c", &chain, "-i", &input, "-q", "--roots", &roots, "--faults", &path]);
             assert!(!o.status.success(), "{name}: several roots ran what they do not support yet");

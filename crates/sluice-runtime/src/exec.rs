@@ -230,8 +230,10 @@ pub fn run(
     if roots > 1 {
         let not_yet = [
             (
-                cfg.planned.iter().any(|p| !matches!(p, Planned::Crash(_) | Planned::Slow(_) | Planned::CrashRoot(..))),
-                "planned store crashes, scaling or moves",
+                cfg.planned.iter().any(|p| {
+                    !matches!(p, Planned::Crash(_) | Planned::Slow(_) | Planned::CrashRoot(..) | Planned::CrashStore(_))
+                }),
+                "planned scaling, moves or clones",
             ),
             (!cfg.policies.is_empty(), "vertex managers"),
             (scalable, "a run that may scale"),
@@ -468,6 +470,8 @@ pub fn run(
     let mut stamped: Batch = Vec::with_capacity(cfg.batch);
     // Root 0's crash, asked at this many packets admitted.
     let mut root_crash_due: Option<u64> = None;
+    // The packet count the last store crash was asked at.
+    let mut store_crash_at = 0u64;
     let mut checkpoints = store_crash::Checkpoints::new(cfg.checkpoint_every);
     let mut source_done = false;
     let mut last_progress = Instant::now();
@@ -496,7 +500,9 @@ pub fn run(
         if shared.live.as_ref().is_some_and(|l| l.take_root_crash()) {
             root_crash_due = Some(seq);
         }
-        checkpoints.crash_due |= shared.live.as_ref().is_some_and(|l| l.take_store_crash());
+        if shared.live.as_ref().is_some_and(|l| l.take_store_crash()) {
+            (checkpoints.crash_due, store_crash_at) = (true, seq);
+        }
         if let Some(at) = root_crash_due.filter(|_| !stalled) {
             // Between two batches, everything admitted in the chain: the root fails.
             root_crash_due = None;
@@ -545,9 +551,10 @@ pub fn run(
                     .map_or(Ok(0), RootLog::store_rebuilt)
                     .map_err(|e| RunError::Worker(e.to_string()))?;
                 let detail = format!("{}; {written} log entries written back", r.detail);
-                tracing::info!(at_packet = seq, paused_ms = r.paused_ms, %detail, "the store failed and was rebuilt");
+                let at_packet = store_crash_at;
+                tracing::info!(at_packet, paused_ms = r.paused_ms, %detail, "the store failed and was rebuilt");
                 let at_ms = t0.elapsed().as_secs_f64() * 1e3;
-                report.store_crashes.push(StoreCrashReport { at_packet: seq, at_ms, paused_ms: r.paused_ms, detail });
+                report.store_crashes.push(StoreCrashReport { at_packet, at_ms, paused_ms: r.paused_ms, detail });
             }
         }
         if source_done {
@@ -663,7 +670,7 @@ pub fn run(
                         Planned::CrashRoot(after, 0) => root_crash_due = Some(after),
                         // Another root fails between two of its batches.
                         Planned::CrashRoot(after, r) => shared.root_crashes.ask(r, after),
-                        Planned::CrashStore(_) => checkpoints.crash_due = true,
+                        Planned::CrashStore(after) => (checkpoints.crash_due, store_crash_at) = (true, after),
                     }
                 }
                 next_fault = planned.peek().map_or(u64::MAX, Planned::after);
@@ -767,17 +774,7 @@ pub fn run(
     if let (Some(t), Some(width)) = (timeline, cfg.latency_timeline) {
         report.latency_timeline = latency_windows(t, width);
     }
-    let q = |p: f64| hist.value_at_quantile(p) as f64 / 1000.0;
-    report.latency_us = Latency {
-        samples: hist.len(),
-        p5: q(0.05),
-        p25: q(0.25),
-        p50: q(0.5),
-        p75: q(0.75),
-        p95: q(0.95),
-        p99: q(0.99),
-        max: hist.max() as f64 / 1000.0,
-    };
+    report.latency_us = Latency::of_ns(&hist);
     Ok(report)
 }
 

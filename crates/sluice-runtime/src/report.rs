@@ -82,6 +82,23 @@ pub struct Latency {
     pub max: f64,
 }
 
+impl Latency {
+    /// The percentiles of `hist`, which holds nanoseconds.
+    pub fn of_ns(hist: &hdrhistogram::Histogram<u64>) -> Latency {
+        let q = |p: f64| hist.value_at_quantile(p) as f64 / 1000.0;
+        Latency {
+            samples: hist.len(),
+            p5: q(0.05),
+            p25: q(0.25),
+            p50: q(0.5),
+            p75: q(0.75),
+            p95: q(0.95),
+            p99: q(0.99),
+            max: hist.max() as f64 / 1000.0,
+        }
+    }
+}
+
 /// Checkpoints of the state store taken during the run.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct CheckpointReport {

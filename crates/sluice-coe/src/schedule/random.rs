@@ -36,9 +36,9 @@ const KIND_CLONE: u32 = 6;
 const THREADED_KINDS: &[u32] =
     &[KIND_CRASH, KIND_ROOT_CRASH, KIND_STORE_CRASH, KIND_SCALE, KIND_MOVE, KIND_SLOW, KIND_CLONE];
 
-/// What the threaded runtime applies with several roots so far: instance and root crashes
-/// and slowdowns.
-const SEVERAL_ROOTS_KINDS: &[u32] = &[KIND_CRASH, KIND_ROOT_CRASH, KIND_SLOW];
+/// What the threaded runtime applies with several roots so far: instance, root and store
+/// crashes and slowdowns.
+const SEVERAL_ROOTS_KINDS: &[u32] = &[KIND_CRASH, KIND_ROOT_CRASH, KIND_STORE_CRASH, KIND_SLOW];
 
 /// How often (of 1) an event is put at the same point as an earlier one.
 const SAME_POINT: f64 = 0.25;
@@ -76,7 +76,8 @@ impl FaultSchedule {
     }
 
     /// A random run of the kinds of event a threaded run with `roots` roots (`sluice run
-    /// --roots N`) applies so far — instance crashes, crashes of any root, slowdowns — drawn
+    /// --roots N`) applies so far — instance and store crashes, crashes of any root,
+    /// slowdowns — drawn
     /// as [`FaultSchedule::random_threaded`] draws them; its `run:` section names the roots.
     pub fn random_threaded_several_roots(
         seed: u64,

@@ -214,6 +214,11 @@ impl RootLog {
         self.root.replay_drained_to(target)
     }
 
+    /// The clocks still logged.
+    pub(super) fn logged_clocks(&self) -> impl Iterator<Item = Clock> + '_ {
+        self.root.log_entries().map(|(c, _, _)| c)
+    }
+
     /// Whether `clock` is still logged (a replay may still need its slot in the in-flight ring).
     pub(super) fn is_logged(&self, clock: Clock) -> bool {
         self.root.is_logged(clock)

@@ -421,12 +421,14 @@ pub(super) fn other_root(
     let Some(input) = shared.root_inputs.get(id) else { return Ok(state) };
     let mut idle = 0u32;
     let mut replays = super::failover::Replays::default();
+    let mut store_crashes_seen = 0u64;
     let publish = |state: &RootState| {
         if let Some(n) = shared.root_logged.get(id) {
             n.store(state.logged(), Ordering::Release);
         }
     };
     while !shared.aborted.load(Ordering::Acquire) {
+        super::store_crash::root_holds_if_asked(shared, &mut state, &mut store_crashes_seen)?;
         let oldest_logged = state.take_notes(shared);
         if let (Some(fo), Some(log)) = (&shared.failover, state.log.as_mut()) {
             fo.set_oldest_logged(state.id, oldest_logged.map_or(state.seq + 1, |c| c.seq()));

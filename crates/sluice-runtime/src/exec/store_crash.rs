@@ -15,16 +15,17 @@
 //! checkpoints are taken in the same kind of hold: the instances flush, the store is read,
 //! and each instance notes it ([`Checkpoints`]).
 
+use super::roots::RootState;
 use super::worker::Slot;
-use super::Shared;
+use super::{RunError, Shared};
 use sluice_chc::recovery::{in_flight_marks, rebuild_plan};
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::{CustomOp, StateDecl, Value};
 use sluice_store::recovery::{ReadRecord, RecoveryLog};
 use sluice_store::{Backend, Checkpoint, StoreKey};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// What one instance hands over for the rebuild.
@@ -63,6 +64,23 @@ pub(super) struct StoreCrash {
     /// An instance's write-ahead log is half full of updates since the checkpoint: the next
     /// checkpoint should not wait (a rebuild past the log's capacity would miss updates).
     pub(super) wal_filling: AtomicBool,
+    /// With several roots: the roots other than 0 hold still through a rebuild.
+    roots: RootsHold,
+}
+
+/// The roots other than 0 through a store crash: each holds still between two of its batches,
+/// says which clocks it still logs (the rebuild asks), and once the store is rebuilt reconnects
+/// to it (and, with its log in the store, writes back what the checkpoint lacked).
+#[derive(Default)]
+struct RootsHold {
+    /// The hold asked for (a count: 0 none yet).
+    asked: AtomicU64,
+    /// Roots holding still for it.
+    paused: AtomicUsize,
+    /// The rebuild is over (the count of the hold it finished).
+    done: AtomicU64,
+    /// The clocks the holding roots still log.
+    logged: Mutex<BTreeSet<Clock>>,
 }
 
 impl StoreCrash {
@@ -76,8 +94,53 @@ impl StoreCrash {
             failed: AtomicBool::new(false),
             handed: Mutex::new(Vec::new()),
             wal_filling: AtomicBool::new(false),
+            roots: RootsHold::default(),
         }
     }
+}
+
+/// On root `state.id`'s thread (not 0), between two batches: if the calling thread asked the
+/// roots to hold still for a store crash this root has not taken part in (`seen`: the last
+/// one), says which clocks it logs, waits for the rebuild, and reconnects.
+pub(super) fn root_holds_if_asked(shared: &Shared, state: &mut RootState, seen: &mut u64) -> Result<(), RunError> {
+    let Some(sc) = &shared.store_crash else { return Ok(()) };
+    let asked = sc.roots.asked.load(Ordering::Acquire);
+    if asked == *seen {
+        return Ok(());
+    }
+    *seen = asked;
+    if let Some(log) = &state.log {
+        let mut logged = sc.roots.logged.lock().unwrap_or_else(PoisonError::into_inner);
+        logged.extend(log.logged_clocks());
+    }
+    sc.roots.paused.fetch_add(1, Ordering::AcqRel);
+    while sc.roots.done.load(Ordering::Acquire) < asked && !shared.aborted.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    if sc.failed.load(Ordering::Acquire) || shared.aborted.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    state.reconnect(&sc.backend)?;
+    if let Some(log) = state.log.as_mut() {
+        log.store_rebuilt().map_err(|e| RunError::Worker(format!("root {}: {e}", state.id)))?;
+    }
+    Ok(())
+}
+
+/// The calling thread has the other roots hold still (`roots` in all); the clocks they log.
+fn hold_roots(shared: &Shared, sc: &StoreCrash, roots: u8) -> Result<BTreeSet<Clock>, String> {
+    let started = Instant::now();
+    sc.roots.paused.store(0, Ordering::Release);
+    sc.roots.logged.lock().unwrap_or_else(PoisonError::into_inner).clear();
+    let count = sc.roots.asked.fetch_add(1, Ordering::AcqRel) + 1;
+    while sc.roots.paused.load(Ordering::Acquire) < usize::from(roots) - 1 {
+        if started.elapsed() >= PAUSE_LIMIT || shared.aborted.load(Ordering::Acquire) {
+            sc.roots.done.store(count, Ordering::Release);
+            return Err(format!("the other roots did not hold still within {PAUSE_LIMIT:?}"));
+        }
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    Ok(std::mem::take(&mut *sc.roots.logged.lock().unwrap_or_else(PoisonError::into_inner)))
 }
 
 fn client(slot: &mut Slot) -> Option<&mut sluice_store::StoreClient> {
@@ -353,8 +416,15 @@ pub(super) fn crash(
     is_logged: &dyn Fn(Clock) -> bool,
 ) -> Result<Rebuilt, String> {
     let started = Instant::now();
-    let detail = hold(shared, workers, Hold::Crash, |sc| rebuild(sc, checkpoint, is_logged))?;
-    Ok(Rebuilt { paused_ms: started.elapsed().as_secs_f64() * 1e3, detail })
+    let Some(sc) = &shared.store_crash else { return Err("the run has no store to crash".into()) };
+    // With several roots the others hold still first (a root's store connections must not
+    // reach the store while it is wiped), and the rebuild asks all roots' logs.
+    let others = if shared.roots > 1 { hold_roots(shared, sc, shared.roots)? } else { BTreeSet::new() };
+    let any_logged = |c: Clock| if c.root() == 0 { is_logged(c) } else { others.contains(&c) };
+    let detail = hold(shared, workers, Hold::Crash, |sc| rebuild(sc, checkpoint, &any_logged));
+    // The other roots go on (after `hold` has said whether the rebuild failed).
+    sc.roots.done.store(sc.roots.asked.load(Ordering::Acquire), Ordering::Release);
+    Ok(Rebuilt { paused_ms: started.elapsed().as_secs_f64() * 1e3, detail: detail? })
 }
 
 /// How long the root waits for every worker to hold still.
