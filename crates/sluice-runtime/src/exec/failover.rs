@@ -17,6 +17,10 @@
 //! (copies of an earlier replay towards a predecessor that failed in turn may arrive among
 //! them; a live packet the replay carried too goes after its replay copy, as a duplicate).
 //!
+//! With several roots every root hears of the failure, with the lost copies of its own clocks,
+//! and replays its own log ([`Replays`]); the replacement recovers once all of those replays
+//! have drained (a crash epoch per instance) and goes through them in entry order.
+//!
 //! Duplicates: with crashes planned, every instance remembers the clocks it processed (a
 //! [`ClockSet`], trimmed below the oldest clock still logged, which the root publishes) and
 //! drops a second copy of one. A replay copy at its target whose clock a failed predecessor

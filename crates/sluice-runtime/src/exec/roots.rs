@@ -392,6 +392,9 @@ impl RootCrashes {
         if after == u64::MAX {
             return Ok(());
         }
+        // Without a log there is nothing to recover (a run with root crashes has one): the
+        // ask goes, or the run would wait for it forever.
+        asked.store(u64::MAX, Ordering::Release);
         let Some(log) = state.log.as_mut() else { return Ok(()) };
         let at_ms = self.t0.elapsed().as_secs_f64() * 1e3;
         let report =
@@ -399,7 +402,6 @@ impl RootCrashes {
         // The clocks skipped count against the window at once (as for root 0).
         state.seq = report.resumed_at;
         self.done.lock().unwrap_or_else(PoisonError::into_inner).push(report);
-        asked.store(u64::MAX, Ordering::Release);
         Ok(())
     }
 }

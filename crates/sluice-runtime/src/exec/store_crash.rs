@@ -11,6 +11,10 @@
 //! their retransmissions are recognised, and lets the workers go on: each reconnects its
 //! instances, which send their unacknowledged requests again.
 //!
+//! With several roots, the other roots hold still first (between two of their batches), say
+//! which clocks they still log — the rebuild asks of every root's log — and reconnect once the
+//! store is rebuilt ([`root_holds_if_asked`]).
+//!
 //! Each log knows where the checkpoint cut it because, in a run that may lose its store,
 //! checkpoints are taken in the same kind of hold: the instances flush, the store is read,
 //! and each instance notes it ([`Checkpoints`]).
