@@ -122,17 +122,24 @@ fn compare_entries(reference: &[&StateEntry], physical: &[&StateEntry], m: &Mapp
                 Difference::new(DiffKind::StateMissing, format!("{what} = {} missing", value_text(&r.value)))
                     .vertex(&r.vertex),
             ),
-            Some(p) if !values_match(&r.value, &p.value, m, tol) => sink.push(
-                Difference::new(
-                    DiffKind::StateMismatch,
-                    format!(
-                        "{what} is {} in the physical run, {} in the reference",
-                        value_text(&p.value),
-                        value_text(&r.value)
-                    ),
+            Some(p) if !values_match(&r.value, &p.value, m, tol) => {
+                // A renamed value is what was compared: say so when it differs from the
+                // reference's own (equal-looking values otherwise hide the cause).
+                let renamed = m.value(&r.value);
+                let as_renamed =
+                    if renamed == r.value { String::new() } else { format!(" (renamed {})", value_text(&renamed)) };
+                sink.push(
+                    Difference::new(
+                        DiffKind::StateMismatch,
+                        format!(
+                            "{what} is {} in the physical run, {}{as_renamed} in the reference",
+                            value_text(&p.value),
+                            value_text(&r.value)
+                        ),
+                    )
+                    .vertex(&r.vertex),
                 )
-                .vertex(&r.vertex),
-            ),
+            }
             Some(_) => {}
         }
     }
