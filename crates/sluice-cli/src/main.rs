@@ -174,7 +174,7 @@ struct RunArgs {
     /// replays its log to the replacement, through the NFs in front of it; a slowed one spends
     /// the extra time per packet; a moved flow's packets wait at its new instance until the old
     /// one is done with it. A `run:` section is for `sluice verify` (the chain, input, limit and
-    /// log come from this command line; `roots` above 1 is refused). Turns on
+    /// log come from this command line; its `roots` must match --roots). Turns on
     /// --fault-tolerance; needs a store (not --mode local).
     #[arg(long, value_name = "FILE", conflicts_with = "bridge")]
     faults: Option<PathBuf>,
@@ -189,9 +189,9 @@ struct EngineArgs {
     #[arg(long, default_value_t = 32)]
     batch: usize,
     /// Roots (1 to 8), each on its own thread with its own clocks and, with
-    /// --fault-tolerance, its own log; the input is split over them by source address. More
-    /// than one takes instance, root and store crashes and slowdowns (--faults) but not yet
-    /// scaling, moves, clones or --control: such a run is refused with the reason.
+    /// --fault-tolerance, its own log; the input is split over them by source address. Every
+    /// fault and change of --faults, vertex managers and --control work with several: a change
+    /// of flow allocation takes effect at an entry time, whatever the root.
     #[arg(long, default_value_t = 1)]
     roots: u8,
     /// Most packets in flight in the chain. Default: 4,096 when input waits for room (files,

@@ -41,14 +41,12 @@ fn every_bundled_schedule_is_equivalent_in_threads() {
 
 /// Every regression file the engine's random runs found (`faults/regressions/`) through the
 /// threaded runtime, on the chain, trace and packet limit its `run:` section names and its log
-/// place (and roots), recorded and verified. Those with several roots and an event a run with
-/// several roots does not apply yet (a clone) are refused with a clear error: the test checks
-/// the refusal, so none passes unrun.
+/// place and roots, recorded and verified.
 #[test]
 fn every_regression_schedule_is_equivalent_in_threads() {
     let files = schedules("faults/regressions");
     assert!(files.len() >= 50, "the regression files: {}", files.len());
-    let (mut ran, mut refused) = (0, 0);
+    let mut ran = 0;
     for f in &files {
         let schedule = sluice_coe::schedule::FaultSchedule::load(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
         let name = f.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
@@ -59,14 +57,6 @@ fn every_regression_schedule_is_equivalent_in_threads() {
         let input = dir.join(run.input.as_ref().unwrap_or_else(|| panic!("{name}: no run.input")));
         let (chain, input) = (chain.to_string_lossy().into_owned(), input.to_string_lossy().into_owned());
         let roots = run.roots.unwrap_or(1).to_string();
-        let not_yet = schedule.events.iter().any(|e| matches!(e.action, sluice_coe::schedule::Action::Clone { .. }));
-        if run.roots.unwrap_or(1) > 1 && not_yet {
-            let o = common::sluice(&["run", "-c", &chain, "-i", &input, "-q", "--roots", &roots, "--faults", &path]);
-            assert!(!o.status.success(), "{name}: several roots ran what they do not support yet");
-            assert!(common::text(&o).contains("do not yet work with"), "{name}: {}", common::text(&o));
-            refused += 1;
-            continue;
-        }
         let limit = run.limit.map_or_else(|| u64::MAX.to_string(), |l| l.to_string());
         let mut extra = vec!["-w", "2", "--roots", &roots];
         if run.log == Some(sluice_coe::engine::LogPlace::Store) {
@@ -76,5 +66,5 @@ fn every_regression_schedule_is_equivalent_in_threads() {
         assert!(report["packets_in"].as_u64().is_some_and(|n| n > 0), "{name}: {report}");
         ran += 1;
     }
-    assert!(ran >= 50, "{ran} regression files ran in threads, {refused} refused");
+    assert_eq!(ran, files.len(), "every regression file ran in threads");
 }

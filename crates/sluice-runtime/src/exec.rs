@@ -62,7 +62,7 @@ struct Shared {
     /// nothing until then.
     queues: Vec<OnceLock<ArrayQueue<Batch>>>,
     queue_cap: usize,
-    clocks: ClockTracker,
+    clocks: Arc<ClockTracker>,
     /// Roots stamping clocks (`RunConfig::roots`).
     roots: u8,
     /// Per root (0 unused: the calling thread's own share): the batches the calling thread
@@ -227,24 +227,6 @@ pub fn run(
     let ordered = crate::order::needs_entry_order(&plan, scalable, roots);
     // Only order-sensitive instances read the last admitted clock: nobody else pays for it.
     let any_ordered = ordered.iter().any(|o| *o);
-    if roots > 1 {
-        let not_yet = [
-            (
-                cfg.planned.iter().any(|p| {
-                    !matches!(p, Planned::Crash(_) | Planned::Slow(_) | Planned::CrashRoot(..) | Planned::CrashStore(_))
-                }),
-                "planned scaling, moves or clones",
-            ),
-            (!cfg.policies.is_empty(), "vertex managers"),
-            (scalable, "a run that may scale"),
-            (hooks.live.is_some(), "a control endpoint"),
-        ];
-        if let Some((_, what)) = not_yet.into_iter().find(|(n, _)| *n) {
-            return Err(RunError::Config(format!(
-                "several roots (--roots {roots}) do not yet work with {what}: run it with one root (docs/decisions.md, \"Several roots in threads\")"
-            )));
-        }
-    }
     let can_fail_over = cfg.fault_tolerance && plan.rebuilder.has_store();
     if scalable && !plan.rebuilder.has_store() {
         return Err(RunError::Config(
@@ -322,12 +304,12 @@ pub fn run(
     let cap = cfg.window * (1 + mirrors) + 1024;
     let pool = PacketPool::new(cfg.window * (1 + mirrors).min(4), 2048);
     let workers = cfg.workers.min(instances.len().max(1));
-    let scaling =
-        scalable.then(|| reconfig::Scaling::new(&vertices, (slot_count, instances.len()), workers, rebuilder.clone()));
+    let scaling = scalable
+        .then(|| reconfig::Scaling::new(&vertices, (slot_count, instances.len()), (workers, roots), rebuilder.clone()));
     let shared = Arc::new(Shared {
         queues: (0..slot_count).map(|_| OnceLock::new()).collect(),
         queue_cap: cap,
-        clocks: ClockTracker::new(cfg.window, roots),
+        clocks: Arc::new(ClockTracker::new(cfg.window, roots)),
         roots,
         root_inputs: (0..roots).map(|r| ArrayQueue::new(if r == 0 { 1 } else { ROOT_INPUT_BATCHES })).collect(),
         handed: CachePadded::new(AtomicUsize::new(0)),
@@ -518,11 +500,17 @@ pub fn run(
         }
         let seq = r0.seq;
         failover_side.take_live(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
-        scaling_side.take_live(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut reconfigurations);
-        scaling_side.judge_trials(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut reconfigurations);
+        let at = reconfig::At {
+            packet: if roots > 1 { split.entered() } else { seq },
+            root0: seq,
+            entry: split.last_entry,
+            ms: t0.elapsed().as_secs_f64() * 1e3,
+        };
+        scaling_side.take_live(&shared, at, &mut reconfigurations);
+        scaling_side.judge_trials(&shared, at, &mut reconfigurations);
         r0.advance_low(&shared);
         let low = r0.low;
-        scaling_side.serve(&shared, (low, seq), &mut reconfigurations);
+        scaling_side.serve(&shared, low, &mut reconfigurations);
         if low != low_seen || (shared.in_flight.load(Ordering::Acquire) == 0 && !source_done) {
             (low_seen, quiet_since) = (low, Instant::now());
         } else if quiet_since.elapsed() >= waiting::NOTICE_AFTER {
@@ -662,9 +650,17 @@ pub fn run(
                             failover_side.ask(&shared, (&c, g, asked_ms), &mut failovers);
                         }
                         // A change takes effect for the packets admitted after this one.
-                        Planned::Change(r) => scaling_side
-                            .apply(&shared, &r, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut reconfigurations)
-                            .map_err(|e| RunError::Config(format!("scaling while the chain runs: {e}")))?,
+                        Planned::Change(r) => {
+                            let at = reconfig::At {
+                                packet: seq,
+                                root0: r0.seq,
+                                entry: split.last_entry,
+                                ms: t0.elapsed().as_secs_f64() * 1e3,
+                            };
+                            scaling_side
+                                .apply(&shared, &r, at, &mut reconfigurations)
+                                .map_err(|e| RunError::Config(format!("scaling while the chain runs: {e}")))?
+                        }
                         // Once this batch is in the chain (at the loop's top): the root fails
                         // between batches.
                         Planned::CrashRoot(after, 0) => root_crash_due = Some(after),
@@ -676,7 +672,12 @@ pub fn run(
                 next_fault = planned.peek().map_or(u64::MAX, Planned::after);
             }
             if managed && seq.is_multiple_of(MANAGE_EVERY) {
-                let at = (seq, t0.elapsed().as_secs_f64() * 1e3);
+                let at = reconfig::At {
+                    packet: seq,
+                    root0: r0.seq,
+                    entry: split.last_entry,
+                    ms: t0.elapsed().as_secs_f64() * 1e3,
+                };
                 scaling_side
                     .manage(&shared, &cfg.policies, at, &mut reconfigurations)
                     .map_err(|e| RunError::Config(format!("a vertex manager's scaling: {e}")))?;

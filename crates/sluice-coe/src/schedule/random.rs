@@ -36,10 +36,6 @@ const KIND_CLONE: u32 = 6;
 const THREADED_KINDS: &[u32] =
     &[KIND_CRASH, KIND_ROOT_CRASH, KIND_STORE_CRASH, KIND_SCALE, KIND_MOVE, KIND_SLOW, KIND_CLONE];
 
-/// What the threaded runtime applies with several roots so far: instance, root and store
-/// crashes and slowdowns.
-const SEVERAL_ROOTS_KINDS: &[u32] = &[KIND_CRASH, KIND_ROOT_CRASH, KIND_STORE_CRASH, KIND_SLOW];
-
 /// How often (of 1) an event is put at the same point as an earlier one.
 const SAME_POINT: f64 = 0.25;
 /// Redraws of an action that would make an unrecoverable combination before giving up on it.
@@ -75,10 +71,9 @@ impl FaultSchedule {
         Self::random_events(rng, seed, RunOptions::default(), THREADED_KINDS, chain, total_packets, max_events)
     }
 
-    /// A random run of the kinds of event a threaded run with `roots` roots (`sluice run
-    /// --roots N`) applies so far — instance and store crashes, crashes of any root,
-    /// slowdowns — drawn
-    /// as [`FaultSchedule::random_threaded`] draws them; its `run:` section names the roots.
+    /// A random run for a threaded run with `roots` roots (`sluice run --roots N`): every kind
+    /// of event, crashes of any root among them, drawn as [`FaultSchedule::random_threaded`]
+    /// draws them; its `run:` section names the roots.
     pub fn random_threaded_several_roots(
         seed: u64,
         chain: &Chain,
@@ -87,7 +82,7 @@ impl FaultSchedule {
     ) -> FaultSchedule {
         let rng = ChaCha8Rng::seed_from_u64(seed);
         let run = RunOptions { roots: Some(roots), ..RunOptions::default() };
-        Self::random_events(rng, seed, run, SEVERAL_ROOTS_KINDS, chain, total_packets, max_events)
+        Self::random_events(rng, seed, run, THREADED_KINDS, chain, total_packets, max_events)
     }
 
     fn random_events(

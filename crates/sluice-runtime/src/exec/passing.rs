@@ -77,14 +77,13 @@ pub(super) fn passes(slot: &Slot, pkt: &Packet) -> bool {
 /// until that processing. Whether the copy ended here (the caller counts it out of the packets
 /// in flight).
 pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut Outgoing) -> bool {
-    let seq = pkt.meta.clock.seq();
     // Its packet waits here, for a change to settle or for its turn in entry order: it never
     // went past this instance, so the replacement further down did not lose it and gets it
     // when it goes. Waiting for it instead would tie the recovery to what the packet waits
     // for — an earlier clock the recovering replacement holds, say (a NAT recovering on a
     // bridge whose reverse path crosses an order-sensitive detector before it).
     let waiting_here =
-        super::reconfig::is_waiting(slot, seq) || slot.order.as_ref().is_some_and(|o| o.holds(&pkt.meta));
+        super::reconfig::is_waiting(slot, pkt.meta.clock) || slot.order.as_ref().is_some_and(|o| o.holds(&pkt.meta));
     let Some(passing) = slot.passing.as_mut() else {
         // A vertex that leads nowhere: no replay passes through it (`Outgoing::route`).
         end_copy(shared, &mut slot.stats, out, pkt, Ended::Decided);

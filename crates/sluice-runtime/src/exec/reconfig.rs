@@ -3,15 +3,16 @@
 //!
 //! The root thread changes a vertex's allocation (the core's splitter: scale-out pins the
 //! flows the instances have received, so nothing moves; scale-in and moves pin flows to their
-//! new instance) from the clock it has admitted up to ([`super::alloc`]); an instance added
-//! goes to a worker's inbox first. Packets of a flow whose instance changed wait at the new
+//! new instance) from a [`Cut`] — the clock it has admitted up to, or with several roots the
+//! entry time of the last packet read ([`super::alloc`]); an instance added goes to a
+//! worker's inbox first. Packets of a flow whose instance changed wait at the new
 //! instance. Once every clock up to the change has finished, the root asks the vertex's
 //! instances to **settle** it: each flushes its updates to the store, drops its copies of the
 //! flows it gave up and hands their timers to the flows' new instances. When all have, the
 //! root forgets the allocation before the change; the waiting packets go, in clock order, after
 //! the new instances took the timers; an instance no longer a member is retired.
 
-use super::alloc::Allocation;
+use super::alloc::{entry_order, Allocation, Cut};
 use super::worker::{take_in, Slot};
 use super::{Outgoing, Shared};
 use crate::plan::{split_key_of_state, Rebuilder};
@@ -69,8 +70,8 @@ type Timer = (ObjectId, StateKey, u64);
 /// What the root and the workers share for scaling and moves.
 pub(super) struct Scaling {
     pub(super) alloc: Allocation,
-    /// Per slot (global index): the change whose settling the root asked of it, as its clock
-    /// plus one (0: none yet), and the last it settled.
+    /// Per slot (global index): the change (its number) whose settling the root asked of it
+    /// (0: none yet), and the last it settled.
     asked: Vec<AtomicU64>,
     done: Vec<AtomicU64>,
     /// Per slot: timers handed to it, not taken over yet.
@@ -85,14 +86,17 @@ pub(super) struct Scaling {
     /// Per slot: packets in its queue (vertex managers scale on them).
     queue_packets: Vec<AtomicIsize>,
     rebuilder: Rebuilder,
+    /// Per root: its oldest clock not finished or still logged, as it last said.
+    lows: Vec<AtomicU64>,
 }
 
 impl Scaling {
-    /// For `slots` global indices (the first `initial` serving) run by `workers` threads.
+    /// For `slots` global indices (the first `initial` serving) run by `workers` threads, fed
+    /// by `roots` roots.
     pub(super) fn new(
         vertices: &[crate::plan::VertexPlan],
         (slots, initial): (usize, usize),
-        workers: usize,
+        (workers, roots): (usize, u8),
         rebuilder: Rebuilder,
     ) -> Scaling {
         Scaling {
@@ -106,6 +110,7 @@ impl Scaling {
             serving: (0..slots).map(|g| AtomicBool::new(g < initial)).collect(),
             queue_packets: (0..slots).map(|_| AtomicIsize::new(0)).collect(),
             rebuilder,
+            lows: (0..roots.max(1)).map(|_| AtomicU64::new(1)).collect(),
         }
     }
 
@@ -126,6 +131,18 @@ impl Scaling {
         }
     }
 
+    /// Root `id`'s oldest clock not finished or still logged is `low`.
+    pub(super) fn set_low(&self, id: u8, low: u64) {
+        if let Some(l) = self.lows.get(usize::from(id)) {
+            l.store(low, Ordering::Release);
+        }
+    }
+
+    /// Root `r`'s oldest clock not finished or still logged, as it last said.
+    fn low(&self, r: usize) -> u64 {
+        self.lows.get(r).map_or(u64::MAX, |l| l.load(Ordering::Acquire))
+    }
+
     /// Instances added for worker `w` since it last looked.
     pub(super) fn take_inbox(&self, w: usize) -> Vec<Slot> {
         if self.inbox_len.load(Ordering::Acquire) == 0 {
@@ -144,13 +161,14 @@ pub(super) struct Moving {
     /// Packets of flows whose instance changed, waiting for the change to settle, with their
     /// flow keys.
     pub(super) waiting: Vec<(u64, Packet)>,
-    /// The flows with packets waiting, each with its earliest clock waiting: a later packet of
-    /// one waits behind it, whatever this thread knows of the allocation by then (an earlier
-    /// one does not: packets of a flow can arrive out of clock order, from several instances
-    /// in front, and it was never the changed instance's to wait for).
-    waiting_flows: HashMap<u64, u64>,
+    /// The flows with packets waiting, each with its earliest packet waiting (in entry order,
+    /// [`entry_order`]): a later packet of one waits behind it, whatever this thread knows of
+    /// the allocation by then (an earlier one does not: packets of a flow can arrive out of
+    /// order, from several instances in front, and it was never the changed instance's to wait
+    /// for).
+    waiting_flows: HashMap<u64, (u64, Clock)>,
     /// The clocks of the packets waiting.
-    waiting_clocks: HashSet<u64>,
+    waiting_clocks: HashSet<Clock>,
     /// The allocation version it last released waiting packets by.
     version_seen: u64,
     /// Flows it took packets of in the batch in progress (published once per batch).
@@ -166,27 +184,28 @@ impl Moving {
 
     /// For a person: how many packets wait, of how many flows, from which clock.
     pub(super) fn describe(&self) -> String {
-        let first = self.waiting_clocks.iter().min().map_or("-".into(), u64::to_string);
+        let first = self.waiting_clocks.iter().min().map_or("-".into(), |c| format!("{c:?}"));
         format!("{} packets of {} flows (first {first})", self.waiting.len(), self.waiting_flows.len())
     }
 
-    /// Whether a packet `seq` of flow `key` is behind one of its flow waiting here.
-    fn behind(&self, key: u64, seq: u64) -> bool {
-        self.waiting_flows.get(&key).is_some_and(|first| *first < seq)
+    /// Whether a packet of flow `key`, at `order` ([`entry_order`]), is behind one of its flow
+    /// waiting here.
+    fn behind(&self, key: u64, order: (u64, Clock)) -> bool {
+        self.waiting_flows.get(&key).is_some_and(|first| *first < order)
     }
 
-    fn wait(&mut self, key: u64, pkt: Packet) {
-        let seq = pkt.meta.clock.seq();
-        let first = self.waiting_flows.entry(key).or_insert(seq);
-        *first = (*first).min(seq);
-        self.waiting_clocks.insert(pkt.meta.clock.seq());
+    fn wait(&mut self, key: u64, pkt: Packet, several_roots: bool) {
+        let order = entry_order(&pkt.meta, several_roots);
+        let first = self.waiting_flows.entry(key).or_insert(order);
+        *first = (*first).min(order);
+        self.waiting_clocks.insert(pkt.meta.clock);
         self.waiting.push((key, pkt));
     }
 }
 
-/// Whether clock `seq`'s packet waits at `slot` for a change to settle.
-pub(super) fn is_waiting(slot: &Slot, seq: u64) -> bool {
-    slot.moving.as_ref().is_some_and(|m| m.waiting_clocks.contains(&seq))
+/// Whether the packet of `clock` waits at `slot` for a change to settle.
+pub(super) fn is_waiting(slot: &Slot, clock: Clock) -> bool {
+    slot.moving.as_ref().is_some_and(|m| m.waiting_clocks.contains(&clock))
 }
 
 /// `pkt` back if `slot` processes it now (its flow is noted as received); otherwise it waits
@@ -203,12 +222,13 @@ pub(super) fn waits(shared: &Shared, slot: &mut Slot, out: &mut Outgoing, pkt: P
         return Ok(pkt);
     };
     let (waits, key) = out.alloc.waits(&sc.alloc, slot.vertex, vp, &pkt);
-    if !waits && !m.behind(key, pkt.meta.clock.seq()) {
+    let several = shared.roots > 1;
+    if !waits && !m.behind(key, entry_order(&pkt.meta, several)) {
         m.keys.push(key);
         return Ok(pkt);
     }
     let clock = pkt.meta.clock;
-    m.wait(key, pkt);
+    m.wait(key, pkt, several);
     Err(super::passing::end_awaiting(shared, slot, clock, out))
 }
 
@@ -231,7 +251,7 @@ pub(super) fn turn(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool
     let mut did = false;
     let asked = sc.asked.get(slot.global).map_or(0, |a| a.load(Ordering::Acquire));
     if asked > sc.done.get(slot.global).map_or(0, |d| d.load(Ordering::Relaxed)) {
-        settle(shared, sc, slot, asked - 1);
+        settle(shared, sc, slot, asked);
         if let Some(d) = sc.done.get(slot.global) {
             d.store(asked, Ordering::Release);
         }
@@ -287,13 +307,14 @@ pub(super) fn take_settled(shared: &Shared, slot: &mut Slot, out: &mut Outgoing)
     }
     let mut go = shared.empty_batch();
     let vp = shared.vertices.get(slot.vertex);
+    let several = shared.roots > 1;
     for (key, p) in waiting {
         let Some(m) = slot.moving.as_mut() else { break };
         // In arrival order: behind a packet of its flow that still waits, it waits too.
-        let still =
-            m.behind(key, p.meta.clock.seq()) || vp.is_some_and(|vp| out.alloc.waits(&sc.alloc, slot.vertex, vp, &p).0);
+        let still = m.behind(key, entry_order(&p.meta, several))
+            || vp.is_some_and(|vp| out.alloc.waits(&sc.alloc, slot.vertex, vp, &p).0);
         if still {
-            m.wait(key, p);
+            m.wait(key, p, several);
         } else {
             go.push(p);
         }
@@ -302,7 +323,7 @@ pub(super) fn take_settled(shared: &Shared, slot: &mut Slot, out: &mut Outgoing)
         shared.give_back(go);
         return true;
     }
-    go.sort_by_key(|p| p.meta.clock);
+    go.sort_by_key(|p| entry_order(&p.meta, several));
     take_in(shared, slot, go, out);
     true
 }
@@ -315,20 +336,23 @@ fn set_timer_filter(shared: &Shared, sc: &Scaling, slot: &mut Slot) {
     let epoch = sc.alloc.current(slot.vertex).filter(|e| e.changing());
     let split = shared.vertices.get(slot.vertex).map(|v| v.split.clone()).unwrap_or_default();
     let me = slot.global;
+    // With several roots the cut is an entry time: the clock's, kept while it is in flight.
+    let clocks = shared.clocks.clone();
     let filter = epoch.map(|epoch| -> sluice_nf::TimerFilter {
         Box::new(move |_, key: &StateKey, clock: Clock| {
-            split_key_of_state(key, &split).is_none_or(|sk| epoch.pick(sk, clock.seq()) == Some(me))
+            let entry = clocks.entry(clock);
+            split_key_of_state(key, &split).is_none_or(|sk| epoch.pick(sk, (clock, entry)) == Some(me))
         })
     });
     slot.inst.set_timer_filter(filter);
 }
 
-/// `slot`'s part in settling the change of its vertex's allocation at clock `since`: its
-/// updates go to the store, it drops its copies of the flows it no longer serves and hands
-/// their timers to the instances that do.
-fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, since: u64) {
+/// `slot`'s part in settling change `change` of its vertex's allocation: its updates go to the
+/// store, it drops its copies of the flows it no longer serves and hands their timers to the
+/// instances that do.
+fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, change: u64) {
     let Some(current) = sc.alloc.current(slot.vertex) else { return };
-    let Some(after) = current.change_at(since) else { return };
+    let Some(after) = current.made_by(change) else { return };
     let Some(vp) = shared.vertices.get(slot.vertex) else { return };
     let me = slot.global;
     let member = after.members().any(|m| m == me);
@@ -386,16 +410,41 @@ fn cacheable_shared_objects(slot: &mut Slot) -> Vec<ObjectId> {
     shared.map(|(o, _)| ObjectId(o as u16)).collect()
 }
 
+/// When the root makes a change: after `packet` packets entered (what fault schedules count),
+/// with root 0 at sequence number `root0` and the last packet read stamped `entry`, `ms` into
+/// the run.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct At {
+    pub(super) packet: u64,
+    pub(super) root0: u64,
+    pub(super) entry: u64,
+    pub(super) ms: f64,
+}
+
+impl At {
+    /// Where a change made now takes effect.
+    fn cut(&self, shared: &Shared) -> Cut {
+        if shared.roots > 1 {
+            Cut::Entry(self.entry)
+        } else {
+            Cut::Clock(self.root0)
+        }
+    }
+}
+
 /// A change waiting to settle.
 struct Pending {
     vertex: usize,
-    since: u64,
+    /// Its number ([`Allocation::change`]).
+    change: u64,
+    since: Cut,
     /// The instances that settle it: the members before and after.
     slots: Vec<usize>,
     asked: Option<Instant>,
-    /// Every clock before this one has gone through the vertex (at some point: a replay may
-    /// count copies of one again, which the instances that processed it drop as duplicates).
-    past_to: u64,
+    /// Per root: every clock of it before this one that the cut covers has gone through the
+    /// vertex (at some point: a replay may count copies of one again, which the instances that
+    /// processed it drop as duplicates).
+    past_to: Vec<u64>,
     started: Instant,
     /// Its report entries.
     reports: Vec<usize>,
@@ -405,8 +454,9 @@ struct Pending {
 #[derive(Default)]
 pub(super) struct RootSide {
     pending: VecDeque<Pending>,
-    /// Settled changes whose allocation before them is still kept for routing: (vertex, clock).
-    kept: VecDeque<(usize, u64)>,
+    /// Settled changes whose allocation before them is still kept for routing: (vertex,
+    /// change, per root the first clock past its cut).
+    kept: VecDeque<(usize, u64, Vec<u64>)>,
     /// Per vertex: the index the next added instance gets.
     next_index: Vec<u16>,
     /// Clones on trial.
@@ -447,12 +497,12 @@ impl RootSide {
         }
     }
 
-    /// Applies `r` to packets admitted after `since`. An error says why it cannot be done.
+    /// Applies `r` to packets admitted from now on (`at`). An error says why it cannot be done.
     pub(super) fn apply(
         &mut self,
         shared: &Shared,
         r: &Reconfig,
-        (since, at_ms): (u64, f64),
+        at: At,
         reports: &mut Vec<ReconfigReport>,
     ) -> Result<(), String> {
         let Some(sc) = &shared.scaling else { return Err("the run cannot scale".into()) };
@@ -517,11 +567,12 @@ impl RootSide {
                 let clone = self.add_instance(shared, v, n as u16)?;
                 splitter.replace(NodeId(straggler), NodeId(clone));
                 let before = ns_per_packet(shared, straggler, (0, 0));
+                // Its change's number once made, below.
                 self.trials.push(Trial {
                     vertex: v,
                     straggler,
                     clone,
-                    since,
+                    change: u64::MAX,
                     before,
                     clone_from: None,
                     report: reports.len(),
@@ -534,8 +585,8 @@ impl RootSide {
         reports.push(ReconfigReport {
             kind: kind.into(),
             vertex: vp.name.to_string(),
-            at_packet: since,
-            at_ms,
+            at_packet: at.packet,
+            at_ms: at.ms,
             instances: (n, splitter.members().len()),
             flows: moved,
             settle_ms: 0.0,
@@ -543,32 +594,35 @@ impl RootSide {
             trial: None,
         });
         let before: Vec<usize> = members.iter().map(|m| m.0).collect();
-        self.changed(shared, v, since, splitter, givers, reports.len() - 1, &before);
+        let change = self.changed(shared, (v, at.cut(shared)), splitter, givers, reports.len() - 1, &before)?;
+        if kind == "clone" {
+            if let Some(t) = self.trials.last_mut() {
+                t.change = change;
+            }
+        }
         Ok(())
     }
 
-    /// Makes `splitter` vertex `v`'s allocation from packet `since` on (report entry `report`;
+    /// Makes `splitter` vertex `v`'s allocation after cut `since` (report entry `report`;
     /// `givers` as [`Allocation::change`] takes them), to be settled by the members `before`
-    /// and after it.
-    #[allow(clippy::too_many_arguments)]
+    /// and after it. The change's number.
     fn changed(
         &mut self,
         shared: &Shared,
-        v: usize,
-        since: u64,
+        (v, since): (usize, Cut),
         splitter: sluice_chc::splitter::Splitter,
         givers: Option<Vec<usize>>,
         report: usize,
         before: &[usize],
-    ) {
-        let Some(sc) = &shared.scaling else { return };
+    ) -> Result<u64, String> {
+        let Some(sc) = &shared.scaling else { return Err("the run cannot scale".into()) };
         let after: Vec<usize> = splitter.members().iter().map(|m| m.0).collect();
-        sc.alloc.change(v, since, splitter, givers);
+        let change = sc.alloc.change(v, since, splitter, givers);
         let mut slots: Vec<usize> = before.iter().copied().chain(after).collect();
         slots.sort_unstable();
         slots.dedup();
-        match self.pending.back_mut().filter(|p| p.vertex == v && p.since == since) {
-            // Two changes at one clock are one (the allocation between them served no packet).
+        match self.pending.back_mut().filter(|p| p.vertex == v && p.change == change) {
+            // Two changes at one cut are one (the allocation between them served no packet).
             Some(p) => {
                 p.slots.extend(slots);
                 p.slots.sort_unstable();
@@ -578,15 +632,17 @@ impl RootSide {
             None => {
                 let started = Instant::now();
                 let reports = vec![report];
-                let p = Pending { vertex: v, since, slots, asked: None, past_to: 0, started, reports };
+                let past_to = vec![0; usize::from(shared.roots.max(1))];
+                let p = Pending { vertex: v, change, since, slots, asked: None, past_to, started, reports };
                 self.pending.push_back(p);
             }
         }
+        Ok(change)
     }
 
-    /// Applies the changes asked through the control endpoint since the last look, from packet
-    /// `at.0` on (the endpoint names instances by index, a change by position).
-    pub(super) fn take_live(&mut self, shared: &Shared, at: (u64, f64), reports: &mut Vec<ReconfigReport>) {
+    /// Applies the changes asked through the control endpoint since the last look, from `at` on
+    /// (the endpoint names instances by index, a change by position).
+    pub(super) fn take_live(&mut self, shared: &Shared, at: At, reports: &mut Vec<ReconfigReport>) {
         let Some(live) = shared.live.as_ref().filter(|_| shared.scaling.is_some()) else { return };
         for (vertex, change) in live.take_changes() {
             let change = match change {
@@ -608,7 +664,7 @@ impl RootSide {
                 },
                 c => c,
             };
-            let r = Reconfig { after: at.0, vertex, change };
+            let r = Reconfig { after: at.packet, vertex, change };
             if let Err(e) = self.apply(shared, &r, at, reports) {
                 tracing::warn!(vertex, error = %e, "change asked through the control endpoint not made");
             }
@@ -616,12 +672,12 @@ impl RootSide {
     }
 
     /// Applies the vertex managers' `policies` (vertex, policy) to the instances' queues and
-    /// times per packet now, at packet `since`: scale out or in, clone a straggler.
+    /// times per packet now, `at`: scale out or in, clone a straggler.
     pub(super) fn manage(
         &mut self,
         shared: &Shared,
         policies: &[(usize, ManagerPolicy)],
-        at: (u64, f64),
+        at: At,
         reports: &mut Vec<ReconfigReport>,
     ) -> Result<(), String> {
         let Some(sc) = &shared.scaling else { return Ok(()) };
@@ -646,18 +702,20 @@ impl RootSide {
                         None => continue,
                     },
                 };
-                self.apply(shared, &Reconfig { after: at.0, vertex: *v, change }, at, reports)?;
+                self.apply(shared, &Reconfig { after: at.packet, vertex: *v, change }, at, reports)?;
             }
         }
         Ok(())
     }
 
-    /// Settles what can be, and forgets allocations no packet follows any more: `low` is the
-    /// oldest clock not finished or still logged, `seq` the last admitted.
-    pub(super) fn serve(&mut self, shared: &Shared, (low, seq): (u64, u64), reports: &mut [ReconfigReport]) {
+    /// Settles what can be, and forgets allocations no packet follows any more: `low` is root
+    /// 0's oldest clock not finished or still logged (the other roots say theirs).
+    pub(super) fn serve(&mut self, shared: &Shared, low: u64, reports: &mut [ReconfigReport]) {
         let Some(sc) = &shared.scaling else { return };
-        while let Some(&(v, since)) = self.kept.front().filter(|(_, since)| low > *since) {
-            sc.alloc.forget(v, since);
+        sc.set_low(0, low);
+        let past = |firsts: &[u64]| firsts.iter().enumerate().all(|(r, first)| sc.low(r) >= *first);
+        while let Some((v, change)) = self.kept.front().filter(|k| past(&k.2)).map(|k| (k.0, k.1)) {
+            sc.alloc.forget(v, change);
             self.kept.pop_front();
         }
         if self.pending.is_empty() {
@@ -665,31 +723,26 @@ impl RootSide {
         }
         while let Some(p) = self.pending.front_mut() {
             if p.asked.is_none() {
-                // Clocks still logged may have gone through: a change needs them past it, not
-                // deleted.
-                p.past_to = p.past_to.max(low);
-                while p.past_to <= p.since.min(seq)
-                    && (shared.clocks.finished(Clock::new(0, p.past_to))
-                        || shared.past_recovering(p.vertex, Clock::new(0, p.past_to)))
-                {
-                    p.past_to += 1;
+                let mut past = true;
+                for (r, past_to) in p.past_to.iter_mut().enumerate() {
+                    past &= past_cut(shared, sc, (p.vertex, p.since), r, past_to);
                 }
-                if p.past_to <= p.since {
+                if !past {
                     return;
                 }
                 for g in &p.slots {
                     if let Some(a) = sc.asked.get(*g) {
-                        a.store(p.since + 1, Ordering::Release);
+                        a.store(p.change, Ordering::Release);
                     }
                 }
                 p.asked = Some(Instant::now());
             }
-            let done = |g: &usize| sc.done.get(*g).is_none_or(|d| d.load(Ordering::Acquire) > p.since);
+            let done = |g: &usize| sc.done.get(*g).is_none_or(|d| d.load(Ordering::Acquire) >= p.change);
             if !p.slots.iter().all(done) {
                 return;
             }
-            sc.alloc.settled(p.vertex, p.since);
-            self.kept.push_back((p.vertex, p.since));
+            sc.alloc.settled(p.vertex, p.change);
+            self.kept.push_back((p.vertex, p.change, p.past_to.clone()));
             let members: Vec<usize> = sc.alloc.current(p.vertex).map(|e| e.members().collect()).unwrap_or_default();
             for g in p.slots.iter().filter(|g| !members.contains(g)) {
                 if let Some(s) = sc.serving.get(*g) {
@@ -720,9 +773,10 @@ impl RootSide {
             .iter()
             .map(|p| {
                 let done =
-                    p.slots.iter().filter(|g| sc.done.get(**g).is_some_and(|d| d.load(Ordering::Relaxed) > p.since));
+                    p.slots.iter().filter(|g| sc.done.get(**g).is_some_and(|d| d.load(Ordering::Relaxed) >= p.change));
                 let asked = if p.asked.is_some() { "asked" } else { "waiting for earlier clocks" };
-                format!("{}@{} ({asked}, {}/{} settled)", name(p.vertex), p.since, done.count(), p.slots.len())
+                let n = (done.count(), p.slots.len());
+                format!("{} change {} at {:?} ({asked}, {}/{} settled)", name(p.vertex), p.change, p.since, n.0, n.1)
             })
             .collect();
         parts.join(", ")
@@ -731,5 +785,39 @@ impl RootSide {
     /// Whether a change has not settled yet (the run waits for it before ending).
     pub(super) fn busy(&self) -> bool {
         !self.pending.is_empty()
+    }
+}
+
+/// Whether every clock of root `r` that cut `since` covers has gone through vertex `v`
+/// (finished, or held by recovering replacements past it), moving `past_to` (the first not
+/// known to have) up. With several roots the cut is an entry time: a root's clocks are in
+/// entry order, so its part ends at the first clock that entered later, once the root has
+/// admitted everything that entered up to the cut.
+fn past_cut(shared: &Shared, sc: &Scaling, (v, since): (usize, Cut), r: usize, past_to: &mut u64) -> bool {
+    // Clocks still logged may have gone through: a change needs them past it, not deleted.
+    *past_to = (*past_to).max(sc.low(r));
+    let clock = |s: u64| Clock::new(r as u8, s);
+    let gone = |s: u64| shared.clocks.finished(clock(s)) || shared.past_recovering(v, clock(s));
+    match since {
+        Cut::Clock(last) => {
+            while *past_to <= last && gone(*past_to) {
+                *past_to += 1;
+            }
+            *past_to > last
+        }
+        Cut::Entry(last) => {
+            // Read in this order: a root publishes what it admitted before what it passed.
+            let passed = shared.admissions.passed.get(r).map_or(0, |a| a.load(Ordering::Acquire));
+            let admitted = shared.admissions.admitted.get(r).map_or(0, |a| a.load(Ordering::Acquire));
+            loop {
+                if *past_to > admitted || shared.clocks.entry(clock(*past_to)) > last {
+                    return passed >= last;
+                }
+                if !gone(*past_to) {
+                    return false;
+                }
+                *past_to += 1;
+            }
+        }
     }
 }

@@ -443,6 +443,9 @@ pub(super) fn other_root(
             shared.root_crashes.carry_out(&mut state)?;
         }
         state.advance_low(shared);
+        if let Some(sc) = &shared.scaling {
+            sc.set_low(state.id, state.low);
+        }
         state.forget_old(oldest_logged)?;
         // Read before looking at the queue: with the queue empty, everything entered up to
         // it and handed to this root is admitted (said even when there is no room to admit

@@ -2,17 +2,18 @@
 //! clone takes its place from a clock on; once the clone has processed a trial's worth of
 //! packets, the faster of the two keeps the flows.
 
-use super::{RootSide, Shared};
+use super::{At, RootSide, Shared};
 use crate::report::{ReconfigReport, TrialReport};
 use sluice_chc::NodeId;
 
-/// A straggler's clone on trial: it serves the straggler's flows from clock `since` on; once it
+/// A straggler's clone on trial: it serves the straggler's flows from change `change` on; once it
 /// has processed [`TRIAL_PACKETS`], the faster of the two keeps them.
 pub(super) struct Trial {
     pub(super) vertex: usize,
     pub(super) straggler: usize,
     pub(super) clone: usize,
-    pub(super) since: u64,
+    /// The change that put the clone in the straggler's place (its number).
+    pub(super) change: u64,
     /// The straggler's time per packet before the clone took over, ns.
     pub(super) before: f64,
     /// The clone's (packets, busy ns) once it had warmed up ([`TRIAL_WARM_UP`] packets).
@@ -40,14 +41,14 @@ pub(super) fn ns_per_packet(shared: &Shared, g: usize, from: (u64, u64)) -> f64 
 }
 
 impl RootSide {
-    /// Ends the trials whose clone has processed enough, at packet `at.0`: the faster instance
-    /// keeps the straggler's flows. A clone slower than its straggler was hands them back.
-    pub(in crate::exec) fn judge_trials(&mut self, shared: &Shared, at: (u64, f64), reports: &mut Vec<ReconfigReport>) {
+    /// Ends the trials whose clone has processed enough, `at` now: the faster instance keeps
+    /// the straggler's flows. A clone slower than its straggler was hands them back.
+    pub(in crate::exec) fn judge_trials(&mut self, shared: &Shared, at: At, reports: &mut Vec<ReconfigReport>) {
         let Some(sc) = &shared.scaling else { return };
         let Some(live) = &shared.live else { return };
         let mut i = 0;
         while let Some(t) = self.trials.get_mut(i) {
-            let settled = !self.pending.iter().any(|p| p.vertex == t.vertex && p.since <= t.since);
+            let settled = !self.pending.iter().any(|p| p.vertex == t.vertex && p.change <= t.change);
             if settled && !sc.alloc.current(t.vertex).is_some_and(|e| e.members().any(|m| m == t.clone)) {
                 // The clone itself was replaced (cloned in turn, scaled in): nothing to judge.
                 self.trials.remove(i);
@@ -81,15 +82,18 @@ impl RootSide {
             reports.push(ReconfigReport {
                 kind: "clone_back".into(),
                 vertex: name,
-                at_packet: at.0,
-                at_ms: at.1,
+                at_packet: at.packet,
+                at_ms: at.ms,
                 instances: (n, n),
                 flows: 0,
                 settle_ms: 0.0,
                 drain_ms: 0.0,
                 trial: None,
             });
-            self.changed(shared, t.vertex, at.0, splitter, Some(vec![t.clone]), reports.len() - 1, &[t.straggler]);
+            let back = (Some(vec![t.clone]), reports.len() - 1);
+            if let Err(e) = self.changed(shared, (t.vertex, at.cut(shared)), splitter, back.0, back.1, &[t.straggler]) {
+                tracing::warn!(vertex = t.vertex, error = %e, "the straggler could not take its flows back");
+            }
         }
     }
 }
