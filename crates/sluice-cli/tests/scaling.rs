@@ -137,9 +137,20 @@ fn changes_that_cannot_be_made_are_clear_errors() {
 
 #[test]
 fn vertices_scale_and_flows_move_when_asked_through_the_control_endpoint() {
+    scale_and_move_through_the_control_endpoint(&[]);
+}
+
+/// With several roots a change asked through the endpoint takes effect at an entry time, as a
+/// planned one does.
+#[test]
+fn vertices_scale_and_flows_move_through_the_control_endpoint_with_several_roots() {
+    scale_and_move_through_the_control_endpoint(&["--roots", "3"]);
+}
+
+fn scale_and_move_through_the_control_endpoint(extra: &[&str]) {
     let dir = tempfile::tempdir().expect("temp dir");
     let d = dir.path().join("rec").to_string_lossy().into_owned();
-    let (child, addr) = common::paced_live_run(&d, &[]);
+    let (child, addr) = common::paced_live_run(&d, extra);
     let ctl = |args: &[&str]| common::ctl(&addr, args);
     let pause = || std::thread::sleep(std::time::Duration::from_millis(400));
     pause();

@@ -500,12 +500,7 @@ pub fn run(
         }
         let seq = r0.seq;
         failover_side.take_live(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
-        let at = reconfig::At {
-            packet: if roots > 1 { split.entered() } else { seq },
-            root0: seq,
-            entry: split.last_entry,
-            ms: t0.elapsed().as_secs_f64() * 1e3,
-        };
+        let at = reconfig::At::now((if roots > 1 { split.entered() } else { seq }, seq, split.last_entry), t0);
         scaling_side.take_live(&shared, at, &mut reconfigurations);
         scaling_side.judge_trials(&shared, at, &mut reconfigurations);
         r0.advance_low(&shared);
@@ -651,12 +646,7 @@ pub fn run(
                         }
                         // A change takes effect for the packets admitted after this one.
                         Planned::Change(r) => {
-                            let at = reconfig::At {
-                                packet: seq,
-                                root0: r0.seq,
-                                entry: split.last_entry,
-                                ms: t0.elapsed().as_secs_f64() * 1e3,
-                            };
+                            let at = reconfig::At::now((seq, r0.seq, split.last_entry), t0);
                             scaling_side
                                 .apply(&shared, &r, at, &mut reconfigurations)
                                 .map_err(|e| RunError::Config(format!("scaling while the chain runs: {e}")))?
@@ -672,12 +662,7 @@ pub fn run(
                 next_fault = planned.peek().map_or(u64::MAX, Planned::after);
             }
             if managed && seq.is_multiple_of(MANAGE_EVERY) {
-                let at = reconfig::At {
-                    packet: seq,
-                    root0: r0.seq,
-                    entry: split.last_entry,
-                    ms: t0.elapsed().as_secs_f64() * 1e3,
-                };
+                let at = reconfig::At::now((seq, r0.seq, split.last_entry), t0);
                 scaling_side
                     .manage(&shared, &cfg.policies, at, &mut reconfigurations)
                     .map_err(|e| RunError::Config(format!("a vertex manager's scaling: {e}")))?;
