@@ -533,7 +533,8 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     };
     let live = start_control(&a, &plan)?;
     let hooks = RunHooks { progress: Some(&progress), stop: Some(stop), live };
-    let report = run_recorded(a.record.as_deref(), &a.chain, plan, &cfg, source.as_mut(), sink.as_mut(), hooks)?;
+    let report =
+        run_recorded((a.record.as_deref(), false), &a.chain, plan, &cfg, source.as_mut(), sink.as_mut(), hooks)?;
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
@@ -563,9 +564,10 @@ fn start_control(a: &RunArgs, plan: &sluice_runtime::Plan) -> Result<Option<Arc<
     Ok(Some(live))
 }
 
-/// Runs `plan`, recording the run in `record` if given (`cfg.record` must be set then).
+/// Runs `plan`, recording the run in `record` if given (`cfg.record` must be set then);
+/// `closed_loop`: its input answers what it sends (a live bridge).
 fn run_recorded(
-    record: Option<&Path>,
+    (record, closed_loop): (Option<&Path>, bool),
     chain_file: &Path,
     plan: sluice_runtime::Plan,
     cfg: &RunConfig,
@@ -582,7 +584,7 @@ fn run_recorded(
         fail(code)(anyhow::Error::new(e))
     };
     let Some(dir) = record else { return run(plan, cfg, source, sink, hooks).map_err(failed) };
-    let recorder = record::Recorder::create(dir, chain_file)?;
+    let recorder = record::Recorder::create(dir, chain_file)?.closed_loop(closed_loop);
     let (mut rsource, mut rsink) = recorder.wrap(source, sink)?;
     let report = run(plan, cfg, &mut rsource, &mut rsink, hooks).map_err(failed)?;
     recorder.finish(&report, rsource, rsink)?;
@@ -632,7 +634,7 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
     let stop = stop_flag(a.duration);
     let live = start_control(a, &plan)?;
     let hooks = RunHooks { progress: None, stop: Some(stop), live };
-    let report = run_recorded(a.record.as_deref(), &a.chain, plan, cfg, &mut source, &mut sink, hooks)?;
+    let report = run_recorded((a.record.as_deref(), true), &a.chain, plan, cfg, &mut source, &mut sink, hooks)?;
     print_report(&report, a.json.as_deref(), None)?;
     let mut b = shared.borrow_mut();
     if a.json.as_deref() != Some(Path::new("-")) {

@@ -76,6 +76,7 @@ impl Sink for RecordingSink<'_> {
 /// A record being made in `dir`.
 pub struct Recorder {
     dir: PathBuf,
+    closed_loop: bool,
 }
 
 impl Recorder {
@@ -90,7 +91,13 @@ impl Recorder {
         }
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         std::fs::copy(chain_file, &f.chain).with_context(|| format!("copying the chain into {}", dir.display()))?;
-        Ok(Recorder { dir: dir.to_path_buf() })
+        Ok(Recorder { dir: dir.to_path_buf(), closed_loop: false })
+    }
+
+    /// The run's input answers what it sends (a live bridge): `verify` translates the
+    /// physical chain's choices in it (`RunRecord::closed_loop`).
+    pub fn closed_loop(self, closed_loop: bool) -> Recorder {
+        Recorder { closed_loop, ..self }
     }
 
     /// Wraps the run's source and sink.
@@ -123,7 +130,8 @@ impl Recorder {
             return Err(fail(exit::FAILED)(anyhow::anyhow!("the run kept no record")));
         };
         let ports = if source.ports.iter().all(|p| *p == 0) { Vec::new() } else { source.ports };
-        let record = RunRecord::new(&report.chain, rec, &report.events, sink.clocks, ports);
+        let mut record = RunRecord::new(&report.chain, rec, &report.events, sink.clocks, ports);
+        record.closed_loop = self.closed_loop;
         let text = serde_json::to_string(&record).context("serialising the record")?;
         std::fs::write(&f.record, text + "\n").with_context(|| format!("writing {}", f.record.display()))?;
         Ok(())

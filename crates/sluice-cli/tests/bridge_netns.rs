@@ -188,6 +188,9 @@ fn stop(mut sluice: Child) -> (std::process::ExitStatus, String) {
 
 /// `sluice verify --recorded DIR` says the recorded run is equivalent.
 fn assert_equivalent(record: &Path) {
+    // The hosts answered what the chain sent: verify feeds the logical chain its own choices.
+    let json = std::fs::read_to_string(record.join("record.json")).expect("record.json");
+    assert!(json.contains("\"closed_loop\":true"), "a bridge's record is closed-loop");
     let verified = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("verify")
         .arg("--recorded")
@@ -195,7 +198,13 @@ fn assert_equivalent(record: &Path) {
         .output()
         .expect("verify");
     let said = String::from_utf8_lossy(&verified.stdout).into_owned() + &String::from_utf8_lossy(&verified.stderr);
-    assert!(verified.status.success(), "the recorded bridge run is not equivalent: {said}");
+    if !verified.status.success() {
+        // Kept for a look: the temporary directory goes with the test.
+        let kept = std::env::temp_dir().join(format!("sluice-failed-bridge-record-{}", std::process::id()));
+        let copied = Command::new("cp").arg("-r").arg(record).arg(&kept).status().is_ok_and(|s| s.success());
+        let at = if copied { format!(" (record kept in {})", kept.display()) } else { String::new() };
+        panic!("the recorded bridge run is not equivalent{at}: {said}");
+    }
     assert!(said.contains("EQUIVALENT"), "{said}");
 }
 

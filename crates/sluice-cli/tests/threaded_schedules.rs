@@ -1,6 +1,6 @@
 //! Every bundled fault schedule (`faults/*.yaml`, `faults/threaded/*.yaml`) through the
-//! threaded runtime: run on the example chain over the bundled trace with `--record`, and the
-//! record checked with `sluice verify --recorded`. A file added to either directory is covered
+//! threaded runtime, with one root and with three: run on the example chain over the bundled
+//! trace with `--record`, and the record checked with `sluice verify --recorded`. A file added to either directory is covered
 //! without a test of its own. (`faults/regressions/` are the engine's regression cases, with
 //! engine run options; `faults/unrecoverable/` are outside the guarantee by design.)
 
@@ -36,6 +36,26 @@ fn every_bundled_schedule_is_equivalent_in_threads() {
         }
         let report = recorded_run(&name, ("chains/example.yaml", "traces/demo.pcap", "20000"), &path, &extra);
         assert_eq!(report["packets_in"], 20000, "{name}: {report}");
+    }
+}
+
+/// The same files with their input split over three roots: a change of flow allocation takes
+/// effect at an entry time, a crash is replayed by every root, `crash_root` names root 0.
+#[test]
+fn every_bundled_schedule_is_equivalent_in_threads_with_three_roots() {
+    let files: Vec<PathBuf> = schedules("faults").into_iter().chain(schedules("faults/threaded")).collect();
+    for f in &files {
+        let body = std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        assert!(!body.contains("roots:"), "{}: a bundled file names no root count", f.display());
+        let path = f.to_string_lossy().into_owned();
+        let name = format!("{}-roots", f.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
+        let mut extra = vec!["-w", "2", "--roots", "3"];
+        if body.contains("crash_root") {
+            extra.extend(["--log", "store"]);
+        }
+        let report = recorded_run(&name, ("chains/example.yaml", "traces/demo.pcap", "20000"), &path, &extra);
+        assert_eq!(report["packets_in"], 20000, "{name}: {report}");
+        assert_eq!(report["roots"], 3, "{name}: {report}");
     }
 }
 

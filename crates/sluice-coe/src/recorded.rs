@@ -11,7 +11,7 @@
 
 use crate::compare::{compare, CompareOptions, Comparison};
 use crate::observed::{Decision, Observed, OutputRecord, StateEntry};
-use crate::reference::{drop_decision, run_reference};
+use crate::reference::{drop_decision, run_reference, run_reference_closed_loop};
 use sluice_nf::{Event, NfRegistry};
 use sluice_packet::{Clock, Packet};
 use sluice_runtime::record::Recording;
@@ -36,6 +36,11 @@ pub struct RunRecord {
     /// Empty when every packet arrived on port 0.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub in_ports: Vec<u16>,
+    /// The input came from hosts that answered what the chain sent (a live bridge): its
+    /// replies carry the physical chain's choices, which `verify` translates to the logical
+    /// chain's ([`crate::reference::run_reference_closed_loop`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub closed_loop: bool,
     /// Per packet of `output.pcap`, in order: its clock.
     pub outputs: Vec<u64>,
     /// Packets dropped inside the chain.
@@ -113,6 +118,7 @@ impl RunRecord {
             chain: chain.to_string(),
             admitted: rec.admitted.iter().map(|c| c.map(|c| c.0)).collect(),
             in_ports,
+            closed_loop: false,
             outputs,
             drops: rec
                 .drops
@@ -269,7 +275,11 @@ pub fn verify_recorded(
         )));
     }
     let recorded = record.observed(chain, registry, outputs)?;
-    let reference = run_reference(chain, registry, inputs)?;
+    let reference = if record.closed_loop {
+        run_reference_closed_loop(chain, registry, inputs, &recorded)?
+    } else {
+        run_reference(chain, registry, inputs)?
+    };
     let comparison = compare(&reference, &recorded, opts);
     Ok(RecordedVerdict {
         chain: chain.name.clone(),

@@ -10,10 +10,94 @@ use sluice_runtime::plan::{direction, Routes, Target};
 use sluice_runtime::{compile, Chain, PlanError};
 use sluice_state::LocalState;
 use std::collections::HashMap;
+use std::net::IpAddr;
 
 /// Runs the logical chain of `chain` over `packets` (already parsed; malformed and truncated
 /// frames are dropped at the root as the physical chain does).
 pub fn run_reference(chain: &Chain, registry: &NfRegistry, packets: &[Packet]) -> Result<Observed, PlanError> {
+    run(chain, registry, packets, None)
+}
+
+/// Runs the logical chain over the input of a **closed-loop** run — a live bridge, whose
+/// hosts answered what the `physical` run sent them. Their answers carry the physical chain's
+/// choices (the port a NAT instance allocated, the backend an LB picked), which the logical
+/// chain may have made otherwise: fed as they are, a reply would reach the connection the
+/// logical NAT gave that port to, not its own. So each input's endpoints are translated to the
+/// logical run's, as learned from the two runs' outputs for the same earlier input (the latest
+/// binding of an endpoint wins: ports are reused). Where both chains chose alike nothing
+/// changes. (docs/decisions.md, "Verifying a live run".)
+pub fn run_reference_closed_loop(
+    chain: &Chain,
+    registry: &NfRegistry,
+    packets: &[Packet],
+    physical: &Observed,
+) -> Result<Observed, PlanError> {
+    run(chain, registry, packets, Some(Echoes::new(physical)))
+}
+
+/// An endpoint as a translation keys it: address, port, IP protocol.
+type Endpoint = (IpAddr, u16, u8);
+
+/// The physical run's choices coming back as input, and what the logical run chose instead.
+struct Echoes<'a> {
+    /// The physical run's output frames of each input.
+    physical: HashMap<u64, Vec<&'a [u8]>>,
+    /// Physical endpoint → the logical run's.
+    to_logical: HashMap<Endpoint, (IpAddr, u16)>,
+}
+
+impl<'a> Echoes<'a> {
+    fn new(physical: &'a Observed) -> Echoes<'a> {
+        let mut by_input: HashMap<u64, Vec<&'a [u8]>> = HashMap::new();
+        for o in &physical.outputs {
+            by_input.entry(o.input).or_default().push(&o.bytes);
+        }
+        Echoes { physical: by_input, to_logical: HashMap::new() }
+    }
+
+    /// Rewrites `pkt`'s endpoints that stand for a physical choice to the logical run's.
+    fn translate(&self, pkt: &mut Packet) {
+        if self.to_logical.is_empty() {
+            return;
+        }
+        let Some(t) = pkt.tuple() else { return };
+        // A frame the rewrite cannot handle (no ports) goes as it is.
+        if let Some((ip, port)) = self.to_logical.get(&(t.src, t.sport, t.proto.0)) {
+            let _ = pkt.rewrite_src(*ip, *port);
+        }
+        if let Some((ip, port)) = self.to_logical.get(&(t.dst, t.dport, t.proto.0)) {
+            let _ = pkt.rewrite_dst(*ip, *port);
+        }
+    }
+
+    /// Input `input` left the logical chain as `logical` (its frames): where the physical run's
+    /// only frame for it has other endpoints than the logical run's only one, those are bound.
+    fn learn(&mut self, input: u64, logical: &[OutputRecord]) {
+        let (Some([physical]), [logical]) = (self.physical.get(&input).map(Vec::as_slice), logical) else {
+            return;
+        };
+        let tuple = |b: &[u8]| Packet::from_slice(b, sluice_packet::Meta::default()).tuple();
+        let (Some(p), Some(l)) = (tuple(physical), tuple(&logical.bytes)) else { return };
+        if p.proto != l.proto {
+            return;
+        }
+        for (pe, le) in [((p.src, p.sport), (l.src, l.sport)), ((p.dst, p.dport), (l.dst, l.dport))] {
+            let key = (pe.0, pe.1, p.proto.0);
+            if pe == le {
+                self.to_logical.remove(&key);
+            } else {
+                self.to_logical.insert(key, le);
+            }
+        }
+    }
+}
+
+fn run(
+    chain: &Chain,
+    registry: &NfRegistry,
+    packets: &[Packet],
+    mut echoes: Option<Echoes<'_>>,
+) -> Result<Observed, PlanError> {
     let mut logical = chain.clone();
     for (_, v) in &mut logical.vertices {
         v.instances = 1;
@@ -31,6 +115,10 @@ pub fn run_reference(chain: &Chain, registry: &NfRegistry, packets: &[Packet]) -
             continue;
         }
         let mut pkt = original.clone();
+        if let Some(e) = &echoes {
+            e.translate(&mut pkt);
+        }
+        let first_output = obs.outputs.len();
         seq += 1;
         pkt.meta.clock = Clock::new(0, seq);
         clock_input.insert(pkt.meta.clock, input);
@@ -78,6 +166,9 @@ pub fn run_reference(chain: &Chain, registry: &NfRegistry, packets: &[Packet]) -
                 Some(routes) => fan_out(routes, pkt, &mut work, &mut obs, input, &vp.name),
                 None => obs.decisions.push(drop_decision(input, &vp.name, "no-route")),
             }
+        }
+        if let (Some(e), Some(out)) = (echoes.as_mut(), obs.outputs.get(first_output..)) {
+            e.learn(input, out);
         }
     }
     // Timers due by the last packet's time fire, as they do in the physical run.
@@ -133,5 +224,76 @@ fn fan_out(routes: &Routes, pkt: Packet, work: &mut Vec<(Target, Packet)>, obs: 
     match routes.main_target(&pkt) {
         Some(t) => work.push((t, pkt)),
         None => obs.decisions.push(drop_decision(input, at, "no-route")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etherparse::PacketBuilder;
+    use sluice_packet::Meta;
+    use std::path::Path;
+
+    const PUBLIC: [u8; 4] = [198, 51, 100, 1];
+    const SERVER: [u8; 4] = [192, 0, 2, 80];
+
+    fn nat() -> Chain {
+        let yaml = "name: t\nvertices:\n  nat:\n    type: nat\n    config: { external_ip: 198.51.100.1, internal: [\"10.0.0.0/8\"] }\nedges:\n  - { from: input, to: nat }\n  - { from: nat, to: output }\n";
+        Chain::parse(yaml, Path::new("t.yaml")).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn tcp(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16) -> Vec<u8> {
+        let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+            .ipv4(src, dst, 64)
+            .tcp(sport, dport, 1, 65535);
+        let mut v = Vec::with_capacity(b.size(0));
+        b.write(&mut v, &[]).unwrap_or_else(|e| panic!("{e}"));
+        v
+    }
+
+    fn packet(frame: &[u8]) -> Packet {
+        Packet::from_slice(frame, Meta::default())
+    }
+
+    fn tuple(frame: &[u8]) -> sluice_packet::FiveTuple {
+        packet(frame).tuple().unwrap_or_else(|| panic!("a TCP frame"))
+    }
+
+    /// Two clients connect; the physical NAT gave them each other's ports (two instances,
+    /// allocating in another order), and the server's answers come back to those ports. The
+    /// logical run, translated, delivers each answer to the client it was for.
+    #[test]
+    fn a_closed_loop_run_feeds_the_logical_chain_its_own_choices() {
+        let registry = sluice_nfs::registry();
+        let syns = [tcp([10, 0, 0, 1], 1111, SERVER, 80), tcp([10, 0, 0, 2], 2222, SERVER, 80)];
+        let alone = run_reference(&nat(), &registry, &syns.iter().map(|f| packet(f)).collect::<Vec<_>>())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let ports: Vec<u16> = alone.outputs.iter().map(|o| tuple(&o.bytes).sport).collect();
+        let [first, second] = ports[..] else { panic!("two SYNs out: {ports:?}") };
+        assert_ne!(first, second);
+        // The physical run: swapped ports, and the answers to them.
+        let out = |input: u64, bytes: Vec<u8>| OutputRecord { input, clock: input + 1, in_port: 0, bytes };
+        let physical = Observed {
+            inputs: 4,
+            outputs: vec![
+                out(0, tcp(PUBLIC, second, SERVER, 80)),
+                out(1, tcp(PUBLIC, first, SERVER, 80)),
+                out(2, tcp(SERVER, 80, [10, 0, 0, 1], 1111)),
+                out(3, tcp(SERVER, 80, [10, 0, 0, 2], 2222)),
+            ],
+            ..Observed::default()
+        };
+        let answers = [tcp(SERVER, 80, PUBLIC, second), tcp(SERVER, 80, PUBLIC, first)];
+        let inputs: Vec<Packet> = syns.iter().chain(&answers).map(|f| packet(f)).collect();
+        let delivered = |obs: &Observed| -> Vec<(std::net::IpAddr, u16)> {
+            obs.outputs.iter().filter(|o| o.input >= 2).map(|o| tuple(&o.bytes)).map(|t| (t.dst, t.dport)).collect()
+        };
+        let client = |last: u8, port: u16| (std::net::IpAddr::from([10, 0, 0, last]), port);
+        let translated =
+            run_reference_closed_loop(&nat(), &registry, &inputs, &physical).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(delivered(&translated), vec![client(1, 1111), client(2, 2222)]);
+        // As they are, each answer reaches the other client: what the translation is for.
+        let raw = run_reference(&nat(), &registry, &inputs).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(delivered(&raw), vec![client(2, 2222), client(1, 1111)]);
     }
 }
