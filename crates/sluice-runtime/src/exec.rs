@@ -76,10 +76,12 @@ struct Shared {
     egress: Mutex<Egress>,
     /// Crashes of roots other than 0, asked and done.
     root_crashes: roots::RootCrashes,
-    /// How far each root has admitted, for order-sensitive instances.
+    /// How far each root has admitted, for order-sensitive instances and, with several roots,
+    /// for settling a change of flow allocation.
     admissions: crate::order::Admissions,
-    /// Some vertex takes its input in entry order (the roots then publish `admissions`).
-    any_ordered: bool,
+    /// Someone reads `admissions` (the roots then publish it): a vertex takes its input in
+    /// entry order, or the run has several roots and may scale.
+    publish_admissions: bool,
     /// With several roots: every packet that entered up to this time is admitted by root 0
     /// or on its root's queue (`roots::Split::push`).
     entered: CachePadded<AtomicU64>,
@@ -225,8 +227,9 @@ pub fn run(
     }
     // Packets of different roots overtake each other everywhere in the chain.
     let ordered = crate::order::needs_entry_order(&plan, scalable, roots);
-    // Only order-sensitive instances read the last admitted clock: nobody else pays for it.
-    let any_ordered = ordered.iter().any(|o| *o);
+    // Only order-sensitive instances, and the settling of changes with several roots
+    // (`reconfig::past_cut`), read the last admitted clock: nobody else pays for it.
+    let publish_admissions = ordered.iter().any(|o| *o) || (roots > 1 && scalable);
     let can_fail_over = cfg.fault_tolerance && plan.rebuilder.has_store();
     if scalable && !plan.rebuilder.has_store() {
         return Err(RunError::Config(
@@ -317,7 +320,7 @@ pub fn run(
         root_crashes: roots::RootCrashes::new(roots),
         egress: Mutex::new(Egress::default()),
         admissions: crate::order::Admissions::new(roots),
-        any_ordered,
+        publish_admissions,
         entered: CachePadded::new(AtomicU64::new(0)),
         sink: ArrayQueue::new(cap),
         spare: ArrayQueue::new(cap.min(1 << 16)),

@@ -9,7 +9,7 @@
 //! instance. Once every clock up to the change has finished, the root asks the vertex's
 //! instances to **settle** it: each flushes its updates to the store, drops its copies of the
 //! flows it gave up and hands their timers to the flows' new instances. When all have, the
-//! root forgets the allocation before the change; the waiting packets go, in clock order, after
+//! root forgets the allocation before the change; the waiting packets go, in entry order, after
 //! the new instances took the timers; an instance no longer a member is retired.
 
 use super::alloc::{Allocation, Cut};

@@ -190,7 +190,7 @@ impl RootState {
         pkt.meta.clock = Clock::new(self.id, self.seq);
         pkt.meta.ingress_ns = now_ns;
         shared.clocks.admit(pkt.meta.clock, now_ns);
-        if shared.any_ordered {
+        if shared.publish_admissions {
             if let Some(a) = shared.admissions.admitted.get(usize::from(self.id)) {
                 a.store(self.seq, Ordering::Release);
             }
@@ -244,7 +244,7 @@ impl RootState {
     /// Says that every packet handed to this root that entered up to `entry` is admitted (or
     /// dropped): order-sensitive instances need not wait for this root before then.
     pub(super) fn passed(&self, shared: &Shared, entry: u64) {
-        if shared.any_ordered {
+        if shared.publish_admissions {
             if let Some(p) = shared.admissions.passed.get(usize::from(self.id)) {
                 p.fetch_max(entry, Ordering::AcqRel);
             }
