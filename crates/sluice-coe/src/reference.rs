@@ -22,10 +22,10 @@ pub fn run_reference(chain: &Chain, registry: &NfRegistry, packets: &[Packet]) -
 /// hosts answered what the `physical` run sent them. Their answers carry the physical chain's
 /// choices (the port a NAT instance allocated, the backend an LB picked), which the logical
 /// chain may have made otherwise: fed as they are, a reply would reach the connection the
-/// logical NAT gave that port to, not its own. So each input's endpoints are translated to the
-/// logical run's, as learned from the two runs' outputs for the same earlier input (the latest
-/// binding of an endpoint wins: ports are reused). Where both chains chose alike nothing
-/// changes. (docs/decisions.md, "Verifying a live run".)
+/// logical NAT gave that port to, not its own. So an input addressed to an endpoint the
+/// physical chain sent from, or coming from one it sent to, gets the logical run's counterpart,
+/// as learned from the two runs' outputs for the same earlier input (the latest binding wins:
+/// ports are reused). Where both chains chose alike nothing changes. (docs/decisions.md, "Verifying a live run".)
 pub fn run_reference_closed_loop(
     chain: &Chain,
     registry: &NfRegistry,
@@ -42,8 +42,12 @@ type Endpoint = (IpAddr, u16, u8);
 struct Echoes<'a> {
     /// The physical run's output frames of each input.
     physical: HashMap<u64, Vec<&'a [u8]>>,
-    /// Physical endpoint → the logical run's.
-    to_logical: HashMap<Endpoint, (IpAddr, u16)>,
+    /// Sources the chain sent from (a NAT's public endpoint), physical → logical: an answer
+    /// is addressed to them.
+    sent_from: HashMap<Endpoint, (IpAddr, u16)>,
+    /// Destinations the chain sent to (an LB's backend), physical → logical: an answer comes
+    /// from them.
+    sent_to: HashMap<Endpoint, (IpAddr, u16)>,
 }
 
 impl<'a> Echoes<'a> {
@@ -52,20 +56,21 @@ impl<'a> Echoes<'a> {
         for o in &physical.outputs {
             by_input.entry(o.input).or_default().push(&o.bytes);
         }
-        Echoes { physical: by_input, to_logical: HashMap::new() }
+        Echoes { physical: by_input, sent_from: HashMap::new(), sent_to: HashMap::new() }
     }
 
-    /// Rewrites `pkt`'s endpoints that stand for a physical choice to the logical run's.
+    /// Rewrites `pkt`, if it answers a physical choice (addressed to a source the chain sent
+    /// from, or coming from a destination it sent to), to the logical run's choice.
     fn translate(&self, pkt: &mut Packet) {
-        if self.to_logical.is_empty() {
+        if self.sent_from.is_empty() && self.sent_to.is_empty() {
             return;
         }
         let Some(t) = pkt.tuple() else { return };
         // A frame the rewrite cannot handle (no ports) goes as it is.
-        if let Some((ip, port)) = self.to_logical.get(&(t.src, t.sport, t.proto.0)) {
+        if let Some((ip, port)) = self.sent_to.get(&(t.src, t.sport, t.proto.0)) {
             let _ = pkt.rewrite_src(*ip, *port);
         }
-        if let Some((ip, port)) = self.to_logical.get(&(t.dst, t.dport, t.proto.0)) {
+        if let Some((ip, port)) = self.sent_from.get(&(t.dst, t.dport, t.proto.0)) {
             let _ = pkt.rewrite_dst(*ip, *port);
         }
     }
@@ -81,12 +86,16 @@ impl<'a> Echoes<'a> {
         if p.proto != l.proto {
             return;
         }
-        for (pe, le) in [((p.src, p.sport), (l.src, l.sport)), ((p.dst, p.dport), (l.dst, l.dport))] {
+        let sides = [
+            (&mut self.sent_from, (p.src, p.sport), (l.src, l.sport)),
+            (&mut self.sent_to, (p.dst, p.dport), (l.dst, l.dport)),
+        ];
+        for (map, pe, le) in sides {
             let key = (pe.0, pe.1, p.proto.0);
             if pe == le {
-                self.to_logical.remove(&key);
+                map.remove(&key);
             } else {
-                self.to_logical.insert(key, le);
+                map.insert(key, le);
             }
         }
     }
