@@ -45,6 +45,7 @@ use ops::{run_ops, OpsResult};
 use report::{plot, print_tables};
 use serde::Serialize;
 use sluice_io::{FrameSize, GenConfig, Workload};
+use sluice_runtime::Overflow;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use store::Env;
@@ -80,8 +81,9 @@ pub struct BenchStoreArgs {
     /// Packets per batch.
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
-    /// Most packets in flight in the saturated runs.
-    #[arg(long, default_value_t = 65_536)]
+    /// Most packets in flight in the saturated runs (and the failover part). The default is
+    /// what `sluice run` gives input that waits for room (files, memory): 4,096.
+    #[arg(long, default_value_t = Overflow::Wait.default_window())]
     pub window: usize,
     /// Most packets in flight in the paced runs (default: one batch).
     #[arg(long)]
@@ -113,6 +115,10 @@ pub struct BenchStoreArgs {
     /// Run only these parts (`modes`, `contention`, `ops`, `failover`, `move`; repeatable).
     #[arg(long, value_delimiter = ',')]
     pub parts: Vec<String>,
+    /// Run only the mode cases whose name contains one of these (e.g. `nat/async`, `/sat`;
+    /// repeatable). A ratio whose baseline case was left out is not reported.
+    #[arg(long, value_delimiter = ',')]
+    pub cases: Vec<String>,
     /// Fast smoke run: 2,000 packets, 1 repeat, embedded store only, few operations.
     #[arg(long)]
     pub quick: bool,
