@@ -5,7 +5,7 @@ use crate::filter::CompiledFilter;
 use crate::spec::Chain;
 use sluice_nf::{BuildCtx, Instance, LabelTable, NetworkFunction, NfError, NfRegistry};
 use sluice_packet::{HeaderField, InstanceId, Packet};
-use sluice_state::{AccessPattern, LocalState, ObjectId, StateDecl, StateHandle, Value};
+use sluice_state::{AccessPattern, LocalState, ObjectId, StateDecl, StateHandle};
 use sluice_store::{Backend, ClientConfig, Mode, StoreClient};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
@@ -213,18 +213,6 @@ impl Rebuilder {
         matches!(self.state, StateConfig::Store { .. })
     }
 
-    /// The replacement of failed instance `index` of `vertex` (one of `instances`): same id, so
-    /// the store gives it the predecessor's per-flow state, and the timers its predecessor had
-    /// armed re-armed from the store's copy.
-    pub fn replacement(&self, vertex: usize, index: u16, instances: u16) -> Result<Instance, PlanError> {
-        let mut inst = self.added(vertex, index, instances)?;
-        if let StateConfig::Store { backend, .. } = &self.state {
-            let id = inst.id();
-            adopt_timers(backend.as_ref(), &mut inst, id)?;
-        }
-        Ok(inst)
-    }
-
     /// What to ask the store for `inst`'s values: the store, the vertex, the objects whose
     /// values it loads ([`StoreClient::loaded_objects`]). `None` without a store client.
     fn flows_request(&self, inst: &mut Instance) -> Option<(Arc<dyn Backend>, u16, Vec<u16>)> {
@@ -234,18 +222,37 @@ impl Rebuilder {
         Some((backend.clone(), vertex, client.loaded_objects()))
     }
 
-    /// Starts reading, on a thread of its own, every value the store has for the objects the
-    /// replacement `inst` of its vertex's only instance caches; [`load_read_flows`] gives them
-    /// to it once they arrived ([`StoreClient::load_flows`]). Meanwhile it reads what it
-    /// touches one value at a time, so its recovery does not wait for the scan. Call it once the
-    /// predecessor's store answers have settled. `None`: no store client.
-    pub fn read_flows(&self, inst: &mut Instance) -> Option<FlowsReading> {
-        let (backend, vertex, objects) = self.flows_request(inst)?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        let spawned = std::thread::Builder::new().name("sluice-load-flows".into()).spawn(move || {
-            let _ = tx.send(backend.values_of(vertex, &objects).map_err(|e| e.to_string()));
-        });
-        spawned.ok().map(|_| rx)
+    /// The replacement of failed instance `index` of `vertex` (one of `instances`), with the
+    /// same id, built at once; and the read of what it takes over from the store
+    /// ([`Backend::takeover`]: its predecessor's timers and, with `values` — it is its
+    /// vertex's only instance — every value of the objects it caches), started on a thread of
+    /// its own. Call it once the predecessor's store answers have settled. The replacement must
+    /// not process a packet before [`RecoveryReading::finish`] gave it what was read; meanwhile the
+    /// root replays towards it (docs/decisions.md, "Instance failover in threads" point 13).
+    /// No reading without a store.
+    pub fn replacement_reading(
+        &self,
+        vertex: usize,
+        index: u16,
+        instances: u16,
+        values: bool,
+    ) -> Result<(Instance, Option<RecoveryReading>), PlanError> {
+        let mut inst = self.added(vertex, index, instances)?;
+        let Some((backend, _, objects)) = self.flows_request(&mut inst) else { return Ok((inst, None)) };
+        let owner = inst.id();
+        let (parts, parts_rx) = std::sync::mpsc::channel();
+        let (outcome, outcome_rx) = std::sync::mpsc::channel();
+        // On a thread: a backend that cannot answer without blocking (Redis reads a whole
+        // checkpoint) reads there; the embedded store's shards send their parts straight here.
+        std::thread::Builder::new()
+            .name("sluice-takeover".into())
+            .spawn(move || {
+                let objects = values.then_some(objects.as_slice());
+                let _ = outcome.send(backend.takeover(owner, objects, &parts).map_err(|e| e.to_string()));
+            })
+            .map_err(|e| PlanError::Store(format!("starting the replacement's read: {e}")))?;
+        let reading = RecoveryReading { parts: parts_rx, outcome: outcome_rx, ends: (0, None), every_value: true };
+        Ok((inst, Some(reading)))
     }
 
     /// Gives `inst`, now its vertex's only instance with nobody else writing the vertex's
@@ -277,25 +284,112 @@ impl Rebuilder {
     }
 }
 
-/// The values a [`Rebuilder::read_flows`] thread reads: `None` inside when the backend cannot
-/// list them.
-pub type FlowsReading = std::sync::mpsc::Receiver<Result<Option<Vec<(sluice_store::StoreKey, Value)>>, String>>;
+/// The read a [`Rebuilder::replacement_reading`] thread does for a replacement: its parts come
+/// as the store reads them; the replacement takes each in as soon as it can
+/// ([`RecoveryReading::poll`]), and waits for the rest only before it processes its first
+/// packet ([`RecoveryReading::finish`]).
+pub struct RecoveryReading {
+    parts: std::sync::mpsc::Receiver<Option<sluice_store::Takeover>>,
+    /// How many readers the store put on it ([`Backend::takeover`]), or why it could not.
+    outcome: std::sync::mpsc::Receiver<Result<usize, String>>,
+    /// Readers that have ended, and how many there are once known.
+    ends: (usize, Option<usize>),
+    /// Whether the values came in every part so far (a backend that cannot list them sends
+    /// none).
+    every_value: bool,
+}
 
-/// If the values `reading` reads have arrived, gives them to `inst` ([`StoreClient::load_flows`])
-/// and says so (`Some(Ok)`); `None` while they have not. A replacement may have touched some
-/// of the values since the read: its own copies stay (only it writes them).
-pub fn load_read_flows(reading: &FlowsReading, inst: &mut Instance) -> Option<Result<(), String>> {
-    let values = match reading.try_recv() {
-        Ok(Ok(values)) => values,
-        Ok(Err(e)) => return Some(Err(e)),
-        Err(std::sync::mpsc::TryRecvError::Empty) => return None,
-        Err(std::sync::mpsc::TryRecvError::Disconnected) => return Some(Err("the reading thread ended".into())),
-    };
-    let client = store_client(inst);
-    if let (Some(c), Some(values)) = (client, values) {
-        c.load_flows(values);
+impl RecoveryReading {
+    /// Gives `inst` the parts that have arrived; whether the read is complete.
+    pub fn poll(&mut self, inst: &mut Instance) -> Result<bool, String> {
+        self.turn(inst, None)
     }
-    Some(Ok(()))
+
+    /// Gives `inst` the rest of the read, waiting up to `limit` for it.
+    pub fn finish(&mut self, inst: &mut Instance, limit: std::time::Duration) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + limit;
+        match self.turn(inst, Some(deadline))? {
+            true => Ok(()),
+            false => Err(format!("the store did not answer the replacement's read within {limit:?}")),
+        }
+    }
+
+    /// Takes in what has come (waiting until `deadline` for the rest, if given); whether the
+    /// read is complete.
+    fn turn(&mut self, inst: &mut Instance, deadline: Option<std::time::Instant>) -> Result<bool, String> {
+        use std::sync::mpsc::RecvTimeoutError;
+        let left = |d: std::time::Instant| d.saturating_duration_since(std::time::Instant::now());
+        loop {
+            if self.ends.1.is_none() {
+                let outcome = match deadline {
+                    None => match self.outcome.try_recv() {
+                        Ok(o) => o,
+                        Err(_) => return self.take_arrived(inst).map(|()| false),
+                    },
+                    Some(d) => match self.outcome.recv_timeout(left(d)) {
+                        Ok(o) => o,
+                        Err(RecvTimeoutError::Timeout) => return Ok(false),
+                        Err(RecvTimeoutError::Disconnected) => return Err("the reading thread ended".into()),
+                    },
+                };
+                self.ends.1 = Some(outcome?);
+            }
+            if self.complete(inst) {
+                return Ok(true);
+            }
+            let part = match deadline {
+                None => {
+                    self.take_arrived(inst)?;
+                    return Ok(self.complete(inst));
+                }
+                Some(d) => match self.parts.recv_timeout(left(d)) {
+                    Ok(part) => part,
+                    Err(RecvTimeoutError::Timeout) => return Ok(false),
+                    Err(RecvTimeoutError::Disconnected) => return Err("the store's read ended early".into()),
+                },
+            };
+            self.take(part, inst);
+        }
+    }
+
+    /// Takes in the parts that have arrived, without waiting.
+    fn take_arrived(&mut self, inst: &mut Instance) -> Result<(), String> {
+        loop {
+            match self.parts.try_recv() {
+                Ok(part) => self.take(part, inst),
+                Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(()),
+                // Every sender gone: complete or not, `complete` tells.
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => return Ok(()),
+            }
+        }
+    }
+
+    /// Whether every reader ended; then says so to `inst`'s client (once).
+    fn complete(&mut self, inst: &mut Instance) -> bool {
+        let (ended, readers) = self.ends;
+        if readers != Some(ended) {
+            return false;
+        }
+        if std::mem::take(&mut self.every_value) {
+            if let Some(c) = store_client(inst) {
+                c.took_over_every_value();
+            }
+        }
+        true
+    }
+
+    /// Takes one part in (`None`: a reader ended).
+    fn take(&mut self, part: Option<sluice_store::Takeover>, inst: &mut Instance) {
+        match part {
+            Some(part) => {
+                self.every_value &= part.values.is_some();
+                if let Some(c) = store_client(inst) {
+                    c.take_over(part);
+                }
+            }
+            None => self.ends.0 += 1,
+        }
+    }
 }
 
 /// `inst`'s store client, if its state lives in a store.

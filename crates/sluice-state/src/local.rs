@@ -30,6 +30,12 @@ impl Timers {
         self.heap.push(Reverse((deadline_ns, self.seq, obj, *key)));
     }
 
+    /// Makes room for `n` more timers at once (a replacement arming its predecessor's).
+    pub fn reserve(&mut self, n: usize) {
+        self.armed.reserve(n);
+        self.heap.reserve(n);
+    }
+
     /// Cancels the timer of `(obj, key)`; returns whether one was armed.
     pub fn cancel(&mut self, obj: ObjectId, key: &StateKey) -> bool {
         self.armed.remove(&(obj, *key)).is_some()

@@ -39,6 +39,20 @@ pub trait Connection: Send {
     fn notifications(&mut self, out: &mut Vec<Notification>) -> Result<(), StoreError>;
 }
 
+/// Where [`Backend::takeover`] sends its parts.
+pub type TakeoverParts = std::sync::mpsc::Sender<Option<Takeover>>;
+
+/// (A part of) what a failed instance's replacement takes over from the store
+/// ([`Backend::takeover`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Takeover {
+    /// The timers its predecessor armed on its vertex's keys, with their deadlines.
+    pub timers: Vec<(StoreKey, u64)>,
+    /// The values of the objects asked for; `None` when not asked for, or when the backend
+    /// cannot list them (the replacement then reads each value on first touch).
+    pub values: Option<Vec<(StoreKey, Value)>>,
+}
+
 /// A store.
 pub trait Backend: Send + Sync {
     /// A short name for reports (`embedded`, `redis://...`).
@@ -63,6 +77,23 @@ pub trait Backend: Send + Sync {
     /// without copying the whole store, and the replacement reads on first touch.
     fn values_of(&self, _vertex: u16, _objects: &[u16]) -> Result<Option<Vec<(StoreKey, Value)>>, StoreError> {
         Ok(None)
+    }
+    /// What the replacement of failed instance `owner` takes over: the timers its predecessor
+    /// armed ([`Backend::timers_of`]) and, with `objects` (it is its vertex's only instance),
+    /// the values of those objects of its vertex ([`Backend::values_of`]). Sent to `parts` in
+    /// one or more parts as they are read, so that the replacement takes a part in while the
+    /// store reads the next; each independent reader (the embedded store's shards) ends its
+    /// parts with `None`. Returns how many `None`s come. A backend that can should answer
+    /// without blocking the caller and in one pass over its contents; the default reads here.
+    fn takeover(&self, owner: InstanceId, objects: Option<&[u16]>, parts: &TakeoverParts) -> Result<usize, StoreError> {
+        let timers = self.timers_of(owner)?;
+        let values = match objects {
+            Some(objects) => self.values_of(owner.vertex(), objects)?,
+            None => None,
+        };
+        let _ = parts.send(Some(Takeover { timers, values }));
+        let _ = parts.send(None);
+        Ok(1)
     }
     /// Replaces the store's contents with a checkpoint: its values, its TS vector and its
     /// timers (re-armed for the instances listed; a deadline already past fires at the next

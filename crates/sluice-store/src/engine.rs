@@ -3,7 +3,7 @@
 //! the requests it receives in arrival order (so one client's requests to one value apply in
 //! issue order) and answers through the client's own lock-free queues.
 
-use crate::backend::{Backend, Connection, StoreError};
+use crate::backend::{Backend, Connection, StoreError, Takeover, TakeoverParts};
 use crate::clock_log::{ClockLog, LastApplied};
 use crate::wire::{
     Checkpoint, LoggedResult, Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp, TsVector,
@@ -31,6 +31,10 @@ const STAY_AWAKE: Duration = Duration::from_micros(5);
 const STAY_AWAKE_AFTER_CALL: Duration = Duration::from_micros(200);
 /// How long a question to every shard (checkpoint, scan, restore, wipe) waits for the answers.
 const SHARD_ANSWER_LIMIT: Duration = Duration::from_secs(10);
+
+/// Entries (timers and values) per part of a [`Backend::takeover`] answer: the replacement takes
+/// a part in while the shard reads the next.
+const TAKEOVER_PART: usize = 512;
 
 /// What a shard sends back.
 enum Reply {
@@ -73,6 +77,9 @@ enum Msg {
     TimersOf(InstanceId, mpsc::Sender<Vec<(StoreKey, u64)>>),
     /// The values of a vertex's objects (`Backend::values_of`).
     ValuesOf(u16, Vec<u16>, mpsc::Sender<Vec<(StoreKey, Value)>>),
+    /// [`Backend::takeover`]: the owner's timers and, if asked, the values of the owner's
+    /// vertex's objects, in one pass, sent in parts as they are read; `None` ends them.
+    Takeover(InstanceId, Option<Vec<u16>>, TakeoverParts),
     Restore(Restore, mpsc::Sender<()>),
     /// Forget everything, as a freshly started store would.
     Wipe(mpsc::Sender<()>),
@@ -493,6 +500,27 @@ fn shard_loop(
                 });
                 let _ = tx.send(mine.collect());
             }
+            Msg::Takeover(owner, objects, tx) => {
+                let empty = || Takeover { values: objects.as_ref().map(|_| Vec::new()), ..Takeover::default() };
+                let mut part = empty();
+                for (k, e) in shard.entries.iter().filter(|(k, _)| k.vertex == owner.vertex()) {
+                    if let Some((deadline, armer)) = e.timer {
+                        if e.owner.unwrap_or(armer) == owner {
+                            part.timers.push((*k, deadline));
+                        }
+                    }
+                    if let (Some(values), Some(objects), Some(v)) = (part.values.as_mut(), &objects, &e.value) {
+                        if objects.contains(&k.object) {
+                            values.push((*k, v.clone()));
+                        }
+                    }
+                    if part.timers.len() + part.values.as_ref().map_or(0, Vec::len) >= TAKEOVER_PART {
+                        let _ = tx.send(Some(std::mem::replace(&mut part, empty())));
+                    }
+                }
+                let _ = tx.send(Some(part));
+                let _ = tx.send(None);
+            }
             Msg::ValuesOf(vertex, objects, tx) => {
                 let wanted = shard.entries.iter().filter(|(k, _)| k.vertex == vertex && objects.contains(&k.object));
                 let _ = tx.send(wanted.filter_map(|(k, e)| Some((*k, e.value.clone()?))).collect());
@@ -667,6 +695,14 @@ impl Backend for EmbeddedStore {
             self.inner.ask_every_shard(|_, tx| Msg::TimersOf(owner, tx))?.into_iter().flatten().collect();
         all.sort();
         Ok(all)
+    }
+
+    fn takeover(&self, owner: InstanceId, objects: Option<&[u16]>, parts: &TakeoverParts) -> Result<usize, StoreError> {
+        // Each shard sends to the replacement directly, as it reads.
+        for s in 0..self.inner.shards.len() {
+            self.inner.post(s, Msg::Takeover(owner, objects.map(<[u16]>::to_vec), parts.clone()));
+        }
+        Ok(self.inner.shards.len())
     }
 
     fn values_of(&self, vertex: u16, objects: &[u16]) -> Result<Option<Vec<(StoreKey, Value)>>, StoreError> {

@@ -11,7 +11,7 @@ pub mod engine;
 pub mod recovery;
 pub mod wire;
 
-pub use backend::{Backend, Connection, StoreError};
+pub use backend::{Backend, Connection, StoreError, Takeover, TakeoverParts};
 pub use client::{ClientConfig, ClientStats, Mode, StoreClient, VertexTimerTable, VertexTimers, NONDET_OBJECT};
 pub use engine::EmbeddedStore;
 pub use wire::{

@@ -66,6 +66,10 @@ fn send_replay_copy(
     false
 }
 
+/// The longest a replacement waits for what it takes over from the store (on Redis, its
+/// predecessor's timers come from a whole checkpoint).
+const RECOVERY_READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A crash of an NF instance in a threaded run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Crash {
@@ -124,6 +128,9 @@ pub(super) struct Failover {
     epochs: Vec<AtomicU64>,
     /// Per instance, per root: the last crash whose replay from that root has drained.
     drained: Vec<Vec<AtomicU64>>,
+    /// Per instance: the last crash its replacement has recovered from — it took over what
+    /// the store had of its predecessor and went through its replay and what it held.
+    served: Vec<AtomicU64>,
     /// Per instance: replay copies roots other than 0 sent (root 0 reports the failover).
     replayed_by_others: Vec<AtomicU64>,
     /// Per root: crashed instances the root has not replayed to yet.
@@ -156,6 +163,7 @@ impl Failover {
             crash: (0..instances).map(|_| AtomicBool::new(false)).collect(),
             epochs: atomics(instances, 0),
             drained: (0..instances).map(|_| atomics(roots, 0)).collect(),
+            served: atomics(instances, 0),
             replayed_by_others: atomics(instances, 0),
             failures: (0..roots).map(|_| Mutex::new(Vec::new())).collect(),
             oldest_logged: atomics(roots, 1),
@@ -213,8 +221,27 @@ pub(super) fn turn(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool
         crash(shared, fo, slot, out);
         did = true;
     }
+    // While the replay drains, the replacement takes in what it reads from the store.
+    if let Some(reading) = slot.reading.as_mut().filter(|_| slot.recovery.is_some()) {
+        match reading.poll(&mut slot.inst) {
+            Ok(false) => {}
+            Ok(true) => slot.reading = None,
+            Err(e) => {
+                let (name, index) = (slot.inst.vertex().to_string(), slot.inst.id().index());
+                slot.errors.push(format!("{name}:{index} taking over from the store: {e}"));
+                slot.reading = None;
+            }
+        }
+    }
     if slot.recovery.as_ref().is_some_and(|r| fo.drained_everywhere(slot.global, r.epoch)) {
         if let Some(r) = slot.recovery.take() {
+            // Nothing ran at the replacement yet: what the store had of its predecessor first.
+            if let Some(mut reading) = slot.reading.take() {
+                if let Err(e) = reading.finish(&mut slot.inst, RECOVERY_READ_LIMIT) {
+                    let (name, index) = (slot.inst.vertex().to_string(), slot.inst.id().index());
+                    slot.errors.push(format!("{name}:{index} taking over from the store: {e}"));
+                }
+            }
             // What its predecessors processed counts as processed here, should it fail too.
             if let Some(seen) = slot.seen.as_mut() {
                 seen.union_with(&r.predecessor);
@@ -236,6 +263,9 @@ pub(super) fn turn(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool
             replay.sort_by_key(|p| (if several { p.meta.ingress_ns } else { 0 }, p.meta.clock));
             batch.extend(replay);
             super::worker::take_in(shared, slot, batch, out);
+            if let Some(s) = fo.served.get(slot.global) {
+                s.fetch_max(r.epoch, Ordering::AcqRel);
+            }
         }
         did = true;
     }
@@ -276,18 +306,18 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
         Some(sc) => sc.members(vertex) as u16,
         None => fo.instances.get(vertex).copied().unwrap_or(1),
     };
-    let mut replacement = match fo.rebuilder.replacement(vertex, id.index(), instances) {
+    // Every flow of the vertex is the replacement's when it is the vertex's only instance: it
+    // takes their values in one go rather than one store round trip per flow on each flow's
+    // next packet (docs/decisions.md, "Instance failover in threads" point 10). That read and
+    // its predecessor's timers arrive while the root replays (point 13).
+    let values = instances == 1 && shared.scaling.is_none();
+    let (replacement, reading) = match fo.rebuilder.replacement_reading(vertex, id.index(), instances, values) {
         Ok(r) => r,
         Err(e) => {
             slot.errors.push(format!("building the replacement of {}:{}: {e}", slot.inst.vertex(), id.index()));
             return;
         }
     };
-    // Every flow of the vertex is the replacement's: it takes their values in one go rather
-    // than one store round trip per flow on each flow's next packet, read meanwhile on another
-    // thread (docs/decisions.md, "Instance failover in threads" point 10).
-    let loading =
-        (instances == 1 && shared.scaling.is_none()).then(|| fo.rebuilder.read_flows(&mut replacement)).flatten();
     let mut lost = Vec::new();
     let mut lose = |p: Packet| {
         lost.push(p.meta);
@@ -317,7 +347,7 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
         m.forget_waiting();
     }
     let mut failed = std::mem::replace(&mut slot.inst, replacement);
-    slot.loading = loading;
+    slot.reading = reading;
     // What it decided before failing is part of the run.
     slot.stats.events.extend(failed.take_events());
     // Freed on a thread of its own: its write-ahead log alone may hold 65,536 entries, which
@@ -550,12 +580,14 @@ impl RootSide {
             }
         }
         self.recovering.retain(|(global, epoch, report)| {
-            if !fo.drained_everywhere(*global, *epoch) {
+            let served = fo.served.get(*global).is_some_and(|s| s.load(Ordering::Acquire) >= *epoch);
+            if !served || !fo.drained_everywhere(*global, *epoch) {
                 return true;
             }
             if let Some(r) = failovers.get_mut(*report) {
-                // From the ask: the worker's part (settling with the store, building the
-                // replacement) counts.
+                // From the ask to the replacement serving: the worker's part (settling with the
+                // store, building the replacement, taking over what the store had, going
+                // through the replay) counts.
                 r.recovery_ms = now_ms - r.asked_ms;
                 r.replayed += fo.replayed_by_others.get(*global).map_or(0, |n| n.swap(0, Ordering::AcqRel));
             }

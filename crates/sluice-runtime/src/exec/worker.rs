@@ -78,8 +78,9 @@ pub(super) struct Slot {
     pub(super) seen: Option<ClockSet>,
     /// A replacement waiting for the root's replay.
     pub(super) recovery: Option<Recovery>,
-    /// A replacement's read of its vertex's values, until they arrived (`Rebuilder::read_flows`).
-    pub(super) loading: Option<crate::plan::FlowsReading>,
+    /// A replacement's read of what the store had of its predecessor (timers, values), taken
+    /// once its replay has drained (`Rebuilder::replacement_reading`).
+    pub(super) reading: Option<crate::plan::RecoveryReading>,
     /// With crashes possible, at a vertex that leads to others: what it emitted per clock, for
     /// replays passing through towards a replacement further down.
     pub(super) passing: Option<Passing>,
@@ -107,7 +108,7 @@ impl Slot {
             order,
             seen,
             recovery: None,
-            loading: None,
+            reading: None,
             passing,
             moving,
             errors: Vec::new(),
@@ -313,15 +314,6 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     if slot.order.is_none() {
         // Timers handed over with flows are armed before any packet of those flows runs.
         reconfig::take_settled(shared, slot, out);
-    }
-    if let Some(reading) = &slot.loading {
-        // Between batches: the values read since are the instance's own copies.
-        if let Some(done) = crate::plan::load_read_flows(reading, &mut slot.inst) {
-            slot.loading = None;
-            if let Err(e) = done {
-                slot.errors.push(format!("{}:{} loading its flows: {e}", slot.inst.vertex(), slot.inst.id().index()));
-            }
-        }
     }
     let start = Instant::now();
     let before = (slot.stats.packets_in, slot.stats.forwarded, slot.stats.consumed);

@@ -109,6 +109,23 @@ impl StoreClient {
     /// wait. With all of them here, a value it has no copy of is absent, as for an instance
     /// that served every flow from its first packet.
     pub fn load_flows(&mut self, values: Vec<(StoreKey, Value)>) {
+        self.insert_loaded(values);
+        self.cfg.fresh = true;
+    }
+
+    /// Copies of `values` (of the objects it loads) as its own, where it has none yet.
+    fn insert_loaded(&mut self, values: Vec<(StoreKey, Value)>) {
+        // Room for all of them first: growing the maps value by value rehashes them many
+        // times, in the middle of a recovery.
+        let mut per_object = vec![0usize; self.caches.len()];
+        for (k, _) in &values {
+            if let Some(n) = per_object.get_mut(usize::from(k.object)) {
+                *n += 1;
+            }
+        }
+        for (c, n) in self.caches.iter_mut().zip(per_object) {
+            c.reserve(n);
+        }
         for (k, v) in values {
             let o = usize::from(k.object);
             if k.vertex != self.vertex || !self.strategies.get(o).is_some_and(loads) {
@@ -118,7 +135,6 @@ impl StoreClient {
                 c.entry(k.key).or_insert_with(|| Cached::new(Some(v)));
             }
         }
-        self.cfg.fresh = true;
     }
 
     /// Takes over timers another instance armed (flows moved here, an instance retired): armed
@@ -206,6 +222,27 @@ impl StoreClient {
             armed.extend(t.with(|t| t.armed()));
         }
         armed
+    }
+
+    /// A replacement takes over (a part of) what its failed predecessor left in the store
+    /// ([`crate::Backend::takeover`]): re-arms its timers, copies the values if they were
+    /// read. Once every part is in, [`StoreClient::took_over_every_value`] says the values
+    /// were all of them.
+    pub fn take_over(&mut self, part: crate::Takeover) {
+        self.timers.reserve(part.timers.len());
+        for (key, deadline) in &part.timers {
+            self.adopt_timer(ObjectId(key.object), &key.key, *deadline);
+        }
+        if let Some(values) = part.values {
+            self.insert_loaded(values);
+        }
+    }
+
+    /// Every value of the objects it loads came in [`StoreClient::take_over`]: a value it has
+    /// no copy of is absent, as for an instance that served every flow from its first packet
+    /// ([`StoreClient::load_flows`]).
+    pub fn took_over_every_value(&mut self) {
+        self.cfg.fresh = true;
     }
 
     /// Re-arms a timer a predecessor armed (recovery), without telling the store again.

@@ -149,6 +149,34 @@ pub fn checkpoint_timers(b: &dyn Backend) -> Result<(), String> {
         let want_of: Vec<(StoreKey, u64)> = want.iter().filter(|t| t.2 == who).map(|t| (t.0, t.1)).collect();
         let got: Vec<(StoreKey, u64)> = of.into_iter().filter(|t| t.0.vertex == v).collect();
         ensure(got == want_of, || format!("timers_of({who:?}) {got:?}, want {want_of:?}"))?;
+        // The same in one read, in parts, with the values of the vertex's object 0.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let readers = b.takeover(who, Some(&[0]), &tx).map_err(|e| format!("takeover: {e}"))?;
+        drop(tx);
+        let (mut timers, mut values, mut ended, mut listed) = (Vec::new(), Vec::new(), 0, true);
+        while ended < readers {
+            match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+                Ok(Some(part)) => {
+                    timers.extend(part.timers.into_iter().filter(|t| t.0.vertex == v));
+                    listed &= part.values.is_some();
+                    values.extend(part.values.unwrap_or_default());
+                }
+                Ok(None) => ended += 1,
+                Err(e) => return Err(format!("takeover({who:?}): {ended} of {readers} parts ended, then {e}")),
+            }
+        }
+        timers.sort();
+        ensure(timers == want_of, || format!("takeover({who:?}) timers {timers:?}, want {want_of:?}"))?;
+        let want_values = b.values_of(v, &[0]).map_err(|e| format!("values_of: {e}"))?;
+        values.sort_by_key(|(k, _)| *k);
+        let got_values = listed.then_some(values);
+        let want_values = want_values.map(|mut w| {
+            w.sort_by_key(|(k, _)| *k);
+            w
+        });
+        ensure(got_values == want_values, || {
+            format!("takeover({who:?}) values {got_values:?}, values_of says {want_values:?}")
+        })?;
     }
     let value = cp.values.iter().find(|(x, _)| *x == k(2)).map(|(_, v)| v.clone());
     ensure(value == Some(Value::Int(5)), || format!("checkpoint holds {value:?} for {:?}, want Int(5)", k(2)))?;
