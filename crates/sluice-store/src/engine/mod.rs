@@ -18,6 +18,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
+mod connection;
+use connection::EmbeddedConnection;
+
 type Map<K, V> = hashbrown::HashMap<K, V, ahash::RandomState>;
 
 /// Connection ids, unique in the process.
@@ -735,84 +738,6 @@ impl Backend for EmbeddedStore {
 
     fn wipe(&self) -> Result<(), StoreError> {
         self.inner.ask_every_shard(|_, tx| Msg::Wipe(tx))?;
-        Ok(())
-    }
-}
-
-struct EmbeddedConnection {
-    inner: Arc<Inner>,
-    queues: Arc<ClientQueues>,
-    /// Shard acknowledgements still missing, by batch.
-    parts: Map<u64, usize>,
-}
-
-impl Connection for EmbeddedConnection {
-    fn send(&mut self, number: u64, batch: Arc<[Request]>) -> Result<(), StoreError> {
-        if self.inner.stop.load(Ordering::Acquire) {
-            return Err(StoreError::Unavailable("store stopped".into()));
-        }
-        let n = self.inner.shards.len();
-        self.parts.insert(number, n);
-        for s in 0..n {
-            self.inner.post(s, Msg::Batch(batch.clone(), number, self.queues.clone()));
-        }
-        Ok(())
-    }
-
-    fn poll(&mut self, out: &mut Replies) -> Result<(), StoreError> {
-        while let Some(r) = self.queues.replies.pop() {
-            match r {
-                Reply::Response(resp) => out.responses.push(resp),
-                Reply::Ack(b) => {
-                    if let Some(left) = self.parts.get_mut(&b) {
-                        *left -= 1;
-                        if *left == 0 {
-                            self.parts.remove(&b);
-                            out.acked.push(b);
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn wait(&mut self, out: &mut Replies, timeout: Duration) -> Result<(), StoreError> {
-        let start = out.responses.len() + out.acked.len();
-        self.poll(out)?;
-        if out.responses.len() + out.acked.len() > start {
-            return Ok(());
-        }
-        let deadline = Instant::now() + timeout;
-        if let Ok(mut w) = self.queues.waiter.lock() {
-            *w = Some(std::thread::current());
-        }
-        self.queues.waiting.store(true, Ordering::Release);
-        let spin_until = Instant::now() + Duration::from_micros(50);
-        loop {
-            self.poll(out)?;
-            if out.responses.len() + out.acked.len() > start {
-                break;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            // A round trip to a busy shard takes microseconds: poll first, sleep only if not.
-            if now < spin_until {
-                std::thread::yield_now();
-            } else {
-                std::thread::park_timeout((deadline - now).min(Duration::from_micros(200)));
-            }
-        }
-        self.queues.waiting.store(false, Ordering::Release);
-        Ok(())
-    }
-
-    fn notifications(&mut self, out: &mut Vec<Notification>) -> Result<(), StoreError> {
-        while let Some(n) = self.queues.notifications.pop() {
-            out.push(n);
-        }
         Ok(())
     }
 }
