@@ -146,8 +146,8 @@ pub struct FailoverReport {
     pub beyond_replay: u64,
     /// Copies the root's replay sent to the replacement.
     pub replayed: u64,
-    /// From the root asking for the crash to the replacement serving live traffic (its replay
-    /// done), ms.
+    /// From the root asking for the crash to the replacement serving live traffic (it took
+    /// over what the store had of its predecessor and went through its replay), ms.
     pub recovery_ms: f64,
     /// When the root asked for the crash, ms since the run started.
     pub asked_ms: f64,
