@@ -324,7 +324,10 @@ impl RecoveryReading {
                 let outcome = match deadline {
                     None => match self.outcome.try_recv() {
                         Ok(o) => o,
-                        Err(_) => return self.take_arrived(inst).map(|()| false),
+                        Err(_) => {
+                            self.take_arrived(inst);
+                            return Ok(false);
+                        }
                     },
                     Some(d) => match self.outcome.recv_timeout(left(d)) {
                         Ok(o) => o,
@@ -339,7 +342,7 @@ impl RecoveryReading {
             }
             let part = match deadline {
                 None => {
-                    self.take_arrived(inst)?;
+                    self.take_arrived(inst);
                     return Ok(self.complete(inst));
                 }
                 Some(d) => match self.parts.recv_timeout(left(d)) {
@@ -352,15 +355,11 @@ impl RecoveryReading {
         }
     }
 
-    /// Takes in the parts that have arrived, without waiting.
-    fn take_arrived(&mut self, inst: &mut Instance) -> Result<(), String> {
-        loop {
-            match self.parts.try_recv() {
-                Ok(part) => self.take(part, inst),
-                Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(()),
-                // Every sender gone: complete or not, `complete` tells.
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => return Ok(()),
-            }
+    /// Takes in the parts that have arrived, without waiting (with every sender gone too:
+    /// complete or not, [`Self::complete`] tells).
+    fn take_arrived(&mut self, inst: &mut Instance) {
+        while let Ok(part) = self.parts.try_recv() {
+            self.take(part, inst);
         }
     }
 

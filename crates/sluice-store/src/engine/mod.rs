@@ -76,17 +76,22 @@ enum Msg {
     Batch(Arc<[Request]>, u64, Arc<ClientQueues>),
     Register(u16, Vec<CustomOp>),
     Checkpoint(mpsc::Sender<Checkpoint>),
-    /// The timers an instance armed on its vertex's keys (`Backend::timers_of`).
-    TimersOf(InstanceId, mpsc::Sender<Vec<(StoreKey, u64)>>),
-    /// The values of a vertex's objects (`Backend::values_of`).
-    ValuesOf(u16, Vec<u16>, mpsc::Sender<Vec<(StoreKey, Value)>>),
-    /// [`Backend::takeover`]: the owner's timers and, if asked, the values of the owner's
-    /// vertex's objects, in one pass, sent in parts as they are read; `None` ends them.
-    Takeover(InstanceId, Option<Vec<u16>>, TakeoverParts),
+    /// One pass over a vertex's entries ([`Scan`]), its findings sent in parts as they are
+    /// read; `None` ends them.
+    Scan(Scan, TakeoverParts),
     Restore(Restore, mpsc::Sender<()>),
     /// Forget everything, as a freshly started store would.
     Wipe(mpsc::Sender<()>),
     Stop,
+}
+
+/// What a pass over one vertex's entries collects: the timers an instance armed
+/// (`Backend::timers_of`, `Backend::takeover`) and the values of some of the vertex's objects
+/// (`Backend::values_of`, `Backend::takeover`).
+struct Scan {
+    vertex: u16,
+    timers_of: Option<InstanceId>,
+    objects: Option<Vec<u16>>,
 }
 
 /// One shard's part of a checkpoint being restored.
@@ -496,23 +501,16 @@ fn shard_loop(
                     .collect();
                 let _ = tx.send(Checkpoint { values, ts, timers, log });
             }
-            Msg::TimersOf(owner, tx) => {
-                let mine = shard.entries.iter().filter_map(|(k, e)| {
-                    let (deadline, armer) = e.timer?;
-                    (e.owner.unwrap_or(armer) == owner && k.vertex == owner.vertex()).then_some((*k, deadline))
-                });
-                let _ = tx.send(mine.collect());
-            }
-            Msg::Takeover(owner, objects, tx) => {
-                let empty = || Takeover { values: objects.as_ref().map(|_| Vec::new()), ..Takeover::default() };
+            Msg::Scan(scan, tx) => {
+                let empty = || Takeover { values: scan.objects.as_ref().map(|_| Vec::new()), ..Takeover::default() };
                 let mut part = empty();
-                for (k, e) in shard.entries.iter().filter(|(k, _)| k.vertex == owner.vertex()) {
-                    if let Some((deadline, armer)) = e.timer {
+                for (k, e) in shard.entries.iter().filter(|(k, _)| k.vertex == scan.vertex) {
+                    if let (Some(owner), Some((deadline, armer))) = (scan.timers_of, e.timer) {
                         if e.owner.unwrap_or(armer) == owner {
                             part.timers.push((*k, deadline));
                         }
                     }
-                    if let (Some(values), Some(objects), Some(v)) = (part.values.as_mut(), &objects, &e.value) {
+                    if let (Some(values), Some(objects), Some(v)) = (part.values.as_mut(), &scan.objects, &e.value) {
                         if objects.contains(&k.object) {
                             values.push((*k, v.clone()));
                         }
@@ -523,10 +521,6 @@ fn shard_loop(
                 }
                 let _ = tx.send(Some(part));
                 let _ = tx.send(None);
-            }
-            Msg::ValuesOf(vertex, objects, tx) => {
-                let wanted = shard.entries.iter().filter(|(k, _)| k.vertex == vertex && objects.contains(&k.object));
-                let _ = tx.send(wanted.filter_map(|(k, e)| Some((*k, e.value.clone()?))).collect());
             }
             Msg::Restore(cp, tx) => {
                 shard.entries.clear();
@@ -591,6 +585,36 @@ impl Inner {
                     .map_err(|_| StoreError::Timeout(SHARD_ANSWER_LIMIT))
             })
             .collect()
+    }
+
+    /// Puts every shard on `scan`, their parts going to `parts`; how many shards (ends) that is.
+    fn scan(&self, scan: impl Fn() -> Scan, parts: &TakeoverParts) -> usize {
+        for s in 0..self.shards.len() {
+            self.post(s, Msg::Scan(scan(), parts.clone()));
+        }
+        self.shards.len()
+    }
+
+    /// Every shard's findings of `scan`, put together.
+    fn collect(&self, scan: impl Fn() -> Scan) -> Result<Takeover, StoreError> {
+        let (tx, rx) = mpsc::channel();
+        let readers = self.scan(scan, &tx);
+        let deadline = Instant::now() + SHARD_ANSWER_LIMIT;
+        let mut all = Takeover::default();
+        let mut ended = 0;
+        while ended < readers {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(Some(part)) => {
+                    all.timers.extend(part.timers);
+                    if let Some(values) = part.values {
+                        all.values.get_or_insert_with(Vec::new).extend(values);
+                    }
+                }
+                Ok(None) => ended += 1,
+                Err(_) => return Err(StoreError::Timeout(SHARD_ANSWER_LIMIT)),
+            }
+        }
+        Ok(all)
     }
 
     fn post(&self, shard: usize, mut msg: Msg) {
@@ -694,23 +718,21 @@ impl Backend for EmbeddedStore {
     }
 
     fn timers_of(&self, owner: InstanceId) -> Result<Vec<(StoreKey, u64)>, StoreError> {
-        let mut all: Vec<_> =
-            self.inner.ask_every_shard(|_, tx| Msg::TimersOf(owner, tx))?.into_iter().flatten().collect();
-        all.sort();
-        Ok(all)
+        let scan = || Scan { vertex: owner.vertex(), timers_of: Some(owner), objects: None };
+        let mut timers = self.inner.collect(scan)?.timers;
+        timers.sort();
+        Ok(timers)
     }
 
     fn takeover(&self, owner: InstanceId, objects: Option<&[u16]>, parts: &TakeoverParts) -> Result<usize, StoreError> {
         // Each shard sends to the replacement directly, as it reads.
-        for s in 0..self.inner.shards.len() {
-            self.inner.post(s, Msg::Takeover(owner, objects.map(<[u16]>::to_vec), parts.clone()));
-        }
-        Ok(self.inner.shards.len())
+        let scan = || Scan { vertex: owner.vertex(), timers_of: Some(owner), objects: objects.map(<[u16]>::to_vec) };
+        Ok(self.inner.scan(scan, parts))
     }
 
     fn values_of(&self, vertex: u16, objects: &[u16]) -> Result<Option<Vec<(StoreKey, Value)>>, StoreError> {
-        let parts = self.inner.ask_every_shard(|_, tx| Msg::ValuesOf(vertex, objects.to_vec(), tx))?;
-        Ok(Some(parts.into_iter().flatten().collect()))
+        let scan = || Scan { vertex, timers_of: None, objects: Some(objects.to_vec()) };
+        Ok(self.inner.collect(scan)?.values)
     }
 
     fn restore(&self, cp: &Checkpoint) -> Result<(), StoreError> {
