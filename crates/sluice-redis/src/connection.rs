@@ -130,19 +130,35 @@ impl RedisConnection {
         if want > 0 && writes {
             // The call's writes count once enough replicas have them: a primary failing now
             // loses nothing its replica does not have. (Applying them again is harmless:
-            // tagged updates are answered from the per-clock log.)
+            // tagged updates are answered from the per-clock log.) A primary that has just
+            // taken over from a failed one has no replica until the failed machine comes back
+            // (or another replica migrates to it): the call waits for one, as calls wait for
+            // a replica to take over, rather than count writes nobody else holds.
+            let started = Instant::now();
             let wait = redis::cmd("WAIT").arg(want).arg(REPLICA_WAIT_MS).clone();
-            match self.nodes.query(url, &wait) {
-                Ok(n) => {
-                    let got: u64 = number(&n)?;
-                    if got < u64::from(want) {
-                        return Err(StoreError::Unavailable(format!(
-                            "{url}: {got} of {want} replica(s) acknowledged the writes within {REPLICA_WAIT_MS} ms"
-                        )));
+            loop {
+                match self.nodes.query(url, &wait) {
+                    Ok(n) => {
+                        let got: u64 = number(&n)?;
+                        if got >= u64::from(want) {
+                            break;
+                        }
+                        if started.elapsed() >= FAILOVER_WAIT {
+                            return Err(StoreError::Unavailable(format!(
+                                "{url}: {got} of {want} replica(s) acknowledged the writes within {} s",
+                                FAILOVER_WAIT.as_secs()
+                            )));
+                        }
+                        tracing::warn!(
+                            node = url,
+                            replicas = got,
+                            wanted = want,
+                            "writes not yet acknowledged by enough replicas; waiting"
+                        );
                     }
+                    Err(e) if moved(&e) => return Ok(Err(())),
+                    Err(e) => return Err(redis_err(e)),
                 }
-                Err(e) if moved(&e) => return Ok(Err(())),
-                Err(e) => return Err(redis_err(e)),
             }
         }
         Ok(Ok(v))

@@ -15,7 +15,9 @@
 //! is the number of shards, the counterpart of the embedded store's threads. `replicas` (default
 //! 0) is how many replicas must acknowledge every call's writes (`WAIT R 2000` after each
 //! `FCALL`) before the batch counts as applied; without it a primary that fails loses the writes
-//! its replica had not received yet, which Redis acknowledged all the same.
+//! its replica had not received yet, which Redis acknowledged all the same. A primary with too
+//! few replicas (one that has just taken over from a failed primary, until the failed machine
+//! comes back) holds the batch, repeating `WAIT`, for up to 30 s before the call fails.
 //!
 //! # Failover
 //! In cluster mode a node that does not answer (or answers `MOVED`, `ASK`, `TRYAGAIN`,
@@ -24,7 +26,8 @@
 //! to 30 s — long enough for Redis to promote a replica (node timeout plus an election). The
 //! operations are then applied again: tagged updates are answered from the per-clock log, so an
 //! update whose first answer was lost applies once; with `replicas=1` no acknowledged write is
-//! lost (`tests/failover.rs` kills a primary mid-run).
+//! lost (`tests/failover.rs` kills a primary mid-run; `crates/sluice-cli/tests/correlated.rs`
+//! kills one as an NF instance of a running chain crashes, and the run stays equivalent).
 //!
 //! # Layout: buckets
 //! Every value belongs to one of `buckets` buckets, by a stable hash (FNV-1a) of its key's
