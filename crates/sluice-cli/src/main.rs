@@ -8,6 +8,7 @@ mod control;
 mod embark;
 mod embark_bench;
 mod fuzz;
+mod geneve_ports;
 mod ports;
 mod record;
 mod run_faults;
@@ -112,8 +113,32 @@ struct RunArgs {
     #[arg(long, short)]
     chain: PathBuf,
     /// Input trace (pcap or pcapng).
-    #[arg(long, short, conflicts_with_all = ["gen", "bridge"], required_unless_present_any = ["gen", "bridge"])]
+    #[arg(
+        long,
+        short,
+        conflicts_with_all = ["gen", "bridge", "from_geneve"],
+        required_unless_present_any = ["gen", "bridge", "from_geneve"]
+    )]
     input: Option<PathBuf>,
+    /// Take the input from Geneve datagrams on this UDP address, HOST:PORT (another chain's
+    /// --to-geneve, or a load balancer that speaks Geneve): each datagram's Ethernet frame
+    /// enters the chain with its capture time and NF labels; datagrams that are not Sluice's
+    /// Geneve for --vni are dropped and counted (docs/wire-format.md). Ends with --idle-end,
+    /// --limit, --duration or Ctrl-C.
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["gen", "bridge"])]
+    from_geneve: Option<std::net::SocketAddr>,
+    /// Send the output as Geneve datagrams to this UDP address, HOST:PORT, with Sluice's
+    /// metadata as options (e.g. to another chain's --from-geneve); Wireshark and tcpdump
+    /// decode them.
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["output", "bridge"])]
+    to_geneve: Option<std::net::SocketAddr>,
+    /// The Geneve VNI (0 to 16,777,215) naming the chain on --from-geneve and --to-geneve.
+    #[arg(long, default_value_t = 1)]
+    vni: u32,
+    /// With --from-geneve: end the input once this many seconds pass without a datagram,
+    /// after the first one.
+    #[arg(long, value_name = "SECS")]
+    idle_end: Option<f64>,
     /// Sit between two live interfaces, `IF0,IF1` (AF_PACKET, needs CAP_NET_RAW): what arrives
     /// on one leaves on the other after the chain. Packets from IF1 follow the chain's
     /// `reverse_edges` if it has them.
@@ -471,10 +496,14 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     let registry = sluice_nfs::registry();
     let mut cfg = engine_config(&a.engine, a.bridge.is_some());
     cfg.record = a.record.is_some();
+    if a.idle_end.is_some() && a.from_geneve.is_none() {
+        return Err(fail(exit::INVALID)(anyhow::anyhow!("--idle-end is for --from-geneve input")));
+    }
     if let Some(ifs) = &a.bridge {
         return run_bridge(&a, chain, &cfg, ifs);
     }
     let pace = parse_pace(&a.pace)?;
+    let mut geneve_in = None;
     // A prefix of the input lets the compiler check that each vertex's split spreads the load.
     let (mut source, sample, total): (Box<dyn Source>, Vec<sluice_packet::Packet>, Option<u64>) =
         match (&a.input, &a.gen) {
@@ -499,7 +528,19 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
                 let gen = sluice_io::generate(&g).map_err(|e| fail(exit::INVALID)(e.into()))?;
                 (Box::new(GenSource::new(gen)), sample, Some(a.limit.map_or(total, |l| l.min(total))))
             }
-            (None, None) => return Err(fail(exit::INVALID)(anyhow::anyhow!("give --input, --gen or --bridge"))),
+            (None, None) => {
+                let Some(addr) = a.from_geneve else {
+                    return Err(fail(exit::INVALID)(anyhow::anyhow!("give --input, --gen, --from-geneve or --bridge")));
+                };
+                let idle = a.idle_end.map(|s| seconds("--idle-end", s)).transpose()?;
+                let (source, stats) = geneve_ports::GeneveSource::bind(addr, a.vni, idle, a.limit)
+                    .with_context(|| format!("--from-geneve {addr}"))
+                    .map_err(fail(exit::INVALID))?;
+                // The address actually bound (port 0 picks one), for whoever sends to it.
+                eprintln!("geneve input: listening on {} (VNI {})", stats.borrow().listen, a.vni);
+                geneve_in = Some(stats);
+                (Box::new(source), Vec::new(), a.limit)
+            }
         };
     if let Some(f) = &a.faults {
         let count = || match &a.input {
@@ -517,12 +558,22 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     let mut plan =
         compile_with(&chain, &registry, &sample, &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     prepare_scaling(&a, &mut cfg, &mut plan);
-    let mut sink: Box<dyn Sink> = match &a.output {
-        Some(p) => Box::new(
+    let mut geneve_out = None;
+    let mut sink: Box<dyn Sink> = match (&a.output, a.to_geneve) {
+        (Some(p), _) => Box::new(
             PcapSink::create(p, if a.nanos { Precision::Nano } else { Precision::Micro })
                 .with_context(|| format!("creating {}", p.display()))?,
         ),
-        None => Box::new(DiscardSink),
+        (None, Some(to)) => {
+            let any: std::net::SocketAddr =
+                if to.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
+            let (sink, stats) = geneve_ports::GeneveSink::new(any, to, a.vni)
+                .with_context(|| format!("--to-geneve {to}"))
+                .map_err(fail(exit::INVALID))?;
+            geneve_out = Some((to, stats));
+            Box::new(sink)
+        }
+        (None, None) => Box::new(DiscardSink),
     };
     let stop = stop_flag(a.duration);
     let pb = progress_bar(a.quiet, total);
@@ -538,8 +589,36 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
-    print_report(&report, a.json.as_deref(), a.output.as_deref())?;
+    let mut extra = Vec::new();
+    if let Some(stats) = geneve_in {
+        let s = stats.borrow();
+        let l = &s.link;
+        let mut line = format!(
+            "  geneve input on {}: {} accepted in {:.3} s, {} malformed, {} for another VNI, {} not for the root, {} too large, {} lost on the way, {} late",
+            s.listen, l.accepted, s.active_s, l.malformed, l.other_vni, s.not_for_root, l.truncated, l.lost, l.late
+        );
+        if let Some(e) = &l.last_error {
+            line += &format!(" (last malformed: {e})");
+        }
+        extra.push(("geneve_input", serde_json::to_value(&*s).context("serialising the report")?, line));
+    }
+    if let Some((to, stats)) = geneve_out {
+        let s = *stats.borrow();
+        let line = format!("  geneve output to {to}: {} datagrams, {} bytes", s.datagrams, s.bytes);
+        let value = serde_json::json!({ "to": to.to_string(), "datagrams": s.datagrams, "bytes": s.bytes });
+        extra.push(("geneve_output", value, line));
+    }
+    print_report(&report, a.json.as_deref(), a.output.as_deref(), &extra)?;
     Ok(())
+}
+
+/// A positive, finite number of seconds given to `flag`.
+fn seconds(flag: &str, s: f64) -> Result<std::time::Duration, Failure> {
+    if s.is_finite() && s > 0.0 {
+        Ok(std::time::Duration::from_secs_f64(s))
+    } else {
+        Err(fail(exit::INVALID)(anyhow::anyhow!("{flag} takes a positive number of seconds, not {s}")))
+    }
 }
 
 /// The packets of the trace at `path` (at most `limit`).
@@ -635,7 +714,7 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
     let live = start_control(a, &plan)?;
     let hooks = RunHooks { progress: None, stop: Some(stop), live };
     let report = run_recorded((a.record.as_deref(), true), &a.chain, plan, cfg, &mut source, &mut sink, hooks)?;
-    print_report(&report, a.json.as_deref(), None)?;
+    print_report(&report, a.json.as_deref(), None, &[])?;
     let mut b = shared.borrow_mut();
     if a.json.as_deref() != Some(Path::new("-")) {
         for (name, s) in b.stats() {
@@ -651,16 +730,32 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
     Ok(())
 }
 
-fn print_report(report: &RunReport, json: Option<&Path>, output: Option<&Path>) -> Result<(), Failure> {
+/// Prints a run's report as text, or as JSON to stdout or a file (`json`), with `extra`
+/// sections of the run's ports: each a JSON key, its value, and its line of text.
+fn print_report(
+    report: &RunReport,
+    json: Option<&Path>,
+    output: Option<&Path>,
+    extra: &[(&str, serde_json::Value, String)],
+) -> Result<(), Failure> {
     let to_stdout = json.is_some_and(|p| p == Path::new("-"));
     if !to_stdout {
         print!("{report}");
         if let Some(o) = output {
             println!("  output written to {}", o.display());
         }
+        for (_, _, line) in extra {
+            println!("{line}");
+        }
     }
     if let Some(p) = json {
-        let text = serde_json::to_string_pretty(report).context("serialising the report")?;
+        let mut value = serde_json::to_value(report).context("serialising the report")?;
+        if let Some(map) = value.as_object_mut() {
+            for (key, v, _) in extra {
+                map.insert((*key).to_string(), v.clone());
+            }
+        }
+        let text = serde_json::to_string_pretty(&value).context("serialising the report")?;
         if to_stdout {
             println!("{text}");
         } else {

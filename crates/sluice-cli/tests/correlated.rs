@@ -74,17 +74,7 @@ fn an_nf_and_a_redis_primary_failing_together_are_recovered_with_a_replica() {
     // failed machine comes back, as an operator or systemd brings it back.
     cluster.restart(victim);
 
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait for sluice run") {
-            break s;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("the run did not end within 180 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = common::ended_within(&mut child, Duration::from_secs(180));
     assert!(status.success(), "sluice run failed: {status}");
     assert!(cli(victim, &["info", "replication"]).contains("role:slave"), "the restarted node rejoined as a replica");
     let keys: u64 = cli(promoted, &["dbsize"]).trim().parse().unwrap_or(0);

@@ -13,6 +13,7 @@
 //! | 0x82 replay target | yes | 1 | instance u32 (only on replay copies) |
 //! | 0x03 times | no | 4 | capture time ns u64, root's ingress time ns u64 |
 //! | 0x84 labels | yes | 2 per label | label id u16, 0 u16, value u32 (only when labels are set) |
+//! | 0x05 link sequence | no | 2 | u64 counting the datagrams one sender sent on one link |
 //!
 //! Every integer is big-endian (network order).
 
@@ -32,9 +33,15 @@ const TYPE_PACKET: u8 = 0x81;
 const TYPE_REPLAY_TARGET: u8 = 0x82;
 const TYPE_TIMES: u8 = 0x03;
 const TYPE_LABELS: u8 = 0x84;
+const TYPE_SEQUENCE: u8 = 0x05;
+const SEQUENCE_WORDS: u8 = 2;
 const PACKET_WORDS: u8 = 6;
 const TIMES_WORDS: u8 = 4;
 const LABEL_WORDS: u8 = 2;
+/// The destination that means "the receiving chain's root": a packet that enters the receiver's
+/// chain as new input (a chain fed by another, `sluice run --from-geneve`), rather than one
+/// for an NF instance the sender's splitter chose.
+pub const TO_ROOT: InstanceId = InstanceId(u32::MAX);
 /// The largest VNI (24 bits).
 pub const MAX_VNI: u32 = (1 << 24) - 1;
 
@@ -109,6 +116,9 @@ pub struct Decoded<'a> {
     pub dest: InstanceId,
     /// The packet's metadata.
     pub meta: Meta,
+    /// The sender's count of the datagrams it sent on this link, if it sent one (gaps are
+    /// datagrams lost on the way).
+    pub seq: Option<u64>,
     /// The packet's Ethernet frame.
     pub frame: &'a [u8],
 }
@@ -116,6 +126,19 @@ pub struct Decoded<'a> {
 /// Appends to `out` the datagram that carries `frame` with `meta` to instance `dest` of chain
 /// `vni`. Options absent from the packet (no replay target, no labels) are left out.
 pub fn encode(meta: &Meta, dest: InstanceId, vni: u32, frame: &[u8], out: &mut Vec<u8>) -> Result<(), WireError> {
+    encode_sequenced(meta, dest, vni, None, frame, out)
+}
+
+/// [`encode`] with the link sequence option when `seq` is given: the receiver counts the
+/// datagrams lost between the two ends from its gaps.
+pub fn encode_sequenced(
+    meta: &Meta,
+    dest: InstanceId,
+    vni: u32,
+    seq: Option<u64>,
+    frame: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), WireError> {
     if vni > MAX_VNI {
         return Err(WireError::VniTooLarge(vni));
     }
@@ -123,7 +146,8 @@ pub fn encode(meta: &Meta, dest: InstanceId, vni: u32, frame: &[u8], out: &mut V
     let option_words = (1 + PACKET_WORDS)
         + meta.target.map_or(0, |_| 2)
         + (1 + TIMES_WORDS)
-        + if labels > 0 { 1 + LABEL_WORDS * labels as u8 } else { 0 };
+        + if labels > 0 { 1 + LABEL_WORDS * labels as u8 } else { 0 }
+        + seq.map_or(0, |_| 1 + SEQUENCE_WORDS);
     out.reserve(HEADER + usize::from(option_words) * 4 + frame.len());
     // Version 0; the C bit: critical options are present (the packet option always is).
     out.push(option_words);
@@ -153,6 +177,10 @@ pub fn encode(meta: &Meta, dest: InstanceId, vni: u32, frame: &[u8], out: &mut V
             out.extend_from_slice(&[0, 0]);
             out.extend_from_slice(&value.to_be_bytes());
         }
+    }
+    if let Some(seq) = seq {
+        option(out, TYPE_SEQUENCE, SEQUENCE_WORDS);
+        out.extend_from_slice(&seq.to_be_bytes());
     }
     out.extend_from_slice(frame);
     Ok(())
@@ -185,8 +213,9 @@ pub fn decode(datagram: &[u8]) -> Result<Decoded<'_>, WireError> {
     let end = HEADER + usize::from(words) * 4;
     let options = datagram.get(HEADER..end).ok_or(WireError::Truncated { need: end, have: datagram.len() })?;
     let mut meta = Meta::default();
-    let mut seen = [false; 4];
+    let mut seen = [false; 5];
     let mut dest = None;
+    let mut seq = None;
     let mut at = 0;
     while at < options.len() {
         let (class, kind, words, body) = read_option(options, at, words)?;
@@ -202,6 +231,7 @@ pub fn decode(datagram: &[u8]) -> Result<Decoded<'_>, WireError> {
             TYPE_REPLAY_TARGET => 1,
             TYPE_TIMES => 2,
             TYPE_LABELS => 3,
+            TYPE_SEQUENCE => 4,
             k if k & CRITICAL != 0 => return Err(WireError::UnknownCritical { class, kind }),
             _ => continue,
         };
@@ -227,12 +257,16 @@ pub fn decode(datagram: &[u8]) -> Result<Decoded<'_>, WireError> {
                 meta.ts_ns = u64::from_be_bytes(array(&b[0..8]));
                 meta.ingress_ns = u64::from_be_bytes(array(&b[8..16]));
             }
+            TYPE_SEQUENCE => {
+                let b: &[u8; 8] = body.try_into().map_err(|_| bad_length)?;
+                seq = Some(u64::from_be_bytes(*b));
+            }
             _ => meta.labels = labels(body, words)?,
         }
     }
     let dest = dest.ok_or(WireError::MissingPacketOption)?;
     let frame = datagram.get(end..).unwrap_or_default();
-    Ok(Decoded { vni, dest, meta, frame })
+    Ok(Decoded { vni, dest, meta, seq, frame })
 }
 
 /// The option at `at`: class, type, length in words and body.

@@ -42,6 +42,12 @@ pub struct UdpLink {
     socket: UdpSocket,
 }
 
+impl AsRawFd for UdpLink {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.socket.as_raw_fd()
+    }
+}
+
 /// Buffers for [`UdpLink::recv_batch`], reused from one call to the next.
 #[derive(Debug)]
 pub struct RecvBatch {

@@ -1,6 +1,7 @@
 //! Sluice's datagrams on real sockets and as tools see them: a batch over loopback arrives
-//! whole and decodes to what was sent, and tcpdump reads a capture of them as Geneve carrying
-//! the original packets.
+//! whole and decodes to what was sent, tcpdump reads a capture of them as Geneve carrying the
+//! original packets, and the ports (`Sender`, `Receiver`) carry packets with their metadata and
+//! count what is malformed, for another chain, lost or late.
 
 use sluice_packet::{Clock, InstanceId, LabelId, MetaFlags, Packet};
 use sluice_wire::geneve::{capture_frame, source_port};
@@ -123,4 +124,70 @@ fn tcpdump_reads_a_capture_as_geneve_around_the_original_packets() {
     // The inner packets follow, with their own addresses.
     let inner = packets[0].tuple().expect("an IP packet");
     assert!(text.contains(&inner.src.to_string()), "inner source {}:\n{text}", inner.src);
+}
+
+/// A receiver on a free loopback port for chain `vni`.
+fn receiver(vni: u32) -> sluice_wire::Receiver {
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("address");
+    sluice_wire::Receiver::bind(any, vni, Duration::from_millis(300), 1514).expect("receiver")
+}
+
+/// Everything `rx` hands on until a receive times out: (destination, packet).
+fn drain(rx: &mut sluice_wire::Receiver) -> Vec<(InstanceId, Packet)> {
+    let mut got = Vec::new();
+    while rx.recv(|d| got.push((d.dest, Packet::from_slice(d.frame, d.meta)))).expect("receive") > 0 {}
+    got
+}
+
+#[test]
+fn a_sender_and_a_receiver_carry_packets_with_their_metadata() {
+    let packets = demo_packets(300);
+    let mut rx = receiver(7);
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("address");
+    let to = rx.local_addr().expect("address");
+    let mut tx = sluice_wire::Sender::new(any, to, 7).expect("sender");
+    // Several batches, each more than one system call's worth.
+    for chunk in packets.chunks(100) {
+        tx.send(chunk, sluice_wire::TO_ROOT).expect("send");
+    }
+    let got = drain(&mut rx);
+    assert_eq!(got.len(), packets.len(), "{:?}", rx.stats());
+    for ((dest, p), sent) in got.iter().zip(&packets) {
+        assert_eq!(*dest, sluice_wire::TO_ROOT);
+        assert_eq!(p.data(), sent.data());
+        assert_eq!(p.meta, sent.meta);
+    }
+    assert_eq!(tx.stats().datagrams, 300);
+    let s = rx.stats();
+    assert_eq!((s.accepted, s.malformed, s.lost, s.late, s.other_vni), (300, 0, 0, 0, 0), "{s:?}");
+}
+
+#[test]
+fn a_receiver_counts_and_drops_what_is_not_for_it() {
+    let packets = demo_packets(10);
+    let mut rx = receiver(7);
+    let to = rx.local_addr().expect("address");
+    let any: SocketAddr = "127.0.0.1:0".parse().expect("address");
+    let raw = UdpLink::bind(any, None).expect("socket");
+    let numbered = |seq: u64, vni: u32| {
+        let mut d = Vec::new();
+        sluice_wire::encode_sequenced(&packets[0].meta, InstanceId(3), vni, Some(seq), packets[0].data(), &mut d)
+            .expect("encode");
+        d
+    };
+    let (first, skipped_two, late, other_chain) = (numbered(0, 7), numbered(3, 7), numbered(1, 7), numbered(4, 9));
+    let garbage = b"not geneve at all".to_vec();
+    let mut control = first.clone();
+    control[1] |= 0x80;
+    let grams: Vec<&[u8]> = vec![&first, &garbage, &skipped_two, &control, &late, &other_chain];
+    raw.send_batch(to, &grams).expect("send");
+    let got = drain(&mut rx);
+    assert_eq!(got.len(), 3, "the three datagrams of chain 7 that decode");
+    assert!(got.iter().all(|(d, _)| *d == InstanceId(3)));
+    let s = rx.stats();
+    assert_eq!(s.malformed, 2, "garbage and a Geneve control message: {s:?}");
+    assert_eq!(s.other_vni, 1, "{s:?}");
+    // 0, then 3 (1 and 2 missing), then 1 after all: one lost, one late.
+    assert_eq!((s.lost, s.late), (1, 1), "{s:?}");
+    assert!(s.last_error.as_deref().is_some_and(|e| e.contains("control")), "{s:?}");
 }

@@ -50,6 +50,21 @@ pub fn sluice_within(args: &[&str], limit: Duration) -> Option<Output> {
     }
 }
 
+/// Waits for `child` to end by itself; kills it and fails the test after `limit`.
+pub fn ended_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait().expect("wait for sluice") {
+            return s;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("sluice did not end within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A command's stdout and stderr, as text.
 pub fn text(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
@@ -78,16 +93,22 @@ pub fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &st
 /// `HOST:PORT` and the whole line. The rest of stderr goes to the test's output on a thread of
 /// its own, so the run never blocks on a full pipe.
 pub fn control_endpoint(child: &mut Child) -> (String, String) {
+    let line = announced(child, "control endpoint: http://");
+    let addr = line.trim_start_matches("control endpoint: http://").split_whitespace().next().unwrap_or_default();
+    (addr.to_string(), line)
+}
+
+/// Reads `child`'s stderr (piped) up to the first line starting with `prefix` and returns it;
+/// the rest goes to the test's output on a thread of its own (shown when a test fails: warnings
+/// of a run that waits say what for), so the run never blocks on a full pipe.
+pub fn announced(child: &mut Child, prefix: &str) -> String {
     let stderr = child.stderr.take().expect("stderr piped");
     let mut lines = BufReader::new(stderr).lines();
     loop {
-        let line = lines.next().and_then(Result::ok).unwrap_or_else(|| panic!("sluice run ended without an endpoint"));
-        if let Some(a) = line.strip_prefix("control endpoint: http://") {
-            let addr = a.split_whitespace().next().unwrap_or_default().to_string();
-            // The rest goes to the test's output (shown when it fails): warnings of a run
-            // that waits say what for.
+        let line = lines.next().and_then(Result::ok).unwrap_or_else(|| panic!("sluice ended without `{prefix}`"));
+        if line.starts_with(prefix) {
             std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| eprintln!("sluice: {l}")));
-            return (addr, line);
+            return line;
         }
     }
 }

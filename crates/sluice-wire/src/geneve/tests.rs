@@ -120,6 +120,27 @@ fn missing_packet_option_is_an_error() {
 }
 
 #[test]
+fn the_link_sequence_is_optional_and_not_critical() {
+    let (m, f) = (meta(), frame());
+    let (mut plain, mut numbered) = (Vec::new(), Vec::new());
+    encode(&m, InstanceId(1), 5, &f, &mut plain).expect("encode");
+    encode_sequenced(&m, InstanceId(1), 5, Some(u64::MAX - 3), &f, &mut numbered).expect("encode");
+    assert_eq!(numbered.len(), plain.len() + 12, "one option of two words");
+    assert_eq!(decode(&plain).expect("decode").seq, None);
+    let d = decode(&numbered).expect("decode");
+    assert_eq!((d.seq, d.meta, d.frame), (Some(u64::MAX - 3), m, &f[..]));
+    // Not critical: its type's high bit is clear, so a receiver that does not know it skips it.
+    let at = numbered.len() - f.len() - 12;
+    assert_eq!(&numbered[at..at + 4], &[0xff, 0xf0, 0x05, 2]);
+    // A wrong length is an error, not a guess.
+    numbered[at + 3] = 1;
+    numbered[0] -= 1;
+    let mut short = numbered[..at + 8].to_vec();
+    short.extend_from_slice(&f);
+    assert_eq!(decode(&short), Err(WireError::OptionLength { kind: 0x05, words: 1 }));
+}
+
+#[test]
 fn source_port_is_dynamic_and_fixed_per_flow() {
     let p = sluice_packet::Packet::from_slice(&frame(), Meta::default());
     let q = sluice_packet::Packet::from_slice(&frame(), meta());
