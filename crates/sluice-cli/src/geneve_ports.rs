@@ -78,21 +78,19 @@ impl GeneveSource {
         Ok((source, stats))
     }
 
-    /// Receives one batch into `pending`.
-    fn receive(&mut self, pool: &PacketPool) -> Result<(), RunError> {
+    /// Receives one batch into `pending`; waits for it (briefly) only if `wait`.
+    fn receive(&mut self, pool: &PacketPool, wait: bool) -> Result<(), RunError> {
         let (pending, mut not_for_root) = (&mut self.pending, 0);
-        let n = self
-            .rx
-            .recv(|d| {
-                if d.dest != TO_ROOT {
-                    not_for_root += 1;
-                    return;
-                }
-                let meta =
-                    Meta { ts_ns: d.meta.ts_ns, labels: d.meta.labels, in_port: d.meta.in_port, ..Meta::default() };
-                pending.push_back(pool.packet(d.frame, meta));
-            })
-            .map_err(|e| RunError::Source(e.to_string()))?;
+        let take = |d: sluice_wire::Decoded<'_>| {
+            if d.dest != TO_ROOT {
+                not_for_root += 1;
+                return;
+            }
+            let meta = Meta { ts_ns: d.meta.ts_ns, labels: d.meta.labels, in_port: d.meta.in_port, ..Meta::default() };
+            pending.push_back(pool.packet(d.frame, meta));
+        };
+        let n = if wait { self.rx.recv(take) } else { self.rx.try_recv(take) };
+        let n = n.map_err(|e| RunError::Source(e.to_string()))?;
         let mut stats = self.stats.borrow_mut();
         if n > 0 {
             let now = Instant::now();
@@ -121,7 +119,8 @@ impl GeneveSource {
 impl Source for GeneveSource {
     fn fill(&mut self, pool: &PacketPool, out: &mut Batch, max: usize) -> Result<Fill, RunError> {
         if self.pending.is_empty() {
-            self.receive(pool)?;
+            // Topping up a batch (something to hand over already): only what is there.
+            self.receive(pool, out.is_empty())?;
         }
         let mut added = 0;
         while added < max && self.limit.is_none_or(|l| self.read < l) {

@@ -78,8 +78,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Benchmark externalised state: NAT, LB and the example chain in the local, external,
     /// cached and async modes (embedded store and Redis), offloaded operations vs lock-RMW,
-    /// store operations per second next to redis-benchmark, an instance failover under
-    /// open-loop load; ratios to local, JSON and SVG.
+    /// store operations per second next to redis-benchmark, an instance failover and a flow
+    /// move under open-loop load, open-loop latency (p50, p99, p99.9) at fractions of each
+    /// chain's peak; ratios to local, JSON and SVG.
     BenchStore(bench_store::BenchStoreArgs),
     /// Check chain output equivalence: run the logical chain and the physical chain under a
     /// fault schedule (crashes, scaling, flow moves, stragglers) and compare outputs,

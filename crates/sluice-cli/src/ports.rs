@@ -10,37 +10,43 @@ pub struct TraceSource {
     pacer: Pacer,
     limit: Option<u64>,
     read: u64,
+    /// Paced: the next packet, read but not due yet.
+    pending: Option<Packet>,
 }
 
 impl TraceSource {
     /// A source over `reader`, stopping after `limit` packets if given.
     pub fn new(reader: TraceReader, pace: Pace, limit: Option<u64>) -> TraceSource {
-        TraceSource { reader, pacer: Pacer::new(pace), limit, read: 0 }
+        TraceSource { reader, pacer: Pacer::new(pace), limit, read: 0, pending: None }
     }
 }
 
 impl Source for TraceSource {
     fn fill(&mut self, pool: &PacketPool, out: &mut Batch, max: usize) -> Result<Fill, RunError> {
+        let ended = |out: &Batch| Ok(if out.is_empty() { Fill::Done } else { Fill::Data });
         for _ in 0..max {
             if self.limit.is_some_and(|l| self.read >= l) {
-                return Ok(if out.is_empty() { Fill::Done } else { Fill::Data });
+                return ended(out);
             }
-            let Some(rec) = self.reader.next_record().map_err(|e| RunError::Source(e.to_string()))? else {
-                return Ok(if out.is_empty() { Fill::Done } else { Fill::Data });
+            let pkt = match self.pending.take() {
+                Some(p) => p,
+                None => match self.reader.next_record().map_err(|e| RunError::Source(e.to_string()))? {
+                    Some(rec) => pool.packet(rec.data, Meta { ts_ns: rec.ts_ns, ..Meta::default() }),
+                    None => return ended(out),
+                },
             };
-            // Paced replay: wait for this packet's time, but hand over what is ready first.
-            if !self.pacer.is_full_speed() {
-                if let Some(due) = self.pacer.due(rec.ts_ns) {
-                    if due > std::time::Instant::now() && !out.is_empty() {
-                        let p = pool.packet(rec.data, Meta { ts_ns: rec.ts_ns, ..Meta::default() });
-                        out.push(p);
-                        self.read += 1;
+            // Paced replay: hand over what is due; a packet not due yet waits here (or, when
+            // nothing is ready to hand over, the source waits for it).
+            if let Some(due) = self.pacer.due(pkt.meta.ts_ns) {
+                if due > std::time::Instant::now() {
+                    if !out.is_empty() {
+                        self.pending = Some(pkt);
                         return Ok(Fill::Data);
                     }
+                    self.pacer.wait(pkt.meta.ts_ns);
                 }
-                self.pacer.wait(rec.ts_ns);
             }
-            out.push(pool.packet(rec.data, Meta { ts_ns: rec.ts_ns, ..Meta::default() }));
+            out.push(pkt);
             self.read += 1;
         }
         Ok(Fill::Data)

@@ -1,5 +1,5 @@
 //! `sluice bench-store --quick`: the smoke run writes every embedded case, the offload/lock
-//! comparison, the failover part and the plot. No timing assertions.
+//! comparison, the failover part, the open-loop part and the plot. No timing assertions.
 
 use std::process::Command;
 
@@ -78,6 +78,25 @@ fn quick_bench_store_writes_json_and_svg() {
             assert_eq!(r["packets_in"], r["packets_out"], "{case}: packets lost: {r}");
         }
     }
+    // The open-loop part: every chain and mode, at each default load, with its percentiles.
+    let open = v["open_loop"].as_array().unwrap();
+    for nf in ["nat", "lb", "ids", "example"] {
+        for mode in ["local", "async", "async-ft"] {
+            let c =
+                open.iter().find(|c| c["nf"] == nf && c["mode"] == mode).unwrap_or_else(|| panic!("no {nf}/{mode}"));
+            assert!(c["peak_mpps"]["median"].as_f64().unwrap() > 0.0, "{nf}/{mode}: no peak");
+            let loads: Vec<u64> =
+                c["loads"].as_array().unwrap().iter().map(|l| l["percent"].as_u64().unwrap()).collect();
+            assert_eq!(loads, [50, 90], "{nf}/{mode}");
+            for l in c["loads"].as_array().unwrap() {
+                let p: Vec<f64> =
+                    ["p50_us", "p99_us", "p999_us"].iter().map(|k| l[k]["median"].as_f64().unwrap()).collect();
+                assert!(p[0] > 0.0 && p.windows(2).all(|w| w[0] <= w[1]), "{nf}/{mode}: percentiles {p:?}");
+                assert!(l["achieved_mpps"]["median"].as_f64().unwrap() > 0.0, "{nf}/{mode}");
+            }
+        }
+    }
+    assert!(aims.iter().any(|a| a["aim"].as_str().unwrap().starts_with("IDS median latency")), "{aims:?}");
     assert!(v["command"].as_str().unwrap().contains("bench-store"));
     assert!(v["machine"]["nproc"].as_u64().unwrap() >= 1);
     let text = std::fs::read_to_string(&svg).unwrap();

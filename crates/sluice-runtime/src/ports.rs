@@ -48,6 +48,11 @@ impl<'a> MemorySource<'a> {
         MemorySource { packets, pos: 0, rate: None }
     }
 
+    /// The first `n` packets it will give (for a compiler's sample), whatever it gave so far.
+    pub fn sample(&self, n: usize) -> &'a [Packet] {
+        &self.packets[..n.min(self.packets.len())]
+    }
+
     /// A source over `packets` at `pps` packets per second (open loop: packet `i` is due `i /
     /// pps` seconds after the first read, whether or not the chain keeps up).
     pub fn with_rate(packets: &'a [Packet], pps: f64) -> Self {

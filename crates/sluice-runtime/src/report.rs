@@ -78,6 +78,8 @@ pub struct Latency {
     pub p95: f64,
     /// 99th percentile.
     pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
     /// Maximum.
     pub max: f64,
 }
@@ -94,6 +96,7 @@ impl Latency {
             p75: q(0.75),
             p95: q(0.95),
             p99: q(0.99),
+            p999: q(0.999),
             max: hist.max() as f64 / 1000.0,
         }
     }
@@ -430,8 +433,8 @@ impl fmt::Display for RunReport {
         let l = &self.latency_us;
         writeln!(
             f,
-            "  latency  µs (root to sink, {} samples): p5 {:.1}  p25 {:.1}  p50 {:.1}  p75 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}",
-            l.samples, l.p5, l.p25, l.p50, l.p75, l.p95, l.p99, l.max
+            "  latency  µs (root to sink, {} samples): p5 {:.1}  p25 {:.1}  p50 {:.1}  p75 {:.1}  p95 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
+            l.samples, l.p5, l.p25, l.p50, l.p75, l.p95, l.p99, l.p999, l.max
         )?;
         if self.events.is_empty() {
             writeln!(f, "  decisions: none")?;

@@ -150,6 +150,15 @@ impl UdpLink {
     /// Receives up to a batch: waits (up to the link's timeout) for the first datagram and takes
     /// whatever else is already there. Returns how many arrived (0 on timeout).
     pub fn recv_batch(&self, batch: &mut RecvBatch) -> Result<usize, LinkError> {
+        self.recv_flags(batch, libc::MSG_WAITFORONE)
+    }
+
+    /// Like [`UdpLink::recv_batch`], but takes only what is already there, without waiting.
+    pub fn try_recv_batch(&self, batch: &mut RecvBatch) -> Result<usize, LinkError> {
+        self.recv_flags(batch, libc::MSG_DONTWAIT)
+    }
+
+    fn recv_flags(&self, batch: &mut RecvBatch, flags: libc::c_int) -> Result<usize, LinkError> {
         batch.count = 0;
         let n = batch.bufs.len();
         let mut iov: Vec<libc::iovec> = batch
@@ -181,7 +190,7 @@ impl UdpLink {
                     self.socket.as_raw_fd(),
                     msgs.as_mut_ptr(),
                     n as libc::c_uint,
-                    libc::MSG_WAITFORONE,
+                    flags,
                     std::ptr::null_mut(),
                 )
             };

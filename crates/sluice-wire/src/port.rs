@@ -143,9 +143,22 @@ impl Receiver {
 
     /// Waits for a batch and calls `each` with every datagram that decodes for this chain;
     /// counts and drops the rest. Returns how many were handed on (0 after a quiet timeout).
-    pub fn recv(&mut self, mut each: impl FnMut(Decoded<'_>)) -> Result<usize, PortError> {
+    pub fn recv(&mut self, each: impl FnMut(Decoded<'_>)) -> Result<usize, PortError> {
+        self.recv_waiting(true, each)
+    }
+
+    /// [`Receiver::recv`] without waiting: only what has already arrived.
+    pub fn try_recv(&mut self, each: impl FnMut(Decoded<'_>)) -> Result<usize, PortError> {
+        self.recv_waiting(false, each)
+    }
+
+    fn recv_waiting(&mut self, wait: bool, mut each: impl FnMut(Decoded<'_>)) -> Result<usize, PortError> {
         let truncated = self.batch.truncated();
-        self.link.recv_batch(&mut self.batch)?;
+        if wait {
+            self.link.recv_batch(&mut self.batch)?;
+        } else {
+            self.link.try_recv_batch(&mut self.batch)?;
+        }
         self.stats.truncated += self.batch.truncated() - truncated;
         let mut accepted = 0;
         for (datagram, from) in self.batch.iter() {

@@ -22,6 +22,10 @@
 //! 4. **Failover**: NAT alone and the example chain, fault tolerant, fed at `--failover-rate`
 //!    packets per second; the NAT instance crashes halfway: the recovery time and the time
 //!    until latency is back to normal.
+//! 5. **Flow move** (`move`): 4,000 flows of the NAT moved to a second instance halfway.
+//! 6. **Open-loop latency** (`open-loop`): NAT, LB, IDS and the example chain, state local, in
+//!    the embedded store and with fault tolerance, offered packets at fixed fractions of their
+//!    own peak (`--loads`): p50, p99 and p99.9.
 //!
 //! [`Connection`]: sluice_store::Connection
 
@@ -29,6 +33,7 @@ mod contention;
 mod failover;
 mod modes;
 mod moves;
+mod open_loop;
 mod ops;
 mod report;
 mod store;
@@ -41,6 +46,7 @@ use contention::{run_contention, ContentionResult};
 use failover::{run_failover, FailoverResult};
 use modes::{check_aims, run_modes, Aim, ModeResult};
 use moves::{run_moves, MoveResult};
+use open_loop::{run_open_loop, OpenLoopResult};
 use ops::{run_ops, OpsResult};
 use report::{plot, print_tables};
 use serde::Serialize;
@@ -112,11 +118,16 @@ pub struct BenchStoreArgs {
     /// with fault tolerance saturates at about 0.3 Mpps on two cores).
     #[arg(long, default_value_t = 50_000.0)]
     pub failover_rate: f64,
-    /// Run only these parts (`modes`, `contention`, `ops`, `failover`, `move`; repeatable).
+    /// Loads of the open-loop part, in percent of each configuration's peak.
+    #[arg(long, value_delimiter = ',', default_values_t = [50, 90])]
+    pub loads: Vec<u32>,
+    /// Run only these parts (`modes`, `contention`, `ops`, `failover`, `move`, `open-loop`;
+    /// repeatable).
     #[arg(long, value_delimiter = ',')]
     pub parts: Vec<String>,
-    /// Run only the mode cases whose name contains one of these (e.g. `nat/async`, `/sat`;
-    /// repeatable). A ratio whose baseline case was left out is not reported.
+    /// Run only the mode cases (and open-loop configurations) whose name contains one of these
+    /// (e.g. `nat/async`, `/sat`, `ids/`; repeatable). A ratio whose baseline case was left out
+    /// is not reported.
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
     /// Fast smoke run: 2,000 packets, 1 repeat, embedded store only, few operations.
@@ -166,6 +177,7 @@ struct BenchStoreResult {
     ops: Vec<OpsResult>,
     failover: Vec<FailoverResult>,
     moves: Vec<MoveResult>,
+    open_loop: Vec<OpenLoopResult>,
     aims: Vec<Aim>,
 }
 
@@ -178,8 +190,8 @@ pub fn cmd_bench_store(a: BenchStoreArgs) -> Result<()> {
     warn_if_debug_build("bench-store", a.quick);
     let want = |p: &str| a.parts.is_empty() || a.parts.iter().any(|x| x == p);
     for p in &a.parts {
-        if !["modes", "contention", "ops", "failover", "move"].contains(&p.as_str()) {
-            bail!("--parts takes modes, contention, ops, failover, move; not `{p}`");
+        if !["modes", "contention", "ops", "failover", "move", "open-loop"].contains(&p.as_str()) {
+            bail!("--parts takes modes, contention, ops, failover, move, open-loop; not `{p}`");
         }
     }
     let nproc = available_cores();
@@ -209,8 +221,10 @@ pub fn cmd_bench_store(a: BenchStoreArgs) -> Result<()> {
     let ops_results = if want("ops") { run_ops(&a, &env, repeat, &mut not_run)? } else { Vec::new() };
     let failover = if want("failover") { run_failover(&a, &env, &packets, repeat)? } else { Vec::new() };
     let moves = if want("move") { run_moves(&a, &env, repeat)? } else { Vec::new() };
+    let open_loop = if want("open-loop") { run_open_loop(&a, &env, &packets, repeat)? } else { Vec::new() };
 
-    let aims = check_aims(&modes);
+    let mut aims = check_aims(&modes);
+    aims.extend(open_loop::check_aims(&open_loop));
     let result = BenchStoreResult {
         machine: machine_info(nproc, redis.as_deref()),
         command: command_line(),
@@ -230,6 +244,7 @@ pub fn cmd_bench_store(a: BenchStoreArgs) -> Result<()> {
         ops: ops_results,
         failover,
         moves,
+        open_loop,
         aims,
     };
     print_tables(&result);

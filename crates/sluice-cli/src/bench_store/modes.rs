@@ -223,7 +223,7 @@ pub(super) fn run_modes(
 }
 
 /// The chains the mode cases run: NAT and LB alone, and the example chain.
-fn mode_chains() -> Result<Vec<(&'static str, Chain)>> {
+pub(super) fn mode_chains() -> Result<Vec<(&'static str, Chain)>> {
     Ok(vec![
         ("nat", single_nf_chain("nat", NAT_CONFIG, 1, "<bench-store nat>")?),
         ("lb", single_nf_chain("lb", "", 1, "<bench-store lb>")?),
@@ -280,30 +280,47 @@ fn run_mode(
     env: &Env,
 ) -> Result<ModeSample> {
     let packets = &packets[..c.packets.min(packets.len())];
+    let (report, wall_s) =
+        run_once((&c.name, &c.chain), (c.mode, c.store), MemorySource::new(packets), cfg, registry, env)?;
+    Ok(mode_sample(&report, wall_s))
+}
+
+/// One run of `chain` (`name` in errors) with state in `mode` on `store`: a fresh plan and
+/// store, `source` in, discard out, the Redis keyspace cleared afterwards. The report and the
+/// wall time of the run.
+pub(super) fn run_once(
+    (name, chain): (&str, &Chain),
+    (mode, store): (ModeKind, StoreKind),
+    mut source: MemorySource<'_>,
+    cfg: &RunConfig,
+    registry: &sluice_nf::NfRegistry,
+    env: &Env,
+) -> Result<(RunReport, f64)> {
     let mut redis = None;
-    let state = match c.mode.client() {
+    let state = match mode.client() {
         None => StateConfig::Local,
-        Some(mode) => {
-            let store = env.store(c.store == StoreKind::Redis, env.store_threads)?;
-            redis = store.redis;
-            let backend = store.backend;
-            let state = StateConfig::Store { backend, client: ClientConfig { mode, ..ClientConfig::default() } };
-            if c.mode == ModeKind::AsyncFt {
+        Some(client) => {
+            let s = env.store(store == StoreKind::Redis, env.store_threads)?;
+            redis = s.redis;
+            let state = StateConfig::Store {
+                backend: s.backend,
+                client: ClientConfig { mode: client, ..ClientConfig::default() },
+            };
+            if mode == ModeKind::AsyncFt {
                 state.fault_tolerant()
             } else {
                 state
             }
         }
     };
-    let plan = compile_with(&c.chain, registry, &packets[..packets.len().min(SAMPLE)], &state)
-        .map_err(|e| anyhow!("compiling {}: {e}", c.name))?;
+    let sample = source.sample(SAMPLE);
+    let plan = compile_with(chain, registry, sample, &state).map_err(|e| anyhow!("compiling {name}: {e}"))?;
     drop(state);
-    let mut source = MemorySource::new(packets);
     let t = Instant::now();
     let report = run(plan, cfg, &mut source, &mut DiscardSink, RunHooks::default());
     let wall_s = t.elapsed().as_secs_f64();
     clear_redis(redis.as_deref())?;
-    Ok(mode_sample(&report?, wall_s))
+    Ok((report?, wall_s))
 }
 
 /// The numbers of one run.

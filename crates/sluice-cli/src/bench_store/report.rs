@@ -14,6 +14,7 @@ pub(super) fn print_tables(r: &BenchStoreResult) {
     for n in &r.not_run {
         println!("{n}");
     }
+    super::open_loop::print_table(&r.open_loop, r.repeat);
     if !r.failover.is_empty() {
         println!("\nfailover (the NAT instance crashes halfway; open loop; medians of {}):", r.repeat);
         println!("{:<18} {:>10} {:>22} {AROUND_HEADER}", "case", "pkt/s", "recovery ms (min..max)");
