@@ -260,6 +260,10 @@ struct NodeStats {
     instances: AtomicU64,
     assignment_changes: AtomicU64,
     etcd_errors: AtomicU64,
+    /// With `--store`: the store answered the last check.
+    store_up: AtomicBool,
+    /// With `--store`: checks the store failed.
+    store_errors: AtomicU64,
 }
 
 impl NodeStats {
@@ -304,6 +308,18 @@ impl Collector for NodeMetrics {
             "sluice_node_etcd_errors",
             "Failed reads or watches of its assignment (retried).",
             get(&s.etcd_errors),
+        )?;
+        gauge(
+            &mut enc,
+            "sluice_node_store_up",
+            "1 while the node's state store (--store) answers its checks.",
+            u64::from(s.store_up.load(Ordering::Relaxed)),
+        )?;
+        counter(
+            &mut enc,
+            "sluice_node_store_errors",
+            "Checks of the node's state store that failed.",
+            get(&s.store_errors),
         )
     }
 }
@@ -346,9 +362,71 @@ pub struct NodeArgs {
     /// What this node hosts: `root`, `nf` (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "root,nf")]
     roles: Vec<String>,
-    /// Seconds to keep trying while etcd cannot be reached at start.
+    /// Seconds to keep trying while etcd (or the store, with --store) cannot be reached at
+    /// start.
     #[arg(long, default_value_t = 30.0)]
     join_timeout: f64,
+    /// The state store this node's NF instances use (`redis://HOST:PORT` or
+    /// `redis+cluster://H1:P1,H2:P2,...`, see `sluice run --store`). The node registers only
+    /// once the store answers, saying which store it waits for and retrying with backoff, so a
+    /// node that cannot reach the state is never given units; afterwards it checks the store
+    /// every few seconds (`sluice_node_store_up`).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+}
+
+/// How often a node checks its store after joining.
+const STORE_CHECK_EVERY: Duration = Duration::from_secs(3);
+
+/// Waits until the store at `url` answers (connects and loads Sluice's functions), retrying
+/// with a pause growing from 100 ms to 5 s, for at most `give_up`. A malformed URL fails at once.
+fn wait_for_store(url: &str, give_up: Duration, stats: &NodeStats, stop: &AtomicBool) -> Result<(), Failure> {
+    sluice_redis::RedisBackend::check_url(url)
+        .map_err(|e| fail(exit::INVALID)(anyhow::anyhow!("--store {url}: {e}")))?;
+    let deadline = std::time::Instant::now() + give_up;
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match sluice_redis::RedisBackend::connect(url) {
+            Ok(_) => {
+                stats.store_up.store(true, Ordering::Relaxed);
+                return Ok(());
+            }
+            Err(e) => {
+                stats.store_errors.fetch_add(1, Ordering::Relaxed);
+                if stop.load(Ordering::Relaxed) || std::time::Instant::now() + wait > deadline {
+                    return Err(fail(exit::FAILED)(anyhow::anyhow!(
+                        "cannot reach the store {url} (gave up after {} s): {e}",
+                        give_up.as_secs_f64()
+                    )));
+                }
+                tracing::warn!(store = url, error = %e, retry_in_ms = wait.as_millis() as u64, "cannot reach the store; retrying");
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Checks the store every [`STORE_CHECK_EVERY`] on a thread of its own, keeping
+/// `sluice_node_store_up` current and logging when it stops or starts answering.
+fn watch_store(url: String, stats: Arc<NodeStats>) {
+    std::thread::spawn(move || loop {
+        std::thread::sleep(STORE_CHECK_EVERY);
+        let up = match sluice_redis::RedisBackend::connect(&url) {
+            Ok(_) => true,
+            Err(e) => {
+                stats.store_errors.fetch_add(1, Ordering::Relaxed);
+                if stats.store_up.load(Ordering::Relaxed) {
+                    tracing::warn!(store = %url, error = %e, "the store stopped answering");
+                }
+                false
+            }
+        };
+        if up && !stats.store_up.load(Ordering::Relaxed) {
+            tracing::info!(store = %url, "the store answers again");
+        }
+        stats.store_up.store(up, Ordering::Relaxed);
+    });
 }
 
 fn seconds(flag: &str, s: f64) -> anyhow::Result<Duration> {
@@ -429,6 +507,11 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
     let stop = crate::stop_flag(a.life.duration);
     let stats = Arc::new(NodeStats::default());
     a.control.start(|| metrics_route(NodeMetrics(stats.clone())))?;
+    if let Some(url) = &a.store {
+        wait_for_store(url, give_up, &stats, &stop)?;
+        tracing::info!(node = %a.id, store = %url, "the store answers");
+        watch_store(url.clone(), stats.clone());
+    }
     let join = || {
         let m = Membership::join_retrying(&etcd, &cluster, &info, ttl, give_up)?;
         stats.registered.store(true, Ordering::Relaxed);

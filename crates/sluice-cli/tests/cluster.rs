@@ -400,3 +400,68 @@ fn node_and_controller_serve_metrics_and_the_controller_an_api_behind_a_token() 
     });
     assert_eq!(metric(&c, "sluice_controller_leading"), Some(1), "{c}");
 }
+
+/// A `redis-server` on loopback `port`, killed when dropped.
+fn redis_on(port: u16, dir: &std::path::Path) -> Proc {
+    let child = Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server (scripts/test-all.sh installs it)");
+    Proc(child)
+}
+
+#[test]
+fn a_node_registers_only_once_its_store_answers_and_says_which_it_waits_for() {
+    // Nothing listens on the store's port: the node says which store, retries, gives up.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .args(["node", "--id", "a", "--etcd", "http://127.0.0.1:1", "--store", "redis://127.0.0.1:1"])
+        .args(["--join-timeout", "0.5"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot reach the store redis://127.0.0.1:1"), "{err}");
+    assert!(err.contains("retrying"), "it tried more than once: {err}");
+    assert!(!err.contains("etcd"), "etcd is not asked before the store answers: {err}");
+    // A store URL that cannot be right is a usage error at once.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["node", "--id", "a", "--store", "redis://127.0.0.1:6379?replicas=x", "--join-timeout", "30"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--store") && err.contains("replicas"), "{err}");
+
+    // The store comes up after the node: the node waits, then registers; when the store dies
+    // later, its metrics say so.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let server = LocalEtcd::start(&dir.path().join("etcd")).unwrap_or_else(|e| panic!("{e}"));
+    let (control, store_port) = free_ports();
+    let store = format!("redis://127.0.0.1:{store_port}?prefix=nodecheck");
+    let _node = sluice(server.endpoint(), &["node", "--id", "a", "--store", &store, "--join-timeout", "60"])
+        .args(["--control", &control.to_string(), "--control-token", "m3trics"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map(Proc)
+        .expect("node");
+    let m = metrics_until(control, "the node tried its store", |m| {
+        metric(m, "sluice_node_store_errors").is_some_and(|n| n >= 2)
+    });
+    assert_eq!(metric(&m, "sluice_node_registered"), Some(0), "not registered without its store: {m}");
+    assert_eq!(metric(&m, "sluice_node_store_up"), Some(0), "{m}");
+    let nodes = status(server.endpoint())["nodes"].as_array().map_or(0, Vec::len);
+    assert_eq!(nodes, 0, "nobody registered in etcd yet");
+    let redis = redis_on(store_port, dir.path());
+    let m = metrics_until(control, "the node registered once its store answered", |m| {
+        metric(m, "sluice_node_registered") == Some(1)
+    });
+    assert_eq!(metric(&m, "sluice_node_store_up"), Some(1), "{m}");
+    drop(redis);
+    metrics_until(control, "the node noticed its store is gone", |m| metric(m, "sluice_node_store_up") == Some(0));
+}

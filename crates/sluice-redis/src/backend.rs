@@ -30,6 +30,13 @@ impl std::fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
+    /// Checks that `url` is a Redis store URL this backend takes (scheme, addresses,
+    /// parameters), without connecting: an error here is a mistake to fix, not a server to
+    /// wait for.
+    pub fn check_url(url: &str) -> Result<(), StoreError> {
+        parse_url(url).map(|_| ())
+    }
+
     /// Connects to `redis://host:port` or `redis+cluster://h1:p1,h2:p2,...` (see the crate
     /// docs for the parameters), reads the cluster's slot map and loads the function library
     /// on every node.
