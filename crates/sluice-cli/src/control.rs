@@ -56,6 +56,8 @@ pub fn token(given: Option<&str>) -> String {
 #[derive(Clone)]
 struct Ctx {
     live: Arc<Live>,
+    /// The run's Geneve input and output, if it has them.
+    links: Option<Arc<crate::geneve_ports::LinkCounters>>,
 }
 
 pub(crate) fn error(status: StatusCode, msg: &str) -> Response {
@@ -76,13 +78,24 @@ async fn chain(State(cx): State<Ctx>) -> Json<LiveSnapshot> {
 }
 
 async fn metrics(State(cx): State<Ctx>) -> Response {
-    prometheus_text(Box::new(LiveCollector(cx.live.clone())))
+    let mut collectors: Vec<Box<dyn Collector>> = vec![Box::new(LiveCollector(cx.live.clone()))];
+    if let Some(l) = &cx.links {
+        collectors.push(Box::new(crate::geneve_ports::LinkCollector(l.clone())));
+    }
+    prometheus_texts(collectors)
 }
 
 /// What `collector` says now, as a Prometheus text response.
 pub(crate) fn prometheus_text(collector: Box<dyn Collector>) -> Response {
+    prometheus_texts(vec![collector])
+}
+
+/// What `collectors` say now, as one Prometheus text response.
+fn prometheus_texts(collectors: Vec<Box<dyn Collector>>) -> Response {
     let mut registry = Registry::default();
-    registry.register_collector(collector);
+    for c in collectors {
+        registry.register_collector(c);
+    }
     let mut text = String::new();
     match prometheus_client::encoding::text::encode(&mut text, &registry) {
         Ok(()) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response(),
@@ -212,13 +225,18 @@ async fn not_found() -> Response {
 /// Binds `addr` and serves a run's control endpoint on a thread of its own for as long as the
 /// process lives (see [`start`] for the token). Returns the address bound (a port of 0 picks
 /// one).
-pub fn serve(addr: SocketAddr, given_token: Option<&str>, live: Arc<Live>) -> Result<SocketAddr, Failure> {
+pub fn serve(
+    addr: SocketAddr,
+    given_token: Option<&str>,
+    live: Arc<Live>,
+    links: Option<Arc<crate::geneve_ports::LinkCounters>>,
+) -> Result<SocketAddr, Failure> {
     let app = Router::new()
         .route("/api/v1/chain", get(chain))
         .route("/metrics", get(metrics))
         .route("/api/v1/actions", post(action))
         .fallback(not_found)
-        .with_state(Ctx { live });
+        .with_state(Ctx { live, links });
     start(addr, given_token, app)
 }
 

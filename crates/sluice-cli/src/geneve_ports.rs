@@ -8,6 +8,10 @@
 //! two chains is counted (link sequence gaps), not replayed: each chain's root log covers its
 //! own NFs only (docs/deploy.md).
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::MetricType;
 use sluice_packet::{Batch, Meta, Packet, PacketPool};
 use sluice_runtime::{Fill, RunError, Sink, Source};
 use sluice_wire::{Receiver, RecvStats, SendStats, Sender, TO_ROOT};
@@ -15,6 +19,8 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long one receive waits for a first datagram: short, so that the root thread, which
@@ -39,11 +45,62 @@ pub struct InputStats {
     pub active_s: f64,
 }
 
+/// A run's Geneve counters as the control endpoint's `/metrics` serves them while it runs
+/// (the report has the same at the end).
+#[derive(Debug, Default)]
+pub struct LinkCounters {
+    /// Input datagrams by what became of them: accepted, malformed, other_vni, not_for_root,
+    /// truncated; and the ones the sequence numbers say were lost or late.
+    input: [AtomicU64; 7],
+    /// Output datagrams and bytes sent.
+    output: [AtomicU64; 2],
+}
+
+const INPUT_OUTCOMES: [&str; 7] = ["accepted", "malformed", "other_vni", "not_for_root", "truncated", "lost", "late"];
+
+impl LinkCounters {
+    fn input_seen(&self, s: &InputStats) {
+        let l = &s.link;
+        let now = [l.accepted, l.malformed, l.other_vni, s.not_for_root, l.truncated, l.lost, l.late];
+        for (c, v) in self.input.iter().zip(now) {
+            c.store(v, Ordering::Relaxed);
+        }
+    }
+}
+
+/// [`LinkCounters`] in Prometheus text.
+#[derive(Debug, Clone)]
+pub struct LinkCollector(pub Arc<LinkCounters>);
+
+impl Collector for LinkCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut fam = enc.encode_descriptor(
+            "sluice_geneve_input_datagrams",
+            "Datagrams on the Geneve input (--from-geneve), by outcome; lost and late come from the senders' sequence numbers.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (outcome, c) in INPUT_OUTCOMES.iter().zip(&self.0.input) {
+            ConstCounter::new(c.load(Ordering::Relaxed)).encode(fam.encode_family(&[("outcome", *outcome)])?)?;
+        }
+        let out = [
+            ("sluice_geneve_output_datagrams", "Datagrams sent on the Geneve output (--to-geneve).", &self.0.output[0]),
+            ("sluice_geneve_output_bytes", "Bytes sent on the Geneve output (--to-geneve).", &self.0.output[1]),
+        ];
+        for (name, help, c) in out {
+            let c = ConstCounter::new(c.load(Ordering::Relaxed));
+            c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
 /// Geneve datagrams on a UDP address as a run's input.
 pub struct GeneveSource {
     rx: Receiver,
     pending: VecDeque<Packet>,
     stats: Rc<RefCell<InputStats>>,
+    counters: Arc<LinkCounters>,
     idle_end: Option<Duration>,
     first_rx: Option<Instant>,
     last_rx: Option<Instant>,
@@ -55,11 +112,12 @@ pub struct GeneveSource {
 impl GeneveSource {
     /// Listens on `addr` for chain `vni`. With `idle_end`, the input ends once that long has
     /// passed without a datagram after the first one; with `limit`, after that many packets.
+    /// Its counters go to `counters` as well as to the statistics returned.
     pub fn bind(
         addr: SocketAddr,
         vni: u32,
-        idle_end: Option<Duration>,
-        limit: Option<u64>,
+        (idle_end, limit): (Option<Duration>, Option<u64>),
+        counters: Arc<LinkCounters>,
     ) -> Result<(GeneveSource, Rc<RefCell<InputStats>>), sluice_wire::PortError> {
         let rx = Receiver::bind(addr, vni, RECV_WAIT, MAX_FRAME)?;
         let listen = rx.local_addr()?.to_string();
@@ -68,6 +126,7 @@ impl GeneveSource {
             rx,
             pending: VecDeque::new(),
             stats: stats.clone(),
+            counters,
             idle_end,
             first_rx: None,
             last_rx: None,
@@ -100,6 +159,7 @@ impl GeneveSource {
         }
         stats.not_for_root += not_for_root;
         stats.link = self.rx.stats().clone();
+        self.counters.input_seen(&stats);
         let rejected = stats.link.malformed + stats.link.other_vni + stats.not_for_root;
         // Say so at the first rejected datagram and then at every doubling: visible, not a flood.
         if rejected > self.warned_at {
@@ -147,25 +207,30 @@ impl Source for GeneveSource {
 pub struct GeneveSink {
     tx: Sender,
     stats: Rc<RefCell<SendStats>>,
+    counters: Arc<LinkCounters>,
 }
 
 impl GeneveSink {
-    /// Sends to `to` as chain `vni`, from a socket on `bind` (port 0: any).
+    /// Sends to `to` as chain `vni`, from a socket on `bind` (port 0: any); counts in
+    /// `counters` as well as in the statistics returned.
     pub fn new(
-        bind: SocketAddr,
-        to: SocketAddr,
+        (bind, to): (SocketAddr, SocketAddr),
         vni: u32,
+        counters: Arc<LinkCounters>,
     ) -> Result<(GeneveSink, Rc<RefCell<SendStats>>), sluice_wire::PortError> {
         let tx = Sender::new(bind, to, vni)?;
         let stats = Rc::new(RefCell::new(SendStats::default()));
-        Ok((GeneveSink { tx, stats: stats.clone() }, stats))
+        Ok((GeneveSink { tx, stats: stats.clone(), counters }, stats))
     }
 }
 
 impl Sink for GeneveSink {
     fn write(&mut self, batch: &[Packet]) -> Result<(), RunError> {
         self.tx.send(batch, TO_ROOT).map_err(|e| RunError::Sink(format!("to {}: {e}", self.tx.peer())))?;
-        *self.stats.borrow_mut() = self.tx.stats();
+        let s = self.tx.stats();
+        *self.stats.borrow_mut() = s;
+        self.counters.output[0].store(s.datagrams, Ordering::Relaxed);
+        self.counters.output[1].store(s.bytes, Ordering::Relaxed);
         Ok(())
     }
 }

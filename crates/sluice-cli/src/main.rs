@@ -505,6 +505,7 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     }
     let pace = parse_pace(&a.pace)?;
     let mut geneve_in = None;
+    let links = Arc::new(geneve_ports::LinkCounters::default());
     // A prefix of the input lets the compiler check that each vertex's split spreads the load.
     let (mut source, sample, total): (Box<dyn Source>, Vec<sluice_packet::Packet>, Option<u64>) =
         match (&a.input, &a.gen) {
@@ -534,7 +535,7 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
                     return Err(fail(exit::INVALID)(anyhow::anyhow!("give --input, --gen, --from-geneve or --bridge")));
                 };
                 let idle = a.idle_end.map(|s| seconds("--idle-end", s)).transpose()?;
-                let (source, stats) = geneve_ports::GeneveSource::bind(addr, a.vni, idle, a.limit)
+                let (source, stats) = geneve_ports::GeneveSource::bind(addr, a.vni, (idle, a.limit), links.clone())
                     .with_context(|| format!("--from-geneve {addr}"))
                     .map_err(fail(exit::INVALID))?;
                 // The address actually bound (port 0 picks one), for whoever sends to it.
@@ -568,7 +569,7 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
         (None, Some(to)) => {
             let any: std::net::SocketAddr =
                 if to.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
-            let (sink, stats) = geneve_ports::GeneveSink::new(any, to, a.vni)
+            let (sink, stats) = geneve_ports::GeneveSink::new((any, to), a.vni, links.clone())
                 .with_context(|| format!("--to-geneve {to}"))
                 .map_err(fail(exit::INVALID))?;
             geneve_out = Some((to, stats));
@@ -583,7 +584,8 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
             pb.set_position(n);
         }
     };
-    let live = start_control(&a, &plan)?;
+    let uses_geneve = geneve_in.is_some() || geneve_out.is_some();
+    let live = start_control(&a, &plan, uses_geneve.then(|| links.clone()))?;
     let hooks = RunHooks { progress: Some(&progress), stop: Some(stop), live };
     let report =
         run_recorded((a.record.as_deref(), false), &a.chain, plan, &cfg, source.as_mut(), sink.as_mut(), hooks)?;
@@ -636,11 +638,16 @@ fn count_packets(path: &Path, limit: Option<u64>) -> Result<u64, Failure> {
     Ok(n)
 }
 
-/// Starts the control endpoint if `--control` asks for it; the statistics it serves.
-fn start_control(a: &RunArgs, plan: &sluice_runtime::Plan) -> Result<Option<Arc<sluice_runtime::live::Live>>, Failure> {
+/// Starts the control endpoint if `--control` asks for it (serving `links` too, the run's
+/// Geneve counters, if it has a Geneve input or output); the statistics it serves.
+fn start_control(
+    a: &RunArgs,
+    plan: &sluice_runtime::Plan,
+    links: Option<Arc<geneve_ports::LinkCounters>>,
+) -> Result<Option<Arc<sluice_runtime::live::Live>>, Failure> {
     let Some(addr) = a.control else { return Ok(None) };
     let live = Arc::new(sluice_runtime::live::Live::new(plan));
-    control::serve(addr, a.control_token.as_deref(), live.clone())?;
+    control::serve(addr, a.control_token.as_deref(), live.clone(), links)?;
     Ok(Some(live))
 }
 
@@ -712,7 +719,7 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
     let mut source = ports::BridgeSource(shared.clone());
     let mut sink = ports::BridgeSink(shared.clone());
     let stop = stop_flag(a.duration);
-    let live = start_control(a, &plan)?;
+    let live = start_control(a, &plan, None)?;
     let hooks = RunHooks { progress: None, stop: Some(stop), live };
     let report = run_recorded((a.record.as_deref(), true), &a.chain, plan, cfg, &mut source, &mut sink, hooks)?;
     print_report(&report, a.json.as_deref(), None, &[])?;

@@ -127,8 +127,22 @@ fn the_example_chain_split_over_two_processes_gives_the_one_process_output() {
 fn datagrams_that_are_not_for_the_chain_are_dropped_and_counted() {
     let dir = tempfile::tempdir().expect("temp dir");
     let json = dir.path().join("report.json");
-    let (mut run, addr) =
-        receiving_run(&["-c", "chains/nat.yaml", "--vni", "42", "--idle-end", "1", "--json", &json.to_string_lossy()]);
+    let control = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port");
+    let control = control.to_string();
+    let (mut run, addr) = receiving_run(&[
+        "-c",
+        "chains/nat.yaml",
+        "--vni",
+        "42",
+        "--idle-end",
+        "2",
+        "--json",
+        &json.to_string_lossy(),
+        "--control",
+        &control,
+        "--control-token",
+        "t",
+    ]);
     let packets = sluice_io::load(repo("traces/demo.pcap"), Some(50)).expect("trace");
     let socket = UdpSocket::bind("127.0.0.1:0").expect("socket");
     let datagram = |i: usize, vni: u32, dest: InstanceId| {
@@ -150,6 +164,25 @@ fn datagrams_that_are_not_for_the_chain_are_dropped_and_counted() {
             _ => datagram(i, 42, sluice_wire::TO_ROOT),
         };
         socket.send_to(&d, &addr).expect("send");
+    }
+    // While the run goes, its metrics count them too.
+    let wants = [
+        "sluice_geneve_input_datagrams_total{outcome=\"malformed\"} 3",
+        "sluice_geneve_input_datagrams_total{outcome=\"accepted\"} 46",
+        "sluice_geneve_input_datagrams_total{outcome=\"other_vni\"} 1",
+        "sluice_geneve_input_datagrams_total{outcome=\"not_for_root\"} 1",
+        "sluice_geneve_output_datagrams_total 0",
+    ];
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        let (_, m) = common::http(&control, "GET", "/metrics", Some("t"), "");
+        if wants.iter().all(|w| m.contains(w)) || std::time::Instant::now() > deadline {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for want in wants {
+        assert!(metrics.contains(want), "no `{want}` in\n{metrics}");
     }
     assert!(common::ended_within(&mut run, Duration::from_secs(60)).success());
     let report = report(&json);
