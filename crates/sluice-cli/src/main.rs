@@ -151,12 +151,12 @@ struct RunArgs {
     /// Generate the input instead: long, short, mixed, demo or FLOWSxPACKETS.
     #[arg(long)]
     gen: Option<String>,
-    /// Generator scale factor (fraction of the workload's flows).
-    #[arg(long, default_value_t = 1.0, requires = "gen")]
-    scale: f64,
-    /// Generator frame size: mix or a byte count (64..=1500).
-    #[arg(long, default_value = "mix", requires = "gen")]
-    size: String,
+    /// With --gen: scale factor (fraction of the workload's flows) [default: 1].
+    #[arg(long)]
+    scale: Option<f64>,
+    /// With --gen: frame size, mix or a byte count (64..=1500) [default: mix].
+    #[arg(long)]
+    size: Option<String>,
     /// Generator seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -497,8 +497,12 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     let registry = sluice_nfs::registry();
     let mut cfg = engine_config(&a.engine, a.bridge.is_some());
     cfg.record = a.record.is_some();
+    // Options for one kind of input given with another would be ignored: say so instead.
     if a.idle_end.is_some() && a.from_geneve.is_none() {
         return Err(fail(exit::INVALID)(anyhow::anyhow!("--idle-end is for --from-geneve input")));
+    }
+    if a.gen.is_none() && (a.scale.is_some() || a.size.is_some()) {
+        return Err(fail(exit::INVALID)(anyhow::anyhow!("--scale and --size are for --gen input")));
     }
     if let Some(ifs) = &a.bridge {
         return run_bridge(&a, chain, &cfg, ifs);
@@ -517,7 +521,7 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
                 (Box::new(TraceSource::new(reader, pace, a.limit)), sample, a.limit)
             }
             (None, Some(w)) => {
-                let g = gen_config(w, a.scale, &a.size, a.seed)?;
+                let g = gen_config(w, a.scale.unwrap_or(1.0), a.size.as_deref().unwrap_or("mix"), a.seed)?;
                 let total = g.total_packets();
                 let sample_cfg = g.clone();
                 let sample = sluice_io::generate(&sample_cfg)
@@ -528,7 +532,7 @@ fn cmd_run(a: RunArgs) -> Result<(), Failure> {
                     })
                     .collect();
                 let gen = sluice_io::generate(&g).map_err(|e| fail(exit::INVALID)(e.into()))?;
-                (Box::new(GenSource::new(gen)), sample, Some(a.limit.map_or(total, |l| l.min(total))))
+                (Box::new(GenSource::new(gen, a.limit)), sample, Some(a.limit.map_or(total, |l| l.min(total))))
             }
             (None, None) => {
                 let Some(addr) = a.from_geneve else {

@@ -56,18 +56,24 @@ impl Source for TraceSource {
 /// Feeds generated traffic straight into the chain.
 pub struct GenSource {
     gen: Generator,
+    /// Packets still to give (`--limit`).
+    left: u64,
 }
 
 impl GenSource {
-    /// A source over `gen`.
-    pub fn new(gen: Generator) -> GenSource {
-        GenSource { gen }
+    /// A source over `gen`, ending after `limit` packets if given.
+    pub fn new(gen: Generator, limit: Option<u64>) -> GenSource {
+        GenSource { gen, left: limit.unwrap_or(u64::MAX) }
     }
 }
 
 impl Source for GenSource {
     fn fill(&mut self, pool: &PacketPool, out: &mut Batch, max: usize) -> Result<Fill, RunError> {
         for _ in 0..max {
+            if self.left == 0 {
+                return Ok(if out.is_empty() { Fill::Done } else { Fill::Data });
+            }
+            self.left -= 1;
             match self.gen.next() {
                 Some((ts_ns, frame)) => out.push(pool.packet(&frame, Meta { ts_ns, ..Meta::default() })),
                 None => return Ok(if out.is_empty() { Fill::Done } else { Fill::Data }),

@@ -157,6 +157,19 @@ fn gen_then_inspect_and_run_from_the_generator() {
     assert!(o.status.success(), "{}", text(&o));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json report on stdout");
     assert_eq!(r["packets_in"].as_u64(), Some(1000));
+    // --limit stops the generator too.
+    let o =
+        sluice(&["run", "--chain", &chain, "--gen", "50x20", "--size", "64", "--limit", "300", "--json", "-", "-q"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json report on stdout");
+    assert_eq!(r["packets_in"].as_u64(), Some(300));
+    // Generator options with a trace would be ignored: refused instead.
+    let t = repo("traces/demo.pcap").display().to_string();
+    for opt in [["--scale", "0.5"], ["--size", "64"]] {
+        let o = sluice(&["run", "--chain", &chain, "-i", &t, opt[0], opt[1], "-q"]);
+        assert_eq!(o.status.code(), Some(2), "{opt:?}: {}", text(&o));
+        assert!(text(&o).contains("are for --gen input"), "{opt:?}: {}", text(&o));
+    }
 }
 
 #[test]
