@@ -195,6 +195,60 @@ impl Receiver {
     }
 }
 
+/// Times `rounds` round trips of `batch` packets of `size` bytes over loopback: a sender to a
+/// receiver on a thread that sends every batch back (a measurement, for `examples/linkbench`
+/// and its smoke test). Returns each round trip's duration; half of one is a crossing.
+pub fn round_trips(rounds: usize, batch: usize, size: usize) -> Result<Vec<Duration>, PortError> {
+    let any: SocketAddr = ([127, 0, 0, 1], 0).into();
+    let wait = Duration::from_secs(2);
+    let mut a_rx = Receiver::bind(any, 1, wait, size.max(64))?;
+    let mut b_rx = Receiver::bind(any, 1, wait, size.max(64))?;
+    let (a_addr, b_addr) = (a_rx.local_addr()?, b_rx.local_addr()?);
+    let batch = batch.clamp(1, MAX_BATCH);
+    let packets: Vec<Packet> = (0..batch).map(|_| Packet::from_slice(&vec![0u8; size], Default::default())).collect();
+    // The far end: whatever arrives goes back.
+    let echo = std::thread::spawn(move || -> Result<(), PortError> {
+        let mut back = Sender::new(any, a_addr, 1)?;
+        let mut got = Vec::new();
+        for _ in 0..rounds {
+            while got.len() < batch {
+                if b_rx.recv(|d| got.push(Packet::from_slice(d.frame, d.meta)))? == 0 {
+                    return Ok(());
+                }
+            }
+            back.send(&got, crate::geneve::TO_ROOT)?;
+            got.clear();
+        }
+        Ok(())
+    });
+    let mut to_b = Sender::new(any, b_addr, 1)?;
+    let mut times = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let start = std::time::Instant::now();
+        to_b.send(&packets, crate::geneve::TO_ROOT)?;
+        let mut n = 0;
+        while n < batch {
+            let got = a_rx.recv(|_| {})?;
+            if got == 0 {
+                // The far end stopped answering (a lost datagram on loopback, or it failed).
+                return Err(PortError::Link(LinkError::Recv(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "a round trip timed out",
+                ))));
+            }
+            n += got;
+        }
+        times.push(start.elapsed());
+    }
+    match echo.join() {
+        Ok(r) => r?,
+        Err(_) => {
+            return Err(PortError::Link(LinkError::Recv(std::io::Error::other("the echo thread panicked"))));
+        }
+    }
+    Ok(times)
+}
+
 /// Asks for [`SOCKET_BUFFER`] bytes of socket buffer (`option`: `SO_SNDBUF` or `SO_RCVBUF`),
 /// beyond the system's cap when the process may (`SO_*BUFFORCE`, CAP_NET_ADMIN); best effort: a
 /// smaller buffer only means more loss in bursts, which the counters show.

@@ -191,3 +191,13 @@ fn a_receiver_counts_and_drops_what_is_not_for_it() {
     assert_eq!((s.lost, s.late), (1, 1), "{s:?}");
     assert!(s.last_error.as_deref().is_some_and(|e| e.contains("control")), "{s:?}");
 }
+
+#[test]
+fn the_link_benchmark_runs_and_measures_every_round_trip() {
+    // A smoke run of `examples/linkbench` (no timing assertion): every round trip completes.
+    for batch in [1, 32] {
+        let times = sluice_wire::port::round_trips(50, batch, 64).expect("round trips");
+        assert_eq!(times.len(), 50);
+        assert!(times.iter().all(|t| !t.is_zero()), "batch {batch}: {times:?}");
+    }
+}
