@@ -454,7 +454,7 @@ pub fn cmd_controller(a: ControllerArgs) -> Result<(), Failure> {
     let collector = ControllerMetrics { stats: controller.stats.clone(), errors: errors.clone() };
     let api = (etcd.clone(), a.cluster.cluster.clone());
     a.control.start(|| metrics_route(collector).merge(controller_api(api.0, api.1)))?;
-    let stop = crate::stop_flag(a.life.duration);
+    let stop = crate::run_cmd::stop_flag(a.life.duration);
     eprintln!(
         "sluice controller `{name}`: cluster `{}` on {}, chain `{}` ({} root(s), {} vertices)",
         a.cluster.cluster,
@@ -504,7 +504,7 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
     }
     let cluster = a.cluster.cluster.clone();
     let info = NodeInfo { id: a.id.clone(), addr: a.addr.clone(), roles: a.roles.clone() };
-    let stop = crate::stop_flag(a.life.duration);
+    let stop = crate::run_cmd::stop_flag(a.life.duration);
     let stats = Arc::new(NodeStats::default());
     a.control.start(|| metrics_route(NodeMetrics(stats.clone())))?;
     if let Some(url) = &a.store {

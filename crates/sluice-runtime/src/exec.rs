@@ -39,6 +39,7 @@ mod config;
 mod failover;
 mod finish;
 mod ft;
+mod input;
 mod outgoing;
 mod passing;
 mod reconfig;
@@ -585,7 +586,7 @@ pub fn run(
         inbuf.clear();
         let mut filled = source.fill(&pool, &mut inbuf, cfg.batch)?;
         if filled == Fill::Data && inbuf.len() < cfg.batch && shared.backlog() {
-            filled = fill_batch(source, &pool, &mut inbuf, cfg.batch)?;
+            filled = input::fill_batch(source, &pool, &mut inbuf, cfg.batch)?;
         }
         match filled {
             Fill::Done => source_done = true,
@@ -780,28 +781,6 @@ const ROOT_INPUT_BATCHES: usize = 64;
 
 /// Turns of the root loop with nothing to read before it sleeps between turns.
 const IDLE_TURNS_BEFORE_SLEEP: u32 = 16;
-/// How long the root waits for a partial batch to fill while the chain is busy.
-const BATCH_WAIT: Duration = Duration::from_micros(20);
-
-/// Tops up a partial batch from a source that trickles (a paced trace, a live interface, a
-/// link) for up to [`BATCH_WAIT`]. Only called while some instance has a batch queued: the
-/// instances are behind, so a packet that waits here for company would have waited in a queue
-/// anyway, and a batch of a few packets costs a whole batch's overheads at every hop (queue
-/// hand-offs, the store client's flush). Without it, at a steady half of the saturated rate,
-/// batches of a few packets built a backlog of milliseconds that full batches never had (the
-/// example chain: p50 8.3 ms at 50 % load, `bench-store --parts open-loop`). A chain that
-/// keeps up gets its packets at once. Returns `Done` if the source ended meanwhile.
-fn fill_batch(source: &mut dyn Source, pool: &PacketPool, inbuf: &mut Batch, batch: usize) -> Result<Fill, RunError> {
-    let until = Instant::now() + BATCH_WAIT;
-    while inbuf.len() < batch && Instant::now() < until {
-        match source.fill(pool, inbuf, batch - inbuf.len())? {
-            Fill::Done => return Ok(Fill::Done),
-            Fill::Data => {}
-            Fill::Idle => std::hint::spin_loop(),
-        }
-    }
-    Ok(Fill::Data)
-}
 
 /// Vertex managers look at their vertices every this many admitted packets (as in the
 /// virtual-time engine).

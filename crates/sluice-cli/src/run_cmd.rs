@@ -1,0 +1,399 @@
+//! `sluice run`: a chain over a trace, generated traffic, live interfaces or Geneve datagrams,
+//! with its report; the options, the sources and sinks it connects, the control endpoint and
+//! the record.
+
+use crate::ports::{self, GenSource, PcapSink, TraceSource};
+use crate::{
+    control, engine_config, exit, fail, fault_tolerant, gen_config, geneve_ports, load_chain, parse_pace, progress_bar,
+    record, run_faults, state_config, EngineArgs, Failure,
+};
+use anyhow::Context;
+use clap::Args;
+use sluice_io::{Precision, TraceReader};
+use sluice_runtime::{compile_with, run, Chain, DiscardSink, RunConfig, RunHooks, RunReport, Sink, Source};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+#[derive(Args)]
+pub(crate) struct RunArgs {
+    /// Chain file (YAML).
+    #[arg(long, short)]
+    chain: PathBuf,
+    /// Input trace (pcap or pcapng).
+    #[arg(
+        long,
+        short,
+        conflicts_with_all = ["gen", "bridge", "from_geneve"],
+        required_unless_present_any = ["gen", "bridge", "from_geneve"]
+    )]
+    input: Option<PathBuf>,
+    /// Take the input from Geneve datagrams on this UDP address, HOST:PORT (another chain's
+    /// --to-geneve, or a load balancer that speaks Geneve): each datagram's Ethernet frame
+    /// enters the chain with its capture time and NF labels; datagrams that are not Sluice's
+    /// Geneve for --vni are dropped and counted (docs/wire-format.md). Ends with --idle-end,
+    /// --limit, --duration or Ctrl-C.
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["gen", "bridge"])]
+    from_geneve: Option<std::net::SocketAddr>,
+    /// Send the output as Geneve datagrams to this UDP address, HOST:PORT, with Sluice's
+    /// metadata as options (e.g. to another chain's --from-geneve); Wireshark and tcpdump
+    /// decode them.
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["output", "bridge"])]
+    to_geneve: Option<std::net::SocketAddr>,
+    /// The Geneve VNI (0 to 16,777,215) naming the chain on --from-geneve and --to-geneve.
+    #[arg(long, default_value_t = 1)]
+    vni: u32,
+    /// With --from-geneve: end the input once this many seconds pass without a datagram,
+    /// after the first one.
+    #[arg(long, value_name = "SECS")]
+    idle_end: Option<f64>,
+    /// Sit between two live interfaces, `IF0,IF1` (AF_PACKET, needs CAP_NET_RAW): what arrives
+    /// on one leaves on the other after the chain. Packets from IF1 follow the chain's
+    /// `reverse_edges` if it has them.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["gen", "output"])]
+    bridge: Option<Vec<String>>,
+    /// Stop after this many seconds (live runs; Ctrl-C also stops cleanly).
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Generate the input instead: long, short, mixed, demo or FLOWSxPACKETS.
+    #[arg(long)]
+    gen: Option<String>,
+    /// With --gen: scale factor (fraction of the workload's flows) [default: 1].
+    #[arg(long)]
+    scale: Option<f64>,
+    /// With --gen: frame size, mix or a byte count (64..=1500) [default: mix].
+    #[arg(long)]
+    size: Option<String>,
+    /// Generator seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Output pcap file; without it the output is discarded.
+    #[arg(long, short)]
+    output: Option<PathBuf>,
+    /// Write output timestamps with nanosecond precision.
+    #[arg(long)]
+    nanos: bool,
+    /// Also write the report as JSON to this file (`-` for stdout, replacing the text report).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Stop after this many input packets.
+    #[arg(long)]
+    limit: Option<u64>,
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Replay pace: `full` or the recorded pace times a speed factor (`1`, `2.5`, ...).
+    #[arg(long, default_value = "full")]
+    pace: String,
+    /// Do not show a progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+    /// Record the run in this directory (created; must not hold a record): the chain, every
+    /// input packet and its clock, the output, the NFs' drops and events, and the final state
+    /// after the timers due by the last packet fired. Check it with `sluice verify --recorded DIR`.
+    #[arg(long, value_name = "DIR")]
+    record: Option<PathBuf>,
+    /// Serve a control endpoint while the chain runs: PORT (on 127.0.0.1) or HOST:PORT (any
+    /// other address only when given). `GET /api/v1/chain` lists vertices and instances with
+    /// live statistics, `GET /metrics` is Prometheus text; see `sluice ctl`.
+    #[arg(long, value_name = "ADDR", value_parser = control::parse_addr)]
+    control: Option<std::net::SocketAddr>,
+    /// The control endpoint's token (default: $SLUICE_CONTROL_TOKEN, else a random one printed
+    /// on stderr). Requests send `Authorization: Bearer TOKEN`.
+    #[arg(long, requires = "control")]
+    control_token: Option<String>,
+    /// Crash, slow, scale, move and clone while the chain runs (a fault-schedule file, as for
+    /// `sluice verify`: `crash`, `crash_root`, `crash_store`, `slow`, `scale`, `move` and `clone`
+    /// events, scaling and straggler policies): a crashed instance is replaced and the root
+    /// replays its log to the replacement, through the NFs in front of it; a slowed one spends
+    /// the extra time per packet; a moved flow's packets wait at its new instance until the old
+    /// one is done with it. A `run:` section is for `sluice verify` (the chain, input, limit and
+    /// log come from this command line; its `roots` must match --roots). Turns on
+    /// --fault-tolerance; needs a store (not --mode local).
+    #[arg(long, value_name = "FILE", conflicts_with = "bridge")]
+    faults: Option<PathBuf>,
+}
+
+pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
+    let chain = load_chain(&a.chain)?;
+    let registry = sluice_nfs::registry();
+    let mut cfg = engine_config(&a.engine, a.bridge.is_some());
+    cfg.record = a.record.is_some();
+    // Options for one kind of input given with another would be ignored: say so instead.
+    if a.idle_end.is_some() && a.from_geneve.is_none() {
+        return Err(fail(exit::INVALID)(anyhow::anyhow!("--idle-end is for --from-geneve input")));
+    }
+    if a.gen.is_none() && (a.scale.is_some() || a.size.is_some()) {
+        return Err(fail(exit::INVALID)(anyhow::anyhow!("--scale and --size are for --gen input")));
+    }
+    if let Some(ifs) = &a.bridge {
+        return run_bridge(&a, chain, &cfg, ifs);
+    }
+    let pace = parse_pace(&a.pace)?;
+    let mut geneve_in = None;
+    let links = Arc::new(geneve_ports::LinkCounters::default());
+    // A prefix of the input lets the compiler check that each vertex's split spreads the load.
+    let (mut source, sample, total): (Box<dyn Source>, Vec<sluice_packet::Packet>, Option<u64>) =
+        match (&a.input, &a.gen) {
+            (Some(path), _) => {
+                let sample = sluice_io::load(path, Some(4096))
+                    .with_context(|| format!("reading {}", path.display()))
+                    .map_err(fail(exit::BAD_INPUT))?;
+                let reader = TraceReader::open(path).map_err(|e| fail(exit::BAD_INPUT)(e.into()))?;
+                (Box::new(TraceSource::new(reader, pace, a.limit)), sample, a.limit)
+            }
+            (None, Some(w)) => {
+                let g = gen_config(w, a.scale.unwrap_or(1.0), a.size.as_deref().unwrap_or("mix"), a.seed)?;
+                let total = g.total_packets();
+                let sample_cfg = g.clone();
+                let sample = sluice_io::generate(&sample_cfg)
+                    .map_err(|e| fail(exit::INVALID)(e.into()))?
+                    .take(4096)
+                    .map(|(ts_ns, f)| {
+                        sluice_packet::Packet::from_slice(&f, sluice_packet::Meta { ts_ns, ..Default::default() })
+                    })
+                    .collect();
+                let gen = sluice_io::generate(&g).map_err(|e| fail(exit::INVALID)(e.into()))?;
+                (Box::new(GenSource::new(gen, a.limit)), sample, Some(a.limit.map_or(total, |l| l.min(total))))
+            }
+            (None, None) => {
+                let Some(addr) = a.from_geneve else {
+                    return Err(fail(exit::INVALID)(anyhow::anyhow!("give --input, --gen, --from-geneve or --bridge")));
+                };
+                let idle = a.idle_end.map(|s| seconds("--idle-end", s)).transpose()?;
+                let (source, stats) = geneve_ports::GeneveSource::bind(addr, a.vni, (idle, a.limit), links.clone())
+                    .with_context(|| format!("--from-geneve {addr}"))
+                    .map_err(fail(exit::INVALID))?;
+                // The address actually bound (port 0 picks one), for whoever sends to it.
+                eprintln!("geneve input: listening on {} (VNI {})", stats.borrow().listen, a.vni);
+                geneve_in = Some(stats);
+                (Box::new(source), Vec::new(), a.limit)
+            }
+        };
+    if let Some(f) = &a.faults {
+        let count = || match &a.input {
+            Some(path) => count_packets(path, a.limit),
+            None => {
+                total.ok_or_else(|| fail(exit::INVALID)(anyhow::anyhow!("percent positions need a known input length")))
+            }
+        };
+        let faults = run_faults::faults(f, &chain, a.engine.roots, count)?;
+        cfg.planned = faults.planned;
+        cfg.policies = faults.policies;
+        cfg.fault_tolerance = true;
+    }
+    let state = fault_tolerant(state_config(&a.engine, &chain)?, cfg.fault_tolerance);
+    let mut plan =
+        compile_with(&chain, &registry, &sample, &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
+    prepare_scaling(&a, &mut cfg, &mut plan);
+    let mut geneve_out = None;
+    let mut sink: Box<dyn Sink> = match (&a.output, a.to_geneve) {
+        (Some(p), _) => Box::new(
+            PcapSink::create(p, if a.nanos { Precision::Nano } else { Precision::Micro })
+                .with_context(|| format!("creating {}", p.display()))?,
+        ),
+        (None, Some(to)) => {
+            let any: std::net::SocketAddr =
+                if to.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
+            let (sink, stats) = geneve_ports::GeneveSink::new((any, to), a.vni, links.clone())
+                .with_context(|| format!("--to-geneve {to}"))
+                .map_err(fail(exit::INVALID))?;
+            geneve_out = Some((to, stats));
+            Box::new(sink)
+        }
+        (None, None) => Box::new(DiscardSink),
+    };
+    let stop = stop_flag(a.duration);
+    let pb = progress_bar(a.quiet, total);
+    let progress = |n: u64| {
+        if let Some(pb) = &pb {
+            pb.set_position(n);
+        }
+    };
+    let uses_geneve = geneve_in.is_some() || geneve_out.is_some();
+    let live = start_control(&a, &plan, uses_geneve.then(|| links.clone()))?;
+    let hooks = RunHooks { progress: Some(&progress), stop: Some(stop), live };
+    let report =
+        run_recorded((a.record.as_deref(), false), &a.chain, plan, &cfg, source.as_mut(), sink.as_mut(), hooks)?;
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    let mut extra = Vec::new();
+    if let Some(stats) = geneve_in {
+        let s = stats.borrow();
+        let l = &s.link;
+        let mut line = format!(
+            "  geneve input on {}: {} accepted in {:.3} s, {} malformed, {} for another VNI, {} not for the root, {} too large, {} lost on the way, {} late",
+            s.listen, l.accepted, s.active_s, l.malformed, l.other_vni, s.not_for_root, l.truncated, l.lost, l.late
+        );
+        if let Some(e) = &l.last_error {
+            line += &format!(" (last malformed: {e})");
+        }
+        extra.push(("geneve_input", serde_json::to_value(&*s).context("serialising the report")?, line));
+    }
+    if let Some((to, stats)) = geneve_out {
+        let s = *stats.borrow();
+        let line = format!("  geneve output to {to}: {} datagrams, {} bytes", s.datagrams, s.bytes);
+        let value = serde_json::json!({ "to": to.to_string(), "datagrams": s.datagrams, "bytes": s.bytes });
+        extra.push(("geneve_output", value, line));
+    }
+    print_report(&report, a.json.as_deref(), a.output.as_deref(), &extra)?;
+    Ok(())
+}
+
+/// A positive, finite number of seconds given to `flag`.
+fn seconds(flag: &str, s: f64) -> Result<std::time::Duration, Failure> {
+    if s.is_finite() && s > 0.0 {
+        Ok(std::time::Duration::from_secs_f64(s))
+    } else {
+        Err(fail(exit::INVALID)(anyhow::anyhow!("{flag} takes a positive number of seconds, not {s}")))
+    }
+}
+
+/// The packets of the trace at `path` (at most `limit`).
+fn count_packets(path: &Path, limit: Option<u64>) -> Result<u64, Failure> {
+    let mut reader = TraceReader::open(path).map_err(|e| fail(exit::BAD_INPUT)(e.into()))?;
+    let mut n = 0u64;
+    while limit.is_none_or(|l| n < l) {
+        match reader.next_record() {
+            Ok(Some(_)) => n += 1,
+            Ok(None) => break,
+            Err(e) => return Err(fail(exit::BAD_INPUT)(e.into())),
+        }
+    }
+    Ok(n)
+}
+
+/// Starts the control endpoint if `--control` asks for it (serving `links` too, the run's
+/// Geneve counters, if it has a Geneve input or output); the statistics it serves.
+fn start_control(
+    a: &RunArgs,
+    plan: &sluice_runtime::Plan,
+    links: Option<Arc<geneve_ports::LinkCounters>>,
+) -> Result<Option<Arc<sluice_runtime::live::Live>>, Failure> {
+    let Some(addr) = a.control else { return Ok(None) };
+    let live = Arc::new(sluice_runtime::live::Live::new(plan));
+    control::serve(addr, a.control_token.as_deref(), live.clone(), links)?;
+    Ok(Some(live))
+}
+
+/// Runs `plan`, recording the run in `record` if given (`cfg.record` must be set then);
+/// `closed_loop`: its input answers what it sends (a live bridge).
+fn run_recorded(
+    (record, closed_loop): (Option<&Path>, bool),
+    chain_file: &Path,
+    plan: sluice_runtime::Plan,
+    cfg: &RunConfig,
+    source: &mut dyn Source,
+    sink: &mut dyn Sink,
+    hooks: RunHooks<'_>,
+) -> Result<RunReport, Failure> {
+    let failed = |e: sluice_runtime::RunError| {
+        let code = match e {
+            sluice_runtime::RunError::Source(_) => exit::BAD_INPUT,
+            sluice_runtime::RunError::Config(_) => exit::INVALID,
+            _ => exit::FAILED,
+        };
+        fail(code)(anyhow::Error::new(e))
+    };
+    let Some(dir) = record else { return run(plan, cfg, source, sink, hooks).map_err(failed) };
+    let recorder = record::Recorder::create(dir, chain_file)?.closed_loop(closed_loop);
+    let (mut rsource, mut rsink) = recorder.wrap(source, sink)?;
+    let report = run(plan, cfg, &mut rsource, &mut rsink, hooks).map_err(failed)?;
+    recorder.finish(&report, rsource, rsink)?;
+    Ok(report)
+}
+
+/// A flag set by Ctrl-C or after `duration` seconds.
+pub(crate) fn stop_flag(duration: Option<f64>) -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let _ = ctrlc::set_handler(move || s.store(true, Ordering::Relaxed));
+    if let Some(d) = duration.filter(|d| d.is_finite() && *d >= 0.0) {
+        let s = stop.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_secs_f64(d));
+            s.store(true, Ordering::Relaxed);
+        });
+    }
+    stop
+}
+
+/// A run with a control endpoint and a store can be scaled live; one with `scale` or `move`
+/// faults scales. Either keeps instance slots for the instances added (before the live
+/// statistics are made: they show those too).
+fn prepare_scaling(a: &RunArgs, cfg: &mut sluice_runtime::RunConfig, plan: &mut sluice_runtime::Plan) {
+    cfg.scalable = a.control.is_some() && plan.rebuilder.has_store();
+    let changes = cfg.planned.iter().any(|p| matches!(p, sluice_runtime::exec::Planned::Change(_)));
+    if cfg.scalable || changes || !cfg.policies.is_empty() {
+        plan.reserve_spares(sluice_runtime::exec::MAX_INSTANCES_PER_VERTEX);
+    }
+}
+
+fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &[String]) -> Result<(), Failure> {
+    let [if0, if1] = ifs else {
+        return Err(fail(exit::INVALID)(anyhow::anyhow!("--bridge takes two interfaces, IF0,IF1")));
+    };
+    let state = fault_tolerant(state_config(&a.engine, &chain)?, cfg.fault_tolerance);
+    let mut plan = compile_with(&chain, &sluice_nfs::registry(), &[], &state)
+        .map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
+    let mut cfg = cfg.clone();
+    prepare_scaling(a, &mut cfg, &mut plan);
+    let cfg = &cfg;
+    let bridge = ports::Bridge::open(if0, if1).map_err(|e| fail(exit::FAILED)(anyhow::Error::new(e)))?;
+    let shared = std::rc::Rc::new(std::cell::RefCell::new(bridge));
+    let mut source = ports::BridgeSource(shared.clone());
+    let mut sink = ports::BridgeSink(shared.clone());
+    let stop = stop_flag(a.duration);
+    let live = start_control(a, &plan, None)?;
+    let hooks = RunHooks { progress: None, stop: Some(stop), live };
+    let report = run_recorded((a.record.as_deref(), true), &a.chain, plan, cfg, &mut source, &mut sink, hooks)?;
+    print_report(&report, a.json.as_deref(), None, &[])?;
+    let mut b = shared.borrow_mut();
+    if a.json.as_deref() != Some(Path::new("-")) {
+        for (name, s) in b.stats() {
+            println!(
+                "  port {name}: rx {} tx {} kernel-drops {} truncated {} tx-ring-full {}",
+                s.rx_packets, s.tx_packets, s.rx_kernel_drops, s.rx_truncated, s.tx_ring_full
+            );
+        }
+        if b.tx_dropped > 0 {
+            println!("  frames dropped on full transmit rings: {}", b.tx_dropped);
+        }
+    }
+    Ok(())
+}
+
+/// Prints a run's report as text, or as JSON to stdout or a file (`json`), with `extra`
+/// sections of the run's ports: each a JSON key, its value, and its line of text.
+fn print_report(
+    report: &RunReport,
+    json: Option<&Path>,
+    output: Option<&Path>,
+    extra: &[(&str, serde_json::Value, String)],
+) -> Result<(), Failure> {
+    let to_stdout = json.is_some_and(|p| p == Path::new("-"));
+    if !to_stdout {
+        print!("{report}");
+        if let Some(o) = output {
+            println!("  output written to {}", o.display());
+        }
+        for (_, _, line) in extra {
+            println!("{line}");
+        }
+    }
+    if let Some(p) = json {
+        let mut value = serde_json::to_value(report).context("serialising the report")?;
+        if let Some(map) = value.as_object_mut() {
+            for (key, v, _) in extra {
+                map.insert((*key).to_string(), v.clone());
+            }
+        }
+        let text = serde_json::to_string_pretty(&value).context("serialising the report")?;
+        if to_stdout {
+            println!("{text}");
+        } else {
+            std::fs::write(p, text + "\n").with_context(|| format!("writing {}", p.display()))?;
+        }
+    }
+    Ok(())
+}
