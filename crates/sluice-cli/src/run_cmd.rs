@@ -160,12 +160,12 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
                     return Err(fail(exit::INVALID)(anyhow::anyhow!("give --input, --gen, --from-geneve or --bridge")));
                 };
                 let idle = a.idle_end.map(|s| seconds("--idle-end", s)).transpose()?;
-                let (source, stats) = geneve_ports::GeneveSource::bind(addr, a.vni, (idle, a.limit), links.clone())
+                let (source, listen) = geneve_ports::GeneveSource::bind(addr, a.vni, (idle, a.limit), links.clone())
                     .with_context(|| format!("--from-geneve {addr}"))
                     .map_err(fail(exit::INVALID))?;
                 // The address actually bound (port 0 picks one), for whoever sends to it.
-                eprintln!("geneve input: listening on {} (VNI {})", stats.borrow().listen, a.vni);
-                geneve_in = Some(stats);
+                eprintln!("geneve input: listening on {listen} (VNI {})", a.vni);
+                geneve_in = Some(listen);
                 (Box::new(source), Vec::new(), a.limit)
             }
         };
@@ -194,10 +194,10 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
         (None, Some(to)) => {
             let any: std::net::SocketAddr =
                 if to.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
-            let (sink, stats) = geneve_ports::GeneveSink::new((any, to), a.vni, links.clone())
+            let sink = geneve_ports::GeneveSink::new((any, to), a.vni, links.clone())
                 .with_context(|| format!("--to-geneve {to}"))
                 .map_err(fail(exit::INVALID))?;
-            geneve_out = Some((to, stats));
+            geneve_out = Some(to);
             Box::new(sink)
         }
         (None, None) => Box::new(DiscardSink),
@@ -217,25 +217,7 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
-    let mut extra = Vec::new();
-    if let Some(stats) = geneve_in {
-        let s = stats.borrow();
-        let l = &s.link;
-        let mut line = format!(
-            "  geneve input on {}: {} accepted in {:.3} s, {} malformed, {} for another VNI, {} not for the root, {} too large, {} lost on the way, {} late",
-            s.listen, l.accepted, s.active_s, l.malformed, l.other_vni, s.not_for_root, l.truncated, l.lost, l.late
-        );
-        if let Some(e) = &l.last_error {
-            line += &format!(" (last malformed: {e})");
-        }
-        extra.push(("geneve_input", serde_json::to_value(&*s).context("serialising the report")?, line));
-    }
-    if let Some((to, stats)) = geneve_out {
-        let s = *stats.borrow();
-        let line = format!("  geneve output to {to}: {} datagrams, {} bytes", s.datagrams, s.bytes);
-        let value = serde_json::json!({ "to": to.to_string(), "datagrams": s.datagrams, "bytes": s.bytes });
-        extra.push(("geneve_output", value, line));
-    }
+    let extra = geneve_ports::report_sections(&links, geneve_in, geneve_out).context("serialising the report")?;
     print_report(&report, a.json.as_deref(), a.output.as_deref(), &extra)?;
     Ok(())
 }
