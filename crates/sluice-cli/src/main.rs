@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_store;
+mod bridge;
 mod cluster;
 mod control;
 mod embark;

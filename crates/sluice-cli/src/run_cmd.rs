@@ -2,7 +2,8 @@
 //! with its report; the options, the sources and sinks it connects, the control endpoint and
 //! the record.
 
-use crate::ports::{self, GenSource, PcapSink, TraceSource};
+use crate::bridge::{Bridge, BridgeSink, BridgeSource, LiveIo, LivePort};
+use crate::ports::{GenSource, PcapSink, TraceSource};
 use crate::{
     control, engine_config, exit, fail, fault_tolerant, gen_config, geneve_ports, load_chain, parse_pace, progress_bar,
     record, run_faults, state_config, EngineArgs, Failure,
@@ -47,11 +48,20 @@ pub(crate) struct RunArgs {
     /// after the first one.
     #[arg(long, value_name = "SECS")]
     idle_end: Option<f64>,
-    /// Sit between two live interfaces, `IF0,IF1` (AF_PACKET, needs CAP_NET_RAW): what arrives
-    /// on one leaves on the other after the chain. Packets from IF1 follow the chain's
-    /// `reverse_edges` if it has them.
+    /// Sit between two live interfaces, `IF0,IF1` (needs root): what arrives on one leaves on
+    /// the other after the chain. Packets from IF1 follow the chain's `reverse_edges` if it
+    /// has them.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["gen", "output"])]
     bridge: Option<Vec<String>>,
+    /// With --bridge: how frames reach Sluice: `afpacket` (AF_PACKET rings, any interface) or
+    /// `xdp` (AF_XDP sockets fed by an XDP program Sluice attaches and removes; faster, needs
+    /// CAP_BPF and no other XDP program on the interfaces) [default: afpacket].
+    #[arg(long, value_enum)]
+    io: Option<LiveIo>,
+    /// With --io xdp: attach the XDP program in `driver` (native) or `generic` mode, or `auto`
+    /// (driver where the interface has it) [default: auto].
+    #[arg(long, value_name = "MODE")]
+    xdp_mode: Option<sluice_afxdp::AttachMode>,
     /// Stop after this many seconds (live runs; Ctrl-C also stops cleanly).
     #[arg(long)]
     duration: Option<f64>,
@@ -124,6 +134,12 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     }
     if a.gen.is_none() && (a.scale.is_some() || a.size.is_some()) {
         return Err(fail(exit::INVALID)(anyhow::anyhow!("--scale and --size are for --gen input")));
+    }
+    if a.io.is_some() && a.bridge.is_none() {
+        return Err(fail(exit::INVALID)(anyhow::anyhow!("--io is for --bridge runs")));
+    }
+    if a.xdp_mode.is_some() && a.io != Some(LiveIo::Xdp) {
+        return Err(fail(exit::INVALID)(anyhow::anyhow!("--xdp-mode is for --bridge with --io xdp")));
     }
     if let Some(ifs) = &a.bridge {
         return run_bridge(&a, chain, &cfg, ifs);
@@ -321,28 +337,38 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
     let mut cfg = cfg.clone();
     prepare_scaling(a, &mut cfg, &mut plan);
     let cfg = &cfg;
-    let bridge = ports::Bridge::open(if0, if1).map_err(|e| fail(exit::FAILED)(anyhow::Error::new(e)))?;
+    let opened = |e: String| fail(exit::FAILED)(anyhow::anyhow!("{e}"));
+    match a.io.unwrap_or(LiveIo::Afpacket) {
+        LiveIo::Afpacket => {
+            let c = sluice_afpacket::RingConfig::default();
+            let open = |i: &str| sluice_afpacket::AfPacketPort::open(i, &c).map_err(|e| opened(e.to_string()));
+            bridge_run(a, plan, cfg, Bridge::new([open(if0)?, open(if1)?]))
+        }
+        LiveIo::Xdp => {
+            let c = sluice_afxdp::XdpConfig { mode: a.xdp_mode.unwrap_or_default(), ..Default::default() };
+            let open = |i: &str| sluice_afxdp::XdpPort::open(i, &c).map_err(|e| opened(e.to_string()));
+            bridge_run(a, plan, cfg, Bridge::new([open(if0)?, open(if1)?]))
+        }
+    }
+}
+
+/// Runs the chain between the bridge's ports until stopped, and prints the report with the
+/// ports' counters.
+fn bridge_run<P: LivePort>(
+    a: &RunArgs,
+    plan: sluice_runtime::Plan,
+    cfg: &sluice_runtime::RunConfig,
+    bridge: Bridge<P>,
+) -> Result<(), Failure> {
     let shared = std::rc::Rc::new(std::cell::RefCell::new(bridge));
-    let mut source = ports::BridgeSource(shared.clone());
-    let mut sink = ports::BridgeSink(shared.clone());
+    let mut source = BridgeSource(shared.clone());
+    let mut sink = BridgeSink(shared.clone());
     let stop = stop_flag(a.duration);
     let live = start_control(a, &plan, None)?;
     let hooks = RunHooks { progress: None, stop: Some(stop), live };
     let report = run_recorded((a.record.as_deref(), true), &a.chain, plan, cfg, &mut source, &mut sink, hooks)?;
-    print_report(&report, a.json.as_deref(), None, &[])?;
-    let mut b = shared.borrow_mut();
-    if a.json.as_deref() != Some(Path::new("-")) {
-        for (name, s) in b.stats() {
-            println!(
-                "  port {name}: rx {} tx {} kernel-drops {} truncated {} tx-ring-full {}",
-                s.rx_packets, s.tx_packets, s.rx_kernel_drops, s.rx_truncated, s.tx_ring_full
-            );
-        }
-        if b.tx_dropped > 0 {
-            println!("  frames dropped on full transmit rings: {}", b.tx_dropped);
-        }
-    }
-    Ok(())
+    let (ports, lines) = shared.borrow_mut().report();
+    print_report(&report, a.json.as_deref(), None, &[("ports", ports, lines)])
 }
 
 /// Prints a run's report as text, or as JSON to stdout or a file (`json`), with `extra`

@@ -215,8 +215,23 @@ fn mac_of(ns: &str, dev: &str) -> String {
 
 #[test]
 fn nat_firewall_chain_bridges_ping_and_a_10mb_download() {
+    nat_firewall_download("a", "afpacket");
+}
+
+/// The same through AF_XDP sockets: Sluice attaches its XDP program to both interfaces (veth
+/// has native XDP) and removes it when it stops.
+#[test]
+fn nat_firewall_chain_over_af_xdp_bridges_ping_and_a_10mb_download() {
+    nat_firewall_download("x", "xdp");
+}
+
+fn xdp_attached(dev: &str) -> bool {
+    String::from_utf8_lossy(&sh(&["ip", "link", "show", "dev", dev]).stdout).contains("prog/xdp")
+}
+
+fn nat_firewall_download(tag: &str, io: &str) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut wire = Wire::new("a");
+    let mut wire = Wire::new(tag);
     let nc = wire.nc.clone();
     let dir = tempfile::tempdir().expect("tempdir");
     let chain = dir.path().join("nat-fw.yaml");
@@ -249,7 +264,7 @@ reverse_edges:    # outside to inside: firewall, then NAT
     .expect("chain file");
     let report = dir.path().join("report.json");
     let record = dir.path().join("record");
-    wire.start_sluice(&chain, (&report, &record), &["--duration", "90", "--workers", "1"]);
+    wire.start_sluice(&chain, (&report, &record), &["--duration", "90", "--workers", "1", "--io", io]);
 
     // 10 MB of random bytes served over HTTP from the server namespace.
     let data = random_bytes(10 * 1024 * 1024);
@@ -308,11 +323,20 @@ reverse_edges:    # outside to inside: firewall, then NAT
         .expect("probe");
     assert_eq!(String::from_utf8_lossy(&blocked.stdout).trim(), "blocked");
 
+    let (m0, m1) = (wire.m0.clone(), wire.m1.clone());
+    assert_eq!(xdp_attached(&m0) && xdp_attached(&m1), io == "xdp", "XDP programs only with --io xdp");
     // Stop sluice cleanly (SIGINT) and read its report.
     let (status, err) = stop(wire.guard.children.remove(0));
     assert!(status.success(), "sluice exited with {status}: {err}");
+    assert!(!xdp_attached(&m0) && !xdp_attached(&m1), "the XDP programs must go with sluice");
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(Path::new(&report)).expect("report")).expect("report json");
+    for m in [&m0, &m1] {
+        let port = &json["ports"][m.as_str()];
+        assert_eq!(port["io"], io, "{port}");
+        assert!(port["rx"].as_u64().unwrap_or(0) > 100 && port["tx"].as_u64().unwrap_or(0) > 100, "{port}");
+        assert_eq!(port["kernel_drops"], 0, "{port}");
+    }
     let out = json["packets_out"].as_u64().unwrap_or(0);
     assert!(out > 7000, "only {out} packets crossed the chain; a 10 MB download needs thousands");
     let denied = json["dropped"]["fw: fw-acl-deny"].as_u64().unwrap_or(0);
