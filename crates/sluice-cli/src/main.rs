@@ -14,6 +14,7 @@ mod ports;
 mod record;
 mod run_cmd;
 mod run_faults;
+mod send_cmd;
 mod verify;
 
 use anyhow::Context;
@@ -64,6 +65,9 @@ enum Command {
     Run(run_cmd::RunArgs),
     /// Generate a synthetic TCP trace (StatelessNF workloads) as pcap.
     Gen(GenArgs),
+    /// Send a trace or generated traffic out of a live interface, as fast as it goes or at a
+    /// fixed rate, looping for a duration: a load generator for bridges (needs root).
+    Send(send_cmd::SendArgs),
     /// Summarise a pcap/pcapng trace: packets, flows, protocols, duration.
     Inspect(InspectArgs),
     /// Check a chain file; errors name the file, line and field.
@@ -286,6 +290,7 @@ fn main() -> ExitCode {
         Command::Node(a) => cluster::cmd_node(a),
         Command::Cluster(a) => cluster::cmd_cluster(a),
         Command::Gen(a) => cmd_gen(a),
+        Command::Send(a) => send_cmd::cmd_send(a),
         Command::Inspect(a) => cmd_inspect(a),
         Command::Validate(a) => cmd_validate(a),
         Command::Bench(a) => bench::cmd_bench(a).map_err(fail(exit::FAILED)),
