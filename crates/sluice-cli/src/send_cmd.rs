@@ -100,7 +100,7 @@ fn load(a: &SendArgs) -> Result<Vec<Packet>, Failure> {
 }
 
 pub(crate) fn cmd_send(a: SendArgs) -> Result<(), Failure> {
-    if !(a.rate >= 0.0 && a.rate.is_finite()) || !(a.duration > 0.0 && a.duration.is_finite()) {
+    if !(a.rate >= 0.0 && a.rate.is_finite() && a.duration > 0.0 && a.duration.is_finite()) {
         return Err(fail(exit::INVALID)(anyhow::anyhow!("--rate must be >= 0 and --duration > 0")));
     }
     let packets = load(&a)?;
