@@ -6,12 +6,20 @@
 # then, for AF_XDP, a run at half its median peak: offered, delivered and lost packets.
 # Medians and ratios at the end, and JSON with every row (docs/benchmarks.md).
 #
+# The generator is `sluice send --io xdp` (the faster of the two: it must outrun every
+# forwarder) pinned to core 0, as a generator on its own machine would be; on veth the
+# forwarder's receive work runs on the sender's core, so kernel forwarding (all of it in the
+# sender's softirq) is generator-bound here.
+#
 # Usage: scripts/bench-bridge.sh [REPETITIONS] [SECONDS]    (needs root, iproute2, ethtool)
-# Env: SLUICE=path/to/sluice (default: a release build made here), JSON=file for the rows.
+# Env: SLUICE=path/to/sluice (default: a release build made here), JSON=file for the rows,
+# SEND_IO=afpacket|xdp and SEND_CPU=N for the generator, BRIDGE_OPTS for `sluice run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=${1:-5}
 secs=${2:-5}
+send_io=${SEND_IO:-xdp}
+send_cpu=${SEND_CPU:-0}
 if [ -z "${SLUICE:-}" ]; then
   cargo build --release -q -p sluice-cli
   SLUICE=target/release/sluice
@@ -25,7 +33,12 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-for n in $G $M $K; do ip netns add "$n"; ip -n "$n" link set lo up; done
+for n in $G $M $K; do
+  ip netns add "$n"
+  ip -n "$n" link set lo up
+  # No IPv6 chatter: the sink's counter is to see only what crossed.
+  ip netns exec "$n" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+done
 ip link add g0 netns $G type veth peer name m0 netns $M
 ip link add m1 netns $M type veth peer name k0 netns $K
 ip -n $G addr add 10.91.1.2/24 dev g0
@@ -52,14 +65,14 @@ measure() {
     ip netns exec $M sysctl -qw net.ipv4.ip_forward=1
   else
     ip netns exec $M sysctl -qw net.ipv4.ip_forward=0
-    ip netns exec $M "$S" run -c chains/passthrough.yaml --bridge m0,m1 --io "$mode" -w 1 -q \
+    ip netns exec $M "$S" run -c chains/passthrough.yaml --bridge m0,m1 --io "$mode" -w 1 -q ${BRIDGE_OPTS:-} \
       --duration $((secs + 30)) --json "$tmp/bridge.json" >/dev/null 2>"$tmp/bridge.err" &
     bridge=$!
     sleep 1.5
   fi
   local before after
   before=$(rx)
-  ip netns exec $G "$S" send --interface g0 --io "${SEND_IO:-afpacket}" --gen long --scale 0.01 --size 64 --dst-mac "$m0_mac" \
+  ip netns exec $G taskset -c "$send_cpu" "$S" send --interface g0 --io "$send_io" --gen long --scale 0.01 --size 64 --dst-mac "$m0_mac" \
     --rate "$rate" --duration "$secs" --json "$tmp/send.json" >/dev/null
   sleep 0.5
   after=$(rx)

@@ -15,14 +15,15 @@ use std::time::Duration;
 /// The geometry of a port's UMEM and rings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct XdpConfig {
-    /// Frames in the UMEM; half receive, half transmit.
-    pub frames: u32,
+    /// Frames for receiving: the fill and RX rings have this many entries, so a burst of
+    /// this many frames waits in the ring while Sluice is busy (as many as the AF_PACKET
+    /// port's receive ring holds by default). A power of two.
+    pub rx_frames: u32,
+    /// Frames for transmitting, and entries of the TX and completion rings. A power of two.
+    pub tx_frames: u32,
     /// Bytes per frame: a power of two from 2048 to the page size. Frames longer than this
     /// are dropped by the kernel (counted in [`XdpStats::rx_dropped`]).
     pub frame_size: u32,
-    /// Entries of each ring (fill, completion, RX, TX): a power of two, at least `frames / 2`
-    /// so a ring can always take every frame of its side.
-    pub ring_size: u32,
     /// How the XDP program is attached.
     pub mode: AttachMode,
     /// The interface's receive queue to bind (veth has one: 0).
@@ -31,7 +32,7 @@ pub struct XdpConfig {
 
 impl Default for XdpConfig {
     fn default() -> Self {
-        XdpConfig { frames: 4096, frame_size: 2048, ring_size: 2048, mode: AttachMode::Auto, queue: 0 }
+        XdpConfig { rx_frames: 4096, tx_frames: 1024, frame_size: 2048, mode: AttachMode::Auto, queue: 0 }
     }
 }
 
@@ -41,21 +42,20 @@ impl XdpConfig {
         if !pow2(self.frame_size) || self.frame_size < 2048 || self.frame_size as usize > page {
             return Err(format!("frame size {} is not a power of two from 2048 to {page}", self.frame_size));
         }
-        if !pow2(self.ring_size) {
-            return Err(format!("ring size {} is not a power of two", self.ring_size));
+        for (what, n) in [("receive", self.rx_frames), ("transmit", self.tx_frames)] {
+            if !pow2(n) {
+                return Err(format!("{n} {what} frames: not a power of two (each is also its rings' size)"));
+            }
         }
-        if self.frames < 2 || self.frames / 2 > self.ring_size {
-            return Err(format!(
-                "{} frames need rings of at least {} entries (ring size {})",
-                self.frames,
-                self.frames / 2,
-                self.ring_size
-            ));
-        }
-        if (self.frames as u64) * (self.frame_size as u64) > (1 << 32) {
+        if (u64::from(self.rx_frames) + u64::from(self.tx_frames)) * u64::from(self.frame_size) > (1 << 32) {
             return Err("the UMEM would exceed 4 GiB".to_string());
         }
         Ok(())
+    }
+
+    /// Frames in the UMEM: receive frames first, then transmit frames.
+    fn frames(&self) -> u32 {
+        self.rx_frames + self.tx_frames
     }
 }
 
@@ -161,7 +161,7 @@ impl XdpPort {
         // SAFETY: `raw` is a fresh descriptor nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
 
-        let umem_len = cfg.frames as usize * cfg.frame_size as usize;
+        let umem_len = cfg.frames() as usize * cfg.frame_size as usize;
         let umem = Mapping::new(umem_len, None, 0).map_err(err("mmap(UMEM)"))?;
         let reg = sys::XdpUmemReg {
             addr: umem.base as u64,
@@ -170,51 +170,58 @@ impl XdpPort {
             ..Default::default()
         };
         setsockopt(&fd, sys::XDP_UMEM_REG, &reg).map_err(err("setsockopt(XDP_UMEM_REG)"))?;
-        for (opt, what) in [
-            (sys::XDP_UMEM_FILL_RING, "setsockopt(XDP_UMEM_FILL_RING)"),
-            (sys::XDP_UMEM_COMPLETION_RING, "setsockopt(XDP_UMEM_COMPLETION_RING)"),
-            (sys::XDP_RX_RING, "setsockopt(XDP_RX_RING)"),
-            (sys::XDP_TX_RING, "setsockopt(XDP_TX_RING)"),
+        for (opt, size, what) in [
+            (sys::XDP_UMEM_FILL_RING, cfg.rx_frames, "setsockopt(XDP_UMEM_FILL_RING)"),
+            (sys::XDP_UMEM_COMPLETION_RING, cfg.tx_frames, "setsockopt(XDP_UMEM_COMPLETION_RING)"),
+            (sys::XDP_RX_RING, cfg.rx_frames, "setsockopt(XDP_RX_RING)"),
+            (sys::XDP_TX_RING, cfg.tx_frames, "setsockopt(XDP_TX_RING)"),
         ] {
-            setsockopt(&fd, opt, &cfg.ring_size).map_err(err(what))?;
+            setsockopt(&fd, opt, &size).map_err(err(what))?;
         }
         let mut off = sys::XdpMmapOffsets::default();
         getsockopt(&fd, sys::XDP_MMAP_OFFSETS, &mut off).map_err(err("getsockopt(XDP_MMAP_OFFSETS)"))?;
 
-        let n = cfg.ring_size;
+        let (rn, tn) = (cfg.rx_frames, cfg.tx_frames);
         let raw_fd = Some(fd.as_raw_fd());
-        let map = |o: &sys::XdpRingOffset, entry: usize, pgoff, what| {
+        let map = |o: &sys::XdpRingOffset, n: u32, entry: usize, pgoff, what| {
             let len = o.desc as usize + n as usize * entry;
             Mapping::new(len, raw_fd, pgoff).map_err(err(what))
         };
         let bad =
             || AfXdpError::Config { ifname: ifname.to_string(), reason: "the kernel's ring offsets do not fit".into() };
         let desc = mem::size_of::<XdpDesc>();
-        // SAFETY: each mapping is the ring at the offset XDP_MMAP_OFFSETS gave, `n` entries.
+        // SAFETY: each mapping is the ring at the offset XDP_MMAP_OFFSETS gave, with the
+        // number of entries it was created with.
         let (rx, tx, mut fill, completion) = unsafe {
             (
-                Ring::new(map(&off.rx, desc, sys::XDP_PGOFF_RX_RING, "mmap(RX ring)")?, &off.rx, n).ok_or_else(bad)?,
-                Ring::new(map(&off.tx, desc, sys::XDP_PGOFF_TX_RING, "mmap(TX ring)")?, &off.tx, n).ok_or_else(bad)?,
-                Ring::<u64>::new(map(&off.fill, 8, sys::XDP_UMEM_PGOFF_FILL_RING, "mmap(fill ring)")?, &off.fill, n)
+                Ring::new(map(&off.rx, rn, desc, sys::XDP_PGOFF_RX_RING, "mmap(RX ring)")?, &off.rx, rn)
+                    .ok_or_else(bad)?,
+                Ring::new(map(&off.tx, tn, desc, sys::XDP_PGOFF_TX_RING, "mmap(TX ring)")?, &off.tx, tn)
                     .ok_or_else(bad)?,
                 Ring::<u64>::new(
-                    map(&off.completion, 8, sys::XDP_UMEM_PGOFF_COMPLETION_RING, "mmap(completion ring)")?,
+                    map(&off.fill, rn, 8, sys::XDP_UMEM_PGOFF_FILL_RING, "mmap(fill ring)")?,
+                    &off.fill,
+                    rn,
+                )
+                .ok_or_else(bad)?,
+                Ring::<u64>::new(
+                    map(&off.completion, tn, 8, sys::XDP_UMEM_PGOFF_COMPLETION_RING, "mmap(completion ring)")?,
                     &off.completion,
-                    n,
+                    tn,
                 )
                 .ok_or_else(bad)?,
             )
         };
 
-        // The first half of the frames wait in the fill ring for arriving frames; the second
-        // half are for transmission.
-        let rx_frames = cfg.frames / 2;
+        // The receive frames wait in the fill ring for arriving frames; the rest are for
+        // transmission.
+        let rx_frames = cfg.rx_frames;
         let got = fill.reserve(rx_frames);
         for i in 0..got {
             fill.put(i, u64::from(i) * u64::from(cfg.frame_size));
         }
         fill.submit(got);
-        let free: Vec<u64> = (rx_frames..cfg.frames).map(|i| u64::from(i) * u64::from(cfg.frame_size)).collect();
+        let free: Vec<u64> = (rx_frames..cfg.frames()).map(|i| u64::from(i) * u64::from(cfg.frame_size)).collect();
 
         let mut flags = sys::XDP_USE_NEED_WAKEUP;
         if cfg.mode == AttachMode::Generic {

@@ -206,10 +206,12 @@ fn bad_configurations_and_names_are_refused_before_any_change() {
     let bad = |cfg: XdpConfig| XdpPort::open("lo", &cfg).map(|_| ()).unwrap_err().to_string();
     let msg = bad(XdpConfig { frame_size: 3000, ..XdpConfig::default() });
     assert!(msg.contains("frame size 3000"), "{msg}");
-    let msg = bad(XdpConfig { ring_size: 1000, ..XdpConfig::default() });
-    assert!(msg.contains("ring size 1000"), "{msg}");
-    let msg = bad(XdpConfig { frames: 8192, ring_size: 1024, ..XdpConfig::default() });
-    assert!(msg.contains("at least 4096"), "{msg}");
+    let msg = bad(XdpConfig { rx_frames: 1000, ..XdpConfig::default() });
+    assert!(msg.contains("1000 receive frames: not a power of two"), "{msg}");
+    let msg = bad(XdpConfig { tx_frames: 0, ..XdpConfig::default() });
+    assert!(msg.contains("0 transmit frames"), "{msg}");
+    let msg = bad(XdpConfig { rx_frames: 1 << 21, tx_frames: 1 << 21, ..XdpConfig::default() });
+    assert!(msg.contains("4 GiB"), "{msg}");
     let e = XdpPort::open("", &XdpConfig::default()).unwrap_err();
     assert!(matches!(e, AfXdpError::InvalidName { .. }), "{e}");
     let e = XdpPort::open("no-such-if-xdp", &XdpConfig::default()).unwrap_err();

@@ -504,3 +504,30 @@ fn sha256_hex(data: &[u8]) -> String {
     let o = c.wait_with_output().expect("sha256sum");
     String::from_utf8_lossy(&o.stdout).split_whitespace().next().unwrap_or_default().to_string()
 }
+
+/// `scripts/bench-bridge.sh` runs (one short repetition) and produces numbers for kernel
+/// forwarding, the AF_PACKET bridge and the AF_XDP bridge: the smoke version of the benchmark
+/// (no timing assertion).
+#[test]
+fn bridge_benchmark_smoke_produces_numbers_for_every_mode() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("bridge.json");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench-bridge.sh");
+    let out = Command::new(script)
+        .args(["1", "1"])
+        .env("SLUICE", env!("CARGO_BIN_EXE_sluice"))
+        .env("JSON", &json)
+        .output()
+        .expect("run scripts/bench-bridge.sh");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench-bridge.sh failed: {said}");
+    assert!(said.contains("ratio AF_XDP / AF_PACKET"), "{said}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
+    for mode in ["kernel", "afpacket", "xdp"] {
+        let pps = v["median_peak_pps"][mode].as_f64().unwrap_or(0.0);
+        assert!(pps > 1000.0, "{mode}: {pps} packets/s: {said}");
+    }
+    let rows = v["rows"].as_array().map_or(0, Vec::len);
+    assert_eq!(rows, 5, "three peak runs and two at half the AF_XDP peak: {said}");
+}

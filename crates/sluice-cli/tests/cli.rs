@@ -142,6 +142,35 @@ fn exit_codes_and_help() {
 }
 
 #[test]
+fn live_io_options_refused_where_they_mean_nothing() {
+    let chain = repo("chains/passthrough.yaml").display().to_string();
+    let input = trace("irc-basic.pcap");
+    let o = sluice(&["run", "--chain", &chain, "--input", &input, "--io", "xdp"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--io is for --bridge"), "{}", text(&o));
+    let o = sluice(&["run", "--chain", &chain, "--bridge", "a,b", "--xdp-mode", "driver"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--xdp-mode is for --bridge with --io xdp"), "{}", text(&o));
+    let o = sluice(&["run", "--chain", &chain, "--bridge", "a,b", "--io", "xdp", "--xdp-mode", "turbo"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("unknown XDP mode"), "{}", text(&o));
+    // A bridge on interfaces that do not exist names the interface and the call.
+    let o = sluice(&["run", "--chain", &chain, "--bridge", "nosuchif0,nosuchif1", "--io", "xdp"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("nosuchif0: if_nametoindex failed"), "{}", text(&o));
+    // sluice send: a bad MAC, a bad rate, no input.
+    let o = sluice(&["send", "--interface", "lo", "--gen", "long", "--dst-mac", "02:00:zz:00:00:01"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("bad byte \"zz\""), "{}", text(&o));
+    let o = sluice(&["send", "--interface", "lo", "--gen", "long", "--rate", "-5"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = sluice(&["send", "--interface", "lo"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = sluice(&["send", "--help"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("load generator"), "{}", text(&o));
+}
+
+#[test]
 fn gen_then_inspect_and_run_from_the_generator() {
     let dir = tempfile::tempdir().expect("tmp");
     let f = dir.path().join("g.pcap");
