@@ -150,7 +150,7 @@ pub struct Root {
     deleted: Vec<Clock>,
     /// Buffers of deleted entries, for the next entries' copies: a running log allocates
     /// nothing per packet.
-    spare: Vec<Vec<u8>>,
+    spare: Vec<Packet>,
     /// Clocks whose entries a root lost with its log while they were still in flight: no
     /// replay can bring them back.
     unlogged: AHashSet<Clock>,
@@ -211,7 +211,7 @@ impl Root {
         }
         self.stats.admitted += 1;
         let packet = match self.spare.pop() {
-            Some(buf) => pkt.copy_into(buf),
+            Some(spare) => pkt.copy_onto(spare),
             None => pkt.clone(),
         };
         let entry = LogEntry { input, packet, refs: 1, xor: 0, replayed: false, left: false };
@@ -341,7 +341,7 @@ impl Root {
             // As many as the log can hold: entries come and go in bursts of up to a window,
             // and a cap below it sends most of a burst back to the allocator.
             if self.spare.len() < SPARE_BUFFERS.min(self.cfg.log_capacity) {
-                self.spare.push(e.packet.into_data());
+                self.spare.push(e.packet);
             }
             self.deleted.push(clock);
             self.stats.deleted += 1;

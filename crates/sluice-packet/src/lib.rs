@@ -15,4 +15,4 @@ pub use checksum::{checksum_adjust, checksum_adjust_u16};
 pub use flow::{hash_ip, FiveTuple, FlowKey, HeaderField, Proto};
 pub use headers::{Headers, ParseStatus, TcpFlags, L3, L4};
 pub use meta::{Clock, InstanceId, LabelId, Labels, Meta, MetaFlags, MAX_LABELS};
-pub use packet::{Batch, Packet, PacketPool, RewriteError, MAX_FRAME};
+pub use packet::{warm, Batch, Packet, PacketBody, PacketPool, RewriteError, MAX_FRAME};

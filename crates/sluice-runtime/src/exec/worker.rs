@@ -320,6 +320,8 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     let mut finished = 0usize;
     slot.inst.begin_batch();
     let slow = shared.live.as_ref().and_then(|l| l.slow(slot.global));
+    // The root wrote these bodies on another core: fetch them all at once.
+    sluice_packet::warm(&batch);
     for mut pkt in batch.drain(..) {
         if slot.seen.is_some() && passing::passes(slot, &pkt) {
             finished += usize::from(passing::pass_on(shared, slot, pkt, out));
