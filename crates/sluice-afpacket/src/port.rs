@@ -174,14 +174,8 @@ impl AfPacketPort {
     /// up. The rings are set up before the socket is bound, so no frame is ever queued outside
     /// them.
     pub fn open(ifname: &str, cfg: &RingConfig) -> Result<AfPacketPort, AfPacketError> {
-        let invalid = |reason| AfPacketError::InvalidName { ifname: ifname.to_string(), reason };
-        if ifname.is_empty() {
-            return Err(invalid("empty"));
-        }
-        if ifname.len() >= libc::IFNAMSIZ {
-            return Err(invalid("longer than 15 bytes"));
-        }
-        let cname = CString::new(ifname).map_err(|_| invalid("contains a NUL byte"))?;
+        let cname = sluice_netif::check_name(ifname)
+            .map_err(|reason| AfPacketError::InvalidName { ifname: ifname.to_string(), reason })?;
 
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -193,11 +187,7 @@ impl AfPacketPort {
         })?;
         let rx_len = cfg.rx_len().unwrap_or(0);
 
-        // SAFETY: `cname` is a valid NUL-terminated string that outlives the call.
-        let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-        if ifindex == 0 {
-            return Err(AfPacketError::last_os(ifname, "if_nametoindex"));
-        }
+        let ifindex = sluice_netif::index(&cname).map_err(|e| AfPacketError::syscall(ifname, "if_nametoindex", e))?;
 
         // Protocol 0: the socket receives nothing until it is bound with ETH_P_ALL below,
         // after the rings exist.
@@ -270,7 +260,7 @@ impl AfPacketPort {
             setsockopt(&fd, ifname, sys::PACKET_ADD_MEMBERSHIP, &mreq, "setsockopt(PACKET_ADD_MEMBERSHIP)")?;
         }
 
-        let mtu = interface_mtu(&fd, ifname, &cname)?;
+        let mtu = interface_mtu(ifname, &cname)?;
         Ok(AfPacketPort {
             map,
             fd,
@@ -308,7 +298,7 @@ impl AfPacketPort {
     pub fn refresh_mtu(&mut self) -> Result<usize, AfPacketError> {
         let cname = CString::new(self.ifname.as_str())
             .map_err(|_| AfPacketError::InvalidName { ifname: self.ifname.clone(), reason: "contains a NUL byte" })?;
-        self.mtu = interface_mtu(&self.fd, &self.ifname, &cname)?;
+        self.mtu = interface_mtu(&self.ifname, &cname)?;
         Ok(self.mtu)
     }
 
@@ -650,23 +640,9 @@ fn optional(r: Result<(), AfPacketError>) -> Result<bool, AfPacketError> {
     }
 }
 
-/// The MTU of the interface, by `SIOCGIFMTU` on the port's socket (so in its namespace).
-fn interface_mtu(fd: &OwnedFd, ifname: &str, cname: &CString) -> Result<usize, AfPacketError> {
-    // SAFETY: ifreq is a plain C struct (with a union of plain fields); all-zero bytes are valid.
-    let mut ifr: libc::ifreq = unsafe { mem::zeroed() };
-    for (dst, &src) in ifr.ifr_name.iter_mut().zip(cname.as_bytes()) {
-        *dst = src as libc::c_char;
-    }
-    // SAFETY: `ifr` is a valid ifreq holding a NUL-terminated name (the name is at most 15
-    // bytes and the rest is zero); SIOCGIFMTU writes only `ifr_ifru.ifru_mtu`.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFMTU as _, ptr::addr_of_mut!(ifr)) };
-    if r < 0 {
-        return Err(AfPacketError::last_os(ifname, "ioctl(SIOCGIFMTU)"));
-    }
-    // SAFETY: after a successful SIOCGIFMTU the union holds the MTU.
-    let mtu = unsafe { ifr.ifr_ifru.ifru_mtu };
-    usize::try_from(mtu)
-        .map_err(|_| AfPacketError::syscall(ifname, "ioctl(SIOCGIFMTU)", io::Error::from(io::ErrorKind::InvalidData)))
+/// The MTU of the interface (`SIOCGIFMTU`), the error naming the interface.
+fn interface_mtu(ifname: &str, cname: &CString) -> Result<usize, AfPacketError> {
+    sluice_netif::mtu(cname).map_err(|e| AfPacketError::syscall(ifname, "ioctl(SIOCGIFMTU)", e))
 }
 
 /// Waits until one of `ports` has a frame ready or `timeout` passes (microsecond resolution,
@@ -676,22 +652,9 @@ pub fn poll_any(ports: &[&AfPacketPort], timeout: Duration) -> Result<Option<usi
     if let Some(i) = ports.iter().position(|p| p.rx_ready()) {
         return Ok(Some(i));
     }
-    let mut fds: Vec<libc::pollfd> =
-        ports.iter().map(|p| libc::pollfd { fd: p.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
-    let ts = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
-    };
-    // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures, `ts` a valid timespec,
-    // and a null signal mask means "leave the mask unchanged".
-    let r = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
-    if r < 0 {
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EINTR) {
-            return Ok(None);
-        }
-        let name = ports.first().map_or("", |p| p.ifname.as_str());
-        return Err(AfPacketError::syscall(name, "ppoll", err));
+    let fds: Vec<RawFd> = ports.iter().map(|p| p.fd.as_raw_fd()).collect();
+    if let Err(e) = sluice_netif::wait_readable(&fds, timeout) {
+        return Err(AfPacketError::syscall(ports.first().map_or("", |p| p.ifname.as_str()), "ppoll", e));
     }
     Ok(ports.iter().position(|p| p.rx_ready()))
 }

@@ -5,7 +5,6 @@ use crate::error::AfXdpError;
 use crate::ring::{Mapping, Ring};
 use crate::sys::{self, XdpDesc};
 use sluice_packet::{Batch, Meta, Packet, PacketPool};
-use std::ffi::CString;
 use std::io;
 use std::mem;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -134,23 +133,13 @@ impl XdpPort {
     /// CAP_NET_ADMIN, CAP_NET_RAW, CAP_BPF); the interface should be up. Fails if another XDP
     /// program is attached to the interface.
     pub fn open(ifname: &str, cfg: &XdpConfig) -> Result<XdpPort, AfXdpError> {
-        let invalid = |reason| AfXdpError::InvalidName { ifname: ifname.to_string(), reason };
-        if ifname.is_empty() {
-            return Err(invalid("empty"));
-        }
-        if ifname.len() >= libc::IFNAMSIZ {
-            return Err(invalid("longer than 15 bytes"));
-        }
-        let cname = CString::new(ifname).map_err(|_| invalid("contains a NUL byte"))?;
+        let cname = sluice_netif::check_name(ifname)
+            .map_err(|reason| AfXdpError::InvalidName { ifname: ifname.to_string(), reason })?;
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
         cfg.validate(page).map_err(|reason| AfXdpError::Config { ifname: ifname.to_string(), reason })?;
-        // SAFETY: `cname` is a valid NUL-terminated string that outlives the call.
-        let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-        if ifindex == 0 {
-            return Err(AfXdpError::last_os(ifname, "if_nametoindex"));
-        }
-        let mtu = interface_mtu(ifname, &cname)?;
+        let ifindex = sluice_netif::index(&cname).map_err(|e| AfXdpError::syscall(ifname, "if_nametoindex", e))?;
+        let mtu = sluice_netif::mtu(&cname).map_err(|e| AfXdpError::syscall(ifname, "ioctl(SIOCGIFMTU)", e))?;
         let err = |what| move |e| AfXdpError::syscall(ifname, what, e);
 
         // SAFETY: plain syscall with integer arguments.
@@ -502,53 +491,15 @@ fn getsockopt<T>(fd: &OwnedFd, opt: libc::c_int, value: &mut T) -> io::Result<()
     Ok(())
 }
 
-/// The MTU of the interface, by `SIOCGIFMTU` on a throw-away UDP socket (AF_XDP sockets do
-/// not pass interface ioctls on).
-fn interface_mtu(ifname: &str, cname: &CString) -> Result<usize, AfXdpError> {
-    // SAFETY: plain syscall with integer arguments.
-    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(AfXdpError::last_os(ifname, "socket(AF_INET)"));
-    }
-    // SAFETY: `raw` is a fresh descriptor nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: ifreq is a plain C struct; all-zero bytes are valid.
-    let mut ifr: libc::ifreq = unsafe { mem::zeroed() };
-    for (dst, &src) in ifr.ifr_name.iter_mut().zip(cname.as_bytes()) {
-        *dst = src as libc::c_char;
-    }
-    // SAFETY: `ifr` holds a NUL-terminated name; SIOCGIFMTU writes only `ifru_mtu`.
-    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFMTU as _, ptr::addr_of_mut!(ifr)) };
-    if r < 0 {
-        return Err(AfXdpError::last_os(ifname, "ioctl(SIOCGIFMTU)"));
-    }
-    // SAFETY: after a successful SIOCGIFMTU the union holds the MTU.
-    let mtu = unsafe { ifr.ifr_ifru.ifru_mtu };
-    Ok(usize::try_from(mtu).unwrap_or(1500))
-}
-
 /// Waits until one of `ports` has a frame ready or `timeout` passes (microsecond resolution).
 /// Returns the index of the first ready port, or `None` on timeout or interruption.
 pub fn poll_any(ports: &[&XdpPort], timeout: Duration) -> Result<Option<usize>, AfXdpError> {
     if let Some(i) = ports.iter().position(|p| p.rx_ready()) {
         return Ok(Some(i));
     }
-    let mut fds: Vec<libc::pollfd> =
-        ports.iter().map(|p| libc::pollfd { fd: p.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
-    let ts = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
-    };
-    // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures, `ts` a valid timespec,
-    // and a null signal mask leaves the mask unchanged.
-    let r = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, ptr::null()) };
-    if r < 0 {
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EINTR) {
-            return Ok(None);
-        }
-        let name = ports.first().map_or("", |p| p.ifname.as_str());
-        return Err(AfXdpError::syscall(name, "ppoll", err));
+    let fds: Vec<RawFd> = ports.iter().map(|p| p.fd.as_raw_fd()).collect();
+    if let Err(e) = sluice_netif::wait_readable(&fds, timeout) {
+        return Err(AfXdpError::syscall(ports.first().map_or("", |p| p.ifname.as_str()), "ppoll", e));
     }
     Ok(ports.iter().position(|p| p.rx_ready()))
 }
