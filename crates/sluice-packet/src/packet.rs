@@ -4,9 +4,8 @@ use crate::checksum::{checksum_adjust, checksum_adjust_u16};
 use crate::flow::FiveTuple;
 use crate::headers::{Headers, L3, L4};
 use crate::meta::Meta;
-use crossbeam_queue::ArrayQueue;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Largest frame Sluice accepts (a full IPv4/IPv6 packet plus Ethernet and VLAN headers).
 pub const MAX_FRAME: usize = 65_535 + 18;
@@ -262,21 +261,35 @@ pub fn warm(batch: &[Packet]) {
 
 /// A bounded pool of packet buffers shared by the threads of a run, so that steady-state packet
 /// handling allocates nothing: sinks give buffers back, sources take them.
+///
+/// Last in, first out: the body given back last (by a sink, just read, still in this core's
+/// cache) is the next one taken, where a first-in-first-out pool handed out the body unused for
+/// longest — with a window of 65,536 packets, one cold in every cache.
 #[derive(Clone)]
 pub struct PacketPool {
-    free: Arc<ArrayQueue<Box<PacketBody>>>,
+    // Boxes, not bodies: a packet takes a body's allocation over as it is, by pointer.
+    #[allow(clippy::vec_box)]
+    free: Arc<Mutex<Vec<Box<PacketBody>>>>,
+    limit: usize,
     buf_capacity: usize,
 }
 
 impl PacketPool {
     /// A pool holding up to `buffers` spare buffers of `buf_capacity` bytes.
     pub fn new(buffers: usize, buf_capacity: usize) -> PacketPool {
-        PacketPool { free: Arc::new(ArrayQueue::new(buffers.max(1))), buf_capacity }
+        let limit = buffers.max(1);
+        PacketPool { free: Arc::new(Mutex::new(Vec::new())), limit, buf_capacity }
+    }
+
+    fn free(&self) -> std::sync::MutexGuard<'_, Vec<Box<PacketBody>>> {
+        // A panic elsewhere while the lock was held leaves a valid stack of bodies.
+        self.free.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A packet holding a copy of `frame`, in a recycled buffer when one is free.
     pub fn packet(&self, frame: &[u8], meta: Meta) -> Packet {
-        match self.free.pop() {
+        let spare = self.free().pop();
+        match spare {
             Some(mut body) => {
                 body.data.clear();
                 body.data.extend_from_slice(frame);
@@ -295,7 +308,8 @@ impl PacketPool {
     /// A copy of `pkt` (bytes, headers and metadata) in a recycled buffer; the headers are
     /// copied, not parsed again.
     pub fn copy_of(&self, pkt: &Packet) -> Packet {
-        match self.free.pop() {
+        let spare = self.free().pop();
+        match spare {
             Some(body) => pkt.copy_onto(Packet { body }),
             None => {
                 let mut buf = Vec::with_capacity(self.buf_capacity.max(pkt.len()));
@@ -307,14 +321,18 @@ impl PacketPool {
 
     /// Returns a packet's buffers to the pool (dropped when the pool is full).
     pub fn recycle(&self, pkt: Packet) {
-        let _ = self.free.push(pkt.body);
+        let mut free = self.free();
+        if free.len() < self.limit {
+            free.push(pkt.body);
+        }
     }
 
     /// Returns every packet of `batch` to the pool, leaving the batch empty.
     pub fn recycle_batch(&self, batch: &mut Batch) {
-        for p in batch.drain(..) {
-            self.recycle(p);
-        }
+        let mut free = self.free();
+        let room = self.limit.saturating_sub(free.len());
+        free.extend(batch.drain(..).take(room).map(|p| p.body));
+        batch.clear();
     }
 }
 
@@ -333,6 +351,6 @@ impl AsRef<Meta> for Meta {
 
 impl std::fmt::Debug for PacketPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PacketPool").field("free", &self.free.len()).finish()
+        f.debug_struct("PacketPool").field("free", &self.free().len()).finish()
     }
 }
