@@ -259,6 +259,11 @@ pub fn warm(batch: &[Packet]) {
     std::hint::black_box(x);
 }
 
+/// The pool's spare bodies: boxes, not bodies, because a packet takes a body's allocation over
+/// as it is, by pointer.
+#[allow(clippy::vec_box)]
+type Spares = Vec<Box<PacketBody>>;
+
 /// A bounded pool of packet buffers shared by the threads of a run, so that steady-state packet
 /// handling allocates nothing: sinks give buffers back, sources take them.
 ///
@@ -267,9 +272,7 @@ pub fn warm(batch: &[Packet]) {
 /// longest — with a window of 65,536 packets, one cold in every cache.
 #[derive(Clone)]
 pub struct PacketPool {
-    // Boxes, not bodies: a packet takes a body's allocation over as it is, by pointer.
-    #[allow(clippy::vec_box)]
-    free: Arc<Mutex<Vec<Box<PacketBody>>>>,
+    free: Arc<Mutex<Spares>>,
     limit: usize,
     buf_capacity: usize,
 }
@@ -281,7 +284,7 @@ impl PacketPool {
         PacketPool { free: Arc::new(Mutex::new(Vec::new())), limit, buf_capacity }
     }
 
-    fn free(&self) -> std::sync::MutexGuard<'_, Vec<Box<PacketBody>>> {
+    fn free(&self) -> std::sync::MutexGuard<'_, Spares> {
         // A panic elsewhere while the lock was held leaves a valid stack of bodies.
         self.free.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
