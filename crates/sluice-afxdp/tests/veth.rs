@@ -117,10 +117,21 @@ struct Seen {
 
 #[test]
 fn port_answers_arp_and_ping_through_its_umem() {
-    let veth = Veth::new("a");
-    let mut port = XdpPort::open(&veth.host, &XdpConfig::default()).expect("open AF_XDP port on veth");
+    answers_arp_and_ping("a", AttachMode::Auto, AttachMode::Driver);
+}
+
+/// The same with the program in generic (skb) mode, which every driver has.
+#[test]
+fn port_in_generic_mode_answers_arp_and_ping() {
+    answers_arp_and_ping("g", AttachMode::Generic, AttachMode::Generic);
+}
+
+fn answers_arp_and_ping(tag: &str, asked: AttachMode, expected: AttachMode) {
+    let veth = Veth::new(tag);
+    let cfg = XdpConfig { mode: asked, ..XdpConfig::default() };
+    let mut port = XdpPort::open(&veth.host, &cfg).expect("open AF_XDP port on veth");
     eprintln!("{port:?}, max tx {}", port.max_tx_len());
-    assert_eq!(port.mode(), AttachMode::Driver, "veth has native XDP");
+    assert_eq!(port.mode(), expected, "veth has native XDP; generic when asked");
     assert!(veth.xdp_attached(), "the XDP program is attached while the port is open");
     assert_eq!(port.max_tx_len(), 1518);
 
