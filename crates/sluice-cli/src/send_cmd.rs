@@ -84,10 +84,7 @@ fn load(a: &SendArgs) -> Result<Vec<Packet>, Failure> {
         let gen = sluice_io::generate(&cfg).map_err(|e| fail(exit::INVALID)(e.into()))?;
         frames.extend(gen.map(|(_, f)| f));
     }
-    if frames.is_empty() {
-        return Err(fail(exit::BAD_INPUT)(anyhow::anyhow!("no packets to send")));
-    }
-    Ok(frames
+    let packets: Vec<Packet> = frames
         .into_iter()
         .filter(|f| f.len() >= 14)
         .map(|mut f| {
@@ -96,7 +93,11 @@ fn load(a: &SendArgs) -> Result<Vec<Packet>, Failure> {
             }
             Packet::from_slice(&f, Meta::default())
         })
-        .collect())
+        .collect();
+    if packets.is_empty() {
+        return Err(fail(exit::BAD_INPUT)(anyhow::anyhow!("no Ethernet frames to send (none of at least 14 bytes)")));
+    }
+    Ok(packets)
 }
 
 pub(crate) fn cmd_send(a: SendArgs) -> Result<(), Failure> {
