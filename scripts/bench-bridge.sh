@@ -13,6 +13,7 @@
 #
 # Usage: scripts/bench-bridge.sh [REPETITIONS] [SECONDS]    (needs root, iproute2, ethtool)
 # Env: SLUICE=path/to/sluice (default: a release build made here), JSON=file for the rows,
+# PLOT=file.svg for a bar chart of the peaks,
 # SEND_IO=afpacket|xdp and SEND_CPU=N for the generator, BRIDGE_OPTS for `sluice run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -100,7 +101,7 @@ print(int(statistics.median(float(r[3]) / float(r[4]) for r in rows) / 2))
 PY
 )
 for r in $(seq 1 "$reps"); do measure xdp "$half"; measure afpacket "$half"; done
-python3 - "$tmp/rows" "${JSON:-}" <<'PY'
+python3 - "$tmp/rows" "${JSON:-}" "${PLOT:-}" <<'PY'
 import json, statistics, sys
 rows = [dict(zip(("mode", "rate", "offered", "delivered", "seconds"), l.split())) for l in open(sys.argv[1])]
 for r in rows:
@@ -116,4 +117,28 @@ for m in ("xdp", "afpacket"):
     print(f"{m} at {half[0]['rate'] / 1e6:.3f} Mpps (half the AF_XDP peak): lost {lost} of ~{half[0]['offered']} offered per run")
 if sys.argv[2]:
     json.dump({"rows": rows, "median_peak_pps": peak}, open(sys.argv[2], "w"), indent=1)
+if sys.argv[3]:
+    # Bars: median peak per forwarder, a line from the slowest to the fastest run.
+    names = {"kernel": "kernel forwarding", "afpacket": "--io afpacket", "xdp": "--io xdp"}
+    top = max(r["pps"] for r in rows) * 1.15
+    w, h, x0, y0, bw = 560, 360, 70, 300, 110
+    y = lambda v: y0 - (v / top) * 250
+    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="13">',
+           f'<text x="{w / 2}" y="24" text-anchor="middle" font-size="15">Live bridge on veth, 64-byte frames: peak Mpps</text>',
+           f'<line x1="{x0}" y1="{y0}" x2="{w - 20}" y2="{y0}" stroke="black"/>']
+    for i in range(0, 11):
+        v = top * i / 10
+        svg.append(f'<text x="{x0 - 8}" y="{y(v) + 4:.1f}" text-anchor="end">{v / 1e6:.2f}</text>')
+    for k, m in enumerate(("kernel", "afpacket", "xdp")):
+        runs = [r["pps"] for r in rows if r["mode"] == m and r["rate"] == 0]
+        x = x0 + 30 + k * (bw + 50)
+        color = ("#888888", "#4477aa", "#228833")[k]
+        svg.append(f'<rect x="{x}" y="{y(peak[m]):.1f}" width="{bw}" height="{y0 - y(peak[m]):.1f}" fill="{color}"/>')
+        svg.append(f'<line x1="{x + bw / 2}" y1="{y(min(runs)):.1f}" x2="{x + bw / 2}" y2="{y(max(runs)):.1f}" stroke="black" stroke-width="2"/>')
+        svg.append(f'<text x="{x + bw / 2}" y="{y(peak[m]) - 8:.1f}" text-anchor="middle">{peak[m] / 1e6:.3f}</text>')
+        svg.append(f'<text x="{x + bw / 2}" y="{y0 + 20}" text-anchor="middle">{names[m]}</text>')
+    ratio = peak["xdp"] / peak["afpacket"]
+    svg.append(f'<text x="{w / 2}" y="{y0 + 45}" text-anchor="middle">AF_XDP / AF_PACKET = {ratio:.2f} (medians of {len(runs)} runs; lines: slowest to fastest)</text>')
+    svg.append("</svg>")
+    open(sys.argv[3], "w").write("\n".join(svg) + "\n")
 PY

@@ -19,9 +19,9 @@
 //!   a ring slot (the root log, replays), so a received frame is copied out of the UMEM and
 //!   its frame goes straight back to the fill ring; a packet to send is copied into a free
 //!   frame. Zero-copy sockets (where the driver has them) still save the kernel's copy.
-//! * **Receive and transmit frames apart** (4,096 and 1,024 by default, as the AF_PACKET
-//!   port's rings), each side's rings exactly as large as its frames, so the fill ring can
-//!   always take back what was received and the completion ring can never overflow.
+//! * **Receive and transmit frames apart** (8,192 and 1,024 by default), each side's rings
+//!   exactly as large as its frames, so the fill ring can always take back what was received
+//!   and the completion ring can never overflow.
 //! * **Timestamps** are taken when a batch is read (AF_XDP carries none).
 //!
 //! Only Ethernet-framed interfaces are supported; the kernel must have AF_XDP (Linux ≥ 5.9 for

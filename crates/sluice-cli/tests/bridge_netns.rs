@@ -513,11 +513,13 @@ fn bridge_benchmark_smoke_produces_numbers_for_every_mode() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("bridge.json");
+    let svg = dir.path().join("bridge.svg");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench-bridge.sh");
     let out = Command::new(script)
         .args(["1", "1"])
         .env("SLUICE", env!("CARGO_BIN_EXE_sluice"))
         .env("JSON", &json)
+        .env("PLOT", &svg)
         .output()
         .expect("run scripts/bench-bridge.sh");
     let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
@@ -530,4 +532,6 @@ fn bridge_benchmark_smoke_produces_numbers_for_every_mode() {
     }
     let rows = v["rows"].as_array().map_or(0, Vec::len);
     assert_eq!(rows, 5, "three peak runs and two at half the AF_XDP peak: {said}");
+    let plot = std::fs::read_to_string(&svg).expect("the plot");
+    assert!(plot.starts_with("<svg") && plot.contains("AF_XDP / AF_PACKET"), "{plot}");
 }
