@@ -381,12 +381,11 @@ const STORE_CHECK_EVERY: Duration = Duration::from_secs(3);
 /// Waits until the store at `url` answers (connects and loads Sluice's functions), retrying
 /// with a pause growing from 100 ms to 5 s, for at most `give_up`. A malformed URL fails at once.
 fn wait_for_store(url: &str, give_up: Duration, stats: &NodeStats, stop: &AtomicBool) -> Result<(), Failure> {
-    sluice_redis::RedisBackend::check_url(url)
-        .map_err(|e| fail(exit::INVALID)(anyhow::anyhow!("--store {url}: {e}")))?;
+    crate::store_cmd::check_store_url(url)?;
     let deadline = std::time::Instant::now() + give_up;
     let mut wait = Duration::from_millis(100);
     loop {
-        match sluice_redis::RedisBackend::connect(url) {
+        match crate::store_cmd::open_store(url, 1).map_err(|f| f.error) {
             Ok(_) => {
                 stats.store_up.store(true, Ordering::Relaxed);
                 return Ok(());
@@ -412,7 +411,7 @@ fn wait_for_store(url: &str, give_up: Duration, stats: &NodeStats, stop: &Atomic
 fn watch_store(url: String, stats: Arc<NodeStats>) {
     std::thread::spawn(move || loop {
         std::thread::sleep(STORE_CHECK_EVERY);
-        let up = match sluice_redis::RedisBackend::connect(&url) {
+        let up = match crate::store_cmd::open_store(&url, 1).map_err(|f| f.error) {
             Ok(_) => true,
             Err(e) => {
                 stats.store_errors.fetch_add(1, Ordering::Relaxed);

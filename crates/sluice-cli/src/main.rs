@@ -15,6 +15,7 @@ mod record;
 mod run_cmd;
 mod run_faults;
 mod send_cmd;
+mod store_cmd;
 mod verify;
 
 use anyhow::Context;
@@ -107,6 +108,8 @@ enum Command {
     Node(cluster::NodeArgs),
     /// A cluster's state in etcd: status (leader, nodes, units), drain or undrain a node.
     Cluster(cluster::ClusterCmdArgs),
+    /// Serve a state store to the NF instances of other processes (`store serve`).
+    Store(store_cmd::StoreArgs),
 }
 
 #[derive(Args, Clone)]
@@ -139,8 +142,9 @@ struct EngineArgs {
     #[arg(long, value_enum)]
     mode: Option<ModeArg>,
     /// The state store: `embedded` (in this process), `redis://host:port` or
-    /// `redis+cluster://host:port,host:port,...` (`?prefix=P&buckets=N` optional; Redis >= 7).
-    /// Default: the chain file's `state.store`, else embedded.
+    /// `redis+cluster://host:port,host:port,...` (`?prefix=P&buckets=N` optional; Redis >= 7),
+    /// or `sluice://host:port[?token=T]` (an embedded store another process serves with
+    /// `sluice store serve`). Default: the chain file's `state.store`, else embedded.
     #[arg(long)]
     store: Option<String>,
     /// Threads of the embedded store.
@@ -190,20 +194,7 @@ fn state_config(e: &EngineArgs, chain: &Chain) -> Result<StateConfig, Failure> {
         ModeArg::Async => sluice_store::Mode::Async,
     };
     let store = e.store.clone().or_else(|| chain.state.store.clone()).unwrap_or_else(|| "embedded".to_string());
-    let backend: std::sync::Arc<dyn sluice_store::Backend> = match store.as_str() {
-        "embedded" => std::sync::Arc::new(
-            sluice_store::EmbeddedStore::start(e.store_threads)
-                .map_err(|x| fail(exit::FAILED)(anyhow::Error::new(x)))?,
-        ),
-        url if url.starts_with("redis://") || url.starts_with("redis+cluster://") => std::sync::Arc::new(
-            sluice_redis::RedisBackend::connect(url).map_err(|x| fail(exit::FAILED)(anyhow::Error::new(x)))?,
-        ),
-        other => {
-            return Err(fail(exit::INVALID)(anyhow::anyhow!(
-                "--store takes `embedded`, `redis://host:port` or `redis+cluster://host:port,...`, not `{other}`"
-            )));
-        }
-    };
+    let backend = store_cmd::open_store(&store, e.store_threads)?;
     Ok(StateConfig::Store { backend, client: sluice_store::ClientConfig { mode, ..Default::default() } })
 }
 
@@ -289,6 +280,7 @@ fn main() -> ExitCode {
         Command::Controller(a) => cluster::cmd_controller(a),
         Command::Node(a) => cluster::cmd_node(a),
         Command::Cluster(a) => cluster::cmd_cluster(a),
+        Command::Store(a) => store_cmd::cmd_store(a),
         Command::Gen(a) => cmd_gen(a),
         Command::Send(a) => send_cmd::cmd_send(a),
         Command::Inspect(a) => cmd_inspect(a),

@@ -7,7 +7,6 @@ use sluice_coe::compare::CompareOptions;
 use sluice_coe::engine::{EngineConfig, LogPlace, Switches};
 use sluice_coe::schedule::{Action, At, FaultEvent, FaultSchedule, RunOptions, ScaleTo};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 #[derive(Args)]
 #[command(after_help = "A schedule's `run:` section (roots, log, async_delete, checkpoint_every, chain, input, \
@@ -29,8 +28,9 @@ pub struct VerifyArgs {
     /// Fault schedule (YAML, see docs/faults.md).
     #[arg(long, short)]
     faults: Option<PathBuf>,
-    /// The physical chain's store: `embedded` or `redis://host:port[?prefix=P]` (the prefix
-    /// must be unused: the run starts from an empty store).
+    /// The physical chain's store: `embedded`, `redis://host:port[?prefix=P]` (the prefix
+    /// must be unused: the run starts from an empty store) or `sluice://host:port[?token=T]`
+    /// (a store `sluice store serve` serves, freshly started).
     #[arg(long, default_value = "embedded")]
     store: String,
     /// Print the report as JSON on stdout (every difference with flow, NF and clock).
@@ -249,13 +249,7 @@ pub fn cmd_verify(a: VerifyArgs) -> Result<(), Failure> {
     let packets = sluice_io::load(&input, schedule.run.limit.map(|l| l as usize))
         .with_context(|| format!("reading {}", input.display()))
         .map_err(fail(exit::BAD_INPUT))?;
-    let backend: Arc<dyn sluice_store::Backend> = match a.store.as_str() {
-        "embedded" => Arc::new(sluice_store::EmbeddedStore::start(1).map_err(|e| fail(exit::FAILED)(e.into()))?),
-        url if url.starts_with("redis://") => {
-            Arc::new(sluice_redis::RedisBackend::connect(url).map_err(|e| fail(exit::FAILED)(e.into()))?)
-        }
-        other => return Err(bad(format!("--store takes `embedded` or `redis://host:port`, not `{other}`"))),
-    };
+    let backend = crate::store_cmd::open_store(&a.store, 1)?;
     let switches = Switches {
         clocks: !a.off.contains(&Mechanism::Clocks),
         duplicate_suppression: !a.off.contains(&Mechanism::Dedup),

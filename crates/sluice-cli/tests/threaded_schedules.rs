@@ -6,19 +6,8 @@
 
 mod common;
 
-use common::{recorded_run, repo};
+use common::{recorded_run, repo, schedules};
 use std::path::PathBuf;
-
-/// The YAML files of `dir`, sorted.
-fn schedules(dir: &str) -> Vec<PathBuf> {
-    let entries = std::fs::read_dir(repo(dir)).unwrap_or_else(|e| panic!("{dir}: {e}"));
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    files
-}
 
 #[test]
 fn every_bundled_schedule_is_equivalent_in_threads() {

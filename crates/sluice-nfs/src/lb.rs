@@ -108,6 +108,14 @@ const CLIENT_FIN: i64 = 2;
 const SERVER_FIN: i64 = 4;
 const CLOSED: i64 = 8;
 
+/// The LB's custom operations, in the order its state operations name them.
+pub(crate) const CUSTOM_OPS: [CustomOp; 4] = [
+    CustomOp { name: "lb-pick-least-loaded", apply: op_pick },
+    CustomOp { name: "lb-release", apply: op_release },
+    CustomOp { name: "lb-close", apply: op_close },
+    CustomOp { name: "lb-take", apply: op_take },
+];
+
 /// The load balancer's configuration block.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -266,12 +274,7 @@ impl LbNf {
                 StateDecl::new("backend_conn", Scope::per_flow(), AccessPattern::ReadHeavy).allocation(),
                 StateDecl::new("backend_bytes", Scope::global(), AccessPattern::WriteMostly).allocation(),
             ],
-            custom: [
-                CustomOp { name: "lb-pick-least-loaded", apply: op_pick },
-                CustomOp { name: "lb-release", apply: op_release },
-                CustomOp { name: "lb-close", apply: op_close },
-                CustomOp { name: "lb-take", apply: op_take },
-            ],
+            custom: CUSTOM_OPS,
         })
     }
 

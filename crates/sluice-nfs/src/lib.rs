@@ -25,3 +25,24 @@ pub fn registry() -> NfRegistry {
     r.register("passthrough", "forwards every packet unchanged (the framework's ceiling)", util::build_passthrough);
     r
 }
+
+/// Every custom operation of this crate's NFs. A store that runs custom operations in another
+/// process (`sluice store serve`) resolves them by name from this list, so names are unique
+/// across the library (tested).
+pub fn custom_ops() -> Vec<sluice_state::CustomOp> {
+    [&nat::CUSTOM_OPS[..], &lb::CUSTOM_OPS[..], &portscan::CUSTOM_OPS[..], &trojan::CUSTOM_OPS[..]].concat()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn custom_op_names_are_unique_across_the_library() {
+        let ops = super::custom_ops();
+        let mut names: Vec<&str> = ops.iter().map(|o| o.name).collect();
+        names.sort_unstable();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(names.len(), before, "a custom operation name is used twice: {names:?}");
+        assert!(before >= 9);
+    }
+}

@@ -156,6 +156,13 @@ const IN_SYN: i64 = 2;
 const FIN_SEEN: i64 = 4;
 const RST_SEEN: i64 = 8;
 
+/// The NAT's custom operations, in the order its state operations name them.
+pub(crate) const CUSTOM_OPS: [CustomOp; 3] = [
+    CustomOp { name: "nat-mapping-acquire", apply: op_acquire },
+    CustomOp { name: "nat-mapping-install", apply: op_install },
+    CustomOp { name: "nat-mapping-release", apply: op_release },
+];
+
 /// Timeouts in seconds.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -295,11 +302,7 @@ impl NatNf {
                 t.icmp * NS_PER_S,
             ],
             decls,
-            custom: [
-                CustomOp { name: "nat-mapping-acquire", apply: op_acquire },
-                CustomOp { name: "nat-mapping-install", apply: op_install },
-                CustomOp { name: "nat-mapping-release", apply: op_release },
-            ],
+            custom: CUSTOM_OPS,
         })
     }
 

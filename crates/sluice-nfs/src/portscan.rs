@@ -100,6 +100,9 @@ pub const DECISION_SCANNER: i64 = 1;
 /// `trw_update` decision: this update judged the host benign (the walk restarted).
 pub const DECISION_BENIGN: i64 = 2;
 
+/// The scan detector's custom operation.
+pub(crate) const CUSTOM_OPS: [CustomOp; 1] = [CustomOp { name: "trw_update", apply: trw_update }];
+
 /// Configuration; see the module documentation.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -198,7 +201,7 @@ impl Portscan {
                     AccessPattern::ReadHeavy,
                 ),
             ],
-            ops: [CustomOp { name: "trw_update", apply: trw_update }],
+            ops: CUSTOM_OPS,
             step_success: fixed((c.theta1 / c.theta0).ln()),
             step_failure: fixed(((1.0 - c.theta1) / (1.0 - c.theta0)).ln()),
             ln_eta1: fixed(eta1.ln()),

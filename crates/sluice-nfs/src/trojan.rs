@@ -103,6 +103,9 @@ pub const EV_EXE: i64 = 3;
 /// Event kind: IRC activity.
 pub const EV_IRC: i64 = 4;
 
+/// The trojan detector's custom operation.
+pub(crate) const CUSTOM_OPS: [CustomOp; 1] = [CustomOp { name: "trojan_event", apply: trojan_event }];
+
 /// Configuration; see the module documentation.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -167,7 +170,7 @@ impl Trojan {
                 AccessPattern::ReadWriteOften,
             )
             .allocation()],
-            ops: [CustomOp { name: "trojan_event", apply: trojan_event }],
+            ops: CUSTOM_OPS,
             ssh_ports: c.ssh_ports.clone(),
             ftp_ports: c.ftp_ports.clone(),
             irc_ports: c.irc_ports.clone(),

@@ -7,7 +7,7 @@ use std::fmt;
 /// A logical clock stamped by a root on every packet at chain entry. The high
 /// [`Clock::ROOT_BITS`] bits hold the root's id, the rest a per-root sequence number, so clocks of
 /// different roots never collide and order is total within one root.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize)]
 pub struct Clock(pub u64);
 
 impl Clock {
@@ -38,7 +38,7 @@ impl fmt::Display for Clock {
 
 /// Identifies an NF instance in the physical chain: vertex index in the high 16 bits, instance
 /// index within the vertex in the low 16 bits (the same split the XOR vector uses).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct InstanceId(pub u32);
 
 impl InstanceId {

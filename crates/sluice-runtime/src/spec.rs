@@ -242,10 +242,11 @@ impl Chain {
             }
         }
         if let Some(st) = &state.store {
-            if st != "embedded" && !st.starts_with("redis://") && !st.starts_with("redis+cluster://") {
+            let known = ["redis://", "redis+cluster://", "sluice://"];
+            if st != "embedded" && !known.iter().any(|k| st.starts_with(k)) {
                 return Err(err(
                     &["state", "store"],
-                    format!("store `{st}` is not embedded, redis://host:port or redis+cluster://host:port,..."),
+                    format!("store `{st}` is not embedded, redis://host:port, redis+cluster://host:port,... or sluice://host:port"),
                 ));
             }
         }

@@ -116,7 +116,7 @@ impl Value {
 
 /// One operation on one value of a state object. Offloading these to wherever the state lives
 /// (rather than read-modify-write in the NF) is what lets instances share objects without locks.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum StateOp {
     /// Read the value. Result: the value, or `None`.
     Get,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Why a store operation failed at the transport level.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum StoreError {
     /// The store is unreachable or closed.
     #[error("store unavailable: {0}")]
@@ -37,6 +37,14 @@ pub trait Connection: Send {
     fn wait(&mut self, out: &mut Replies, timeout: Duration) -> Result<(), StoreError>;
     /// Appends notifications that have arrived, without waiting.
     fn notifications(&mut self, out: &mut Vec<Notification>) -> Result<(), StoreError>;
+    /// Asks the connection to unpark `thread` whenever replies or notifications arrive, for a
+    /// caller that waits on several sources at once (a store server waits on its socket too)
+    /// and therefore parks itself instead of calling [`Connection::wait`]. Returns whether the
+    /// connection will: `false` (the default) means the caller must poll. A connection given
+    /// a waker is not also waited on.
+    fn set_waker(&mut self, _thread: std::thread::Thread) -> bool {
+        false
+    }
 }
 
 /// Where [`Backend::takeover`] sends its parts.
@@ -44,7 +52,7 @@ pub type TakeoverParts = std::sync::mpsc::Sender<Option<Takeover>>;
 
 /// (A part of) what a failed instance's replacement takes over from the store
 /// ([`Backend::takeover`]).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Takeover {
     /// The timers its predecessor armed on its vertex's keys, with their deadlines.
     pub timers: Vec<(StoreKey, u64)>,

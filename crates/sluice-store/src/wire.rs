@@ -1,13 +1,14 @@
 //! What travels between NF instances and a store: keys, requests, responses, notifications.
 //! Every backend (embedded, Redis) speaks these types; only their encoding differs.
 
+use serde::{Deserialize, Serialize};
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::{StateKey, StateOp, Value};
 use std::sync::Arc;
 
 /// The store-wide name of one value: CHC's keys. Per-flow and shared objects are both named by
 /// vertex, object and key; per-flow values additionally carry an owner (see [`StoreOp::Claim`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct StoreKey {
     /// The logical vertex (all instances of a vertex share its objects).
     pub vertex: u16,
@@ -20,7 +21,7 @@ pub struct StoreKey {
 /// Identifies an update for exactly-once application: the clock of the packet that caused it
 /// and the update's index among that packet's updates at this vertex. A clone replaying the
 /// packet issues the same tags, so its updates are recognised as duplicates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct OpTag {
     /// The packet's logical clock.
     pub clock: Clock,
@@ -29,7 +30,7 @@ pub struct OpTag {
 }
 
 /// Operations a store executes: the NF-visible state operations plus the store's own.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum StoreOp {
     /// A state operation on the value at the request's key.
     State(StateOp),
@@ -70,7 +71,7 @@ pub enum StoreOp {
 }
 
 /// One request.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Request {
     /// Client-chosen id, echoed in the response.
     pub id: u64,
@@ -88,7 +89,7 @@ pub struct Request {
 }
 
 /// What a client collects from its connection.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Replies {
     /// Answers to requests sent with `reply`, and failures of any request.
     pub responses: Vec<Response>,
@@ -108,7 +109,7 @@ impl Replies {
 pub type TsVector = Arc<[(InstanceId, Clock)]>;
 
 /// The answer to a request.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Response {
     /// The request's id.
     pub id: u64,
@@ -121,7 +122,7 @@ pub struct Response {
 }
 
 /// Something the store tells a client without being asked.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Notification {
     /// A subscribed value changed (`None`: deleted).
     Changed {
@@ -143,7 +144,7 @@ pub enum Notification {
 }
 
 /// A consistent copy of a store's shared state, its TS vector, timers and per-clock log.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Checkpoint {
     /// Every value.
     pub values: Vec<(StoreKey, Value)>,
@@ -164,7 +165,7 @@ pub struct Checkpoint {
 
 /// One entry of a store's per-clock log: the update tagged (`clock`, `vertex`, `seq`) was
 /// applied and returned `result`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoggedResult {
     /// Where the store keeps it (an embedded store's shard, a Redis bucket): a checkpoint is
     /// restored into a store of the same layout.

@@ -216,3 +216,14 @@ pub fn redis_store(prefix: &str) -> String {
     };
     format!("{url}?prefix={prefix}{}", std::process::id())
 }
+
+/// The YAML files of the repository's directory `dir`, sorted.
+pub fn schedules(dir: &str) -> Vec<PathBuf> {
+    let entries = std::fs::read_dir(repo(dir)).unwrap_or_else(|e| panic!("{dir}: {e}"));
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    files
+}

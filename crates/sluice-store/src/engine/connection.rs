@@ -73,6 +73,15 @@ impl Connection for EmbeddedConnection {
         Ok(())
     }
 
+    fn set_waker(&mut self, thread: std::thread::Thread) -> bool {
+        if let Ok(mut w) = self.queues.waiter.lock() {
+            *w = Some(thread);
+            self.queues.waiting.store(true, Ordering::Release);
+            return true;
+        }
+        false
+    }
+
     fn notifications(&mut self, out: &mut Vec<Notification>) -> Result<(), StoreError> {
         while let Some(n) = self.queues.notifications.pop() {
             out.push(n);

@@ -1,0 +1,116 @@
+//! `sluice store serve`: the embedded store in a process of its own, used by `sluice run`
+//! processes over TCP (`--store sluice://HOST:PORT?token=T&space=S`). Every bundled fault
+//! schedule, store crashes included, stays equivalent with the store in another process, two
+//! runs at a time on one server in spaces of their own; bad tokens, bad URLs and a server that
+//! dies are clear errors.
+
+mod common;
+
+use common::{recorded_run, schedules, sluice, sluice_within, text};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const TOKEN: &str = "t0ken";
+
+/// A running `sluice store serve`, killed when dropped.
+struct Served {
+    child: Child,
+    /// `HOST:PORT`.
+    addr: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(tag: &str) -> Served {
+    let token_file = std::env::temp_dir().join(format!("sluice-store-token-{}-{tag}", std::process::id()));
+    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["store", "serve", "--listen", "127.0.0.1:0", "--threads", "2", "--token-file"])
+        .arg(&token_file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start sluice store serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read the address");
+    let addr = line.split("sluice://").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or_default().to_string();
+    assert!(addr.starts_with("127.0.0.1:"), "{line}");
+    assert!(line.contains("token required"), "{line}");
+    Served { child, addr }
+}
+
+#[test]
+fn every_fault_schedule_is_equivalent_with_the_store_in_another_process() {
+    let server = serve("faults");
+    let files = schedules("faults");
+    assert!(files.len() >= 7, "{files:?}");
+    // Two runs at a time share the server, each in a space of its own.
+    std::thread::scope(|scope| {
+        for pair in files.chunks(2) {
+            let runs: Vec<_> = pair
+                .iter()
+                .map(|f| {
+                    let addr = &server.addr;
+                    scope.spawn(move || {
+                        let body = std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+                        let name = format!("served-{}", f.file_stem().map(|s| s.to_string_lossy()).unwrap_or_default());
+                        let url = format!("sluice://{addr}?token={TOKEN}&space={name}");
+                        let mut extra = vec!["-w", "2", "--store", &url];
+                        if body.contains("crash_root") {
+                            extra.extend(["--log", "store"]);
+                        }
+                        let path = f.to_string_lossy().into_owned();
+                        let report =
+                            recorded_run(&name, ("chains/example.yaml", "traces/demo.pcap", "20000"), &path, &extra);
+                        assert_eq!(report["packets_in"], 20000, "{name}: {report}");
+                        let store = report["state"].as_str().unwrap_or_default().to_string();
+                        (name, store)
+                    })
+                })
+                .collect();
+            for r in runs {
+                let (name, store) = r.join().expect("a run's thread");
+                assert!(
+                    store.contains("sluice://") && store.contains(&format!("space `{name}`")),
+                    "{name}: store {store}"
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn a_wrong_token_a_bad_url_and_a_dead_server_are_clear_errors() {
+    let mut server = serve("errors");
+    let run = |url: &str| sluice(&["run", "-c", "chains/nat.yaml", "-i", "traces/demo.pcap", "-q", "--store", url]);
+    let o = run(&format!("sluice://{}?token=wrong", server.addr));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("wrong token"), "{}", text(&o));
+    let o = run(&format!("sluice://{}?space=a/b&token={TOKEN}", server.addr));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("space name `a/b`"), "{}", text(&o));
+    for bad in ["sluice://nowhere", "sluice://127.0.0.1:1?colour=red", "memcached://x:1"] {
+        let o = run(bad);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", text(&o));
+        assert!(text(&o).contains("--store"), "{bad}: {}", text(&o));
+    }
+    // The server dies under a run: the run ends with an error naming the store, not a hang.
+    let url = format!("sluice://{}?token={TOKEN}&space=dies", server.addr);
+    let args = ["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "--pace", "0.05", "--fault-tolerance"];
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        let _ = server.child.kill();
+        server
+    });
+    let o =
+        sluice_within(&[&args[..], &["-q", "--store", &url]].concat(), Duration::from_secs(60)).expect("the run ended");
+    drop(killer.join());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("store unavailable: store server 127.0.0.1:"), "{}", text(&o));
+}
