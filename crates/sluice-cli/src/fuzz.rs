@@ -42,8 +42,9 @@ pub struct FuzzArgs {
     /// The first run's seed; run i uses SEED+i.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// The physical chain's store: `embedded`, or `redis://host:port` (each run in its own key
-    /// prefix, wiped afterwards).
+    /// The physical chain's store: `embedded`, `redis://host:port` (each run in its own key
+    /// prefix, wiped afterwards) or `sluice://host:port[?token=T]` (each run in a space of
+    /// its own, dropped afterwards).
     #[arg(long, default_value = "embedded")]
     store: String,
     /// Runs at a time.
@@ -108,13 +109,23 @@ fn store_factory(spec: &str) -> Result<Box<StoreFactory<'static>>, Failure> {
                 .map_err(|e| e.to_string())
         }));
     }
-    if !spec.starts_with("redis://") {
-        return Err(fail(exit::INVALID)(anyhow::anyhow!(
-            "--store takes `embedded` or `redis://host:port`, not `{spec}`"
-        )));
-    }
     let base = spec.to_string();
     let pid = std::process::id();
+    if spec.starts_with("sluice://") {
+        // Every run in a fresh space of the served store.
+        crate::store_cmd::check_store_url(spec)?;
+        return Ok(Box::new(move |tag| {
+            let sep = if base.contains('?') { '&' } else { '?' };
+            let url = format!("{base}{sep}space=fuzz-{pid}-{tag}&ephemeral=1");
+            let b = sluice_store_remote::RemoteBackend::connect(&url).map_err(|e| e.to_string())?;
+            Ok(Arc::new(b) as Arc<dyn sluice_store::Backend>)
+        }));
+    }
+    if !spec.starts_with("redis://") {
+        return Err(fail(exit::INVALID)(anyhow::anyhow!(
+            "--store takes `embedded`, `redis://host:port` or `sluice://host:port`, not `{spec}`"
+        )));
+    }
     Ok(Box::new(move |tag| {
         let sep = if base.contains('?') { '&' } else { '?' };
         let url = format!("{base}{sep}prefix=fuzz-{pid}-{tag}");

@@ -26,14 +26,16 @@ pub struct RemoteUrl {
     pub token: String,
     /// The store space (empty: the default one).
     pub space: String,
+    /// `ephemeral=1`: the space is dropped when the [`RemoteBackend`] is.
+    pub ephemeral: bool,
 }
 
 impl RemoteUrl {
-    /// Parses a `sluice://HOST:PORT[?token=T][&space=S]` URL.
+    /// Parses a `sluice://HOST:PORT[?token=T][&space=S][&ephemeral=1]` URL.
     pub fn parse(url: &str) -> Result<RemoteUrl, StoreError> {
         let bad = |why: &str| {
             StoreError::Protocol(format!(
-                "store URL `{url}`: {why} (expected sluice://HOST:PORT[?token=TOKEN][&space=NAME])"
+                "store URL `{url}`: {why} (expected sluice://HOST:PORT[?token=TOKEN][&space=NAME][&ephemeral=1])"
             ))
         };
         let rest = url.strip_prefix("sluice://").ok_or_else(|| bad("not a sluice:// URL"))?;
@@ -45,14 +47,17 @@ impl RemoteUrl {
         port.parse::<u16>().map_err(|_| bad("the port is not a number from 0 to 65535"))?;
         let mut token = String::new();
         let mut space = String::new();
+        let mut ephemeral = false;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
                 Some(("token", t)) => token = t.to_string(),
                 Some(("space", s)) => space = s.to_string(),
+                Some(("ephemeral", "1")) => ephemeral = true,
+                Some(("ephemeral", "0")) => ephemeral = false,
                 _ => return Err(bad(&format!("unknown parameter `{pair}`"))),
             }
         }
-        Ok(RemoteUrl { addr: addr.to_string(), token, space })
+        Ok(RemoteUrl { addr: addr.to_string(), token, space, ephemeral })
     }
 }
 
@@ -163,8 +168,28 @@ impl RemoteBackend {
         result
     }
 
+    /// Tells the server to forget this backend's space: the next connection to its name gets
+    /// an empty store (a space lives until then, or until the server stops). With
+    /// `ephemeral=1` in the URL, dropping the backend does this.
+    pub fn drop_space(&self) -> Result<(), StoreError> {
+        match self.ask(&AdminRequest::DropSpace, |_| {})? {
+            AdminAnswer::Done => Ok(()),
+            a => Err(self.unexpected(a)),
+        }
+    }
+
     fn unexpected(&self, a: AdminAnswer) -> StoreError {
         StoreError::Protocol(format!("store server {}: unexpected answer {a:?}", self.url.addr))
+    }
+}
+
+impl Drop for RemoteBackend {
+    fn drop(&mut self) {
+        if self.url.ephemeral {
+            if let Err(e) = self.drop_space() {
+                tracing::warn!(space = %self.url.space, error = %e, "could not drop an ephemeral store space");
+            }
+        }
     }
 }
 

@@ -128,6 +128,9 @@ pub enum AdminRequest {
     Restore(Checkpoint),
     /// Lose everything (a store crash, for drills).
     Wipe,
+    /// Forget this connection's space: the next connection to its name gets an empty store.
+    /// Connections still open to it keep using it until they close.
+    DropSpace,
 }
 
 /// An answer on an administration link.

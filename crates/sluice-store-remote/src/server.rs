@@ -229,7 +229,7 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<(), FrameError
             shared.stats.admins.fetch_add(1, Ordering::Relaxed);
             write_frame(&mut writer, &Welcome::Accepted(name), &mut buf)?;
             writer.flush()?;
-            serve_admin(reader, writer, shared, &*backend)
+            serve_admin(reader, writer, shared, &*backend, &hello.space)
         }
     }
 }
@@ -327,6 +327,7 @@ fn serve_admin(
     mut writer: BufWriter<TcpStream>,
     shared: &Shared,
     b: &dyn Backend,
+    space: &str,
 ) -> Result<(), FrameError> {
     let mut buf = Vec::new();
     let mut out = Vec::new();
@@ -370,6 +371,11 @@ fn serve_admin(
             }
             AdminRequest::Restore(cp) => done(b.restore(&cp)),
             AdminRequest::Wipe => done(b.wipe()),
+            AdminRequest::DropSpace => {
+                lock(&shared.spaces).remove(space);
+                tracing::info!(space, "store server: space dropped");
+                AdminAnswer::Done
+            }
         };
         write_frame(&mut writer, &answer, &mut out)?;
         writer.flush()?;

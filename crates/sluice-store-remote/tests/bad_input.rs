@@ -168,4 +168,15 @@ fn spaces_are_independent_stores_and_bad_names_are_refused() {
     assert_eq!(read(&one), Some(Value::Int(5)), "wiping one space emptied another");
     let e = RemoteBackend::connect(&format!("sluice://{a}?space=../etc")).err().unwrap();
     assert!(e.to_string().contains("space name `../etc`"), "{e}");
+    // A dropped space comes back empty; an ephemeral one goes with its backend.
+    one.drop_space().unwrap();
+    let again = RemoteBackend::connect(&format!("sluice://{a}?space=one")).unwrap();
+    assert_eq!(read(&again), None, "a dropped space kept its values");
+    {
+        let short = RemoteBackend::connect(&format!("sluice://{a}?space=short&ephemeral=1")).unwrap();
+        answers(&short).unwrap();
+        assert_eq!(read(&short), Some(Value::Int(5)));
+    }
+    let later = RemoteBackend::connect(&format!("sluice://{a}?space=short")).unwrap();
+    assert_eq!(read(&later), None, "an ephemeral space outlived its backend");
 }
