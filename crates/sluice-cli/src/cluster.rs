@@ -86,7 +86,7 @@ pub struct ControlArgs {
 
 impl ControlArgs {
     /// Starts the endpoint, if asked for, with `app`'s routes.
-    fn start(&self, app: impl FnOnce() -> Router) -> Result<(), Failure> {
+    pub(crate) fn start(&self, app: impl FnOnce() -> Router) -> Result<(), Failure> {
         let Some(addr) = self.control else { return Ok(()) };
         control::start(addr, self.control_token.as_deref(), app().fallback(not_found)).map(|_| ())
     }
@@ -100,7 +100,7 @@ async fn not_found() -> Response {
 }
 
 /// `GET /metrics` answering what `collector` says at each scrape.
-fn metrics_route<C: Collector + Clone>(collector: C) -> Router {
+pub(crate) fn metrics_route<C: Collector + Clone>(collector: C) -> Router {
     Router::new()
         .route("/metrics", get(move || std::future::ready(control::prometheus_text(Box::new(collector.clone())))))
 }
@@ -187,13 +187,13 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
 }
 
 /// Encodes one counter.
-fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
+pub(crate) fn counter(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
     let c = ConstCounter::new(v);
     c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)
 }
 
 /// Encodes one gauge.
-fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
+pub(crate) fn gauge(enc: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
     let g = ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX));
     g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)
 }

@@ -89,6 +89,33 @@ struct ServeArgs {
     /// Stop after this many seconds (default: run until Ctrl-C or SIGTERM).
     #[arg(long)]
     duration: Option<f64>,
+    #[command(flatten)]
+    control: crate::cluster::ControlArgs,
+}
+
+/// A store server's metrics, read from its statistics at each scrape.
+#[derive(Debug, Clone)]
+struct ServerMetrics(Arc<sluice_store_remote::ServerStats>);
+
+impl prometheus_client::collector::Collector for ServerMetrics {
+    fn encode(&self, mut enc: prometheus_client::encoding::DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use crate::cluster::{counter, gauge};
+        let s = &self.0;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let e = &mut enc;
+        gauge(e, "sluice_store_server_connections", "Connections open now.", get(&s.open))?;
+        gauge(e, "sluice_store_server_spaces", "Store spaces kept now.", get(&s.spaces))?;
+        counter(e, "sluice_store_server_instance_connections", "NF instance connections accepted.", get(&s.instances))?;
+        counter(e, "sluice_store_server_admin_connections", "Administration connections accepted.", get(&s.admins))?;
+        counter(e, "sluice_store_server_batches", "Batches of requests received.", get(&s.batches))?;
+        counter(
+            e,
+            "sluice_store_server_refused",
+            "Connections refused (version, token, space, bad hello).",
+            get(&s.refused),
+        )?;
+        counter(e, "sluice_store_server_malformed", "Connections ended on a malformed frame.", get(&s.malformed))
+    }
 }
 
 /// `sluice store ...`.
@@ -125,6 +152,8 @@ fn serve(a: ServeArgs) -> Result<(), Failure> {
     let mut server = sluice_store_remote::StoreServer::start(factory, a.listen.as_str(), &token, registry)
         .map_err(|e| fail(exit::FAILED)(e.into()))?;
     let addr = server.local_addr();
+    let stats = server.stats();
+    a.control.start(|| crate::cluster::metrics_route(ServerMetrics(stats.clone())))?;
     println!(
         "serving embedded stores ({} shard threads per space) on sluice://{addr}{}",
         a.threads,
@@ -139,7 +168,7 @@ fn serve(a: ServeArgs) -> Result<(), Failure> {
     while !stop.load(Ordering::Relaxed) && until.is_none_or(|u| std::time::Instant::now() < u) {
         std::thread::sleep(Duration::from_millis(100));
     }
-    let st = server.stats();
+    let st = &stats;
     let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     println!(
         "stopped: {} instance connections, {} admin connections, {} batches, {} refused, {} malformed",

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{recorded_run, schedules, sluice, sluice_within, text};
+use common::{control_endpoint, http, recorded_run, schedules, sluice, sluice_within, text, CONTROL_TOKEN};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -18,6 +18,8 @@ struct Served {
     child: Child,
     /// `HOST:PORT`.
     addr: String,
+    /// Its control endpoint's `HOST:PORT` (metrics).
+    control: String,
 }
 
 impl Drop for Served {
@@ -33,16 +35,27 @@ fn serve(tag: &str) -> Served {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["store", "serve", "--listen", "127.0.0.1:0", "--threads", "2", "--token-file"])
         .arg(&token_file)
+        .args(["--control", "0", "--control-token", CONTROL_TOKEN])
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start sluice store serve");
+    let (control, _) = control_endpoint(&mut child);
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read the address");
     let addr = line.split("sluice://").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or_default().to_string();
     assert!(addr.starts_with("127.0.0.1:"), "{line}");
     assert!(line.contains("token required"), "{line}");
-    Served { child, addr }
+    Served { child, addr, control }
+}
+
+/// The value of `metric` in the server's Prometheus text.
+fn metric(server: &Served, metric: &str) -> u64 {
+    let (status, body) = http(&server.control, "GET", "/metrics", Some(CONTROL_TOKEN), "");
+    assert_eq!(status, 200, "{body}");
+    let line =
+        body.lines().find(|l| l.starts_with(&format!("{metric} "))).unwrap_or_else(|| panic!("{metric}: {body}"));
+    line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{line}"))
 }
 
 #[test]
@@ -83,6 +96,12 @@ fn every_fault_schedule_is_equivalent_with_the_store_in_another_process() {
             }
         }
     });
+    // Its metrics saw them: a space per run, kept; many connections, all closed; nothing refused.
+    assert_eq!(metric(&server, "sluice_store_server_spaces"), files.len() as u64);
+    assert!(metric(&server, "sluice_store_server_instance_connections_total") >= 4 * files.len() as u64);
+    assert!(metric(&server, "sluice_store_server_batches_total") > 1000);
+    assert_eq!(metric(&server, "sluice_store_server_refused_total"), 0);
+    assert_eq!(metric(&server, "sluice_store_server_malformed_total"), 0);
 }
 
 #[test]
@@ -92,6 +111,7 @@ fn a_wrong_token_a_bad_url_and_a_dead_server_are_clear_errors() {
     let o = run(&format!("sluice://{}?token=wrong", server.addr));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("wrong token"), "{}", text(&o));
+    assert_eq!(metric(&server, "sluice_store_server_refused_total"), 1);
     let o = run(&format!("sluice://{}?space=a/b&token={TOKEN}", server.addr));
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("space name `a/b`"), "{}", text(&o));

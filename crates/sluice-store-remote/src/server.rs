@@ -46,6 +46,10 @@ pub struct ServerStats {
     pub malformed: AtomicU64,
     /// Batches received.
     pub batches: AtomicU64,
+    /// Connections open now.
+    pub open: AtomicU64,
+    /// Spaces kept now.
+    pub spaces: AtomicU64,
 }
 
 /// Makes the store of a space the first time a client addresses it.
@@ -59,7 +63,7 @@ struct Shared {
     spaces: Mutex<HashMap<String, Arc<dyn Backend>>>,
     registry: CustomOpRegistry,
     token: String,
-    stats: ServerStats,
+    stats: Arc<ServerStats>,
     stop: AtomicBool,
     /// Open connections by number, to shut down on stop.
     open: Mutex<HashMap<u64, TcpStream>>,
@@ -91,7 +95,7 @@ impl StoreServer {
             spaces: Mutex::new(HashMap::new()),
             registry,
             token: token.to_string(),
-            stats: ServerStats::default(),
+            stats: Arc::new(ServerStats::default()),
             stop: AtomicBool::new(false),
             open: Mutex::new(HashMap::new()),
         });
@@ -108,9 +112,9 @@ impl StoreServer {
         self.addr
     }
 
-    /// What the server has seen so far.
-    pub fn stats(&self) -> &ServerStats {
-        &self.shared.stats
+    /// What the server has seen so far (shared: it goes on counting).
+    pub fn stats(&self) -> Arc<ServerStats> {
+        self.shared.stats.clone()
     }
 
     /// Stops accepting and closes every connection.
@@ -157,9 +161,11 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             lock(&shared.open).insert(number, s);
         }
         let s = shared.clone();
+        shared.stats.open.fetch_add(1, Ordering::Relaxed);
         let spawned = std::thread::Builder::new().name("store-conn".into()).spawn(move || {
             let result = serve_connection(stream, &s);
             lock(&s.open).remove(&number);
+            s.stats.open.fetch_sub(1, Ordering::Relaxed);
             if let Err(e) = result {
                 match e {
                     FrameError::Closed => {}
@@ -173,6 +179,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         });
         if let Err(e) = spawned {
             lock(&shared.open).remove(&number);
+            shared.stats.open.fetch_sub(1, Ordering::Relaxed);
             tracing::warn!(error = %e, "store server: cannot start a connection's thread");
         }
     }
@@ -318,6 +325,7 @@ fn space(shared: &Shared, name: &str) -> Result<Arc<dyn Backend>, String> {
     }
     let b = (shared.factory)().map_err(|e| format!("cannot make a store for space `{name}`: {e}"))?;
     spaces.insert(name.to_string(), b.clone());
+    shared.stats.spaces.store(spaces.len() as u64, Ordering::Relaxed);
     tracing::info!(space = name, "store server: new space");
     Ok(b)
 }
@@ -372,7 +380,10 @@ fn serve_admin(
             AdminRequest::Restore(cp) => done(b.restore(&cp)),
             AdminRequest::Wipe => done(b.wipe()),
             AdminRequest::DropSpace => {
-                lock(&shared.spaces).remove(space);
+                let mut spaces = lock(&shared.spaces);
+                spaces.remove(space);
+                shared.stats.spaces.store(spaces.len() as u64, Ordering::Relaxed);
+                drop(spaces);
                 tracing::info!(space, "store server: space dropped");
                 AdminAnswer::Done
             }
