@@ -11,56 +11,13 @@ use sluice_store::Backend;
 
 fn run(t: Target, params: &str, name: &str) {
     let f = fresh(t, params);
-    let check = conformance::all().into_iter().find(|(n, _)| *n == name).map(|(_, c)| c).expect("check exists");
-    if let Err(e) = check(&f.backend) {
-        panic!("{name} on {}: {e}", f.backend.name());
-    }
+    conformance::run_check(&f.backend, name);
 }
 
-macro_rules! checks {
-    ($($name:ident),* $(,)?) => {
-        mod single {
-            $(#[test] fn $name() { super::run(super::Target::Single, "", stringify!($name)); })*
-        }
-        mod single_one_bucket {
-            $(#[test] fn $name() { super::run(super::Target::Single, "buckets=1", stringify!($name)); })*
-        }
-        mod cluster {
-            $(#[test] fn $name() { super::run(super::Target::Cluster, "", stringify!($name)); })*
-        }
-        #[test]
-        fn every_check_has_a_test() {
-            let listed: Vec<&str> = conformance::all().into_iter().map(|(n, _)| n).collect();
-            let tested = [$(stringify!($name)),*];
-            assert_eq!(listed, tested, "conformance::all() and the tests here list different checks");
-        }
-    };
-}
-
-checks!(
-    ops_semantics,
-    value_and_key_fidelity,
-    concurrent_pops_unique,
-    concurrent_incr_sums,
-    nonblocking_in_issue_order,
-    retransmit_applied_once,
-    forget_clock_reapplies,
-    callbacks_raw,
-    callbacks_client,
-    ownership_handover,
-    timers_fire_once,
-    only_the_current_timer_expires,
-    twins_share_timers,
-    a_shared_timer_due_in_its_batch_fires,
-    shared_key_timers_fire_at_any_instance_of_the_vertex,
-    checkpoint_restore,
-    ts_vector_on_reads,
-    client_modes_agree,
-    reconnected_instance_notified,
-    checkpoint_timers,
-    wipe_empties_store,
-    tagged_reads_not_logged,
-    recorded_values_repeat,
+sluice_store::conformance_tests!(
+    single => |name| super::run(super::Target::Single, "", name),
+    single_one_bucket => |name| super::run(super::Target::Single, "buckets=1", name),
+    cluster => |name| super::run(super::Target::Cluster, "", name),
 );
 
 /// The whole suite, sequentially, on one keyspace of each target (state left by one check must

@@ -17,54 +17,10 @@ use std::time::Duration;
 
 fn run(threads: usize, name: &str) {
     let store = EmbeddedStore::start(threads).expect("start store");
-    let check = conformance::all().into_iter().find(|(n, _)| *n == name).map(|(_, c)| c).expect("check exists");
-    if let Err(e) = check(&store) {
-        panic!("{name} on {}: {e}", store.name());
-    }
+    conformance::run_check(&store, name);
 }
 
-macro_rules! checks {
-    ($($name:ident),* $(,)?) => {
-        mod one_shard {
-            $(#[test] fn $name() { super::run(1, stringify!($name)); })*
-        }
-        mod three_shards {
-            $(#[test] fn $name() { super::run(3, stringify!($name)); })*
-        }
-        #[test]
-        fn every_check_has_a_test() {
-            let listed: Vec<&str> = conformance::all().into_iter().map(|(n, _)| n).collect();
-            let tested = [$(stringify!($name)),*];
-            assert_eq!(listed, tested, "conformance::all() and the tests here list different checks");
-        }
-    };
-}
-
-checks!(
-    ops_semantics,
-    value_and_key_fidelity,
-    concurrent_pops_unique,
-    concurrent_incr_sums,
-    nonblocking_in_issue_order,
-    retransmit_applied_once,
-    forget_clock_reapplies,
-    callbacks_raw,
-    callbacks_client,
-    ownership_handover,
-    timers_fire_once,
-    only_the_current_timer_expires,
-    twins_share_timers,
-    a_shared_timer_due_in_its_batch_fires,
-    shared_key_timers_fire_at_any_instance_of_the_vertex,
-    checkpoint_restore,
-    ts_vector_on_reads,
-    client_modes_agree,
-    reconnected_instance_notified,
-    checkpoint_timers,
-    wipe_empties_store,
-    tagged_reads_not_logged,
-    recorded_values_repeat,
-);
+sluice_store::conformance_tests!(one_shard => |name| super::run(1, name), three_shards => |name| super::run(3, name));
 
 /// The whole suite, sequentially, on one store (as a Redis backend would run it).
 #[test]

@@ -71,6 +71,59 @@ pub type Check = fn(&dyn Backend) -> Result<(), String>;
 pub const EXCLUSIVE: &[&str] =
     &["checkpoint_restore", "forget_clock_reapplies", "checkpoint_timers", "wipe_empties_store"];
 
+/// Runs check `name` of [`all`] against `backend` and panics with what it found: what the
+/// tests that [`conformance_tests!`](crate::conformance_tests) generates call.
+pub fn run_check(backend: &dyn Backend, name: &str) {
+    let Some((_, check)) = all().into_iter().find(|(n, _)| *n == name) else {
+        panic!("no conformance check named {name}");
+    };
+    if let Err(e) = check(backend) {
+        panic!("{name} on {}: {e}", backend.name());
+    }
+}
+
+/// Generates, for each `module => run` pair, a module with one `#[test]` per check of [`all`]
+/// calling `run(name)` (a closure or function taking the check's name, which typically makes a
+/// backend and calls [`run_check`]), plus a test that the list here and [`all`] agree. The one
+/// list of check names for every backend's test suite:
+///
+/// ```ignore
+/// sluice_store::conformance_tests!(one_shard => |name| super::run(1, name), three_shards => |name| super::run(3, name));
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($($module:ident => $run:expr),+ $(,)?) => {
+        $(
+            mod $module {
+                $crate::conformance_tests!(@tests $run;
+                    ops_semantics, value_and_key_fidelity, concurrent_pops_unique, concurrent_incr_sums,
+                    nonblocking_in_issue_order, retransmit_applied_once, forget_clock_reapplies,
+                    callbacks_raw, callbacks_client, ownership_handover, timers_fire_once,
+                    only_the_current_timer_expires, twins_share_timers,
+                    a_shared_timer_due_in_its_batch_fires,
+                    shared_key_timers_fire_at_any_instance_of_the_vertex, checkpoint_restore,
+                    ts_vector_on_reads, client_modes_agree, reconnected_instance_notified,
+                    checkpoint_timers, wipe_empties_store, tagged_reads_not_logged,
+                    recorded_values_repeat);
+            }
+        )+
+    };
+    (@tests $run:expr; $($name:ident),*) => {
+        $(
+            #[test]
+            fn $name() {
+                let run: &dyn Fn(&str) = &$run;
+                run(stringify!($name));
+            }
+        )*
+        #[test]
+        fn every_check_has_a_test() {
+            let listed: Vec<&str> = $crate::conformance::all().into_iter().map(|(n, _)| n).collect();
+            assert_eq!(listed, [$(stringify!($name)),*], "conformance::all() and conformance_tests! list different checks");
+        }
+    };
+}
+
 /// Every check, by name.
 pub fn all() -> Vec<(&'static str, Check)> {
     vec![
