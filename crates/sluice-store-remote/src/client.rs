@@ -360,6 +360,8 @@ impl Connection for RemoteConnection {
         let start = out.responses.len() + out.acked.len();
         let deadline = Instant::now() + timeout;
         self.inbox().waiter = Some(std::thread::current());
+        // A round trip to a served store takes tens of microseconds: yield first, sleep after.
+        let yield_until = Instant::now() + Duration::from_micros(50);
         let result = loop {
             if let Err(e) = self.poll(out) {
                 break Err(e);
@@ -368,7 +370,11 @@ impl Connection for RemoteConnection {
             if out.responses.len() + out.acked.len() > start || now >= deadline {
                 break Ok(());
             }
-            std::thread::park_timeout(deadline - now);
+            if now < yield_until {
+                std::thread::yield_now();
+            } else {
+                std::thread::park_timeout(deadline - now);
+            }
         };
         self.inbox().waiter = None;
         result
