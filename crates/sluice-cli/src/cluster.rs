@@ -366,8 +366,9 @@ pub struct NodeArgs {
     /// start.
     #[arg(long, default_value_t = 30.0)]
     join_timeout: f64,
-    /// The state store this node's NF instances use (`redis://HOST:PORT` or
-    /// `redis+cluster://H1:P1,H2:P2,...`, see `sluice run --store`). The node registers only
+    /// The state store this node's NF instances use (`redis://HOST:PORT`,
+    /// `redis+cluster://H1:P1,H2:P2,...` or `sluice://HOST:PORT?token=T&space=S`, see `sluice
+    /// run --store`). The node registers only
     /// once the store answers, saying which store it waits for and retrying with backoff, so a
     /// node that cannot reach the state is never given units; afterwards it checks the store
     /// every few seconds (`sluice_node_store_up`).

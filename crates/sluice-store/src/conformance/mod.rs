@@ -87,7 +87,7 @@ pub fn run_check(backend: &dyn Backend, name: &str) {
 /// backend and calls [`run_check`]), plus a test that the list here and [`all`] agree. The one
 /// list of check names for every backend's test suite:
 ///
-/// ```ignore
+/// ```text
 /// sluice_store::conformance_tests!(one_shard => |name| super::run(1, name), three_shards => |name| super::run(3, name));
 /// ```
 #[macro_export]
