@@ -99,6 +99,9 @@ pairs=(
   "passthrough|$sluice run --chain chains/passthrough.yaml --input $trace -q --workers 1|$click $out/passthrough.click"
   "nat-local|$sluice run --chain chains/nat.yaml --input $trace -q --workers 1 --mode local|$click $out/nat.click"
   "nat-async|$sluice run --chain chains/nat.yaml --input $trace -q --workers 1 --mode async|$click $out/nat.click"
+  "passthrough-rtc|$sluice run --chain chains/passthrough.yaml --input $trace -q --workers 0|$click $out/passthrough.click"
+  "nat-local-rtc|$sluice run --chain chains/nat.yaml --input $trace -q --workers 0 --mode local|$click $out/nat.click"
+  "nat-async-rtc|$sluice run --chain chains/nat.yaml --input $trace -q --workers 0 --mode async|$click $out/nat.click"
 )
 json="["
 for p in "${pairs[@]}"; do

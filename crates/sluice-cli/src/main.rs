@@ -114,7 +114,10 @@ enum Command {
 
 #[derive(Args, Clone)]
 struct EngineArgs {
-    /// Worker threads (default: one per core).
+    /// Worker threads (default: one per core). 0: no worker threads, the root thread runs the
+    /// instances itself between batches (run to completion, as Click does: the most packets
+    /// per CPU second; for plain runs, without fault tolerance, faults, scaling, several
+    /// roots or a control endpoint).
     #[arg(long, short)]
     workers: Option<usize>,
     /// Packets per batch.

@@ -170,6 +170,49 @@ fn live_io_options_refused_where_they_mean_nothing() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("load generator"), "{}", text(&o));
 }
 
+/// `-w 0` runs to completion on the root thread: the same output as with a worker thread, and
+/// refused, with the reason, where the root would wait for workers.
+#[test]
+fn run_to_completion_gives_the_same_output_and_refuses_what_needs_workers() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let input = trace("http_methods.pcap");
+    let out = |w: &str| {
+        let p = dir.path().join(format!("out-{w}.pcap"));
+        let path = p.to_string_lossy().into_owned();
+        let o = sluice(&[
+            "run",
+            "-c",
+            &repo("chains/example.yaml").display().to_string(),
+            "-i",
+            &input,
+            "-w",
+            w,
+            "-o",
+            &path,
+        ]);
+        assert!(o.status.success(), "-w {w}: {}", text(&o));
+        if w == "0" {
+            assert!(text(&o).contains("run to completion on the root thread"), "{}", text(&o));
+        }
+        std::fs::read(p).expect("output")
+    };
+    let (inline, threaded) = (out("0"), out("1"));
+    assert!(inline.len() > 1000, "{} bytes", inline.len());
+    assert_eq!(inline, threaded, "run to completion changed the output");
+    let chain = repo("chains/example.yaml").display().to_string();
+    for (extra, why) in [
+        (&["--fault-tolerance"][..], "fault tolerance"),
+        (&["--roots", "2"][..], "several roots"),
+        (&["--control", "0"][..], "a control endpoint"),
+        (&["--faults", &repo("faults/scale.yaml").display().to_string()][..], "planned faults or changes"),
+    ] {
+        let o = sluice(&[&["run", "-c", &chain, "-i", &input, "-w", "0", "-q"][..], extra].concat());
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", text(&o));
+        let t = text(&o);
+        assert!(t.contains("is for plain runs, not with") && t.contains(why), "{extra:?}: {t}");
+    }
+}
+
 #[test]
 fn gen_then_inspect_and_run_from_the_generator() {
     let dir = tempfile::tempdir().expect("tmp");

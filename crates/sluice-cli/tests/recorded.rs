@@ -36,7 +36,7 @@ fn verify(dir: &Path) -> (i32, String) {
 
 #[test]
 fn recorded_runs_are_equivalent_on_the_bundled_and_shared_traces() {
-    let runs: [(&str, &str, &str, &[&str]); 4] = [
+    let runs: [(&str, &str, &str, &[&str]); 6] = [
         (
             "example-async",
             "chains/example.yaml",
@@ -51,6 +51,9 @@ fn recorded_runs_are_equivalent_on_the_bundled_and_shared_traces() {
             &["--mode", "cached", "--fault-tolerance"],
         ),
         ("portscan-http", "chains/nat-portscan.yaml", "../shared/traces/http_methods.pcap", &["--mode", "external"]),
+        // Run to completion on the root thread (no worker threads), local state and a store.
+        ("example-rtc-local", "chains/example.yaml", "traces/demo.pcap", &["--mode", "local", "-w", "0"]),
+        ("trojan-rtc-async", "chains/nat-trojan.yaml", "../shared/traces/echo-connections.pcap", &["-w", "0"]),
     ];
     for (name, chain, trace, extra) in runs {
         let dir = record(name, chain, trace, extra);

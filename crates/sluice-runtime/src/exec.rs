@@ -202,11 +202,16 @@ pub fn run(
     sink: &mut dyn Sink,
     hooks: RunHooks<'_>,
 ) -> Result<RunReport, RunError> {
-    if cfg.workers == 0 || cfg.batch == 0 || cfg.window < cfg.batch {
+    if cfg.batch == 0 || cfg.window < cfg.batch {
         return Err(RunError::Config(format!(
-            "workers ({}) and batch ({}) must be positive and window ({}) at least one batch",
-            cfg.workers, cfg.batch, cfg.window
+            "batch ({}) must be positive and window ({}) at least one batch",
+            cfg.batch, cfg.window
         )));
+    }
+    // No worker threads: the root thread runs the instances itself between batches.
+    let inline = cfg.workers == 0;
+    if inline {
+        input::run_to_completion_allowed(cfg, hooks.live.is_some()).map_err(RunError::Config)?;
     }
     let mut plan = plan;
     let scalable =
@@ -311,7 +316,7 @@ pub fn run(
     // after a failover may not, and wait with their sender.
     let cap = cfg.window * (1 + mirrors) + 1024;
     let pool = PacketPool::new(cfg.window * (1 + mirrors).min(4), 2048);
-    let workers = cfg.workers.min(instances.len().max(1));
+    let workers = cfg.workers.max(1).min(instances.len().max(1));
     let scaling = scalable
         .then(|| reconfig::Scaling::new(&vertices, (slot_count, instances.len()), (workers, roots), rebuilder.clone()));
     let shared = Arc::new(Shared {
@@ -413,6 +418,7 @@ pub fn run(
     }
     let cores = if cfg.pin { core_affinity::get_core_ids().unwrap_or_default() } else { Vec::new() };
     let mut handles = Vec::new();
+    let mut inline_turns = inline.then(|| worker::Turns::new(&shared, 0, per_worker.pop().unwrap_or_default()));
     for (w, slots) in per_worker.into_iter().enumerate() {
         let shared = shared.clone();
         let core = cores.get(w % cores.len().max(1)).copied();
@@ -449,6 +455,7 @@ pub fn run(
     }
     let mut split = Split::new(roots, cfg.record);
 
+    let workers = if inline { 0 } else { workers };
     let mut report =
         RunReport { chain: name, state, workers, roots, batch: cfg.batch, window: cfg.window, ..RunReport::default() };
     let hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
@@ -476,6 +483,10 @@ pub fn run(
     let result: Result<(), RunError> = (|| loop {
         if shared.aborted.load(Ordering::Acquire) {
             return Err(RunError::Worker("a root thread failed".into()));
+        }
+        if let Some(t) = inline_turns.as_mut() {
+            // Run to completion: everything the chain holds goes through before more is read.
+            while t.turn(&shared) {}
         }
         drain_sink(&shared, sink, &mut report, &mut latencies, t0, (r0.log.as_mut(), &mut root))?;
         let oldest_logged = r0.take_notes(&shared);
@@ -569,7 +580,9 @@ pub fn run(
                 }
             }
             // Only the sink is left to serve: leave the CPU to the workers in between.
-            std::thread::sleep(Duration::from_micros(20));
+            if !inline {
+                std::thread::sleep(Duration::from_micros(20));
+            }
             continue;
         }
         if hooks.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed)) {
@@ -580,12 +593,14 @@ pub fn run(
         let room = r0.room(&shared, cfg.window);
         if stalled || (room < cfg.batch && cfg.overflow == Overflow::Wait) {
             // The chain is full: give the workers the CPU rather than spin on it.
-            std::thread::sleep(Duration::from_micros(20));
+            if !inline {
+                std::thread::sleep(Duration::from_micros(20));
+            }
             continue;
         }
         inbuf.clear();
         let mut filled = source.fill(&pool, &mut inbuf, cfg.batch)?;
-        if filled == Fill::Data && inbuf.len() < cfg.batch && shared.backlog() {
+        if filled == Fill::Data && inbuf.len() < cfg.batch && !inline && shared.backlog() {
             filled = input::fill_batch(source, &pool, &mut inbuf, cfg.batch)?;
         }
         match filled {
@@ -707,8 +722,14 @@ pub fn run(
     }
     let mut slots = Vec::new();
     let mut mirrored = root.mirrored;
+    let mut results = Vec::new();
     for (w, h) in handles.into_iter().enumerate() {
-        let r = h.join().map_err(|_| RunError::Worker(format!("worker {w} panicked")))?;
+        results.push((w, h.join().map_err(|_| RunError::Worker(format!("worker {w} panicked")))?));
+    }
+    if let Some(t) = inline_turns.take() {
+        results.push((0, t.finish(&shared)));
+    }
+    for (w, r) in results {
         mirrored += r.mirrored;
         if let Some(e) = r.flush_errors.first() {
             return Err(RunError::Worker(format!("flushing state: {e}")));

@@ -315,11 +315,11 @@ impl RunReport {
 impl fmt::Display for RunReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let roots = if self.roots > 1 { format!(", {} roots", self.roots) } else { String::new() };
-        writeln!(
-            f,
-            "chain `{}`: {} worker(s){roots}, batch {}, window {}",
-            self.chain, self.workers, self.batch, self.window
-        )?;
+        let workers = match self.workers {
+            0 => "run to completion on the root thread".to_string(),
+            n => format!("{n} worker(s)"),
+        };
+        writeln!(f, "chain `{}`: {workers}{roots}, batch {}, window {}", self.chain, self.batch, self.window)?;
         writeln!(
             f,
             "  packets  in {:>12}   out {:>12}   dropped {:>10}   bypassed {}",

@@ -35,7 +35,9 @@ impl Overflow {
 /// Run parameters.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
-    /// Worker threads.
+    /// Worker threads. 0: none, the root thread turns the instances itself between batches
+    /// (run to completion; only for runs without fault tolerance, planned faults or changes,
+    /// vertex managers, scaling, several roots or a control endpoint).
     pub workers: usize,
     /// Pin workers to cores.
     pub pin: bool,

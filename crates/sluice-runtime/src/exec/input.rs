@@ -1,6 +1,7 @@
-//! The root's reading of its source: a partial batch topped up while the instances are behind.
+//! The root's reading of its source: a partial batch topped up while the instances are behind;
+//! which runs may go to completion on the root thread.
 
-use super::RunError;
+use super::{RunConfig, RunError};
 use crate::ports::{Fill, Source};
 use sluice_packet::{Batch, PacketPool};
 use std::time::{Duration, Instant};
@@ -31,4 +32,26 @@ pub(super) fn fill_batch(
         }
     }
     Ok(Fill::Data)
+}
+
+/// Why a run cannot go to completion on the root thread (`RunConfig::workers` 0), if it cannot.
+/// Run to completion is for plain runs: whatever makes the root wait for workers to do
+/// something (a failover's replay, a change settling, a checkpoint holding the chain still) or
+/// several threads feed them (several roots) needs worker threads.
+pub(super) fn run_to_completion_allowed(cfg: &RunConfig, live: bool) -> Result<(), String> {
+    let refused = [
+        (cfg.roots > 1, "several roots"),
+        (cfg.fault_tolerance, "fault tolerance"),
+        (!cfg.planned.is_empty(), "planned faults or changes"),
+        (!cfg.policies.is_empty(), "vertex managers"),
+        (cfg.scalable, "scaling"),
+        (live, "a control endpoint"),
+    ];
+    match refused.iter().filter(|(on, _)| *on).map(|(_, what)| *what).collect::<Vec<_>>().as_slice() {
+        [] => Ok(()),
+        what => Err(format!(
+            "0 workers (run to completion on the root thread) is for plain runs, not with {}: give it worker threads",
+            what.join(", ")
+        )),
+    }
 }

@@ -122,43 +122,16 @@ pub(super) struct WorkerResult {
     pub(super) flush_errors: Vec<String>,
 }
 
-pub(super) fn worker_loop(shared: &Shared, worker: usize, mut slots: Vec<Slot>) -> WorkerResult {
-    let mut out = Outgoing::new(shared);
+pub(super) fn worker_loop(shared: &Shared, worker: usize, slots: Vec<Slot>) -> WorkerResult {
+    let mut w = Turns::new(shared, worker, slots);
     let mut idle_rounds = 0u32;
-    let mut described = 0;
-    let mut held_seen = 0;
     loop {
         if shared.aborted.load(Ordering::Relaxed) {
             break;
         }
-        let asked = shared.describe_asked.load(Ordering::Relaxed);
-        if asked != described {
-            described = asked;
-            for slot in &slots {
-                describe(shared, slot);
-            }
-        }
-        let mut did = false;
-        if let Some(sc) = &shared.scaling {
-            slots.extend(sc.take_inbox(worker));
-        }
-        super::store_crash::hold_if_asked(shared, &mut slots, &mut held_seen);
-        for slot in slots.iter_mut() {
-            did |= failover::turn(shared, slot, &mut out);
-            did |= reconfig::turn(shared, slot, &mut out);
-            did |= serve(shared, slot, &mut out);
-        }
-        out.flush(shared);
-        if did {
+        if w.turn(shared) {
             idle_rounds = 0;
             continue;
-        }
-        if shared.logging() {
-            // Acknowledgements keep coming after the last batch: the root's log waits for them.
-            for slot in slots.iter_mut() {
-                report_commits(shared, slot, &mut out);
-            }
-            out.flush_notes(shared);
         }
         if shared.input_done.load(Ordering::Acquire) && shared.in_flight.load(Ordering::Acquire) == 0 {
             break;
@@ -172,25 +145,78 @@ pub(super) fn worker_loop(shared: &Shared, worker: usize, mut slots: Vec<Slot>) 
             std::thread::sleep(Duration::from_micros(20));
         }
     }
-    if let Some(sc) = &shared.scaling {
-        // An instance added at the very end has nothing to do, but is part of the run.
-        slots.extend(sc.take_inbox(worker));
+    w.finish(shared)
+}
+
+/// One worker's instances and what it keeps between turns: a worker thread turns them in a
+/// loop ([`worker_loop`]); a run to completion turns them on the root thread between batches.
+pub(super) struct Turns {
+    worker: usize,
+    slots: Vec<Slot>,
+    out: Outgoing,
+    described: u64,
+    held_seen: u64,
+}
+
+impl Turns {
+    pub(super) fn new(shared: &Shared, worker: usize, slots: Vec<Slot>) -> Turns {
+        Turns { worker, slots, out: Outgoing::new(shared), described: 0, held_seen: 0 }
     }
-    // Notes that found the root's queue full still go (the root waits for the last commits).
-    while out.retry(shared) && !shared.aborted.load(Ordering::Acquire) {
-        std::thread::yield_now();
-    }
-    // State cached in instances goes to the store before the run ends.
-    let mut flush_errors = Vec::new();
-    for slot in &mut slots {
-        if let Err(e) = slot.inst.state().flush() {
-            flush_errors.push(format!("{} instance {}: {e}", slot.inst.vertex(), slot.inst.id().index()));
+
+    /// Serves every instance once; whether any had something to do.
+    pub(super) fn turn(&mut self, shared: &Shared) -> bool {
+        let Turns { worker, slots, out, described, held_seen } = self;
+        let asked = shared.describe_asked.load(Ordering::Relaxed);
+        if asked != *described {
+            *described = asked;
+            for slot in slots.iter() {
+                describe(shared, slot);
+            }
         }
-        // The root has settled its log by now: what the flush committed has no entry left.
-        slot.inst.state().take_commits(&mut out.commits);
-        out.commits.clear();
+        let mut did = false;
+        if let Some(sc) = &shared.scaling {
+            slots.extend(sc.take_inbox(*worker));
+        }
+        super::store_crash::hold_if_asked(shared, slots, held_seen);
+        for slot in slots.iter_mut() {
+            did |= failover::turn(shared, slot, out);
+            did |= reconfig::turn(shared, slot, out);
+            did |= serve(shared, slot, out);
+        }
+        out.flush(shared);
+        if !did && shared.logging() {
+            // Acknowledgements keep coming after the last batch: the root's log waits for them.
+            for slot in slots.iter_mut() {
+                report_commits(shared, slot, out);
+            }
+            out.flush_notes(shared);
+        }
+        did
     }
-    WorkerResult { slots, mirrored: out.mirrored, flush_errors }
+
+    /// The run is over: what is still to send goes, cached state goes to the store.
+    pub(super) fn finish(self, shared: &Shared) -> WorkerResult {
+        let Turns { worker, mut slots, mut out, .. } = self;
+        if let Some(sc) = &shared.scaling {
+            // An instance added at the very end has nothing to do, but is part of the run.
+            slots.extend(sc.take_inbox(worker));
+        }
+        // Notes that found the root's queue full still go (the root waits for the last commits).
+        while out.retry(shared) && !shared.aborted.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        // State cached in instances goes to the store before the run ends.
+        let mut flush_errors = Vec::new();
+        for slot in &mut slots {
+            if let Err(e) = slot.inst.state().flush() {
+                flush_errors.push(format!("{} instance {}: {e}", slot.inst.vertex(), slot.inst.id().index()));
+            }
+            // The root has settled its log by now: what the flush committed has no entry left.
+            slot.inst.state().take_commits(&mut out.commits);
+            out.commits.clear();
+        }
+        WorkerResult { slots, mirrored: out.mirrored, flush_errors }
+    }
 }
 
 /// Says what `slot` holds and why (the root asks when nothing has finished for a while).
