@@ -6,9 +6,12 @@
 # 10,000 flows x 100 packets = 1 M packets of 64 bytes), then runs, alternating Sluice and Click
 # `--repeat` times:
 #   pass-through   sluice run --chain chains/passthrough.yaml      vs  FromDump -> Discard
+#                  (--mode local: it keeps no state, so no store is started)
 #   NAT            sluice run --chain chains/nat.yaml --mode local vs  FromDump -> Strip(14)
 #                  (and --mode async, state in the embedded store)     -> CheckIPHeader
 #                                                                      -> IPRewriter -> Discard
+# each with one worker thread (`--workers 1`) and run to completion on the root thread
+# (`--workers 0`, pairs `*-rtc`).
 # Each side reads the same pcap file (in the page cache after the first run) and nobody writes
 # output. Figures are whole-process times (start-up and pcap reading included, as for Click):
 # wall-clock Mpps = packets / wall seconds, per-core Mpps = packets / (user + system seconds).
@@ -96,10 +99,10 @@ timed() {
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
 pairs=(
-  "passthrough|$sluice run --chain chains/passthrough.yaml --input $trace -q --workers 1|$click $out/passthrough.click"
+  "passthrough|$sluice run --chain chains/passthrough.yaml --input $trace -q --workers 1 --mode local|$click $out/passthrough.click"
   "nat-local|$sluice run --chain chains/nat.yaml --input $trace -q --workers 1 --mode local|$click $out/nat.click"
   "nat-async|$sluice run --chain chains/nat.yaml --input $trace -q --workers 1 --mode async|$click $out/nat.click"
-  "passthrough-rtc|$sluice run --chain chains/passthrough.yaml --input $trace -q --workers 0|$click $out/passthrough.click"
+  "passthrough-rtc|$sluice run --chain chains/passthrough.yaml --input $trace -q --workers 0 --mode local|$click $out/passthrough.click"
   "nat-local-rtc|$sluice run --chain chains/nat.yaml --input $trace -q --workers 0 --mode local|$click $out/nat.click"
   "nat-async-rtc|$sluice run --chain chains/nat.yaml --input $trace -q --workers 0 --mode async|$click $out/nat.click"
 )
