@@ -32,6 +32,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+use config::Checked;
 use worker::{worker_loop, Slot};
 
 mod alloc;
@@ -202,76 +203,18 @@ pub fn run(
     sink: &mut dyn Sink,
     hooks: RunHooks<'_>,
 ) -> Result<RunReport, RunError> {
-    if cfg.batch == 0 || cfg.window < cfg.batch {
-        return Err(RunError::Config(format!(
-            "batch ({}) must be positive and window ({}) at least one batch",
-            cfg.batch, cfg.window
-        )));
-    }
-    // No worker threads: the root thread runs the instances itself between batches.
-    let inline = cfg.workers == 0;
-    if inline {
-        input::run_to_completion_allowed(cfg, hooks.live.is_some()).map_err(RunError::Config)?;
-    }
+    let Checked { inline, scalable, crashes_planned, can_fail_over, store_crashes } =
+        config::check(cfg, &plan, hooks.live.is_some())?;
+    let roots = cfg.roots;
     let mut plan = plan;
-    let scalable =
-        cfg.scalable || !cfg.policies.is_empty() || cfg.planned.iter().any(|p| matches!(p, Planned::Change(_)));
-    for (v, _) in &cfg.policies {
-        if *v >= plan.vertices.len() {
-            return Err(RunError::Config(format!("a policy for vertex {v}, which the chain does not have")));
-        }
-    }
-    let crashes_planned = cfg.planned.iter().any(|p| matches!(p, Planned::Crash(_)));
     if scalable && plan.vertices.iter().all(|v| v.spares.is_empty()) {
         plan.reserve_spares(MAX_INSTANCES_PER_VERTEX);
-    }
-    let roots = cfg.roots;
-    if !(1..=MAX_ROOTS).contains(&roots) {
-        return Err(RunError::Config(format!("{roots} roots: a run has 1 to {MAX_ROOTS}")));
-    }
-    if cfg.window < usize::from(roots) * cfg.batch {
-        return Err(RunError::Config(format!(
-            "window ({}) must hold a batch ({}) for each of the {roots} roots: each root has its share of it",
-            cfg.window, cfg.batch
-        )));
     }
     // Packets of different roots overtake each other everywhere in the chain.
     let ordered = crate::order::needs_entry_order(&plan, scalable, roots);
     // Only order-sensitive instances, and the settling of changes with several roots
     // (`reconfig::past_cut`), read the last admitted clock: nobody else pays for it.
     let publish_admissions = ordered.iter().any(|o| *o) || (roots > 1 && scalable);
-    let can_fail_over = cfg.fault_tolerance && plan.rebuilder.has_store();
-    if scalable && !plan.rebuilder.has_store() {
-        return Err(RunError::Config(
-            "scaling and moving flows needs the state in a store (not `local`): flows take their state along through it".into(),
-        ));
-    }
-    if crashes_planned && !can_fail_over {
-        return Err(RunError::Config(
-            "crashing instances needs the root's log (fault tolerance) and state in a store (not `local`)".into(),
-        ));
-    }
-    let root_crashes = cfg.planned.iter().any(|p| matches!(p, Planned::CrashRoot(..)));
-    if let Some(r) = cfg.planned.iter().find_map(|p| match p {
-        Planned::CrashRoot(_, r) if *r >= roots => Some(*r),
-        _ => None,
-    }) {
-        return Err(RunError::Config(format!("a crash of root {r}: the run has {roots} root(s), 0 to {}", roots - 1)));
-    }
-    if root_crashes && !cfg.fault_tolerance {
-        return Err(RunError::Config("crashing the root needs its log and clock (fault tolerance)".into()));
-    }
-    let store_crashes = cfg.planned.iter().any(|p| matches!(p, Planned::CrashStore(_)));
-    if store_crashes && !can_fail_over {
-        return Err(RunError::Config(
-            "crashing the store needs the instances' write-ahead logs (fault tolerance) and state in a store (not `local`)".into(),
-        ));
-    }
-    if cfg.log_in_store && !can_fail_over {
-        return Err(RunError::Config(
-            "keeping the root's log in the store needs fault tolerance and state in a store (not `local`)".into(),
-        ));
-    }
     // A slowdown is applied through the live record workers read once per batch; a clone's
     // trial compares the instances' busy times there.
     let slows = cfg.planned.iter().any(|p| matches!(p, Planned::Slow(_)));

@@ -4,6 +4,7 @@
 use super::failover::Crash;
 use super::reconfig::Reconfig;
 use crate::live::Live;
+use crate::plan::Plan;
 use sluice_chc::manager::ManagerPolicy;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -180,4 +181,84 @@ pub struct RunHooks<'a> {
     pub stop: Option<Arc<AtomicBool>>,
     /// Live statistics to keep up to date while the run goes ([`Live::new`] of the plan).
     pub live: Option<Arc<Live>>,
+}
+
+/// What [`check`] found out about a run's configuration.
+pub(super) struct Checked {
+    /// No worker threads: the root thread runs the instances itself between batches.
+    pub(super) inline: bool,
+    /// Instances may be added and flows moved.
+    pub(super) scalable: bool,
+    /// Instance crashes are planned.
+    pub(super) crashes_planned: bool,
+    /// Failed instances can be replaced (a root log and a store).
+    pub(super) can_fail_over: bool,
+    /// Store crashes are planned.
+    pub(super) store_crashes: bool,
+}
+
+/// Refuses configurations a run cannot honour, saying why; `live`: a control endpoint.
+pub(super) fn check(cfg: &RunConfig, plan: &Plan, live: bool) -> Result<Checked, RunError> {
+    if cfg.batch == 0 || cfg.window < cfg.batch {
+        return Err(RunError::Config(format!(
+            "batch ({}) must be positive and window ({}) at least one batch",
+            cfg.batch, cfg.window
+        )));
+    }
+    // No worker threads: the root thread runs the instances itself between batches.
+    let inline = cfg.workers == 0;
+    if inline {
+        super::input::run_to_completion_allowed(cfg, live).map_err(RunError::Config)?;
+    }
+    let scalable =
+        cfg.scalable || !cfg.policies.is_empty() || cfg.planned.iter().any(|p| matches!(p, Planned::Change(_)));
+    for (v, _) in &cfg.policies {
+        if *v >= plan.vertices.len() {
+            return Err(RunError::Config(format!("a policy for vertex {v}, which the chain does not have")));
+        }
+    }
+    let crashes_planned = cfg.planned.iter().any(|p| matches!(p, Planned::Crash(_)));
+    let roots = cfg.roots;
+    if !(1..=MAX_ROOTS).contains(&roots) {
+        return Err(RunError::Config(format!("{roots} roots: a run has 1 to {MAX_ROOTS}")));
+    }
+    if cfg.window < usize::from(roots) * cfg.batch {
+        return Err(RunError::Config(format!(
+            "window ({}) must hold a batch ({}) for each of the {roots} roots: each root has its share of it",
+            cfg.window, cfg.batch
+        )));
+    }
+    let can_fail_over = cfg.fault_tolerance && plan.rebuilder.has_store();
+    if scalable && !plan.rebuilder.has_store() {
+        return Err(RunError::Config(
+            "scaling and moving flows needs the state in a store (not `local`): flows take their state along through it".into(),
+        ));
+    }
+    if crashes_planned && !can_fail_over {
+        return Err(RunError::Config(
+            "crashing instances needs the root's log (fault tolerance) and state in a store (not `local`)".into(),
+        ));
+    }
+    let root_crashes = cfg.planned.iter().any(|p| matches!(p, Planned::CrashRoot(..)));
+    if let Some(r) = cfg.planned.iter().find_map(|p| match p {
+        Planned::CrashRoot(_, r) if *r >= roots => Some(*r),
+        _ => None,
+    }) {
+        return Err(RunError::Config(format!("a crash of root {r}: the run has {roots} root(s), 0 to {}", roots - 1)));
+    }
+    if root_crashes && !cfg.fault_tolerance {
+        return Err(RunError::Config("crashing the root needs its log and clock (fault tolerance)".into()));
+    }
+    let store_crashes = cfg.planned.iter().any(|p| matches!(p, Planned::CrashStore(_)));
+    if store_crashes && !can_fail_over {
+        return Err(RunError::Config(
+            "crashing the store needs the instances' write-ahead logs (fault tolerance) and state in a store (not `local`)".into(),
+        ));
+    }
+    if cfg.log_in_store && !can_fail_over {
+        return Err(RunError::Config(
+            "keeping the root's log in the store needs fault tolerance and state in a store (not `local`)".into(),
+        ));
+    }
+    Ok(Checked { inline, scalable, crashes_planned, can_fail_over, store_crashes })
 }
