@@ -20,6 +20,7 @@ use crate::plan::{Plan, Target, VertexPlan};
 use crate::ports::{Fill, Sink, Source};
 use crate::record::Recording;
 use crate::report::{Latency, RunReport, StoreCrashReport};
+use config::Checked;
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
 use ft::{Note, RootLog};
@@ -32,7 +33,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use config::Checked;
 use worker::{worker_loop, Slot};
 
 mod alloc;

@@ -69,7 +69,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 5)]
     pub repeat: usize,
     /// Worker counts to measure. A single NF gets as many instances as workers; the example
-    /// chain keeps its file's instances, spread over the workers.
+    /// chain keeps its file's instances, spread over the workers. 0: run to completion on the
+    /// root thread (one instance per NF, one thread: cases `.../w0`).
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     pub workers: Vec<usize>,
     /// Generated frame sizes: byte counts (64..=1500) and/or `mix` (the generator's trace-like
@@ -276,8 +277,8 @@ pub fn cmd_bench(args: BenchArgs) -> Result<()> {
     if packets == 0 || repeat == 0 {
         bail!("--packets and --repeat must be positive");
     }
-    if args.workers.is_empty() || args.workers.contains(&0) {
-        bail!("--workers takes positive worker counts");
+    if args.workers.is_empty() {
+        bail!("--workers takes worker counts (0: run to completion on the root thread)");
     }
     warn_if_debug_build("bench", args.quick);
     let nproc = available_cores();
@@ -422,7 +423,8 @@ fn build_cases(args: &BenchArgs, inputs: &[InputSpec]) -> Result<Vec<Case>> {
     for (kind, config) in SINGLE_NFS {
         let mut per_workers = Vec::new();
         for &w in &args.workers {
-            per_workers.push((w, single_nf_chain(kind, config, w, &format!("<bench {kind} x{w}>"))?));
+            let instances = w.max(1);
+            per_workers.push((w, single_nf_chain(kind, config, instances, &format!("<bench {kind} x{w}>"))?));
         }
         chains.push((kind.to_string(), per_workers));
     }
