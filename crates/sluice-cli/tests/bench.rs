@@ -4,13 +4,13 @@
 use std::process::Command;
 
 /// The cases a quick run must report: every NF alone and the example chain, 64-byte and
-/// trace-size (`mix`) packets, 1 and 2 workers.
+/// trace-size (`mix`) packets, run to completion (w0), 1 and 2 workers.
 fn expected_cases() -> Vec<String> {
     let chains = ["passthrough", "nat", "lb", "firewall", "portscan", "trojan", "ids", "example"];
     let mut v = Vec::new();
     for c in chains {
         for size in ["64B", "mix"] {
-            for w in [1, 2] {
+            for w in [0, 1, 2] {
                 v.push(format!("{c}/{size}/w{w}"));
             }
         }
@@ -84,7 +84,7 @@ fn bench_filter_and_list() {
         .expect("run sluice bench");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let listed: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
-    assert_eq!(listed, ["nat/64B/w1", "nat/64B/w2"]);
+    assert_eq!(listed, ["nat/64B/w0", "nat/64B/w1", "nat/64B/w2"]);
 
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["bench", "--quick", "--filter", "no-such-case"])

@@ -71,7 +71,7 @@ pub struct BenchArgs {
     /// Worker counts to measure. A single NF gets as many instances as workers; the example
     /// chain keeps its file's instances, spread over the workers. 0: run to completion on the
     /// root thread (one instance per NF, one thread: cases `.../w0`).
-    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    #[arg(long, value_delimiter = ',', default_value = "0,1,2")]
     pub workers: Vec<usize>,
     /// Generated frame sizes: byte counts (64..=1500) and/or `mix` (the generator's trace-like
     /// size distribution).
