@@ -11,23 +11,56 @@ use std::collections::BinaryHeap;
 type Map<K, V> = hashbrown::HashMap<K, V, ahash::RandomState>;
 
 /// Timers in packet time, as every state backend keeps them on the instance side: armed,
-/// re-armed and cancelled by key, fired earliest first when time passes their deadline.
+/// re-armed and cancelled by key, fired earliest first (by deadline, then by when they were
+/// last armed) when time passes their deadline.
+///
+/// Re-arming a timer later — an idle timeout pushed back by every packet of its flow, the
+/// common case — only updates its entry in `armed`: the heap keeps the earlier entry, which,
+/// when it surfaces, is put back at the timer's current deadline instead of firing. A heap
+/// entry's key is never later than its timer's current (deadline, sequence), so timers fire
+/// in exactly the order of a heap that got an entry per arming, with one heap push per
+/// timeout period instead of one per packet.
 #[derive(Default)]
 pub struct Timers {
-    /// Deadline-ordered timers; entries whose sequence number no longer matches `armed` were
-    /// re-armed or cancelled and are skipped when they surface.
+    /// Deadline-ordered entries; one whose sequence number is not its timer's `queued` was
+    /// superseded (re-armed earlier, or cancelled) and is skipped when it surfaces.
     heap: BinaryHeap<Reverse<(u64, u64, ObjectId, StateKey)>>,
-    /// The armed timers: sequence number and deadline.
-    armed: Map<(ObjectId, StateKey), (u64, u64)>,
+    /// The armed timers.
+    armed: Map<(ObjectId, StateKey), Armed>,
     seq: u64,
+}
+
+/// One armed timer.
+#[derive(Debug, Clone, Copy)]
+struct Armed {
+    /// When it was last armed (sequence number).
+    seq: u64,
+    /// Its deadline.
+    deadline: u64,
+    /// The sequence number of its entry in the heap (`seq`, or an earlier arming's).
+    queued: u64,
 }
 
 impl Timers {
     /// Arms or re-arms the timer of `(obj, key)`.
     pub fn set(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
         self.seq += 1;
-        self.armed.insert((obj, *key), (self.seq, deadline_ns));
-        self.heap.push(Reverse((deadline_ns, self.seq, obj, *key)));
+        let seq = self.seq;
+        match self.armed.entry((obj, *key)) {
+            hashbrown::hash_map::Entry::Occupied(mut e) if e.get().deadline <= deadline_ns => {
+                // Later (or the same): the entry in the heap surfaces first and moves then.
+                let a = e.get_mut();
+                (a.seq, a.deadline) = (seq, deadline_ns);
+            }
+            hashbrown::hash_map::Entry::Occupied(mut e) => {
+                e.insert(Armed { seq, deadline: deadline_ns, queued: seq });
+                self.heap.push(Reverse((deadline_ns, seq, obj, *key)));
+            }
+            hashbrown::hash_map::Entry::Vacant(e) => {
+                e.insert(Armed { seq, deadline: deadline_ns, queued: seq });
+                self.heap.push(Reverse((deadline_ns, seq, obj, *key)));
+            }
+        }
     }
 
     /// Makes room for `n` more timers at once (a replacement arming its predecessor's).
@@ -54,7 +87,7 @@ impl Timers {
 
     /// The armed timers as `(object, key, deadline_ns)`, earliest first.
     pub fn armed(&self) -> Vec<(ObjectId, StateKey, u64)> {
-        let mut v: Vec<_> = self.armed.iter().map(|(&(o, k), &(_, d))| (o, k, d)).collect();
+        let mut v: Vec<_> = self.armed.iter().map(|(&(o, k), a)| (o, k, a.deadline)).collect();
         v.sort_by_key(|(o, k, d)| (*d, *o, *k));
         v
     }
@@ -104,16 +137,24 @@ impl Timers {
                 _ => break,
             }
             let Some(Reverse((deadline, seq, object, key))) = self.heap.pop() else { break };
-            if self.armed.get(&(object, key)).map(|e| e.0) == Some(seq) {
-                if !fire(object, &key) {
-                    kept.push(Reverse((deadline, seq, object, key)));
-                    continue;
-                }
-                self.armed.remove(&(object, key));
-                out.push(TimerFired { object, key });
-                deadlines.push(deadline);
-                n += 1;
+            let Some(a) = self.armed.get_mut(&(object, key)) else { continue };
+            if a.queued != seq {
+                continue; // superseded
             }
+            if (a.seq, a.deadline) != (seq, deadline) {
+                // Re-armed later since this entry was queued: it takes its place now.
+                a.queued = a.seq;
+                self.heap.push(Reverse((a.deadline, a.seq, object, key)));
+                continue;
+            }
+            if !fire(object, &key) {
+                kept.push(Reverse((deadline, seq, object, key)));
+                continue;
+            }
+            self.armed.remove(&(object, key));
+            out.push(TimerFired { object, key });
+            deadlines.push(deadline);
+            n += 1;
         }
         self.heap.extend(kept);
         self.compact_if_stale();
@@ -125,7 +166,10 @@ impl Timers {
         if self.heap.len() > 1024 && self.heap.len() > 4 * self.armed.len() {
             let mut v = std::mem::take(&mut self.heap).into_vec();
             v.clear();
-            v.extend(self.armed.iter().map(|(&(o, k), &(seq, d))| Reverse((d, seq, o, k))));
+            for (&(o, k), a) in self.armed.iter_mut() {
+                a.queued = a.seq;
+                v.push(Reverse((a.deadline, a.seq, o, k)));
+            }
             self.heap = BinaryHeap::from(v);
         }
     }
