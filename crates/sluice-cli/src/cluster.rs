@@ -383,6 +383,12 @@ const STORE_CHECK_EVERY: Duration = Duration::from_secs(3);
 /// with a pause growing from 100 ms to 5 s, for at most `give_up`. A malformed URL fails at once.
 fn wait_for_store(url: &str, give_up: Duration, stats: &NodeStats, stop: &AtomicBool) -> Result<(), Failure> {
     crate::store_cmd::check_store_url(url)?;
+    if url == "embedded" {
+        // Checking it would start a private store every few seconds that no other node sees.
+        return Err(fail(exit::INVALID)(anyhow::anyhow!(
+            "--store embedded: a node's state must be reachable from other nodes (redis://, redis+cluster:// or sluice:// from `sluice store serve`)"
+        )));
+    }
     let deadline = std::time::Instant::now() + give_up;
     let mut wait = Duration::from_millis(100);
     loop {

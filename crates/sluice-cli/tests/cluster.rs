@@ -436,6 +436,14 @@ fn a_node_registers_only_once_its_store_answers_and_says_which_it_waits_for() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--store") && err.contains("replicas"), "{err}");
+    // An embedded store is this process's own: no other node could reach it.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["node", "--id", "a", "--store", "embedded", "--join-timeout", "30"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--store embedded: a node's state must be reachable from other nodes"), "{err}");
 
     // The store comes up after the node: the node waits, then registers; when the store dies
     // later, its metrics say so.
