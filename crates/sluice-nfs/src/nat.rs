@@ -54,18 +54,19 @@
 //!
 //! | id | name | scope | pattern | why |
 //! |---|---|---|---|---|
-//! | [`POOL`] | `port_pool` | global | read/write often | free ports (a list at key `Unit`, popped per new mapping, pushed on release), plus an "initialised" marker and a "pool exhausted" episode marker; shared by all instances once externalised |
+//! | [`POOL`] | `port_pool` | global | read/write often | free ports at key `Unit` (never-used ports as a range, given-back ones as a queue: a few integers until ports come back), taken per new mapping and given back on release by custom operations, plus a "pool exhausted" episode marker; shared by all instances once externalised |
 //! | [`MAPPING`] | `endpoint_mapping` | src ip, src port, proto | read-heavy | endpoint-independent mapping: internal endpoint → external port and the number of live connections using it; touched when a connection starts or ends |
 //! | [`CONN`] | `conn_mapping` | per-flow | read-heavy | connection → external port and TCP progress bits: the one read on the outbound hot path; written only when the TCP bits change |
 //! | [`REVERSE`] | `reverse_mapping` | dst port, proto | read-heavy | external port → internal endpoint, the one read on the inbound hot path |
 //! | [`TOTAL_PACKETS`] | `total_packets` | global | write-mostly | every packet the NAT sees (`incr_nb`) |
 //! | [`TCP_PACKETS`] | `total_tcp_packets` | global | write-mostly | every TCP packet the NAT sees (`incr_nb`) |
 //!
-//! The pool list is filled lazily: a pop that finds nothing checks the initialised marker and,
-//! if it is absent, claims it (compare-and-set, so only one instance fills a shared pool),
-//! stores the whole slice in one `set` and marks the pool filled; an instance that finds the
-//! pool empty while another is filling it waits for the fill. Afterwards each new mapping costs
-//! one pop.
+//! The pool is taken from and given back to by custom operations that run where the state
+//! lives ([`NatNf::custom_ops`]): the first take creates it from the taker's slice, so no
+//! instance fills it or waits for another to. It is a few integers (the range of ports never
+//! handed out, then the queue of those given back), not a list of every free port: a
+//! replacement taking over, a checkpoint or a store scan copies it whole, and a list of 62,000
+//! values cost a failover over a millisecond (docs/decisions.md).
 //! Mapping reference counts are changed by custom operations ([`NatNf::custom_ops`]) that run
 //! where the state lives, so concurrent instances never lose an update.
 //!
@@ -114,10 +115,10 @@ use sluice_nf::{
     StateKey, StateOp, TimerFired, Value, Verdict,
 };
 use sluice_packet::{FiveTuple, HeaderField, Packet, Proto, RewriteError, L4};
-use std::collections::VecDeque;
 use std::net::IpAddr;
 
-/// State object: the free-port pool (list at [`StateKey::Unit`]) and its markers.
+/// State object: the free-port pool (at [`StateKey::Unit`], see [`pool_take`]) and its
+/// "exhaustion reported" marker.
 pub const POOL: ObjectId = ObjectId(0);
 /// State object: internal endpoint → packed external port and connection count.
 pub const MAPPING: ObjectId = ObjectId(1);
@@ -130,18 +131,6 @@ pub const TOTAL_PACKETS: ObjectId = ObjectId(4);
 /// State object: TCP packet counter at [`StateKey::Unit`].
 pub const TCP_PACKETS: ObjectId = ObjectId(5);
 
-/// Key of the pool's "initialised" marker in [`POOL`].
-pub const POOL_READY_KEY: StateKey = StateKey::Id(0);
-/// The "initialised" marker while the instance that claimed it fills the pool.
-const POOL_FILLING: i64 = -1;
-/// The "initialised" marker once the pool list is in the store.
-const POOL_FILLED: i64 = -2;
-/// How long another instance waits for a fill in progress. Long enough for a filler thread
-/// that the scheduler put aside on a busy machine (5 ms was not: the first packets of a scaled
-/// NAT were dropped as "pool exhausted" under load); only a filler that failed between its
-/// claim and its fill makes anyone wait this long.
-const POOL_FILL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// Key of the pool's "exhaustion reported" marker in [`POOL`].
 pub const POOL_EXHAUSTED_KEY: StateKey = StateKey::Id(1);
 
@@ -149,6 +138,8 @@ pub const POOL_EXHAUSTED_KEY: StateKey = StateKey::Id(1);
 const OP_ACQUIRE: u16 = 0;
 const OP_INSTALL: u16 = 1;
 const OP_RELEASE: u16 = 2;
+const OP_POOL_TAKE: u16 = 3;
+const OP_POOL_GIVE_BACK: u16 = 4;
 
 // TCP progress bits kept in a connection entry, above the 16 port bits.
 const OUT_SYN: i64 = 1;
@@ -157,10 +148,12 @@ const FIN_SEEN: i64 = 4;
 const RST_SEEN: i64 = 8;
 
 /// The NAT's custom operations, in the order its state operations name them.
-pub(crate) const CUSTOM_OPS: [CustomOp; 3] = [
+pub(crate) const CUSTOM_OPS: [CustomOp; 5] = [
     CustomOp { name: "nat-mapping-acquire", apply: op_acquire },
     CustomOp { name: "nat-mapping-install", apply: op_install },
     CustomOp { name: "nat-mapping-release", apply: op_release },
+    CustomOp { name: "nat-pool-take", apply: pool_take },
+    CustomOp { name: "nat-pool-give-back", apply: pool_give_back },
 ];
 
 /// Timeouts in seconds.
@@ -216,7 +209,7 @@ pub struct NatNf {
     slice: (u16, u16),
     timeouts_ns: [u64; 4],
     decls: Vec<StateDecl>,
-    custom: [CustomOp; 3],
+    custom: [CustomOp; 5],
 }
 
 /// Builds an instance from its config.
@@ -426,43 +419,24 @@ impl NatNf {
             )?;
         } else {
             // Another instance installed a mapping for this endpoint meanwhile: give ours back.
-            ctx.state.push_nb(POOL, &StateKey::Unit, Value::Int(i64::from(popped)))?;
+            self.give_back(popped, ctx)?;
         }
         Ok(Some(used))
     }
 
-    /// Pops a free port, filling the pool with this instance's slice on first use.
-    ///
-    /// The instance that claims the "initialised" marker fills the pool, then marks it filled
-    /// (each step waited for, so "filled" means the list is in the store). Another instance
-    /// that finds the pool empty while the marker only says "claimed" waits for the fill
-    /// rather than report a pool it has never seen as exhausted; if the filler never finishes
-    /// (it failed in between and nothing replays it), it gives up after [`POOL_FILL_WAIT`] and
-    /// reports the pool exhausted, which loses a connection but never hands a port out twice.
+    /// Takes a free port from the pool (which starts as this instance's slice, or as the
+    /// slice of whichever instance of a shared pool takes first).
     fn pop_port(&self, ctx: &mut NfContext<'_>) -> Result<Option<u16>, StateError> {
-        let pop = |ctx: &mut NfContext<'_>| -> Result<Option<u16>, StateError> {
-            Ok(ctx.state.pop(POOL, &StateKey::Unit)?.and_then(|v| v.as_int()).and_then(|p| u16::try_from(p).ok()))
-        };
-        if let Some(p) = pop(ctx)? {
-            return Ok(Some(p));
-        }
-        let claim = StateOp::CompareAndSet { expect: None, new: Value::Int(POOL_FILLING) };
-        if ctx.state.exec(POOL, &POOL_READY_KEY, claim)? == Some(Value::Int(1)) {
-            let (a, b) = self.slice;
-            let list: VecDeque<Value> = (a..=b).map(|p| Value::Int(i64::from(p))).collect();
-            ctx.state.set(POOL, &StateKey::Unit, Value::List(list))?;
-            ctx.state.set(POOL, &POOL_READY_KEY, Value::Int(POOL_FILLED))?;
-            return pop(ctx);
-        }
-        let deadline = std::time::Instant::now() + POOL_FILL_WAIT;
-        while std::time::Instant::now() < deadline {
-            if ctx.state.get(POOL, &POOL_READY_KEY)? != Some(Value::Int(POOL_FILLING)) {
-                // Filled (the fill may have landed after our first pop), or exhausted.
-                return pop(ctx);
-            }
-            std::thread::sleep(std::time::Duration::from_micros(50));
-        }
-        Ok(None)
+        let (a, b) = self.slice;
+        let slice = Value::Int(i64::from(a) | (i64::from(b) << 16));
+        let port = ctx.state.custom(POOL, &StateKey::Unit, OP_POOL_TAKE, slice)?;
+        Ok(port.and_then(|v| v.as_int()).and_then(|p| u16::try_from(p).ok()))
+    }
+
+    /// Gives `port` back to the pool, without waiting.
+    fn give_back(&self, port: u16, ctx: &mut NfContext<'_>) -> Result<(), StateError> {
+        let op = StateOp::Custom { op: OP_POOL_GIVE_BACK, arg: Value::Int(i64::from(port)) };
+        ctx.state.exec_nb(POOL, &StateKey::Unit, op)
     }
 
     fn inbound(&self, pkt: &mut Packet, t: FiveTuple, ctx: &mut NfContext<'_>) -> Result<Verdict, StateError> {
@@ -499,7 +473,7 @@ impl NatNf {
         if let Some(ext) = ctx.state.custom(MAPPING, &ep, OP_RELEASE, Value::Int(0))?.and_then(|v| v.as_int()) {
             let ext = ext as u16;
             ctx.state.delete(REVERSE, &StateKey::Endpoint(self.external_ip, ext, fk.proto.0))?;
-            ctx.state.push_nb(POOL, &StateKey::Unit, Value::Int(i64::from(ext)))?;
+            self.give_back(ext, ctx)?;
             ctx.state.delete(POOL, &POOL_EXHAUSTED_KEY)?;
         }
         Ok(())
@@ -570,6 +544,70 @@ fn op_release(slot: &mut Option<Value>, _arg: &Value) -> Result<Option<Value>, S
     }
 }
 
+// The pool's value: `Ints[next, last, head, released...]`. Ports `next..=last` were never
+// handed out; `released[head..]` were given back, oldest first. A take prefers never-used
+// ports, then the oldest given back (a port is reused as late as possible, as a list of the
+// whole slice popped at the front and pushed at the back would do), and the value stays a few
+// integers until ports come back: a replacement, a checkpoint or a store scan copies it whole.
+const POOL_NEXT: usize = 0;
+const POOL_LAST: usize = 1;
+const POOL_HEAD: usize = 2;
+const POOL_RELEASED: usize = 3;
+/// Given-back ports already taken again are dropped from the front of the value once there
+/// are this many of them and they are at least half of what was given back.
+const POOL_COMPACT_AT: usize = 64;
+
+/// The pool's value, checked: its fields are in range.
+fn pool_parts(slot: &Option<Value>) -> Result<Option<&[i64]>, StateError> {
+    match slot {
+        None => Ok(None),
+        Some(Value::Ints(v))
+            if v.len() >= POOL_RELEASED
+                && usize::try_from(v[POOL_HEAD]).is_ok_and(|h| POOL_RELEASED + h <= v.len()) =>
+        {
+            Ok(Some(v))
+        }
+        Some(_) => Err(StateError::Custom("nat port pool is not a pool record")),
+    }
+}
+
+/// Takes a free port: `arg` packs the slice a pool starts from (`first | last << 16`), used
+/// when the pool does not exist yet. `None` when the pool is exhausted.
+fn pool_take(slot: &mut Option<Value>, arg: &Value) -> Result<Option<Value>, StateError> {
+    let slice = arg.as_int().ok_or(StateError::Custom("pool take needs the slice"))?;
+    if pool_parts(slot)?.is_none() {
+        *slot = Some(Value::Ints(vec![slice & 0xffff, (slice >> 16) & 0xffff, 0]));
+    }
+    let Some(Value::Ints(v)) = slot else { return Ok(None) };
+    if v[POOL_NEXT] <= v[POOL_LAST] {
+        v[POOL_NEXT] += 1;
+        return Ok(Some(Value::Int(v[POOL_NEXT] - 1)));
+    }
+    let head = usize::try_from(v[POOL_HEAD]).unwrap_or(usize::MAX);
+    let Some(&port) = v.get(POOL_RELEASED + head) else { return Ok(None) };
+    let head = head + 1;
+    if head >= POOL_COMPACT_AT && 2 * head >= v.len() - POOL_RELEASED {
+        v.drain(POOL_RELEASED..POOL_RELEASED + head);
+        v[POOL_HEAD] = 0;
+    } else {
+        v[POOL_HEAD] = head as i64;
+    }
+    Ok(Some(Value::Int(port)))
+}
+
+/// Gives port `arg` back to the pool. Returns nothing.
+fn pool_give_back(slot: &mut Option<Value>, arg: &Value) -> Result<Option<Value>, StateError> {
+    let port = arg.as_int().filter(|p| (1..=0xffff).contains(p)).ok_or(StateError::Custom("give back needs a port"))?;
+    if pool_parts(slot)?.is_none() {
+        // Given back before anything was taken (not done by the NAT): an empty range.
+        *slot = Some(Value::Ints(vec![1, 0, 0]));
+    }
+    if let Some(Value::Ints(v)) = slot {
+        v.push(port);
+    }
+    Ok(None)
+}
+
 impl NetworkFunction for NatNf {
     fn kind(&self) -> &'static str {
         "nat"
@@ -580,8 +618,9 @@ impl NetworkFunction for NatNf {
     }
 
     /// `0` acquire (count a connection on an existing mapping), `1` install (create a mapping
-    /// with a popped port, or join one created meanwhile), `2` release (count a connection
-    /// less; the last one removes the mapping and returns the port to give back).
+    /// with a taken port, or join one created meanwhile), `2` release (count a connection
+    /// less; the last one removes the mapping and returns the port to give back), `3` take a
+    /// port from the pool, `4` give one back.
     fn custom_ops(&self) -> &[CustomOp] {
         &self.custom
     }
@@ -614,6 +653,48 @@ impl NetworkFunction for NatNf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pool_hands_out_fresh_ports_first_then_given_back_ones_oldest_first() {
+        let slice = Value::Int(5000 | (5002 << 16));
+        let mut pool = None;
+        let take = |pool: &mut Option<Value>| pool_take(pool, &slice).unwrap().and_then(|v| v.as_int());
+        assert_eq!(take(&mut pool), Some(5000));
+        assert_eq!(take(&mut pool), Some(5001));
+        pool_give_back(&mut pool, &Value::Int(5001)).unwrap();
+        pool_give_back(&mut pool, &Value::Int(5000)).unwrap();
+        assert_eq!(take(&mut pool), Some(5002));
+        assert_eq!(take(&mut pool), Some(5001));
+        assert_eq!(take(&mut pool), Some(5000));
+        assert_eq!(take(&mut pool), None);
+        pool_give_back(&mut pool, &Value::Int(5002)).unwrap();
+        assert_eq!(take(&mut pool), Some(5002));
+        assert_eq!(take(&mut pool), None);
+    }
+
+    #[test]
+    fn the_pool_stays_small_under_churn_and_refuses_what_is_not_a_pool() {
+        let slice = Value::Int(1 | (100 << 16));
+        let mut pool = None;
+        for _ in 0..100 {
+            pool_take(&mut pool, &slice).unwrap();
+        }
+        // Every port in use: 10,000 connections come and go, one at a time.
+        for round in 0..10_000i64 {
+            pool_give_back(&mut pool, &Value::Int(1 + round % 100)).unwrap();
+            assert_eq!(pool_take(&mut pool, &slice).unwrap(), Some(Value::Int(1 + round % 100)));
+        }
+        let Some(Value::Ints(v)) = &pool else { panic!("not a pool: {pool:?}") };
+        assert!(v.len() <= POOL_RELEASED + 2 * POOL_COMPACT_AT, "{} integers", v.len());
+        for bad in [Value::Int(3), Value::Ints(vec![1, 2]), Value::Ints(vec![1, 2, 9])] {
+            let mut slot = Some(bad.clone());
+            assert!(pool_take(&mut slot, &slice).is_err());
+            assert!(pool_give_back(&mut slot, &Value::Int(7)).is_err());
+            assert_eq!(slot, Some(bad), "an operation that fails leaves the value as it was");
+        }
+        assert!(pool_give_back(&mut pool, &Value::Int(0)).is_err());
+        assert!(pool_take(&mut pool, &Value::Float(1.0)).is_err());
+    }
 
     #[test]
     fn mapping_ops_count_references() {
