@@ -86,6 +86,12 @@ pub trait Backend: Send + Sync {
     fn values_of(&self, _vertex: u16, _objects: &[u16]) -> Result<Option<Vec<(StoreKey, Value)>>, StoreError> {
         Ok(None)
     }
+    /// Whether [`Backend::takeover`] returns at once, its parts sent later by the store's own
+    /// threads (the embedded store). Otherwise the caller gives it a thread of its own, so
+    /// that the replacement is not held up while the backend reads.
+    fn takeover_returns_at_once(&self) -> bool {
+        false
+    }
     /// What the replacement of failed instance `owner` takes over: the timers its predecessor
     /// armed ([`Backend::timers_of`]) and, with `objects` (it is its vertex's only instance),
     /// the values of those objects of its vertex ([`Backend::values_of`]). Sent to `parts` in

@@ -266,6 +266,7 @@ pub(super) fn turn(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool
             if let Some(s) = fo.served.get(slot.global) {
                 s.fetch_max(r.epoch, Ordering::AcqRel);
             }
+            free_failed(std::mem::take(&mut slot.failed));
         }
         did = true;
     }
@@ -282,6 +283,18 @@ pub(super) fn turn(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool
         }
     }
     did
+}
+
+/// Frees failed instances on a thread of its own (their caches and logs may take
+/// milliseconds), or here if no thread can be started.
+fn free_failed(failed: Vec<sluice_nf::Instance>) {
+    if failed.is_empty() {
+        return;
+    }
+    let freeing = std::thread::Builder::new().name("sluice-free-failed".into()).spawn(move || drop(failed));
+    if let Err(e) = freeing {
+        tracing::debug!(error = %e, "freeing failed instances on this thread");
+    }
 }
 
 /// Crashes `slot`'s instance and puts its replacement in its place.
@@ -350,12 +363,9 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
     slot.reading = reading;
     // What it decided before failing is part of the run.
     slot.stats.events.extend(failed.take_events());
-    // Freed on a thread of its own: its write-ahead log alone may hold 65,536 entries, which
-    // took the worker 1 to 4 ms to free, in the middle of the recovery.
-    let freeing = std::thread::Builder::new().name("sluice-free-failed".into()).spawn(move || drop(failed));
-    if let Err(e) = freeing {
-        tracing::debug!(error = %e, "freeing a failed instance on this thread");
-    }
+    // Freed once the replacement serves: its write-ahead log alone may hold 65,536 entries,
+    // which took 1 to 4 ms of a core to free, in the middle of the recovery.
+    slot.failed.push(failed);
     let epoch = fo.epochs.get(slot.global).map_or(0, |e| e.fetch_add(1, Ordering::AcqRel) + 1);
     slot.recovery = Some(Recovery { epoch, replay: Vec::new(), held: Vec::new(), predecessor });
     // Every root hears of it, with the lost copies of its own clocks: each replays its log.

@@ -88,6 +88,8 @@ pub(super) struct Slot {
     pub(super) moving: Option<Moving>,
     /// What went wrong building a replacement.
     pub(super) errors: Vec<String>,
+    /// Failed instances, freed once their replacement serves (not during its recovery).
+    pub(super) failed: Vec<sluice_nf::Instance>,
 }
 
 impl Slot {
@@ -112,6 +114,7 @@ impl Slot {
             passing,
             moving,
             errors: Vec::new(),
+            failed: Vec::new(),
         }
     }
 }

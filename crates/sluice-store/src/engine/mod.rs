@@ -724,6 +724,10 @@ impl Backend for EmbeddedStore {
         Ok(timers)
     }
 
+    fn takeover_returns_at_once(&self) -> bool {
+        true
+    }
+
     fn takeover(&self, owner: InstanceId, objects: Option<&[u16]>, parts: &TakeoverParts) -> Result<usize, StoreError> {
         // Each shard sends to the replacement directly, as it reads.
         let scan = || Scan { vertex: owner.vertex(), timers_of: Some(owner), objects: objects.map(<[u16]>::to_vec) };
