@@ -12,7 +12,7 @@
 //!   The source is rewritten to `external_ip:port`. The port comes from the mapping of the
 //!   internal endpoint `(ip, port, protocol)`, so an internal endpoint keeps one external port for
 //!   every destination (endpoint-independent mapping, RFC 4787 REQ-1). The first packet of a
-//!   connection whose internal endpoint has no mapping pops a port from the pool.
+//!   connection whose internal endpoint has no mapping takes a port from the pool.
 //!   TCP allocates on any packet, not only on a SYN: captures often start mid-connection, and
 //!   RFC 5382 allows it. A connection picked up without its SYN is treated as established.
 //! * **Anything else** is forwarded untouched and not translated: internal↔internal traffic,
