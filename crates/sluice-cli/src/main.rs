@@ -201,13 +201,15 @@ fn state_config(e: &EngineArgs, chain: &Chain) -> Result<StateConfig, Failure> {
     Ok(StateConfig::Store { backend, client: sluice_store::ClientConfig { mode, ..Default::default() } })
 }
 
-/// With the root's log (`--fault-tolerance`), instances keep what a replay needs
-/// ([`StateConfig::fault_tolerant`]).
-fn fault_tolerant(state: StateConfig, on: bool) -> StateConfig {
-    if on {
-        state.fault_tolerant()
-    } else {
-        state
+/// The state configuration of a threaded run: with the root's log (`--fault-tolerance`),
+/// instances keep what a replay needs ([`StateConfig::fault_tolerant`]); without it and
+/// without a control endpoint (which could clone a straggler), no packet is processed twice
+/// and updates travel untagged ([`StateConfig::without_duplicates`]).
+fn state_for_run(state: StateConfig, fault_tolerance: bool, live_control: bool) -> StateConfig {
+    match (fault_tolerance, live_control) {
+        (true, _) => state.fault_tolerant(),
+        (false, false) => state.without_duplicates(),
+        (false, true) => state,
     }
 }
 

@@ -5,8 +5,8 @@
 use crate::bridge::{Bridge, BridgeSink, BridgeSource, LiveIo, LivePort};
 use crate::ports::{GenSource, PcapSink, TraceSource};
 use crate::{
-    control, engine_config, exit, fail, fault_tolerant, gen_config, geneve_ports, load_chain, parse_pace, progress_bar,
-    record, run_faults, state_config, EngineArgs, Failure,
+    control, engine_config, exit, fail, gen_config, geneve_ports, load_chain, parse_pace, progress_bar, record,
+    run_faults, state_config, state_for_run, EngineArgs, Failure,
 };
 use anyhow::Context;
 use clap::Args;
@@ -197,7 +197,7 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
         cfg.policies = faults.policies;
         cfg.fault_tolerance = true;
     }
-    let state = fault_tolerant(state_config(&a.engine, &chain)?, cfg.fault_tolerance);
+    let state = state_for_run(state_config(&a.engine, &chain)?, cfg.fault_tolerance, a.control.is_some());
     let mut plan =
         compile_with(&chain, &registry, &sample, &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     prepare_scaling(&a, &mut cfg, &mut plan);
@@ -331,7 +331,7 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
     let [if0, if1] = ifs else {
         return Err(fail(exit::INVALID)(anyhow::anyhow!("--bridge takes two interfaces, IF0,IF1")));
     };
-    let state = fault_tolerant(state_config(&a.engine, &chain)?, cfg.fault_tolerance);
+    let state = state_for_run(state_config(&a.engine, &chain)?, cfg.fault_tolerance, a.control.is_some());
     let mut plan = compile_with(&chain, &sluice_nfs::registry(), &[], &state)
         .map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     let mut cfg = cfg.clone();

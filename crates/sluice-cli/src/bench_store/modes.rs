@@ -306,10 +306,11 @@ pub(super) fn run_once(
                 backend: s.backend,
                 client: ClientConfig { mode: client, ..ClientConfig::default() },
             };
+            // As `sluice run` configures a plain run, or one with fault tolerance.
             if mode == ModeKind::AsyncFt {
                 state.fault_tolerant()
             } else {
-                state
+                state.without_duplicates()
             }
         }
     };

@@ -69,6 +69,15 @@ impl StateHandle for StoreClient {
         let tag = self.next_tag();
         self.log_update(tag, skey, &op);
         self.note_update(obj);
+        if let (StateOp::Incr(d), false) = (&op, self.cfg.dedupe) {
+            // Nothing to tell apart: one increment per counter per batch.
+            let d = *d;
+            match self.sums.iter_mut().find(|(k, _)| *k == skey) {
+                Some((_, sum)) => *sum = sum.wrapping_add(d),
+                None => self.sums.push((skey, d)),
+            }
+            return Ok(());
+        }
         if let (StateOp::Incr(d), true) = (&op, self.cfg.dedupe) {
             let d = *d;
             // Counters: one request per value per batch, each increment still tagged.

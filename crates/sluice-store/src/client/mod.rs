@@ -74,7 +74,12 @@ pub struct ClientConfig {
     /// applied at most once and a crashed instance loses only unacknowledged updates, which its
     /// packets' XOR vectors keep replayable.
     pub write_through: bool,
-    /// Updates carry exactly-once tags (the default). Off only to show what duplicate
+    /// Updates carry exactly-once tags (the default), which the store keeps per clock until
+    /// the root says a replay can no longer come. Off where no packet is processed twice (a run
+    /// without the root's log and without clones: `StateConfig::without_duplicates` in
+    /// `sluice-runtime`): nothing is tagged, the store keeps no per-clock log, and a counter's
+    /// increments of one batch travel summed, as one increment (wrapping for an integer; a
+    /// float counter gets the sum in one addition). Also off to show what duplicate
     /// suppression prevents: the store then applies every copy of a duplicated update.
     pub dedupe: bool,
     /// Non-deterministic values an NF draws ([`StateHandle::record`]: random numbers, the
@@ -262,6 +267,9 @@ pub struct StoreClient {
     /// Tagged increments of write-mostly values collected during the batch, sent as one
     /// request per value (in first-use order) before anything else touches the value.
     increments: Vec<(StoreKey, Vec<(OpTag, i64)>)>,
+    /// Without tags (`ClientConfig::dedupe` off): each counter's increments of the batch,
+    /// summed, sent as one increment.
+    sums: Vec<(StoreKey, i64)>,
     /// Sent batches not yet acknowledged, oldest first, with when they were (last) sent:
     /// retransmitted unchanged, under the same number, after a timeout; the store applies each
     /// number once and in order.
@@ -345,6 +353,7 @@ impl StoreClient {
             timer_changes: Map::default(),
             pending: Vec::new(),
             increments: Vec::new(),
+            sums: Vec::new(),
             inflight: VecDeque::new(),
             next_batch: 1,
             replies: Replies::default(),
@@ -418,6 +427,16 @@ impl StoreClient {
 
     /// Turns collected increments into requests (for one value, or all).
     fn emit_increments(&mut self, only: Option<&StoreKey>) {
+        let mut i = 0;
+        while i < self.sums.len() {
+            if only.is_some_and(|k| self.sums[i].0 != *k) {
+                i += 1;
+                continue;
+            }
+            let (key, sum) = self.sums.swap_remove(i);
+            let r = self.request(key, StoreOp::State(StateOp::Incr(sum)), None, false);
+            self.pending.push(r);
+        }
         if self.increments.is_empty() {
             return;
         }

@@ -286,6 +286,7 @@ impl StoreClient {
     pub fn fail(&mut self, commits: &mut Vec<(Clock, u64)>) -> Result<(), StateError> {
         self.pending.clear();
         self.increments.clear();
+        self.sums.clear();
         self.wait_for_acks(0)?;
         self.absorb()?;
         commits.append(&mut self.committed);

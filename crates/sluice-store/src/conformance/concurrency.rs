@@ -224,5 +224,41 @@ pub fn nonblocking_in_issue_order(b: &dyn Backend) -> Result<(), String> {
     ensure(s.round_trips == reads, || {
         format!("non-blocking updates were waited for: {} round trips for {reads} reads", s.round_trips)
     })?;
+    ensure(s.async_errors == 0, || format!("{} non-blocking updates failed", s.async_errors))?;
+    untagged_increments_summed(b, v, base + 3)
+}
+
+/// Without exactly-once tags (`ClientConfig::dedupe` off, a run in which nothing is processed
+/// twice) a counter's increments of a batch travel as one: same values, one request per
+/// counter per batch, reads mid-batch included.
+fn untagged_increments_summed(b: &dyn Backend, v: u16, key: u64) -> Result<(), String> {
+    let decls = [StateDecl::new("count", Scope::global(), AccessPattern::WriteMostly)];
+    let config = ClientConfig { mode: Mode::Async, dedupe: false, ..Default::default() };
+    let mut cl = open_client(b, InstanceId::new(v, 1), &decls, &[], config)?;
+    let (count, ck) = (ObjectId(0), StateKey::Id(key));
+    let (mut sum, mut packet) = (0i64, 0u64);
+    for batch in 0..20i64 {
+        cl.begin_batch();
+        for i in 0..32i64 {
+            packet += 1;
+            cl.begin_packet(&meta(clk(key, packet)));
+            let d = if i == 7 { i64::MAX } else { i - 3 };
+            sum = sum.wrapping_add(d);
+            cl.incr_nb(count, &ck, d).map_err(|e| format!("incr_nb: {e}"))?;
+            let mut m = meta(clk(key, packet));
+            cl.end_packet(&mut m);
+        }
+        if batch == 10 {
+            let got = cl.get(count, &ck).map_err(|e| format!("get: {e}"))?;
+            ensure(got == Some(Value::Int(sum)), || format!("mid-batch read: {got:?}, want {sum}"))?;
+        }
+        cl.end_batch();
+    }
+    cl.flush().map_err(|e| format!("flush: {e}"))?;
+    let got = cl.get(count, &ck).map_err(|e| format!("get: {e}"))?;
+    ensure(got == Some(Value::Int(sum)), || format!("untagged counter {got:?} after 640 increments summing {sum}"))?;
+    let s = cl.stats();
+    // 20 batches (one of them split by the read) and the reads themselves.
+    ensure(s.requests <= 24, || format!("{} requests for 640 untagged increments in 20 batches", s.requests))?;
     ensure(s.async_errors == 0, || format!("{} non-blocking updates failed", s.async_errors))
 }
