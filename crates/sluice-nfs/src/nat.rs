@@ -563,6 +563,8 @@ fn pool_parts(slot: &Option<Value>) -> Result<Option<&[i64]>, StateError> {
         None => Ok(None),
         Some(Value::Ints(v))
             if v.len() >= POOL_RELEASED
+                && (0..=0x1_0000).contains(&v[POOL_NEXT])
+                && (0..=0xffff).contains(&v[POOL_LAST])
                 && usize::try_from(v[POOL_HEAD]).is_ok_and(|h| POOL_RELEASED + h <= v.len()) =>
         {
             Ok(Some(v))
@@ -686,7 +688,12 @@ mod tests {
         }
         let Some(Value::Ints(v)) = &pool else { panic!("not a pool: {pool:?}") };
         assert!(v.len() <= POOL_RELEASED + 2 * POOL_COMPACT_AT, "{} integers", v.len());
-        for bad in [Value::Int(3), Value::Ints(vec![1, 2]), Value::Ints(vec![1, 2, 9])] {
+        for bad in [
+            Value::Int(3),
+            Value::Ints(vec![1, 2]),
+            Value::Ints(vec![1, 2, 9]),
+            Value::Ints(vec![i64::MAX, i64::MAX, 0]),
+        ] {
             let mut slot = Some(bad.clone());
             assert!(pool_take(&mut slot, &slice).is_err());
             assert!(pool_give_back(&mut slot, &Value::Int(7)).is_err());

@@ -16,9 +16,11 @@
 //! together; a blocking call sends everything queued before it first, so operations reach the
 //! store in issue order.
 
+mod cached;
 mod handle;
 mod recovery;
 mod vertex_timers;
+use cached::Cached;
 pub use vertex_timers::VertexTimerTable;
 
 use crate::backend::{Connection, StoreError};
@@ -161,42 +163,6 @@ enum Strategy {
     /// Shared, fault-tolerant: `WriteThrough` while this instance is the object's only user
     /// (`set_exclusive`), else `Remote`.
     SharedWriteThrough,
-}
-
-#[derive(Debug, Clone)]
-struct Cached {
-    value: Option<Value>,
-    dirty: bool,
-    /// For lists: the pushes and pops since the last flush, so a flush sends those rather than
-    /// the whole list (a port pool holds tens of thousands of entries). `None` while dirty
-    /// means the whole value must be written.
-    list_ops: Option<Vec<StateOp>>,
-}
-
-impl Cached {
-    fn new(value: Option<Value>) -> Cached {
-        Cached { value, dirty: false, list_ops: None }
-    }
-
-    /// Records an update for the next flush.
-    fn record(&mut self, op: &StateOp) -> bool {
-        let was_dirty = self.dirty;
-        let list_op = matches!(op, StateOp::Pop | StateOp::PopN(_) | StateOp::Push(_));
-        let is_list = matches!(self.value, Some(Value::List(_)));
-        if list_op && is_list && (!was_dirty || self.list_ops.is_some()) {
-            let ops = self.list_ops.get_or_insert_with(Vec::new);
-            match (ops.last_mut(), op) {
-                // Consecutive pops travel as one pop-n.
-                (Some(StateOp::PopN(n)), StateOp::Pop) => *n = n.saturating_add(1),
-                (_, StateOp::Pop) => ops.push(StateOp::PopN(1)),
-                (_, op) => ops.push(op.clone()),
-            }
-        } else {
-            self.list_ops = None;
-        }
-        self.dirty = true;
-        !was_dirty
-    }
 }
 
 /// A write-ahead log entry: a shared-state update as sent.
@@ -427,29 +393,21 @@ impl StoreClient {
 
     /// Turns collected increments into requests (for one value, or all).
     fn emit_increments(&mut self, only: Option<&StoreKey>) {
-        let mut i = 0;
-        while i < self.sums.len() {
-            if only.is_some_and(|k| self.sums[i].0 != *k) {
-                i += 1;
-                continue;
-            }
-            let (key, sum) = self.sums.swap_remove(i);
+        let wanted = |k: &StoreKey| only.is_none_or(|o| o == k);
+        // Taken out while requests are made (they number themselves), then put back with
+        // their buffers.
+        let mut sums = std::mem::take(&mut self.sums);
+        for (key, sum) in sums.extract_if(.., |(k, _)| wanted(k)) {
             let r = self.request(key, StoreOp::State(StateOp::Incr(sum)), None, false);
             self.pending.push(r);
         }
-        if self.increments.is_empty() {
-            return;
-        }
-        let mut i = 0;
-        while i < self.increments.len() {
-            if only.is_some_and(|k| self.increments[i].0 != *k) {
-                i += 1;
-                continue;
-            }
-            let (key, incrs) = self.increments.remove(i);
+        self.sums = sums;
+        let mut increments = std::mem::take(&mut self.increments);
+        for (key, incrs) in increments.extract_if(.., |(k, _)| wanted(k)) {
             let r = self.request(key, StoreOp::IncrMany(incrs), None, false);
             self.pending.push(r);
         }
+        self.increments = increments;
     }
 
     fn send_pending(&mut self) -> Result<(), StateError> {
