@@ -414,35 +414,33 @@ fn redis_on(port: u16, dir: &std::path::Path) -> Proc {
     Proc(child)
 }
 
+/// Runs `sluice node --id a ARGS` from the repository's root to its end: exit code, stderr.
+fn node_ends(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .args(["node", "--id", "a"])
+        .args(args)
+        .output()
+        .expect("run");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 #[test]
 fn a_node_registers_only_once_its_store_answers_and_says_which_it_waits_for() {
     // Nothing listens on the store's port: the node says which store, retries, gives up.
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-        .args(["node", "--id", "a", "--etcd", "http://127.0.0.1:1", "--store", "redis://127.0.0.1:1"])
-        .args(["--join-timeout", "0.5"])
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (code, err) =
+        node_ends(&["--etcd", "http://127.0.0.1:1", "--store", "redis://127.0.0.1:1", "--join-timeout", "0.5"]);
+    assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("cannot reach the store redis://127.0.0.1:1"), "{err}");
     assert!(err.contains("retrying"), "it tried more than once: {err}");
     assert!(!err.contains("etcd"), "etcd is not asked before the store answers: {err}");
     // A store URL that cannot be right is a usage error at once.
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["node", "--id", "a", "--store", "redis://127.0.0.1:6379?replicas=x", "--join-timeout", "30"])
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let (code, err) = node_ends(&["--store", "redis://127.0.0.1:6379?replicas=x", "--join-timeout", "30"]);
+    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--store") && err.contains("replicas"), "{err}");
     // An embedded store is this process's own: no other node could reach it.
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["node", "--id", "a", "--store", "embedded", "--join-timeout", "30"])
-        .output()
-        .expect("run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let (code, err) = node_ends(&["--store", "embedded", "--join-timeout", "30"]);
+    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--store embedded: a node's state must be reachable from other nodes"), "{err}");
 
     // The store comes up after the node: the node waits, then registers; when the store dies
