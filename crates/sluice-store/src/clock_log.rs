@@ -73,11 +73,18 @@ impl ClockLog {
         if self.contains(clock, vertex, seq) {
             return false;
         }
+        self.insert_absent(clock, vertex, seq, result);
+        true
+    }
+
+    /// Logs the result of update `seq` of `clock` at `vertex`, which the caller knows is not
+    /// logged (it just looked).
+    pub(crate) fn insert_absent(&mut self, clock: Clock, vertex: u16, seq: u16, result: Option<Value>) {
         let r = usize::from(clock.root());
         if self.rings.len() <= r {
             self.rings.resize_with(r + 1, Ring::default);
         }
-        let Some(ring) = self.rings.get_mut(r) else { return false };
+        let Some(ring) = self.rings.get_mut(r) else { return };
         let at = clock.seq();
         if ring.slots.is_empty() && at > ring.forgotten {
             ring.base = at;
@@ -85,7 +92,7 @@ impl ClockLog {
         let end = ring.base + ring.slots.len() as u64;
         if at <= ring.forgotten || at.saturating_add(MAX_STRETCH) < ring.base || at > end.saturating_add(MAX_STRETCH) {
             self.stray.insert((clock, vertex, seq), result);
-            return true;
+            return;
         }
         // Grow the ring to cover `at`: at the back (the usual case) or the front (an older
         // clock's update arriving after a younger one's).
@@ -97,14 +104,13 @@ impl ClockLog {
         if i >= ring.slots.len() {
             ring.slots.resize_with(i.saturating_add(1), Vec::new);
         }
-        let Some(slot) = ring.slots.get_mut(i) else { return false };
+        let Some(slot) = ring.slots.get_mut(i) else { return };
         if slot.capacity() == 0 {
             if let Some(buf) = self.spare.pop() {
                 *slot = buf;
             }
         }
         slot.push((vertex, seq, result));
-        true
     }
 
     /// Every clock of `upto`'s root up to and including `upto` is done there: their entries

@@ -119,14 +119,31 @@ fn nonreply_failure_reported(c: &mut Raw, key: &dyn Fn(u64) -> StoreKey) -> Resu
     ensure(now == Some(Value::Int(6)), || format!("the Incr batched after a failing request: value {now:?}, want 6"))
 }
 
-/// IncrMany: several tagged increments of one value in one request (result: none); on a list
-/// it fails.
+/// IncrMany: several tagged increments of one value in one request (result: none), each
+/// logged with the value it left; a tag repeated within the request is applied each time; on
+/// a float it adds as `Incr` does; on a list it fails.
 fn incr_many(c: &mut Raw, base: u64, key: &dyn Fn(u64) -> StoreKey) -> Result<(), String> {
-    let incrs = vec![(OpTag { clock: clk(base, 1), seq: 0 }, 2), (OpTag { clock: clk(base, 2), seq: 0 }, -7)];
+    let (t1, t2) = (OpTag { clock: clk(base, 1), seq: 0 }, OpTag { clock: clk(base, 2), seq: 0 });
+    let incrs = vec![(t1, 2), (t2, -7)];
     let r = c.ok(key(20), StoreOp::IncrMany(incrs.clone()), None)?;
     ensure(r.is_none(), || format!("IncrMany should answer no value, got {r:?}"))?;
     let now = c.get(key(20))?;
     ensure(now == Some(Value::Int(-5)), || format!("IncrMany [+2, -7] on an absent value: {now:?}, want -5"))?;
+    for (tag, left) in [(t1, 2), (t2, -5)] {
+        let r = c.call(key(20), StoreOp::State(StateOp::Incr(100)), Some(tag))?;
+        ensure(r.replayed && r.result == Ok(Some(Value::Int(left))), || {
+            format!("an Incr repeating an IncrMany's tag should get the value it left, {left}: {r:?}")
+        })?;
+    }
+    let t3 = OpTag { clock: clk(base, 4), seq: 0 };
+    c.ok(key(22), StoreOp::IncrMany(vec![(t3, 1), (t3, 10)]), None)?;
+    let now = c.get(key(22))?;
+    ensure(now == Some(Value::Int(11)), || format!("IncrMany [t+1, t+10] (one tag twice): {now:?}, want 11"))?;
+    c.state(key(23), StateOp::Set(Value::Float(0.5)), None)?;
+    let incrs = vec![(OpTag { clock: clk(base, 5), seq: 0 }, 1), (OpTag { clock: clk(base, 6), seq: 0 }, 2)];
+    c.ok(key(23), StoreOp::IncrMany(incrs), None)?;
+    let now = c.get(key(23))?;
+    ensure(now == Some(Value::Float(3.5)), || format!("IncrMany [+1, +2] on Float(0.5): {now:?}, want 3.5"))?;
     c.state(key(21), StateOp::Push(Value::Int(1)), None)?;
     let incrs = vec![(OpTag { clock: clk(base, 3), seq: 0 }, 1)];
     let r = c.call(key(21), StoreOp::IncrMany(incrs), None)?;
