@@ -6,25 +6,60 @@
 //! Every tagged update is logged and looked up once, and the root tells the store when a
 //! root's clocks up to some point are done ([`ClockLog::forget`]). Clocks of one root are
 //! sequence numbers that arrive nearly in order, so the log is one ring per root indexed by
-//! sequence number, each slot holding that clock's few updates: a lookup is a subtraction and
-//! a scan of a handful of entries, forgetting pops slots off the front, and emptied slots keep
-//! their buffers for the next clocks — no hashing, and no allocation once running.
+//! sequence number, each slot holding that clock's few updates in place (more spill to the
+//! heap): a lookup is a subtraction and a scan of a handful of entries, forgetting pops slots
+//! off the front — no hashing, no allocation once running, and the clocks being logged and
+//! forgotten lie next to each other in memory.
 
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::Value;
+use smallvec::SmallVec;
 use std::collections::{HashMap, VecDeque};
 
-/// One logged update of a clock: its vertex, its index in the packet, its result.
-type Logged = (u16, u16, Option<Value>);
+/// A logged result, in 16 bytes: what most updates leave (nothing, an integer) in place, any
+/// other value boxed. Entries stay small, so a clock's slot holds them without a pointer.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Kept {
+    /// No value (an absent one, or an update whose result is none).
+    Nothing,
+    /// An integer (a counter after an increment).
+    Int(i64),
+    /// Any other value.
+    Other(Box<Value>),
+}
 
-/// Emptied slot buffers kept for reuse (a log that shrinks frees the rest).
-const SPARE_SLOTS: usize = 1 << 16;
+impl Kept {
+    /// The result as the update gave it.
+    pub(crate) fn value(&self) -> Option<Value> {
+        match self {
+            Kept::Nothing => None,
+            Kept::Int(i) => Some(Value::Int(*i)),
+            Kept::Other(v) => Some(Value::clone(v)),
+        }
+    }
+}
+
+impl From<Option<Value>> for Kept {
+    fn from(v: Option<Value>) -> Kept {
+        match v {
+            None => Kept::Nothing,
+            Some(Value::Int(i)) => Kept::Int(i),
+            Some(v) => Kept::Other(Box::new(v)),
+        }
+    }
+}
+
+/// One logged update of a clock: its vertex, its index in the packet, its result.
+type Logged = (u16, u16, Kept);
+
+/// One clock's updates: two in place (a NAT's two counters), more on the heap.
+type Slot = SmallVec<[Logged; 2]>;
 
 /// One root's clocks: the updates of sequence number `base + i` in `slots[i]`.
 #[derive(Default)]
 struct Ring {
     base: u64,
-    slots: VecDeque<Vec<Logged>>,
+    slots: VecDeque<Slot>,
     /// Every clock of this root up to here is done: nothing of it can come again.
     forgotten: u64,
 }
@@ -34,11 +69,10 @@ struct Ring {
 pub(crate) struct ClockLog {
     /// By root id.
     rings: Vec<Ring>,
-    spare: Vec<Vec<Logged>>,
     /// Updates of clocks the rings do not cover: already forgotten (a clock's updates can be
     /// logged again after it was forgotten, as in the Redis store), or too far from the ring's
     /// clocks to stretch it that far. Empty in a running chain.
-    stray: HashMap<(Clock, u16, u16), Option<Value>>,
+    stray: HashMap<(Clock, u16, u16), Kept>,
 }
 
 /// How far a ring stretches to take a clock before or after the ones it holds; beyond, the
@@ -46,14 +80,14 @@ pub(crate) struct ClockLog {
 const MAX_STRETCH: u64 = 1 << 20;
 
 impl ClockLog {
-    fn slot(&self, clock: Clock) -> Option<&Vec<Logged>> {
+    fn slot(&self, clock: Clock) -> Option<&Slot> {
         let ring = self.rings.get(usize::from(clock.root()))?;
         let i = usize::try_from(clock.seq().checked_sub(ring.base)?).ok()?;
         ring.slots.get(i)
     }
 
     /// The result logged for update `seq` of `clock` at `vertex`, if it was applied.
-    pub(crate) fn get(&self, clock: Clock, vertex: u16, seq: u16) -> Option<&Option<Value>> {
+    pub(crate) fn get(&self, clock: Clock, vertex: u16, seq: u16) -> Option<&Kept> {
         let found = self.slot(clock).and_then(|s| s.iter().find(|(v, s, _)| *v == vertex && *s == seq));
         match found {
             Some((_, _, r)) => Some(r),
@@ -69,7 +103,7 @@ impl ClockLog {
 
     /// Logs the result of update `seq` of `clock` at `vertex`; whether it is new (a second
     /// result for the same update keeps the first).
-    pub(crate) fn insert(&mut self, clock: Clock, vertex: u16, seq: u16, result: Option<Value>) -> bool {
+    pub(crate) fn insert(&mut self, clock: Clock, vertex: u16, seq: u16, result: Kept) -> bool {
         if self.contains(clock, vertex, seq) {
             return false;
         }
@@ -79,7 +113,7 @@ impl ClockLog {
 
     /// Logs the result of update `seq` of `clock` at `vertex`, which the caller knows is not
     /// logged (it just looked).
-    pub(crate) fn insert_absent(&mut self, clock: Clock, vertex: u16, seq: u16, result: Option<Value>) {
+    pub(crate) fn insert_absent(&mut self, clock: Clock, vertex: u16, seq: u16, result: Kept) {
         let r = usize::from(clock.root());
         if self.rings.len() <= r {
             self.rings.resize_with(r + 1, Ring::default);
@@ -97,19 +131,14 @@ impl ClockLog {
         // Grow the ring to cover `at`: at the back (the usual case) or the front (an older
         // clock's update arriving after a younger one's).
         while at < ring.base {
-            ring.slots.push_front(Vec::new());
+            ring.slots.push_front(Slot::new());
             ring.base -= 1;
         }
         let i = usize::try_from(at - ring.base).unwrap_or(usize::MAX);
         if i >= ring.slots.len() {
-            ring.slots.resize_with(i.saturating_add(1), Vec::new);
+            ring.slots.resize_with(i.saturating_add(1), Slot::new);
         }
         let Some(slot) = ring.slots.get_mut(i) else { return };
-        if slot.capacity() == 0 {
-            if let Some(buf) = self.spare.pop() {
-                *slot = buf;
-            }
-        }
         slot.push((vertex, seq, result));
     }
 
@@ -119,12 +148,10 @@ impl ClockLog {
         let Some(ring) = self.rings.get_mut(usize::from(upto.root())) else { return };
         ring.forgotten = ring.forgotten.max(upto.seq());
         while ring.base <= ring.forgotten {
-            let Some(mut slot) = ring.slots.pop_front() else { break };
-            ring.base += 1;
-            if slot.capacity() > 0 && self.spare.len() < SPARE_SLOTS {
-                slot.clear();
-                self.spare.push(slot);
+            if ring.slots.pop_front().is_none() {
+                break;
             }
+            ring.base += 1;
         }
         if !self.stray.is_empty() {
             self.stray.retain(|(c, _, _), _| c.root() != upto.root() || c.seq() > upto.seq());
@@ -139,7 +166,7 @@ impl ClockLog {
 
     /// Every logged update as (clock, vertex, index in the packet, result): the rings' by root
     /// and then clock, then the strays in no order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (Clock, u16, u16, &Option<Value>)> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Clock, u16, u16, &Kept)> + '_ {
         let ringed = self.rings.iter().enumerate().flat_map(|(r, ring)| {
             let root = u8::try_from(r).unwrap_or(u8::MAX);
             ring.slots.iter().enumerate().flat_map(move |(i, slot)| {
@@ -201,8 +228,16 @@ impl FromIterator<(InstanceId, Clock)> for LastApplied {
 mod tests {
     use super::*;
 
-    fn int(n: i64) -> Option<Value> {
-        Some(Value::Int(n))
+    fn int(n: i64) -> Kept {
+        Kept::Int(n)
+    }
+
+    #[test]
+    fn results_are_kept_as_given() {
+        for v in [None, Some(Value::Int(-3)), Some(Value::Float(0.5)), Some(Value::Ints(vec![1, 2]))] {
+            assert_eq!(Kept::from(v.clone()).value(), v);
+        }
+        assert!(std::mem::size_of::<Kept>() <= 16, "a result fits in two words");
     }
 
     #[test]
@@ -211,10 +246,10 @@ mod tests {
         let c = Clock::new(0, 7);
         assert!(log.insert(c, 1, 0, int(10)));
         assert!(log.insert(c, 1, 1, int(11)));
-        assert!(log.insert(c, 2, 0, None));
+        assert!(log.insert(c, 2, 0, Kept::Nothing));
         assert!(!log.insert(c, 1, 0, int(99)), "the same update again keeps the first result");
         assert_eq!(log.get(c, 1, 0), Some(&int(10)));
-        assert_eq!(log.get(c, 2, 0), Some(&None));
+        assert_eq!(log.get(c, 2, 0), Some(&Kept::Nothing));
         assert!(!log.contains(c, 2, 1) && !log.contains(Clock::new(0, 8), 1, 0));
         assert!(!log.contains(Clock::new(1, 7), 1, 0), "another root's clock 7 is another clock");
     }
@@ -244,7 +279,7 @@ mod tests {
         assert!(!log.insert(Clock::new(0, 4), 0, 0, int(5)));
         assert_eq!(log.get(Clock::new(0, 4), 0, 0), Some(&int(4)));
         let far = Clock::new(0, 9 + 2 * MAX_STRETCH);
-        assert!(log.insert(far, 0, 0, None) && log.contains(far, 0, 0));
+        assert!(log.insert(far, 0, 0, Kept::Nothing) && log.contains(far, 0, 0));
         assert!(log.insert(Clock::new(0, 6), 0, 1, int(6)));
         assert!(log.contains(Clock::new(0, 6), 0, 1));
         assert_eq!(log.rings[0].slots.len(), 4, "the ring holds 6 to 9 only");
@@ -255,22 +290,8 @@ mod tests {
         assert_eq!(log.iter().count(), 1, "root 1's clock stays");
         log.clear();
         assert_eq!(log.iter().count(), 0);
-        assert!(log.insert(Clock::new(0, 2), 0, 0, None), "a cleared log forgets its marks too");
+        assert!(log.insert(Clock::new(0, 2), 0, 0, Kept::Nothing), "a cleared log forgets its marks too");
         assert!(log.contains(Clock::new(0, 2), 0, 0));
-    }
-
-    #[test]
-    fn emptied_slots_are_reused() {
-        let mut log = ClockLog::default();
-        for seq in 1..=100u64 {
-            log.insert(Clock::new(0, seq), 0, 0, None);
-        }
-        log.forget(Clock::new(0, 100));
-        assert_eq!(log.spare.len(), 100);
-        for seq in 101..=150u64 {
-            log.insert(Clock::new(0, seq), 0, 0, None);
-        }
-        assert_eq!(log.spare.len(), 50, "new clocks took emptied buffers");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! issue order) and answers through the client's own lock-free queues.
 
 use crate::backend::{Backend, Connection, StoreError, Takeover, TakeoverParts};
-use crate::clock_log::{ClockLog, LastApplied};
+use crate::clock_log::{ClockLog, Kept, LastApplied};
 use crate::wire::{
     Checkpoint, LoggedResult, Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp, TsVector,
 };
@@ -193,7 +193,7 @@ impl Shard {
         // Exactly once: a tagged update already applied returns its logged result.
         if let Some(tag) = req.tag {
             if let Some(r) = self.log.get(tag.clock, req.key.vertex, tag.seq) {
-                return Response { id, result: Ok(r.clone()), replayed: true, ts: None };
+                return Response { id, result: Ok(r.value()), replayed: true, ts: None };
             }
         }
         let key = req.key;
@@ -333,7 +333,7 @@ impl Shard {
                 }
                 let v = now.map_or(*d, |i: i64| i.wrapping_add(*d));
                 now = Some(v);
-                self.log.insert_absent(tag.clock, key.vertex, tag.seq, Some(Value::Int(v)));
+                self.log.insert_absent(tag.clock, key.vertex, tag.seq, Kept::Int(v));
                 last = Some(tag.clock);
             }
             if let Some(v) = now {
@@ -369,7 +369,7 @@ impl Shard {
     }
 
     fn log_applied(&mut self, client: InstanceId, vertex: u16, tag: OpTag, result: Option<Value>) {
-        if self.log.insert(tag.clock, vertex, tag.seq, result) {
+        if self.log.insert(tag.clock, vertex, tag.seq, result.into()) {
             // The instance's last update applied, in the order applied: not the greatest clock,
             // since clocks need not grow along an instance's log (several roots; a root that
             // restarted past its persisted clock while older packets were in flight; replays).
@@ -523,7 +523,7 @@ fn shard_loop(
                         clock,
                         vertex,
                         seq,
-                        result: result.clone(),
+                        result: result.value(),
                     })
                     .collect();
                 let _ = tx.send(Checkpoint { values, ts, timers, log });
@@ -563,7 +563,7 @@ fn shard_loop(
                 shard.ts = cp.ts.into_iter().collect();
                 shard.ts_cache = None;
                 for l in cp.log {
-                    shard.log.insert(l.clock, l.vertex, l.seq, l.result);
+                    shard.log.insert(l.clock, l.vertex, l.seq, l.result.into());
                 }
                 let _ = tx.send(());
             }
