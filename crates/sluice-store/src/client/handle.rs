@@ -65,33 +65,42 @@ impl StateHandle for StoreClient {
                 c.remove(key);
             }
         }
-        let skey = self.key(obj, key);
         let tag = self.next_tag();
-        self.log_update(tag, skey, &op);
+        if self.cfg.wal_capacity > 0 {
+            self.log_update(tag, self.key(obj, key), &op);
+        }
         self.note_update(obj);
+        // A counter's running sum or tagged increments are found by object and key in place:
+        // the key (up to 40 bytes) is copied only for a counter's first increment of a batch.
+        let same = |k: &StoreKey| k.object == obj.0 && k.key == *key;
         if let (StateOp::Incr(d), false) = (&op, self.cfg.dedupe) {
             // Nothing to tell apart: one increment per counter per batch.
             let d = *d;
-            match self.sums.iter_mut().find(|(k, _)| *k == skey) {
+            match self.sums.iter_mut().find(|(k, _)| same(k)) {
                 Some((_, sum)) => *sum = sum.wrapping_add(d),
-                None => self.sums.push((skey, d)),
+                None => {
+                    let skey = self.key(obj, key);
+                    self.sums.push((skey, d));
+                }
             }
             return Ok(());
         }
         if let (StateOp::Incr(d), true) = (&op, self.cfg.dedupe) {
             let d = *d;
             // Counters: one request per value per batch, each increment still tagged.
-            match self.increments.iter_mut().find(|(k, _)| *k == skey) {
+            match self.increments.iter_mut().find(|(k, _)| same(k)) {
                 Some((_, v)) => v.push((tag, d)),
                 None => {
                     // Sized for a batch's increments of one counter, so it rarely grows.
                     let mut v = Vec::with_capacity(INCREMENTS_PER_COUNTER);
                     v.push((tag, d));
+                    let skey = self.key(obj, key);
                     self.increments.push((skey, v));
                 }
             }
             return Ok(());
         }
+        let skey = self.key(obj, key);
         self.queue_nb(skey, StoreOp::State(op), Some(tag));
         Ok(())
     }
