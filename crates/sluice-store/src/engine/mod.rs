@@ -111,6 +111,11 @@ struct Entry {
     claimant: Option<InstanceId>,
     subscribers: Vec<InstanceId>,
     timer: Option<(u64, InstanceId)>,
+    /// The deadline this key waits under in the shard's timer heap, if it does: a timer
+    /// re-armed later keeps that place and moves to its deadline when it surfaces (an idle
+    /// timer is re-armed by every packet of its flow; one heap entry each would grow the
+    /// heap by a packet's worth for every packet).
+    queued: Option<u64>,
 }
 
 impl Entry {
@@ -265,7 +270,10 @@ impl Shard {
             }
             StoreOp::SetTimer { deadline_ns } => {
                 entry.timer = Some((deadline_ns, client));
-                self.timers.push(Reverse((deadline_ns, key)));
+                if entry.queued.is_none_or(|q| deadline_ns < q) {
+                    entry.queued = Some(deadline_ns);
+                    self.timers.push(Reverse((deadline_ns, key)));
+                }
                 None
             }
             StoreOp::CancelTimer => {
@@ -390,15 +398,27 @@ impl Shard {
             }
             self.timers.pop();
             let Some(e) = self.entries.get_mut(&key) else { continue };
-            // Stale heap entries (re-armed or cancelled timers) do not match. A timer that
-            // fired stays armed until its owner cancels it, which it does in the same batch as
-            // the updates its expiry made: an owner that fails before that batch arrives leaves
-            // the timer for its replacement to adopt and fire again.
-            if let Some((d, owner)) = e.timer {
-                if d == deadline {
+            // Not the key's place in the heap (it was re-armed earlier since): stale.
+            if e.queued != Some(deadline) {
+                continue;
+            }
+            e.queued = None;
+            // A timer that fired stays armed until its owner cancels it, which it does in the
+            // same batch as the updates its expiry made: an owner that fails before that batch
+            // arrives leaves the timer for its replacement to adopt and fire again.
+            match e.timer {
+                // (Never earlier: arming earlier takes an earlier place.)
+                Some((d, owner)) if d <= deadline => {
                     let to = e.owner.unwrap_or(owner);
                     self.notify(to, Notification::TimerFired { key });
                 }
+                // Re-armed later: its place moves to its deadline (still due now or not).
+                Some((d, _)) if d > deadline => {
+                    e.queued = Some(d);
+                    self.timers.push(Reverse((d, key)));
+                }
+                // Cancelled (or expired by its owner).
+                _ => {}
             }
         }
     }
@@ -557,7 +577,9 @@ fn shard_loop(
                     shard.entries.entry(k).or_default().value = Some(v);
                 }
                 for (k, d, who) in cp.timers {
-                    shard.entries.entry(k).or_default().timer = Some((d, who));
+                    let e = shard.entries.entry(k).or_default();
+                    e.timer = Some((d, who));
+                    e.queued = Some(d);
                     shard.timers.push(Reverse((d, k)));
                 }
                 shard.ts = cp.ts.into_iter().collect();
