@@ -577,38 +577,33 @@ impl StoreClient {
     }
 
     fn local(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
-        let skey = self.key(obj, key);
         let idx = usize::from(obj.0);
-        let present = self.caches.get(idx).is_some_and(|c| c.contains_key(key));
+        // A hit (most operations): one lookup, and the key is not copied.
+        if let Some(entry) = self.caches.get_mut(idx).and_then(|c| c.get_mut(key)) {
+            let (r, dirtied) = apply_cached(entry, op, &self.custom)?;
+            self.stats.cache_hits += 1;
+            if dirtied {
+                self.dirty.push((obj, *key));
+            }
+            return Ok(r);
+        }
         let per_flow = self.strategies.get(idx) == Some(&Strategy::Owned);
         let sole_user = self.exclusive_from_start.get(idx).copied().unwrap_or(false);
-        if present {
-            self.stats.cache_hits += 1;
-        } else if self.cfg.fresh && ((per_flow && !self.moved_in) || sole_user) {
+        let value = if self.cfg.fresh && ((per_flow && !self.moved_in) || sole_user) {
             // A flow this instance has owned from its first packet, or an object nobody else
             // has used: the store has nothing this cache does not.
-            if let Some(c) = self.caches.get_mut(idx) {
-                c.insert(*key, Cached::new(None));
-            }
+            None
         } else {
             // First touch of this value here: its state may already exist (moved flow,
             // restarted instance), so read it once.
-            let resp = self.call(skey, StoreOp::State(StateOp::Get), None)?;
-            let value = resp.result.map_err(StateError::Backend)?;
-            if let Some(c) = self.caches.get_mut(idx) {
-                c.insert(*key, Cached::new(value));
-            }
-        }
-        let update = op.is_update();
-        let Some(entry) = self.caches.get_mut(idx).and_then(|c| c.get_mut(key)) else {
-            return Err(StateError::UnknownObject(obj));
+            let resp = self.call(self.key(obj, key), StoreOp::State(StateOp::Get), None)?;
+            resp.result.map_err(StateError::Backend)?
         };
-        let recorded = if update { Some(op.clone()) } else { None };
-        let r = apply(&mut entry.value, op, &self.custom)?;
-        if let Some(op) = recorded {
-            if entry.record(&op) {
-                self.dirty.push((obj, *key));
-            }
+        let Some(cache) = self.caches.get_mut(idx) else { return Err(StateError::UnknownObject(obj)) };
+        let entry = cache.entry(*key).or_insert_with(|| Cached::new(value));
+        let (r, dirtied) = apply_cached(entry, op, &self.custom)?;
+        if dirtied {
+            self.dirty.push((obj, *key));
         }
         Ok(r)
     }
@@ -638,8 +633,15 @@ impl StoreClient {
 
     /// A per-flow operation in fault-tolerant mode (see [`ClientConfig::write_through`]).
     fn write_through(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
-        let skey = self.key(obj, key);
         let idx = usize::from(obj.0);
+        if !op.is_update() {
+            // A read of a cached value (most of them): one lookup, and the key is not copied.
+            if let Some(entry) = self.caches.get_mut(idx).and_then(|c| c.get_mut(key)) {
+                self.stats.cache_hits += 1;
+                return apply(&mut entry.value, op, &self.custom);
+            }
+        }
+        let skey = self.key(obj, key);
         let present = self.caches.get(idx).is_some_and(|c| c.contains_key(key));
         if present {
             self.stats.cache_hits += 1;
@@ -758,6 +760,15 @@ fn strategy(d: &StateDecl, cfg: &ClientConfig) -> Strategy {
         (false, AccessPattern::ReadHeavy) => Strategy::Callbacks,
         (false, AccessPattern::ReadWriteOften) => Strategy::SharedOften,
     }
+}
+
+/// Applies `op` to a cached value; its result, and whether the value became dirty (an update
+/// recorded for the next flush that was not pending already).
+fn apply_cached(entry: &mut Cached, op: StateOp, custom: &[CustomOp]) -> Result<(Option<Value>, bool), StateError> {
+    let recorded = op.is_update().then(|| op.clone());
+    let r = apply(&mut entry.value, op, custom)?;
+    let dirtied = recorded.is_some_and(|op| entry.record(&op));
+    Ok((r, dirtied))
 }
 
 #[cfg(test)]
