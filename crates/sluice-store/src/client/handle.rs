@@ -181,11 +181,12 @@ impl StateHandle for StoreClient {
         if self.cfg.flush_every > 0 && self.batches.is_multiple_of(self.cfg.flush_every) {
             self.flush_dirty();
         }
-        let changes: Vec<_> = self.timer_changes.drain().collect();
+        // Taken out while its changes are queued, and put back with its room for the next batch.
+        let mut changes = std::mem::take(&mut self.timer_changes);
         if let Some(twin) = &mut self.twin_timer_changes {
             twin.extend(changes.iter().map(|((obj, key), change)| (*obj, *key, *change)));
         }
-        for ((obj, key), change) in changes {
+        for ((obj, key), change) in changes.drain() {
             let skey = self.key(obj, &key);
             let op = match change {
                 Some(deadline_ns) => StoreOp::SetTimer { deadline_ns },
@@ -193,6 +194,7 @@ impl StateHandle for StoreClient {
             };
             self.queue_nb(skey, op, None);
         }
+        self.timer_changes = changes;
         if self.now_ns > self.reported_ns {
             self.reported_ns = self.now_ns;
             let key = StoreKey { vertex: self.vertex, object: 0, key: StateKey::Unit };
