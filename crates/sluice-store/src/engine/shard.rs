@@ -1,0 +1,333 @@
+//! One shard of the embedded store: its values with their owners, subscribers and timers,
+//! the per-clock log of tagged updates and the TS vector, and what each operation does to
+//! them. The shard's thread, its queues and the backend around it are in `engine/mod.rs`.
+
+use super::{ClientQueues, Map};
+use crate::clock_log::{ClockLog, Kept, LastApplied};
+use crate::wire::{Notification, OpTag, Request, Response, StoreKey, StoreOp, TsVector};
+use sluice_packet::InstanceId;
+use sluice_state::{ops::apply, CustomOp, StateOp, Value};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::sync::Arc;
+
+/// One value and its metadata.
+#[derive(Default)]
+pub(super) struct Entry {
+    pub(super) value: Option<Value>,
+    pub(super) owner: Option<InstanceId>,
+    pub(super) claimant: Option<InstanceId>,
+    pub(super) subscribers: Vec<InstanceId>,
+    pub(super) timer: Option<(u64, InstanceId)>,
+    /// The deadline this key waits under in the shard's timer heap, if it does: a timer
+    /// re-armed later keeps that place and moves to its deadline when it surfaces (an idle
+    /// timer is re-armed by every packet of its flow; one heap entry each would grow the
+    /// heap by a packet's worth for every packet).
+    pub(super) queued: Option<u64>,
+}
+
+impl Entry {
+    pub(super) fn is_empty(&self) -> bool {
+        self.value.is_none()
+            && self.owner.is_none()
+            && self.claimant.is_none()
+            && self.subscribers.is_empty()
+            && self.timer.is_none()
+    }
+}
+
+/// A connection's next batch number to apply, and the batches that arrived before it.
+pub(super) type Sequence = (u64, BTreeMap<u64, Arc<[Request]>>);
+
+pub(super) struct Shard {
+    pub(super) entries: Map<StoreKey, Entry>,
+    /// Results of tagged updates of packets still in flight: CHC's store-side log.
+    pub(super) log: ClockLog,
+    pub(super) ts: LastApplied,
+    pub(super) ts_cache: Option<TsVector>,
+    pub(super) timers: BinaryHeap<Reverse<(u64, StoreKey)>>,
+    pub(super) now_ns: u64,
+    pub(super) custom: Map<u16, Vec<CustomOp>>,
+    pub(super) clients: Map<InstanceId, Arc<ClientQueues>>,
+    /// Clients to wake after the current batch.
+    pub(super) touched: Vec<Arc<ClientQueues>>,
+    /// Per connection: the next batch number to apply, and batches that arrived early.
+    pub(super) sequences: Map<u64, Sequence>,
+}
+
+impl Shard {
+    pub(super) fn new() -> Shard {
+        Shard {
+            entries: Map::default(),
+            log: ClockLog::default(),
+            ts: LastApplied::default(),
+            ts_cache: None,
+            timers: BinaryHeap::new(),
+            now_ns: 0,
+            custom: Map::default(),
+            clients: Map::default(),
+            touched: Vec::new(),
+            sequences: Map::default(),
+        }
+    }
+
+    fn notify(&mut self, to: InstanceId, n: Notification) {
+        if let Some(c) = self.clients.get(&to) {
+            c.notifications.push(n);
+            self.touched.push(c.clone());
+        }
+    }
+
+    fn ts_vector(&mut self) -> TsVector {
+        if let Some(t) = &self.ts_cache {
+            return t.clone();
+        }
+        let mut v: Vec<_> = self.ts.iter().collect();
+        v.sort();
+        let t: TsVector = v.into();
+        self.ts_cache = Some(t.clone());
+        t
+    }
+
+    pub(super) fn handle(&mut self, req: &Request) -> Response {
+        let id = req.id;
+        let client = req.client;
+        match req.op {
+            StoreOp::AdvanceTime(t) => {
+                self.advance(t);
+                return Response { id, result: Ok(None), replayed: false, ts: None };
+            }
+            StoreOp::ForgetClock(c) => {
+                self.log.forget(c);
+                return Response { id, result: Ok(None), replayed: false, ts: None };
+            }
+            _ => {}
+        }
+        // Exactly once: a tagged update already applied returns its logged result.
+        if let Some(tag) = req.tag {
+            if let Some(r) = self.log.get(tag.clock, req.key.vertex, tag.seq) {
+                return Response { id, result: Ok(r.value()), replayed: true, ts: None };
+            }
+        }
+        let key = req.key;
+        if let StoreOp::IncrMany(incrs) = &req.op {
+            // Untagged itself (its increments carry the tags): nothing to log for the request.
+            return match self.incr_many(client, key, incrs) {
+                Ok(()) => Response { id, result: Ok(None), replayed: false, ts: None },
+                Err(e) => Response { id, result: Err(e), replayed: false, ts: None },
+            };
+        }
+        let result = self.execute(client, key, req.op.clone(), req.tag);
+        // A tagged read (a replayed packet reading state) changes nothing: logging it would make
+        // a later update with the same tag look like a duplicate, and moving the TS vector would
+        // claim an update was executed.
+        let read = matches!(req.op, StoreOp::State(StateOp::Get));
+        if let (Some(tag), Ok(r), false) = (req.tag, &result, read) {
+            self.log_applied(client, key.vertex, tag, r.0.clone());
+        }
+        match result {
+            Ok((value, ts)) => Response { id, result: Ok(value), replayed: false, ts },
+            Err(e) => Response { id, result: Err(e), replayed: false, ts: None },
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn execute(
+        &mut self,
+        client: InstanceId,
+        key: StoreKey,
+        op: StoreOp,
+        tag: Option<OpTag>,
+    ) -> Result<(Option<Value>, Option<TsVector>), String> {
+        let _ = tag;
+        let entry = self.entries.entry(key).or_default();
+        let out = match op {
+            StoreOp::State(StateOp::Get) => {
+                let v = entry.value.clone();
+                let shared = entry.owner.is_none();
+                let ts = if shared { Some(self.ts_vector()) } else { None };
+                return Ok((v, ts));
+            }
+            StoreOp::State(op) => {
+                if let Some(owner) = entry.owner {
+                    if owner != client {
+                        return Err(format!("{key:?} is owned by instance {}", owner.0));
+                    }
+                }
+                let custom = self.custom.get(&key.vertex).map(Vec::as_slice).unwrap_or(&[]);
+                let r = apply(&mut entry.value, op, custom).map_err(|e| e.to_string())?;
+                if !entry.subscribers.is_empty() {
+                    let value = entry.value.clone();
+                    let subs: Vec<InstanceId> = entry.subscribers.iter().copied().filter(|s| *s != client).collect();
+                    for s in subs {
+                        self.notify(s, Notification::Changed { key, value: value.clone() });
+                    }
+                }
+                r
+            }
+            StoreOp::Subscribe => {
+                if !entry.subscribers.contains(&client) {
+                    entry.subscribers.push(client);
+                }
+                let v = entry.value.clone();
+                return Ok((v, Some(self.ts_vector())));
+            }
+            StoreOp::Unsubscribe => {
+                entry.subscribers.retain(|s| *s != client);
+                None
+            }
+            StoreOp::SetTimer { deadline_ns } => {
+                entry.timer = Some((deadline_ns, client));
+                if entry.queued.is_none_or(|q| deadline_ns < q) {
+                    entry.queued = Some(deadline_ns);
+                    self.timers.push(Reverse((deadline_ns, key)));
+                }
+                None
+            }
+            StoreOp::CancelTimer => {
+                entry.timer = None;
+                None
+            }
+            StoreOp::ExpireTimer { deadline_ns } => match entry.timer {
+                Some((d, _)) if d == deadline_ns => {
+                    entry.timer = None;
+                    Some(Value::Int(1))
+                }
+                _ => Some(Value::Int(0)),
+            },
+            StoreOp::Claim => match entry.owner {
+                None => {
+                    entry.owner = Some(client);
+                    Some(Value::Int(1))
+                }
+                Some(o) if o == client => Some(Value::Int(1)),
+                Some(_) => {
+                    entry.claimant = Some(client);
+                    Some(Value::Int(0))
+                }
+            },
+            StoreOp::Release => {
+                if entry.owner == Some(client) {
+                    entry.owner = entry.claimant.take();
+                    if let Some(next) = entry.owner {
+                        self.notify(next, Notification::Handover { key });
+                    }
+                }
+                None
+            }
+            StoreOp::ForgetClock(_) | StoreOp::AdvanceTime(_) | StoreOp::IncrMany(_) => None,
+        };
+        if self.entries.get(&key).is_some_and(Entry::is_empty) {
+            self.entries.remove(&key);
+        }
+        Ok((out, None))
+    }
+
+    /// Several tagged increments of one value: each applied unless its tag is logged already.
+    /// Tags repeated within the request are each applied (as the Redis store does).
+    fn incr_many(&mut self, client: InstanceId, key: StoreKey, incrs: &[(OpTag, i64)]) -> Result<(), String> {
+        let entry = self.entries.entry(key).or_default();
+        if let Some(owner) = entry.owner {
+            if owner != client {
+                return Err(format!("{key:?} is owned by instance {}", owner.0));
+            }
+        }
+        // The client's form (one counter's increments of a batch, in packet order): tags
+        // that grow cannot repeat within the request, so each is looked up once and logged at
+        // once, and an integer is added to in place. Fault tolerance pays this per increment.
+        let growing = incrs.windows(2).all(|w| matches!(w, [a, b] if a.0 < b.0));
+        let int_now = match entry.value {
+            None => Some(None),
+            Some(Value::Int(i)) => Some(Some(i)),
+            Some(_) => None,
+        };
+        if let (true, Some(mut now)) = (growing, int_now) {
+            let mut last = None;
+            for (tag, d) in incrs {
+                if self.log.contains(tag.clock, key.vertex, tag.seq) {
+                    continue;
+                }
+                let v = now.map_or(*d, |i: i64| i.wrapping_add(*d));
+                now = Some(v);
+                self.log.insert_absent(tag.clock, key.vertex, tag.seq, Kept::Int(v));
+                last = Some(tag.clock);
+            }
+            if let Some(v) = now {
+                entry.value = Some(Value::Int(v));
+            }
+            if let Some(clock) = last {
+                self.ts.set(client, clock);
+                self.ts_cache = None;
+            }
+        } else {
+            let mut applied = Vec::with_capacity(incrs.len());
+            for (tag, d) in incrs {
+                if self.log.contains(tag.clock, key.vertex, tag.seq) {
+                    continue;
+                }
+                let r = apply(&mut entry.value, StateOp::Incr(*d), &[]).map_err(|e| e.to_string())?;
+                applied.push((*tag, r));
+            }
+            for (tag, r) in applied {
+                self.log_applied(client, key.vertex, tag, r);
+            }
+        }
+        if let Some(e) = self.entries.get(&key) {
+            if !e.subscribers.is_empty() {
+                let value = e.value.clone();
+                let subs: Vec<InstanceId> = e.subscribers.iter().copied().filter(|s| *s != client).collect();
+                for s in subs {
+                    self.notify(s, Notification::Changed { key, value: value.clone() });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn log_applied(&mut self, client: InstanceId, vertex: u16, tag: OpTag, result: Option<Value>) {
+        if self.log.insert(tag.clock, vertex, tag.seq, result.into()) {
+            // The instance's last update applied, in the order applied: not the greatest clock,
+            // since clocks need not grow along an instance's log (several roots; a root that
+            // restarted past its persisted clock while older packets were in flight; replays).
+            // A duplicate changes nothing, so it does not move the vector either.
+            self.ts.set(client, tag.clock);
+            self.ts_cache = None;
+        }
+    }
+
+    pub(super) fn advance(&mut self, t: u64) {
+        if t <= self.now_ns {
+            return;
+        }
+        self.now_ns = t;
+        while let Some(Reverse((deadline, key))) = self.timers.peek().copied() {
+            if deadline > t {
+                break;
+            }
+            self.timers.pop();
+            let Some(e) = self.entries.get_mut(&key) else { continue };
+            // Not the key's place in the heap (it was re-armed earlier since): stale.
+            if e.queued != Some(deadline) {
+                continue;
+            }
+            e.queued = None;
+            // A timer that fired stays armed until its owner cancels it, which it does in the
+            // same batch as the updates its expiry made: an owner that fails before that batch
+            // arrives leaves the timer for its replacement to adopt and fire again.
+            match e.timer {
+                // (Never earlier: arming earlier takes an earlier place.)
+                Some((d, owner)) if d <= deadline => {
+                    let to = e.owner.unwrap_or(owner);
+                    self.notify(to, Notification::TimerFired { key });
+                }
+                // Re-armed later: its place moves to its deadline (still due now or not).
+                Some((d, _)) if d > deadline => {
+                    e.queued = Some(d);
+                    self.timers.push(Reverse((d, key)));
+                }
+                // Cancelled (or expired by its owner).
+                _ => {}
+            }
+        }
+    }
+}
