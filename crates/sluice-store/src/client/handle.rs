@@ -92,7 +92,7 @@ impl StateHandle for StoreClient {
                 Some((_, v)) => v.push((tag, d)),
                 None => {
                     // Sized for a batch's increments of one counter, so it rarely grows.
-                    let mut v = Vec::with_capacity(INCREMENTS_PER_COUNTER);
+                    let mut v = Vec::with_capacity(self.increment_room);
                     v.push((tag, d));
                     let skey = self.key(obj, key);
                     self.increments.push((skey, v));
@@ -292,6 +292,3 @@ impl StateHandle for StoreClient {
         self.drain_acks()
     }
 }
-
-/// Room for one counter's increments in a batch, reserved at its first.
-const INCREMENTS_PER_COUNTER: usize = 16;

@@ -165,6 +165,9 @@ enum Strategy {
     SharedWriteThrough,
 }
 
+/// The most room a counter's list of increments gets up front, however many one had before.
+const MAX_INCREMENT_ROOM: usize = 4096;
+
 /// A write-ahead log entry: a shared-state update as sent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WalEntry {
@@ -233,6 +236,9 @@ pub struct StoreClient {
     /// Tagged increments of write-mostly values collected during the batch, sent as one
     /// request per value (in first-use order) before anything else touches the value.
     increments: Vec<(StoreKey, Vec<(OpTag, i64)>)>,
+    /// The most increments one counter had in a batch so far: the room a counter's list gets
+    /// at its first increment (lists travel with their requests, so each batch makes new ones).
+    increment_room: usize,
     /// Without tags (`ClientConfig::dedupe` off): each counter's increments of the batch,
     /// summed, sent as one increment.
     sums: Vec<(StoreKey, i64)>,
@@ -319,6 +325,7 @@ impl StoreClient {
             timer_changes: Map::default(),
             pending: Vec::new(),
             increments: Vec::new(),
+            increment_room: 16,
             sums: Vec::new(),
             inflight: VecDeque::new(),
             next_batch: 1,
@@ -404,6 +411,7 @@ impl StoreClient {
         self.sums = sums;
         let mut increments = std::mem::take(&mut self.increments);
         for (key, incrs) in increments.extract_if(.., |(k, _)| wanted(k)) {
+            self.increment_room = self.increment_room.max(incrs.len()).min(MAX_INCREMENT_ROOM);
             let r = self.request(key, StoreOp::IncrMany(incrs), None, false);
             self.pending.push(r);
         }
