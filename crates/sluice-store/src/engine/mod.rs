@@ -8,7 +8,6 @@ use crate::wire::{Checkpoint, LoggedResult, Notification, Replies, Request, Resp
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::{CustomOp, Value};
-use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -257,8 +256,7 @@ fn shard_loop(
                 for (k, d, who) in cp.timers {
                     let e = shard.entries.entry(k).or_default();
                     e.timer = Some((d, who));
-                    e.queued = Some(d);
-                    shard.timers.push(Reverse((d, k)));
+                    e.wait_in(&mut shard.timers, k, d);
                 }
                 shard.ts = cp.ts.into_iter().collect();
                 shard.ts_cache = None;

@@ -26,7 +26,19 @@ pub(super) struct Entry {
     pub(super) queued: Option<u64>,
 }
 
+/// The shard's timer heap: (deadline, key), earliest first.
+pub(super) type TimerHeap = BinaryHeap<Reverse<(u64, StoreKey)>>;
+
 impl Entry {
+    /// Gives key `key`'s timer, now due at `deadline`, a place in `heap` unless it has one as
+    /// early already (where it waits and then moves on to `deadline`).
+    pub(super) fn wait_in(&mut self, heap: &mut TimerHeap, key: StoreKey, deadline: u64) {
+        if self.queued.is_none_or(|q| deadline < q) {
+            self.queued = Some(deadline);
+            heap.push(Reverse((deadline, key)));
+        }
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.value.is_none()
             && self.owner.is_none()
@@ -45,7 +57,7 @@ pub(super) struct Shard {
     pub(super) log: ClockLog,
     pub(super) ts: LastApplied,
     pub(super) ts_cache: Option<TsVector>,
-    pub(super) timers: BinaryHeap<Reverse<(u64, StoreKey)>>,
+    pub(super) timers: TimerHeap,
     pub(super) now_ns: u64,
     pub(super) custom: Map<u16, Vec<CustomOp>>,
     pub(super) clients: Map<InstanceId, Arc<ClientQueues>>,
@@ -157,11 +169,7 @@ impl Shard {
                 let custom = self.custom.get(&key.vertex).map(Vec::as_slice).unwrap_or(&[]);
                 let r = apply(&mut entry.value, op, custom).map_err(|e| e.to_string())?;
                 if !entry.subscribers.is_empty() {
-                    let value = entry.value.clone();
-                    let subs: Vec<InstanceId> = entry.subscribers.iter().copied().filter(|s| *s != client).collect();
-                    for s in subs {
-                        self.notify(s, Notification::Changed { key, value: value.clone() });
-                    }
+                    self.tell_subscribers(key, client);
                 }
                 r
             }
@@ -178,10 +186,7 @@ impl Shard {
             }
             StoreOp::SetTimer { deadline_ns } => {
                 entry.timer = Some((deadline_ns, client));
-                if entry.queued.is_none_or(|q| deadline_ns < q) {
-                    entry.queued = Some(deadline_ns);
-                    self.timers.push(Reverse((deadline_ns, key)));
-                }
+                entry.wait_in(&mut self.timers, key, deadline_ns);
                 None
             }
             StoreOp::CancelTimer => {
@@ -272,16 +277,21 @@ impl Shard {
                 self.log_applied(client, key.vertex, tag, r);
             }
         }
-        if let Some(e) = self.entries.get(&key) {
-            if !e.subscribers.is_empty() {
-                let value = e.value.clone();
-                let subs: Vec<InstanceId> = e.subscribers.iter().copied().filter(|s| *s != client).collect();
-                for s in subs {
-                    self.notify(s, Notification::Changed { key, value: value.clone() });
-                }
-            }
-        }
+        self.tell_subscribers(key, client);
         Ok(())
+    }
+
+    /// `key`'s value changed by `client`'s update: its other subscribers are called back.
+    fn tell_subscribers(&mut self, key: StoreKey, client: InstanceId) {
+        let Some(e) = self.entries.get(&key) else { return };
+        if e.subscribers.is_empty() {
+            return;
+        }
+        let value = e.value.clone();
+        let subs: Vec<InstanceId> = e.subscribers.iter().copied().filter(|s| *s != client).collect();
+        for s in subs {
+            self.notify(s, Notification::Changed { key, value: value.clone() });
+        }
     }
 
     fn log_applied(&mut self, client: InstanceId, vertex: u16, tag: OpTag, result: Option<Value>) {
@@ -322,8 +332,7 @@ impl Shard {
                 }
                 // Re-armed later: its place moves to its deadline (still due now or not).
                 Some((d, _)) if d > deadline => {
-                    e.queued = Some(d);
-                    self.timers.push(Reverse((d, key)));
+                    e.wait_in(&mut self.timers, key, d);
                 }
                 // Cancelled (or expired by its owner).
                 _ => {}
