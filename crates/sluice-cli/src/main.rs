@@ -371,6 +371,7 @@ fn engine_config(e: &EngineArgs, live: bool) -> RunConfig {
         scalable: false,
         policies: Vec::new(),
         latency_timeline: None,
+        part: None,
     }
 }
 

@@ -26,7 +26,7 @@ pub(crate) struct RunArgs {
         long,
         short,
         conflicts_with_all = ["gen", "bridge", "from_geneve"],
-        required_unless_present_any = ["gen", "bridge", "from_geneve"]
+        required_unless_present_any = ["gen", "bridge", "from_geneve", "spread"]
     )]
     input: Option<PathBuf>,
     /// Take the input from Geneve datagrams on this UDP address, HOST:PORT (another chain's
@@ -121,6 +121,17 @@ pub(crate) struct RunArgs {
     /// --fault-tolerance; needs a store (not --mode local).
     #[arg(long, value_name = "FILE", conflicts_with = "bridge")]
     faults: Option<PathBuf>,
+    /// Run this process's part of a chain spread over several nodes (processes or machines): a
+    /// YAML file with the nodes and the UDP address each listens on, the root's node, and
+    /// which instances run where (`place: {firewall: b, nat/1: b}`; the rest stay with the
+    /// root). Give every node the same chain, options and file, and --node. The root's node
+    /// takes the input and writes the output; the others take neither and run until the
+    /// root's node ends the run. Packets cross in Geneve datagrams (docs/wire-format.md).
+    #[arg(long, value_name = "FILE", requires = "node", conflicts_with = "bridge")]
+    spread: Option<PathBuf>,
+    /// With --spread: this process's node, by its name in the file.
+    #[arg(long, value_name = "NAME", requires = "spread")]
+    node: Option<String>,
 }
 
 pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
@@ -143,6 +154,25 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     }
     if let Some(ifs) = &a.bridge {
         return run_bridge(&a, chain, &cfg, ifs);
+    }
+    if let (Some(file), Some(node)) = (&a.spread, &a.node) {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("reading {}", file.display()))
+            .map_err(fail(exit::BAD_INPUT))?;
+        let spread = sluice_runtime::Spread::from_yaml(&text)
+            .with_context(|| format!("--spread {}", file.display()))
+            .map_err(fail(exit::INVALID))?;
+        spread.node_index(node).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
+        let root = spread.root == *node;
+        cfg.part = Some(sluice_runtime::Part { spread, node: node.clone() });
+        if !root {
+            return run_part(&a, &chain, &cfg);
+        }
+        if a.input.is_none() && a.gen.is_none() && a.from_geneve.is_none() {
+            return Err(fail(exit::INVALID)(anyhow::anyhow!(
+                "node `{node}` has the root: give it the input (--input, --gen or --from-geneve)"
+            )));
+        }
     }
     let pace = parse_pace(&a.pace)?;
     let mut geneve_in = None;
@@ -235,6 +265,35 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     }
     let extra = geneve_ports::report_sections(&links, geneve_in, geneve_out).context("serialising the report")?;
     print_report(&report, a.json.as_deref(), a.output.as_deref(), &extra)?;
+    Ok(())
+}
+
+/// A node without the root of a spread chain: its instances, fed by the other nodes, until
+/// the root's node ends the run.
+fn run_part(a: &RunArgs, chain: &Chain, cfg: &RunConfig) -> Result<(), Failure> {
+    let node = a.node.as_deref().unwrap_or_default();
+    let elsewhere = [
+        (a.input.is_some() || a.gen.is_some() || a.from_geneve.is_some(), "input"),
+        (a.output.is_some() || a.to_geneve.is_some(), "output"),
+        (a.record.is_some(), "--record"),
+        (a.faults.is_some(), "--faults"),
+        (a.control.is_some(), "--control"),
+    ];
+    if let Some((_, what)) = elsewhere.iter().find(|(given, _)| *given) {
+        return Err(fail(exit::INVALID)(anyhow::anyhow!(
+            "node `{node}` does not have the root: {what} belongs on the root's node"
+        )));
+    }
+    let registry = sluice_nfs::registry();
+    let state = state_for_run(state_config(&a.engine, chain)?, cfg.fault_tolerance, false);
+    let plan = compile_with(chain, &registry, &[], &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
+    if !a.quiet {
+        eprintln!("node {node}: waiting for the root's node (Ctrl-C to stop)");
+    }
+    let hooks = RunHooks { progress: None, stop: Some(stop_flag(a.duration)), live: None };
+    let mut source = sluice_runtime::MemorySource::new(&[]);
+    let report = run_recorded((None, false), &a.chain, plan, cfg, &mut source, &mut DiscardSink, hooks)?;
+    print_report(&report, a.json.as_deref(), None, &[])?;
     Ok(())
 }
 

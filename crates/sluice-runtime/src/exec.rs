@@ -46,6 +46,7 @@ mod passing;
 mod reconfig;
 mod roots;
 mod sink;
+mod spread;
 mod store_crash;
 mod waiting;
 mod worker;
@@ -231,6 +232,7 @@ pub fn run(
     };
     let live_store_crash = hooks.live.is_some() && why_no_store_crash.is_none();
     let slot_count = plan.slot_count();
+    let layout = cfg.part.as_ref().map(|p| spread::layout(p, &plan, slot_count, &ordered)).transpose()?;
     let Plan { name, vertices, entry, traffic, mut instances, store, state, mut rebuilder, .. } = plan;
     if !(store_crashes || live_store_crash) {
         // Only a store rebuild reads the instances' write-ahead logs.
@@ -286,7 +288,9 @@ pub fn run(
         batch: cfg.batch,
         record: cfg.record,
         live: live.clone(),
-        notes: cfg.fault_tolerance.then(|| (0..roots).map(|_| ArrayQueue::new(NOTE_BUFFERS)).collect()),
+        // A node without the root sends its notes there: they keep its window and its log.
+        notes: (cfg.fault_tolerance || layout.as_ref().is_some_and(|l| !l.has_root()))
+            .then(|| (0..roots).map(|_| ArrayQueue::new(NOTE_BUFFERS)).collect()),
         note_spare: ArrayQueue::new(NOTE_BUFFERS * usize::from(roots)),
         // Armed for the crashes planned, or for those a control endpoint may ask for.
         failover: (crashes_planned || (can_fail_over && hooks.live.is_some()))
@@ -352,10 +356,22 @@ pub fn run(
         others.push(RootState::new(id, (new_log(id)?, cfg.record), store.as_ref())?);
     }
 
-    // Instances go round-robin to workers (those added later too, by global index).
+    // With other nodes: they answer before anything runs (the same chain and placement).
+    let (link_thread, mut part_link) = match &layout {
+        Some(l) => spread::connect(&shared, l, cfg.fault_tolerance, hooks.stop.as_deref())?,
+        None => (None, None),
+    };
+    // Instances go round-robin to workers (those added later too, by global index); with
+    // other nodes, only this node's.
     let mut per_worker: Vec<Vec<Slot>> = (0..workers).map(|_| Vec::new()).collect();
+    let mut here = 0usize;
     for (global, (vertex, inst)) in instances.into_iter().enumerate() {
-        if let Some(w) = per_worker.get_mut(global % workers) {
+        if layout.as_ref().is_some_and(|l| !l.here(global)) {
+            continue;
+        }
+        let k = if layout.is_some() { here } else { global };
+        here += 1;
+        if let Some(w) = per_worker.get_mut(k % workers) {
             w.push(Slot::new(&shared, global, vertex, inst));
         }
     }
@@ -424,6 +440,13 @@ pub fn run(
     let mut settling: Option<Instant> = None;
     let mut idle_turns = 0u32;
     let result: Result<(), RunError> = (|| loop {
+        if let Some(link) = part_link.as_mut() {
+            // A node without the root serves its links until the root's node ends the run;
+            // its own counts of what is in flight mean nothing (the root's node counts).
+            let served = spread::serve_part(&shared, link, hooks.stop.as_deref());
+            shared.in_flight.store(0, Ordering::Release);
+            return served;
+        }
         if shared.aborted.load(Ordering::Acquire) {
             return Err(RunError::Worker("a root thread failed".into()));
         }
@@ -686,6 +709,13 @@ pub fn run(
     for h in root_handles {
         all_roots.push(h.join().map_err(|_| RunError::Worker("a root thread panicked".into()))??);
     }
+    // The link's own failure (a lost datagram, a node that runs another chain) says more than
+    // the root's "stopped".
+    report.link = match (link_thread, part_link) {
+        (Some(t), _) => Some(t.finish()?),
+        (None, Some(l)) => Some(l.report),
+        (None, None) => None,
+    };
     result?;
     report.root_crashes.extend(shared.root_crashes.take_done());
     report.root_crashes.sort_by_key(|c| c.at_packet);
@@ -696,7 +726,9 @@ pub fn run(
     report.elapsed_s = t0.elapsed().as_secs_f64();
     report.mpps = if report.elapsed_s > 0.0 { report.packets_in as f64 / report.elapsed_s / 1e6 } else { 0.0 };
     report.mirrored = mirrored + all_roots.iter().skip(1).map(|r| r.mirrored).sum::<u64>();
-    report.fault_tolerance = roots::log_report(&all_roots, &shared.egress);
+    // A node without the root keeps no log: the root's node reports it.
+    report.fault_tolerance =
+        layout.as_ref().is_none_or(|l| l.has_root()).then(|| roots::log_report(&all_roots, &shared.egress)).flatten();
     report.failovers = failovers;
     report.reconfigurations = reconfigurations;
     if let (Some(live), Some(ft)) = (&shared.live, &report.fault_tolerance) {

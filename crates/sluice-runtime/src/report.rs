@@ -215,6 +215,38 @@ pub struct ReconfigReport {
     pub trial: Option<TrialReport>,
 }
 
+/// One chain over several nodes: what one node's links to the others moved.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LinkReport {
+    /// This node's name in the spread.
+    pub node: String,
+    /// Packets sent to instances (or the egress) on other nodes.
+    pub packets_sent: u64,
+    /// Packets received for this node's instances (or its egress).
+    pub packets_received: u64,
+    /// Notes sent to the root's node.
+    pub notes_sent: u64,
+    /// Notes heard from other nodes (on the root's node).
+    pub notes_received: u64,
+    /// Datagrams sent, packets, notes and control together.
+    pub datagrams_sent: u64,
+    /// Datagrams received from nodes of the spread.
+    pub datagrams_received: u64,
+    /// Datagrams that did not decode, or were for another chain, dropped.
+    pub malformed: u64,
+    /// Packets for an instance this node does not host, dropped.
+    pub misaddressed: u64,
+    /// Datagrams from addresses that are not nodes of the spread, dropped.
+    pub strangers: u64,
+    /// Datagrams the senders' sequence numbers say were lost on the way.
+    pub lost: u64,
+    /// Datagrams that arrived after a later one of the same sender.
+    pub late: u64,
+    /// The last decoding error, to say what the malformed ones were.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
 /// How a clone's trial ended.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct TrialReport {
@@ -296,6 +328,9 @@ pub struct RunReport {
     /// Store crashes, in the order they happened.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub store_crashes: Vec<StoreCrashReport>,
+    /// A chain over several nodes: what this node's links to the others moved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link: Option<LinkReport>,
     /// Decisions by `nf/kind`.
     pub event_counts: BTreeMap<String, u64>,
     /// All decisions, in clock order.
@@ -409,6 +444,13 @@ impl fmt::Display for RunReport {
                 format!("{} logged packets read back from the store", c.read_back)
             };
             writeln!(f, "  root crash at packet {}: clock resumed at {}, {log}", c.at_packet, c.resumed_at)?;
+        }
+        if let Some(l) = &self.link {
+            writeln!(
+                f,
+                "  node {}: {} packets sent to other nodes, {} received; {} notes sent, {} heard; {} malformed, {} misaddressed, {} from strangers, {} lost, {} late",
+                l.node, l.packets_sent, l.packets_received, l.notes_sent, l.notes_received, l.malformed, l.misaddressed, l.strangers, l.lost, l.late
+            )?;
         }
         for c in &self.store_crashes {
             writeln!(

@@ -42,6 +42,10 @@ const LABEL_WORDS: u8 = 2;
 /// chain as new input (a chain fed by another, `sluice run --from-geneve`), rather than one
 /// for an NF instance the sender's splitter chose.
 pub const TO_ROOT: InstanceId = InstanceId(u32::MAX);
+/// The destination that means "the chain's output": a packet that left the chain on a node
+/// without the root, on its way to the root's node, whose egress writes it (one chain over
+/// several nodes).
+pub const TO_EGRESS: InstanceId = InstanceId(u32::MAX - 1);
 /// The largest VNI (24 bits).
 pub const MAX_VNI: u32 = (1 << 24) - 1;
 
@@ -101,6 +105,9 @@ pub enum WireError {
     /// More labels than a packet carries.
     #[error("{0} labels; a packet carries at most {MAX_LABELS}")]
     TooManyLabels(usize),
+    /// A note of a kind no Sluice version defines (a notes datagram, [`crate::notes`]).
+    #[error("unknown note kind {0}")]
+    UnknownNote(u8),
     /// A chain id that does not fit the 24-bit VNI.
     #[error("VNI {0} does not fit 24 bits")]
     VniTooLarge(u32),
@@ -270,7 +277,7 @@ pub fn decode(datagram: &[u8]) -> Result<Decoded<'_>, WireError> {
 }
 
 /// The option at `at`: class, type, length in words and body.
-fn read_option(options: &[u8], at: usize, announced: u8) -> Result<(u16, u8, u8, &[u8]), WireError> {
+pub(crate) fn read_option(options: &[u8], at: usize, announced: u8) -> Result<(u16, u8, u8, &[u8]), WireError> {
     let overrun = WireError::OptionOverrun { offset: at, words: announced };
     let h = options.get(at..at + OPTION_HEADER).ok_or(overrun.clone())?;
     let class = u16::from_be_bytes([h[0], h[1]]);

@@ -252,6 +252,13 @@ pub fn round_trips(rounds: usize, batch: usize, size: usize) -> Result<Vec<Durat
 /// Asks for [`SOCKET_BUFFER`] bytes of socket buffer (`option`: `SO_SNDBUF` or `SO_RCVBUF`),
 /// beyond the system's cap when the process may (`SO_*BUFFORCE`, CAP_NET_ADMIN); best effort: a
 /// smaller buffer only means more loss in bursts, which the counters show.
+/// Asks for [`SOCKET_BUFFER`]-byte send and receive buffers on `link` (forced where allowed):
+/// a burst between nodes waits in them rather than being dropped.
+pub fn grow_buffers(link: &UdpLink) {
+    set_buffer(link, libc::SO_SNDBUF);
+    set_buffer(link, libc::SO_RCVBUF);
+}
+
 fn set_buffer(link: &UdpLink, option: libc::c_int) {
     let forced = if option == libc::SO_RCVBUF { libc::SO_RCVBUFFORCE } else { libc::SO_SNDBUFFORCE };
     let size = SOCKET_BUFFER as libc::c_int;

@@ -5,6 +5,7 @@ use super::failover::Crash;
 use super::reconfig::Reconfig;
 use crate::live::Live;
 use crate::plan::Plan;
+use crate::spread::Part;
 use sluice_chc::manager::ManagerPolicy;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -84,6 +85,10 @@ pub struct RunConfig {
     /// Report latency per window of this width as well ([`RunReport::latency_timeline`](crate::report::RunReport::latency_timeline)): how
     /// it moves around a failover.
     pub latency_timeline: Option<Duration>,
+    /// One chain over several nodes: this process's part ([`crate::spread`]). Its instances
+    /// run here, the others' queues go to their nodes; on the root's node the run reads the
+    /// input and writes the output, elsewhere it serves until the root's node ends it.
+    pub part: Option<Part>,
 }
 
 /// Something planned at a point of a run's input.
@@ -151,6 +156,7 @@ impl Default for RunConfig {
             policies: Vec::new(),
             scalable: false,
             latency_timeline: None,
+            part: None,
         }
     }
 }
@@ -260,5 +266,36 @@ pub(super) fn check(cfg: &RunConfig, plan: &Plan, live: bool) -> Result<Checked,
             "keeping the root's log in the store needs fault tolerance and state in a store (not `local`)".into(),
         ));
     }
+    if cfg.part.is_some() {
+        spread_allowed(cfg, scalable, live).map_err(RunError::Config)?;
+    }
     Ok(Checked { inline, scalable, crashes_planned, can_fail_over, store_crashes })
+}
+
+/// What a chain over several nodes does not do yet (docs/decisions.md, "One chain across
+/// nodes": failover, scaling and several roots across nodes are the next steps).
+fn spread_allowed(cfg: &RunConfig, scalable: bool, live: bool) -> Result<(), String> {
+    let not_yet = |what: &str| Err(format!("a chain over several nodes does not yet take {what}"));
+    if !cfg.planned.is_empty() {
+        return not_yet("planned faults or changes (--faults)");
+    }
+    if scalable {
+        return not_yet("scaling or moves");
+    }
+    if cfg.roots > 1 {
+        return not_yet("several roots");
+    }
+    if live {
+        return not_yet("a control endpoint");
+    }
+    if cfg.record {
+        return not_yet("--record (each node would hold part of the record)");
+    }
+    if cfg.log_in_store {
+        return not_yet("the root's log in the store");
+    }
+    if cfg.workers == 0 {
+        return not_yet("--workers 0 (the link to the other nodes runs beside the workers)");
+    }
+    Ok(())
 }

@@ -1,0 +1,297 @@
+//! One chain over several node processes (`sluice run --spread FILE --node NAME`): the example
+//! chain with its instances on two or three processes gives the one-process chain's output
+//! byte for byte, with local state and with fault tolerance over a store another process
+//! serves (every root log entry closed by the notes that crossed); nodes given another chain
+//! refuse each other; a node that dies ends the run with an error instead of a hang; bad
+//! spreads and misplaced options are refused.
+
+use std::io::{BufRead, BufReader};
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{repo, sluice, sluice_within, text};
+
+/// A spread file over `nodes` fresh loopback ports (names `a`, `b`, ...), root on `a`, with
+/// `place` lines; its path.
+fn spread_file(dir: &Path, nodes: usize, place: &[(&str, &str)]) -> PathBuf {
+    // Ports the system hands out now; freed again before the nodes bind them.
+    let sockets: Vec<UdpSocket> = (0..nodes).map(|_| UdpSocket::bind("127.0.0.1:0").expect("a free port")).collect();
+    let mut yaml = String::from("nodes:\n");
+    for (i, s) in sockets.iter().enumerate() {
+        yaml += &format!("  {}: {}\n", (b'a' + i as u8) as char, s.local_addr().expect("addr"));
+    }
+    yaml += "root: a\nplace:\n";
+    for (what, node) in place {
+        yaml += &format!("  {what}: {node}\n");
+    }
+    let path = dir.join(format!("spread-{nodes}.yaml"));
+    std::fs::write(&path, yaml).expect("spread file");
+    path
+}
+
+/// Starts node `name` of a spread chain (not the root's): `sluice run ... --node NAME`.
+fn start_node(chain: &str, spread: &Path, name: &str, json: &Path, extra: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(repo(""))
+        .args(["run", "-c", chain, "--spread"])
+        .arg(spread)
+        .args(["--node", name, "-q", "--no-pin", "--json"])
+        .arg(json)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start a node")
+}
+
+/// Waits for a node to end; its stderr and whether it succeeded.
+fn node_end(mut child: Child, limit: Duration) -> (bool, String) {
+    let status = common::ended_within(&mut child, limit);
+    let mut err = String::new();
+    if let Some(e) = child.stderr.take() {
+        for l in BufReader::new(e).lines().map_while(Result::ok) {
+            err += &l;
+            err.push('\n');
+        }
+    }
+    (status.success(), err)
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).expect("JSON report")).expect("JSON")
+}
+
+/// The one-process run of the example chain over the demo trace, one worker: its output.
+fn one_process(out: &Path, extra: &[&str]) -> Vec<u8> {
+    let mut args =
+        vec!["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "-w", "1", "-q", "--no-pin", "-o"];
+    let out_s = out.to_string_lossy().into_owned();
+    args.push(&out_s);
+    args.extend_from_slice(extra);
+    let o = sluice(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::read(out).expect("output")
+}
+
+/// The root's node of the example chain over the demo trace: its output file is `out`.
+fn root_node(spread: &Path, out: &Path, json_out: &Path, extra: &[&str]) -> Output {
+    let (spread_s, out_s, json_s) = (
+        spread.to_string_lossy().into_owned(),
+        out.to_string_lossy().into_owned(),
+        json_out.to_string_lossy().into_owned(),
+    );
+    let mut args = vec![
+        "run",
+        "-c",
+        "chains/example.yaml",
+        "-i",
+        "traces/demo.pcap",
+        "--spread",
+        &spread_s,
+        "--node",
+        "a",
+        "-w",
+        "1",
+        "-q",
+        "--no-pin",
+        "-o",
+        &out_s,
+        "--json",
+        &json_s,
+    ];
+    args.extend_from_slice(extra);
+    sluice_within(&args, Duration::from_secs(120)).expect("the root's node ended")
+}
+
+/// Checks a node's link report: nothing lost, malformed or misaddressed.
+fn clean_link(report: &serde_json::Value, node: &str) -> serde_json::Value {
+    let link = report["link"].clone();
+    assert_eq!(link["node"], node, "{report}");
+    for k in ["lost", "malformed", "misaddressed", "strangers"] {
+        assert_eq!(link[k], 0, "{k} on node {node}: {link}");
+    }
+    link
+}
+
+#[test]
+fn the_example_chain_over_two_nodes_gives_the_one_process_output() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spread = spread_file(dir.path(), 2, &[("portscan", "b"), ("lb", "b")]);
+    let b_json = dir.path().join("b.json");
+    let b = start_node("chains/example.yaml", &spread, "b", &b_json, &["-w", "1"]);
+    let (out, a_json) = (dir.path().join("spread.pcap"), dir.path().join("a.json"));
+    let a = root_node(&spread, &out, &a_json, &[]);
+    assert!(a.status.success(), "{}", text(&a));
+    let (ok, err) = node_end(b, Duration::from_secs(30));
+    assert!(ok, "{err}");
+
+    let whole = one_process(&dir.path().join("one.pcap"), &[]);
+    let spread_out = std::fs::read(&out).expect("spread output");
+    assert!(whole.len() > 1_000_000, "{} bytes", whole.len());
+    assert!(spread_out == whole, "the spread chain's output differs from the one-process chain's");
+
+    let (a_rep, b_rep) = (json(&a_json), json(&b_json));
+    let (a_link, b_link) = (clean_link(&a_rep, "a"), clean_link(&b_rep, "b"));
+    // Everything the NAT forwards crosses to b; what b forwards comes back as output.
+    let out_packets = a_rep["packets_out"].as_u64().expect("packets_out");
+    assert_eq!(b_link["packets_sent"], out_packets, "{b_link}");
+    assert_eq!(a_link["packets_received"], out_packets, "{a_link}");
+    assert_eq!(a_link["packets_sent"], b_link["packets_received"], "{a_link} {b_link}");
+    // Without a log the root hears only of copies that end on b: its drops.
+    let b_dropped = b_rep["dropped_total"].as_u64().expect("dropped_total");
+    assert!(b_dropped > 0, "{b_rep}");
+    assert_eq!(b_link["notes_sent"], b_dropped, "{b_link}");
+    assert_eq!(a_link["notes_received"], b_dropped, "{a_link}");
+    // b ran the portscan detector and the LB, a the NAT and the Trojan detector.
+    let ran = |r: &serde_json::Value| -> Vec<String> {
+        r["vertices"]
+            .as_array()
+            .expect("vertices")
+            .iter()
+            .filter(|v| v["instances"].as_array().is_some_and(|i| !i.is_empty()))
+            .map(|v| v["name"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert_eq!(ran(&a_rep), ["nat", "trojan"]);
+    assert_eq!(ran(&b_rep), ["portscan", "lb"]);
+}
+
+/// A `sluice store serve` on a free port, killed when dropped.
+struct Store(Child, String);
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn store() -> Store {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["store", "serve", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start sluice store serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read the address");
+    let addr = line.split("sluice://").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or_default().to_string();
+    assert!(addr.starts_with("127.0.0.1:"), "{line}");
+    Store(child, format!("sluice://{addr}"))
+}
+
+#[test]
+fn fault_tolerance_over_three_nodes_closes_every_log_entry() {
+    let server = store();
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The NAT (which mirrors to the Trojan detector back on a) on b, the rest of the path on
+    // c: copies made on b, drops on c, commits from both cross to the root's log on a.
+    let spread = spread_file(dir.path(), 3, &[("nat", "b"), ("portscan", "c"), ("lb", "c")]);
+    let ft = ["--fault-tolerance", "--mode", "async", "--store", &server.1];
+    let nodes: Vec<(Child, PathBuf)> = ["b", "c"]
+        .iter()
+        .map(|n| {
+            let j = dir.path().join(format!("{n}.json"));
+            (start_node("chains/example.yaml", &spread, n, &j, &[&ft[..], &["-w", "1"]].concat()), j)
+        })
+        .collect();
+    let (out, a_json) = (dir.path().join("spread.pcap"), dir.path().join("a.json"));
+    let a = root_node(&spread, &out, &a_json, &ft);
+    assert!(a.status.success(), "{}", text(&a));
+    let mut reports = Vec::new();
+    for (child, j) in nodes {
+        let (ok, err) = node_end(child, Duration::from_secs(30));
+        assert!(ok, "{err}");
+        reports.push(json(&j));
+    }
+    let whole = one_process(&dir.path().join("one.pcap"), &[]);
+    assert!(std::fs::read(&out).expect("spread output") == whole, "the spread chain's output differs");
+
+    let a_rep = json(&a_json);
+    let log = &a_rep["fault_tolerance"];
+    assert_eq!(log["logged"], a_rep["packets_in"], "{log}");
+    assert_eq!(log["deleted"], log["logged"], "every logged packet closed: {log}");
+    assert_eq!(log["left_in_log"], 0, "{log}");
+    let a_link = clean_link(&a_rep, "a");
+    let (b_link, c_link) = (clean_link(&reports[0], "b"), clean_link(&reports[1], "c"));
+    // b's notes say which mirror copies it made (one per packet the NAT forwards, for the
+    // Trojan detector on a) and its commits; c's say what it dropped and its commits.
+    let heard = a_link["notes_received"].as_u64().expect("notes");
+    let sent = b_link["notes_sent"].as_u64().expect("notes") + c_link["notes_sent"].as_u64().expect("notes");
+    assert_eq!(heard, sent, "{a_link} {b_link} {c_link}");
+    let mirrored = a_rep["mirrored"].as_u64().expect("mirrored") + reports[0]["mirrored"].as_u64().expect("mirrored");
+    assert!(mirrored > 60_000, "the NAT on b mirrored {mirrored}");
+    assert!(b_link["notes_sent"].as_u64().expect("notes") > mirrored, "copies made and commits: {b_link}");
+}
+
+#[test]
+fn nodes_given_different_chains_refuse_each_other() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spread = spread_file(dir.path(), 2, &[("portscan", "b")]);
+    // b is given another chain that also has a portscan detector.
+    let b = start_node("chains/nat-portscan.yaml", &spread, "b", &dir.path().join("b.json"), &[]);
+    let a = root_node(&spread, &dir.path().join("out.pcap"), &dir.path().join("a.json"), &[]);
+    assert!(!a.status.success());
+    assert!(text(&a).contains("runs another chain or placement"), "{}", text(&a));
+    let (ok, err) = node_end(b, Duration::from_secs(30));
+    assert!(!ok);
+    assert!(err.contains("another chain or placement") || err.contains("stopped"), "{err}");
+}
+
+#[test]
+fn a_node_that_dies_ends_the_run_with_an_error_not_a_hang() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spread = spread_file(dir.path(), 2, &[("portscan", "b"), ("lb", "b")]);
+    let mut b = start_node("chains/example.yaml", &spread, "b", &dir.path().join("b.json"), &[]);
+    let started = Instant::now();
+    // Paced: the run would take about eight seconds.
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        let _ = b.kill();
+        let _ = b.wait();
+    });
+    let a = root_node(&spread, &dir.path().join("out.pcap"), &dir.path().join("a.json"), &["--pace", "0.05"]);
+    killer.join().expect("killer");
+    assert!(!a.status.success(), "{}", text(&a));
+    assert!(text(&a).contains("node `b` has not been heard from"), "{}", text(&a));
+    assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
+}
+
+#[test]
+fn bad_spreads_and_misplaced_options_are_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spread = spread_file(dir.path(), 2, &[("portscan", "b")]);
+    let s = spread.to_string_lossy().into_owned();
+    let run = |args: &[&str]| {
+        let mut all = vec!["run", "-c", "chains/example.yaml", "--spread", &s];
+        all.extend_from_slice(args);
+        sluice_within(&all, Duration::from_secs(30)).expect("ended")
+    };
+    let cases: [(&[&str], &str); 5] = [
+        (&["--node", "z", "-i", "traces/demo.pcap"], "no node `z`"),
+        (&["--node", "a"], "has the root: give it the input"),
+        (&["--node", "b", "-i", "traces/demo.pcap"], "input belongs on the root's node"),
+        (&["--node", "b", "--record", "/tmp/nowhere"], "--record belongs on the root's node"),
+        (&["-i", "traces/demo.pcap"], "--node"),
+    ];
+    for (args, says) in cases {
+        let o = run(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
+    }
+    // A spread file that places a vertex the chain does not have.
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "nodes: {a: 127.0.0.1:1, b: 127.0.0.1:2}\nroot: a\nplace: {firewall: b}\n").expect("file");
+    let o = sluice(&["run", "-c", "chains/example.yaml", "--spread", &bad.to_string_lossy(), "--node", "b"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("no vertex of that name"), "{}", text(&o));
+    // Not a spread at all.
+    std::fs::write(&bad, "nodes: [a, b]\n").expect("file");
+    let o = sluice(&["run", "-c", "chains/example.yaml", "--spread", &bad.to_string_lossy(), "--node", "b"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("spread file"), "{}", text(&o));
+}

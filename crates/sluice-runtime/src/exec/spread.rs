@@ -1,0 +1,646 @@
+//! A chain over several nodes: the thread that moves packets and notes between this node and
+//! the others (docs/decisions.md, "One chain across nodes").
+//!
+//! Queues of instances on other nodes, and on a node without the root the sink's queue and the
+//! notes queues, are drained here instead of by a worker or the root: their batches leave as
+//! Geneve datagrams (`sluice_wire::geneve`), their notes as notes datagrams
+//! (`sluice_wire::notes`), notes first, so the root hears of a copy before the copy can end
+//! anywhere. What arrives goes into the local instances' queues, the sink's (output coming
+//! back to the root), or, on the root's node, into the window, the in-flight clocks and the
+//! root's log as a worker's notes would.
+//!
+//! Nothing is retransmitted, and the root does not replay on silence yet: a datagram lost
+//! between nodes would leave its clock in flight for ever, so the run stops with an error
+//! that says so (the link sequence shows the gap).
+
+use super::ft::Note;
+use super::outgoing::Outgoing;
+use super::{RunError, Shared};
+use crate::report::LinkReport;
+use crate::spread::Layout;
+use sluice_packet::{Batch, Clock, InstanceId, Meta};
+use sluice_wire::geneve::{encode_sequenced, TO_EGRESS};
+use sluice_wire::notes::{decode_notes, encode_notes, is_notes, NoteKind, WireNote, MAX_NOTES};
+use sluice_wire::{RecvBatch, UdpLink};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long the root's node waits for every other node to answer before the run starts.
+pub(super) const HELLO_LIMIT: Duration = Duration::from_secs(30);
+/// How often a node says hello to a node it has not heard from, and to one it has sent
+/// nothing else to for this long (a heartbeat).
+const HELLO_EVERY: Duration = Duration::from_millis(50);
+/// A node not heard from for this long has stopped or is cut off: the run ends with an error
+/// (failing over across nodes is the next step, docs/decisions.md).
+const SILENCE_LIMIT: Duration = Duration::from_secs(3);
+/// Frames larger than this do not cross (the encapsulation adds at most 256 bytes).
+const MTU: usize = 9000;
+
+/// One node's end of the links to the others.
+pub(super) struct Link {
+    layout: Layout,
+    socket: UdpLink,
+    rx: RecvBatch,
+    out: Outgoing,
+    /// The global indices of the instances on other nodes.
+    remote: Vec<usize>,
+    /// Batches taken this turn: (node, destination, batch).
+    taken: Vec<(usize, InstanceId, Batch)>,
+    notes: Vec<WireNote>,
+    decoded: Vec<WireNote>,
+    /// Encoded datagrams waiting to be sent, per node.
+    datagrams: Vec<Vec<Vec<u8>>>,
+    /// Per node: the next link sequence number to send, and the next expected from it (from
+    /// the first datagram heard on: what it sent before this node was up is not lost).
+    next_seq: Vec<u64>,
+    expected: Vec<Option<u64>>,
+    /// Per node: heard its hello.
+    heard: Vec<bool>,
+    /// Per node: when it was last heard from, and last sent anything.
+    last_heard: Vec<Instant>,
+    last_sent: Vec<Option<Instant>>,
+    fingerprint: u64,
+    /// The root keeps a log: it hears every note; otherwise only copies made and ended.
+    logging: bool,
+    pub(super) report: LinkReport,
+    /// The root's node said the run is over.
+    pub(super) ended: bool,
+}
+
+impl Link {
+    /// Binds this node's address in `layout`.
+    pub(super) fn bind(shared: &Shared, layout: Layout, (fingerprint, logging): (u64, bool)) -> Result<Link, RunError> {
+        let me =
+            layout.addrs.get(layout.me).copied().ok_or_else(|| RunError::Config("this node has no address".into()))?;
+        let socket = UdpLink::bind(me, None).map_err(|e| RunError::Config(format!("node address {me}: {e}")))?;
+        sluice_wire::port::grow_buffers(&socket);
+        let nodes = layout.addrs.len();
+        let remote = (0..layout.node_of.len()).filter(|g| !layout.here(*g)).collect();
+        let report =
+            LinkReport { node: layout.names.get(layout.me).cloned().unwrap_or_default(), ..LinkReport::default() };
+        let mut heard = vec![false; nodes];
+        if let Some(h) = heard.get_mut(layout.me) {
+            *h = true;
+        }
+        Ok(Link {
+            layout,
+            socket,
+            rx: RecvBatch::new(sluice_wire::MAX_BATCH, MTU + 256),
+            out: Outgoing::new(shared),
+            remote,
+            taken: Vec::new(),
+            notes: Vec::new(),
+            decoded: Vec::new(),
+            datagrams: vec![Vec::new(); nodes],
+            next_seq: vec![0; nodes],
+            expected: vec![None; nodes],
+            heard,
+            last_heard: vec![Instant::now(); nodes],
+            last_sent: vec![None; nodes],
+            fingerprint,
+            logging,
+            report,
+            ended: false,
+        })
+    }
+
+    /// Whether every node has said hello (with the same chain).
+    pub(super) fn ready(&self) -> bool {
+        self.heard.iter().all(|h| *h)
+    }
+
+    /// One turn: sends what waits for other nodes, takes in what arrived. Whether it did
+    /// anything.
+    pub(super) fn turn(&mut self, shared: &Shared) -> Result<bool, RunError> {
+        for n in 0..self.layout.addrs.len() {
+            if n == self.layout.me {
+                continue;
+            }
+            if self.last_sent.get(n).copied().flatten().is_none_or(|t| t.elapsed() >= HELLO_EVERY) {
+                self.control(n, NoteKind::Hello)?;
+            }
+            let heard = self.heard.get(n).copied().unwrap_or(true);
+            if heard && self.last_heard.get(n).is_some_and(|t| t.elapsed() >= SILENCE_LIMIT) {
+                return Err(RunError::Worker(format!(
+                    "node `{}` has not been heard from for {} s: it stopped or the link is cut (a chain across nodes does not yet fail over between nodes)",
+                    self.name(n),
+                    SILENCE_LIMIT.as_secs()
+                )));
+            }
+        }
+        let sent = self.send(shared)?;
+        let received = self.receive(shared)?;
+        Ok(sent || received)
+    }
+
+    /// Tells every other node that the run is over (`End`, from the root's node) or that this
+    /// node stops with an error (`Stop`), a few times: datagrams can be lost.
+    pub(super) fn tell_all(&mut self, kind: NoteKind) -> Result<(), RunError> {
+        for _ in 0..3 {
+            for n in 0..self.layout.addrs.len() {
+                if n != self.layout.me {
+                    self.control(n, kind)?;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    fn control(&mut self, node: usize, kind: NoteKind) -> Result<(), RunError> {
+        let meta = Meta { clock: Clock(self.fingerprint), ..Meta::default() };
+        let mut d = Vec::new();
+        let seq = self.seq(node);
+        encode_notes(self.layout.vni, seq, &[WireNote { kind, meta }], &mut d).map_err(wire)?;
+        self.send_to(node, &[d.as_slice()])
+    }
+
+    fn seq(&mut self, node: usize) -> u64 {
+        let s = self.next_seq.get(node).copied().unwrap_or(0);
+        if let Some(n) = self.next_seq.get_mut(node) {
+            *n += 1;
+        }
+        s
+    }
+
+    fn send_to(&mut self, node: usize, datagrams: &[&[u8]]) -> Result<(), RunError> {
+        let Some(to) = self.layout.addrs.get(node).copied() else { return Ok(()) };
+        self.socket
+            .send_batch(to, datagrams)
+            .map_err(|e| RunError::Worker(format!("sending to node `{}`: {e}", self.name(node))))?;
+        self.report.datagrams_sent += datagrams.len() as u64;
+        if let Some(t) = self.last_sent.get_mut(node) {
+            *t = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    fn name(&self, node: usize) -> &str {
+        self.layout.names.get(node).map_or("?", String::as_str)
+    }
+
+    /// Takes the batches bound for other nodes, then the notes (queued before their batches),
+    /// and sends them: notes first.
+    fn send(&mut self, shared: &Shared) -> Result<bool, RunError> {
+        for g in &self.remote {
+            let (Some(node), Some(Some(id))) = (self.layout.node_of.get(*g), self.layout.ids.get(*g)) else { continue };
+            while let Some(b) = shared.pop(*g) {
+                self.taken.push((*node, *id, b));
+            }
+        }
+        if !self.layout.has_root() {
+            while let Some(b) = shared.sink.pop() {
+                self.taken.push((self.layout.root, TO_EGRESS, b));
+            }
+            if let Some(queues) = &shared.notes {
+                for q in queues {
+                    while let Some(mut notes) = q.pop() {
+                        let logging = self.logging;
+                        let needed = notes
+                            .drain(..)
+                            .map(wire_note)
+                            .filter(|n| logging || matches!(n.kind, NoteKind::Sent | NoteKind::Finished));
+                        self.notes.extend(needed);
+                        let _ = shared.note_spare.push(notes);
+                    }
+                }
+            }
+        }
+        let busy = !self.taken.is_empty() || !self.notes.is_empty();
+        if !self.notes.is_empty() {
+            let root = self.layout.root;
+            let notes = std::mem::take(&mut self.notes);
+            for chunk in notes.chunks(MAX_NOTES) {
+                let seq = self.seq(root);
+                let mut d = Vec::new();
+                encode_notes(self.layout.vni, seq, chunk, &mut d).map_err(wire)?;
+                self.push_datagram(root, d);
+            }
+            self.report.notes_sent += notes.len() as u64;
+            self.notes = notes;
+            self.notes.clear();
+            // Before any batch: the root hears of a copy before it can end elsewhere.
+            self.flush_datagrams(Some(root))?;
+        }
+        let taken = std::mem::take(&mut self.taken);
+        for (node, dest, mut batch) in taken {
+            for p in batch.drain(..) {
+                let seq = self.seq(node);
+                let mut d = Vec::with_capacity(p.len() + 128);
+                encode_sequenced(&p.meta, dest, self.layout.vni, Some(seq), p.data(), &mut d).map_err(wire)?;
+                self.push_datagram(node, d);
+                self.report.packets_sent += 1;
+                shared.pool.recycle(p);
+            }
+            shared.give_back(batch);
+        }
+        self.flush_datagrams(None)?;
+        Ok(busy)
+    }
+
+    fn push_datagram(&mut self, node: usize, d: Vec<u8>) {
+        if let Some(q) = self.datagrams.get_mut(node) {
+            q.push(d);
+        }
+    }
+
+    /// Sends the datagrams waiting for `only` (or every node).
+    fn flush_datagrams(&mut self, only: Option<usize>) -> Result<(), RunError> {
+        for node in 0..self.datagrams.len() {
+            if only.is_some_and(|o| o != node) {
+                continue;
+            }
+            let ds = std::mem::take(&mut self.datagrams[node]);
+            if ds.is_empty() {
+                continue;
+            }
+            let refs: Vec<&[u8]> = ds.iter().map(Vec::as_slice).collect();
+            self.send_to(node, &refs)?;
+        }
+        Ok(())
+    }
+
+    /// Takes in what arrived: packets into their queues, notes into the root's accounting.
+    fn receive(&mut self, shared: &Shared) -> Result<bool, RunError> {
+        let mut any = false;
+        // A few batches per turn at most: the other side of the turn sends.
+        for _ in 0..8 {
+            let n = self
+                .socket
+                .try_recv_batch(&mut self.rx)
+                .map_err(|e| RunError::Worker(format!("receiving from other nodes: {e}")))?;
+            if n == 0 {
+                break;
+            }
+            any = true;
+            let mut finished = 0usize;
+            let Link {
+                rx,
+                layout,
+                out,
+                decoded,
+                report,
+                heard,
+                expected,
+                ended,
+                fingerprint,
+                next_seq,
+                socket,
+                last_heard,
+                ..
+            } = self;
+            for (d, from) in rx.iter() {
+                let Some(node) = from.and_then(|f| node_of_addr(&layout.addrs, f)) else {
+                    report.strangers += 1;
+                    continue;
+                };
+                report.datagrams_received += 1;
+                if let Some(t) = last_heard.get_mut(node) {
+                    *t = Instant::now();
+                }
+                if is_notes(d) {
+                    let (vni, seq) = match decode_notes(d, decoded) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            report.malformed += 1;
+                            report.last_error = Some(e.to_string());
+                            continue;
+                        }
+                    };
+                    if vni != layout.vni {
+                        report.malformed += 1;
+                        continue;
+                    }
+                    if let Some(seq) = seq {
+                        sequence(report, expected, node, seq);
+                    }
+                    for n in decoded.iter() {
+                        match n.kind {
+                            NoteKind::Hello | NoteKind::End | NoteKind::Stop if n.meta.clock.0 != *fingerprint => {
+                                return Err(RunError::Config(format!(
+                                    "node `{}` runs another chain or placement (fingerprint {:#x}, here {:#x}): give every node the same chain, options and spread file",
+                                    layout.names.get(node).map_or("?", String::as_str),
+                                    n.meta.clock.0,
+                                    fingerprint
+                                )));
+                            }
+                            NoteKind::Hello => {
+                                if let Some(h) = heard.get_mut(node).filter(|h| !**h) {
+                                    *h = true;
+                                    // Answer at once: the other side waits for it.
+                                    let mut a = Vec::new();
+                                    let seq = next(next_seq, node);
+                                    let hello = WireNote { kind: NoteKind::Hello, meta: n.meta };
+                                    encode_notes(layout.vni, seq, &[hello], &mut a).map_err(wire)?;
+                                    if let Some(to) = layout.addrs.get(node) {
+                                        socket
+                                            .send_batch(*to, &[a.as_slice()])
+                                            .map_err(|e| RunError::Worker(format!("answering node {to}: {e}")))?;
+                                        report.datagrams_sent += 1;
+                                    }
+                                }
+                            }
+                            NoteKind::Stop => {
+                                return Err(RunError::Worker(format!(
+                                    "node `{}` stopped before the run ended",
+                                    layout.names.get(node).map_or("?", String::as_str)
+                                )));
+                            }
+                            NoteKind::End if !layout.has_root() && node == layout.root => *ended = true,
+                            NoteKind::End => report.malformed += 1,
+                            _ if !layout.has_root() => report.malformed += 1,
+                            kind => {
+                                report.notes_received += 1;
+                                finished += usize::from(root_hears(shared, out, kind, n.meta));
+                            }
+                        }
+                    }
+                    continue;
+                }
+                let decoded = match sluice_wire::decode(d) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        report.malformed += 1;
+                        report.last_error = Some(e.to_string());
+                        continue;
+                    }
+                };
+                if decoded.vni != layout.vni {
+                    report.malformed += 1;
+                    continue;
+                }
+                if let Some(seq) = decoded.seq {
+                    sequence(report, expected, node, seq);
+                }
+                let dest = if decoded.dest == TO_EGRESS && layout.has_root() {
+                    Some(shared.queues.len())
+                } else {
+                    let v = shared.vertices.get(usize::from(decoded.dest.vertex()));
+                    v.and_then(|v| v.global(decoded.dest.index())).filter(|g| layout.here(*g))
+                };
+                let Some(dest) = dest else {
+                    report.misaddressed += 1;
+                    continue;
+                };
+                report.packets_received += 1;
+                let pkt = shared.pool.packet(decoded.frame, decoded.meta);
+                out.push(shared, dest, pkt);
+            }
+            self.out.flush(shared);
+            if finished > 0 {
+                shared.in_flight.fetch_sub(finished, Ordering::AcqRel);
+            }
+        }
+        if self.out.retry(shared) {
+            any = true;
+        }
+        if self.report.lost > 0 {
+            return Err(RunError::Worker(format!(
+                "node `{}`: {} datagram(s) from other nodes were lost on the way: a chain across nodes does not yet replay what a link loses (docs/decisions.md)",
+                self.name(self.layout.me),
+                self.report.lost
+            )));
+        }
+        Ok(any)
+    }
+}
+
+/// A note from another node, heard on the root's node: the window and the in-flight clocks
+/// change as a local worker's would change them, and the root's log hears it. Whether a copy
+/// ended (the window then has a place more, once the note is on its way to the log).
+fn root_hears(shared: &Shared, out: &mut Outgoing, kind: NoteKind, meta: Meta) -> bool {
+    match kind {
+        NoteKind::Sent => {
+            shared.in_flight.fetch_add(1, Ordering::AcqRel);
+            shared.clocks.copy(meta.clock);
+            out.note(shared, Note::Sent(meta));
+            false
+        }
+        NoteKind::Finished => {
+            out.note(shared, Note::Finished(meta));
+            shared.clocks.done(meta.clock);
+            true
+        }
+        NoteKind::Commit => {
+            out.note(shared, Note::Commit(meta.clock, meta.xor));
+            false
+        }
+        NoteKind::Reached => {
+            out.note(shared, Note::Reached(meta));
+            false
+        }
+        NoteKind::Left | NoteKind::Hello | NoteKind::End | NoteKind::Stop => false,
+    }
+}
+
+fn wire_note(n: Note) -> WireNote {
+    let (kind, meta) = match n {
+        Note::Sent(m) => (NoteKind::Sent, m),
+        Note::Finished(m) => (NoteKind::Finished, m),
+        Note::Commit(clock, xor) => (NoteKind::Commit, Meta { clock, xor, ..Meta::default() }),
+        Note::Reached(m) => (NoteKind::Reached, m),
+        Note::Left(m) => (NoteKind::Left, m),
+    };
+    WireNote { kind, meta }
+}
+
+fn node_of_addr(addrs: &[SocketAddr], from: SocketAddr) -> Option<usize> {
+    addrs.iter().position(|a| *a == from)
+}
+
+fn next(seqs: &mut [u64], node: usize) -> u64 {
+    match seqs.get_mut(node) {
+        Some(s) => {
+            *s += 1;
+            *s - 1
+        }
+        None => 0,
+    }
+}
+
+/// Counts a gap in `node`'s link sequence as lost, a datagram older than expected as late.
+fn sequence(report: &mut LinkReport, expected: &mut [Option<u64>], node: usize, seq: u64) {
+    let Some(next) = expected.get_mut(node) else { return };
+    let Some(next) = next.as_mut() else {
+        *next = Some(seq + 1);
+        return;
+    };
+    if seq >= *next {
+        report.lost += seq - *next;
+        *next = seq + 1;
+    } else {
+        report.late += 1;
+        report.lost = report.lost.saturating_sub(1);
+    }
+}
+
+fn wire(e: sluice_wire::WireError) -> RunError {
+    RunError::Worker(format!("encapsulating for another node: {e}"))
+}
+
+/// This node's part of `part`'s spread: where each instance runs. An order-sensitive vertex
+/// must stay with the root: it waits for the root's admissions, which do not cross nodes yet.
+pub(super) fn layout(
+    part: &crate::spread::Part,
+    plan: &crate::plan::Plan,
+    slots: usize,
+    ordered: &[bool],
+) -> Result<Layout, RunError> {
+    let l = part.spread.layout(&part.node, &plan.vertices, slots).map_err(|e| RunError::Config(e.to_string()))?;
+    let far = plan.vertices.iter().enumerate().find(|(v, vp)| {
+        ordered.get(*v).copied().unwrap_or(false) && vp.instances.iter().any(|g| l.node_of.get(*g) != Some(&l.root))
+    });
+    if let Some((_, vp)) = far {
+        return Err(RunError::Config(format!(
+            "`{}` takes its input in entry order, which needs the root's admissions: place it on the root's node (they do not cross nodes yet)",
+            vp.name
+        )));
+    }
+    Ok(l)
+}
+
+/// Binds this node's link and, on the root's node, starts its thread and waits for every
+/// other node to answer; on another node, the link to serve instead of a root.
+pub(super) fn connect(
+    shared: &Arc<Shared>,
+    layout: &Layout,
+    fault_tolerance: bool,
+    stop: Option<&AtomicBool>,
+) -> Result<(Option<LinkThread>, Option<Link>), RunError> {
+    let fingerprint = fingerprint(&shared.vertices, layout, fault_tolerance);
+    let link = Link::bind(shared, layout.clone(), (fingerprint, fault_tolerance))?;
+    if layout.has_root() {
+        let t = LinkThread::start(shared.clone(), link)?;
+        Ok((Some(t.wait_ready(stop)?), None))
+    } else {
+        Ok((None, Some(link)))
+    }
+}
+
+/// On a node without the root: serves the links until the root's node says the run is over.
+pub(super) fn serve_part(shared: &Shared, link: &mut Link, stop: Option<&AtomicBool>) -> Result<(), RunError> {
+    let mut idle = 0u32;
+    let served = (|| {
+        while !link.ended {
+            if shared.aborted.load(Ordering::Acquire) {
+                return Err(RunError::Worker("a worker failed".into()));
+            }
+            if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+                return Err(RunError::Config("stopped before the root's node ended the run".into()));
+            }
+            if link.turn(shared)? {
+                idle = 0;
+            } else {
+                pause(&mut idle);
+            }
+        }
+        Ok(())
+    })();
+    if served.is_err() {
+        // The root's node waits for what this node holds: tell it that nothing more comes.
+        let _ = link.tell_all(NoteKind::Stop);
+    }
+    served
+}
+
+/// Spins a little, then yields, then sleeps: a link thread with nothing to do leaves the core
+/// to the workers.
+pub(super) fn pause(idle: &mut u32) {
+    *idle += 1;
+    if *idle < 32 {
+        std::hint::spin_loop();
+    } else if *idle < 256 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(20));
+    }
+}
+
+/// The link thread of the root's node.
+pub(super) struct LinkThread {
+    handle: std::thread::JoinHandle<Result<LinkReport, RunError>>,
+    ready: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
+
+impl LinkThread {
+    /// Starts `link` on its own thread.
+    pub(super) fn start(shared: Arc<Shared>, mut link: Link) -> Result<LinkThread, RunError> {
+        let ready = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (r, st, sh) = (ready.clone(), stop.clone(), shared);
+        let handle = std::thread::Builder::new()
+            .name("sluice-link".into())
+            .spawn(move || {
+                let mut idle = 0u32;
+                let served = (|| {
+                    while !st.load(Ordering::Acquire) {
+                        if link.turn(&sh)? {
+                            idle = 0;
+                        } else {
+                            pause(&mut idle);
+                        }
+                        if link.ready() {
+                            r.store(true, Ordering::Release);
+                        }
+                    }
+                    Ok(())
+                })();
+                let over = if served.is_ok() && !sh.aborted.load(Ordering::Acquire) {
+                    NoteKind::End
+                } else {
+                    // The run cannot end well: everyone here and on the other nodes stops.
+                    sh.aborted.store(true, Ordering::Release);
+                    NoteKind::Stop
+                };
+                let told = link.tell_all(over);
+                let served = served.and(told);
+                served.map(|()| link.report)
+            })
+            .map_err(|e| RunError::Worker(e.to_string()))?;
+        Ok(LinkThread { handle, ready, stop })
+    }
+
+    /// Waits until every node has answered ([`HELLO_LIMIT`] at most, or until `stop`).
+    pub(super) fn wait_ready(self, stop: Option<&AtomicBool>) -> Result<LinkThread, RunError> {
+        let t0 = Instant::now();
+        while !self.ready.load(Ordering::Acquire) {
+            if self.handle.is_finished() {
+                // Its own error says why (another chain on a node, an address in use).
+                self.finish()?;
+                return Err(RunError::Worker("the link to the other nodes ended before the run started".into()));
+            }
+            if t0.elapsed() >= HELLO_LIMIT || stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+                self.stop.store(true, Ordering::Release);
+                return Err(RunError::Config(format!(
+                    "the other nodes did not all answer within {} s: start `sluice run --spread ... --node NAME` on each node of the spread file",
+                    HELLO_LIMIT.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(self)
+    }
+
+    /// Ends the other nodes' parts and returns what the link moved.
+    pub(super) fn finish(self) -> Result<LinkReport, RunError> {
+        self.stop.store(true, Ordering::Release);
+        self.handle.join().map_err(|_| RunError::Worker("the link thread panicked".into()))?
+    }
+}
+
+/// A number that differs, with high probability, between nodes given different chains,
+/// placements or fault tolerance: exchanged in hellos so that such nodes refuse each other.
+pub(super) fn fingerprint(vertices: &[crate::plan::VertexPlan], layout: &Layout, fault_tolerance: bool) -> u64 {
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys: the same on every node and run.
+    #[allow(deprecated)]
+    let mut h = std::hash::SipHasher::new();
+    for v in vertices {
+        (&*v.name, &v.kind, v.instances.len(), v.spares.len(), v.off_path).hash(&mut h);
+    }
+    (&layout.node_of, &layout.addrs, layout.root, layout.vni, fault_tolerance).hash(&mut h);
+    h.finish()
+}
