@@ -1,9 +1,10 @@
 //! One chain over several node processes (`sluice run --spread FILE --node NAME`): the example
 //! chain with its instances on two or three processes gives the one-process chain's output
 //! byte for byte, with local state and with fault tolerance over a store another process
-//! serves (every root log entry closed by the notes that crossed); nodes given another chain
-//! refuse each other; a node that dies ends the run with an error instead of a hang; bad
-//! spreads and misplaced options are refused.
+//! serves (every root log entry closed by the notes that crossed); a node SIGKILLed mid-run
+//! is failed over to the root's node, whose replay gives the same output and decisions; nodes
+//! given another chain refuse each other; a node that dies without fault tolerance ends the
+//! run with an error instead of a hang; bad spreads and misplaced options are refused.
 
 use std::io::{BufRead, BufReader};
 use std::net::UdpSocket;
@@ -18,12 +19,18 @@ use common::{repo, sluice, sluice_within, text};
 /// A spread file over `nodes` fresh loopback ports (names `a`, `b`, ...), root on `a`, with
 /// `place` lines; its path.
 fn spread_file(dir: &Path, nodes: usize, place: &[(&str, &str)]) -> PathBuf {
+    spread_file_with(dir, nodes, place, "")
+}
+
+/// [`spread_file`] with `extra` lines.
+fn spread_file_with(dir: &Path, nodes: usize, place: &[(&str, &str)], extra: &str) -> PathBuf {
     // Ports the system hands out now; freed again before the nodes bind them.
     let sockets: Vec<UdpSocket> = (0..nodes).map(|_| UdpSocket::bind("127.0.0.1:0").expect("a free port")).collect();
     let mut yaml = String::from("nodes:\n");
     for (i, s) in sockets.iter().enumerate() {
         yaml += &format!("  {}: {}\n", (b'a' + i as u8) as char, s.local_addr().expect("addr"));
     }
+    yaml += extra;
     yaml += "root: a\nplace:\n";
     for (what, node) in place {
         yaml += &format!("  {what}: {node}\n");
@@ -228,6 +235,56 @@ fn fault_tolerance_over_three_nodes_closes_every_log_entry() {
     assert!(b_link["notes_sent"].as_u64().expect("notes") > mirrored, "copies made and commits: {b_link}");
 }
 
+/// The frames of a pcap file, sorted (runs with a failover may interleave flows differently).
+fn sorted_frames(path: &Path) -> Vec<Vec<u8>> {
+    let mut reader = sluice_io::TraceReader::open(path).expect("pcap");
+    let mut out = Vec::new();
+    while let Some(r) = reader.next_record().expect("record") {
+        out.push(r.data.to_vec());
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_node_killed_mid_run_is_failed_over_to_the_root_node() {
+    let server = store();
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The NAT and the Trojan detector (mirror copies made and taken on b) on b; b is declared
+    // failed after 200 ms of silence.
+    let spread = spread_file_with(dir.path(), 2, &[("nat", "b"), ("trojan", "b")], "silence_ms: 200\n");
+    let ft = ["--fault-tolerance", "--mode", "async", "--store", &server.1, "-w", "1"];
+    let mut b = start_node("chains/example.yaml", &spread, "b", &dir.path().join("b.json"), &ft);
+    // Paced: the run takes about three seconds; b dies a third of the way in.
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1000));
+        let _ = b.kill();
+        let _ = b.wait();
+    });
+    let (out, a_json) = (dir.path().join("spread.pcap"), dir.path().join("a.json"));
+    let a = root_node(&spread, &out, &a_json, &[&ft[..5], &["--pace", "0.05"]].concat());
+    killer.join().expect("killer");
+    assert!(a.status.success(), "{}", text(&a));
+    let rep = json(&a_json);
+    let link = clean_link(&rep, "a");
+    assert_eq!(link["failed_nodes"], serde_json::json!(["b"]), "{link}");
+    let failed: Vec<&str> =
+        rep["failovers"].as_array().expect("failovers").iter().filter_map(|f| f["vertex"].as_str()).collect();
+    assert_eq!(failed, ["nat", "trojan"], "{}", rep["failovers"]);
+    assert!(rep["failovers"][0]["replayed"].as_u64().expect("replayed") > 0, "{}", rep["failovers"]);
+    let log = &rep["fault_tolerance"];
+    assert_eq!((&log["deleted"], &log["left_in_log"]), (&log["logged"], &serde_json::json!(0)), "{log}");
+
+    let one = dir.path().join("one.pcap");
+    let one_json = dir.path().join("one.json");
+    one_process(&one, &["--json", &one_json.to_string_lossy()]);
+    let (got, want) = (sorted_frames(&out), sorted_frames(&one));
+    assert!(want.len() > 60_000, "{}", want.len());
+    assert_eq!(got.len(), want.len(), "packets out");
+    assert!(got == want, "the output after the failover differs from the one-process output");
+    assert_eq!(rep["event_counts"], json(&one_json)["event_counts"], "the NFs' decisions");
+}
+
 #[test]
 fn nodes_given_different_chains_refuse_each_other() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -258,6 +315,7 @@ fn a_node_that_dies_ends_the_run_with_an_error_not_a_hang() {
     killer.join().expect("killer");
     assert!(!a.status.success(), "{}", text(&a));
     assert!(text(&a).contains("node `b` has not been heard from"), "{}", text(&a));
+    assert!(text(&a).contains("needs --fault-tolerance and a store"), "{}", text(&a));
     assert!(started.elapsed() < Duration::from_secs(60), "{:?}", started.elapsed());
 }
 

@@ -117,6 +117,11 @@ struct Shared {
     scaling: Option<reconfig::Scaling>,
     /// With store crashes planned: what the root and the workers share for them.
     store_crash: Option<store_crash::StoreCrash>,
+    /// A chain over several nodes, on the root's node: per instance, whether it runs on
+    /// another node (its slot here waits, dormant, to take over should that node fail).
+    elsewhere: Vec<AtomicBool>,
+    /// Instances of nodes that failed, for the root to replace (`spread.rs`).
+    failed_elsewhere: Mutex<Vec<usize>>,
 }
 
 impl Shared {
@@ -127,6 +132,10 @@ impl Shared {
     /// Whether some instance has a batch waiting in its queue: the instances are behind.
     fn backlog(&self) -> bool {
         self.queues.iter().any(|q| q.get().is_some_and(|q| !q.is_empty()))
+    }
+    /// Whether instance `i` runs on another node.
+    fn is_elsewhere(&self, i: usize) -> bool {
+        self.elsewhere.get(i).is_some_and(|e| e.load(Ordering::Acquire))
     }
     /// A batch from instance `i`'s queue.
     fn pop(&self, i: usize) -> Option<Batch> {
@@ -292,34 +301,19 @@ pub fn run(
         notes: (cfg.fault_tolerance || layout.as_ref().is_some_and(|l| !l.has_root()))
             .then(|| (0..roots).map(|_| ArrayQueue::new(NOTE_BUFFERS)).collect()),
         note_spare: ArrayQueue::new(NOTE_BUFFERS * usize::from(roots)),
-        // Armed for the crashes planned, or for those a control endpoint may ask for.
-        failover: (crashes_planned || (can_fail_over && hooks.live.is_some()))
-            .then(|| failover::Failover::new((slot_count, per_vertex), rebuilder, (cfg.window, roots))),
+        // Armed for the crashes planned, or for those a control endpoint or a failed node
+        // may ask for.
+        failover: (crashes_planned
+            || (can_fail_over && (hooks.live.is_some() || spread::may_fail_over(layout.as_ref()))))
+        .then(|| failover::Failover::new((slot_count, per_vertex), rebuilder, (cfg.window, roots))),
         reaches,
         ordered,
         scaling,
         store_crash: store.clone().filter(|_| store_crashes || live_store_crash).map(store_crash::StoreCrash::new),
+        elsewhere: (0..slot_count).map(|g| AtomicBool::new(layout.as_ref().is_some_and(|l| !l.here(g)))).collect(),
+        failed_elsewhere: Mutex::new(Vec::new()),
     });
-    let mut planned = cfg.planned.clone();
-    // Stable: events at the same point keep their order.
-    planned.sort_by_key(Planned::after);
-    for p in &planned {
-        match p {
-            // With scaling, which instances a vertex has depends on the point: checked then.
-            Planned::Crash(Crash { vertex, index, .. }) | Planned::Slow(Slowdown { vertex, index, .. }) => {
-                if !scalable {
-                    shared.member(*vertex, *index).map_err(RunError::Config)?;
-                }
-            }
-            Planned::Change(r) => {
-                if r.vertex >= shared.vertices.len() {
-                    return Err(RunError::Config(format!("no vertex with index {}", r.vertex)));
-                }
-            }
-            Planned::CrashRoot(..) | Planned::CrashStore(_) => {}
-        }
-    }
-    let mut planned = planned.into_iter().peekable();
+    let mut planned = planned_in_order(&shared, &cfg.planned, scalable)?.into_iter().peekable();
     // The admission count of the next planned event: one comparison per packet until then.
     let mut next_fault = planned.peek().map_or(u64::MAX, Planned::after);
     let mut scaling_side = reconfig::RootSide::default();
@@ -366,10 +360,11 @@ pub fn run(
     let mut per_worker: Vec<Vec<Slot>> = (0..workers).map(|_| Vec::new()).collect();
     let mut here = 0usize;
     for (global, (vertex, inst)) in instances.into_iter().enumerate() {
-        if layout.as_ref().is_some_and(|l| !l.here(global)) {
+        // The root's node keeps the others' slots, dormant, for their failover.
+        if layout.as_ref().is_some_and(|l| !l.here(global) && !l.has_root()) {
             continue;
         }
-        let k = if layout.is_some() { here } else { global };
+        let k = if layout.as_ref().is_some_and(|l| !l.has_root()) { here } else { global };
         here += 1;
         if let Some(w) = per_worker.get_mut(k % workers) {
             w.push(Slot::new(&shared, global, vertex, inst));
@@ -485,6 +480,7 @@ pub fn run(
         }
         let seq = r0.seq;
         failover_side.take_live(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
+        failover_side.take_elsewhere(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
         let at = reconfig::At::now((if roots > 1 { split.entered() } else { seq }, seq, split.last_entry), t0);
         scaling_side.take_live(&shared, at, &mut reconfigurations);
         scaling_side.judge_trials(&shared, at, &mut reconfigurations);
@@ -686,25 +682,8 @@ pub fn run(
         // not happen now (a replay, a change settling), and the output is discarded anyway.
         shared.aborted.store(true, Ordering::Release);
     }
-    let mut slots = Vec::new();
-    let mut mirrored = root.mirrored;
-    let mut results = Vec::new();
-    for (w, h) in handles.into_iter().enumerate() {
-        results.push((w, h.join().map_err(|_| RunError::Worker(format!("worker {w} panicked")))?));
-    }
-    if let Some(t) = inline_turns.take() {
-        results.push((0, t.finish(&shared)));
-    }
-    for (w, r) in results {
-        mirrored += r.mirrored;
-        if let Some(e) = r.flush_errors.first() {
-            return Err(RunError::Worker(format!("flushing state: {e}")));
-        }
-        if let Some(e) = r.slots.iter().flat_map(|s| &s.errors).next() {
-            return Err(RunError::Worker(e.clone()));
-        }
-        slots.extend(r.slots.into_iter().map(|s| (w, s)));
-    }
+    let (mut slots, workers_mirrored) = finish::join_workers(&shared, handles, inline_turns.take())?;
+    let mirrored = root.mirrored + workers_mirrored;
     let mut all_roots = vec![r0];
     for h in root_handles {
         all_roots.push(h.join().map_err(|_| RunError::Worker("a root thread panicked".into()))??);
@@ -763,6 +742,8 @@ pub fn run(
         }
         report.recording = Some(rec);
     }
+    // Instances that ran on another node (and did not fail over here) are that node's report.
+    slots.retain(|(_, s)| !shared.is_elsewhere(s.global));
     finish::instances_into(&mut report, &shared, slots);
     let Latencies { hist, timeline } = latencies;
     if let (Some(t), Some(width)) = (timeline, cfg.latency_timeline) {
@@ -770,6 +751,28 @@ pub fn run(
     }
     report.latency_us = Latency::of_ns(&hist);
     Ok(report)
+}
+
+/// `planned` in the order they apply (stable: events at one point keep their order), each
+/// checked against the chain.
+fn planned_in_order(shared: &Shared, planned: &[Planned], scalable: bool) -> Result<Vec<Planned>, RunError> {
+    let mut planned = planned.to_vec();
+    planned.sort_by_key(Planned::after);
+    for p in &planned {
+        match p {
+            // With scaling, which instances a vertex has depends on the point: checked then.
+            Planned::Crash(Crash { vertex, index, .. }) | Planned::Slow(Slowdown { vertex, index, .. })
+                if !scalable =>
+            {
+                shared.member(*vertex, *index).map_err(RunError::Config)?;
+            }
+            Planned::Change(r) if r.vertex >= shared.vertices.len() => {
+                return Err(RunError::Config(format!("no vertex with index {}", r.vertex)));
+            }
+            _ => {}
+        }
+    }
+    Ok(planned)
 }
 
 /// Batches the calling thread may have split off for another root and not yet taken.

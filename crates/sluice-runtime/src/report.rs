@@ -245,6 +245,11 @@ pub struct LinkReport {
     /// The last decoding error, to say what the malformed ones were.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// Nodes found silent and failed over (their instances replaced on the root's node).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failed_nodes: Vec<String>,
+    /// Datagrams from failed nodes, dropped (a node declared failed is not listened to again).
+    pub fenced: u64,
 }
 
 /// How a clone's trial ended.

@@ -38,10 +38,20 @@ pub struct Spread {
     /// The Geneve VNI of the chain's datagrams between its nodes.
     #[serde(default = "default_vni")]
     pub vni: u32,
+    /// A node not heard from for this many milliseconds has failed (nodes say hello every
+    /// 50 ms when they have nothing else to send). With fault tolerance and a store, the root's
+    /// node then replaces that node's instances and replays its log to them; otherwise the
+    /// run ends with an error.
+    #[serde(default = "default_silence_ms")]
+    pub silence_ms: u64,
 }
 
 fn default_vni() -> u32 {
     1
+}
+
+fn default_silence_ms() -> u64 {
+    1_000
 }
 
 /// This process's part of a spread chain: the spread every node is given, and which node it is.
@@ -83,6 +93,9 @@ pub enum SpreadError {
     /// Two nodes with one address.
     #[error("nodes `{0}` and `{1}` have the same address")]
     SharedAddress(String, String),
+    /// A silence limit outside 100 ms to 10 minutes.
+    #[error("silence_ms {0}: give 100 to 600000 (a node says hello every 50 ms)")]
+    Silence(u64),
     /// A VNI that does not fit Geneve's 24 bits.
     #[error("vni {0} does not fit Geneve's 24 bits")]
     Vni(u32),
@@ -98,6 +111,9 @@ impl Spread {
         }
         if s.vni > (1 << 24) - 1 {
             return Err(SpreadError::Vni(s.vni));
+        }
+        if !(100..=600_000).contains(&s.silence_ms) {
+            return Err(SpreadError::Silence(s.silence_ms));
         }
         let mut by_addr: BTreeMap<SocketAddr, &String> = BTreeMap::new();
         for (name, addr) in &s.nodes {
@@ -168,6 +184,7 @@ impl Spread {
             node_of,
             ids,
             vni: self.vni,
+            silence: std::time::Duration::from_millis(self.silence_ms),
         })
     }
 }
@@ -189,6 +206,8 @@ pub(crate) struct Layout {
     pub(crate) ids: Vec<Option<InstanceId>>,
     /// The chain's VNI.
     pub(crate) vni: u32,
+    /// A node silent this long has failed.
+    pub(crate) silence: std::time::Duration,
 }
 
 impl Layout {
@@ -249,6 +268,7 @@ mod tests {
             "nodes: {a: 127.0.0.1:1}\nroot: a\nvni: 99999999\n",
             "nodes: {a: nowhere}\nroot: a\n",
             "nodes: {a: 127.0.0.1:1}\nroot: a\nextra: 1\n",
+            "nodes: {a: 127.0.0.1:1}\nroot: a\nsilence_ms: 5\n",
         ];
         for text in bad {
             assert!(Spread::from_yaml(text).is_err(), "{text}");

@@ -141,6 +141,9 @@ pub(super) struct Failover {
     rebuilder: Rebuilder,
     /// Instances per vertex.
     instances: Vec<u16>,
+    /// Per instance that ran on a node that failed: the copies lost with that node (the link
+    /// counted them), taken with its crash.
+    lost_elsewhere: Mutex<Vec<(usize, Vec<Meta>)>>,
     /// Per vertex, per clock: copies held by a recovering replacement there (its replay and
     /// what arrived meanwhile). Such copies have gone through every vertex in front; what
     /// waits there for the clock to go by (an order-sensitive instance's entry order, a
@@ -169,6 +172,7 @@ impl Failover {
             oldest_logged: atomics(roots, 1),
             rebuilder,
             held_in_recovery: per_vertex.iter().map(|_| ClockTracker::new(span, roots as u8)).collect(),
+            lost_elsewhere: Mutex::new(Vec::new()),
             instances: per_vertex,
         }
     }
@@ -202,6 +206,13 @@ impl Failover {
             .map(|(_, t)| t.count(clock))
             .sum();
         copies == held
+    }
+
+    /// The copies lost with the node instance `global` ran on, for its crash.
+    pub(super) fn lost_elsewhere(&self, global: usize, lost: Vec<Meta>) {
+        if let Ok(mut l) = self.lost_elsewhere.lock() {
+            l.push((global, lost));
+        }
     }
 
     /// Root `root` publishes the oldest sequence number it still logs.
@@ -358,6 +369,13 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
     if let Some(m) = slot.moving.as_mut() {
         m.waiting.drain(..).map(|(_, p)| p).for_each(&mut lose);
         m.forget_waiting();
+    }
+    // An instance whose node failed: the copies that node held are lost too.
+    if let Ok(mut far) = fo.lost_elsewhere.lock() {
+        for (_, metas) in far.iter_mut().filter(|(g, _)| *g == slot.global) {
+            lost.append(metas);
+        }
+        far.retain(|(g, _)| *g != slot.global);
     }
     let mut failed = std::mem::replace(&mut slot.inst, replacement);
     slot.reading = reading;
@@ -533,6 +551,25 @@ impl RootSide {
             let c = Crash { after: at.0, vertex, index };
             if let Some(g) = shared.serving(vertex, index) {
                 self.ask(shared, (&c, g, at.1), reports);
+            }
+        }
+    }
+
+    /// Asks for the crashes of the instances whose node failed (`spread.rs` found it silent),
+    /// at packet `at.0`, `at.1` ms into the run: each is replaced on this node and the root
+    /// replays its log to it, as for an instance that failed here.
+    pub(super) fn take_elsewhere(&mut self, shared: &Shared, at: (u64, f64), reports: &mut Vec<FailoverReport>) {
+        let failed = match shared.failed_elsewhere.lock() {
+            Ok(mut f) if !f.is_empty() => std::mem::take(&mut *f),
+            _ => return,
+        };
+        for g in failed {
+            let Some(vertex) = shared.vertices.iter().position(|v| v.instances.contains(&g)) else { continue };
+            let c = Crash { after: at.0, vertex, index: shared.index_of(vertex, g) };
+            self.ask(shared, (&c, g, at.1), reports);
+            // After the ask: the worker that wakes the slot finds the crash asked.
+            if let Some(e) = shared.elsewhere.get(g) {
+                e.store(false, Ordering::Release);
             }
         }
     }

@@ -1,7 +1,7 @@
 //! The end of a run: what each vertex and instance did goes into the report; a recorded
 //! run's instances also fire the timers due by its last packet and hand over their final state.
 
-use super::worker::Slot;
+use super::worker::{Slot, Turns, WorkerResult};
 use super::{RunError, Shared};
 use crate::plan::VertexPlan;
 use crate::record::{DropRecord, Recording, StateRecord};
@@ -114,4 +114,33 @@ pub(super) fn instances_into(report: &mut RunReport, shared: &Shared, slots: Vec
         *report.event_counts.entry(format!("{}/{}", e.nf, e.kind)).or_default() += 1;
     }
     report.events = events;
+}
+
+/// Waits for the worker threads (and takes the root thread's turns' result in a run to
+/// completion): every slot with its worker, and the mirror copies the workers made; the first
+/// error an instance met, if any.
+pub(super) fn join_workers(
+    shared: &Shared,
+    handles: Vec<std::thread::JoinHandle<WorkerResult>>,
+    inline: Option<Turns>,
+) -> Result<(Vec<(usize, Slot)>, u64), RunError> {
+    let mut results = Vec::new();
+    for (w, h) in handles.into_iter().enumerate() {
+        results.push((w, h.join().map_err(|_| RunError::Worker(format!("worker {w} panicked")))?));
+    }
+    if let Some(t) = inline {
+        results.push((0, t.finish(shared)));
+    }
+    let (mut slots, mut mirrored) = (Vec::new(), 0);
+    for (w, r) in results {
+        mirrored += r.mirrored;
+        if let Some(e) = r.flush_errors.first() {
+            return Err(RunError::Worker(format!("flushing state: {e}")));
+        }
+        if let Some(e) = r.slots.iter().flat_map(|s| &s.errors).next() {
+            return Err(RunError::Worker(e.clone()));
+        }
+        slots.extend(r.slots.into_iter().map(|s| (w, s)));
+    }
+    Ok((slots, mirrored))
 }

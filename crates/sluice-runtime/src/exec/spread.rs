@@ -9,9 +9,17 @@
 //! back to the root), or, on the root's node, into the window, the in-flight clocks and the
 //! root's log as a worker's notes would.
 //!
-//! Nothing is retransmitted, and the root does not replay on silence yet: a datagram lost
-//! between nodes would leave its clock in flight for ever, so the run stops with an error
-//! that says so (the link sequence shows the gap).
+//! Nodes say hello every 50 ms when they have nothing else to send; a node silent for the
+//! spread's `silence_ms` has failed. With a root log and a store, the root's node then fails
+//! it over: the link knows which copies were on that node (it counts, per clock, the copies it
+//! sent there and the notes and packets that came back), stops listening to it, and the root
+//! replaces its instances in their dormant slots here and replays its log to them, as for an
+//! instance that failed in this process (`failover.rs`). Two nodes only for now: with more,
+//! copies also go between the others, out of the root's node's sight.
+//!
+//! Nothing is retransmitted, and the root does not replay on loss yet: a datagram lost between
+//! live nodes would leave its clock in flight for ever, so the run stops with an error that
+//! says so (the link sequence shows the gap).
 
 use super::ft::Note;
 use super::outgoing::Outgoing;
@@ -32,9 +40,7 @@ pub(super) const HELLO_LIMIT: Duration = Duration::from_secs(30);
 /// How often a node says hello to a node it has not heard from, and to one it has sent
 /// nothing else to for this long (a heartbeat).
 const HELLO_EVERY: Duration = Duration::from_millis(50);
-/// A node not heard from for this long has stopped or is cut off: the run ends with an error
-/// (failing over across nodes is the next step, docs/decisions.md).
-const SILENCE_LIMIT: Duration = Duration::from_secs(3);
+
 /// Frames larger than this do not cross (the encapsulation adds at most 256 bytes).
 const MTU: usize = 9000;
 
@@ -64,6 +70,10 @@ pub(super) struct Link {
     fingerprint: u64,
     /// The root keeps a log: it hears every note; otherwise only copies made and ended.
     logging: bool,
+    /// On the root's node of a run that can fail over: per node, the copies on it.
+    on_node: Vec<OnNode>,
+    /// Per node: declared failed, not listened to any more.
+    dead: Vec<bool>,
     pub(super) report: LinkReport,
     /// The root's node said the run is over.
     pub(super) ended: bool,
@@ -101,6 +111,10 @@ impl Link {
             last_sent: vec![None; nodes],
             fingerprint,
             logging,
+            on_node: (0..nodes)
+                .map(|_| OnNode::new(if shared.failover.is_some() { shared.clocks.span() } else { 0 }))
+                .collect(),
+            dead: vec![false; nodes],
             report,
             ended: false,
         })
@@ -115,19 +129,15 @@ impl Link {
     /// anything.
     pub(super) fn turn(&mut self, shared: &Shared) -> Result<bool, RunError> {
         for n in 0..self.layout.addrs.len() {
-            if n == self.layout.me {
+            if n == self.layout.me || self.dead.get(n).copied().unwrap_or(true) {
                 continue;
             }
             if self.last_sent.get(n).copied().flatten().is_none_or(|t| t.elapsed() >= HELLO_EVERY) {
                 self.control(n, NoteKind::Hello)?;
             }
             let heard = self.heard.get(n).copied().unwrap_or(true);
-            if heard && self.last_heard.get(n).is_some_and(|t| t.elapsed() >= SILENCE_LIMIT) {
-                return Err(RunError::Worker(format!(
-                    "node `{}` has not been heard from for {} s: it stopped or the link is cut (a chain across nodes does not yet fail over between nodes)",
-                    self.name(n),
-                    SILENCE_LIMIT.as_secs()
-                )));
+            if heard && self.last_heard.get(n).is_some_and(|t| t.elapsed() >= self.layout.silence) {
+                self.node_failed(shared, n)?;
             }
         }
         let sent = self.send(shared)?;
@@ -230,6 +240,9 @@ impl Link {
                 let seq = self.seq(node);
                 let mut d = Vec::with_capacity(p.len() + 128);
                 encode_sequenced(&p.meta, dest, self.layout.vni, Some(seq), p.data(), &mut d).map_err(wire)?;
+                if let Some(on) = self.on_node.get_mut(node) {
+                    on.arrived(&p.meta);
+                }
                 self.push_datagram(node, d);
                 self.report.packets_sent += 1;
                 shared.pool.recycle(p);
@@ -289,6 +302,8 @@ impl Link {
                 next_seq,
                 socket,
                 last_heard,
+                on_node,
+                dead,
                 ..
             } = self;
             for (d, from) in rx.iter() {
@@ -296,6 +311,10 @@ impl Link {
                     report.strangers += 1;
                     continue;
                 };
+                if dead.get(node).copied().unwrap_or(false) {
+                    report.fenced += 1;
+                    continue;
+                }
                 report.datagrams_received += 1;
                 if let Some(t) = last_heard.get_mut(node) {
                     *t = Instant::now();
@@ -353,6 +372,13 @@ impl Link {
                             _ if !layout.has_root() => report.malformed += 1,
                             kind => {
                                 report.notes_received += 1;
+                                if let Some(on) = on_node.get_mut(node) {
+                                    match kind {
+                                        NoteKind::Sent => on.arrived(&n.meta),
+                                        NoteKind::Finished => on.left(n.meta.clock),
+                                        _ => {}
+                                    }
+                                }
                                 finished += usize::from(root_hears(shared, out, kind, n.meta));
                             }
                         }
@@ -385,6 +411,9 @@ impl Link {
                     continue;
                 };
                 report.packets_received += 1;
+                if let Some(on) = on_node.get_mut(node) {
+                    on.left(decoded.meta.clock);
+                }
                 let pkt = shared.pool.packet(decoded.frame, decoded.meta);
                 out.push(shared, dest, pkt);
             }
@@ -404,6 +433,101 @@ impl Link {
             )));
         }
         Ok(any)
+    }
+}
+
+impl Link {
+    /// Node `n` has been silent too long. With failover armed (root's log, store), its
+    /// instances are replaced here: the copies it held are lost copies of their crash, it is
+    /// not listened to again (and told to stop, should it only have been slow), and the root
+    /// asks the crashes. Otherwise the run ends with an error.
+    fn node_failed(&mut self, shared: &Shared, n: usize) -> Result<(), RunError> {
+        let name = self.name(n).to_string();
+        let silent = format!("node `{name}` has not been heard from for {} ms", self.layout.silence.as_millis());
+        let Some(fo) = shared.failover.as_ref().filter(|_| self.layout.has_root()) else {
+            return Err(RunError::Worker(format!(
+                "{silent}: it stopped or the link is cut (failing its instances over needs --fault-tolerance and a store every node reaches)"
+            )));
+        };
+        if self.layout.addrs.len() > 2 {
+            return Err(RunError::Worker(format!(
+                "{silent}: failing over a node of a spread over more than two nodes is not done yet (copies between the other nodes are out of the root's sight)"
+            )));
+        }
+        if let Some(d) = self.dead.get_mut(n) {
+            *d = true;
+        }
+        let me = self.layout.me;
+        let node_of = &mut self.layout.node_of;
+        let globals: Vec<usize> = self.remote.iter().copied().filter(|g| node_of.get(*g) == Some(&n)).collect();
+        self.remote.retain(|g| node_of.get(*g) != Some(&n));
+        for g in &globals {
+            if let Some(x) = node_of.get_mut(*g) {
+                *x = me;
+            }
+        }
+        let lost = self.on_node.get_mut(n).map(OnNode::take_all).unwrap_or_default();
+        tracing::warn!(node = %name, instances = globals.len(), lost_copies = lost.len(), "a node failed: its instances are replaced on the root's node, which replays its log to them");
+        if let Some(first) = globals.first() {
+            fo.lost_elsewhere(*first, lost);
+        }
+        if let Ok(mut f) = shared.failed_elsewhere.lock() {
+            f.extend(globals);
+        }
+        self.report.failed_nodes.push(name);
+        // Fenced: should it only have been slow, it stops rather than go on beside its
+        // replacements.
+        let _ = self.control(n, NoteKind::Stop);
+        Ok(())
+    }
+}
+
+/// On the root's node: the copies of each clock on one other node (sent there, or made there
+/// as its notes said, and not back or ended yet), in a ring like the in-flight clocks'. A
+/// clock's slot is not reused while a copy of it is in flight anywhere, so one slot per clock
+/// is enough.
+struct OnNode {
+    slots: Vec<(Meta, u32)>,
+    mask: u64,
+}
+
+impl OnNode {
+    /// A ring of `span` clocks (0: nothing is counted).
+    fn new(span: u64) -> OnNode {
+        let n = if span == 0 { 0 } else { span.next_power_of_two() };
+        OnNode { slots: vec![(Meta::default(), 0); n as usize], mask: n.saturating_sub(1) }
+    }
+    fn slot(&mut self, clock: Clock) -> Option<&mut (Meta, u32)> {
+        let i = (clock.seq() & self.mask) as usize;
+        self.slots.get_mut(i)
+    }
+    /// A copy of `meta`'s clock is on the node now.
+    fn arrived(&mut self, meta: &Meta) {
+        if let Some((m, n)) = self.slot(meta.clock) {
+            if *n == 0 || m.clock != meta.clock {
+                *m = Meta { clock: meta.clock, flags: meta.flags, target: meta.target, xor: 0, ..Meta::default() };
+                *n = 0;
+            }
+            *n += 1;
+        }
+    }
+    /// A copy of `clock` left the node (came back, or ended there).
+    fn left(&mut self, clock: Clock) {
+        if let Some((m, n)) = self.slot(clock) {
+            if m.clock == clock {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+    /// The copies on the node, as lost copies (one entry per copy), forgotten here.
+    fn take_all(&mut self) -> Vec<Meta> {
+        let mut lost = Vec::new();
+        for (m, n) in &mut self.slots {
+            lost.extend(std::iter::repeat_n(*m, *n as usize));
+            *n = 0;
+        }
+        lost.sort_by_key(|m| m.clock);
+        lost
     }
 }
 
@@ -478,6 +602,12 @@ fn sequence(report: &mut LinkReport, expected: &mut [Option<u64>], node: usize, 
 
 fn wire(e: sluice_wire::WireError) -> RunError {
     RunError::Worker(format!("encapsulating for another node: {e}"))
+}
+
+/// Whether a node of this spread can fail over another's instances: the root's node, with
+/// other nodes.
+pub(super) fn may_fail_over(layout: Option<&Layout>) -> bool {
+    layout.is_some_and(|l| l.has_root() && l.addrs.len() > 1)
 }
 
 /// This node's part of `part`'s spread: where each instance runs. An order-sensitive vertex

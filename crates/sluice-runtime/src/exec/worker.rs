@@ -182,7 +182,13 @@ impl Turns {
         }
         super::store_crash::hold_if_asked(shared, slots, held_seen);
         for slot in slots.iter_mut() {
+            // Read before the crash flag: a slot woken after its node failed has its crash
+            // asked already (`RootSide::take_elsewhere`).
+            let dormant = shared.is_elsewhere(slot.global);
             did |= failover::turn(shared, slot, out);
+            if dormant {
+                continue;
+            }
             did |= reconfig::turn(shared, slot, out);
             did |= serve(shared, slot, out);
         }
