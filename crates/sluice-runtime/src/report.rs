@@ -453,9 +453,12 @@ impl fmt::Display for RunReport {
         if let Some(l) = &self.link {
             writeln!(
                 f,
-                "  node {}: {} packets sent to other nodes, {} received; {} notes sent, {} heard; {} malformed, {} misaddressed, {} from strangers, {} lost, {} late",
-                l.node, l.packets_sent, l.packets_received, l.notes_sent, l.notes_received, l.malformed, l.misaddressed, l.strangers, l.lost, l.late
+                "  node {}: {} packets sent to other nodes, {} received; {} notes sent, {} heard; {} malformed, {} misaddressed, {} from strangers, {} lost, {} late, {} fenced",
+                l.node, l.packets_sent, l.packets_received, l.notes_sent, l.notes_received, l.malformed, l.misaddressed, l.strangers, l.lost, l.late, l.fenced
             )?;
+            if !l.failed_nodes.is_empty() {
+                writeln!(f, "  failed nodes, their instances replaced here: {}", l.failed_nodes.join(", "))?;
+            }
         }
         for c in &self.store_crashes {
             writeln!(
