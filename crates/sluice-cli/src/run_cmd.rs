@@ -127,7 +127,7 @@ pub(crate) struct RunArgs {
     /// root). Give every node the same chain, options and file, and --node. The root's node
     /// takes the input and writes the output; the others take neither and run until the
     /// root's node ends the run. Packets cross in Geneve datagrams (docs/wire-format.md).
-    #[arg(long, value_name = "FILE", requires = "node", conflicts_with = "bridge")]
+    #[arg(long, value_name = "FILE", requires = "node")]
     spread: Option<PathBuf>,
     /// With --spread: this process's node, by its name in the file.
     #[arg(long, value_name = "NAME", requires = "spread")]
@@ -152,9 +152,6 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     if a.xdp_mode.is_some() && a.io != Some(LiveIo::Xdp) {
         return Err(fail(exit::INVALID)(anyhow::anyhow!("--xdp-mode is for --bridge with --io xdp")));
     }
-    if let Some(ifs) = &a.bridge {
-        return run_bridge(&a, chain, &cfg, ifs);
-    }
     if let (Some(file), Some(node)) = (&a.spread, &a.node) {
         let text = std::fs::read_to_string(file)
             .with_context(|| format!("reading {}", file.display()))
@@ -168,11 +165,14 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
         if !root {
             return run_part(&a, &chain, &cfg);
         }
-        if a.input.is_none() && a.gen.is_none() && a.from_geneve.is_none() {
+        if a.input.is_none() && a.gen.is_none() && a.from_geneve.is_none() && a.bridge.is_none() {
             return Err(fail(exit::INVALID)(anyhow::anyhow!(
-                "node `{node}` has the root: give it the input (--input, --gen or --from-geneve)"
+                "node `{node}` has the root: give it the input (--input, --gen, --from-geneve or --bridge)"
             )));
         }
+    }
+    if let Some(ifs) = &a.bridge {
+        return run_bridge(&a, chain, &cfg, ifs);
     }
     let pace = parse_pace(&a.pace)?;
     let mut geneve_in = None;
@@ -273,7 +273,7 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
 fn run_part(a: &RunArgs, chain: &Chain, cfg: &RunConfig) -> Result<(), Failure> {
     let node = a.node.as_deref().unwrap_or_default();
     let elsewhere = [
-        (a.input.is_some() || a.gen.is_some() || a.from_geneve.is_some(), "input"),
+        (a.input.is_some() || a.gen.is_some() || a.from_geneve.is_some() || a.bridge.is_some(), "input"),
         (a.output.is_some() || a.to_geneve.is_some(), "output"),
         (a.record.is_some(), "--record"),
         (a.faults.is_some(), "--faults"),

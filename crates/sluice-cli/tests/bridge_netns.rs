@@ -3,7 +3,9 @@
 //! chain: ping and a 10 MB download arrive intact, from the NAT's address. A NAT → portscan →
 //! LB chain: 20 parallel downloads of 8 MB arrive intact while `sluice ctl` crashes the NAT instance,
 //! scales the NAT and the portscan detector out and in and moves flows. Each run is recorded,
-//! and the record is equivalent to the logical chain (`sluice verify --recorded`).
+//! and the record is equivalent to the logical chain (`sluice verify --recorded`). The same
+//! chain over two node processes (`--spread`, the NAT on the second): the downloads complete
+//! while the NAT's node is SIGKILLed and failed over to the bridge's node.
 //!
 //! Needs root (network namespaces, AF_PACKET), iproute2, iputils-ping, ethtool and python3;
 //! `.ci/run` installs them. Missing privileges or tools fail the test with the reason. All
@@ -359,6 +361,74 @@ fn downloads_survive_a_crash_scaling_and_moves_with_several_roots() {
     downloads_survive_a_crash_scaling_and_moves("4", "r");
 }
 
+/// The same chain over two node processes (`sluice run --spread`): the bridge and the root on
+/// node a, the NAT on node b, state in a store a third process serves. b is SIGKILLed while
+/// the downloads run; a finds it silent, replaces the NAT from the store and replays its log
+/// to it, and every download completes intact.
+#[test]
+fn downloads_survive_the_nat_node_killed_mid_transfer() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut wire = Wire::new("k");
+    let server_mac = mac_of(&wire.ns, "s0");
+    sh(&["ip", "netns", "exec", &wire.nc, "ip", "neigh", "add", VIP, "lladdr", &server_mac, "dev", "c0"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let chain = nat_portscan_lb_chain(dir.path());
+    // The store both nodes reach.
+    let store = common::served_store();
+    let url = store.url.clone();
+    let ports: Vec<std::net::UdpSocket> =
+        (0..2).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").expect("a free port")).collect();
+    let addr = |i: usize| ports[i].local_addr().expect("addr").to_string();
+    let spread = dir.path().join("spread.yaml");
+    std::fs::write(
+        &spread,
+        format!("nodes: {{a: {}, b: {}}}\nroot: a\nsilence_ms: 300\nplace: {{nat: b}}\n", addr(0), addr(1)),
+    )
+    .expect("spread file");
+    drop(ports);
+    let node = |name: &str, extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["run", "--chain"])
+            .arg(&chain)
+            .arg("--spread")
+            .arg(&spread)
+            .args(["--node", name, "--fault-tolerance", "--store", &url, "--workers", "1", "-q"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start a node")
+    };
+    let b = node("b", &[]);
+    let b_pid = b.id().to_string();
+    wire.guard.children.push(b);
+    let report = dir.path().join("report.json");
+    // A window the link's socket buffers hold whole (a lost datagram between live nodes
+    // still ends the run).
+    let bridge = format!("{},{}", wire.m0, wire.m1);
+    let a =
+        node("a", &["--bridge", &bridge, "--window", "1024", "--duration", "120", "--json", &report.to_string_lossy()]);
+    wire.guard.children.insert(0, a);
+    let downloads = start_downloads(&mut wire, dir.path());
+    std::thread::sleep(Duration::from_millis(1500));
+    sh(&["kill", "-KILL", &b_pid]);
+    let finished = downloads.wait_with_output().expect("downloads");
+    let said = String::from_utf8_lossy(&finished.stdout).into_owned() + &String::from_utf8_lossy(&finished.stderr);
+    assert_eq!(said.trim(), "ok", "downloads through the chain over two nodes: {said}");
+    let (status, err) = stop(wire.guard.children.remove(0));
+    assert!(status.success(), "node a exited with {status}: {err}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("report json");
+    assert_eq!(json["link"]["failed_nodes"], serde_json::json!(["b"]), "{}", json["link"]);
+    assert_eq!(json["link"]["lost"], 0, "{}", json["link"]);
+    let failed: Vec<&str> =
+        json["failovers"].as_array().into_iter().flatten().filter_map(|f| f["vertex"].as_str()).collect();
+    assert_eq!(failed, ["nat"], "{}", json["failovers"]);
+    let out = json["packets_out"].as_u64().unwrap_or(0);
+    let at = json["failovers"][0]["at_packet"].as_u64().unwrap_or(u64::MAX);
+    assert!(at > 1000 && at + 20_000 < out, "the NAT's node failed at packet {at} of {out} out: not mid-transfer");
+}
+
 /// `roots` roots; `tag` names the namespaces.
 fn downloads_survive_a_crash_scaling_and_moves(roots: &str, tag: &str) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -368,34 +438,7 @@ fn downloads_survive_a_crash_scaling_and_moves(roots: &str, tag: &str) {
     let server_mac = mac_of(&wire.ns, "s0");
     sh(&["ip", "netns", "exec", &nc, "ip", "neigh", "add", VIP, "lladdr", &server_mac, "dev", "c0"]);
     let dir = tempfile::tempdir().expect("tempdir");
-    let chain = dir.path().join("nat-portscan-lb.yaml");
-    std::fs::write(
-        &chain,
-        format!(
-            "name: nat-portscan-lb
-vertices:
-  nat:
-    type: nat
-    config: {{ external_ip: {NAT_IP}, internal: [\"{CLIENT_IP}/32\"] }}
-  portscan:
-    type: portscan
-  lb:
-    type: lb
-    config: {{ vips: [\"{VIP}:8080\"], backends: [\"{SERVER_IP}:8080\"] }}
-edges:
-  - {{ from: input, to: nat }}
-  - {{ from: nat, to: portscan }}
-  - {{ from: portscan, to: lb }}
-  - {{ from: lb, to: output }}
-reverse_edges:
-  - {{ from: input, to: lb }}
-  - {{ from: lb, to: portscan }}
-  - {{ from: portscan, to: nat }}
-  - {{ from: nat, to: output }}
-"
-        ),
-    )
-    .expect("chain file");
+    let chain = nat_portscan_lb_chain(dir.path());
     let report = dir.path().join("report.json");
     let record = dir.path().join("record");
     let live = [
@@ -415,34 +458,7 @@ reverse_edges:
     let (addr, _) = common::control_endpoint(wire.guard.children.first_mut().expect("sluice"));
     let ctl = |args: &[&str]| common::ctl(&addr, args);
 
-    let data = random_bytes(8 * 1024 * 1024);
-    serve_blob(&mut wire, dir.path(), &data, &dir.path().join("server.log"));
-    // 20 downloads in parallel (each retried while the bridge starts), each file checked.
-    let script = format!(
-        "import urllib.request,sys,threading,hashlib,time
-want=sys.argv[1]
-res=[None]*20
-def get(i):
-    for _ in range(60):
-        try:
-            b=urllib.request.urlopen('http://{VIP}:8080/blob.bin', timeout=30).read()
-            res[i]=hashlib.sha256(b).hexdigest(); return
-        except Exception as e:
-            res[i]=repr(e); time.sleep(0.5)
-ts=[threading.Thread(target=get,args=(i,)) for i in range(20)]
-[t.start() for t in ts]
-[t.join() for t in ts]
-bad=[r for r in res if r!=want]
-print('ok' if not bad else 'bad: %r' % bad)
-"
-    );
-    let want = sha256_hex(&data);
-    let downloads = Command::new("timeout")
-        .args(["150", "ip", "netns", "exec", &nc, "python3", "-c", &script, &want])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start downloads");
+    let downloads = start_downloads(&mut wire, dir.path());
     // While they run: crash the NAT, scale it and the portscan detector out, move flows,
     // scale both back in (each left alone caches its shared state again: with two NAT
     // instances every inbound packet reads the shared reverse mapping from the store).
@@ -494,6 +510,74 @@ print('ok' if not bad else 'bad: %r' % bad)
         let busy = per_root.values().filter(|n| **n > 1000).count();
         assert!(busy >= 2, "packets admitted per root: {per_root:?}");
     }
+}
+
+/// The NAT → portscan → LB chain between the client and the server (both directions), in
+/// `dir`.
+fn nat_portscan_lb_chain(dir: &Path) -> std::path::PathBuf {
+    let chain = dir.join("nat-portscan-lb.yaml");
+    std::fs::write(
+        &chain,
+        format!(
+            "name: nat-portscan-lb
+vertices:
+  nat:
+    type: nat
+    config: {{ external_ip: {NAT_IP}, internal: [\"{CLIENT_IP}/32\"] }}
+  portscan:
+    type: portscan
+  lb:
+    type: lb
+    config: {{ vips: [\"{VIP}:8080\"], backends: [\"{SERVER_IP}:8080\"] }}
+edges:
+  - {{ from: input, to: nat }}
+  - {{ from: nat, to: portscan }}
+  - {{ from: portscan, to: lb }}
+  - {{ from: lb, to: output }}
+reverse_edges:
+  - {{ from: input, to: lb }}
+  - {{ from: lb, to: portscan }}
+  - {{ from: portscan, to: nat }}
+  - {{ from: nat, to: output }}
+"
+        ),
+    )
+    .expect("chain file");
+    chain
+}
+
+/// Serves an 8 MB random file from the server namespace and starts 20 parallel downloads of it
+/// from the client namespace (each retried while the bridge starts); the child prints `ok`
+/// when every download arrived with the file's SHA-256.
+fn start_downloads(wire: &mut Wire, dir: &Path) -> Child {
+    let data = random_bytes(8 * 1024 * 1024);
+    serve_blob(wire, dir, &data, &dir.join("server.log"));
+    // 20 downloads in parallel (each retried while the bridge starts), each file checked.
+    let script = format!(
+        "import urllib.request,sys,threading,hashlib,time
+want=sys.argv[1]
+res=[None]*20
+def get(i):
+    for _ in range(60):
+        try:
+            b=urllib.request.urlopen('http://{VIP}:8080/blob.bin', timeout=30).read()
+            res[i]=hashlib.sha256(b).hexdigest(); return
+        except Exception as e:
+            res[i]=repr(e); time.sleep(0.5)
+ts=[threading.Thread(target=get,args=(i,)) for i in range(20)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+bad=[r for r in res if r!=want]
+print('ok' if not bad else 'bad: %r' % bad)
+"
+    );
+    let want = sha256_hex(&data);
+    Command::new("timeout")
+        .args(["150", "ip", "netns", "exec", &wire.nc, "python3", "-c", &script, &want])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start downloads")
 }
 
 /// SHA-256 of `data` as hex, by `sha256sum` (coreutils).

@@ -167,38 +167,14 @@ fn the_example_chain_over_two_nodes_gives_the_one_process_output() {
     assert_eq!(ran(&b_rep), ["portscan", "lb"]);
 }
 
-/// A `sluice store serve` on a free port, killed when dropped.
-struct Store(Child, String);
-
-impl Drop for Store {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn store() -> Store {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["store", "serve", "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start sluice store serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read the address");
-    let addr = line.split("sluice://").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or_default().to_string();
-    assert!(addr.starts_with("127.0.0.1:"), "{line}");
-    Store(child, format!("sluice://{addr}"))
-}
-
 #[test]
 fn fault_tolerance_over_three_nodes_closes_every_log_entry() {
-    let server = store();
+    let server = common::served_store();
     let dir = tempfile::tempdir().expect("temp dir");
     // The NAT (which mirrors to the Trojan detector back on a) on b, the rest of the path on
     // c: copies made on b, drops on c, commits from both cross to the root's log on a.
     let spread = spread_file(dir.path(), 3, &[("nat", "b"), ("portscan", "c"), ("lb", "c")]);
-    let ft = ["--fault-tolerance", "--mode", "async", "--store", &server.1];
+    let ft = ["--fault-tolerance", "--mode", "async", "--store", &server.url];
     let nodes: Vec<(Child, PathBuf)> = ["b", "c"]
         .iter()
         .map(|n| {
@@ -248,12 +224,12 @@ fn sorted_frames(path: &Path) -> Vec<Vec<u8>> {
 
 #[test]
 fn a_node_killed_mid_run_is_failed_over_to_the_root_node() {
-    let server = store();
+    let server = common::served_store();
     let dir = tempfile::tempdir().expect("temp dir");
     // The NAT and the Trojan detector (mirror copies made and taken on b) on b; b is declared
     // failed after 200 ms of silence.
     let spread = spread_file_with(dir.path(), 2, &[("nat", "b"), ("trojan", "b")], "silence_ms: 200\n");
-    let ft = ["--fault-tolerance", "--mode", "async", "--store", &server.1, "-w", "1"];
+    let ft = ["--fault-tolerance", "--mode", "async", "--store", &server.url, "-w", "1"];
     let mut b = start_node("chains/example.yaml", &spread, "b", &dir.path().join("b.json"), &ft);
     // Paced: the run takes about three seconds; b dies a third of the way in.
     let killer = std::thread::spawn(move || {

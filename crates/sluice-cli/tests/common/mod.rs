@@ -227,3 +227,33 @@ pub fn schedules(dir: &str) -> Vec<PathBuf> {
     files.sort();
     files
 }
+
+/// A `sluice store serve` on a free loopback port, killed when dropped; `url` is its
+/// `sluice://HOST:PORT`.
+pub struct ServedStore {
+    child: Child,
+    /// The URL runs give as `--store`.
+    pub url: String,
+}
+
+impl Drop for ServedStore {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a [`ServedStore`] and waits for the address it prints.
+pub fn served_store() -> ServedStore {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["store", "serve", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start sluice store serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read the address");
+    let url = line.split_whitespace().find(|w| w.starts_with("sluice://127.0.0.1:")).unwrap_or_default().to_string();
+    assert!(!url.is_empty(), "{line}");
+    ServedStore { child, url }
+}
