@@ -323,6 +323,21 @@ fn bad_spreads_and_misplaced_options_are_refused() {
     let o = sluice(&["run", "-c", "chains/example.yaml", "--spread", &bad.to_string_lossy(), "--node", "b"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("no vertex of that name"), "{}", text(&o));
+    // A mirror copy from one node without the root to another.
+    let three = spread_file(dir.path(), 3, &[("nat", "b"), ("trojan", "c")]);
+    let o = sluice(&[
+        "run",
+        "-c",
+        "chains/example.yaml",
+        "--spread",
+        &three.to_string_lossy(),
+        "--node",
+        "a",
+        "-i",
+        "traces/demo.pcap",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("`nat` mirrors to `trojan` from one node without the root to another"), "{}", text(&o));
     // Not a spread at all.
     std::fs::write(&bad, "nodes: [a, b]\n").expect("file");
     let o = sluice(&["run", "-c", "chains/example.yaml", "--spread", &bad.to_string_lossy(), "--node", "b"]);

@@ -628,6 +628,25 @@ pub(super) fn layout(
             vp.name
         )));
     }
+    // A mirror copy made on a node without the root is counted at the root when that node's
+    // note arrives; if the copy went to a third node, that node's notes about it could arrive
+    // first (two paths), and the root would see the copy end before it began.
+    let away = |g: &usize| l.node_of.get(*g).copied().filter(|n| *n != l.root);
+    for vp in &plan.vertices {
+        let targets = vp.routes.iter().flatten().flat_map(|r| &r.mirrors).filter_map(|r| match r.to {
+            crate::plan::Target::Vertex(w) => plan.vertices.get(w),
+            crate::plan::Target::Output => None,
+        });
+        for wp in targets {
+            let from: Vec<usize> = vp.instances.iter().filter_map(away).collect();
+            if wp.instances.iter().filter_map(away).any(|to| from.iter().any(|f| *f != to)) {
+                return Err(RunError::Config(format!(
+                    "`{}` mirrors to `{}` from one node without the root to another: not done yet; place one of them on the root's node or both on one node",
+                    vp.name, wp.name
+                )));
+            }
+        }
+    }
     Ok(l)
 }
 
