@@ -14,8 +14,8 @@
 //! it over: the link knows which copies were on that node (it counts, per clock, the copies it
 //! sent there and the notes and packets that came back), stops listening to it, and the root
 //! replaces its instances in their dormant slots here and replays its log to them, as for an
-//! instance that failed in this process (`failover.rs`). Two nodes only for now: with more,
-//! copies also go between the others, out of the root's node's sight.
+//! instance that failed in this process (`failover.rs`). Nodes without the root send
+//! everything through the root's node (a star), so every copy's whereabouts are in its sight.
 //!
 //! Nothing is retransmitted, and the root does not replay on loss yet: a datagram lost between
 //! live nodes would leave its clock in flight for ever, so the run stops with an error that
@@ -122,14 +122,20 @@ impl Link {
 
     /// Whether every node has said hello (with the same chain).
     pub(super) fn ready(&self) -> bool {
-        self.heard.iter().all(|h| *h)
+        self.heard.iter().enumerate().all(|(n, h)| *h || !self.talks_to(n))
+    }
+
+    /// Whether this node exchanges hellos with node `n`: the root's node with every other, the
+    /// others with the root's node only (all their traffic goes through it).
+    fn talks_to(&self, n: usize) -> bool {
+        n != self.layout.me && (self.layout.has_root() || n == self.layout.root)
     }
 
     /// One turn: sends what waits for other nodes, takes in what arrived. Whether it did
     /// anything.
     pub(super) fn turn(&mut self, shared: &Shared) -> Result<bool, RunError> {
         for n in 0..self.layout.addrs.len() {
-            if n == self.layout.me || self.dead.get(n).copied().unwrap_or(true) {
+            if !self.talks_to(n) || self.dead.get(n).copied().unwrap_or(true) {
                 continue;
             }
             if self.last_sent.get(n).copied().flatten().is_none_or(|t| t.elapsed() >= HELLO_EVERY) {
@@ -150,7 +156,7 @@ impl Link {
     pub(super) fn tell_all(&mut self, kind: NoteKind) -> Result<(), RunError> {
         for _ in 0..3 {
             for n in 0..self.layout.addrs.len() {
-                if n != self.layout.me {
+                if self.talks_to(n) {
                     self.control(n, kind)?;
                 }
             }
@@ -196,8 +202,10 @@ impl Link {
     fn send(&mut self, shared: &Shared) -> Result<bool, RunError> {
         for g in &self.remote {
             let (Some(node), Some(Some(id))) = (self.layout.node_of.get(*g), self.layout.ids.get(*g)) else { continue };
+            // A node without the root sends everything through the root's node (a star).
+            let to = if self.layout.has_root() { *node } else { self.layout.root };
             while let Some(b) = shared.pop(*g) {
-                self.taken.push((*node, *id, b));
+                self.taken.push((to, *id, b));
             }
         }
         if !self.layout.has_root() {
@@ -404,7 +412,8 @@ impl Link {
                     Some(shared.queues.len())
                 } else {
                     let v = shared.vertices.get(usize::from(decoded.dest.vertex()));
-                    v.and_then(|v| v.global(decoded.dest.index())).filter(|g| layout.here(*g))
+                    // The root's node relays what one other node sends to another.
+                    v.and_then(|v| v.global(decoded.dest.index())).filter(|g| layout.has_root() || layout.here(*g))
                 };
                 let Some(dest) = dest else {
                     report.misaddressed += 1;
@@ -449,11 +458,6 @@ impl Link {
                 "{silent}: it stopped or the link is cut (failing its instances over needs --fault-tolerance and a store every node reaches)"
             )));
         };
-        if self.layout.addrs.len() > 2 {
-            return Err(RunError::Worker(format!(
-                "{silent}: failing over a node of a spread over more than two nodes is not done yet (copies between the other nodes are out of the root's sight)"
-            )));
-        }
         if let Some(d) = self.dead.get_mut(n) {
             *d = true;
         }
@@ -627,25 +631,6 @@ pub(super) fn layout(
             "`{}` takes its input in entry order, which needs the root's admissions: place it on the root's node (they do not cross nodes yet)",
             vp.name
         )));
-    }
-    // A mirror copy made on a node without the root is counted at the root when that node's
-    // note arrives; if the copy went to a third node, that node's notes about it could arrive
-    // first (two paths), and the root would see the copy end before it began.
-    let away = |g: &usize| l.node_of.get(*g).copied().filter(|n| *n != l.root);
-    for vp in &plan.vertices {
-        let targets = vp.routes.iter().flatten().flat_map(|r| &r.mirrors).filter_map(|r| match r.to {
-            crate::plan::Target::Vertex(w) => plan.vertices.get(w),
-            crate::plan::Target::Output => None,
-        });
-        for wp in targets {
-            let from: Vec<usize> = vp.instances.iter().filter_map(away).collect();
-            if wp.instances.iter().filter_map(away).any(|to| from.iter().any(|f| *f != to)) {
-                return Err(RunError::Config(format!(
-                    "`{}` mirrors to `{}` from one node without the root to another: not done yet; place one of them on the root's node or both on one node",
-                    vp.name, wp.name
-                )));
-            }
-        }
     }
     Ok(l)
 }
