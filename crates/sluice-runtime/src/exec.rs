@@ -122,6 +122,9 @@ struct Shared {
     elsewhere: Vec<AtomicBool>,
     /// Instances of nodes that failed, for the root to replace (`spread.rs`).
     failed_elsewhere: Mutex<Vec<usize>>,
+    /// A node that should have answered has not: the root admits nothing meanwhile, so that
+    /// a node that died does not take a whole window of copies with it (`spread.rs`).
+    hold_admission: AtomicBool,
 }
 
 impl Shared {
@@ -312,6 +315,7 @@ pub fn run(
         store_crash: store.clone().filter(|_| store_crashes || live_store_crash).map(store_crash::StoreCrash::new),
         elsewhere: (0..slot_count).map(|g| AtomicBool::new(layout.as_ref().is_some_and(|l| !l.here(g)))).collect(),
         failed_elsewhere: Mutex::new(Vec::new()),
+        hold_admission: AtomicBool::new(false),
     });
     let mut planned = planned_in_order(&shared, &cfg.planned, scalable)?.into_iter().peekable();
     // The admission count of the next planned event: one comparison per packet until then.

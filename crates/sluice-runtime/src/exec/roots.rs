@@ -146,6 +146,9 @@ impl RootState {
     /// the others hold. (A shared count would let packets held in entry order fill the window
     /// while the packet they wait for cannot be admitted.)
     pub(super) fn room(&self, shared: &Shared, window: usize) -> usize {
+        if shared.hold_admission.load(Ordering::Acquire) {
+            return 0;
+        }
         let outstanding = self.seq + 1 - self.low;
         let span_room = shared.clocks.span().saturating_sub(outstanding) as usize;
         let log_room = self.log.as_ref().map_or(usize::MAX, RootLog::room);

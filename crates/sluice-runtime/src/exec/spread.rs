@@ -66,6 +66,8 @@ pub(super) struct Link {
     heard: Vec<bool>,
     /// Per node: when it was last heard from, and last sent anything.
     last_heard: Vec<Instant>,
+    /// Per node: since when it has been sent packets without being heard from.
+    awaiting: Vec<Option<Instant>>,
     last_sent: Vec<Option<Instant>>,
     fingerprint: u64,
     /// The root keeps a log: it hears every note; otherwise only copies made and ended.
@@ -108,6 +110,7 @@ impl Link {
             expected: vec![None; nodes],
             heard,
             last_heard: vec![Instant::now(); nodes],
+            awaiting: vec![None; nodes],
             last_sent: vec![None; nodes],
             fingerprint,
             logging,
@@ -134,16 +137,24 @@ impl Link {
     /// One turn: sends what waits for other nodes, takes in what arrived. Whether it did
     /// anything.
     pub(super) fn turn(&mut self, shared: &Shared) -> Result<bool, RunError> {
+        let mut suspect = false;
         for n in 0..self.layout.addrs.len() {
             if !self.talks_to(n) || self.dead.get(n).copied().unwrap_or(true) {
                 continue;
             }
+            suspect |= self.awaiting.get(n).copied().flatten().is_some_and(|t| t.elapsed() >= SUSPECT_AFTER);
             if self.last_sent.get(n).copied().flatten().is_none_or(|t| t.elapsed() >= HELLO_EVERY) {
                 self.control(n, NoteKind::Hello)?;
             }
             let heard = self.heard.get(n).copied().unwrap_or(true);
             if heard && self.last_heard.get(n).is_some_and(|t| t.elapsed() >= self.layout.silence) {
                 self.node_failed(shared, n)?;
+            }
+        }
+        if self.layout.has_root() && shared.failover.is_some() {
+            let was = shared.hold_admission.swap(suspect, Ordering::AcqRel);
+            if suspect && !was {
+                tracing::debug!("a node has not answered for {SUSPECT_AFTER:?}: admission held");
             }
         }
         let sent = self.send(shared)?;
@@ -251,6 +262,9 @@ impl Link {
                 if let Some(on) = self.on_node.get_mut(node) {
                     on.arrived(&p.meta);
                 }
+                if let Some(a) = self.awaiting.get_mut(node).filter(|a| a.is_none()) {
+                    *a = Some(Instant::now());
+                }
                 self.push_datagram(node, d);
                 self.report.packets_sent += 1;
                 shared.pool.recycle(p);
@@ -310,6 +324,7 @@ impl Link {
                 next_seq,
                 socket,
                 last_heard,
+                awaiting,
                 on_node,
                 dead,
                 ..
@@ -326,6 +341,9 @@ impl Link {
                 report.datagrams_received += 1;
                 if let Some(t) = last_heard.get_mut(node) {
                     *t = Instant::now();
+                }
+                if let Some(a) = awaiting.get_mut(node) {
+                    *a = None;
                 }
                 if is_notes(d) {
                     let (vni, seq) = match decode_notes(d, decoded) {
@@ -477,6 +495,9 @@ impl Link {
         }
         if let Ok(mut f) = shared.failed_elsewhere.lock() {
             f.extend(globals);
+        }
+        if let Some(a) = self.awaiting.get_mut(n) {
+            *a = None;
         }
         self.report.failed_nodes.push(name);
         // Fenced: should it only have been slow, it stops rather than go on beside its
@@ -695,6 +716,11 @@ impl Link {
         }
     }
 }
+
+/// A node sent packets this long ago and not heard from since is suspect: the root admits
+/// nothing until it answers (or is failed over). A live node answers a batch within well under
+/// a millisecond (its packets back, or its notes); a busy machine may pause it for a few.
+const SUSPECT_AFTER: Duration = Duration::from_millis(20);
 
 /// The longest an idle link waits for a datagram before it looks at its queues again.
 const IDLE_WAIT: Duration = Duration::from_micros(50);
