@@ -33,6 +33,9 @@ use sluice_wire::{RecvBatch, UdpLink};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+mod on_node;
+use on_node::OnNode;
 use std::time::{Duration, Instant};
 
 /// How long the root's node waits for every other node to answer before the run starts.
@@ -58,6 +61,8 @@ pub(super) struct Link {
     decoded: Vec<WireNote>,
     /// Encoded datagrams waiting to be sent, per node.
     datagrams: Vec<Vec<Vec<u8>>>,
+    /// Datagram buffers sent and ready for reuse (no allocation per packet).
+    spare: Vec<Vec<u8>>,
     /// Per node: the next link sequence number to send, and the next expected from it (from
     /// the first datagram heard on: what it sent before this node was up is not lost).
     next_seq: Vec<u64>,
@@ -106,6 +111,7 @@ impl Link {
             notes: Vec::new(),
             decoded: Vec::new(),
             datagrams: vec![Vec::new(); nodes],
+            spare: Vec::new(),
             next_seq: vec![0; nodes],
             expected: vec![None; nodes],
             heard,
@@ -185,11 +191,7 @@ impl Link {
     }
 
     fn seq(&mut self, node: usize) -> u64 {
-        let s = self.next_seq.get(node).copied().unwrap_or(0);
-        if let Some(n) = self.next_seq.get_mut(node) {
-            *n += 1;
-        }
-        s
+        next(&mut self.next_seq, node)
     }
 
     fn send_to(&mut self, node: usize, datagrams: &[&[u8]]) -> Result<(), RunError> {
@@ -243,7 +245,7 @@ impl Link {
             let notes = std::mem::take(&mut self.notes);
             for chunk in notes.chunks(MAX_NOTES) {
                 let seq = self.seq(root);
-                let mut d = Vec::new();
+                let mut d = self.spare.pop().unwrap_or_default();
                 encode_notes(self.layout.vni, seq, chunk, &mut d).map_err(wire)?;
                 self.push_datagram(root, d);
             }
@@ -253,11 +255,11 @@ impl Link {
             // Before any batch: the root hears of a copy before it can end elsewhere.
             self.flush_datagrams(Some(root))?;
         }
-        let taken = std::mem::take(&mut self.taken);
-        for (node, dest, mut batch) in taken {
+        let mut taken = std::mem::take(&mut self.taken);
+        for (node, dest, mut batch) in taken.drain(..) {
             for p in batch.drain(..) {
                 let seq = self.seq(node);
-                let mut d = Vec::with_capacity(p.len() + 128);
+                let mut d = self.spare.pop().unwrap_or_default();
                 encode_sequenced(&p.meta, dest, self.layout.vni, Some(seq), p.data(), &mut d).map_err(wire)?;
                 if let Some(on) = self.on_node.get_mut(node) {
                     on.arrived(&p.meta);
@@ -271,6 +273,7 @@ impl Link {
             }
             shared.give_back(batch);
         }
+        self.taken = taken;
         self.flush_datagrams(None)?;
         Ok(busy)
     }
@@ -287,12 +290,19 @@ impl Link {
             if only.is_some_and(|o| o != node) {
                 continue;
             }
-            let ds = std::mem::take(&mut self.datagrams[node]);
+            let Some(mut ds) = self.datagrams.get_mut(node).map(std::mem::take) else { continue };
             if ds.is_empty() {
                 continue;
             }
             let refs: Vec<&[u8]> = ds.iter().map(Vec::as_slice).collect();
             self.send_to(node, &refs)?;
+            self.spare.extend(ds.drain(..).map(|mut d| {
+                d.clear();
+                d
+            }));
+            if let Some(q) = self.datagrams.get_mut(node) {
+                *q = ds;
+            }
         }
         Ok(())
     }
@@ -504,55 +514,6 @@ impl Link {
         // replacements.
         let _ = self.control(n, NoteKind::Stop);
         Ok(())
-    }
-}
-
-/// On the root's node: the copies of each clock on one other node (sent there, or made there
-/// as its notes said, and not back or ended yet), in a ring like the in-flight clocks'. A
-/// clock's slot is not reused while a copy of it is in flight anywhere, so one slot per clock
-/// is enough.
-struct OnNode {
-    slots: Vec<(Meta, u32)>,
-    mask: u64,
-}
-
-impl OnNode {
-    /// A ring of `span` clocks (0: nothing is counted).
-    fn new(span: u64) -> OnNode {
-        let n = if span == 0 { 0 } else { span.next_power_of_two() };
-        OnNode { slots: vec![(Meta::default(), 0); n as usize], mask: n.saturating_sub(1) }
-    }
-    fn slot(&mut self, clock: Clock) -> Option<&mut (Meta, u32)> {
-        let i = (clock.seq() & self.mask) as usize;
-        self.slots.get_mut(i)
-    }
-    /// A copy of `meta`'s clock is on the node now.
-    fn arrived(&mut self, meta: &Meta) {
-        if let Some((m, n)) = self.slot(meta.clock) {
-            if *n == 0 || m.clock != meta.clock {
-                *m = Meta { clock: meta.clock, flags: meta.flags, target: meta.target, xor: 0, ..Meta::default() };
-                *n = 0;
-            }
-            *n += 1;
-        }
-    }
-    /// A copy of `clock` left the node (came back, or ended there).
-    fn left(&mut self, clock: Clock) {
-        if let Some((m, n)) = self.slot(clock) {
-            if m.clock == clock {
-                *n = n.saturating_sub(1);
-            }
-        }
-    }
-    /// The copies on the node, as lost copies (one entry per copy), forgotten here.
-    fn take_all(&mut self) -> Vec<Meta> {
-        let mut lost = Vec::new();
-        for (m, n) in &mut self.slots {
-            lost.extend(std::iter::repeat_n(*m, *n as usize));
-            *n = 0;
-        }
-        lost.sort_by_key(|m| m.clock);
-        lost
     }
 }
 
