@@ -33,7 +33,7 @@ const TYPE_PACKET: u8 = 0x81;
 const TYPE_REPLAY_TARGET: u8 = 0x82;
 const TYPE_TIMES: u8 = 0x03;
 const TYPE_LABELS: u8 = 0x84;
-const TYPE_SEQUENCE: u8 = 0x05;
+pub(crate) const TYPE_SEQUENCE: u8 = 0x05;
 const SEQUENCE_WORDS: u8 = 2;
 const PACKET_WORDS: u8 = 6;
 const TIMES_WORDS: u8 = 4;
@@ -193,7 +193,7 @@ pub fn encode_sequenced(
     Ok(())
 }
 
-fn option(out: &mut Vec<u8>, kind: u8, words: u8) {
+pub(crate) fn option(out: &mut Vec<u8>, kind: u8, words: u8) {
     out.extend_from_slice(&OPTION_CLASS.to_be_bytes());
     out.push(kind);
     out.push(words & 0x1f);
@@ -203,22 +203,7 @@ fn option(out: &mut Vec<u8>, kind: u8, words: u8) {
 /// Options of other classes are skipped unless critical; nothing in the datagram can make this
 /// panic.
 pub fn decode(datagram: &[u8]) -> Result<Decoded<'_>, WireError> {
-    let header = datagram.get(..HEADER).ok_or(WireError::Truncated { need: HEADER, have: datagram.len() })?;
-    let (b0, b1) = (header[0], header[1]);
-    if b0 >> 6 != 0 {
-        return Err(WireError::Version(b0 >> 6));
-    }
-    if b1 & 0x80 != 0 {
-        return Err(WireError::Control);
-    }
-    let protocol = u16::from_be_bytes([header[2], header[3]]);
-    if protocol != PROTO_ETHERNET {
-        return Err(WireError::Protocol(protocol));
-    }
-    let vni = u32::from_be_bytes([0, header[4], header[5], header[6]]);
-    let words = b0 & 0x3f;
-    let end = HEADER + usize::from(words) * 4;
-    let options = datagram.get(HEADER..end).ok_or(WireError::Truncated { need: end, have: datagram.len() })?;
+    let Header { vni, words, options, end } = header(datagram, PROTO_ETHERNET)?;
     let mut meta = Meta::default();
     let mut seen = [false; 5];
     let mut dest = None;
@@ -274,6 +259,36 @@ pub fn decode(datagram: &[u8]) -> Result<Decoded<'_>, WireError> {
     let dest = dest.ok_or(WireError::MissingPacketOption)?;
     let frame = datagram.get(end..).unwrap_or_default();
     Ok(Decoded { vni, dest, meta, seq, frame })
+}
+
+/// A Geneve header read: its VNI, the option words it announces, the options area, and where
+/// the payload starts.
+pub(crate) struct Header<'a> {
+    pub(crate) vni: u32,
+    pub(crate) words: u8,
+    pub(crate) options: &'a [u8],
+    pub(crate) end: usize,
+}
+
+/// Checks `datagram`'s Geneve header (version 0, not a control message, protocol type
+/// `protocol`, the options area present) and reads it.
+pub(crate) fn header(datagram: &[u8], protocol: u16) -> Result<Header<'_>, WireError> {
+    let h = datagram.get(..HEADER).ok_or(WireError::Truncated { need: HEADER, have: datagram.len() })?;
+    if h[0] >> 6 != 0 {
+        return Err(WireError::Version(h[0] >> 6));
+    }
+    if h[1] & 0x80 != 0 {
+        return Err(WireError::Control);
+    }
+    let found = u16::from_be_bytes([h[2], h[3]]);
+    if found != protocol {
+        return Err(WireError::Protocol(found));
+    }
+    let vni = u32::from_be_bytes([0, h[4], h[5], h[6]]);
+    let words = h[0] & 0x3f;
+    let end = HEADER + usize::from(words) * 4;
+    let options = datagram.get(HEADER..end).ok_or(WireError::Truncated { need: end, have: datagram.len() })?;
+    Ok(Header { vni, words, options, end })
 }
 
 /// The option at `at`: class, type, length in words and body.

@@ -17,4 +17,4 @@ pub mod port;
 pub use geneve::{decode, encode, encode_sequenced, Decoded, WireError, GENEVE_PORT, TO_EGRESS, TO_ROOT};
 pub use link::{LinkError, RecvBatch, UdpLink, MAX_BATCH};
 pub use notes::{decode_notes, encode_notes, is_notes, NoteKind, WireNote};
-pub use port::{PortError, Receiver, RecvStats, SendStats, Sender};
+pub use port::{PortError, Receiver, RecvStats, SendStats, Sender, Sequence};

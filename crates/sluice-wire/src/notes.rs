@@ -20,7 +20,7 @@
 //! Every integer is big-endian. tcpdump and Wireshark decode the Geneve header and show the
 //! notes as data. The layout is in docs/wire-format.md.
 
-use crate::geneve::{read_option, WireError, MAX_VNI, OPTION_CLASS};
+use crate::geneve::{header, option, read_option, Header, WireError, MAX_VNI, OPTION_CLASS, TYPE_SEQUENCE};
 use sluice_packet::{Clock, InstanceId, Meta, MetaFlags};
 
 /// Geneve's protocol type for a batch of notes (IEEE 802 "local experimental" EtherType).
@@ -31,7 +31,6 @@ pub const NOTE_LEN: usize = 24;
 pub const MAX_NOTES: usize = 60;
 const HEADER: usize = 8;
 const CRITICAL: u8 = 0x80;
-const TYPE_SEQUENCE: u8 = 0x05;
 /// The sequence option: its header and 8 bytes.
 const SEQUENCE_OPTION: usize = 12;
 const NO_TARGET: u32 = u32::MAX;
@@ -114,9 +113,7 @@ pub fn encode_notes(vni: u32, seq: u64, notes: &[WireNote], out: &mut Vec<u8>) -
     out.extend_from_slice(&PROTO_NOTES.to_be_bytes());
     out.extend_from_slice(&vni.to_be_bytes()[1..]);
     out.push(0);
-    out.extend_from_slice(&OPTION_CLASS.to_be_bytes());
-    out.push(TYPE_SEQUENCE);
-    out.push(2);
+    option(out, TYPE_SEQUENCE, 2);
     out.extend_from_slice(&seq.to_be_bytes());
     for n in notes {
         out.push(n.kind.byte());
@@ -134,21 +131,7 @@ pub fn encode_notes(vni: u32, seq: u64, notes: &[WireNote], out: &mut Vec<u8>) -
 /// notes; nothing in it can make this panic.
 pub fn decode_notes(datagram: &[u8], out: &mut Vec<WireNote>) -> Result<(u32, Option<u64>), WireError> {
     out.clear();
-    let header = datagram.get(..HEADER).ok_or(WireError::Truncated { need: HEADER, have: datagram.len() })?;
-    if header[0] >> 6 != 0 {
-        return Err(WireError::Version(header[0] >> 6));
-    }
-    if header[1] & 0x80 != 0 {
-        return Err(WireError::Control);
-    }
-    let protocol = u16::from_be_bytes([header[2], header[3]]);
-    if protocol != PROTO_NOTES {
-        return Err(WireError::Protocol(protocol));
-    }
-    let vni = u32::from_be_bytes([0, header[4], header[5], header[6]]);
-    let words = header[0] & 0x3f;
-    let start = HEADER + usize::from(words) * 4;
-    let options = datagram.get(HEADER..start).ok_or(WireError::Truncated { need: start, have: datagram.len() })?;
+    let Header { vni, words, options, end: start } = header(datagram, PROTO_NOTES)?;
     let mut seq = None;
     let mut at = 0;
     while at < options.len() {

@@ -92,6 +92,37 @@ impl Sender {
     }
 }
 
+/// One sender's link sequence, as a receiver follows it: a gap counts as lost, a datagram
+/// older than expected as late (and no longer lost: it was counted when the gap was seen).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sequence {
+    next: Option<u64>,
+}
+
+impl Sequence {
+    /// Expects `first` next (datagrams before it count as lost).
+    pub fn expecting(first: u64) -> Sequence {
+        Sequence { next: Some(first) }
+    }
+
+    /// Datagram `seq` arrived: adds to `lost` and `late`. A sequence made with `default()`
+    /// starts at the first datagram it sees (what was sent before the receiver was up is not
+    /// lost).
+    pub fn arrived(&mut self, seq: u64, lost: &mut u64, late: &mut u64) {
+        let Some(next) = self.next.as_mut() else {
+            self.next = Some(seq + 1);
+            return;
+        };
+        if seq >= *next {
+            *lost += seq - *next;
+            *next = seq + 1;
+        } else {
+            *late += 1;
+            *lost = lost.saturating_sub(1);
+        }
+    }
+}
+
 /// Counters of a [`Receiver`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RecvStats {
@@ -118,7 +149,7 @@ pub struct Receiver {
     batch: RecvBatch,
     vni: u32,
     /// Per sender: the sequence number expected next.
-    expected: HashMap<SocketAddr, u64>,
+    expected: HashMap<SocketAddr, Sequence>,
     stats: RecvStats,
 }
 
@@ -166,15 +197,8 @@ impl Receiver {
                 Ok(d) if d.vni != self.vni => self.stats.other_vni += 1,
                 Ok(d) => {
                     if let (Some(seq), Some(from)) = (d.seq, from) {
-                        let next = self.expected.entry(from).or_insert(0);
-                        if seq >= *next {
-                            self.stats.lost += seq - *next;
-                            *next = seq + 1;
-                        } else {
-                            // Counted as lost when the gap was seen: it was only late.
-                            self.stats.late += 1;
-                            self.stats.lost = self.stats.lost.saturating_sub(1);
-                        }
+                        let s = self.expected.entry(from).or_insert(Sequence::expecting(0));
+                        s.arrived(seq, &mut self.stats.lost, &mut self.stats.late);
                     }
                     accepted += 1;
                     each(d);
@@ -277,5 +301,28 @@ fn set_buffer(link: &UdpLink, option: libc::c_int) {
         if r == 0 {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod sequence_tests {
+    use super::Sequence;
+
+    #[test]
+    fn gaps_are_lost_until_the_late_one_arrives() {
+        let (mut lost, mut late) = (0, 0);
+        let mut s = Sequence::expecting(0);
+        for seq in [0, 1, 4, 2, 5] {
+            s.arrived(seq, &mut lost, &mut late);
+        }
+        // 2 and 3 missing at 4; 2 came late.
+        assert_eq!((lost, late), (1, 1));
+        // From the first seen: what came before is not lost.
+        let (mut lost, mut late) = (0, 0);
+        let mut s = Sequence::default();
+        for seq in [7, 8, 9] {
+            s.arrived(seq, &mut lost, &mut late);
+        }
+        assert_eq!((lost, late), (0, 0));
     }
 }

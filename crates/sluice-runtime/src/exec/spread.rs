@@ -66,7 +66,7 @@ pub(super) struct Link {
     /// Per node: the next link sequence number to send, and the next expected from it (from
     /// the first datagram heard on: what it sent before this node was up is not lost).
     next_seq: Vec<u64>,
-    expected: Vec<Option<u64>>,
+    expected: Vec<sluice_wire::Sequence>,
     /// Per node: heard its hello.
     heard: Vec<bool>,
     /// Per node: when it was last heard from, and last sent anything.
@@ -113,7 +113,7 @@ impl Link {
             datagrams: vec![Vec::new(); nodes],
             spare: Vec::new(),
             next_seq: vec![0; nodes],
-            expected: vec![None; nodes],
+            expected: vec![sluice_wire::Sequence::default(); nodes],
             heard,
             last_heard: vec![Instant::now(); nodes],
             awaiting: vec![None; nodes],
@@ -369,7 +369,9 @@ impl Link {
                         continue;
                     }
                     if let Some(seq) = seq {
-                        sequence(report, expected, node, seq);
+                        if let Some(e) = expected.get_mut(node) {
+                            e.arrived(seq, &mut report.lost, &mut report.late);
+                        }
                     }
                     for n in decoded.iter() {
                         match n.kind {
@@ -434,7 +436,9 @@ impl Link {
                     continue;
                 }
                 if let Some(seq) = decoded.seq {
-                    sequence(report, expected, node, seq);
+                    if let Some(e) = expected.get_mut(node) {
+                        e.arrived(seq, &mut report.lost, &mut report.late);
+                    }
                 }
                 let dest = if decoded.dest == TO_EGRESS && layout.has_root() {
                     Some(shared.queues.len())
@@ -567,22 +571,6 @@ fn next(seqs: &mut [u64], node: usize) -> u64 {
             *s - 1
         }
         None => 0,
-    }
-}
-
-/// Counts a gap in `node`'s link sequence as lost, a datagram older than expected as late.
-fn sequence(report: &mut LinkReport, expected: &mut [Option<u64>], node: usize, seq: u64) {
-    let Some(next) = expected.get_mut(node) else { return };
-    let Some(next) = next.as_mut() else {
-        *next = Some(seq + 1);
-        return;
-    };
-    if seq >= *next {
-        report.lost += seq - *next;
-        *next = seq + 1;
-    } else {
-        report.late += 1;
-        report.lost = report.lost.saturating_sub(1);
     }
 }
 
