@@ -72,7 +72,7 @@ impl ConnTable {
             *c = Conn::new(now, tcp);
         }
         c.last_ns = now;
-        let side = if fk.a == (t.src, t.sport) { 1 } else { 2 };
+        let side = if fk.source_is_a(&t) { 1 } else { 2 };
         c.sent |= side;
         if tcp {
             if f.fin() {

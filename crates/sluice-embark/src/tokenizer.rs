@@ -85,7 +85,7 @@ impl Tokenizer {
         let now = self.now;
         let idle = self.cfg.idle_timeout_ms.saturating_mul(1_000_000);
         let fk = t.flow_key();
-        let dir = usize::from(fk.a != (t.src, t.sport));
+        let dir = usize::from(!fk.source_is_a(&t));
         // Expiry as the IDS's timers would have done it before this packet.
         if let Some(f) = self.flows.get(&fk) {
             let dead = if f.closing { now >= f.close_deadline } else { now >= f.last_ns.saturating_add(idle) };

@@ -78,7 +78,7 @@ use sluice_nf::{
     AccessPattern, BuildCtx, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl, StateError, StateKey,
     TimerFired, Value, Verdict,
 };
-use sluice_packet::{FiveTuple, Packet, Proto, L4};
+use sluice_packet::{FiveTuple, FlowKey, Packet, Proto, L4};
 
 /// State object: connection (direction-free flow key) → packed tracking state.
 pub const CONNS: ObjectId = ObjectId(0);
@@ -412,13 +412,12 @@ impl FirewallNf {
         }
     }
 
-    fn handle(&self, pkt: &Packet, t: FiveTuple, ctx: &mut NfContext<'_>) -> Result<Verdict, StateError> {
+    fn handle(&self, pkt: &Packet, t: FiveTuple, fk: FlowKey, ctx: &mut NfContext<'_>) -> Result<Verdict, StateError> {
         if pkt.hdr().fragmented || pkt.hdr().l4 == L4::None {
             return Ok(Verdict::Drop("fw-fragment"));
         }
-        let fk = t.flow_key();
         let key = StateKey::Flow(fk);
-        let src_is_a = (t.src, t.sport) == fk.a;
+        let src_is_a = fk.source_is_a(&t);
         let existing = ctx.state.get(CONNS, &key)?.and_then(|v| v.as_int());
         if t.proto != Proto::TCP {
             return match existing {
@@ -461,8 +460,8 @@ impl NetworkFunction for FirewallNf {
     }
 
     fn process(&self, pkt: &mut Packet, ctx: &mut NfContext<'_>) -> Verdict {
-        let Some(t) = pkt.tuple() else { return Verdict::Forward };
-        self.handle(pkt, t, ctx).unwrap_or(Verdict::Drop("fw-state-error"))
+        let (Some(t), Some(fk)) = (pkt.tuple(), pkt.flow_key()) else { return Verdict::Forward };
+        self.handle(pkt, t, fk, ctx).unwrap_or(Verdict::Drop("fw-state-error"))
     }
 
     fn on_timer(&self, fired: TimerFired, ctx: &mut NfContext<'_>) {

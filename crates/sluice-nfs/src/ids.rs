@@ -86,7 +86,7 @@ use sluice_nf::{
     AccessPattern, BuildCtx, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl, StateKey, TimerFired,
     Value, Verdict,
 };
-use sluice_packet::{FiveTuple, FlowKey, Packet, Proto, L4};
+use sluice_packet::{FiveTuple, Packet, Proto, L4};
 use std::collections::HashMap;
 
 /// Per flow: sequence tracking and automaton states of both directions.
@@ -581,9 +581,9 @@ impl NetworkFunction for Ids {
         }
         let flags = pkt.hdr().tcp_flags;
         let payload = pkt.payload();
-        let fk: FlowKey = t.flow_key();
+        let Some(fk) = pkt.flow_key() else { return Verdict::Forward };
         let key = StateKey::Flow(fk);
-        let dir = usize::from(fk.a != (t.src, t.sport));
+        let dir = usize::from(!fk.source_is_a(&t));
         let mut rec = match ctx.state.get(STREAM, &key) {
             Ok(Some(v)) => FlowRec::decode(&v, self.fingerprint, self.fresh),
             Ok(None) => {

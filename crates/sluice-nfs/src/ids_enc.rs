@@ -143,7 +143,7 @@ impl EncIds {
         let conn = FiveTuple { src: t.src, dst: t.dst, sport: rec.sport, dport: rec.dport, proto: Proto::TCP };
         let fk = conn.flow_key();
         let key = StateKey::Flow(fk);
-        let dir = usize::from(fk.a != (conn.src, conn.sport));
+        let dir = usize::from(!fk.source_is_a(&conn));
         let (mut r, new) = match self.load(&key, ctx) {
             Some(r) => (r, false),
             None => (Rec::default(), true),
@@ -186,7 +186,8 @@ impl NetworkFunction for EncIds {
         if pkt.hdr().l4 != L4::Tcp {
             return Verdict::Forward;
         }
-        let key = StateKey::Flow(t.flow_key());
+        let Some(fk) = pkt.flow_key() else { return Verdict::Forward };
+        let key = StateKey::Flow(fk);
         let Some(mut r) = self.load(&key, ctx) else { return Verdict::Forward };
         r.last_ns = ctx.now_ns;
         let verdict = if r.flags & F_PENDING != 0 {

@@ -313,7 +313,7 @@ impl LbNf {
 
     /// The key of the backend side of connection `conn` served by backend `idx`.
     fn reverse_key(&self, conn: &FlowKey, bits: i64, idx: usize) -> Option<StateKey> {
-        let (client, vip) = if bits & CLIENT_IS_A != 0 { (conn.a, conn.b) } else { (conn.b, conn.a) };
+        let (client, vip) = if bits & CLIENT_IS_A != 0 { (conn.a(), conn.b()) } else { (conn.b(), conn.a()) };
         let (bip, bport) = self.backend_ep(idx, vip.1)?;
         let t = FiveTuple { src: client.0, dst: bip, sport: client.1, dport: bport, proto: conn.proto };
         Some(StateKey::Flow(t.flow_key()))
@@ -364,7 +364,13 @@ impl LbNf {
         Ok(())
     }
 
-    fn handle(&self, pkt: &mut Packet, t: FiveTuple, ctx: &mut NfContext<'_>) -> Result<Verdict, StateError> {
+    fn handle(
+        &self,
+        pkt: &mut Packet,
+        t: FiveTuple,
+        fk: FlowKey,
+        ctx: &mut NfContext<'_>,
+    ) -> Result<Verdict, StateError> {
         if t.proto != Proto::TCP && t.proto != Proto::UDP {
             return Ok(Verdict::Forward);
         }
@@ -378,7 +384,7 @@ impl LbNf {
         }
         // Backend → client: restore the VIP as the source.
         if self.is_backend(t.src, t.sport) {
-            let rkey = StateKey::Flow(t.flow_key());
+            let rkey = StateKey::Flow(fk);
             if let Some((vip, vport)) = ctx.state.get(REVERSE, &rkey)?.and_then(|v| v.as_endpoint()) {
                 let orig = FiveTuple { src: vip, sport: vport, ..t };
                 let ckey = StateKey::Flow(orig.flow_key());
@@ -389,13 +395,12 @@ impl LbNf {
                 return Ok(rewrite_verdict(pkt.rewrite_src(vip, vport)));
             }
         }
-        let fk = t.flow_key();
         let ckey = StateKey::Flow(fk);
         let existing = ctx.state.get(CONNS, &ckey)?.and_then(|v| v.as_int());
         if let Some(v) = existing {
             let (idx, bits) = unpack(v);
             let client_is_a = bits & CLIENT_IS_A != 0;
-            let from_client = ((t.src, t.sport) == fk.a) == client_is_a;
+            let from_client = fk.source_is_a(&t) == client_is_a;
             let f = pkt.hdr().tcp_flags;
             let reopen = from_client && bits & CLOSED != 0 && t.proto == Proto::TCP && f.syn() && !f.ack();
             if !reopen {
@@ -436,7 +441,7 @@ impl LbNf {
         let Some((bip, bport)) = self.backend_ep(idx as usize, t.dport) else {
             return Ok(Verdict::Drop("lb-state-error"));
         };
-        let bits = if (t.src, t.sport) == fk.a { CLIENT_IS_A } else { 0 };
+        let bits = if fk.source_is_a(&t) { CLIENT_IS_A } else { 0 };
         ctx.state.set(CONNS, &ckey, Value::Int(pack(idx, bits)))?;
         let back = FiveTuple { dst: bip, dport: bport, ..t };
         ctx.state.set(REVERSE, &StateKey::Flow(back.flow_key()), Value::Endpoint(t.dst, t.dport))?;
@@ -576,8 +581,8 @@ impl NetworkFunction for LbNf {
     }
 
     fn process(&self, pkt: &mut Packet, ctx: &mut NfContext<'_>) -> Verdict {
-        let Some(t) = pkt.tuple() else { return Verdict::Forward };
-        self.handle(pkt, t, ctx).unwrap_or(Verdict::Drop("lb-state-error"))
+        let (Some(t), Some(fk)) = (pkt.tuple(), pkt.flow_key()) else { return Verdict::Forward };
+        self.handle(pkt, t, fk, ctx).unwrap_or(Verdict::Drop("lb-state-error"))
     }
 
     fn on_timer(&self, fired: TimerFired, ctx: &mut NfContext<'_>) {

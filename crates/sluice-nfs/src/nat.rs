@@ -352,7 +352,8 @@ impl NatNf {
             return Ok(Verdict::Drop("nat-family-mismatch"));
         }
         let is_tcp = t.proto == Proto::TCP;
-        let conn_key = StateKey::Flow(t.flow_key());
+        let Some(fk) = pkt.flow_key() else { return Ok(Verdict::Forward) };
+        let conn_key = StateKey::Flow(fk);
         let (port, bits) = match ctx.state.get(CONN, &conn_key)?.and_then(|v| v.as_int()) {
             Some(v) => {
                 let (port, bits) = unpack(v);
@@ -449,8 +450,8 @@ impl NatNf {
         }
         // Refresh the connection, if this remote host has one (endpoint-independent filtering
         // forwards the packet either way).
-        let Some(t2) = pkt.tuple() else { return Ok(Verdict::Forward) };
-        let conn_key = StateKey::Flow(t2.flow_key());
+        let Some(fk) = pkt.flow_key() else { return Ok(Verdict::Forward) };
+        let conn_key = StateKey::Flow(fk);
         if let Some(v) = ctx.state.get(CONN, &conn_key)?.and_then(|v| v.as_int()) {
             let (p, bits) = unpack(v);
             let nb = if t.proto == Proto::TCP { Self::tcp_bits(bits, pkt, false) } else { bits };
@@ -468,7 +469,7 @@ impl NatNf {
             return Ok(());
         }
         // The internal side of the connection is the end inside an internal prefix.
-        let (ip, port) = if self.is_internal(fk.a.0) { fk.a } else { fk.b };
+        let (ip, port) = if self.is_internal(fk.a().0) { fk.a() } else { fk.b() };
         let ep = StateKey::Endpoint(ip, port, fk.proto.0);
         if let Some(ext) = ctx.state.custom(MAPPING, &ep, OP_RELEASE, Value::Int(0))?.and_then(|v| v.as_int()) {
             let ext = ext as u16;

@@ -291,8 +291,8 @@ pub fn trw_update(slot: &mut Option<Value>, arg: &Value) -> Result<Option<Value>
 /// The host that initiated the pending connection `key`, from its record.
 fn initiator(key: &FlowKey, rec: &Value) -> Option<(IpAddr, u16)> {
     match rec.as_ints()?.first()? {
-        0 => Some(key.a),
-        _ => Some(key.b),
+        0 => Some(key.a()),
+        _ => Some(key.b()),
     }
 }
 
@@ -324,12 +324,12 @@ impl NetworkFunction for Portscan {
             return Verdict::Forward;
         }
         let flags = pkt.hdr().tcp_flags;
-        let fk = t.flow_key();
+        let Some(fk) = pkt.flow_key() else { return Verdict::Forward };
         let pkey = StateKey::Flow(fk);
         if flags.syn() && !flags.ack() {
             // A connection attempt.
             if self.first_contact {
-                let contact = FlowKey { a: (t.src, 0), b: (t.dst, t.dport), proto: t.proto };
+                let contact = FlowKey::new((t.src, 0), (t.dst, t.dport), t.proto);
                 let ckey = StateKey::Flow(contact);
                 let op = StateOp::CompareAndSet { expect: None, new: Value::Ints(vec![ctx.now_ns as i64]) };
                 match ctx.state.exec(FIRST_CONTACTS, &ckey, op) {
@@ -340,7 +340,7 @@ impl NetworkFunction for Portscan {
                     _ => return Verdict::Forward,
                 }
             }
-            let side = i64::from(fk.a != (t.src, t.sport));
+            let side = i64::from(!fk.source_is_a(&t));
             let op = StateOp::CompareAndSet { expect: None, new: Value::Ints(vec![side, ctx.now_ns as i64]) };
             if let Ok(Some(Value::Int(1))) = ctx.state.exec(PENDING, &pkey, op) {
                 ctx.state.set_timer(PENDING, &pkey, ctx.now_ns.saturating_add(self.timeout_ns));

@@ -2,7 +2,7 @@
 //! every packet. Parsing never panics: anything etherparse rejects is reported in
 //! [`ParseStatus`] and the packet is handled by the runtime's stated policy.
 
-use crate::flow::{FiveTuple, Proto};
+use crate::flow::{FiveTuple, FlowKey, Proto};
 use etherparse::{err, NetSlice, SlicedPacket, TransportSlice, VlanSlice};
 use std::net::IpAddr;
 
@@ -107,6 +107,9 @@ pub struct Headers {
     pub payload_len: u16,
     /// The packet's 5-tuple; `None` for non-IP frames. Fragments carry ports 0.
     pub tuple: Option<FiveTuple>,
+    /// The direction-free key of `tuple`, made once here rather than by every NF the packet
+    /// meets (and read from aligned words, see [`FlowKey`]).
+    pub flow: Option<FlowKey>,
     /// TCP flags (zero for other protocols).
     pub tcp_flags: TcpFlags,
     /// TCP sequence number.
@@ -198,7 +201,9 @@ impl Headers {
             None if !h.fragmented => h.l4 = L4::Other,
             None => {}
         }
-        h.tuple = Some(FiveTuple { src, dst, sport, dport, proto });
+        let tuple = FiveTuple { src, dst, sport, dport, proto };
+        h.tuple = Some(tuple);
+        h.flow = Some(FlowKey::from(tuple));
         h
     }
 

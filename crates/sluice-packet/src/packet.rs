@@ -1,7 +1,7 @@
 //! The packet buffer, batches and the buffer pool.
 
 use crate::checksum::{checksum_adjust, checksum_adjust_u16};
-use crate::flow::FiveTuple;
+use crate::flow::{FiveTuple, FlowKey};
 use crate::headers::{Headers, L3, L4};
 use crate::meta::Meta;
 use std::net::IpAddr;
@@ -104,6 +104,11 @@ impl Packet {
     /// The 5-tuple, for IP packets.
     pub fn tuple(&self) -> Option<FiveTuple> {
         self.headers.tuple
+    }
+
+    /// The direction-free key of the packet's flow, for IP packets (that of [`Packet::tuple`]).
+    pub fn flow_key(&self) -> Option<FlowKey> {
+        self.headers.flow
     }
 
     /// Transport payload (IP payload when there is no transport header); empty for non-IP.
@@ -223,6 +228,7 @@ impl Packet {
             _ => {}
         }
         self.headers.tuple = Some(tuple);
+        self.headers.flow = Some(FlowKey::from(tuple));
         Ok(())
     }
 

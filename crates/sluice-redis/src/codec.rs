@@ -281,10 +281,11 @@ pub fn encode_key(k: &sluice_store::StoreKey) -> Vec<u8> {
         StateKey::Unit => out.push(b'U'),
         StateKey::Flow(f) => {
             out.push(b'F');
-            put_addr(&mut out, &f.a.0);
-            out.extend_from_slice(&f.a.1.to_be_bytes());
-            put_addr(&mut out, &f.b.0);
-            out.extend_from_slice(&f.b.1.to_be_bytes());
+            let ((ia, pa), (ib, pb)) = (f.a(), f.b());
+            put_addr(&mut out, &ia);
+            out.extend_from_slice(&pa.to_be_bytes());
+            put_addr(&mut out, &ib);
+            out.extend_from_slice(&pb.to_be_bytes());
             out.push(f.proto.0);
         }
         StateKey::Addr(a) => {
@@ -315,7 +316,7 @@ pub fn decode_key(buf: &[u8]) -> Result<(sluice_store::StoreKey, usize), CodecEr
         b'F' => {
             let a = (r.addr()?, r.u16()?);
             let b = (r.addr()?, r.u16()?);
-            StateKey::Flow(FlowKey { a, b, proto: Proto(r.u8()?) })
+            StateKey::Flow(FlowKey::new(a, b, Proto(r.u8()?)))
         }
         b'A' => StateKey::Addr(r.addr()?),
         b'E' => {
@@ -396,7 +397,7 @@ mod tests {
         let b: IpAddr = "::1".parse().unwrap();
         for key in [
             StateKey::Unit,
-            StateKey::Flow(FlowKey { a: (a, 1), b: (b, 2), proto: Proto::UDP }),
+            StateKey::Flow(FlowKey::new((a, 1), (b, 2), Proto::UDP)),
             StateKey::Addr(b),
             StateKey::Endpoint(a, 80, 6),
             StateKey::Id(u64::MAX),

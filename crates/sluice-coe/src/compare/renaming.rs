@@ -138,9 +138,10 @@ impl Mapping {
         FiveTuple { src, dst, sport, dport, proto: t.proto }
     }
     fn flow(&self, k: &FlowKey) -> FlowKey {
-        let (src, sport, _) = self.endpoint((k.a.0, k.a.1, k.proto.0));
-        let (dst, dport, _) = self.endpoint((k.b.0, k.b.1, k.proto.0));
-        if (src, sport, dst, dport) == (k.a.0, k.a.1, k.b.0, k.b.1) {
+        let ((ia, pa), (ib, pb)) = (k.a(), k.b());
+        let (src, sport, _) = self.endpoint((ia, pa, k.proto.0));
+        let (dst, dport, _) = self.endpoint((ib, pb, k.proto.0));
+        if (src, sport, dst, dport) == (ia, pa, ib, pb) {
             // Unchanged: keep the key exactly as the NF built it.
             return *k;
         }
