@@ -2,10 +2,11 @@
 # The example chain in one process vs spread over two node processes on loopback (the
 # portscan detector and the LB on node b): throughput and latency, one line per repetition,
 # then the same at low load (the demo trace paced, 20,000 packets) for the latency a
-# crossing adds. Usage: scripts/bench-spread.sh TRACE [REPEAT]  (after cargo build --release)
+# crossing adds. Usage: scripts/bench-spread.sh TRACE [REPEAT]  (after cargo build --release;
+# SLUICE=path/to/sluice compares another binary)
 set -e
 cd "$(dirname "$0")/.."
-S=target/release/sluice
+S=${SLUICE:-target/release/sluice}
 T=${1:?a trace, e.g. from sluice gen}; N=${2:-3}
 SPREAD=$(mktemp --suffix .yaml)
 trap 'rm -f "$SPREAD" /tmp/bench-one.json /tmp/bench-two.json' EXIT

@@ -2,6 +2,7 @@
 # Runs Sluice's whole test suite on a fresh Debian machine with the Rust toolchain, installing
 # what the tests need first: tcpdump (reads our pcap output), iproute2, iputils-ping, ethtool and
 # python3 (real network namespaces, veth pairs, a ping and an HTTP download through a chain),
+# nftables (drops datagrams between node processes at random, for the loss test),
 # redis-server (a single server and a 3-node cluster on loopback for the Redis store), and
 # etcd-server (crates/sluice-cluster starts its own etcd members on free loopback ports).
 # The namespace tests need root. Usage: scripts/test-all.sh [extra cargo test args]
@@ -14,6 +15,7 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 command -v ethtool >/dev/null 2>&1 || need+=(ethtool)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 if [ ${#need[@]} -gt 0 ]; then
   echo "== installing: ${need[*]}"

@@ -238,10 +238,13 @@ pub struct LinkReport {
     pub misaddressed: u64,
     /// Datagrams from addresses that are not nodes of the spread, dropped.
     pub strangers: u64,
-    /// Datagrams the senders' sequence numbers say were lost on the way.
+    /// Datagrams found missing (a later one of the same sender came first) and asked for
+    /// again; the run goes on once they are resent.
     pub lost: u64,
-    /// Datagrams that arrived after a later one of the same sender.
+    /// Datagrams dropped as taken already (a resend that crossed the original).
     pub late: u64,
+    /// Datagrams this node resent because another asked for them.
+    pub resent: u64,
     /// The last decoding error, to say what the malformed ones were.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
@@ -453,9 +456,16 @@ impl fmt::Display for RunReport {
         if let Some(l) = &self.link {
             writeln!(
                 f,
-                "  node {}: {} packets sent to other nodes, {} received; {} notes sent, {} heard; {} malformed, {} misaddressed, {} from strangers, {} lost, {} late, {} fenced",
-                l.node, l.packets_sent, l.packets_received, l.notes_sent, l.notes_received, l.malformed, l.misaddressed, l.strangers, l.lost, l.late, l.fenced
+                "  node {}: {} packets sent to other nodes, {} received; {} notes sent, {} heard; {} malformed, {} misaddressed, {} from strangers, {} fenced",
+                l.node, l.packets_sent, l.packets_received, l.notes_sent, l.notes_received, l.malformed, l.misaddressed, l.strangers, l.fenced
             )?;
+            if l.lost + l.late + l.resent > 0 {
+                writeln!(
+                    f,
+                    "  link losses: {} datagrams missing and asked for again, {} resent when asked, {} duplicates dropped",
+                    l.lost, l.resent, l.late
+                )?;
+            }
             if !l.failed_nodes.is_empty() {
                 writeln!(f, "  failed nodes, their instances replaced here: {}", l.failed_nodes.join(", "))?;
             }

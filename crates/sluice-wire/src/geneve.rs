@@ -291,6 +291,25 @@ pub(crate) fn header(datagram: &[u8], protocol: u16) -> Result<Header<'_>, WireE
     Ok(Header { vni, words, options, end })
 }
 
+/// The link sequence number of a Sluice datagram (a packet or notes), if it carries one; `None`
+/// for anything else, including damaged datagrams (their full decode says why).
+pub fn link_seq(datagram: &[u8]) -> Option<u64> {
+    let protocol = u16::from_be_bytes(datagram.get(2..4)?.try_into().ok()?);
+    if protocol != PROTO_ETHERNET && protocol != crate::notes::PROTO_NOTES {
+        return None;
+    }
+    let h = header(datagram, protocol).ok()?;
+    let mut at = 0;
+    while at < h.options.len() {
+        let (class, kind, _, body) = read_option(h.options, at, h.words).ok()?;
+        at += OPTION_HEADER + body.len();
+        if class == OPTION_CLASS && kind == TYPE_SEQUENCE {
+            return Some(u64::from_be_bytes(body.try_into().ok()?));
+        }
+    }
+    None
+}
+
 /// The option at `at`: class, type, length in words and body.
 pub(crate) fn read_option(options: &[u8], at: usize, announced: u8) -> Result<(u16, u8, u8, &[u8]), WireError> {
     let overrun = WireError::OptionOverrun { offset: at, words: announced };

@@ -14,7 +14,7 @@ pub mod link;
 pub mod notes;
 pub mod port;
 
-pub use geneve::{decode, encode, encode_sequenced, Decoded, WireError, GENEVE_PORT, TO_EGRESS, TO_ROOT};
+pub use geneve::{decode, encode, encode_sequenced, link_seq, Decoded, WireError, GENEVE_PORT, TO_EGRESS, TO_ROOT};
 pub use link::{LinkError, RecvBatch, UdpLink, MAX_BATCH};
-pub use notes::{decode_notes, encode_notes, is_notes, NoteKind, WireNote};
+pub use notes::{decode_notes, encode_notes, is_control, is_notes, NoteKind, WireNote};
 pub use port::{PortError, Receiver, RecvStats, SendStats, Sender, Sequence};

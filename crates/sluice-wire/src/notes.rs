@@ -55,6 +55,10 @@ pub enum NoteKind {
     /// The sender stops with an error: the run cannot go on (the clock carries its
     /// fingerprint).
     Stop,
+    /// The sender misses datagrams of the receiver's link sequence: the clock carries the
+    /// first missing sequence number, the XOR field how many follow it (gaps are asked for
+    /// one range at a time, the oldest first).
+    Resend,
 }
 
 impl NoteKind {
@@ -68,6 +72,7 @@ impl NoteKind {
             NoteKind::End => 16,
             NoteKind::Hello => 17,
             NoteKind::Stop => 18,
+            NoteKind::Resend => 19,
         }
     }
     fn from_byte(b: u8) -> Option<NoteKind> {
@@ -80,6 +85,7 @@ impl NoteKind {
             16 => NoteKind::End,
             17 => NoteKind::Hello,
             18 => NoteKind::Stop,
+            19 => NoteKind::Resend,
             _ => return None,
         })
     }
@@ -92,6 +98,13 @@ pub struct WireNote {
     pub kind: NoteKind,
     /// The clock, flags, replay target and XOR vector (other fields are not sent).
     pub meta: Meta,
+}
+
+/// Whether `datagram` is a notes datagram of control notes (end, hello, stop, resend), which
+/// a sender sends alone and a receiver may act on out of sequence order.
+pub fn is_control(datagram: &[u8]) -> bool {
+    let Ok(h) = crate::geneve::header(datagram, PROTO_NOTES) else { return false };
+    datagram.get(h.end).and_then(|k| NoteKind::from_byte(*k)).is_some_and(|k| k.byte() >= NoteKind::End.byte())
 }
 
 /// Whether `datagram` is a Geneve datagram carrying notes (rather than a packet).
@@ -203,6 +216,7 @@ mod tests {
             NoteKind::End,
             NoteKind::Hello,
             NoteKind::Stop,
+            NoteKind::Resend,
         ];
         let notes: Vec<WireNote> = kinds.iter().enumerate().map(|(i, k)| note(*k, i as u64 + 1)).collect();
         let mut d = Vec::new();
@@ -212,6 +226,14 @@ mod tests {
         let mut back = Vec::new();
         assert_eq!(decode_notes(&d, &mut back).unwrap(), (42, Some(9)));
         assert_eq!(back, notes);
+        assert_eq!(crate::link_seq(&d), Some(9));
+        assert!(!is_control(&d), "data notes first");
+        for (kind, control) in [(NoteKind::Hello, true), (NoteKind::Resend, true), (NoteKind::Commit, false)] {
+            let mut c = Vec::new();
+            encode_notes(42, 10, &[note(kind, 1)], &mut c).unwrap();
+            assert_eq!(is_control(&c), control, "{kind:?}");
+        }
+        assert!(!is_control(&d[..10]), "cut short");
     }
 
     #[test]

@@ -17,9 +17,9 @@
 //! instance that failed in this process (`failover.rs`). Nodes without the root send
 //! everything through the root's node (a star), so every copy's whereabouts are in its sight.
 //!
-//! Nothing is retransmitted, and the root does not replay on loss yet: a datagram lost between
-//! live nodes would leave its clock in flight for ever, so the run stops with an error that
-//! says so (the link sequence shows the gap).
+//! Datagrams lost between live nodes are asked for again and resent; each node takes a
+//! sender's datagrams in their sequence order only (`in_order`), so notes keep their place
+//! before the batches they precede and nothing is taken twice.
 
 use super::ft::Note;
 use super::outgoing::Outgoing;
@@ -28,13 +28,16 @@ use crate::report::LinkReport;
 use crate::spread::Layout;
 use sluice_packet::{Batch, Clock, InstanceId, Meta};
 use sluice_wire::geneve::{encode_sequenced, TO_EGRESS};
-use sluice_wire::notes::{decode_notes, encode_notes, is_notes, NoteKind, WireNote, MAX_NOTES};
+use sluice_wire::notes::{encode_notes, NoteKind, WireNote, MAX_NOTES};
 use sluice_wire::{RecvBatch, UdpLink};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+mod in_order;
 mod on_node;
+mod receive;
+use in_order::{Received, Sent};
 use on_node::OnNode;
 use std::time::{Duration, Instant};
 
@@ -51,7 +54,8 @@ const MTU: usize = 9000;
 pub(super) struct Link {
     layout: Layout,
     socket: UdpLink,
-    rx: RecvBatch,
+    /// Taken out while a receive runs (`None` only then).
+    rx: Option<RecvBatch>,
     out: Outgoing,
     /// The global indices of the instances on other nodes.
     remote: Vec<usize>,
@@ -59,14 +63,19 @@ pub(super) struct Link {
     taken: Vec<(usize, InstanceId, Batch)>,
     notes: Vec<WireNote>,
     decoded: Vec<WireNote>,
-    /// Encoded datagrams waiting to be sent, per node.
-    datagrams: Vec<Vec<Vec<u8>>>,
+    /// Encoded datagrams waiting to be sent, per node, with their sequence numbers.
+    datagrams: Vec<Vec<(u64, Vec<u8>)>>,
     /// Datagram buffers sent and ready for reuse (no allocation per packet).
     spare: Vec<Vec<u8>>,
-    /// Per node: the next link sequence number to send, and the next expected from it (from
-    /// the first datagram heard on: what it sent before this node was up is not lost).
+    /// Per node: the next link sequence number to send, what was sent (held for resending),
+    /// and what came from it, taken in sequence order (`in_order`).
     next_seq: Vec<u64>,
-    expected: Vec<sluice_wire::Sequence>,
+    sent: Vec<Sent>,
+    received: Vec<Received>,
+    /// Resends other nodes asked for this turn: (node, first sequence number, count).
+    asked: Vec<(usize, u64, u64)>,
+    /// Nodes whose first hello this turn heard, to answer at its end.
+    hellos_to_answer: Vec<usize>,
     /// Per node: heard its hello.
     heard: Vec<bool>,
     /// Per node: when it was last heard from, and last sent anything.
@@ -104,7 +113,7 @@ impl Link {
         Ok(Link {
             layout,
             socket,
-            rx: RecvBatch::new(sluice_wire::MAX_BATCH, MTU + 256),
+            rx: Some(RecvBatch::new(sluice_wire::MAX_BATCH, MTU + 256)),
             out: Outgoing::new(shared),
             remote,
             taken: Vec::new(),
@@ -113,7 +122,10 @@ impl Link {
             datagrams: vec![Vec::new(); nodes],
             spare: Vec::new(),
             next_seq: vec![0; nodes],
-            expected: vec![sluice_wire::Sequence::default(); nodes],
+            sent: (0..nodes).map(|_| Sent::default()).collect(),
+            received: (0..nodes).map(|_| Received::default()).collect(),
+            asked: Vec::new(),
+            hellos_to_answer: Vec::new(),
             heard,
             last_heard: vec![Instant::now(); nodes],
             awaiting: vec![None; nodes],
@@ -150,7 +162,7 @@ impl Link {
             }
             suspect |= self.awaiting.get(n).copied().flatten().is_some_and(|t| t.elapsed() >= SUSPECT_AFTER);
             if self.last_sent.get(n).copied().flatten().is_none_or(|t| t.elapsed() >= HELLO_EVERY) {
-                self.control(n, NoteKind::Hello)?;
+                self.control(n, NoteKind::Hello, None)?;
             }
             let heard = self.heard.get(n).copied().unwrap_or(true);
             if heard && self.last_heard.get(n).is_some_and(|t| t.elapsed() >= self.layout.silence) {
@@ -174,7 +186,7 @@ impl Link {
         for _ in 0..3 {
             for n in 0..self.layout.addrs.len() {
                 if self.talks_to(n) {
-                    self.control(n, kind)?;
+                    self.control(n, kind, None)?;
                 }
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -182,12 +194,15 @@ impl Link {
         Ok(())
     }
 
-    fn control(&mut self, node: usize, kind: NoteKind) -> Result<(), RunError> {
-        let meta = Meta { clock: Clock(self.fingerprint), ..Meta::default() };
-        let mut d = Vec::new();
+    /// Sends `node` one control note, now: what `meta` says (by default this node's
+    /// fingerprint in the clock).
+    fn control(&mut self, node: usize, kind: NoteKind, meta: Option<Meta>) -> Result<(), RunError> {
+        let meta = meta.unwrap_or(Meta { clock: Clock(self.fingerprint), ..Meta::default() });
+        let mut d = self.spare.pop().unwrap_or_default();
         let seq = self.seq(node);
         encode_notes(self.layout.vni, seq, &[WireNote { kind, meta }], &mut d).map_err(wire)?;
-        self.send_to(node, &[d.as_slice()])
+        self.push_datagram(node, seq, d);
+        self.flush_datagrams(Some(node))
     }
 
     fn seq(&mut self, node: usize) -> u64 {
@@ -247,7 +262,7 @@ impl Link {
                 let seq = self.seq(root);
                 let mut d = self.spare.pop().unwrap_or_default();
                 encode_notes(self.layout.vni, seq, chunk, &mut d).map_err(wire)?;
-                self.push_datagram(root, d);
+                self.push_datagram(root, seq, d);
             }
             self.report.notes_sent += notes.len() as u64;
             self.notes = notes;
@@ -267,7 +282,7 @@ impl Link {
                 if let Some(a) = self.awaiting.get_mut(node).filter(|a| a.is_none()) {
                     *a = Some(Instant::now());
                 }
-                self.push_datagram(node, d);
+                self.push_datagram(node, seq, d);
                 self.report.packets_sent += 1;
                 shared.pool.recycle(p);
             }
@@ -278,9 +293,9 @@ impl Link {
         Ok(busy)
     }
 
-    fn push_datagram(&mut self, node: usize, d: Vec<u8>) {
+    fn push_datagram(&mut self, node: usize, seq: u64, d: Vec<u8>) {
         if let Some(q) = self.datagrams.get_mut(node) {
-            q.push(d);
+            q.push((seq, d));
         }
     }
 
@@ -294,186 +309,22 @@ impl Link {
             if ds.is_empty() {
                 continue;
             }
-            let refs: Vec<&[u8]> = ds.iter().map(Vec::as_slice).collect();
+            let refs: Vec<&[u8]> = ds.iter().map(|(_, d)| d.as_slice()).collect();
             self.send_to(node, &refs)?;
-            self.spare.extend(ds.drain(..).map(|mut d| {
-                d.clear();
-                d
-            }));
+            // Held for resending; the buffer of the oldest held comes back for reuse.
+            if let Some(sent) = self.sent.get_mut(node) {
+                for (seq, d) in ds.drain(..) {
+                    if let Some(mut old) = sent.keep(seq, d) {
+                        old.clear();
+                        self.spare.push(old);
+                    }
+                }
+            }
             if let Some(q) = self.datagrams.get_mut(node) {
                 *q = ds;
             }
         }
         Ok(())
-    }
-
-    /// Takes in what arrived: packets into their queues, notes into the root's accounting.
-    fn receive(&mut self, shared: &Shared) -> Result<bool, RunError> {
-        let mut any = false;
-        // A few batches per turn at most: the other side of the turn sends.
-        for _ in 0..8 {
-            let n = self
-                .socket
-                .try_recv_batch(&mut self.rx)
-                .map_err(|e| RunError::Worker(format!("receiving from other nodes: {e}")))?;
-            if n == 0 {
-                break;
-            }
-            any = true;
-            let mut finished = 0usize;
-            let Link {
-                rx,
-                layout,
-                out,
-                decoded,
-                report,
-                heard,
-                expected,
-                ended,
-                fingerprint,
-                next_seq,
-                socket,
-                last_heard,
-                awaiting,
-                on_node,
-                dead,
-                ..
-            } = self;
-            for (d, from) in rx.iter() {
-                let Some(node) = from.and_then(|f| node_of_addr(&layout.addrs, f)) else {
-                    report.strangers += 1;
-                    continue;
-                };
-                if dead.get(node).copied().unwrap_or(false) {
-                    report.fenced += 1;
-                    continue;
-                }
-                report.datagrams_received += 1;
-                if let Some(t) = last_heard.get_mut(node) {
-                    *t = Instant::now();
-                }
-                if let Some(a) = awaiting.get_mut(node) {
-                    *a = None;
-                }
-                if is_notes(d) {
-                    let (vni, seq) = match decode_notes(d, decoded) {
-                        Ok(v) => v,
-                        Err(e) => {
-                            report.malformed += 1;
-                            report.last_error = Some(e.to_string());
-                            continue;
-                        }
-                    };
-                    if vni != layout.vni {
-                        report.malformed += 1;
-                        continue;
-                    }
-                    if let Some(seq) = seq {
-                        if let Some(e) = expected.get_mut(node) {
-                            e.arrived(seq, &mut report.lost, &mut report.late);
-                        }
-                    }
-                    for n in decoded.iter() {
-                        match n.kind {
-                            NoteKind::Hello | NoteKind::End | NoteKind::Stop if n.meta.clock.0 != *fingerprint => {
-                                return Err(RunError::Config(format!(
-                                    "node `{}` runs another chain or placement (fingerprint {:#x}, here {:#x}): give every node the same chain, options and spread file",
-                                    layout.names.get(node).map_or("?", String::as_str),
-                                    n.meta.clock.0,
-                                    fingerprint
-                                )));
-                            }
-                            NoteKind::Hello => {
-                                if let Some(h) = heard.get_mut(node).filter(|h| !**h) {
-                                    *h = true;
-                                    // Answer at once: the other side waits for it.
-                                    let mut a = Vec::new();
-                                    let seq = next(next_seq, node);
-                                    let hello = WireNote { kind: NoteKind::Hello, meta: n.meta };
-                                    encode_notes(layout.vni, seq, &[hello], &mut a).map_err(wire)?;
-                                    if let Some(to) = layout.addrs.get(node) {
-                                        socket
-                                            .send_batch(*to, &[a.as_slice()])
-                                            .map_err(|e| RunError::Worker(format!("answering node {to}: {e}")))?;
-                                        report.datagrams_sent += 1;
-                                    }
-                                }
-                            }
-                            NoteKind::Stop => {
-                                return Err(RunError::Worker(format!(
-                                    "node `{}` stopped before the run ended",
-                                    layout.names.get(node).map_or("?", String::as_str)
-                                )));
-                            }
-                            NoteKind::End if !layout.has_root() && node == layout.root => *ended = true,
-                            NoteKind::End => report.malformed += 1,
-                            _ if !layout.has_root() => report.malformed += 1,
-                            kind => {
-                                report.notes_received += 1;
-                                if let Some(on) = on_node.get_mut(node) {
-                                    match kind {
-                                        NoteKind::Sent => on.arrived(&n.meta),
-                                        NoteKind::Finished => on.left(n.meta.clock),
-                                        _ => {}
-                                    }
-                                }
-                                finished += usize::from(root_hears(shared, out, kind, n.meta));
-                            }
-                        }
-                    }
-                    continue;
-                }
-                let decoded = match sluice_wire::decode(d) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        report.malformed += 1;
-                        report.last_error = Some(e.to_string());
-                        continue;
-                    }
-                };
-                if decoded.vni != layout.vni {
-                    report.malformed += 1;
-                    continue;
-                }
-                if let Some(seq) = decoded.seq {
-                    if let Some(e) = expected.get_mut(node) {
-                        e.arrived(seq, &mut report.lost, &mut report.late);
-                    }
-                }
-                let dest = if decoded.dest == TO_EGRESS && layout.has_root() {
-                    Some(shared.queues.len())
-                } else {
-                    let v = shared.vertices.get(usize::from(decoded.dest.vertex()));
-                    // The root's node relays what one other node sends to another.
-                    v.and_then(|v| v.global(decoded.dest.index())).filter(|g| layout.has_root() || layout.here(*g))
-                };
-                let Some(dest) = dest else {
-                    report.misaddressed += 1;
-                    continue;
-                };
-                report.packets_received += 1;
-                if let Some(on) = on_node.get_mut(node) {
-                    on.left(decoded.meta.clock);
-                }
-                let pkt = shared.pool.packet(decoded.frame, decoded.meta);
-                out.push(shared, dest, pkt);
-            }
-            self.out.flush(shared);
-            if finished > 0 {
-                shared.in_flight.fetch_sub(finished, Ordering::AcqRel);
-            }
-        }
-        if self.out.retry(shared) {
-            any = true;
-        }
-        if self.report.lost > 0 {
-            return Err(RunError::Worker(format!(
-                "node `{}`: {} datagram(s) from other nodes were lost on the way: a chain across nodes does not yet replay what a link loses (docs/decisions.md)",
-                self.name(self.layout.me),
-                self.report.lost
-            )));
-        }
-        Ok(any)
     }
 }
 
@@ -516,7 +367,7 @@ impl Link {
         self.report.failed_nodes.push(name);
         // Fenced: should it only have been slow, it stops rather than go on beside its
         // replacements.
-        let _ = self.control(n, NoteKind::Stop);
+        let _ = self.control(n, NoteKind::Stop, None);
         Ok(())
     }
 }
@@ -545,7 +396,7 @@ fn root_hears(shared: &Shared, out: &mut Outgoing, kind: NoteKind, meta: Meta) -
             out.note(shared, Note::Reached(meta));
             false
         }
-        NoteKind::Left | NoteKind::Hello | NoteKind::End | NoteKind::Stop => false,
+        NoteKind::Left | NoteKind::Hello | NoteKind::End | NoteKind::Stop | NoteKind::Resend => false,
     }
 }
 

@@ -129,6 +129,8 @@ fn the_link_sequence_is_optional_and_not_critical() {
     assert_eq!(decode(&plain).expect("decode").seq, None);
     let d = decode(&numbered).expect("decode");
     assert_eq!((d.seq, d.meta, d.frame), (Some(u64::MAX - 3), m, &f[..]));
+    assert_eq!((link_seq(&numbered), link_seq(&plain)), (Some(u64::MAX - 3), None));
+    assert_eq!(link_seq(&numbered[..10]), None, "cut short: no number, no panic");
     // Not critical: its type's high bit is clear, so a receiver that does not know it skips it.
     let at = numbered.len() - f.len() - 12;
     assert_eq!(&numbered[at..at + 4], &[0xff, 0xf0, 0x05, 2]);
