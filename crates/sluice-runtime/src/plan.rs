@@ -536,9 +536,8 @@ fn tuple_hash(t: &sluice_packet::FiveTuple, fields: &[HeaderField], hasher: &aha
 /// packets); `None` for keys that are not a connection.
 pub fn split_key_of_state(key: &sluice_state::StateKey, fields: &[HeaderField]) -> Option<u64> {
     let sluice_state::StateKey::Flow(fk) = key else { return None };
-    let ((src, sport), (dst, dport)) = (fk.a(), fk.b());
-    let t = sluice_packet::FiveTuple { src, sport, dst, dport, proto: fk.proto };
-    Some(tuple_hash(&t, fields, &split_hasher()))
+    let ((src, sport), (dst, dport), proto) = (fk.a(), fk.b(), fk.proto);
+    Some(tuple_hash(&sluice_packet::FiveTuple { src, sport, dst, dport, proto }, fields, &split_hasher()))
 }
 
 /// What a splitter partitioning on `fields` keys `pkt` by: packets with equal keys always go to

@@ -26,9 +26,11 @@ pub const PROTO_ETHERNET: u16 = 0x6558;
 /// The option class of Sluice's options (RFC 8926 leaves 0xFFF0–0xFFFF for experiments).
 pub const OPTION_CLASS: u16 = 0xFFF0;
 
-const HEADER: usize = 8;
+/// The Geneve header's fixed part, in bytes.
+pub(crate) const HEADER: usize = 8;
 const OPTION_HEADER: usize = 4;
-const CRITICAL: u8 = 0x80;
+/// The high bit of an option's type: a receiver that does not know the option must drop.
+pub(crate) const CRITICAL: u8 = 0x80;
 const TYPE_PACKET: u8 = 0x81;
 const TYPE_REPLAY_TARGET: u8 = 0x82;
 const TYPE_TIMES: u8 = 0x03;

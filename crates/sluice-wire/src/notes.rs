@@ -20,7 +20,9 @@
 //! Every integer is big-endian. tcpdump and Wireshark decode the Geneve header and show the
 //! notes as data. The layout is in docs/wire-format.md.
 
-use crate::geneve::{header, option, read_option, Header, WireError, MAX_VNI, OPTION_CLASS, TYPE_SEQUENCE};
+use crate::geneve::{
+    header, option, read_option, Header, WireError, CRITICAL, HEADER, MAX_VNI, OPTION_CLASS, TYPE_SEQUENCE,
+};
 use sluice_packet::{Clock, InstanceId, Meta, MetaFlags};
 
 /// Geneve's protocol type for a batch of notes (IEEE 802 "local experimental" EtherType).
@@ -29,8 +31,6 @@ pub const PROTO_NOTES: u16 = 0x88B5;
 pub const NOTE_LEN: usize = 24;
 /// Most notes in one datagram (keeps a datagram under 1,500 bytes).
 pub const MAX_NOTES: usize = 60;
-const HEADER: usize = 8;
-const CRITICAL: u8 = 0x80;
 /// The sequence option: its header and 8 bytes.
 const SEQUENCE_OPTION: usize = 12;
 const NO_TARGET: u32 = u32::MAX;
