@@ -318,6 +318,11 @@ impl PacketPool {
     /// copied, not parsed again.
     pub fn copy_of(&self, pkt: &Packet) -> Packet {
         let spare = self.free().pop();
+        self.copy_into(pkt, spare)
+    }
+
+    /// A copy of `pkt` in `spare`, or in a new buffer.
+    fn copy_into(&self, pkt: &Packet, spare: Option<Box<PacketBody>>) -> Packet {
         match spare {
             Some(body) => pkt.copy_onto(Packet { body }),
             None => {
@@ -325,6 +330,16 @@ impl PacketPool {
                 buf.extend_from_slice(pkt.data());
                 Packet { body: Box::new(PacketBody { data: buf, headers: pkt.headers, meta: pkt.meta }) }
             }
+        }
+    }
+
+    /// Appends a copy of each of `pkts` to `out`, taking the pool's lock once for them all
+    /// (a source that copies per packet would take it per packet, against the sinks giving
+    /// buffers back on other threads).
+    pub fn copy_all(&self, pkts: &[Packet], out: &mut Batch) {
+        let mut free = self.free();
+        for pkt in pkts {
+            out.push(self.copy_into(pkt, free.pop()));
         }
     }
 

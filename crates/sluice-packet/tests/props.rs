@@ -102,3 +102,29 @@ fn rewrite_keeps_checksums_valid_on_real_traffic() {
         t.to_header().calc_checksum_ipv4(&ip.header().to_header(), t.payload()).is_ok_and(|c| c == t.checksum())
     }
 }
+
+#[test]
+fn a_pool_copies_a_batch_into_recycled_and_new_buffers_alike() {
+    use sluice_packet::PacketPool;
+    let frames = real_frames();
+    assert!(frames.len() >= 4, "the shared traces give a few frames");
+    let originals: Vec<Packet> = frames
+        .iter()
+        .enumerate()
+        .map(|(i, f)| Packet::from_slice(f, Meta { ts_ns: i as u64 + 7, ..Meta::default() }))
+        .collect();
+    let pool = PacketPool::new(64, 2048);
+    // Two spare buffers holding other bytes: the rest of the batch gets new buffers.
+    let mut spares =
+        vec![Packet::from_slice(&[0xEE; 1400], Meta::default()), Packet::from_slice(&[1; 60], Meta::default())];
+    pool.recycle_batch(&mut spares);
+    let mut out = Vec::new();
+    pool.copy_all(&originals, &mut out);
+    assert_eq!(out.len(), originals.len());
+    for (copy, orig) in out.iter().zip(&originals) {
+        assert_eq!(copy.data(), orig.data());
+        assert_eq!(copy.meta.ts_ns, orig.meta.ts_ns);
+        assert_eq!(copy.flow_key(), orig.flow_key());
+        assert_eq!(copy.tuple(), orig.tuple());
+    }
+}

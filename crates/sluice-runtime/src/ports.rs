@@ -74,9 +74,7 @@ impl Source for MemorySource<'_> {
                 return Ok(Fill::Idle);
             }
         }
-        for p in &self.packets[self.pos..end] {
-            out.push(pool.copy_of(p));
-        }
+        pool.copy_all(&self.packets[self.pos..end], out);
         self.pos = end;
         Ok(Fill::Data)
     }

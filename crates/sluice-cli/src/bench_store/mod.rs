@@ -84,6 +84,10 @@ pub struct BenchStoreArgs {
     /// Worker threads of the mode cases.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
+    /// Root threads of the mode cases (`sluice run --roots`): the input is split over them by
+    /// source address.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=8))]
+    pub roots: u8,
     /// Packets per batch.
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
@@ -167,6 +171,7 @@ struct BenchStoreResult {
     window: usize,
     paced_window: usize,
     workers: usize,
+    roots: u8,
     store_threads: usize,
     checkpoint_ms: u64,
     redis: Option<String>,
@@ -235,6 +240,7 @@ pub fn cmd_bench_store(a: BenchStoreArgs) -> Result<()> {
         window: a.window,
         paced_window,
         workers: a.workers.max(1),
+        roots: a.roots,
         store_threads: a.store_threads.max(1),
         checkpoint_ms: a.checkpoint_ms,
         redis,

@@ -204,6 +204,7 @@ pub(super) fn run_modes(
     let registry = sluice_nfs::registry();
     let cfg_of = |c: &ModeCase| RunConfig {
         workers: a.workers.max(1),
+        roots: a.roots,
         pin: !a.no_pin,
         batch: a.batch,
         window: if c.load == Load::Paced { paced_window } else { a.window },

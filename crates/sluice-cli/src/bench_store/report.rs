@@ -45,8 +45,8 @@ pub(super) fn print_tables(r: &BenchStoreResult) {
     }
     if !r.modes.is_empty() {
         println!(
-            "\nmodes ({} packets, {}; batch {}, {} worker(s); sat = window {}, paced = window {}; medians of {}):",
-            r.packets, r.workload, r.batch, r.workers, r.window, r.paced_window, r.repeat
+            "\nmodes ({} packets, {}; batch {}, {} worker(s), {} root(s); sat = window {}, paced = window {}; medians of {}):",
+            r.packets, r.workload, r.batch, r.workers, r.roots, r.window, r.paced_window, r.repeat
         );
         println!(
             "{:<32} {:>8} {:>17} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
