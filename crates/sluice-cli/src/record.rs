@@ -138,14 +138,45 @@ impl Recorder {
     }
 }
 
-/// `sluice verify --recorded DIR`.
-pub fn verify_dir(dir: &Path, json: bool) -> Result<bool, Failure> {
+/// Writes the part of a spread run that a node without the root recorded (`record.json` with
+/// the node's name, beside the chain): its instances' drops and events, its vertices' state.
+pub fn write_part(dir: &Path, node: &str, report: &RunReport) -> Result<(), Failure> {
+    let f = files(dir);
+    let Some(rec) = report.recording.as_ref() else {
+        return Err(fail(exit::FAILED)(anyhow::anyhow!("the run kept no record")));
+    };
+    let mut record = RunRecord::new(&report.chain, rec, &report.events, Vec::new(), Vec::new());
+    record.part = Some(node.to_string());
+    let text = serde_json::to_string(&record).context("serialising the record")?;
+    std::fs::write(&f.record, text + "\n").with_context(|| format!("writing {}", f.record.display()))?;
+    Ok(())
+}
+
+fn read_record(dir: &Path) -> Result<RunRecord, Failure> {
+    let f = files(dir);
+    let text = std::fs::read_to_string(&f.record).with_context(|| format!("reading {}", f.record.display()))?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a run record", f.record.display()))
+        .map_err(fail(exit::INVALID))
+}
+
+/// `sluice verify --recorded DIR [--part DIR]...`.
+pub fn verify_dir(dir: &Path, parts: &[PathBuf], json: bool) -> Result<bool, Failure> {
     let f = files(dir);
     let chain = load_chain(&f.chain)?;
-    let text = std::fs::read_to_string(&f.record).with_context(|| format!("reading {}", f.record.display()))?;
-    let record: RunRecord = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not a run record", f.record.display()))
-        .map_err(fail(exit::INVALID))?;
+    let mut record = read_record(dir)?;
+    if let Some(node) = &record.part {
+        return Err(fail(exit::INVALID)(anyhow::anyhow!(
+            "{} holds node `{node}`'s part of a spread run: give the root's node's record to --recorded and this one to --part",
+            dir.display()
+        )));
+    }
+    for p in parts {
+        record
+            .merge_part(read_record(p)?)
+            .with_context(|| format!("folding in the part in {}", p.display()))
+            .map_err(fail(exit::INVALID))?;
+    }
     let mut inputs = sluice_io::load(&f.input, None)
         .with_context(|| format!("reading {}", f.input.display()))
         .map_err(fail(exit::BAD_INPUT))?;

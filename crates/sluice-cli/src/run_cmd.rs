@@ -100,6 +100,8 @@ pub(crate) struct RunArgs {
     /// Record the run in this directory (created; must not hold a record): the chain, every
     /// input packet and its clock, the output, the NFs' drops and events, and the final state
     /// after the timers due by the last packet fired. Check it with `sluice verify --recorded DIR`.
+    /// On a node without the root of a spread chain: that node's part (its instances' drops and
+    /// events, its vertices' state), which `sluice verify --recorded ROOT_DIR --part DIR` folds in.
     #[arg(long, value_name = "DIR")]
     record: Option<PathBuf>,
     /// Serve a control endpoint while the chain runs: PORT (on 127.0.0.1) or HOST:PORT (any
@@ -275,7 +277,6 @@ fn run_part(a: &RunArgs, chain: &Chain, cfg: &RunConfig) -> Result<(), Failure> 
     let elsewhere = [
         (a.input.is_some() || a.gen.is_some() || a.from_geneve.is_some() || a.bridge.is_some(), "input"),
         (a.output.is_some() || a.to_geneve.is_some(), "output"),
-        (a.record.is_some(), "--record"),
         (a.faults.is_some(), "--faults"),
         (a.control.is_some(), "--control"),
     ];
@@ -292,7 +293,14 @@ fn run_part(a: &RunArgs, chain: &Chain, cfg: &RunConfig) -> Result<(), Failure> 
     }
     let hooks = RunHooks { progress: None, stop: Some(stop_flag(a.duration)), live: None };
     let mut source = sluice_runtime::MemorySource::new(&[]);
-    let report = run_recorded((None, false), &a.chain, plan, cfg, &mut source, &mut DiscardSink, hooks)?;
+    // Its part of the record (the root's node records the input and the output).
+    if let Some(dir) = a.record.as_deref() {
+        record::Recorder::create(dir, &a.chain)?;
+    }
+    let report = run(plan, cfg, &mut source, &mut DiscardSink, hooks).map_err(failed)?;
+    if let Some(dir) = a.record.as_deref() {
+        record::write_part(dir, node, &report)?;
+    }
     print_report(&report, a.json.as_deref(), None, &[])?;
     Ok(())
 }
@@ -333,6 +341,16 @@ fn start_control(
     Ok(Some(live))
 }
 
+/// A failed run as the command's failure, with the exit code its cause calls for.
+fn failed(e: sluice_runtime::RunError) -> Failure {
+    let code = match e {
+        sluice_runtime::RunError::Source(_) => exit::BAD_INPUT,
+        sluice_runtime::RunError::Config(_) => exit::INVALID,
+        _ => exit::FAILED,
+    };
+    fail(code)(anyhow::Error::new(e))
+}
+
 /// Runs `plan`, recording the run in `record` if given (`cfg.record` must be set then);
 /// `closed_loop`: its input answers what it sends (a live bridge).
 fn run_recorded(
@@ -344,14 +362,6 @@ fn run_recorded(
     sink: &mut dyn Sink,
     hooks: RunHooks<'_>,
 ) -> Result<RunReport, Failure> {
-    let failed = |e: sluice_runtime::RunError| {
-        let code = match e {
-            sluice_runtime::RunError::Source(_) => exit::BAD_INPUT,
-            sluice_runtime::RunError::Config(_) => exit::INVALID,
-            _ => exit::FAILED,
-        };
-        fail(code)(anyhow::Error::new(e))
-    };
     let Some(dir) = record else { return run(plan, cfg, source, sink, hooks).map_err(failed) };
     let recorder = record::Recorder::create(dir, chain_file)?.closed_loop(closed_loop);
     let (mut rsource, mut rsink) = recorder.wrap(source, sink)?;

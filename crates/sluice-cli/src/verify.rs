@@ -19,6 +19,11 @@ pub struct VerifyArgs {
     /// logical chain over the same input (no schedule, no engine run).
     #[arg(long, value_name = "DIR", conflicts_with_all = ["chain", "input", "faults", "store", "off", "log", "roots"])]
     recorded: Option<PathBuf>,
+    /// With `--recorded` (the root's node's record): another node's part of the same run of a
+    /// chain spread over several (`sluice run --spread S --node N --record DIR` on that node),
+    /// folded in before the check. Repeatable.
+    #[arg(long, value_name = "DIR", requires = "recorded")]
+    part: Vec<PathBuf>,
     /// Chain file (YAML). Default: the schedule's `run.chain`.
     #[arg(long, short)]
     chain: Option<PathBuf>,
@@ -218,7 +223,7 @@ fn cli_events(a: &VerifyArgs) -> Result<Vec<FaultEvent>, Failure> {
 
 pub fn cmd_verify(a: VerifyArgs) -> Result<(), Failure> {
     if let Some(dir) = &a.recorded {
-        return if crate::record::verify_dir(dir, a.json)? {
+        return if crate::record::verify_dir(dir, &a.part, a.json)? {
             Ok(())
         } else {
             Err(Failure {

@@ -403,11 +403,25 @@ fn downloads_survive_the_nat_node_killed_mid_transfer() {
     let b_pid = b.id().to_string();
     wire.guard.children.push(b);
     let report = dir.path().join("report.json");
-    // A window the link's socket buffers hold whole (a lost datagram between live nodes
-    // still ends the run).
+    // A window the link's socket buffers hold whole (each datagram lost on the way stalls
+    // the link until it is resent).
     let bridge = format!("{},{}", wire.m0, wire.m1);
-    let a =
-        node("a", &["--bridge", &bridge, "--window", "1024", "--duration", "120", "--json", &report.to_string_lossy()]);
+    let record = dir.path().join("record");
+    let a = node(
+        "a",
+        &[
+            "--bridge",
+            &bridge,
+            "--window",
+            "1024",
+            "--duration",
+            "120",
+            "--json",
+            &report.to_string_lossy(),
+            "--record",
+            &record.to_string_lossy(),
+        ],
+    );
     wire.guard.children.insert(0, a);
     let downloads = start_downloads(&mut wire, dir.path());
     std::thread::sleep(Duration::from_millis(1500));
@@ -427,6 +441,9 @@ fn downloads_survive_the_nat_node_killed_mid_transfer() {
     let out = json["packets_out"].as_u64().unwrap_or(0);
     let at = json["failovers"][0]["at_packet"].as_u64().unwrap_or(u64::MAX);
     assert!(at > 1000 && at + 20_000 < out, "the NAT's node failed at packet {at} of {out} out: not mid-transfer");
+    // The NAT's node died with its part of the record; its replacement on the root's node
+    // redid what the log held, and the NAT's state is in the store the root's node reads.
+    assert_equivalent(&record);
 }
 
 /// `roots` roots; `tag` names the namespaces.

@@ -182,11 +182,13 @@ fn fault_tolerance_over_three_nodes_closes_every_log_entry() {
         .iter()
         .map(|n| {
             let j = dir.path().join(format!("{n}.json"));
-            (start_node("chains/example.yaml", &spread, n, &j, &[&ft[..], &["-w", "1"]].concat()), j)
+            let rec = dir.path().join(format!("rec-{n}")).to_string_lossy().into_owned();
+            (start_node("chains/example.yaml", &spread, n, &j, &[&ft[..], &["-w", "1", "--record", &rec]].concat()), j)
         })
         .collect();
     let (out, a_json) = (dir.path().join("spread.pcap"), dir.path().join("a.json"));
-    let a = root_node(&spread, &out, &a_json, &ft);
+    let rec = |n: &str| dir.path().join(format!("rec-{n}")).to_string_lossy().into_owned();
+    let a = root_node(&spread, &out, &a_json, &[&ft[..], &["--record", &rec("a")]].concat());
     assert!(a.status.success(), "{}", text(&a));
     let mut reports = Vec::new();
     for (child, j) in nodes {
@@ -212,6 +214,10 @@ fn fault_tolerance_over_three_nodes_closes_every_log_entry() {
     let mirrored = a_rep["mirrored"].as_u64().expect("mirrored") + reports[0]["mirrored"].as_u64().expect("mirrored");
     assert!(mirrored > 60_000, "the NAT on b mirrored {mirrored}");
     assert!(b_link["notes_sent"].as_u64().expect("notes") > mirrored, "copies made and commits: {b_link}");
+    // The three parts of the record (state in the one store, each node's vertices in its
+    // part) verify together.
+    let v = sluice(&["verify", "--recorded", &rec("a"), "--part", &rec("b"), "--part", &rec("c")]);
+    assert!(v.status.success(), "{}", text(&v));
 }
 
 /// The frames of a pcap file, sorted (runs with a failover may interleave flows differently).
@@ -471,4 +477,38 @@ fn datagrams_lost_between_nodes_are_asked_for_again_and_resent() {
     for l in [&a_link, &b_link] {
         assert_eq!((n(l, "malformed"), n(l, "misaddressed"), n(l, "strangers")), (0, 0, 0), "{l}");
     }
+}
+
+#[test]
+fn a_run_over_two_nodes_is_recorded_in_parts_that_verify_together() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spread = spread_file(dir.path(), 2, &[("portscan", "b"), ("lb", "b")]);
+    let (a_rec, b_rec) = (dir.path().join("rec-a"), dir.path().join("rec-b"));
+    let b_rec_s = b_rec.to_string_lossy().into_owned();
+    let b_json = dir.path().join("b.json");
+    let b = start_node("chains/example.yaml", &spread, "b", &b_json, &["-w", "1", "--record", &b_rec_s]);
+    let (out, a_json) = (dir.path().join("spread.pcap"), dir.path().join("a.json"));
+    let a = root_node(&spread, &out, &a_json, &["--record", &a_rec.to_string_lossy()]);
+    assert!(a.status.success(), "{}", text(&a));
+    let (ok, err) = node_end(b, Duration::from_secs(30));
+    assert!(ok, "{err}");
+
+    let part: serde_json::Value = json(&b_rec.join("record.json"));
+    assert_eq!(part["part"], "b");
+    assert!(part["admitted"].as_array().is_some_and(Vec::is_empty), "no input on b");
+    let b_dropped = json(&b_json)["dropped_total"].as_u64().unwrap_or(0);
+    assert!(b_dropped > 0, "the portscan detector on b drops");
+    assert_eq!(part["drops"].as_array().map(Vec::len), Some(b_dropped as usize), "b's drops are in its part");
+    let root: serde_json::Value = json(&a_rec.join("record.json"));
+    assert_eq!(part["end_clock"], root["end_clock"], "b fired its end timers where a's run ended");
+
+    let whole = sluice(&["verify", "--recorded", &a_rec.to_string_lossy(), "--part", &b_rec_s]);
+    assert!(whole.status.success(), "root's record and b's part: {}", text(&whole));
+    assert!(text(&whole).contains("chain output equivalence: EQUIVALENT"), "{}", text(&whole));
+    // Without b's part, b's drops, events and state are missing: not the logical chain's run.
+    let half = sluice(&["verify", "--recorded", &a_rec.to_string_lossy()]);
+    assert_eq!(half.status.code(), Some(4), "the root's record alone: {}", text(&half));
+    let wrong = sluice(&["verify", "--recorded", &b_rec_s]);
+    assert_eq!(wrong.status.code(), Some(2), "a part given as the root's record: {}", text(&wrong));
+    assert!(text(&wrong).contains("--part"), "{}", text(&wrong));
 }

@@ -51,6 +51,12 @@ pub struct RunRecord {
     pub end_clock: u64,
     /// The final state.
     pub state: Vec<RecordedState>,
+    /// On a node without the root of a chain spread over several (`sluice run --spread
+    /// --node N --record DIR`): the node's name. Such a record holds that node's part — its
+    /// instances' drops and events, its vertices' final state — and no input, admissions or
+    /// output; `verify` folds it into the root's node's record ([`RunRecord::merge_part`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part: Option<String>,
 }
 
 /// A packet dropped inside the chain.
@@ -110,6 +116,41 @@ pub enum RecordError {
 }
 
 impl RunRecord {
+    /// Folds the record `part` of another node of the same spread run into this one (the root's
+    /// node's): its drops, events and state. Refused when it is not a part, is of another chain
+    /// or run (another end clock), or holds state this record holds too.
+    pub fn merge_part(&mut self, part: RunRecord) -> Result<(), RecordError> {
+        if part.version != RECORD_VERSION {
+            return Err(RecordError::Version { found: part.version });
+        }
+        let Some(node) = part.part else {
+            return Err(RecordError::Mismatch(
+                "a second record of a root's node: give one root's record and its nodes' parts".into(),
+            ));
+        };
+        if self.part.is_some() {
+            return Err(RecordError::Mismatch("the first record must be the root's node's".into()));
+        }
+        if part.chain != self.chain || part.end_clock != self.end_clock {
+            return Err(RecordError::Mismatch(format!(
+                "node `{node}`'s part is of chain `{}` ending at clock {}, the root's record of `{}` ending at {}: not the same run",
+                part.chain, part.end_clock, self.chain, self.end_clock
+            )));
+        }
+        let held: std::collections::HashSet<(usize, u16, StateKey)> =
+            self.state.iter().map(|s| (s.vertex, s.object, s.key)).collect();
+        if let Some(s) = part.state.iter().find(|s| held.contains(&(s.vertex, s.object, s.key))) {
+            return Err(RecordError::Mismatch(format!(
+                "node `{node}`'s part holds state of vertex {} the root's record holds too (key {:?})",
+                s.vertex, s.key
+            )));
+        }
+        self.drops.extend(part.drops);
+        self.events.extend(part.events);
+        self.state.extend(part.state);
+        Ok(())
+    }
+
     /// The record of a run: the runtime's `recording`, its `events`, the clock of every
     /// output packet in order, and the input ports (empty if all were 0).
     pub fn new(chain: &str, rec: &Recording, events: &[Event], outputs: Vec<u64>, in_ports: Vec<u16>) -> RunRecord {
@@ -136,6 +177,7 @@ impl RunRecord {
                 })
                 .collect(),
             end_clock: rec.end.0,
+            part: None,
             state: rec
                 .state
                 .iter()
@@ -364,5 +406,33 @@ mod tests {
         let text = serde_json::to_string(&r).unwrap_or_default();
         let back: RunRecord = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back, r, "the record survives JSON");
+    }
+
+    #[test]
+    fn a_nodes_part_folds_into_the_roots_record_only_when_it_is_of_the_same_run() {
+        let mut root = record();
+        root.events.clear();
+        let part = RunRecord {
+            version: RECORD_VERSION,
+            chain: "t".into(),
+            drops: vec![RecordedDrop { clock: 1, vertex: "nat".into(), reason: "x".into() }],
+            events: record().events,
+            end_clock: 3,
+            state: vec![RecordedState { vertex: 0, object: 1, key: StateKey::Id(7), value: Value::Int(2) }],
+            part: Some("b".into()),
+            ..RunRecord::default()
+        };
+        let mut other_run = part.clone();
+        other_run.end_clock = 4;
+        assert!(matches!(root.clone().merge_part(other_run), Err(RecordError::Mismatch(_))));
+        let mut overlapping = part.clone();
+        overlapping.state[0].object = 0;
+        assert!(matches!(root.clone().merge_part(overlapping), Err(RecordError::Mismatch(_))));
+        assert!(matches!(root.clone().merge_part(record()), Err(RecordError::Mismatch(_))), "two roots' records");
+        root.merge_part(part).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((root.drops.len(), root.events.len(), root.state.len()), (3, 1, 2));
+        let registry = sluice_nfs::registry();
+        let obs = root.observed(&chain(), &registry, vec![vec![3], vec![1]]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(obs.decisions.iter().any(|d| d.kind == "drop:x" && d.input == 0), "the part's drop, by input packet");
     }
 }

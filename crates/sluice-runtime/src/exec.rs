@@ -694,9 +694,19 @@ pub fn run(
     }
     // The link's own failure (a lost datagram, a node that runs another chain) says more than
     // the root's "stopped".
+    // Where the run ended: the root's node tells the others with the end; they take it from it.
+    let mut end_at =
+        (Clock::new(0, all_roots.first().map_or(0, |r| r.seq)), all_roots.iter().map(|r| r.last_ts).max().unwrap_or(0));
     report.link = match (link_thread, part_link) {
-        (Some(t), _) => Some(t.finish()?),
-        (None, Some(l)) => Some(l.report),
+        (Some(t), _) => Some(t.finish(end_at)?),
+        (None, Some(l)) => {
+            if cfg.record {
+                end_at = l.root_end.ok_or_else(|| {
+                    RunError::Worker("the root's node ended the run without saying where: no part record".into())
+                })?;
+            }
+            Some(l.report)
+        }
         (None, None) => None,
     };
     result?;
@@ -728,17 +738,25 @@ pub fn run(
     }
     slots.sort_by_key(|(_, s)| s.global);
     if let Some(mut rec) = recording {
-        let last_ts = all_roots.iter().map(|r| r.last_ts).max().unwrap_or(0);
-        let routed = split.routed.take().unwrap_or_default();
-        rec.admitted = roots::merge_recorded(routed, &mut all_roots);
-        rec.drops.extend(all_roots.iter_mut().flat_map(|r| std::mem::take(&mut r.no_route)));
-        // What timers fired at the end carry: the last clock stamped (with several roots, the
-        // last input packet's).
-        rec.end = match all_roots.as_slice() {
-            [only] => Clock::new(0, only.seq),
-            _ => rec.admitted.iter().rev().find_map(|c| *c).unwrap_or_default(),
-        };
-        finish::record_end(&mut rec, &mut slots, &shared.vertices, store.as_ref(), last_ts)?;
+        let (mut last_clock, last_ts) = end_at;
+        if layout.as_ref().is_none_or(|l| l.has_root()) {
+            let routed = split.routed.take().unwrap_or_default();
+            rec.admitted = roots::merge_recorded(routed, &mut all_roots);
+            rec.drops.extend(all_roots.iter_mut().flat_map(|r| std::mem::take(&mut r.no_route)));
+            if all_roots.len() > 1 {
+                // With several roots, the last input packet's clock.
+                last_clock = rec.admitted.iter().rev().find_map(|c| *c).unwrap_or_default();
+            }
+        }
+        // What timers fired at the end carry: the last clock stamped.
+        rec.end = last_clock;
+        // A node of a spread chain records its own instances and their vertices' state.
+        let here: Vec<bool> = (0..shared.vertices.len())
+            .map(|v| slots.iter().any(|(_, s)| s.vertex == v && !shared.is_elsewhere(s.global)))
+            .collect();
+        finish::record_end(&mut rec, &mut slots, (&shared.vertices, &here), store.as_ref(), last_ts, |g| {
+            !shared.is_elsewhere(g)
+        })?;
         if !report.failovers.is_empty() {
             // A replacement redoing a clock its predecessor dropped drops it again.
             rec.drops.sort_by(|a, b| (a.clock, &a.vertex).cmp(&(b.clock, &b.vertex)));

@@ -160,7 +160,7 @@ impl UdpLink {
         let socket = UdpSocket::bind(addr).map_err(|source| LinkError::Socket { addr, source })?;
         socket.set_read_timeout(timeout).map_err(|source| LinkError::Socket { addr, source })?;
         // A kernel without GRO for UDP says so here; the link then takes datagrams one by one.
-        let gro = set_int_option(&socket, UDP_GRO, 1).is_ok();
+        let gro = set_int_option(&socket, (libc::SOL_UDP, UDP_GRO), 1).is_ok();
         Ok(UdpLink { socket, gso_below: AtomicUsize::new(usize::MAX), gro })
     }
 
@@ -402,13 +402,18 @@ fn gro_segment(hdr: &libc::msghdr) -> Option<usize> {
     None
 }
 
-/// Sets an integer UDP-level option on `socket`.
-fn set_int_option(socket: &UdpSocket, option: libc::c_int, value: libc::c_int) -> io::Result<()> {
-    // SAFETY: the option value is a live int of the size given.
+/// Sets an integer socket option (`level`, `option`) on `socket`.
+pub(crate) fn set_int_option(
+    socket: &impl AsRawFd,
+    (level, option): (libc::c_int, libc::c_int),
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live `c_int` on a socket
+    // descriptor the caller holds for the whole call.
     let r = unsafe {
         libc::setsockopt(
             socket.as_raw_fd(),
-            libc::SOL_UDP,
+            level,
             option,
             &value as *const libc::c_int as *const libc::c_void,
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,

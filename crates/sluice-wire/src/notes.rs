@@ -59,6 +59,11 @@ pub enum NoteKind {
     /// first missing sequence number, the XOR field how many follow it (gaps are asked for
     /// one range at a time, the oldest first).
     Resend,
+    /// Where the run ended, from the root's node in the datagram that carries its `End`: the
+    /// clock carries the last clock the root stamped, the XOR field the last input packet's
+    /// capture time (ns). A recorded run's other nodes fire the timers due by then with that
+    /// clock, as the root's node does.
+    Last,
 }
 
 impl NoteKind {
@@ -73,6 +78,7 @@ impl NoteKind {
             NoteKind::Hello => 17,
             NoteKind::Stop => 18,
             NoteKind::Resend => 19,
+            NoteKind::Last => 20,
         }
     }
     fn from_byte(b: u8) -> Option<NoteKind> {
@@ -86,6 +92,7 @@ impl NoteKind {
             17 => NoteKind::Hello,
             18 => NoteKind::Stop,
             19 => NoteKind::Resend,
+            20 => NoteKind::Last,
             _ => return None,
         })
     }
@@ -217,6 +224,7 @@ mod tests {
             NoteKind::Hello,
             NoteKind::Stop,
             NoteKind::Resend,
+            NoteKind::Last,
         ];
         let notes: Vec<WireNote> = kinds.iter().enumerate().map(|(i, k)| note(*k, i as u64 + 1)).collect();
         let mut d = Vec::new();
@@ -228,7 +236,9 @@ mod tests {
         assert_eq!(back, notes);
         assert_eq!(crate::link_seq(&d), Some(9));
         assert!(!is_control(&d), "data notes first");
-        for (kind, control) in [(NoteKind::Hello, true), (NoteKind::Resend, true), (NoteKind::Commit, false)] {
+        for (kind, control) in
+            [(NoteKind::Hello, true), (NoteKind::Resend, true), (NoteKind::Last, true), (NoteKind::Commit, false)]
+        {
             let mut c = Vec::new();
             encode_notes(42, 10, &[note(kind, 1)], &mut c).unwrap();
             assert_eq!(is_control(&c), control, "{kind:?}");

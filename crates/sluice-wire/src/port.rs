@@ -11,7 +11,6 @@ use crate::link::{LinkError, RecvBatch, UdpLink, MAX_BATCH};
 use sluice_packet::{InstanceId, Packet};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 /// The socket buffers asked for on both ends: a burst of a few thousand full-size frames
@@ -285,20 +284,9 @@ pub fn grow_buffers(link: &UdpLink) {
 
 fn set_buffer(link: &UdpLink, option: libc::c_int) {
     let forced = if option == libc::SO_RCVBUF { libc::SO_RCVBUFFORCE } else { libc::SO_SNDBUFFORCE };
-    let size = SOCKET_BUFFER as libc::c_int;
+    // Beyond the system's cap when the process may, else up to it.
     for opt in [forced, option] {
-        // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from a live `c_int` on a socket
-        // descriptor the link owns for the whole call.
-        let r = unsafe {
-            libc::setsockopt(
-                link.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                &size as *const libc::c_int as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r == 0 {
+        if crate::link::set_int_option(link, (libc::SOL_SOCKET, opt), SOCKET_BUFFER as libc::c_int).is_ok() {
             return;
         }
     }

@@ -288,9 +288,6 @@ fn spread_allowed(cfg: &RunConfig, scalable: bool, live: bool) -> Result<(), Str
     if live {
         return not_yet("a control endpoint");
     }
-    if cfg.record {
-        return not_yet("--record (each node would hold part of the record)");
-    }
     if cfg.log_in_store {
         return not_yet("the root's log in the store");
     }

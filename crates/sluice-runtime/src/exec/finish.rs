@@ -9,16 +9,20 @@ use crate::report::{InstanceReport, RunReport, VertexReport};
 use std::sync::Arc;
 
 /// The end of a recorded run: the timers due by the last packet's time fire (as they do at the
-/// end of the logical chain's run), then the drops and the final state are collected.
+/// end of the logical chain's run), then the drops and the final state are collected — of the
+/// instances `is_here` says run on this node (by global index) and of the vertices `here`
+/// marks (a node of a chain spread over several records its own part).
 pub(super) fn record_end(
     rec: &mut Recording,
     slots: &mut [(usize, Slot)],
-    vertices: &[VertexPlan],
+    (vertices, here): (&[VertexPlan], &[bool]),
     store: Option<&Arc<dyn sluice_store::Backend>>,
     last_ts: u64,
+    is_here: impl Fn(usize) -> bool,
 ) -> Result<(), RunError> {
     let name = |v: usize| vertices.get(v).map_or_else(|| "?".to_string(), |vp| vp.name.to_string());
-    for (_, s) in slots.iter_mut() {
+    let vertex_here = |v: usize| here.get(v).copied().unwrap_or(false);
+    for (_, s) in slots.iter_mut().filter(|(_, s)| is_here(s.global)) {
         s.inst.begin_batch();
         s.inst.advance_time(last_ts, rec.end);
         s.inst.end_batch();
@@ -47,9 +51,10 @@ pub(super) fn record_end(
         let cp = b.checkpoint().map_err(|e| RunError::Worker(format!("reading the final state: {e}")))?;
         // Not the chain's: the root's log (its own vertex) and the scratch value a store rebuild
         // marks in-flight updates with.
-        let owned = cp.values.into_iter().filter(|(k, _)| {
-            usize::from(k.vertex) < vertices.len() && k.object != sluice_chc::recovery::SCRATCH_OBJECT
-        });
+        let owned = cp
+            .values
+            .into_iter()
+            .filter(|(k, _)| vertex_here(usize::from(k.vertex)) && k.object != sluice_chc::recovery::SCRATCH_OBJECT);
         rec.state.extend(owned.map(|(k, value)| StateRecord {
             vertex: usize::from(k.vertex),
             object: k.object,

@@ -93,6 +93,8 @@ pub(super) struct Link {
     pub(super) report: LinkReport,
     /// The root's node said the run is over.
     pub(super) ended: bool,
+    /// And where it ended: its last clock and last input packet's capture time.
+    pub(super) root_end: Option<(Clock, u64)>,
 }
 
 impl Link {
@@ -138,6 +140,7 @@ impl Link {
             dead: vec![false; nodes],
             report,
             ended: false,
+            root_end: None,
         })
     }
 
@@ -182,11 +185,16 @@ impl Link {
 
     /// Tells every other node that the run is over (`End`, from the root's node) or that this
     /// node stops with an error (`Stop`), a few times: datagrams can be lost.
-    pub(super) fn tell_all(&mut self, kind: NoteKind) -> Result<(), RunError> {
+    pub(super) fn tell_all(&mut self, kind: NoteKind, last: Option<(Clock, u64)>) -> Result<(), RunError> {
+        let mine = WireNote { kind, meta: Meta { clock: Clock(self.fingerprint), ..Meta::default() } };
+        // Where the run ended goes in the same datagram, before the end itself.
+        let last =
+            last.map(|(clock, ts)| WireNote { kind: NoteKind::Last, meta: Meta { clock, xor: ts, ..Meta::default() } });
+        let notes: Vec<WireNote> = last.into_iter().chain([mine]).collect();
         for _ in 0..3 {
             for n in 0..self.layout.addrs.len() {
                 if self.talks_to(n) {
-                    self.control(n, kind, None)?;
+                    self.send_control(n, &notes)?;
                 }
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -198,9 +206,14 @@ impl Link {
     /// fingerprint in the clock).
     fn control(&mut self, node: usize, kind: NoteKind, meta: Option<Meta>) -> Result<(), RunError> {
         let meta = meta.unwrap_or(Meta { clock: Clock(self.fingerprint), ..Meta::default() });
+        self.send_control(node, &[WireNote { kind, meta }])
+    }
+
+    /// Sends `node` control notes in one datagram, now.
+    fn send_control(&mut self, node: usize, notes: &[WireNote]) -> Result<(), RunError> {
         let mut d = self.spare.pop().unwrap_or_default();
         let seq = self.seq(node);
-        encode_notes(self.layout.vni, seq, &[WireNote { kind, meta }], &mut d).map_err(wire)?;
+        encode_notes(self.layout.vni, seq, notes, &mut d).map_err(wire)?;
         self.push_datagram(node, seq, d);
         self.flush_datagrams(Some(node))
     }
@@ -396,7 +409,7 @@ fn root_hears(shared: &Shared, out: &mut Outgoing, kind: NoteKind, meta: Meta) -
             out.note(shared, Note::Reached(meta));
             false
         }
-        NoteKind::Left | NoteKind::Hello | NoteKind::End | NoteKind::Stop | NoteKind::Resend => false,
+        NoteKind::Left | NoteKind::Hello | NoteKind::End | NoteKind::Stop | NoteKind::Resend | NoteKind::Last => false,
     }
 }
 
@@ -495,7 +508,7 @@ pub(super) fn serve_part(shared: &Shared, link: &mut Link, stop: Option<&AtomicB
     })();
     if served.is_err() {
         // The root's node waits for what this node holds: tell it that nothing more comes.
-        let _ = link.tell_all(NoteKind::Stop);
+        let _ = link.tell_all(NoteKind::Stop, None);
     }
     served
 }
@@ -530,6 +543,8 @@ pub(super) struct LinkThread {
     handle: std::thread::JoinHandle<Result<LinkReport, RunError>>,
     ready: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
+    /// Where the run ended (last clock, last capture time), told the other nodes with the end.
+    last: Arc<std::sync::Mutex<Option<(Clock, u64)>>>,
 }
 
 impl LinkThread {
@@ -537,7 +552,8 @@ impl LinkThread {
     pub(super) fn start(shared: Arc<Shared>, mut link: Link) -> Result<LinkThread, RunError> {
         let ready = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
-        let (r, st, sh) = (ready.clone(), stop.clone(), shared);
+        let last = Arc::new(std::sync::Mutex::new(None));
+        let (r, st, sh, at_end) = (ready.clone(), stop.clone(), shared, last.clone());
         let handle = std::thread::Builder::new()
             .name("sluice-link".into())
             .spawn(move || {
@@ -562,12 +578,13 @@ impl LinkThread {
                     sh.aborted.store(true, Ordering::Release);
                     NoteKind::Stop
                 };
-                let told = link.tell_all(over);
+                let last = *at_end.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let told = link.tell_all(over, last.filter(|_| over == NoteKind::End));
                 let served = served.and(told);
                 served.map(|()| link.report)
             })
             .map_err(|e| RunError::Worker(e.to_string()))?;
-        Ok(LinkThread { handle, ready, stop })
+        Ok(LinkThread { handle, ready, stop, last })
     }
 
     /// Waits until every node has answered ([`HELLO_LIMIT`] at most, or until `stop`).
@@ -576,7 +593,7 @@ impl LinkThread {
         while !self.ready.load(Ordering::Acquire) {
             if self.handle.is_finished() {
                 // Its own error says why (another chain on a node, an address in use).
-                self.finish()?;
+                self.finish((Clock::default(), 0))?;
                 return Err(RunError::Worker("the link to the other nodes ended before the run started".into()));
             }
             if t0.elapsed() >= HELLO_LIMIT || stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
@@ -592,7 +609,8 @@ impl LinkThread {
     }
 
     /// Ends the other nodes' parts and returns what the link moved.
-    pub(super) fn finish(self) -> Result<LinkReport, RunError> {
+    pub(super) fn finish(self, last: (Clock, u64)) -> Result<LinkReport, RunError> {
+        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(last);
         self.stop.store(true, Ordering::Release);
         self.handle.join().map_err(|_| RunError::Worker("the link thread panicked".into()))?
     }

@@ -107,7 +107,7 @@ impl Link {
     /// Takes in one datagram from `node`, in its sequence order; adds the copies that ended
     /// to `finished`.
     fn take_in(&mut self, shared: &Shared, node: usize, d: &[u8], finished: &mut usize) -> Result<(), RunError> {
-        let Link { layout, out, decoded, report, fingerprint, on_node, .. } = self;
+        let Link { layout, out, decoded, report, fingerprint, on_node, root_end, .. } = self;
         if is_notes(d) {
             let vni = match decode_notes(d, decoded) {
                 Ok((vni, _)) => vni,
@@ -146,7 +146,10 @@ impl Link {
                     }
                     NoteKind::Resend => self.asked.push((node, n.meta.clock.0, n.meta.xor)),
                     NoteKind::End if !layout.has_root() && node == layout.root => self.ended = true,
-                    NoteKind::End => report.malformed += 1,
+                    NoteKind::Last if !layout.has_root() && node == layout.root => {
+                        *root_end = Some((n.meta.clock, n.meta.xor));
+                    }
+                    NoteKind::End | NoteKind::Last => report.malformed += 1,
                     _ if !layout.has_root() => report.malformed += 1,
                     kind => {
                         report.notes_received += 1;
