@@ -5,11 +5,14 @@
 use crate::{exit, fail, load_chain, Failure};
 use anyhow::Context;
 use sluice_coe::compare::CompareOptions;
-use sluice_coe::recorded::{clock_of, verify_recorded, RunRecord};
+use sluice_coe::recorded::{clock_of, verify_recorded, JournalLine, RecordedDrop, RecordedEvent, RunRecord};
 use sluice_io::{Precision, TraceWriter};
 use sluice_packet::{Batch, Packet, PacketPool};
+use sluice_runtime::record::RecordJournal;
 use sluice_runtime::{Fill, RunError, RunReport, Sink, Source};
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// The files of a record directory.
 struct Files {
@@ -17,6 +20,7 @@ struct Files {
     input: PathBuf,
     output: PathBuf,
     record: PathBuf,
+    journal: PathBuf,
 }
 
 fn files(dir: &Path) -> Files {
@@ -25,6 +29,7 @@ fn files(dir: &Path) -> Files {
         input: dir.join("input.pcap"),
         output: dir.join("output.pcap"),
         record: dir.join("record.json"),
+        journal: dir.join("journal.jsonl"),
     }
 }
 
@@ -152,6 +157,60 @@ pub fn write_part(dir: &Path, node: &str, report: &RunReport) -> Result<(), Fail
     Ok(())
 }
 
+/// A node's journal (`journal.jsonl`): each drop and event written as it happens, one line
+/// per `write`, so that what the node wrote survives its process.
+pub struct JournalFile {
+    file: Mutex<(std::fs::File, Vec<u8>)>,
+    /// The first write that failed, reported when the part is written.
+    failed: Mutex<Option<String>>,
+}
+
+impl JournalFile {
+    /// Creates `dir`'s journal for `node` of chain `chain`.
+    pub fn create(dir: &Path, chain: &str, node: &str) -> Result<JournalFile, Failure> {
+        let path = files(dir).journal;
+        let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        let j = JournalFile { file: Mutex::new((file, Vec::new())), failed: Mutex::new(None) };
+        j.write(&JournalLine::Node { chain: chain.to_string(), node: node.to_string() });
+        if let Some(e) = j.failure() {
+            return Err(fail(exit::FAILED)(anyhow::anyhow!("writing {}: {e}", path.display())));
+        }
+        Ok(j)
+    }
+
+    fn write(&self, line: &JournalLine) {
+        let mut guard = self.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (file, buf) = &mut *guard;
+        buf.clear();
+        let written = serde_json::to_writer(&mut *buf, line).map_err(|e| e.to_string()).and_then(|()| {
+            buf.push(b'\n');
+            file.write_all(buf).map_err(|e| e.to_string())
+        });
+        if let Err(e) = written {
+            self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert(e);
+        }
+    }
+
+    /// The first write that failed.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+impl RecordJournal for JournalFile {
+    fn dropped(&self, clock: sluice_packet::Clock, vertex: &str, reason: &'static str) {
+        self.write(&JournalLine::Drop(RecordedDrop {
+            clock: clock.0,
+            vertex: vertex.to_string(),
+            reason: reason.into(),
+        }));
+    }
+
+    fn decided(&self, event: &sluice_nf::Event) {
+        self.write(&JournalLine::Event(RecordedEvent::from(event)));
+    }
+}
+
 fn read_record(dir: &Path) -> Result<RunRecord, Failure> {
     let f = files(dir);
     let text = std::fs::read_to_string(&f.record).with_context(|| format!("reading {}", f.record.display()))?;
@@ -172,6 +231,18 @@ pub fn verify_dir(dir: &Path, parts: &[PathBuf], json: bool) -> Result<bool, Fai
         )));
     }
     for p in parts {
+        let pf = files(p);
+        if !pf.record.exists() && pf.journal.exists() {
+            // The node was killed before it wrote its part: what it journaled as it went.
+            let text =
+                std::fs::read_to_string(&pf.journal).with_context(|| format!("reading {}", pf.journal.display()))?;
+            let node = record
+                .merge_journal(&text)
+                .with_context(|| format!("folding in the journal in {}", p.display()))
+                .map_err(fail(exit::INVALID))?;
+            eprintln!("node `{node}` did not finish its part ({}): its journal folded in", p.display());
+            continue;
+        }
         record
             .merge_part(read_record(p)?)
             .with_context(|| format!("folding in the part in {}", p.display()))

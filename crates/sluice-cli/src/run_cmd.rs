@@ -259,7 +259,7 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     };
     let uses_geneve = geneve_in.is_some() || geneve_out.is_some();
     let live = start_control(&a, &plan, uses_geneve.then(|| links.clone()))?;
-    let hooks = RunHooks { progress: Some(&progress), stop: Some(stop), live };
+    let hooks = RunHooks { progress: Some(&progress), stop: Some(stop), live, journal: None };
     let report =
         run_recorded((a.record.as_deref(), false), &a.chain, plan, &cfg, source.as_mut(), sink.as_mut(), hooks)?;
     if let Some(pb) = pb {
@@ -291,14 +291,27 @@ fn run_part(a: &RunArgs, chain: &Chain, cfg: &RunConfig) -> Result<(), Failure> 
     if !a.quiet {
         eprintln!("node {node}: waiting for the root's node (Ctrl-C to stop)");
     }
-    let hooks = RunHooks { progress: None, stop: Some(stop_flag(a.duration)), live: None };
     let mut source = sluice_runtime::MemorySource::new(&[]);
-    // Its part of the record (the root's node records the input and the output).
-    if let Some(dir) = a.record.as_deref() {
-        record::Recorder::create(dir, &a.chain)?;
-    }
+    // Its part of the record (the root's node records the input and the output), journaled
+    // as it goes: a node killed during the run leaves its drops and events behind.
+    let journal = match a.record.as_deref() {
+        Some(dir) => {
+            record::Recorder::create(dir, &a.chain)?;
+            Some(Arc::new(record::JournalFile::create(dir, &chain.name, node)?))
+        }
+        None => None,
+    };
+    let hooks = RunHooks {
+        progress: None,
+        stop: Some(stop_flag(a.duration)),
+        live: None,
+        journal: journal.clone().map(|j| j as Arc<dyn sluice_runtime::record::RecordJournal>),
+    };
     let report = run(plan, cfg, &mut source, &mut DiscardSink, hooks).map_err(failed)?;
-    if let Some(dir) = a.record.as_deref() {
+    if let (Some(dir), Some(j)) = (a.record.as_deref(), journal) {
+        if let Some(e) = j.failure() {
+            return Err(fail(exit::FAILED)(anyhow::anyhow!("writing the journal in {}: {e}", dir.display())));
+        }
         record::write_part(dir, node, &report)?;
     }
     print_report(&report, a.json.as_deref(), None, &[])?;
@@ -434,7 +447,7 @@ fn bridge_run<P: LivePort>(
     let mut sink = BridgeSink(shared.clone());
     let stop = stop_flag(a.duration);
     let live = start_control(a, &plan, None)?;
-    let hooks = RunHooks { progress: None, stop: Some(stop), live };
+    let hooks = RunHooks { progress: None, stop: Some(stop), live, journal: None };
     let report = run_recorded((a.record.as_deref(), true), &a.chain, plan, cfg, &mut source, &mut sink, hooks)?;
     let (ports, lines) = shared.borrow_mut().report();
     print_report(&report, a.json.as_deref(), None, &[("ports", ports, lines)])

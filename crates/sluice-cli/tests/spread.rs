@@ -233,8 +233,10 @@ fn sorted_frames(path: &Path) -> Vec<Vec<u8>> {
 
 #[test]
 fn a_node_killed_mid_run_is_failed_over_to_the_root_node() {
-    // The NAT and the Trojan detector (mirror copies made and taken on b) on b.
-    killed_node_is_failed_over(2, &[("nat", "b"), ("trojan", "b")], "b", &["nat", "trojan"]);
+    // The NAT, the portscan detector and the Trojan detector (mirror copies made and taken on
+    // b) on b: b's drops and alerts before it died are in its journal only.
+    let place = [("nat", "b"), ("portscan", "b"), ("trojan", "b")];
+    killed_node_is_failed_over(2, &place, "b", &["nat", "portscan", "trojan"], true);
 }
 
 #[test]
@@ -242,14 +244,15 @@ fn one_of_three_nodes_killed_mid_run_is_failed_over_while_the_other_goes_on() {
     // The NAT on b mirrors to the Trojan detector on c (through the root's node); c, with
     // the rest of the path, dies; b goes on and ends with the run.
     let place = [("nat", "b"), ("trojan", "c"), ("portscan", "c"), ("lb", "c")];
-    killed_node_is_failed_over(3, &place, "c", &["portscan", "lb", "trojan"]);
+    killed_node_is_failed_over(3, &place, "c", &["portscan", "lb", "trojan"], false);
 }
 
 /// The example chain over `nodes` nodes placed by `place`, with fault tolerance and a served
 /// store; node `victim` is SIGKILLed a third of the way into a paced run and declared failed
 /// after 200 ms of silence. The root's node fails over `failed` (in that order), closes every
 /// log entry and gives the one-process output and decisions; the other nodes end well.
-fn killed_node_is_failed_over(nodes: usize, place: &[(&str, &str)], victim: &str, failed: &[&str]) {
+/// `verified`: the run's record (with the killed node's journal) is checked with `verify`.
+fn killed_node_is_failed_over(nodes: usize, place: &[(&str, &str)], victim: &str, failed: &[&str], verified: bool) {
     let server = common::served_store();
     let dir = tempfile::tempdir().expect("temp dir");
     let spread = spread_file_with(dir.path(), nodes, place, "silence_ms: 200\n");
@@ -259,7 +262,9 @@ fn killed_node_is_failed_over(nodes: usize, place: &[(&str, &str)], victim: &str
     for i in 1..nodes {
         let name = ((b'a' + i as u8) as char).to_string();
         let report = dir.path().join(format!("{name}.json"));
-        let child = start_node("chains/example.yaml", &spread, &name, &report, &ft);
+        let rec = dir.path().join(format!("rec-{name}")).to_string_lossy().into_owned();
+        let child =
+            start_node("chains/example.yaml", &spread, &name, &report, &[&ft[..], &["--record", &rec]].concat());
         if name == victim {
             doomed = Some(child);
         } else {
@@ -274,7 +279,8 @@ fn killed_node_is_failed_over(nodes: usize, place: &[(&str, &str)], victim: &str
         let _ = doomed.wait();
     });
     let (out, a_json) = (dir.path().join("spread.pcap"), dir.path().join("a.json"));
-    let a = root_node(&spread, &out, &a_json, &[&ft[..5], &["--pace", "0.05"]].concat());
+    let rec = |n: &str| dir.path().join(format!("rec-{n}")).to_string_lossy().into_owned();
+    let a = root_node(&spread, &out, &a_json, &[&ft[..5], &["--pace", "0.05", "--record", &rec("a")]].concat());
     killer.join().expect("killer");
     assert!(a.status.success(), "{}", text(&a));
     let rep = json(&a_json);
@@ -315,6 +321,38 @@ fn killed_node_is_failed_over(nodes: usize, place: &[(&str, &str)], victim: &str
         assert!(made.contains(&key(e)) || before_on_victim, "decision {e} was not made again ({decided:?})");
     }
     assert!(made.len() <= wanted.len(), "decisions made twice: {decided:?}");
+
+    // The record: the root's, the parts of the nodes that lived, and the journal the killed
+    // node left (it never wrote its part).
+    assert!(!dir.path().join(format!("rec-{victim}/record.json")).exists(), "the killed node wrote no part");
+    let mut args = vec!["verify".to_string(), "--recorded".into(), rec("a")];
+    for i in 1..nodes {
+        args.extend(["--part".to_string(), rec(&((b'a' + i as u8) as char).to_string())]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    if !verified {
+        // Known divergence, not yet fixed (docs/decisions.md, "Recording a chain spread over
+        // nodes"): the replacement redoes clocks its predecessor processed and reads the state
+        // they wrote, so an NF may take another path than the first time (the LB reopening a
+        // connection its own first processing opened).
+        return;
+    }
+    let v = sluice(&args);
+    assert!(v.status.success(), "the recorded run with the killed node's journal: {}", text(&v));
+    let lost = wanted.iter().filter(|e| !made.contains(&key(e))).count();
+    if lost > 0 {
+        // Without the journal, the decisions only the killed node made are missing.
+        let mut without = vec!["verify".to_string(), "--recorded".into(), rec("a")];
+        for i in 1..nodes {
+            let n = ((b'a' + i as u8) as char).to_string();
+            if n != victim {
+                without.extend(["--part".to_string(), rec(&n)]);
+            }
+        }
+        let without: Vec<&str> = without.iter().map(String::as_str).collect();
+        let w = sluice(&without);
+        assert_eq!(w.status.code(), Some(4), "{lost} decisions only in the journal: {}", text(&w));
+    }
 }
 
 #[test]
@@ -365,7 +403,7 @@ fn bad_spreads_and_misplaced_options_are_refused() {
         (&["--node", "z", "-i", "traces/demo.pcap"], "no node `z`"),
         (&["--node", "a"], "has the root: give it the input"),
         (&["--node", "b", "-i", "traces/demo.pcap"], "input belongs on the root's node"),
-        (&["--node", "b", "--record", "/tmp/nowhere"], "--record belongs on the root's node"),
+        (&["--node", "b", "-o", "/tmp/nowhere.pcap"], "output belongs on the root's node"),
         (&["-i", "traces/demo.pcap"], "--node"),
     ];
     for (args, says) in cases {

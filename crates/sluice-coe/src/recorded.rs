@@ -60,7 +60,7 @@ pub struct RunRecord {
 }
 
 /// A packet dropped inside the chain.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct RecordedDrop {
     /// Its clock.
     pub clock: u64,
@@ -71,7 +71,7 @@ pub struct RecordedDrop {
 }
 
 /// An NF's event.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct RecordedEvent {
     /// The clock of the packet that caused it.
     pub clock: u64,
@@ -83,6 +83,37 @@ pub struct RecordedEvent {
     pub subject: String,
     /// Detail.
     pub detail: String,
+}
+
+/// One line of a node's journal (`journal.jsonl` in its record directory): what a node of a
+/// recorded spread run wrote as it went, one JSON object a line, so that a node killed during
+/// the run leaves its drops and events behind ([`RunRecord::merge_journal`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JournalLine {
+    /// The first line: which chain and node wrote it.
+    Node {
+        /// The chain's name.
+        chain: String,
+        /// The node's name in the spread file.
+        node: String,
+    },
+    /// A copy dropped.
+    Drop(RecordedDrop),
+    /// A decision.
+    Event(RecordedEvent),
+}
+
+impl From<&Event> for RecordedEvent {
+    fn from(e: &Event) -> RecordedEvent {
+        RecordedEvent {
+            clock: e.clock.0,
+            vertex: e.nf.clone(),
+            kind: e.kind.to_string(),
+            subject: e.subject.clone(),
+            detail: e.detail.clone(),
+        }
+    }
 }
 
 /// One value of the final state.
@@ -116,6 +147,51 @@ pub enum RecordError {
 }
 
 impl RunRecord {
+    /// Folds in the journal (`journal.jsonl`, [`JournalLine`]s) of a node of the same spread
+    /// run that was killed before it wrote its part: its drops and events that this record
+    /// does not hold already (the failed node's replacement redid what the root's log still
+    /// held, deciding the same again). Its vertices' state is the replacement's, in this
+    /// record. Returns the node's name. A last line cut short (the node killed while writing
+    /// it) is left out; any other bad line is an error.
+    pub fn merge_journal(&mut self, text: &str) -> Result<String, RecordError> {
+        let mut lines = text.split_inclusive('\n').enumerate().peekable();
+        let node = match lines.next().map(|(_, l)| serde_json::from_str::<JournalLine>(l)) {
+            Some(Ok(JournalLine::Node { chain, node })) if chain == self.chain => node,
+            Some(Ok(JournalLine::Node { chain, node })) => {
+                return Err(RecordError::Mismatch(format!(
+                    "node `{node}`'s journal is of chain `{chain}`, the root's record of `{}`",
+                    self.chain
+                )))
+            }
+            _ => return Err(RecordError::Mismatch("a journal starts with the line naming its chain and node".into())),
+        };
+        let mut drops: std::collections::HashSet<RecordedDrop> = self.drops.iter().cloned().collect();
+        let mut events: std::collections::HashSet<RecordedEvent> = self.events.iter().cloned().collect();
+        while let Some((i, line)) = lines.next() {
+            let cut = lines.peek().is_none() && !line.ends_with('\n');
+            match serde_json::from_str::<JournalLine>(line) {
+                Ok(JournalLine::Drop(d)) => {
+                    if drops.insert(d.clone()) {
+                        self.drops.push(d);
+                    }
+                }
+                Ok(JournalLine::Event(e)) => {
+                    if events.insert(e.clone()) {
+                        self.events.push(e);
+                    }
+                }
+                Err(_) if cut => {}
+                _ => {
+                    return Err(RecordError::Mismatch(format!(
+                        "node `{node}`'s journal, line {}: not a drop or an event",
+                        i + 1
+                    )))
+                }
+            }
+        }
+        Ok(node)
+    }
+
     /// Folds the record `part` of another node of the same spread run into this one (the root's
     /// node's): its drops, events and state. Refused when it is not a part, is of another chain
     /// or run (another end clock), or holds state this record holds too.
@@ -166,16 +242,7 @@ impl RunRecord {
                 .iter()
                 .map(|d| RecordedDrop { clock: d.clock.0, vertex: d.vertex.clone(), reason: d.reason.to_string() })
                 .collect(),
-            events: events
-                .iter()
-                .map(|e| RecordedEvent {
-                    clock: e.clock.0,
-                    vertex: e.nf.clone(),
-                    kind: e.kind.to_string(),
-                    subject: e.subject.clone(),
-                    detail: e.detail.clone(),
-                })
-                .collect(),
+            events: events.iter().map(RecordedEvent::from).collect(),
             end_clock: rec.end.0,
             part: None,
             state: rec
@@ -434,5 +501,23 @@ mod tests {
         let registry = sluice_nfs::registry();
         let obs = root.observed(&chain(), &registry, vec![vec![3], vec![1]]).unwrap_or_else(|e| panic!("{e}"));
         assert!(obs.decisions.iter().any(|d| d.kind == "drop:x" && d.input == 0), "the part's drop, by input packet");
+    }
+
+    #[test]
+    fn a_killed_nodes_journal_adds_what_the_record_lacks_once() {
+        let mut root = record();
+        let line = |l: &JournalLine| serde_json::to_string(l).unwrap_or_default() + "\n";
+        let head = line(&JournalLine::Node { chain: "t".into(), node: "b".into() });
+        let again = line(&JournalLine::Drop(root.drops[0].clone()));
+        let new = RecordedDrop { clock: 1, vertex: "nat".into(), reason: "y".into() };
+        let text = head.clone() + &again + &line(&JournalLine::Drop(new.clone())) + &line(&JournalLine::Drop(new));
+        let cut = text.clone() + "{\"drop\":{\"clo";
+        assert_eq!(root.merge_journal(&cut).unwrap_or_else(|e| panic!("{e}")), "b");
+        assert_eq!(root.drops.len(), 3, "the redone drop and the repeated one counted once, the cut line left out");
+        let mut other = record();
+        assert!(matches!(other.merge_journal(&(text.clone() + "oops\n")), Err(RecordError::Mismatch(_))));
+        let foreign = line(&JournalLine::Node { chain: "u".into(), node: "b".into() });
+        assert!(matches!(other.merge_journal(&foreign), Err(RecordError::Mismatch(_))));
+        assert!(matches!(other.merge_journal(&again), Err(RecordError::Mismatch(_))), "no header");
     }
 }

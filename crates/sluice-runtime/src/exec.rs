@@ -102,6 +102,8 @@ struct Shared {
     batch: usize,
     /// Record every drop by clock (`RunConfig::record`).
     record: bool,
+    /// And write drops and events as they happen ([`RunHooks::journal`]).
+    journal: Option<Arc<dyn crate::record::RecordJournal>>,
     /// Live statistics, if someone reads them.
     live: Option<Arc<Live>>,
     /// With `RunConfig::fault_tolerance`: notes for each root's log, and emptied note buffers.
@@ -299,6 +301,7 @@ pub fn run(
         pool: pool.clone(),
         batch: cfg.batch,
         record: cfg.record,
+        journal: hooks.journal.clone().filter(|_| cfg.record),
         live: live.clone(),
         // A node without the root sends its notes there: they keep its window and its log.
         notes: (cfg.fault_tolerance || layout.as_ref().is_some_and(|l| !l.has_root()))

@@ -2,6 +2,7 @@
 //! run with the logical chain (`sluice verify --recorded`). The input and output frames are the
 //! caller's to keep (it owns the source and the sink); this is what only the runtime sees.
 
+use sluice_nf::Event;
 use sluice_packet::Clock;
 use sluice_state::{StateKey, Value};
 
@@ -42,4 +43,15 @@ pub struct StateRecord {
     pub key: StateKey,
     /// The value.
     pub value: Value,
+}
+
+/// Where a node of a recorded spread run writes its drops and events as they happen
+/// ([`crate::RunHooks::journal`]), so that a node killed during the run leaves them behind: a
+/// write the process made survives it. Called from the worker threads, before the copy a
+/// drop ends is reported anywhere and before the packet an event is about goes on.
+pub trait RecordJournal: Send + Sync {
+    /// An instance of `vertex` dropped the copy of `clock` for `reason`.
+    fn dropped(&self, clock: Clock, vertex: &str, reason: &'static str);
+    /// An instance decided `event`.
+    fn decided(&self, event: &Event);
 }

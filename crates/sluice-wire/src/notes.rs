@@ -64,6 +64,10 @@ pub enum NoteKind {
     /// capture time (ns). A recorded run's other nodes fire the timers due by then with that
     /// clock, as the root's node does.
     Last,
+    /// From the root's node, every few milliseconds while it changes: the oldest clock its log
+    /// still holds (in the clock). Nothing below it is replayed again, so the other nodes
+    /// forget what their instances emitted for those clocks (kept for replays passing through).
+    Oldest,
 }
 
 impl NoteKind {
@@ -79,6 +83,7 @@ impl NoteKind {
             NoteKind::Stop => 18,
             NoteKind::Resend => 19,
             NoteKind::Last => 20,
+            NoteKind::Oldest => 21,
         }
     }
     fn from_byte(b: u8) -> Option<NoteKind> {
@@ -93,6 +98,7 @@ impl NoteKind {
             18 => NoteKind::Stop,
             19 => NoteKind::Resend,
             20 => NoteKind::Last,
+            21 => NoteKind::Oldest,
             _ => return None,
         })
     }
@@ -225,6 +231,7 @@ mod tests {
             NoteKind::Stop,
             NoteKind::Resend,
             NoteKind::Last,
+            NoteKind::Oldest,
         ];
         let notes: Vec<WireNote> = kinds.iter().enumerate().map(|(i, k)| note(*k, i as u64 + 1)).collect();
         let mut d = Vec::new();

@@ -187,6 +187,9 @@ pub struct RunHooks<'a> {
     pub stop: Option<Arc<AtomicBool>>,
     /// Live statistics to keep up to date while the run goes ([`Live::new`] of the plan).
     pub live: Option<Arc<Live>>,
+    /// With `RunConfig::record`: where drops and events go as they happen (a node of a spread
+    /// run, whose part of the record must outlive it).
+    pub journal: Option<Arc<dyn crate::record::RecordJournal>>,
 }
 
 /// What [`check`] found out about a run's configuration.

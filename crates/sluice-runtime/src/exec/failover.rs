@@ -215,6 +215,11 @@ impl Failover {
         }
     }
 
+    /// The oldest sequence number root `root` still logs, as last published.
+    pub(super) fn oldest_logged(&self, root: u8) -> u64 {
+        self.oldest_logged.get(usize::from(root)).map_or(1, |o| o.load(Ordering::Acquire))
+    }
+
     /// Root `root` publishes the oldest sequence number it still logs.
     pub(super) fn set_oldest_logged(&self, root: u8, seq: u64) {
         if let Some(o) = self.oldest_logged.get(usize::from(root)) {

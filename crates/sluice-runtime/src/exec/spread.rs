@@ -46,6 +46,8 @@ pub(super) const HELLO_LIMIT: Duration = Duration::from_secs(30);
 /// How often a node says hello to a node it has not heard from, and to one it has sent
 /// nothing else to for this long (a heartbeat).
 const HELLO_EVERY: Duration = Duration::from_millis(50);
+/// How often, at most, the root's node tells the others the oldest clock its log holds.
+const OLDEST_EVERY: Duration = Duration::from_millis(2);
 
 /// Frames larger than this do not cross (the encapsulation adds at most 256 bytes).
 const MTU: usize = 9000;
@@ -95,6 +97,8 @@ pub(super) struct Link {
     pub(super) ended: bool,
     /// And where it ended: its last clock and last input packet's capture time.
     pub(super) root_end: Option<(Clock, u64)>,
+    /// On the root's node: the oldest logged sequence number last told the others, and when.
+    oldest_told: (u64, Instant),
 }
 
 impl Link {
@@ -141,6 +145,7 @@ impl Link {
             report,
             ended: false,
             root_end: None,
+            oldest_told: (1, Instant::now()),
         })
     }
 
@@ -172,10 +177,20 @@ impl Link {
                 self.node_failed(shared, n)?;
             }
         }
-        if self.layout.has_root() && shared.failover.is_some() {
+        if let (true, Some(fo)) = (self.layout.has_root(), &shared.failover) {
             let was = shared.hold_admission.swap(suspect, Ordering::AcqRel);
             if suspect && !was {
                 tracing::debug!("a node has not answered for {SUSPECT_AFTER:?}: admission held");
+            }
+            let oldest = fo.oldest_logged(0);
+            if oldest != self.oldest_told.0 && self.oldest_told.1.elapsed() >= OLDEST_EVERY {
+                self.oldest_told = (oldest, Instant::now());
+                let meta = Meta { clock: Clock::new(0, oldest), ..Meta::default() };
+                for n in 0..self.layout.addrs.len() {
+                    if self.talks_to(n) && !self.dead.get(n).copied().unwrap_or(true) {
+                        self.control(n, NoteKind::Oldest, Some(meta))?;
+                    }
+                }
             }
         }
         let sent = self.send(shared)?;
@@ -409,7 +424,13 @@ fn root_hears(shared: &Shared, out: &mut Outgoing, kind: NoteKind, meta: Meta) -
             out.note(shared, Note::Reached(meta));
             false
         }
-        NoteKind::Left | NoteKind::Hello | NoteKind::End | NoteKind::Stop | NoteKind::Resend | NoteKind::Last => false,
+        NoteKind::Left
+        | NoteKind::Hello
+        | NoteKind::End
+        | NoteKind::Stop
+        | NoteKind::Resend
+        | NoteKind::Last
+        | NoteKind::Oldest => false,
     }
 }
 
@@ -442,10 +463,11 @@ fn wire(e: sluice_wire::WireError) -> RunError {
     RunError::Worker(format!("encapsulating for another node: {e}"))
 }
 
-/// Whether a node of this spread can fail over another's instances: the root's node, with
-/// other nodes.
+/// Whether a node of this spread takes part in failovers: the root's node replaces another's
+/// instances, the others pass the replays on; with other nodes.
 pub(super) fn may_fail_over(layout: Option<&Layout>) -> bool {
-    layout.is_some_and(|l| l.has_root() && l.addrs.len() > 1)
+    // Every node: the others keep what their instances emitted for replays passing through.
+    layout.is_some_and(|l| l.addrs.len() > 1)
 }
 
 /// This node's part of `part`'s spread: where each instance runs. An order-sensitive vertex

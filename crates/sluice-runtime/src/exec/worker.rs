@@ -32,8 +32,11 @@ pub(super) struct InstanceStats {
     pub(super) duplicates: u64,
     /// Replay copies passed on as this instance's first processing left them.
     pub(super) replays_passed: u64,
-    /// Decisions of instances that failed here, and of a replacement while it recovered.
+    /// Decisions of instances that failed here, and of a replacement while it recovered
+    /// (and, with a journal, every decision as it is written there).
     pub(super) events: Vec<Event>,
+    /// The instance's vertex.
+    vertex: usize,
 }
 
 impl InstanceStats {
@@ -41,6 +44,9 @@ impl InstanceStats {
         *self.dropped.entry(reason).or_default() += 1;
         if shared.record {
             self.drops.push((clock, reason));
+            if let Some(j) = &shared.journal {
+                j.dropped(clock, shared.vertices.get(self.vertex).map_or("?", |v| &*v.name), reason);
+            }
         }
         if shared.live.is_some() {
             self.batch_drops.push(reason);
@@ -101,7 +107,7 @@ impl Slot {
         let leads_on = shared.vertices.get(vertex).is_some_and(|v| !v.successors().is_empty());
         let passing = (seen.is_some() && leads_on).then(Passing::default);
         let moving = shared.scaling.is_some().then(Moving::default);
-        let stats = InstanceStats::default();
+        let stats = InstanceStats { vertex, ..InstanceStats::default() };
         Slot {
             global,
             vertex,
@@ -395,6 +401,12 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             straggle(range, pkt.meta.clock);
         }
         let verdict = slot.inst.process(&mut pkt);
+        if let Some(j) = &shared.journal {
+            // Written before the packet goes on: a node killed later leaves the decision behind.
+            let decided = slot.inst.take_events();
+            decided.iter().for_each(|e| j.decided(e));
+            slot.stats.events.extend(decided);
+        }
         if pkt.meta.replay_target() == Some(slot.inst.id()) {
             // The replay's copy reached its target: downstream it is a packet like any other.
             pkt.meta.flags.insert(MetaFlags::REACHED);

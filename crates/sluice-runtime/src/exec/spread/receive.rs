@@ -149,7 +149,12 @@ impl Link {
                     NoteKind::Last if !layout.has_root() && node == layout.root => {
                         *root_end = Some((n.meta.clock, n.meta.xor));
                     }
-                    NoteKind::End | NoteKind::Last => report.malformed += 1,
+                    NoteKind::Oldest if !layout.has_root() && node == layout.root => {
+                        if let Some(fo) = &shared.failover {
+                            fo.set_oldest_logged(n.meta.clock.root(), n.meta.clock.seq());
+                        }
+                    }
+                    NoteKind::End | NoteKind::Last | NoteKind::Oldest => report.malformed += 1,
                     _ if !layout.has_root() => report.malformed += 1,
                     kind => {
                         report.notes_received += 1;
