@@ -100,9 +100,9 @@ struct Shared {
     vertices: Vec<VertexPlan>,
     pool: PacketPool,
     batch: usize,
-    /// Record every drop by clock (`RunConfig::record`).
+    /// Record every drop by clock (`RunConfig::record`); with a journal, write drops and
+    /// events to it as they happen ([`RunHooks::journal`]).
     record: bool,
-    /// And write drops and events as they happen ([`RunHooks::journal`]).
     journal: Option<Arc<dyn crate::record::RecordJournal>>,
     /// Live statistics, if someone reads them.
     live: Option<Arc<Live>>,
@@ -320,7 +320,7 @@ pub fn run(
         failed_elsewhere: Mutex::new(Vec::new()),
         hold_admission: AtomicBool::new(false),
     });
-    let mut planned = planned_in_order(&shared, &cfg.planned, scalable)?.into_iter().peekable();
+    let mut planned = config::planned_in_order(&shared, &cfg.planned, scalable)?.into_iter().peekable();
     // The admission count of the next planned event: one comparison per packet until then.
     let mut next_fault = planned.peek().map_or(u64::MAX, Planned::after);
     let mut scaling_side = reconfig::RootSide::default();
@@ -691,23 +691,19 @@ pub fn run(
     }
     let (mut slots, workers_mirrored) = finish::join_workers(&shared, handles, inline_turns.take())?;
     let mirrored = root.mirrored + workers_mirrored;
+    let r0_seq = r0.seq;
     let mut all_roots = vec![r0];
     for h in root_handles {
         all_roots.push(h.join().map_err(|_| RunError::Worker("a root thread panicked".into()))??);
     }
+    // Where the run ended (last clock, last capture time): the root's node tells the others.
     // The link's own failure (a lost datagram, a node that runs another chain) says more than
     // the root's "stopped".
-    // Where the run ended: the root's node tells the others with the end; they take it from it.
-    let mut end_at =
-        (Clock::new(0, all_roots.first().map_or(0, |r| r.seq)), all_roots.iter().map(|r| r.last_ts).max().unwrap_or(0));
+    let mut end_at = (Clock::new(0, r0_seq), all_roots.iter().map(|r| r.last_ts).max().unwrap_or(0));
     report.link = match (link_thread, part_link) {
         (Some(t), _) => Some(t.finish(end_at)?),
         (None, Some(l)) => {
-            if cfg.record {
-                end_at = l.root_end.ok_or_else(|| {
-                    RunError::Worker("the root's node ended the run without saying where: no part record".into())
-                })?;
-            }
+            end_at = if cfg.record { l.ended_at()? } else { end_at };
             Some(l.report)
         }
         (None, None) => None,
@@ -741,30 +737,17 @@ pub fn run(
     }
     slots.sort_by_key(|(_, s)| s.global);
     if let Some(mut rec) = recording {
-        let (mut last_clock, last_ts) = end_at;
+        // What timers fired at the end carry: the last clock stamped (with several roots, the
+        // last input packet's).
+        rec.end = end_at.0;
         if layout.as_ref().is_none_or(|l| l.has_root()) {
-            let routed = split.routed.take().unwrap_or_default();
-            rec.admitted = roots::merge_recorded(routed, &mut all_roots);
+            rec.admitted = roots::merge_recorded(split.routed.take().unwrap_or_default(), &mut all_roots);
             rec.drops.extend(all_roots.iter_mut().flat_map(|r| std::mem::take(&mut r.no_route)));
             if all_roots.len() > 1 {
-                // With several roots, the last input packet's clock.
-                last_clock = rec.admitted.iter().rev().find_map(|c| *c).unwrap_or_default();
+                rec.end = rec.admitted.iter().rev().find_map(|c| *c).unwrap_or_default();
             }
         }
-        // What timers fired at the end carry: the last clock stamped.
-        rec.end = last_clock;
-        // A node of a spread chain records its own instances and their vertices' state.
-        let here: Vec<bool> = (0..shared.vertices.len())
-            .map(|v| slots.iter().any(|(_, s)| s.vertex == v && !shared.is_elsewhere(s.global)))
-            .collect();
-        finish::record_end(&mut rec, &mut slots, (&shared.vertices, &here), store.as_ref(), last_ts, |g| {
-            !shared.is_elsewhere(g)
-        })?;
-        if !report.failovers.is_empty() {
-            // A replacement redoing a clock its predecessor dropped drops it again.
-            rec.drops.sort_by(|a, b| (a.clock, &a.vertex).cmp(&(b.clock, &b.vertex)));
-            rec.drops.dedup_by(|a, b| a.clock == b.clock && a.vertex == b.vertex && a.reason == b.reason);
-        }
+        finish::record_end(&mut rec, &mut slots, &shared, store.as_ref(), (end_at.1, !report.failovers.is_empty()))?;
         report.recording = Some(rec);
     }
     // Instances that ran on another node (and did not fail over here) are that node's report.
@@ -776,28 +759,6 @@ pub fn run(
     }
     report.latency_us = Latency::of_ns(&hist);
     Ok(report)
-}
-
-/// `planned` in the order they apply (stable: events at one point keep their order), each
-/// checked against the chain.
-fn planned_in_order(shared: &Shared, planned: &[Planned], scalable: bool) -> Result<Vec<Planned>, RunError> {
-    let mut planned = planned.to_vec();
-    planned.sort_by_key(Planned::after);
-    for p in &planned {
-        match p {
-            // With scaling, which instances a vertex has depends on the point: checked then.
-            Planned::Crash(Crash { vertex, index, .. }) | Planned::Slow(Slowdown { vertex, index, .. })
-                if !scalable =>
-            {
-                shared.member(*vertex, *index).map_err(RunError::Config)?;
-            }
-            Planned::Change(r) if r.vertex >= shared.vertices.len() => {
-                return Err(RunError::Config(format!("no vertex with index {}", r.vertex)));
-            }
-            _ => {}
-        }
-    }
-    Ok(planned)
 }
 
 /// Batches the calling thread may have split off for another root and not yet taken.

@@ -299,3 +299,29 @@ fn spread_allowed(cfg: &RunConfig, scalable: bool, live: bool) -> Result<(), Str
     }
     Ok(())
 }
+
+/// `planned` in the order they apply (stable: events at one point keep their order), each
+/// checked against the chain.
+pub(super) fn planned_in_order(
+    shared: &super::Shared,
+    planned: &[Planned],
+    scalable: bool,
+) -> Result<Vec<Planned>, RunError> {
+    let mut planned = planned.to_vec();
+    planned.sort_by_key(Planned::after);
+    for p in &planned {
+        match p {
+            // With scaling, which instances a vertex has depends on the point: checked then.
+            Planned::Crash(Crash { vertex, index, .. }) | Planned::Slow(Slowdown { vertex, index, .. })
+                if !scalable =>
+            {
+                shared.member(*vertex, *index).map_err(RunError::Config)?;
+            }
+            Planned::Change(r) if r.vertex >= shared.vertices.len() => {
+                return Err(RunError::Config(format!("no vertex with index {}", r.vertex)));
+            }
+            _ => {}
+        }
+    }
+    Ok(planned)
+}

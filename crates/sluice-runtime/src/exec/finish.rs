@@ -3,26 +3,29 @@
 
 use super::worker::{Slot, Turns, WorkerResult};
 use super::{RunError, Shared};
-use crate::plan::VertexPlan;
 use crate::record::{DropRecord, Recording, StateRecord};
 use crate::report::{InstanceReport, RunReport, VertexReport};
 use std::sync::Arc;
 
-/// The end of a recorded run: the timers due by the last packet's time fire (as they do at the
-/// end of the logical chain's run), then the drops and the final state are collected — of the
-/// instances `is_here` says run on this node (by global index) and of the vertices `here`
-/// marks (a node of a chain spread over several records its own part).
+/// The end of a recorded run: the timers due by the last packet's time (`last_ts`) fire (as
+/// they do at the end of the logical chain's run), then the drops and the final state are
+/// collected — of the instances that run on this node and of their vertices (a node of a chain
+/// spread over several records its own part). `failed_over`: drops redone by replacements are
+/// recorded once.
 pub(super) fn record_end(
     rec: &mut Recording,
     slots: &mut [(usize, Slot)],
-    (vertices, here): (&[VertexPlan], &[bool]),
+    shared: &Shared,
     store: Option<&Arc<dyn sluice_store::Backend>>,
-    last_ts: u64,
-    is_here: impl Fn(usize) -> bool,
+    (last_ts, failed_over): (u64, bool),
 ) -> Result<(), RunError> {
+    let vertices = &shared.vertices;
     let name = |v: usize| vertices.get(v).map_or_else(|| "?".to_string(), |vp| vp.name.to_string());
+    let here: Vec<bool> = (0..vertices.len())
+        .map(|v| slots.iter().any(|(_, s)| s.vertex == v && !shared.is_elsewhere(s.global)))
+        .collect();
     let vertex_here = |v: usize| here.get(v).copied().unwrap_or(false);
-    for (_, s) in slots.iter_mut().filter(|(_, s)| is_here(s.global)) {
+    for (_, s) in slots.iter_mut().filter(|(_, s)| !shared.is_elsewhere(s.global)) {
         s.inst.begin_batch();
         s.inst.advance_time(last_ts, rec.end);
         s.inst.end_batch();
@@ -61,6 +64,11 @@ pub(super) fn record_end(
             key: k.key,
             value,
         }));
+    }
+    if failed_over {
+        // A replacement redoing a clock its predecessor dropped drops it again.
+        rec.drops.sort_by(|a, b| (a.clock, &a.vertex).cmp(&(b.clock, &b.vertex)));
+        rec.drops.dedup_by(|a, b| a.clock == b.clock && a.vertex == b.vertex && a.reason == b.reason);
     }
     Ok(())
 }

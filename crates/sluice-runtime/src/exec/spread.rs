@@ -102,6 +102,13 @@ pub(super) struct Link {
 }
 
 impl Link {
+    /// Where the root's node said the run ended (a recorded run's other nodes need it).
+    pub(super) fn ended_at(&self) -> Result<(Clock, u64), RunError> {
+        self.root_end.ok_or_else(|| {
+            RunError::Worker("the root's node ended the run without saying where: no part record".into())
+        })
+    }
+
     /// Binds this node's address in `layout`.
     pub(super) fn bind(shared: &Shared, layout: Layout, (fingerprint, logging): (u64, bool)) -> Result<Link, RunError> {
         let me =
