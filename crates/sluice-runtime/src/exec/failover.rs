@@ -652,6 +652,14 @@ impl RootSide {
         !self.recovering.is_empty() || !self.asked.is_empty() || !self.deferred.is_empty()
     }
 
+    /// For a person: the instances (global indices) whose crashes are asked for, deferred, and
+    /// recovering.
+    pub(super) fn describe(&self) -> String {
+        let g = |v: &[(usize, usize)]| v.iter().map(|(g, _)| *g).collect::<Vec<_>>();
+        let recovering: Vec<usize> = self.recovering.iter().map(|(g, _, _)| *g).collect();
+        format!("asked {:?}, deferred {:?}, recovering {recovering:?}", g(&self.asked), g(&self.deferred))
+    }
+
     /// Whether a crash was asked for whose failure the root has not taken in yet (the
     /// instance may have failed already, its write-ahead log gone).
     pub(super) fn failing(&self) -> bool {

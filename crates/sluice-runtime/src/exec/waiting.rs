@@ -25,6 +25,7 @@ pub(super) fn warn(
         admitted,
         logged = log.map_or(0, RootLog::logged),
         failover_pending = failover.busy(),
+        failovers = %failover.describe(),
         changes_pending = %scaling.describe(shared),
         "{what}"
     );
