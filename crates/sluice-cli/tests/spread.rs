@@ -236,7 +236,7 @@ fn a_node_killed_mid_run_is_failed_over_to_the_root_node() {
     // The NAT, the portscan detector and the Trojan detector (mirror copies made and taken on
     // b) on b: b's drops and alerts before it died are in its journal only.
     let place = [("nat", "b"), ("portscan", "b"), ("trojan", "b")];
-    killed_node_is_failed_over(2, &place, "b", &["nat", "portscan", "trojan"], true);
+    killed_node_is_failed_over(2, &place, "b", &["nat", "portscan", "trojan"]);
 }
 
 #[test]
@@ -244,15 +244,15 @@ fn one_of_three_nodes_killed_mid_run_is_failed_over_while_the_other_goes_on() {
     // The NAT on b mirrors to the Trojan detector on c (through the root's node); c, with
     // the rest of the path, dies; b goes on and ends with the run.
     let place = [("nat", "b"), ("trojan", "c"), ("portscan", "c"), ("lb", "c")];
-    killed_node_is_failed_over(3, &place, "c", &["portscan", "lb", "trojan"], false);
+    killed_node_is_failed_over(3, &place, "c", &["portscan", "lb", "trojan"]);
 }
 
 /// The example chain over `nodes` nodes placed by `place`, with fault tolerance and a served
 /// store; node `victim` is SIGKILLed a third of the way into a paced run and declared failed
 /// after 200 ms of silence. The root's node fails over `failed` (in that order), closes every
-/// log entry and gives the one-process output and decisions; the other nodes end well.
-/// `verified`: the run's record (with the killed node's journal) is checked with `verify`.
-fn killed_node_is_failed_over(nodes: usize, place: &[(&str, &str)], victim: &str, failed: &[&str], verified: bool) {
+/// log entry and gives the one-process output and decisions; the other nodes end well; the
+/// run's record (with the killed node's journal) passes `verify`.
+fn killed_node_is_failed_over(nodes: usize, place: &[(&str, &str)], victim: &str, failed: &[&str]) {
     let server = common::served_store();
     let dir = tempfile::tempdir().expect("temp dir");
     let spread = spread_file_with(dir.path(), nodes, place, "silence_ms: 200\n");
@@ -330,13 +330,6 @@ fn killed_node_is_failed_over(nodes: usize, place: &[(&str, &str)], victim: &str
         args.extend(["--part".to_string(), rec(&((b'a' + i as u8) as char).to_string())]);
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    if !verified {
-        // Known divergence, not yet fixed (docs/decisions.md, "Recording a chain spread over
-        // nodes"): the replacement redoes clocks its predecessor processed and reads the state
-        // they wrote, so an NF may take another path than the first time (the LB reopening a
-        // connection its own first processing opened).
-        return;
-    }
     let v = sluice(&args);
     assert!(v.status.success(), "the recorded run with the killed node's journal: {}", text(&v));
     let lost = wanted.iter().filter(|e| !made.contains(&key(e))).count();

@@ -127,6 +127,9 @@ struct Shared {
     /// A node that should have answered has not: the root admits nothing meanwhile, so that
     /// a node that died does not take a whole window of copies with it (`spread.rs`).
     hold_admission: AtomicBool,
+    /// A node that may fail: a batch's packets leave an instance only once its updates are
+    /// sent ([`Outgoing`]'s `hold`), so a copy seen out of a failed node had its updates sent.
+    send_updates_first: bool,
 }
 
 impl Shared {
@@ -319,6 +322,7 @@ pub fn run(
         elsewhere: (0..slot_count).map(|g| AtomicBool::new(layout.as_ref().is_some_and(|l| !l.here(g)))).collect(),
         failed_elsewhere: Mutex::new(Vec::new()),
         hold_admission: AtomicBool::new(false),
+        send_updates_first: can_fail_over && spread::may_fail_over(layout.as_ref()),
     });
     let mut planned = config::planned_in_order(&shared, &cfg.planned, scalable)?.into_iter().peekable();
     // The admission count of the next planned event: one comparison per packet until then.

@@ -3,7 +3,7 @@
 use crate::protocol::{
     read_frame, write_frame, AdminAnswer, AdminRequest, BatchOut, Delivery, FrameError, Hello, Role, Welcome, VERSION,
 };
-use sluice_packet::InstanceId;
+use sluice_packet::{Clock, InstanceId};
 use sluice_state::{CustomOp, Value};
 use sluice_store::{
     Backend, Checkpoint, Connection, Notification, Replies, Request, StoreError, StoreKey, TakeoverParts,
@@ -213,6 +213,13 @@ impl Backend for RemoteBackend {
     fn checkpoint(&self) -> Result<Checkpoint, StoreError> {
         match self.ask(&AdminRequest::Checkpoint, |_| {})? {
             AdminAnswer::Checkpoint(c) => Ok(c),
+            a => Err(self.unexpected(a)),
+        }
+    }
+
+    fn clocks_updated_by(&self, vertex: u16) -> Result<Vec<Clock>, StoreError> {
+        match self.ask(&AdminRequest::ClocksUpdatedBy(vertex), |_| {})? {
+            AdminAnswer::Clocks(c) => Ok(c),
             a => Err(self.unexpected(a)),
         }
     }

@@ -8,7 +8,7 @@
 //! answer, the next).
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
-use sluice_packet::InstanceId;
+use sluice_packet::{Clock, InstanceId};
 use sluice_state::Value;
 use sluice_store::{Checkpoint, Notification, Replies, Request, StoreError, StoreKey, Takeover};
 use std::io::{Read, Write};
@@ -131,6 +131,8 @@ pub enum AdminRequest {
     /// Forget this connection's space: the next connection to its name gets an empty store.
     /// Connections still open to it keep using it until they close.
     DropSpace,
+    /// The clocks of the per-clock log with a tagged update of this vertex.
+    ClocksUpdatedBy(u16),
 }
 
 /// An answer on an administration link.
@@ -150,6 +152,8 @@ pub enum AdminAnswer {
     TakeoverEnd,
     /// The request failed.
     Failed(StoreError),
+    /// Clocks (of [`AdminRequest::ClocksUpdatedBy`]).
+    Clocks(Vec<Clock>),
 }
 
 /// Writes one frame holding `msg`, reusing `buf` for its bytes.

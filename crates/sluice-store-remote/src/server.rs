@@ -364,6 +364,9 @@ fn serve_admin(
                 }
             }
             AdminRequest::Checkpoint => b.checkpoint().map_or_else(AdminAnswer::Failed, AdminAnswer::Checkpoint),
+            AdminRequest::ClocksUpdatedBy(vertex) => {
+                b.clocks_updated_by(vertex).map_or_else(AdminAnswer::Failed, AdminAnswer::Clocks)
+            }
             AdminRequest::TimersOf(owner) => b.timers_of(owner).map_or_else(AdminAnswer::Failed, AdminAnswer::Timers),
             AdminRequest::ValuesOf { vertex, objects } => {
                 b.values_of(vertex, &objects).map_or_else(AdminAnswer::Failed, AdminAnswer::Values)

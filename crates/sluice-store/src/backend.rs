@@ -2,7 +2,7 @@
 
 use crate::wire::{Checkpoint, Notification, Replies, Request};
 use crate::StoreKey;
-use sluice_packet::InstanceId;
+use sluice_packet::{Clock, InstanceId};
 use sluice_state::{CustomOp, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,6 +108,17 @@ pub trait Backend: Send + Sync {
         let _ = parts.send(Some(Takeover { timers, values }));
         let _ = parts.send(None);
         Ok(1)
+    }
+    /// The clocks of the per-clock log that hold a tagged update of `vertex`: packets an
+    /// instance of the vertex processed whose updates reached the store. What a failed node's
+    /// instances did is known from here once the node is gone (docs/decisions.md, "What a
+    /// replacement of another node's instance skips"). The default reads a whole checkpoint.
+    fn clocks_updated_by(&self, vertex: u16) -> Result<Vec<Clock>, StoreError> {
+        let mut clocks: Vec<Clock> =
+            self.checkpoint()?.log.iter().filter(|l| l.vertex == vertex).map(|l| l.clock).collect();
+        clocks.sort_unstable();
+        clocks.dedup();
+        Ok(clocks)
     }
     /// Replaces the store's contents with a checkpoint: its values, its TS vector and its
     /// timers (re-armed for the instances listed; a deadline already past fires at the next

@@ -38,7 +38,7 @@ use crate::report::FailoverReport;
 use sluice_chc::clockset::ClockSet;
 use sluice_packet::{Clock, InstanceId, Meta, MetaFlags, Packet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Sends replay copy `p` into the chain from the root, along the entry's routes but only
 /// towards its target (`Outgoing::route`); a copy that goes nowhere is done at once. Whether it
@@ -120,6 +120,14 @@ impl Recovery {
     }
 }
 
+/// An instance that ran on a node that failed: the lost copies its crash reports, and the
+/// clocks of every copy lost with the node (sorted).
+pub(super) struct LostElsewhere {
+    pub(super) global: usize,
+    pub(super) lost: Vec<Meta>,
+    pub(super) on_node: Arc<[Clock]>,
+}
+
 /// What the root thread and the workers share for failovers.
 pub(super) struct Failover {
     /// Per instance (global index): the root asks for a crash.
@@ -141,9 +149,10 @@ pub(super) struct Failover {
     rebuilder: Rebuilder,
     /// Instances per vertex.
     instances: Vec<u16>,
-    /// Per instance that ran on a node that failed: the copies lost with that node (the link
-    /// counted them), taken with its crash.
-    lost_elsewhere: Mutex<Vec<(usize, Vec<Meta>)>>,
+    /// Per instance that ran on a node that failed: the copies lost with that node that it
+    /// accounts for (the link counted them; one instance of the node takes them all), and the
+    /// clocks of every copy lost with the node, sorted; taken with its crash.
+    lost_elsewhere: Mutex<Vec<LostElsewhere>>,
     /// Per vertex, per clock: copies held by a recovering replacement there (its replay and
     /// what arrived meanwhile). Such copies have gone through every vertex in front; what
     /// waits there for the clock to go by (an order-sensitive instance's entry order, a
@@ -208,10 +217,11 @@ impl Failover {
         copies == held
     }
 
-    /// The copies lost with the node instance `global` ran on, for its crash.
-    pub(super) fn lost_elsewhere(&self, global: usize, lost: Vec<Meta>) {
+    /// Instance `global` ran on a node that failed: the lost copies its crash reports, and
+    /// the clocks of every copy lost with the node, for its crash.
+    pub(super) fn lost_elsewhere(&self, lost: LostElsewhere) {
         if let Ok(mut l) = self.lost_elsewhere.lock() {
-            l.push((global, lost));
+            l.push(lost);
         }
     }
 
@@ -375,12 +385,18 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
         m.waiting.drain(..).map(|(_, p)| p).for_each(&mut lose);
         m.forget_waiting();
     }
-    // An instance whose node failed: the copies that node held are lost too.
+    // An instance whose node failed: the copies that node held are lost too, and what the
+    // predecessor processed is read from the store.
+    let mut on_node = None;
     if let Ok(mut far) = fo.lost_elsewhere.lock() {
-        for (_, metas) in far.iter_mut().filter(|(g, _)| *g == slot.global) {
-            lost.append(metas);
+        for l in far.iter_mut().filter(|l| l.global == slot.global) {
+            lost.append(&mut l.lost);
+            on_node = Some(l.on_node.clone());
         }
-        far.retain(|(g, _)| *g != slot.global);
+        far.retain(|l| l.global != slot.global);
+    }
+    if let Some(on_node) = on_node {
+        processed_elsewhere(fo, slot, &on_node, &mut predecessor);
     }
     let mut failed = std::mem::replace(&mut slot.inst, replacement);
     slot.reading = reading;
@@ -399,6 +415,43 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
             f.push(Failure { global: slot.global, id, lost, lost_in_all, epoch });
         }
     }
+}
+
+/// The clocks an instance that ran on a failed node processed, as far as its replacement must
+/// not process them again: those whose updates of the vertex's state the store holds and of
+/// which no copy was lost with the node. Its other clocks it processes again (CHC's replay),
+/// the store answering updates it had applied from its per-clock log. Why both: a clock whose
+/// updates are applied read state those updates changed if run again, and an NF may then take
+/// another path (a balancer reopening the connection its first run opened); a clock of which
+/// a copy was lost may not have gone past this instance, or its output may have been that copy.
+/// A node sends a batch's updates before any packet of the batch leaves it (`Outgoing::hold`),
+/// so a copy that left the node had its clock's updates sent (docs/decisions.md, "What a
+/// replacement of another node's instance skips").
+fn processed_elsewhere(fo: &Failover, slot: &mut Slot, on_node: &[Clock], predecessor: &mut ClockSet) {
+    match fo.rebuilder.clocks_updated_by(slot.vertex) {
+        Ok(clocks) => {
+            let before = clocks.len();
+            let mut done = 0usize;
+            for c in clocks.into_iter().filter(|c| on_node.binary_search(c).is_err()) {
+                done += usize::from(predecessor.insert(c));
+            }
+            let (name, index) = (slot.inst.vertex().to_string(), slot.inst.id().index());
+            tracing::info!(instance = %format!("{name}:{index}"), updated = before, processed = done, "clocks its predecessor on the failed node processed");
+        }
+        // Without the list every replay copy is processed again: the output stays right, an
+        // NF's decisions may not.
+        Err(e) => {
+            let (name, index) = (slot.inst.vertex().to_string(), slot.inst.id().index());
+            tracing::warn!(instance = %format!("{name}:{index}"), error = %e, "reading which clocks the failed node processed; its replacement processes every replayed clock again");
+        }
+    }
+}
+
+/// Whether the instance at `slot`, or one it replaced, processed `clock` (known while it
+/// recovers and after).
+pub(super) fn processed_before(slot: &Slot, clock: Clock) -> bool {
+    slot.recovery.as_ref().is_some_and(|r| r.predecessor.contains(clock))
+        || slot.seen.as_ref().is_some_and(|s| s.contains(clock))
 }
 
 /// What an instance with crashes planned does with a packet before its NF sees it.

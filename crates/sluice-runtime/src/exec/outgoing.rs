@@ -27,6 +27,11 @@ pub(super) struct Outgoing {
     pub(super) commits: Vec<(Clock, u64)>,
     /// What found its queue full, in the order it was sent ([`Outgoing::retry`]).
     pub(super) stalled: VecDeque<Stalled>,
+    /// Set while an instance processes a batch whose updates are not sent yet
+    /// (`Shared::send_updates_first`): full buffers wait in `held` until [`Outgoing::flush`],
+    /// which comes after the instance's `end_batch` sent them.
+    pub(super) hold: bool,
+    held: Vec<(usize, Batch)>,
 }
 
 /// Something a thread sent that found its queue full.
@@ -48,6 +53,8 @@ impl Outgoing {
             notes: (0..shared.roots).map(|_| Vec::new()).collect(),
             commits: Vec::new(),
             stalled: VecDeque::new(),
+            hold: false,
+            held: Vec::new(),
         }
     }
 
@@ -116,7 +123,12 @@ impl Outgoing {
         }
         buf.push(pkt);
         if buf.len() >= shared.batch {
-            self.flush_one(shared, dest);
+            if self.hold {
+                let full = std::mem::take(buf);
+                self.held.push((dest, full));
+            } else {
+                self.flush_one(shared, dest);
+            }
         }
     }
 
@@ -133,6 +145,13 @@ impl Outgoing {
 
     pub(super) fn flush(&mut self, shared: &Shared) {
         self.retry(shared);
+        if !self.held.is_empty() {
+            // Before the rest of their destinations' packets, as they were filled.
+            self.flush_notes(shared);
+            for (dest, b) in std::mem::take(&mut self.held) {
+                self.send(shared, Stalled::Batch(dest, b));
+            }
+        }
         let mut filled = std::mem::take(&mut self.filled);
         // In destination order, as a walk over every buffer would go; a destination filled,
         // pushed and filled again is listed twice.

@@ -84,13 +84,17 @@ pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut O
     // bridge whose reverse path crosses an order-sensitive detector before it).
     let waiting_here =
         super::reconfig::is_waiting(slot, pkt.meta.clock) || slot.order.as_ref().is_some_and(|o| o.holds(&pkt.meta));
+    // Processed by a predecessor on a node that failed, its record gone with that node: the
+    // clock went past every instance of that node on its way (none of its copies was there
+    // when it failed), so the replacements further down need nothing of it.
+    let gone_by = super::failover::processed_before(slot, pkt.meta.clock);
     let Some(passing) = slot.passing.as_mut() else {
         // A vertex that leads nowhere: no replay passes through it (`Outgoing::route`).
         end_copy(shared, &mut slot.stats, out, pkt, Ended::Decided);
         return true;
     };
     let Some((emitted, verdict)) = passing.emitted.get(&pkt.meta.clock) else {
-        if waiting_here {
+        if waiting_here || gone_by {
             end_copy(shared, &mut slot.stats, out, pkt, Ended::Decided);
             return true;
         }

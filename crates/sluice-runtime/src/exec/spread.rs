@@ -21,6 +21,7 @@
 //! sender's datagrams in their sequence order only (`in_order`), so notes keep their place
 //! before the batches they precede and nothing is taken twice.
 
+use super::failover::LostElsewhere;
 use super::ft::Note;
 use super::outgoing::Outgoing;
 use super::{RunError, Shared};
@@ -390,8 +391,14 @@ impl Link {
         }
         let lost = self.on_node.get_mut(n).map(OnNode::take_all).unwrap_or_default();
         tracing::warn!(node = %name, instances = globals.len(), lost_copies = lost.len(), "a node failed: its instances are replaced on the root's node, which replays its log to them");
-        if let Some(first) = globals.first() {
-            fo.lost_elsewhere(*first, lost);
+        // Every instance of the node learns which clocks had a copy there; one reports the copies.
+        let mut on_node: Vec<Clock> = lost.iter().map(|m| m.clock).collect();
+        on_node.dedup();
+        let on_node: Arc<[Clock]> = on_node.into();
+        let mut lost = Some(lost);
+        for g in &globals {
+            let lost = lost.take().unwrap_or_default();
+            fo.lost_elsewhere(LostElsewhere { global: *g, lost, on_node: on_node.clone() });
         }
         if let Ok(mut f) = shared.failed_elsewhere.lock() {
             f.extend(globals);

@@ -359,6 +359,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     let start = Instant::now();
     let before = (slot.stats.packets_in, slot.stats.forwarded, slot.stats.consumed);
     let mut finished = 0usize;
+    out.hold = shared.send_updates_first;
     slot.inst.begin_batch();
     let slow = shared.live.as_ref().and_then(|l| l.slow(slot.global));
     // The root wrote these bodies on another core: fetch them all at once.
@@ -428,6 +429,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
         }
     }
     slot.inst.end_batch();
+    out.hold = false;
     if slot.recovery.is_some() {
         // Decisions the replacement makes again for clocks its predecessor processed are the
         // same ones (dropped as such when the run is recorded); kept apart meanwhile.

@@ -84,7 +84,15 @@ pub fn retransmit_applied_once(b: &dyn Backend) -> Result<(), String> {
     })?;
     // A new tag applies normally.
     let r5 = clone.call(k, StoreOp::State(StateOp::Incr(1)), tag(clk(base, 3), 0))?;
-    ensure(r5.result == Ok(Some(Value::Int(113))) && !r5.replayed, || format!("new tag: {r5:?}"))
+    ensure(r5.result == Ok(Some(Value::Int(113))) && !r5.replayed, || format!("new tag: {r5:?}"))?;
+
+    // The log tells which clocks a vertex updated (what a failed node's instances did).
+    let mine = b.clocks_updated_by(v).map_err(|e| e.to_string())?;
+    let theirs = b.clocks_updated_by(v + 100).map_err(|e| e.to_string())?;
+    ensure((1..=3).all(|i| mine.contains(&clk(base, i))), || format!("clocks updated by {v}: {mine:?}"))?;
+    ensure(theirs.contains(&clk(base, 1)) && !theirs.contains(&clk(base, 2)), || {
+        format!("clocks updated by {}: {theirs:?} (only clock 1)", v + 100)
+    })
 }
 
 /// The contract of `ForgetClock(c)`: once `c` is above every clock logged before (the root is

@@ -74,6 +74,8 @@ enum Msg {
     Batch(Arc<[Request]>, u64, Arc<ClientQueues>),
     Register(u16, Vec<CustomOp>),
     Checkpoint(mpsc::Sender<Checkpoint>),
+    /// The clocks of the shard's per-clock log with a tagged update of this vertex.
+    UpdatedClocks(u16, mpsc::Sender<Vec<Clock>>),
     /// One pass over a vertex's entries ([`Scan`]), its findings sent in parts as they are
     /// read; `None` ends them.
     Scan(Scan, TakeoverParts),
@@ -224,6 +226,10 @@ fn shard_loop(
                     })
                     .collect();
                 let _ = tx.send(Checkpoint { values, ts, timers, log });
+            }
+            Msg::UpdatedClocks(vertex, tx) => {
+                let clocks = shard.log.iter().filter(|(_, v, _, _)| *v == vertex).map(|(c, ..)| c).collect();
+                let _ = tx.send(clocks);
             }
             Msg::Scan(scan, tx) => {
                 let empty = || Takeover { values: scan.objects.as_ref().map(|_| Vec::new()), ..Takeover::default() };
@@ -439,6 +445,14 @@ impl Backend for EmbeddedStore {
         all.ts.sort();
         all.timers.sort();
         all.log.sort_by_key(|l| (l.part, l.clock, l.vertex, l.seq));
+        Ok(all)
+    }
+
+    fn clocks_updated_by(&self, vertex: u16) -> Result<Vec<Clock>, StoreError> {
+        let mut all: Vec<Clock> =
+            self.inner.ask_every_shard(|_, tx| Msg::UpdatedClocks(vertex, tx))?.into_iter().flatten().collect();
+        all.sort_unstable();
+        all.dedup();
         Ok(all)
     }
 
