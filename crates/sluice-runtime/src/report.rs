@@ -113,6 +113,10 @@ pub struct CheckpointReport {
     pub last_ts: u64,
     /// Time spent taking them, seconds.
     pub total_s: f64,
+    /// Checkpoints that failed (the store did not answer whole: a Redis primary dying, say):
+    /// the next is tried an interval later, and a rebuild meanwhile starts from the last one
+    /// taken.
+    pub failed: u64,
 }
 
 /// What the root's packet log did (`RunConfig::fault_tolerance`).
@@ -430,6 +434,9 @@ impl fmt::Display for RunReport {
                 self.checkpoints.last_values,
                 self.checkpoints.last_ts
             )?;
+        }
+        if self.checkpoints.failed > 0 {
+            writeln!(f, "  checkpoints failed: {} (each tried again an interval later)", self.checkpoints.failed)?;
         }
         if let Some(ft) = &self.fault_tolerance {
             writeln!(

@@ -281,6 +281,13 @@ fn counted(report: &mut crate::report::RunReport, (values, ts, took_s): (u64, u6
     c.total_s += took_s;
 }
 
+/// A periodic checkpoint failed: the run goes on and tries again an interval later (a store
+/// that is failing over, a Redis primary whose replica is taking over, answers again soon).
+fn not_taken(report: &mut crate::report::RunReport, error: &str) {
+    report.checkpoints.failed += 1;
+    tracing::warn!(error, "a periodic checkpoint of the state store failed; trying again an interval later");
+}
+
 /// The root's checkpoints and store crashes.
 pub(super) struct Checkpoints {
     every: Option<Duration>,
@@ -337,10 +344,15 @@ impl Checkpoints {
                 let started = Instant::now();
                 // A run that may lose its store takes checkpoints its instances' logs agree
                 // with: they hold still and flush.
-                let cp = checkpoint(shared, workers).map_err(|e| format!("state store checkpoint: {e}"))?;
-                self.held = started.elapsed();
-                counted(report, (cp.values.len() as u64, cp.ts.len() as u64, self.held.as_secs_f64()));
-                self.last_taken = cp;
+                match checkpoint(shared, workers) {
+                    Ok(cp) => {
+                        self.held = started.elapsed();
+                        counted(report, (cp.values.len() as u64, cp.ts.len() as u64, self.held.as_secs_f64()));
+                        self.last_taken = cp;
+                    }
+                    // The instances' logs still hold everything since the last one taken.
+                    Err(e) => not_taken(report, &e),
+                }
                 // The interval runs from the end of one checkpoint to the start of the next.
                 self.last = Instant::now();
             }
@@ -376,9 +388,14 @@ impl Checkpoints {
                 Err(std::sync::mpsc::TryRecvError::Disconnected) => Err("the checkpoint's thread ended".into()),
             };
             self.taking = None;
-            let taken = taken.map_err(|e| format!("state store checkpoint: {e}"))?;
-            (self.last, self.held) = (Instant::now(), Duration::from_secs_f64(taken.2));
-            counted(report, taken);
+            self.last = Instant::now();
+            match taken {
+                Ok(taken) => {
+                    self.held = Duration::from_secs_f64(taken.2);
+                    counted(report, taken);
+                }
+                Err(e) => not_taken(report, &e),
+            }
             return Ok(());
         }
         let Some(every) = self.every else { return Ok(()) };
