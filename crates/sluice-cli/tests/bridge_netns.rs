@@ -191,7 +191,14 @@ fn ended(mut sluice: Child, late: &str) -> (std::process::ExitStatus, String) {
         if let Some(s) = sluice.try_wait().expect("wait") {
             break s;
         }
-        assert!(Instant::now() < deadline, "{late}");
+        if Instant::now() >= deadline {
+            let _ = sluice.kill();
+            let mut err = String::new();
+            if let Some(mut e) = sluice.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            panic!("{late}: {err}");
+        }
         std::thread::sleep(Duration::from_millis(100));
     };
     let mut err = String::new();

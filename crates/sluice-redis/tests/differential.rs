@@ -217,9 +217,16 @@ fn same_as_embedded_random() {
 fn one(conn: &mut dyn Connection, req: Request) -> Response {
     let id = req.id;
     conn.send(id, vec![req].into()).expect("send");
+    // The answer comes from the connection's thread: wait for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let mut r = Replies::default();
-    conn.poll(&mut r).expect("poll");
-    r.responses.into_iter().find(|x| x.id == id).expect("response")
+    loop {
+        conn.wait(&mut r, std::time::Duration::from_millis(100)).expect("wait");
+        if let Some(found) = r.responses.iter().position(|x| x.id == id) {
+            return r.responses.swap_remove(found);
+        }
+        assert!(std::time::Instant::now() < deadline, "no answer to request {id}");
+    }
 }
 
 /// A custom operation from many threads at once, on a single server and on the cluster: the
