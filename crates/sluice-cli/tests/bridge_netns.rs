@@ -418,8 +418,10 @@ fn downloads_survive_redis_primaries_and_the_nat_node_killed_mid_transfer() {
     let run = spread_downloads(("r", "{nat: b, lb: c}"), (&store, 2), |pid| {
         std::thread::sleep(Duration::from_millis(1500));
         let first = redis.a_primary();
+        let killed = Instant::now();
         redis.kill(first);
         promoted.push(redis.wait_promoted(first, Duration::from_secs(30)));
+        eprintln!("a replica took over {:.1} s after the first primary was killed", killed.elapsed().as_secs_f64());
         redis.restart(first);
         cluster::wait_until("the killed primary back as a replica", Duration::from_secs(30), || {
             cluster::cli(first, &["info", "replication"]).contains("master_link_status:up")
@@ -433,6 +435,8 @@ fn downloads_survive_redis_primaries_and_the_nat_node_killed_mid_transfer() {
     });
     assert_eq!(promoted.len(), 2, "both primaries were replaced by their replicas");
     assert_eq!(run.failed_over, ["nat"], "{}", run.json["failovers"]);
+    let f = &run.json["failovers"][0];
+    eprintln!("the NAT's node: replacement serving {} ms after the root asked", f["recovery_ms"]);
     assert_equivalent(&run.records[0], &run.records[1..]);
 }
 
