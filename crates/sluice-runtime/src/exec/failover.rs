@@ -427,22 +427,21 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
 /// A node sends a batch's updates before any packet of the batch leaves it (`Outgoing::hold`),
 /// so a copy that left the node had its clock's updates sent (docs/decisions.md, "What a
 /// replacement of another node's instance skips").
-fn processed_elsewhere(fo: &Failover, slot: &mut Slot, on_node: &[Clock], predecessor: &mut ClockSet) {
+fn processed_elsewhere(fo: &Failover, slot: &Slot, on_node: &[Clock], predecessor: &mut ClockSet) {
+    let instance = format!("{}:{}", slot.inst.vertex(), slot.inst.id().index());
     match fo.rebuilder.clocks_updated_by(slot.vertex) {
         Ok(clocks) => {
-            let before = clocks.len();
-            let mut done = 0usize;
+            let updated = clocks.len();
+            let mut processed = 0usize;
             for c in clocks.into_iter().filter(|c| on_node.binary_search(c).is_err()) {
-                done += usize::from(predecessor.insert(c));
+                processed += usize::from(predecessor.insert(c));
             }
-            let (name, index) = (slot.inst.vertex().to_string(), slot.inst.id().index());
-            tracing::info!(instance = %format!("{name}:{index}"), updated = before, processed = done, "clocks its predecessor on the failed node processed");
+            tracing::info!(%instance, updated, processed, "clocks its predecessor on the failed node processed");
         }
         // Without the list every replay copy is processed again: the output stays right, an
         // NF's decisions may not.
         Err(e) => {
-            let (name, index) = (slot.inst.vertex().to_string(), slot.inst.id().index());
-            tracing::warn!(instance = %format!("{name}:{index}"), error = %e, "reading which clocks the failed node processed; its replacement processes every replayed clock again");
+            tracing::warn!(%instance, error = %e, "reading which clocks the failed node processed; its replacement processes every replayed clock again");
         }
     }
 }

@@ -148,9 +148,12 @@ impl Outgoing {
         if !self.held.is_empty() {
             // Before the rest of their destinations' packets, as they were filled.
             self.flush_notes(shared);
-            for (dest, b) in std::mem::take(&mut self.held) {
+            let mut held = std::mem::take(&mut self.held);
+            for (dest, b) in held.drain(..) {
                 self.send(shared, Stalled::Batch(dest, b));
             }
+            // Its room is kept for the next batch.
+            self.held = held;
         }
         let mut filled = std::mem::take(&mut self.filled);
         // In destination order, as a walk over every buffer would go; a destination filled,
