@@ -29,9 +29,19 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+# Test scratch (the netns tests record tens of thousands of full-size packets per run, stores
+# keep their files) goes to RAM when /dev/shm has 8 GiB free: a CI machine's disk can be nearly
+# full, and a run once failed there with "No space left on device" while recording.
+scratch=""
+shm_free_kib="$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}' || true)"
+if [ "${shm_free_kib:-0}" -gt $((8 * 1024 * 1024)) ]; then
+  scratch="$(mktemp -d /dev/shm/sluice-tests.XXXXXX)"
+  export TMPDIR="$scratch"
+  echo "== test scratch in $scratch (RAM)"
+fi
 echo "== redis test servers (crates/sluice-redis)"
 redis_dir="$(mktemp -d)"
-trap 'scripts/redis-env.sh stop "$redis_dir" || true; rm -rf "$redis_dir"' EXIT
+trap 'scripts/redis-env.sh stop "$redis_dir" || true; rm -rf "$redis_dir"; [ -z "$scratch" ] || rm -rf "$scratch"' EXIT
 scripts/redis-env.sh start "$redis_dir"  # installs redis-server and redis-tools if missing
 export SLUICE_REDIS_URL=redis://127.0.0.1:6390
 export SLUICE_REDIS_CLUSTER_URL=redis+cluster://127.0.0.1:7390,127.0.0.1:7391,127.0.0.1:7392
