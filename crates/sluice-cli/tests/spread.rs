@@ -236,7 +236,17 @@ fn a_node_killed_mid_run_is_failed_over_to_the_root_node() {
     // The NAT, the portscan detector and the Trojan detector (mirror copies made and taken on
     // b) on b: b's drops and alerts before it died are in its journal only.
     let place = [("nat", "b"), ("portscan", "b"), ("trojan", "b")];
-    killed_node_is_failed_over(2, &place, "b", &["nat", "portscan", "trojan"]);
+    let store = common::served_store();
+    killed_nodes_are_failed_over(&store.url, 2, &place, &["b"], &["nat", "portscan", "trojan"]);
+}
+
+/// The same with the state in a Redis Cluster: a batch of the NAT's updates spans the
+/// cluster's nodes, and the node may die after some of them applied it.
+#[test]
+fn a_node_killed_mid_run_is_failed_over_with_state_in_a_redis_cluster() {
+    let place = [("nat", "b"), ("portscan", "b"), ("trojan", "b")];
+    let store = common::redis_cluster_store("spread-kill");
+    killed_nodes_are_failed_over(&store, 2, &place, &["b"], &["nat", "portscan", "trojan"]);
 }
 
 #[test]
@@ -244,39 +254,53 @@ fn one_of_three_nodes_killed_mid_run_is_failed_over_while_the_other_goes_on() {
     // The NAT on b mirrors to the Trojan detector on c (through the root's node); c, with
     // the rest of the path, dies; b goes on and ends with the run.
     let place = [("nat", "b"), ("trojan", "c"), ("portscan", "c"), ("lb", "c")];
-    killed_node_is_failed_over(3, &place, "c", &["portscan", "lb", "trojan"]);
+    let store = common::served_store();
+    killed_nodes_are_failed_over(&store.url, 3, &place, &["c"], &["portscan", "lb", "trojan"]);
 }
 
-/// The example chain over `nodes` nodes placed by `place`, with fault tolerance and a served
-/// store; node `victim` is SIGKILLed a third of the way into a paced run and declared failed
-/// after 200 ms of silence. The root's node fails over `failed` (in that order), closes every
-/// log entry and gives the one-process output and decisions; the other nodes end well; the
-/// run's record (with the killed node's journal) passes `verify`.
-fn killed_node_is_failed_over(nodes: usize, place: &[(&str, &str)], victim: &str, failed: &[&str]) {
-    let server = common::served_store();
+#[test]
+fn two_nodes_killed_one_after_the_other_are_both_failed_over() {
+    // The NAT on b dies first; its replacement on the root's node then carries the replay
+    // towards the replacements of c's vertices when c dies in turn.
+    let place = [("nat", "b"), ("trojan", "c"), ("portscan", "c"), ("lb", "c")];
+    let store = common::served_store();
+    killed_nodes_are_failed_over(&store.url, 3, &place, &["b", "c"], &["nat", "portscan", "lb", "trojan"]);
+}
+
+/// The example chain over `nodes` nodes placed by `place`, with fault tolerance and its state
+/// at `store`; the `victims` are SIGKILLed one after the other, the first a third of the way into a
+/// paced run, the next 500 ms later, each declared failed after 200 ms of silence. The root's
+/// node fails over `failed` (in that order), closes every log entry and gives the one-process
+/// output and decisions; the other nodes end well; the run's record (with the killed nodes'
+/// journals) passes `verify`.
+fn killed_nodes_are_failed_over(store: &str, nodes: usize, place: &[(&str, &str)], victims: &[&str], failed: &[&str]) {
     let dir = tempfile::tempdir().expect("temp dir");
     let spread = spread_file_with(dir.path(), nodes, place, "silence_ms: 200\n");
-    let ft = ["--fault-tolerance", "--mode", "async", "--store", &server.url, "-w", "1"];
+    let ft = ["--fault-tolerance", "--mode", "async", "--store", store, "-w", "1"];
     let mut survivors: Vec<(Child, PathBuf)> = Vec::new();
-    let mut doomed = None;
+    let mut doomed = Vec::new();
     for i in 1..nodes {
         let name = ((b'a' + i as u8) as char).to_string();
         let report = dir.path().join(format!("{name}.json"));
         let rec = dir.path().join(format!("rec-{name}")).to_string_lossy().into_owned();
         let child =
             start_node("chains/example.yaml", &spread, &name, &report, &[&ft[..], &["--record", &rec]].concat());
-        if name == victim {
-            doomed = Some(child);
+        if victims.contains(&name.as_str()) {
+            doomed.push((victims.iter().position(|v| *v == name), child));
         } else {
             survivors.push((child, report));
         }
     }
-    let mut doomed = doomed.expect("the victim is a node without the root");
+    assert_eq!(doomed.len(), victims.len(), "every victim is a node without the root");
+    doomed.sort_by_key(|(order, _)| *order);
     // Paced: the run takes about three seconds.
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(1000));
-        let _ = doomed.kill();
-        let _ = doomed.wait();
+        for (_, mut child) in doomed {
+            let _ = child.kill();
+            let _ = child.wait();
+            std::thread::sleep(Duration::from_millis(500));
+        }
     });
     let (out, a_json) = (dir.path().join("spread.pcap"), dir.path().join("a.json"));
     let rec = |n: &str| dir.path().join(format!("rec-{n}")).to_string_lossy().into_owned();
@@ -292,7 +316,7 @@ fn killed_node_is_failed_over(nodes: usize, place: &[(&str, &str)], victim: &str
         decided.extend(json(&report)["events"].as_array().cloned().unwrap_or_default());
     }
     let link = clean_link(&rep, "a");
-    assert_eq!(link["failed_nodes"], serde_json::json!([victim]), "{link}");
+    assert_eq!(link["failed_nodes"], serde_json::json!(victims), "{link}");
     let got: Vec<&str> =
         rep["failovers"].as_array().expect("failovers").iter().filter_map(|f| f["vertex"].as_str()).collect();
     assert_eq!(got, failed, "{}", rep["failovers"]);
@@ -309,36 +333,45 @@ fn killed_node_is_failed_over(nodes: usize, place: &[(&str, &str)], victim: &str
     assert!(got == want, "the output after the failover differs from the one-process output");
     // Every decision of the one-process run was made again, except those the failed node
     // made before it failed (they were made, and died with its report).
-    let at = rep["failovers"][0]["at_packet"].as_u64().expect("at_packet");
+    let failed_at = |nf: &str| {
+        rep["failovers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|f| f["vertex"] == nf)
+            .and_then(|f| f["at_packet"].as_u64())
+    };
     let key = |e: &serde_json::Value| (e["clock"].clone(), e["nf"].clone(), e["kind"].clone(), e["subject"].clone());
     let made: Vec<_> = decided.iter().map(key).collect();
     let one_rep = json(&one_json);
     let wanted = one_rep["events"].as_array().expect("events");
     assert!(!wanted.is_empty());
     for e in wanted {
-        let before_on_victim =
-            failed.contains(&e["nf"].as_str().unwrap_or_default()) && e["clock"].as_u64().is_some_and(|c| c < at);
+        let nf = e["nf"].as_str().unwrap_or_default();
+        let before_on_victim = failed_at(nf).is_some_and(|at| e["clock"].as_u64().is_some_and(|c| c < at));
         assert!(made.contains(&key(e)) || before_on_victim, "decision {e} was not made again ({decided:?})");
     }
     assert!(made.len() <= wanted.len(), "decisions made twice: {decided:?}");
 
     // The record: the root's, the parts of the nodes that lived, and the journal the killed
     // node left (it never wrote its part).
-    assert!(!dir.path().join(format!("rec-{victim}/record.json")).exists(), "the killed node wrote no part");
+    for victim in victims {
+        assert!(!dir.path().join(format!("rec-{victim}/record.json")).exists(), "killed node {victim} wrote a part");
+    }
     let mut args = vec!["verify".to_string(), "--recorded".into(), rec("a")];
     for i in 1..nodes {
         args.extend(["--part".to_string(), rec(&((b'a' + i as u8) as char).to_string())]);
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let v = sluice(&args);
-    assert!(v.status.success(), "the recorded run with the killed node's journal: {}", text(&v));
+    assert!(v.status.success(), "the recorded run with the killed nodes' journals: {}", text(&v));
     let lost = wanted.iter().filter(|e| !made.contains(&key(e))).count();
     if lost > 0 {
         // Without the journal, the decisions only the killed node made are missing.
         let mut without = vec!["verify".to_string(), "--recorded".into(), rec("a")];
         for i in 1..nodes {
             let n = ((b'a' + i as u8) as char).to_string();
-            if n != victim {
+            if !victims.contains(&n.as_str()) {
                 without.extend(["--part".to_string(), rec(&n)]);
             }
         }

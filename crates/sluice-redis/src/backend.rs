@@ -120,6 +120,19 @@ impl Backend for RedisBackend {
         Ok(())
     }
 
+    fn finish_interrupted_batch(&self, owner: InstanceId) -> Result<usize, StoreError> {
+        let applied = RedisConnection::open(self.shared.clone(), owner)?.roll_forward()?;
+        if applied > 0 {
+            tracing::info!(
+                vertex = owner.vertex(),
+                index = owner.index(),
+                updates = applied,
+                "finished a batch its failed instance left half applied"
+            );
+        }
+        Ok(applied)
+    }
+
     fn connect(&self, client: InstanceId) -> Result<Box<dyn Connection>, StoreError> {
         Ok(Box::new(RedisConnection::open(self.shared.clone(), client)?))
     }

@@ -68,6 +68,77 @@ pub(crate) struct RedisConnection {
     acked: Vec<u64>,
     /// Notifications drained from the nodes and not yet handed out.
     notes: Vec<Notification>,
+    /// The bucket whose node keeps this client's intent.
+    intent_bucket: u16,
+    /// What the batch being applied still has to do with its intent.
+    intent: Option<IntentStep>,
+}
+
+/// A batch applied in several calls (over several nodes, or stopping at an operation the
+/// client applies) is not atomic: a client killed between two calls leaves it half applied,
+/// and its replacement, running the same packets again, would read what the first calls
+/// wrote and take another path than the one that needs the rest (a NAT finding its forward
+/// mapping and never writing the reverse one). So before such a batch changes anything, its
+/// tagged updates are stored on one node, as this client's *intent*, atomically with the
+/// first call; once every call is done the intent is cleared, and only then is the batch
+/// acknowledged (its clocks cannot be forgotten before, so running the intent again applies
+/// nothing twice). A replacement finishes what it finds ([`RedisConnection::roll_forward`]).
+/// docs/decisions.md, "A batch that spans Redis nodes: intent and roll-forward".
+#[derive(Debug)]
+enum IntentStep {
+    /// Store this encoding of the batch's tagged updates with its first call.
+    Store(Vec<u8>),
+    /// Clear the stored intent (the batch is applied).
+    Clear,
+}
+
+impl IntentStep {
+    /// The `sluice_exec` arguments: mode and blob.
+    fn args(&self) -> (&'static str, &[u8]) {
+        match self {
+            IntentStep::Store(blob) => ("S", blob),
+            IntentStep::Clear => ("C", &[]),
+        }
+    }
+}
+
+/// The encoding of a batch's tagged updates, as its intent, if the batch needs one: two or
+/// more of them (one update alone cannot be half applied) and more than one call to apply it
+/// (more than one node, more operations than one call takes, or an operation only the client
+/// can apply). Untagged updates (timers, packet time) are not part of it: running them again
+/// would not be exactly once.
+fn intent_of(batch: &[Request], ops: &[Op], shared: &Shared) -> Result<Option<Vec<u8>>, StoreError> {
+    let tagged = |r: &&Request| match &r.op {
+        StoreOp::State(op) => r.tag.is_some() && op.is_update(),
+        StoreOp::IncrMany(_) => true,
+        _ => false,
+    };
+    if batch.iter().filter(tagged).nth(1).is_none() {
+        return Ok(None);
+    }
+    let topo = shared.topology();
+    let mut first_node = None;
+    let several_calls = ops.len() > MAX_OPS_PER_CALL
+        || ops.iter().any(|o| {
+            let custom = o.args.first().is_some_and(|c| c.as_slice() == b"R");
+            let node = o.bucket.map(|b| topo.node_of(b));
+            let other_node = match (first_node, node) {
+                (Some(f), Some(n)) => f != n,
+                (None, Some(n)) => {
+                    first_node = Some(n);
+                    false
+                }
+                _ => false,
+            };
+            custom || other_node
+        });
+    if !several_calls {
+        return Ok(None);
+    }
+    let updates: Vec<Request> = batch.iter().filter(tagged).map(|r| Request { reply: false, ..r.clone() }).collect();
+    postcard::to_allocvec(&updates)
+        .map(Some)
+        .map_err(|e| StoreError::Protocol(format!("encoding a batch's intent: {e}")))
 }
 
 impl RedisConnection {
@@ -84,7 +155,10 @@ impl RedisConnection {
             responses: VecDeque::new(),
             acked: Vec::new(),
             notes: Vec::new(),
+            intent_bucket: 0,
+            intent: None,
         };
+        conn.intent_bucket = conn.shared.bucket_of(&conn.client_arg);
         for url in nodes {
             conn.nodes.get(&url)?;
         }
@@ -98,8 +172,10 @@ impl RedisConnection {
         buckets: &[u16],
         ops: &[&Op],
         drain: bool,
+        intent: Option<&IntentStep>,
     ) -> Result<Result<redis::Value, ()>, StoreError> {
         let cluster = matches!(self.shared.cfg.mode, Mode::Cluster(_));
+        let (mode, blob) = intent.map_or(("", &[][..]), IntentStep::args);
         let mut cmd = redis::cmd("FCALL");
         cmd.arg("sluice_exec")
             .arg(0)
@@ -107,6 +183,9 @@ impl RedisConnection {
             .arg(self.client_arg.as_slice())
             .arg(if cluster { "1" } else { "0" })
             .arg(if drain { "1" } else { "0" })
+            .arg(mode)
+            .arg(self.intent_bucket)
+            .arg(blob)
             .arg(buckets.len());
         for b in buckets {
             cmd.arg(*b);
@@ -126,7 +205,7 @@ impl RedisConnection {
         };
         let want = self.shared.cfg.replicas;
         // Plain reads write nothing: nothing for a replica to acknowledge.
-        let writes = ops.iter().any(|o| o.args.first().is_none_or(|code| code.as_slice() != b"G"));
+        let writes = intent.is_some() || ops.iter().any(|o| o.args.first().is_none_or(|code| code.as_slice() != b"G"));
         if want > 0 && writes {
             // The call's writes count once enough replicas have them: a primary failing now
             // loses nothing its replica does not have. (Applying them again is harmless:
@@ -278,7 +357,7 @@ impl RedisConnection {
         let mut pending = ops;
         loop {
             pending = self.run_once(batch, pending)?;
-            if pending.is_empty() {
+            if pending.is_empty() && self.intent.is_none() {
                 return Ok(());
             }
             if started.elapsed() >= FAILOVER_WAIT {
@@ -300,6 +379,8 @@ impl RedisConnection {
     fn run_once(&mut self, batch: &[Request], ops: Vec<Op>) -> Result<Vec<Op>, StoreError> {
         let topo = self.shared.topology();
         let mut groups: Vec<Vec<Op>> = vec![Vec::new(); topo.nodes.len()];
+        // The node keeping the intent goes first: its first call stores or clears the intent.
+        let first = self.intent.as_ref().map(|_| topo.node_of(self.intent_bucket));
         for op in ops {
             match op.bucket {
                 None => groups.iter_mut().for_each(|g| g.push(op.clone())),
@@ -311,6 +392,19 @@ impl RedisConnection {
             }
         }
         let mut left = Vec::new();
+        if let Some(n) = first {
+            let group = groups.get_mut(n).map(std::mem::take).unwrap_or_default();
+            let url = topo.nodes.get(n).cloned().ok_or_else(|| invalid("node vanished"))?;
+            if let Some(rest) = self.run_group(batch, &url, &topo.buckets_of(n), group)? {
+                left.extend(rest);
+            }
+            if matches!(self.intent, Some(IntentStep::Store(_))) {
+                // Not stored (the node no longer serves the bucket): nothing of the batch may
+                // change before it is.
+                left.extend(groups.into_iter().flatten());
+                return Ok(left);
+            }
+        }
         for (n, group) in groups.into_iter().enumerate() {
             if group.is_empty() {
                 continue;
@@ -334,13 +428,21 @@ impl RedisConnection {
     ) -> Result<Option<Vec<Op>>, StoreError> {
         let mut start = 0;
         let mut conflicts = 0;
-        while start < ops.len() {
+        // The first call carries the intent step, if the batch has one for this node.
+        let mut intent = if buckets.contains(&self.intent_bucket) { self.intent.take() } else { None };
+        while start < ops.len() || intent.is_some() {
             let end = ops.len().min(start + MAX_OPS_PER_CALL);
             let refs: Vec<&Op> = ops.get(start..end).unwrap_or_default().iter().collect();
-            let reply = match self.call(url, buckets, &refs, false)? {
+            let reply = match self.call(url, buckets, &refs, false, intent.as_ref())? {
                 Ok(v) => v,
-                Err(()) => return Ok(Some(ops.split_off(start))),
+                Err(()) => {
+                    if intent.is_some() {
+                        self.intent = intent;
+                    }
+                    return Ok(Some(ops.split_off(start)));
+                }
             };
+            intent = None;
             let parts = array(&reply)?;
             let results = parts.first().map(array).transpose()?.unwrap_or(&[]);
             let mut next = end;
@@ -389,12 +491,71 @@ impl RedisConnection {
         Ok(None)
     }
 
+    /// Applies one batch's operations, under an intent if it needs one ([`IntentStep`]).
+    fn apply(&mut self, batch: &[Request], ops: Vec<Op>) -> Result<(), StoreError> {
+        let intent = intent_of(batch, &ops, &self.shared)?;
+        let with_intent = intent.is_some();
+        self.intent = intent.map(IntentStep::Store);
+        self.run(batch, ops)?;
+        if with_intent {
+            self.intent = Some(IntentStep::Clear);
+            self.run(batch, Vec::new())?;
+        }
+        Ok(())
+    }
+
+    /// Finishes the batch this client's failed predecessor (same id) left half applied, if
+    /// its intent is still stored: applies its tagged updates again (those applied before are
+    /// answered from the per-clock log) and clears it. Returns how many updates it held.
+    pub(crate) fn roll_forward(&mut self) -> Result<usize, StoreError> {
+        let key = format!("{{{}:{}}}I", self.shared.cfg.prefix, self.intent_bucket);
+        let get = redis::cmd("HGET").arg(&key).arg(self.client_arg.as_slice()).clone();
+        let started = Instant::now();
+        let cluster = matches!(self.shared.cfg.mode, Mode::Cluster(_));
+        let stored = loop {
+            let topo = self.shared.topology();
+            let url = topo.nodes.get(topo.node_of(self.intent_bucket)).cloned().ok_or_else(|| invalid("no node"))?;
+            match self.nodes.query(&url, &get) {
+                Ok(v) => break v,
+                Err(e) if cluster && (is_topology_error(&e) || is_connection_error(&e)) => {
+                    if started.elapsed() >= FAILOVER_WAIT {
+                        return Err(redis_err(e));
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                    if let Err(e) = self.shared.refresh(&mut self.nodes) {
+                        tracing::debug!(error = %e, "reading the cluster's slot map failed; trying again");
+                    }
+                }
+                Err(e) => return Err(redis_err(e)),
+            }
+        };
+        if matches!(stored, redis::Value::Nil) {
+            return Ok(0);
+        }
+        let updates: Vec<Request> = postcard::from_bytes(bytes(&stored)?)
+            .map_err(|e| StoreError::Protocol(format!("decoding a stored intent: {e}")))?;
+        let count = updates.len();
+        let number = self.next_batch;
+        self.send(number, updates.into())?;
+        // The batch stored and cleared an intent of its own only if it needed one here.
+        self.intent = Some(IntentStep::Clear);
+        let cleared = self.run(&[], Vec::new());
+        self.intent = None;
+        cleared?;
+        let failed = self.responses.drain(..).filter(|r| r.result.is_err()).count();
+        if failed > 0 {
+            tracing::warn!(failed, "updates of a half-applied batch failed when finished");
+        }
+        self.acked.clear();
+        Ok(count)
+    }
+
     /// Drains this instance's notification lists on every node.
     fn drain_notifications(&mut self) -> Result<(), StoreError> {
         let topo = self.shared.topology();
         for (n, url) in topo.nodes.iter().enumerate() {
             let buckets = topo.buckets_of(n);
-            let reply = match self.call(url, &buckets, &[], true)? {
+            let reply = match self.call(url, &buckets, &[], true, None)? {
                 Ok(v) => v,
                 Err(()) => {
                     // Buckets moved: the next poll uses the new map.
@@ -423,7 +584,9 @@ impl Connection for RedisConnection {
         while let Some(batch) = self.held.remove(&self.next_batch) {
             let number = self.next_batch;
             let ops: Vec<Op> = batch.iter().enumerate().map(|(i, r)| Op::encode(&self.shared, i, r)).collect();
-            if let Err(e) = self.run(&batch, ops) {
+            let applied = self.apply(&batch, ops);
+            self.intent = None;
+            if let Err(e) = applied {
                 // Not acknowledged: the client sends it again (tagged updates apply once).
                 self.held.insert(number, batch);
                 return Err(e);

@@ -51,6 +51,14 @@
 //! before anything changed, and the client refreshes the slot map and regroups. The batch is
 //! acknowledged when every node has answered; replies are queued for `poll`.
 //!
+//! A batch that needs more than one call (several nodes, more than 128 operations, or an
+//! operation the client applies) is not atomic as a whole: its tagged updates are first stored
+//! as the client's *intent* (`{P:b}I`), in the same call as the first operations of the node
+//! that keeps it, and cleared by one more call once every part is applied, before the batch is
+//! acknowledged. A replacement of a client that died between two calls finishes the batch
+//! (`Backend::finish_interrupted_batch`, run by `takeover`) before it reads anything, so it
+//! never sees half a batch (docs/decisions.md, "A batch that spans Redis nodes").
+//!
 //! # Values
 //! See [`codec`]: `Int` is stored as decimal text (Lua increments it with `INCRBY`), other
 //! values as a versioned binary encoding, lists as Redis lists of element encodings.

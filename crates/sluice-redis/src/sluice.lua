@@ -15,10 +15,13 @@
 --   {P:b}N      packet time, hex16
 --   {P:b}Q      version counter
 --   {P:b}n:<c>  notifications for client c (list)
+--   {P:b}I      intents: hash client -> the tagged updates of the client's batch in progress, kept
+--               while the batch spans several calls (nodes) so that a replacement can finish a
+--               batch its failed predecessor left half applied (connection.rs, `Intent`)
 -- Every function is called with no declared keys and touches only buckets the caller says are
 -- on this node (flag allow-cross-slot-keys: a node may serve several buckets' slots).
 
-local VERSION = '1'
+local VERSION = '2'
 
 local function enc_list(elems)
   local parts = { '\1L', struct.pack('>I4', #elems) }
@@ -467,7 +470,8 @@ local function advance(h, thex, bound)
 end
 
 -- ARGV: prefix, client, probe (1: touch every bucket first), drain (1: return this client's
--- notifications), nb, bucket ids..., then operations, each:
+-- notifications), intent mode ('' | 'S': store the blob as the client's intent | 'C': clear
+-- it), intent bucket, intent blob, nb, bucket ids..., then operations, each:
 --   code, bucket, key, reply (1|0), logid ('' = untagged), clock, arguments...
 -- Returns { results, notes }; a result is { index, 'o', result [, ts] } | { index, 'r', result }
 -- | { index, 'e', code, a, b } | { index, 'f', encoding, version [, logged flags] }
@@ -475,10 +479,10 @@ end
 local function exec(_keys, a)
   local P, client = a[1], a[2]
   local probe, drain = a[3] == '1', a[4] == '1'
-  local nb = tonumber(a[5])
+  local nb = tonumber(a[8])
   local tags = {}
   for j = 1, nb do
-    tags[j] = '{' .. P .. ':' .. a[5 + j] .. '}'
+    tags[j] = '{' .. P .. ':' .. a[8 + j] .. '}'
   end
   if probe then
     -- Fail (on a bucket moved to another node) before changing anything.
@@ -486,8 +490,14 @@ local function exec(_keys, a)
       redis.call('EXISTS', tags[j] .. 'N')
     end
   end
+  -- The intent is stored in the same atomic call as the first of the batch's operations.
+  if a[5] == 'S' then
+    redis.call('HSET', '{' .. P .. ':' .. a[6] .. '}I', client, a[7])
+  elseif a[5] == 'C' then
+    redis.call('HDEL', '{' .. P .. ':' .. a[6] .. '}I', client)
+  end
   local results = {}
-  local i = 6 + nb
+  local i = 9 + nb
   local idx = 0
   local n = #a
   while i <= n do
@@ -620,7 +630,7 @@ end
 -- ARGV: prefix, nb, bucket ids..., nts, client, clock pairs..., ntimers, timers: bucket, key,
 -- deadline (hex16), client..., nlog, log: bucket, logid, result..., then values: bucket, key,
 -- form.
--- Clears entries, logs and timers of the buckets (not their time or notifications), sets the
+-- Clears entries, logs, timers and intents of the buckets (not their time or notifications), sets the
 -- TS vector of every bucket, re-arms the timers, restores the per-clock log and writes the
 -- values.
 local function restore(_keys, a)
@@ -644,7 +654,7 @@ local function restore(_keys, a)
       local e = entry(h, k)
       redis.call('DEL', e.v, e.m, e.s)
     end
-    redis.call('DEL', h .. 'K', h .. 'L', h .. 'X', h .. 'T', h .. 'Z')
+    redis.call('DEL', h .. 'K', h .. 'L', h .. 'X', h .. 'T', h .. 'Z', h .. 'I')
     if nts > 0 then
       for x = 1, #tsargs, 2 do
         redis.call('HSET', h .. 'T', tsargs[x], tsargs[x + 1])

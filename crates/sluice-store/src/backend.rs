@@ -92,6 +92,16 @@ pub trait Backend: Send + Sync {
     fn takeover_returns_at_once(&self) -> bool {
         false
     }
+    /// Finishes a batch of failed instance `owner` that the store applied only in part, for a
+    /// backend that can apply a batch non-atomically (Redis Cluster: one call per node). Its
+    /// replacement would otherwise read some of the batch's updates and not others. Called
+    /// first in [`Backend::takeover`]; returns how many tagged updates were applied again
+    /// (those applied before are answered from the per-clock log). The default has none: a
+    /// store that applies each batch atomically.
+    fn finish_interrupted_batch(&self, owner: InstanceId) -> Result<usize, StoreError> {
+        let _ = owner;
+        Ok(0)
+    }
     /// What the replacement of failed instance `owner` takes over: the timers its predecessor
     /// armed ([`Backend::timers_of`]) and, with `objects` (it is its vertex's only instance),
     /// the values of those objects of its vertex ([`Backend::values_of`]). Sent to `parts` in
@@ -100,6 +110,7 @@ pub trait Backend: Send + Sync {
     /// parts with `None`. Returns how many `None`s come. A backend that can should answer
     /// without blocking the caller and in one pass over its contents; the default reads here.
     fn takeover(&self, owner: InstanceId, objects: Option<&[u16]>, parts: &TakeoverParts) -> Result<usize, StoreError> {
+        self.finish_interrupted_batch(owner)?;
         let timers = self.timers_of(owner)?;
         let values = match objects {
             Some(objects) => self.values_of(owner.vertex(), objects)?,

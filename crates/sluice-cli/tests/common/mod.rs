@@ -217,6 +217,15 @@ pub fn redis_store(prefix: &str) -> String {
     format!("{url}?prefix={prefix}{}", std::process::id())
 }
 
+/// The Redis Cluster store a test uses, its keys under `prefix` and this process's id. Fails
+/// the test when the suite's Redis Cluster is not there.
+pub fn redis_cluster_store(prefix: &str) -> String {
+    let Ok(url) = std::env::var("SLUICE_REDIS_CLUSTER_URL") else {
+        panic!("SLUICE_REDIS_CLUSTER_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
+    };
+    format!("{url}?prefix={prefix}{}", std::process::id())
+}
+
 /// The YAML files of the repository's directory `dir`, sorted.
 pub fn schedules(dir: &str) -> Vec<PathBuf> {
     let entries = std::fs::read_dir(repo(dir)).unwrap_or_else(|e| panic!("{dir}: {e}"));
