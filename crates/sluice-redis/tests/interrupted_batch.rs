@@ -59,15 +59,21 @@ fn connection(node: &str) -> redis::Connection {
         .unwrap_or_else(|e| panic!("connect to {node}: {e}"))
 }
 
-/// The node serving the slot of `key`.
+/// The node serving the slot of `key` (waiting, up to 20 s, for a cluster that has just
+/// started to agree on its slots).
 fn node_of(nodes: &[String], key: &str) -> String {
-    for n in nodes {
-        let r: redis::RedisResult<i64> = redis::cmd("EXISTS").arg(key).query(&mut connection(n));
-        if r.is_ok() {
-            return n.clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut errors = Vec::new();
+        for n in nodes {
+            match redis::cmd("EXISTS").arg(key).query::<i64>(&mut connection(n)) {
+                Ok(_) => return n.clone(),
+                Err(e) => errors.push(format!("{n}: {e}")),
+            }
         }
+        assert!(Instant::now() < deadline, "no node serves {key}: {errors:?}");
+        std::thread::sleep(Duration::from_millis(100));
     }
-    panic!("no node serves {key}")
 }
 
 /// Un-pauses the node however the test ends, and kills the child.
