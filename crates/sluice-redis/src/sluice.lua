@@ -17,7 +17,7 @@
 --   {P:b}n:<c>  notifications for client c (list)
 --   {P:b}I      intents: hash client -> the tagged updates of the client's batch in progress, kept
 --               while the batch spans several calls (nodes) so that a replacement can finish a
---               batch its failed predecessor left half applied (connection.rs, `Intent`)
+--               batch its failed predecessor left half applied (connection.rs, `IntentStep`)
 -- Every function is called with no declared keys and touches only buckets the caller says are
 -- on this node (flag allow-cross-slot-keys: a node may serve several buckets' slots).
 
