@@ -143,9 +143,12 @@ fn intent_of(batch: &[Request], ops: &[Op], shared: &Shared) -> Result<Option<Ve
 
 impl RedisConnection {
     /// Opens `client`'s connection to every node of the current slot map, failing now rather
-    /// than at the first batch if a node is unreachable.
+    /// than at the first batch if a node is unreachable. In a cluster, a node that does not
+    /// answer may be failing over (a replacement instance is often built just then, its node
+    /// having failed with a Redis primary): the slot map is read again, with growing pauses,
+    /// for up to [`FAILOVER_WAIT`], as a batch does.
     pub(crate) fn open(shared: Arc<Shared>, client: InstanceId) -> Result<RedisConnection, StoreError> {
-        let nodes = shared.topology().nodes;
+        let cluster = matches!(shared.cfg.mode, Mode::Cluster(_));
         let mut conn = RedisConnection {
             shared,
             client_arg: client.0.to_string().into_bytes(),
@@ -159,10 +162,23 @@ impl RedisConnection {
             intent: None,
         };
         conn.intent_bucket = conn.shared.bucket_of(&conn.client_arg);
-        for url in nodes {
-            conn.nodes.get(&url)?;
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let unreachable = conn.shared.topology().nodes.iter().find_map(|url| conn.nodes.get(url).err());
+            match unreachable {
+                None => return Ok(conn),
+                Some(e) if cluster && started.elapsed() < FAILOVER_WAIT => {
+                    tracing::debug!(error = %e, "a cluster node does not answer; reading the slot map again");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(MAX_REROUTE_PAUSE);
+                    if let Err(e) = conn.shared.refresh(&mut conn.nodes) {
+                        tracing::debug!(error = %e, "reading the cluster's slot map failed; trying again");
+                    }
+                }
+                Some(e) => return Err(e),
+            }
         }
-        Ok(conn)
     }
 
     /// Calls `sluice_exec` on a node; `Err(Ok(()))` when the slot map changed under it.
