@@ -33,6 +33,36 @@ const MAX_REROUTE_PAUSE: Duration = Duration::from_millis(500);
 /// How long `WAIT` waits for the replicas (`replicas=` in the URL) to acknowledge a call.
 const REPLICA_WAIT_MS: u64 = 2_000;
 
+/// Waiting for a cluster's slot map to settle while a node fails over: the first reading
+/// again at once (a slot moved), then with growing pauses, for up to [`FAILOVER_WAIT`] — long
+/// enough for a replica to take over (the node timeout plus an election).
+struct Settling {
+    started: Instant,
+    pause: Duration,
+}
+
+impl Settling {
+    fn new() -> Settling {
+        Settling { started: Instant::now(), pause: Duration::ZERO }
+    }
+
+    /// Pauses, then reads the slot map again into `nodes`; an error once the wait is over.
+    fn again(&mut self, shared: &Shared, nodes: &mut Nodes) -> Result<(), StoreError> {
+        if self.started.elapsed() >= FAILOVER_WAIT {
+            return Err(StoreError::Unavailable(format!(
+                "the cluster did not settle within {} s: a node is down and no replica took its slots over",
+                FAILOVER_WAIT.as_secs()
+            )));
+        }
+        std::thread::sleep(self.pause);
+        self.pause = (self.pause * 2).clamp(Duration::from_millis(10), MAX_REROUTE_PAUSE);
+        if let Err(e) = shared.refresh(nodes) {
+            tracing::debug!(error = %e, "reading the cluster's slot map failed; trying again");
+        }
+        Ok(())
+    }
+}
+
 /// The name of a state operation a node reports a type error for, as [`StateError`] spells it.
 fn static_op(s: &str) -> Option<&'static str> {
     ["incr", "push", "pop", "pop_n"].into_iter().find(|x| *x == s)
@@ -162,19 +192,14 @@ impl RedisConnection {
             intent: None,
         };
         conn.intent_bucket = conn.shared.bucket_of(&conn.client_arg);
-        let started = Instant::now();
-        let mut pause = Duration::from_millis(10);
+        let mut settling = Settling::new();
         loop {
             let unreachable = conn.shared.topology().nodes.iter().find_map(|url| conn.nodes.get(url).err());
             match unreachable {
                 None => return Ok(conn),
-                Some(e) if cluster && started.elapsed() < FAILOVER_WAIT => {
+                Some(e) if cluster => {
                     tracing::debug!(error = %e, "a cluster node does not answer; reading the slot map again");
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(MAX_REROUTE_PAUSE);
-                    if let Err(e) = conn.shared.refresh(&mut conn.nodes) {
-                        tracing::debug!(error = %e, "reading the cluster's slot map failed; trying again");
-                    }
+                    settling.again(&conn.shared, &mut conn.nodes).map_err(|_| e)?;
                 }
                 Some(e) => return Err(e),
             }
@@ -368,26 +393,14 @@ impl RedisConnection {
     /// and regrouping what a node no longer serves (or, in a cluster, did not answer) until
     /// [`FAILOVER_WAIT`] has passed.
     fn run(&mut self, batch: &[Request], ops: Vec<Op>) -> Result<(), StoreError> {
-        let started = Instant::now();
-        let mut pause = Duration::ZERO;
+        let mut settling = Settling::new();
         let mut pending = ops;
         loop {
             pending = self.run_once(batch, pending)?;
             if pending.is_empty() && self.intent.is_none() {
                 return Ok(());
             }
-            if started.elapsed() >= FAILOVER_WAIT {
-                return Err(StoreError::Unavailable(format!(
-                    "the cluster did not settle within {} s: a node is down and no replica took its slots over",
-                    FAILOVER_WAIT.as_secs()
-                )));
-            }
-            // The first regrouping is immediate (a slot moved); then the pauses grow.
-            std::thread::sleep(pause);
-            pause = (pause * 2).clamp(Duration::from_millis(10), MAX_REROUTE_PAUSE);
-            if let Err(e) = self.shared.refresh(&mut self.nodes) {
-                tracing::debug!(error = %e, "reading the cluster's slot map failed; trying again");
-            }
+            settling.again(&self.shared, &mut self.nodes)?;
         }
     }
 
@@ -526,21 +539,15 @@ impl RedisConnection {
     pub(crate) fn roll_forward(&mut self) -> Result<usize, StoreError> {
         let key = format!("{{{}:{}}}I", self.shared.cfg.prefix, self.intent_bucket);
         let get = redis::cmd("HGET").arg(&key).arg(self.client_arg.as_slice()).clone();
-        let started = Instant::now();
         let cluster = matches!(self.shared.cfg.mode, Mode::Cluster(_));
+        let mut settling = Settling::new();
         let stored = loop {
             let topo = self.shared.topology();
             let url = topo.nodes.get(topo.node_of(self.intent_bucket)).cloned().ok_or_else(|| invalid("no node"))?;
             match self.nodes.query(&url, &get) {
                 Ok(v) => break v,
                 Err(e) if cluster && (is_topology_error(&e) || is_connection_error(&e)) => {
-                    if started.elapsed() >= FAILOVER_WAIT {
-                        return Err(redis_err(e));
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                    if let Err(e) = self.shared.refresh(&mut self.nodes) {
-                        tracing::debug!(error = %e, "reading the cluster's slot map failed; trying again");
-                    }
+                    settling.again(&self.shared, &mut self.nodes).map_err(|_| redis_err(e))?;
                 }
                 Err(e) => return Err(redis_err(e)),
             }
