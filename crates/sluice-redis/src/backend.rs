@@ -2,13 +2,14 @@
 //! the [`Backend`] operations that act on the whole store (checkpoint, restore, wipe).
 
 use crate::codec::{decode_opt, encode_key, encode_opt, Form};
-use crate::config::parse_url;
+use crate::config::{parse_url, Mode};
 use crate::connection::RedisConnection;
 use crate::reply::{
-    array, bytes, codec_err, decode_whole_key, invalid, is_connection_error, number, redis_err, text, ts_of,
+    array, bytes, codec_err, decode_whole_key, invalid, is_connection_error, is_topology_text, number, redis_err, text,
+    ts_of,
 };
 use crate::request::hex16;
-use crate::topology::{lock_mutex, write_lock, Nodes, Shared, Topology};
+use crate::topology::{lock_mutex, write_lock, Nodes, Settling, Shared, Topology};
 use crate::LIBRARY;
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::CustomOp;
@@ -49,7 +50,11 @@ impl RedisBackend {
             admin: Mutex::new(Nodes::default()),
         });
         let backend = RedisBackend { shared };
-        backend.with_admin(|shared, nodes| {
+        // Not through `with_admin`: a cluster that cannot be reached at all is a mistake to
+        // report at once, not a failover to wait for.
+        {
+            let shared = &backend.shared;
+            let nodes = &mut *lock_mutex(&shared.admin);
             let topo = shared.refresh(nodes)?;
             for url in &topo.nodes {
                 let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(LIBRARY).clone();
@@ -61,8 +66,7 @@ impl RedisBackend {
                     }
                 })?;
             }
-            Ok(())
-        })?;
+        }
         Ok(backend)
     }
 
@@ -105,8 +109,24 @@ impl RedisBackend {
     }
 
     /// Runs `f` on the admin connections (checkpoint, restore, clear), one caller at a time.
-    fn with_admin<T>(&self, f: impl FnOnce(&Shared, &mut Nodes) -> Result<T, StoreError>) -> Result<T, StoreError> {
-        f(&self.shared, &mut lock_mutex(&self.shared.admin))
+    /// In a cluster, a node that does not answer or no longer serves its slots (a primary
+    /// failed over) makes `f` run again on a fresh slot map, for up to [`FAILOVER_WAIT`](crate::topology::FAILOVER_WAIT), as
+    /// an instance's batch does: the admin connections hear of a failover only through their
+    /// own calls, and a process that only takes checkpoints would otherwise fail every one
+    /// after a primary died. Each `f` may run again whole: it only reads, or writes what it
+    /// writes again to the same effect.
+    fn with_admin<T>(&self, mut f: impl FnMut(&Shared, &mut Nodes) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let mut nodes = lock_mutex(&self.shared.admin);
+        let mut settling = Settling::new();
+        loop {
+            match f(&self.shared, &mut nodes) {
+                Err(e) if matches!(self.shared.cfg.mode, Mode::Cluster(_)) && is_failing_over(&e) => {
+                    tracing::debug!(error = %e, "an admin call met a cluster node failing over; reading the slot map again");
+                    settling.again(&self.shared, &mut nodes).map_err(|_| e)?;
+                }
+                r => return r,
+            }
+        }
     }
 }
 
@@ -257,6 +277,15 @@ impl Backend for RedisBackend {
     /// opened before the wipe must still be replaced, as the trait requires.
     fn wipe(&self) -> Result<(), StoreError> {
         self.clear()
+    }
+}
+
+/// Whether an admin call's error may go away once the cluster's slot map settles.
+fn is_failing_over(e: &StoreError) -> bool {
+    match e {
+        StoreError::Unavailable(_) => true,
+        StoreError::Protocol(s) => is_topology_text(s),
+        _ => false,
     }
 }
 

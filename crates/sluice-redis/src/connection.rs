@@ -8,7 +8,7 @@ use crate::reply::{
     array, bytes, codec_err, invalid, is_connection_error, is_topology_error, number, redis_err, text, ts_of,
 };
 use crate::request::{header, is_broadcast, push_tagged, Op};
-use crate::topology::{Nodes, Shared};
+use crate::topology::{Nodes, Settling, Shared, FAILOVER_WAIT};
 use sluice_packet::InstanceId;
 use sluice_state::{ops::apply, StateError, StateOp};
 use sluice_store::{Connection, Notification, Replies, Request, Response, StoreError, StoreOp, TsVector};
@@ -24,45 +24,8 @@ const MAX_CONFLICTS: usize = 10_000;
 /// custom ones (a NAT taking a large batch of new connections) resent itself hundreds of
 /// times — 400 MB sent for 1,000 packets, ten times slower than with batches of 32.
 const MAX_OPS_PER_CALL: usize = 128;
-/// How long a batch keeps being regrouped while the cluster's slot map changes or a node does
-/// not answer: long enough for a replica to take over from a failed primary (Redis needs the
-/// node timeout plus an election).
-const FAILOVER_WAIT: Duration = Duration::from_secs(30);
-/// The longest pause between two readings of the slot map while waiting for it to settle.
-const MAX_REROUTE_PAUSE: Duration = Duration::from_millis(500);
 /// How long `WAIT` waits for the replicas (`replicas=` in the URL) to acknowledge a call.
 const REPLICA_WAIT_MS: u64 = 2_000;
-
-/// Waiting for a cluster's slot map to settle while a node fails over: the first reading
-/// again at once (a slot moved), then with growing pauses, for up to [`FAILOVER_WAIT`] — long
-/// enough for a replica to take over (the node timeout plus an election).
-struct Settling {
-    started: Instant,
-    pause: Duration,
-}
-
-impl Settling {
-    fn new() -> Settling {
-        Settling { started: Instant::now(), pause: Duration::ZERO }
-    }
-
-    /// Pauses, then reads the slot map again into `nodes`; an error once the wait is over.
-    fn again(&mut self, shared: &Shared, nodes: &mut Nodes) -> Result<(), StoreError> {
-        if self.started.elapsed() >= FAILOVER_WAIT {
-            return Err(StoreError::Unavailable(format!(
-                "the cluster did not settle within {} s: a node is down and no replica took its slots over",
-                FAILOVER_WAIT.as_secs()
-            )));
-        }
-        std::thread::sleep(self.pause);
-        self.pause = (self.pause * 2).clamp(Duration::from_millis(10), MAX_REROUTE_PAUSE);
-        if let Err(e) = shared.refresh(nodes) {
-            tracing::debug!(error = %e, "reading the cluster's slot map failed; trying again");
-        }
-        Ok(())
-    }
-}
-
 /// The name of a state operation a node reports a type error for, as [`StateError`] spells it.
 fn static_op(s: &str) -> Option<&'static str> {
     ["incr", "push", "pop", "pop_n"].into_iter().find(|x| *x == s)

@@ -26,9 +26,13 @@ pub(crate) fn redis_err(e: redis::RedisError) -> StoreError {
 
 /// Whether a failed call should be retried on a fresh slot map.
 pub(crate) fn is_topology_error(e: &redis::RedisError) -> bool {
-    let s = e.to_string();
-    e.is_cluster_error()
-        || s.contains("non local key")
+    e.is_cluster_error() || is_topology_text(&e.to_string())
+}
+
+/// Whether an error's text says the slot map changed under the call (see
+/// [`is_topology_error`]; also for errors already turned into [`StoreError`]s).
+pub(crate) fn is_topology_text(s: &str) -> bool {
+    s.contains("non local key")
         || s.contains("MOVED")
         || s.contains("ASK")
         || s.contains("CLUSTERDOWN")

@@ -8,10 +8,47 @@ use sluice_state::CustomOp;
 use sluice_store::StoreError;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Read and write timeout of every connection to a node.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a batch keeps being regrouped while the cluster's slot map changes or a node does
+/// not answer: long enough for a replica to take over from a failed primary (Redis needs the
+/// node timeout plus an election).
+pub(crate) const FAILOVER_WAIT: Duration = Duration::from_secs(30);
+/// The longest pause between two readings of the slot map while waiting for it to settle.
+const MAX_REROUTE_PAUSE: Duration = Duration::from_millis(500);
+
+/// Waiting for a cluster's slot map to settle while a node fails over: the first reading
+/// again at once (a slot moved), then with growing pauses, for up to [`FAILOVER_WAIT`] — long
+/// enough for a replica to take over (the node timeout plus an election).
+pub(crate) struct Settling {
+    started: Instant,
+    pause: Duration,
+}
+
+impl Settling {
+    pub(crate) fn new() -> Settling {
+        Settling { started: Instant::now(), pause: Duration::ZERO }
+    }
+
+    /// Pauses, then reads the slot map again into `nodes`; an error once the wait is over.
+    pub(crate) fn again(&mut self, shared: &Shared, nodes: &mut Nodes) -> Result<(), StoreError> {
+        if self.started.elapsed() >= FAILOVER_WAIT {
+            return Err(StoreError::Unavailable(format!(
+                "the cluster did not settle within {} s: a node is down and no replica took its slots over",
+                FAILOVER_WAIT.as_secs()
+            )));
+        }
+        std::thread::sleep(self.pause);
+        self.pause = (self.pause * 2).clamp(Duration::from_millis(10), MAX_REROUTE_PAUSE);
+        if let Err(e) = shared.refresh(nodes) {
+            tracing::debug!(error = %e, "reading the cluster's slot map failed; trying again");
+        }
+        Ok(())
+    }
+}
 
 /// Which node serves each bucket.
 #[derive(Debug, Clone)]

@@ -66,11 +66,15 @@ fn a_primary_killed_mid_run_loses_no_replicated_write() {
     let backend = RedisBackend::connect(&url).expect("connect to the test cluster");
     let mut raw =
         Raw { conn: backend.connect(InstanceId(1)).expect("connection"), next: 1, replies: Replies::default() };
+    // A second process's view of the same store that only takes checkpoints (a root's node with
+    // no instance of its own): nothing but its admin connection learns of the failover.
+    let watcher = RedisBackend::connect(&url).expect("connect the checkpointing backend");
 
     const KEYS: u64 = 64;
     for i in 0..KEYS {
         incr(&mut raw, i, i + 1);
     }
+    assert_eq!(watcher.checkpoint().expect("a checkpoint before the kill").values.len(), KEYS as usize);
     // The first primary dies for good, as a machine does.
     let victim = cluster.a_primary();
     cluster.kill(victim);
@@ -87,6 +91,10 @@ fn a_primary_killed_mid_run_loses_no_replicated_write() {
     });
     cluster.wait_promoted(victim, Duration::from_secs(30));
     eprintln!("failover: a replica took over {:.1} s after the kill", killed.elapsed().as_secs_f64());
+    // The checkpointing backend still maps the dead primary's slots to it: it reads the slot
+    // map again and checkpoints from the promoted replica.
+    let cp = watcher.checkpoint().expect("a checkpoint once a replica took over");
+    assert_eq!(cp.values.len(), KEYS as usize, "every key is in a checkpoint taken after the failover");
     cluster.restart(victim);
     let mut raw = writer.join().expect("the writer");
     eprintln!("failover: the writes were through {:.1} s after the kill", killed.elapsed().as_secs_f64());
