@@ -89,6 +89,11 @@ fn one_process(out: &Path, extra: &[&str]) -> Vec<u8> {
 
 /// The root's node of the example chain over the demo trace: its output file is `out`.
 fn root_node(spread: &Path, out: &Path, json_out: &Path, extra: &[&str]) -> Output {
+    root_node_of("chains/example.yaml", spread, out, json_out, extra)
+}
+
+/// [`root_node`] of `chain`.
+fn root_node_of(chain: &str, spread: &Path, out: &Path, json_out: &Path, extra: &[&str]) -> Output {
     let (spread_s, out_s, json_s) = (
         spread.to_string_lossy().into_owned(),
         out.to_string_lossy().into_owned(),
@@ -97,7 +102,7 @@ fn root_node(spread: &Path, out: &Path, json_out: &Path, extra: &[&str]) -> Outp
     let mut args = vec![
         "run",
         "-c",
-        "chains/example.yaml",
+        chain,
         "-i",
         "traces/demo.pcap",
         "--spread",
@@ -275,16 +280,31 @@ fn two_nodes_killed_one_after_the_other_are_both_failed_over() {
 /// journals) passes `verify`.
 fn killed_nodes_are_failed_over(store: &str, nodes: usize, place: &[(&str, &str)], victims: &[&str], failed: &[&str]) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let spread = spread_file_with(dir.path(), nodes, place, "silence_ms: 200\n");
+    killed_nodes_of_chain_are_failed_over(dir.path(), "chains/example.yaml", store, (nodes, place), victims, failed);
+}
+
+/// [`killed_nodes_are_failed_over`] for `chain`, in `dir`. A chain other than the example's
+/// (whose output and decisions are those of one process with one worker) is judged by
+/// `verify` alone: with two instances of an NF that shares state, which instance handed out
+/// what depends on how their packets interleaved.
+fn killed_nodes_of_chain_are_failed_over(
+    dir: &Path,
+    chain: &str,
+    store: &str,
+    (nodes, place): (usize, &[(&str, &str)]),
+    victims: &[&str],
+    failed: &[&str],
+) {
+    let spread = spread_file_with(dir, nodes, place, "silence_ms: 200\n");
+    let example = chain == "chains/example.yaml";
     let ft = ["--fault-tolerance", "--mode", "async", "--store", store, "-w", "1"];
     let mut survivors: Vec<(Child, PathBuf)> = Vec::new();
     let mut doomed = Vec::new();
     for i in 1..nodes {
         let name = ((b'a' + i as u8) as char).to_string();
-        let report = dir.path().join(format!("{name}.json"));
-        let rec = dir.path().join(format!("rec-{name}")).to_string_lossy().into_owned();
-        let child =
-            start_node("chains/example.yaml", &spread, &name, &report, &[&ft[..], &["--record", &rec]].concat());
+        let report = dir.join(format!("{name}.json"));
+        let rec = dir.join(format!("rec-{name}")).to_string_lossy().into_owned();
+        let child = start_node(chain, &spread, &name, &report, &[&ft[..], &["--record", &rec]].concat());
         if victims.contains(&name.as_str()) {
             doomed.push((victims.iter().position(|v| *v == name), child));
         } else {
@@ -302,9 +322,10 @@ fn killed_nodes_are_failed_over(store: &str, nodes: usize, place: &[(&str, &str)
             std::thread::sleep(Duration::from_millis(500));
         }
     });
-    let (out, a_json) = (dir.path().join("spread.pcap"), dir.path().join("a.json"));
-    let rec = |n: &str| dir.path().join(format!("rec-{n}")).to_string_lossy().into_owned();
-    let a = root_node(&spread, &out, &a_json, &[&ft[..5], &["--pace", "0.05", "--record", &rec("a")]].concat());
+    let (out, a_json) = (dir.join("spread.pcap"), dir.join("a.json"));
+    let rec = |n: &str| dir.join(format!("rec-{n}")).to_string_lossy().into_owned();
+    let a =
+        root_node_of(chain, &spread, &out, &a_json, &[&ft[..5], &["--pace", "0.05", "--record", &rec("a")]].concat());
     killer.join().expect("killer");
     assert!(a.status.success(), "{}", text(&a));
     let rep = json(&a_json);
@@ -324,39 +345,46 @@ fn killed_nodes_are_failed_over(store: &str, nodes: usize, place: &[(&str, &str)
     let log = &rep["fault_tolerance"];
     assert_eq!((&log["deleted"], &log["left_in_log"]), (&log["logged"], &serde_json::json!(0)), "{log}");
 
-    let one = dir.path().join("one.pcap");
-    let one_json = dir.path().join("one.json");
-    one_process(&one, &["--json", &one_json.to_string_lossy()]);
-    let (got, want) = (sorted_frames(&out), sorted_frames(&one));
-    assert!(want.len() > 60_000, "{}", want.len());
-    assert_eq!(got.len(), want.len(), "packets out");
-    assert!(got == want, "the output after the failover differs from the one-process output");
-    // Every decision of the one-process run was made again, except those the failed node
-    // made before it failed (they were made, and died with its report).
-    let failed_at = |nf: &str| {
-        rep["failovers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|f| f["vertex"] == nf)
-            .and_then(|f| f["at_packet"].as_u64())
+    // Decisions only the killed nodes made (before they died): in their journals alone.
+    let lost = if example {
+        let one = dir.join("one.pcap");
+        let one_json = dir.join("one.json");
+        one_process(&one, &["--json", &one_json.to_string_lossy()]);
+        let (got, want) = (sorted_frames(&out), sorted_frames(&one));
+        assert!(want.len() > 60_000, "{}", want.len());
+        assert_eq!(got.len(), want.len(), "packets out");
+        assert!(got == want, "the output after the failover differs from the one-process output");
+        // Every decision of the one-process run was made again, except those the failed node
+        // made before it failed (they were made, and died with its report).
+        let failed_at = |nf: &str| {
+            rep["failovers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|f| f["vertex"] == nf)
+                .and_then(|f| f["at_packet"].as_u64())
+        };
+        let key =
+            |e: &serde_json::Value| (e["clock"].clone(), e["nf"].clone(), e["kind"].clone(), e["subject"].clone());
+        let made: Vec<_> = decided.iter().map(key).collect();
+        let one_rep = json(&one_json);
+        let wanted = one_rep["events"].as_array().expect("events");
+        assert!(!wanted.is_empty());
+        for e in wanted {
+            let nf = e["nf"].as_str().unwrap_or_default();
+            let before_on_victim = failed_at(nf).is_some_and(|at| e["clock"].as_u64().is_some_and(|c| c < at));
+            assert!(made.contains(&key(e)) || before_on_victim, "decision {e} was not made again ({decided:?})");
+        }
+        assert!(made.len() <= wanted.len(), "decisions made twice: {decided:?}");
+        wanted.iter().filter(|e| !made.contains(&key(e))).count()
+    } else {
+        0
     };
-    let key = |e: &serde_json::Value| (e["clock"].clone(), e["nf"].clone(), e["kind"].clone(), e["subject"].clone());
-    let made: Vec<_> = decided.iter().map(key).collect();
-    let one_rep = json(&one_json);
-    let wanted = one_rep["events"].as_array().expect("events");
-    assert!(!wanted.is_empty());
-    for e in wanted {
-        let nf = e["nf"].as_str().unwrap_or_default();
-        let before_on_victim = failed_at(nf).is_some_and(|at| e["clock"].as_u64().is_some_and(|c| c < at));
-        assert!(made.contains(&key(e)) || before_on_victim, "decision {e} was not made again ({decided:?})");
-    }
-    assert!(made.len() <= wanted.len(), "decisions made twice: {decided:?}");
 
     // The record: the root's, the parts of the nodes that lived, and the journal the killed
     // node left (it never wrote its part).
     for victim in victims {
-        assert!(!dir.path().join(format!("rec-{victim}/record.json")).exists(), "killed node {victim} wrote a part");
+        assert!(!dir.join(format!("rec-{victim}/record.json")).exists(), "killed node {victim} wrote a part");
     }
     let mut args = vec!["verify".to_string(), "--recorded".into(), rec("a")];
     for i in 1..nodes {
@@ -365,7 +393,7 @@ fn killed_nodes_are_failed_over(store: &str, nodes: usize, place: &[(&str, &str)
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let v = sluice(&args);
     assert!(v.status.success(), "the recorded run with the killed nodes' journals: {}", text(&v));
-    let lost = wanted.iter().filter(|e| !made.contains(&key(e))).count();
+    assert!(text(&v).contains("chain output equivalence: EQUIVALENT"), "{}", text(&v));
     if lost > 0 {
         // Without the journal, the decisions only the killed node made are missing.
         let mut without = vec!["verify".to_string(), "--recorded".into(), rec("a")];
@@ -575,4 +603,141 @@ fn a_run_over_two_nodes_is_recorded_in_parts_that_verify_together() {
     let wrong = sluice(&["verify", "--recorded", &b_rec_s]);
     assert_eq!(wrong.status.code(), Some(2), "a part given as the root's record: {}", text(&wrong));
     assert!(text(&wrong).contains("--part"), "{}", text(&wrong));
+}
+
+/// The example chain with two NAT instances: packets of the two reach the portscan detector
+/// in any order, so it takes them in chain-entry order (CHC R4).
+fn two_nat_chain(dir: &Path) -> PathBuf {
+    let example = std::fs::read_to_string(repo("chains/example.yaml")).expect("example chain");
+    let chain = example.replacen("    type: nat\n", "    type: nat\n    instances: 2\n", 1);
+    assert_ne!(chain, example, "the NAT's line is where it was");
+    let path = dir.join("two-nats.yaml");
+    std::fs::write(&path, chain).expect("chain file");
+    path
+}
+
+#[test]
+fn an_order_sensitive_detector_away_from_the_root_takes_its_input_in_entry_order() {
+    // Two NATs on two workers with the root on a, the portscan detector (order-sensitive behind
+    // them) and the LB on b, the Trojan detector on c: the detector hears the root's progress
+    // from a. The state in a store every node reaches.
+    let server = common::served_store();
+    let state = ["--mode", "async", "--store", &server.url];
+    let dir = tempfile::tempdir().expect("temp dir");
+    let chain = two_nat_chain(dir.path());
+    let chain_s = chain.to_string_lossy().into_owned();
+    let spread = spread_file(dir.path(), 3, &[("trojan", "c"), ("portscan", "b"), ("lb", "b")]);
+    let rec = |n: &str| dir.path().join(format!("rec-{n}")).to_string_lossy().into_owned();
+    let mut others = Vec::new();
+    for n in ["b", "c"] {
+        let report = dir.path().join(format!("{n}.json"));
+        others.push((
+            start_node(&chain_s, &spread, n, &report, &[&state[..], &["-w", "1", "--record", &rec(n)]].concat()),
+            report,
+        ));
+    }
+    let out = dir.path().join("spread.pcap");
+    let a_json = dir.path().join("a.json");
+    let (spread_s, out_s, json_s) = (
+        spread.to_string_lossy().into_owned(),
+        out.to_string_lossy().into_owned(),
+        a_json.to_string_lossy().into_owned(),
+    );
+    let a = sluice_within(
+        &[
+            "run",
+            "-c",
+            &chain_s,
+            "-i",
+            "traces/demo.pcap",
+            "--spread",
+            &spread_s,
+            "--node",
+            "a",
+            "-w",
+            "1",
+            "-q",
+            "--no-pin",
+            "-o",
+            &out_s,
+            "--json",
+            &json_s,
+            "--record",
+            &rec("a"),
+        ],
+        Duration::from_secs(120),
+    )
+    .expect("the root's node ended");
+    assert!(a.status.success(), "{}", text(&a));
+    let mut reports = vec![json(&a_json)];
+    for (child, report) in others {
+        let (ok, err) = node_end(child, Duration::from_secs(30));
+        assert!(ok, "{err}");
+        reports.push(json(&report));
+    }
+    let a_link = clean_link(&reports[0], "a");
+    let b_link = clean_link(&reports[1], "b");
+    let c_link = clean_link(&reports[2], "c");
+    // a told b and c (the Trojan detector takes its input in entry order too) how far the
+    // root had got; the last report may cross the end of the run.
+    let told = |l: &serde_json::Value| l["progress"].as_u64().expect("progress");
+    assert!(told(&b_link) > 0 && told(&c_link) > 0, "{b_link} {c_link}");
+    let heard = told(&b_link) + told(&c_link);
+    assert!(heard <= told(&a_link) && heard + 4 >= told(&a_link), "{a_link} {b_link} {c_link}");
+    let b_dropped = reports[1]["dropped_total"].as_u64().expect("dropped_total");
+    assert!(b_dropped > 0, "the detector on b drops the scanner's packets: {}", reports[1]);
+
+    // Output, drops and the detector's decisions are those of the logical chain.
+    let v = sluice(&["verify", "--recorded", &rec("a"), "--part", &rec("b"), "--part", &rec("c")]);
+    assert!(v.status.success(), "{}", text(&v));
+    assert!(text(&v).contains("chain output equivalence: EQUIVALENT"), "{}", text(&v));
+    // Every packet the one-process chain lets out left (which ports the two NATs handed out
+    // depends on how their packets interleaved: `verify` judged that).
+    let one = dir.path().join("one.pcap");
+    let o = sluice(&[
+        "run",
+        "-c",
+        &chain_s,
+        "-i",
+        "traces/demo.pcap",
+        "-w",
+        "1",
+        "-q",
+        "--no-pin",
+        "-o",
+        &one.to_string_lossy(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(sorted_frames(&out).len(), sorted_frames(&one).len(), "packets out");
+}
+
+#[test]
+fn the_node_after_an_order_sensitive_detector_killed_mid_run_is_failed_over() {
+    // Two NATs with the root on a, the portscan detector (order-sensitive behind them) on b,
+    // the LB after it on c. c dies: the LB's replacement on a replays through the detector
+    // on b, which goes on taking its live packets in entry order meanwhile.
+    nodes_around_the_detector_killed(&["c"], &["lb"]);
+}
+
+#[test]
+fn the_node_of_an_order_sensitive_detector_killed_mid_run_is_failed_over() {
+    // The same chain; b, with the detector, dies: its replacement on a reads the root's
+    // progress where the root is.
+    nodes_around_the_detector_killed(&["b"], &["portscan"]);
+}
+
+/// Two NATs with the root on a, the portscan detector on b, the LB on c; `victims` killed.
+fn nodes_around_the_detector_killed(victims: &[&str], failed: &[&str]) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let chain = two_nat_chain(dir.path());
+    let store = common::served_store();
+    let place = [("portscan", "b"), ("lb", "c")];
+    killed_nodes_of_chain_are_failed_over(
+        dir.path(),
+        &chain.to_string_lossy(),
+        &store.url,
+        (3, &place),
+        victims,
+        failed,
+    );
 }

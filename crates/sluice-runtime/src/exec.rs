@@ -115,6 +115,9 @@ struct Shared {
     reaches: Vec<Vec<bool>>,
     /// Per vertex: its instances take their input in entry order.
     ordered: Vec<bool>,
+    /// On a node of a spread chain without the root, hosting order-sensitive instances: the
+    /// root's progress as the root's node tells it (`spread/progress.rs`).
+    from_root: Option<crate::order::FromRoot>,
     /// With `RunConfig::reconfigs`: the flow allocation and what scaling shares.
     scaling: Option<reconfig::Scaling>,
     /// With store crashes planned: what the root and the workers share for them.
@@ -249,7 +252,7 @@ pub fn run(
     };
     let live_store_crash = hooks.live.is_some() && why_no_store_crash.is_none();
     let slot_count = plan.slot_count();
-    let layout = cfg.part.as_ref().map(|p| spread::layout(p, &plan, slot_count, &ordered)).transpose()?;
+    let layout = cfg.part.as_ref().map(|p| spread::layout(p, &plan, slot_count)).transpose()?;
     let Plan { name, vertices, entry, traffic, mut instances, store, state, mut rebuilder, .. } = plan;
     if !(store_crashes || live_store_crash) {
         // Only a store rebuild reads the instances' write-ahead logs.
@@ -281,6 +284,7 @@ pub fn run(
     let workers = cfg.workers.max(1).min(instances.len().max(1));
     let scaling = scalable
         .then(|| reconfig::Scaling::new(&vertices, (slot_count, instances.len()), (workers, roots), rebuilder.clone()));
+    let from_root = layout.as_ref().and_then(|l| spread::from_root(l, &vertices, &ordered));
     let shared = Arc::new(Shared {
         queues: (0..slot_count).map(|_| OnceLock::new()).collect(),
         queue_cap: cap,
@@ -317,6 +321,7 @@ pub fn run(
         .then(|| failover::Failover::new((slot_count, per_vertex), rebuilder, (cfg.window, roots))),
         reaches,
         ordered,
+        from_root,
         scaling,
         store_crash: store.clone().filter(|_| store_crashes || live_store_crash).map(store_crash::StoreCrash::new),
         elsewhere: (0..slot_count).map(|g| AtomicBool::new(layout.as_ref().is_some_and(|l| !l.here(g)))).collect(),

@@ -115,9 +115,15 @@ impl InOrder {
         gone_by: impl Fn(Clock) -> bool,
         out: &mut Vec<Packet>,
     ) {
+        self.take_ready_by(&Here { clocks, roots, gone_by }, out);
+    }
+
+    /// [`InOrder::take_ready`] with what the roots have done read from `progress` (this
+    /// process's own, or what the root's node says when the root runs elsewhere).
+    pub(crate) fn take_ready_by(&mut self, progress: &impl EntryProgress, out: &mut Vec<Packet>) {
         while let Some(key) = self.held.first_key_value().map(|(k, _)| *k) {
             for (r, next) in self.next.iter_mut().enumerate() {
-                if !earlier_done((r as u8, next), key, clocks, roots, &gone_by) {
+                if !earlier_done((r as u8, next), key, progress) {
                     return;
                 }
             }
@@ -131,17 +137,50 @@ impl InOrder {
     }
 }
 
+/// How far the roots have got, as an order-sensitive instance needs to know it.
+pub(crate) trait EntryProgress {
+    /// The last sequence number root `r` admitted.
+    fn admitted(&self, r: usize) -> u64;
+    /// With several roots: an entry time up to which root `r` has admitted every packet
+    /// handed to it.
+    fn passed(&self, r: usize) -> u64;
+    /// Whether admitted clock `c` is done with as far as this instance is concerned: finished
+    /// (dropped, consumed or out of the chain), or gone past its vertex for good. `last` is
+    /// the root's last admitted sequence number as read.
+    fn done(&self, c: Clock, last: u64) -> bool;
+    /// The entry time of clock `c`, in flight (0 with one root).
+    fn entry(&self, c: Clock) -> u64;
+}
+
+/// The roots' progress in this process: the in-flight clocks and the roots' admissions.
+struct Here<'a, F> {
+    clocks: &'a ClockTracker,
+    roots: &'a Admissions,
+    gone_by: F,
+}
+
+impl<F: Fn(Clock) -> bool> EntryProgress for Here<'_, F> {
+    fn admitted(&self, r: usize) -> u64 {
+        self.roots.admitted(r)
+    }
+    fn passed(&self, r: usize) -> u64 {
+        self.roots.passed(r)
+    }
+    fn done(&self, c: Clock, last: u64) -> bool {
+        // Finished, or its slot reused by a clock a ring later (which the root admits only
+        // once this one finished).
+        c.seq() + self.clocks.span() <= last || self.clocks.finished(c) || (self.gone_by)(c)
+    }
+    fn entry(&self, c: Clock) -> u64 {
+        self.clocks.entry(c)
+    }
+}
+
 /// Whether every clock of root `id` before `key` in entry order is admitted and done with as far
 /// as the instance is concerned, moving the root's cursor `next` past what is.
-fn earlier_done(
-    (id, next): (u8, &mut u64),
-    key: OrderKey,
-    clocks: &ClockTracker,
-    roots: &Admissions,
-    gone_by: &impl Fn(Clock) -> bool,
-) -> bool {
+fn earlier_done((id, next): (u8, &mut u64), key: OrderKey, progress: &impl EntryProgress) -> bool {
     let r = usize::from(id);
-    let mut last = roots.admitted(r);
+    let mut last = progress.admitted(r);
     loop {
         if id == key.clock.root() && key.clock.seq() <= *next {
             // Everything of the packet's own root before it is done.
@@ -150,7 +189,7 @@ fn earlier_done(
         if *next > last {
             if id == key.clock.root() {
                 // Not admitted as far as we know (the packet itself is): look again.
-                let now = roots.admitted(r);
+                let now = progress.admitted(r);
                 if now == last {
                     return false;
                 }
@@ -158,10 +197,10 @@ fn earlier_done(
                 continue;
             }
             // Another root: done if it has admitted everything entered before the packet.
-            if roots.passed(r) < key.time {
+            if progress.passed(r) < key.time {
                 return false;
             }
-            let now = roots.admitted(r);
+            let now = progress.admitted(r);
             if now == last {
                 return true;
             }
@@ -169,14 +208,89 @@ fn earlier_done(
             continue;
         }
         let c = Clock::new(id, *next);
-        // Admitted: finished, or its slot reused by a clock a ring later (which the root
-        // admits only once this one finished).
-        if *next + clocks.span() <= last || clocks.finished(c) || gone_by(c) {
+        if progress.done(c, last) {
             *next += 1;
             continue;
         }
         // In flight elsewhere: in the way only if it entered before the packet.
-        return key.time > 0 && clocks.entry(c) > key.time;
+        return key.time > 0 && progress.entry(c) > key.time;
+    }
+}
+
+/// What the root's node last said about its root's progress, on a node that hosts
+/// order-sensitive instances but not the root (a chain spread over nodes, one root): the last
+/// clock admitted, a sequence number below which every clock is finished, and, per vertex, the
+/// clocks after it known to be done with as far as that vertex is concerned (finished, or gone
+/// past it for good). Each is a fact once true, so what arrives late or twice does no harm.
+pub(crate) struct FromRoot {
+    admitted: AtomicU64,
+    below: AtomicU64,
+    /// Per vertex of the chain (empty for a vertex not ordered here): a ring of sequence
+    /// numbers, each slot holding the last one said to be done that falls in it.
+    done: Vec<Box<[AtomicU64]>>,
+}
+
+/// Clocks per vertex ring of [`FromRoot`]: more than the root's node says in one report.
+pub(crate) const FROM_ROOT_RING: usize = 4096;
+
+impl FromRoot {
+    /// For the vertices marked in `here` (ordered, with an instance on this node).
+    pub(crate) fn new(here: &[bool]) -> FromRoot {
+        let ring = || (0..FROM_ROOT_RING).map(|_| AtomicU64::new(0)).collect();
+        FromRoot {
+            admitted: AtomicU64::new(0),
+            below: AtomicU64::new(1),
+            done: here.iter().map(|h| if *h { ring() } else { Box::default() }).collect(),
+        }
+    }
+
+    /// The root's node says: clocks up to `admitted` are admitted, every one before `below` finished.
+    pub(crate) fn heard(&self, admitted: u64, below: u64) {
+        self.admitted.fetch_max(admitted, Ordering::AcqRel);
+        self.below.fetch_max(below, Ordering::AcqRel);
+    }
+
+    /// The root's node says: clocks `first + i` for each bit `i` set in `bits` are done with as
+    /// far as vertex `v` is concerned.
+    pub(crate) fn heard_done(&self, v: usize, first: u64, bits: u64) {
+        let Some(ring) = self.done.get(v).filter(|r| !r.is_empty()) else { return };
+        let mut b = bits;
+        while b != 0 {
+            let seq = first + u64::from(b.trailing_zeros());
+            b &= b - 1;
+            if let Some(slot) = ring.get(seq as usize % FROM_ROOT_RING) {
+                slot.fetch_max(seq, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// The view of vertex `v`'s instances.
+    pub(crate) fn of(&self, v: usize) -> RootSays<'_> {
+        RootSays { from: self, ring: self.done.get(v).map(|r| &r[..]).unwrap_or_default() }
+    }
+}
+
+/// [`FromRoot`] as one vertex's instances read it.
+pub(crate) struct RootSays<'a> {
+    from: &'a FromRoot,
+    ring: &'a [AtomicU64],
+}
+
+impl EntryProgress for RootSays<'_> {
+    fn admitted(&self, _: usize) -> u64 {
+        self.from.admitted.load(Ordering::Acquire)
+    }
+    fn passed(&self, _: usize) -> u64 {
+        // One root across nodes: no other root to wait for.
+        u64::MAX
+    }
+    fn done(&self, c: Clock, _: u64) -> bool {
+        let seq = c.seq();
+        seq < self.from.below.load(Ordering::Acquire)
+            || self.ring.get(seq as usize % FROM_ROOT_RING).is_some_and(|s| s.load(Ordering::Acquire) == seq)
+    }
+    fn entry(&self, _: Clock) -> u64 {
+        0
     }
 }
 

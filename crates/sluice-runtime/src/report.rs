@@ -257,6 +257,9 @@ pub struct LinkReport {
     pub failed_nodes: Vec<String>,
     /// Datagrams from failed nodes, dropped (a node declared failed is not listened to again).
     pub fenced: u64,
+    /// On the root's node: reports of the root's progress sent to nodes hosting
+    /// order-sensitive instances; elsewhere, those taken in.
+    pub progress: u64,
 }
 
 /// How a clone's trial ended.

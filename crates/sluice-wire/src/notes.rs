@@ -10,7 +10,7 @@
 //!
 //! | bytes | content |
 //! |---|---|
-//! | 1 | kind: 1 sent, 2 finished, 3 commit, 4 reached, 5 left, 16 end of the run, 17 hello, 18 stop |
+//! | 1 | kind: 1 sent, 2 finished, 3 commit, 4 reached, 5 left, 16 end of the run, 17 hello, 18 stop, 19 resend, 20 last, 21 oldest, 22 admitted, 23 done |
 //! | 1 | the packet's flags |
 //! | 2 | 0 |
 //! | 4 | replay target instance, `0xFFFFFFFF` for none |
@@ -68,6 +68,16 @@ pub enum NoteKind {
     /// still holds (in the clock). Nothing below it is replayed again, so the other nodes
     /// forget what their instances emitted for those clocks (kept for replays passing through).
     Oldest,
+    /// From the root's node to a node hosting order-sensitive instances, every few tens of
+    /// microseconds while it changes: the clock carries the last clock the root admitted, the
+    /// XOR field a sequence number below which every clock is finished. Sent first in a
+    /// datagram of [`NoteKind::Done`] notes.
+    Admitted,
+    /// After [`NoteKind::Admitted`]: the clock carries a first clock, the XOR field 64 bits,
+    /// bit `i` set when clock `first + i` is done with as far as the vertex in the target
+    /// field is concerned (finished, or gone past it for good), so that its instances may
+    /// take the next clocks in entry order.
+    Done,
 }
 
 impl NoteKind {
@@ -84,6 +94,8 @@ impl NoteKind {
             NoteKind::Resend => 19,
             NoteKind::Last => 20,
             NoteKind::Oldest => 21,
+            NoteKind::Admitted => 22,
+            NoteKind::Done => 23,
         }
     }
     fn from_byte(b: u8) -> Option<NoteKind> {
@@ -99,6 +111,8 @@ impl NoteKind {
             19 => NoteKind::Resend,
             20 => NoteKind::Last,
             21 => NoteKind::Oldest,
+            22 => NoteKind::Admitted,
+            23 => NoteKind::Done,
             _ => return None,
         })
     }
@@ -232,6 +246,8 @@ mod tests {
             NoteKind::Resend,
             NoteKind::Last,
             NoteKind::Oldest,
+            NoteKind::Admitted,
+            NoteKind::Done,
         ];
         let notes: Vec<WireNote> = kinds.iter().enumerate().map(|(i, k)| note(*k, i as u64 + 1)).collect();
         let mut d = Vec::new();
@@ -244,7 +260,7 @@ mod tests {
         assert_eq!(crate::link_seq(&d), Some(9));
         assert!(!is_control(&d), "data notes first");
         for (kind, control) in
-            [(NoteKind::Hello, true), (NoteKind::Resend, true), (NoteKind::Last, true), (NoteKind::Commit, false)]
+            [(NoteKind::Hello, true), (NoteKind::Resend, true), (NoteKind::Admitted, true), (NoteKind::Commit, false)]
         {
             let mut c = Vec::new();
             encode_notes(42, 10, &[note(kind, 1)], &mut c).unwrap();

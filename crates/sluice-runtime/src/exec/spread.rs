@@ -37,6 +37,7 @@ use std::sync::Arc;
 
 mod in_order;
 mod on_node;
+mod progress;
 mod receive;
 use in_order::{Received, Sent};
 use on_node::OnNode;
@@ -100,6 +101,8 @@ pub(super) struct Link {
     pub(super) root_end: Option<(Clock, u64)>,
     /// On the root's node: the oldest logged sequence number last told the others, and when.
     oldest_told: (u64, Instant),
+    /// On the root's node: the root's progress told to nodes with order-sensitive instances.
+    telling: progress::Telling,
 }
 
 impl Link {
@@ -120,6 +123,7 @@ impl Link {
         let remote = (0..layout.node_of.len()).filter(|g| !layout.here(*g)).collect();
         let report =
             LinkReport { node: layout.names.get(layout.me).cloned().unwrap_or_default(), ..LinkReport::default() };
+        let telling = progress::Telling::new(shared, &layout);
         let mut heard = vec![false; nodes];
         if let Some(h) = heard.get_mut(layout.me) {
             *h = true;
@@ -154,6 +158,7 @@ impl Link {
             ended: false,
             root_end: None,
             oldest_told: (1, Instant::now()),
+            telling,
         })
     }
 
@@ -201,6 +206,7 @@ impl Link {
                 }
             }
         }
+        self.tell_progress(shared)?;
         let sent = self.send(shared)?;
         let received = self.receive(shared)?;
         Ok(sent || received)
@@ -444,7 +450,9 @@ fn root_hears(shared: &Shared, out: &mut Outgoing, kind: NoteKind, meta: Meta) -
         | NoteKind::Stop
         | NoteKind::Resend
         | NoteKind::Last
-        | NoteKind::Oldest => false,
+        | NoteKind::Oldest
+        | NoteKind::Admitted
+        | NoteKind::Done => false,
     }
 }
 
@@ -484,25 +492,24 @@ pub(super) fn may_fail_over(layout: Option<&Layout>) -> bool {
     layout.is_some_and(|l| l.addrs.len() > 1)
 }
 
-/// This node's part of `part`'s spread: where each instance runs. An order-sensitive vertex
-/// must stay with the root: it waits for the root's admissions, which do not cross nodes yet.
-pub(super) fn layout(
-    part: &crate::spread::Part,
-    plan: &crate::plan::Plan,
-    slots: usize,
+/// This node's part of `part`'s spread: where each instance runs.
+pub(super) fn layout(part: &crate::spread::Part, plan: &crate::plan::Plan, slots: usize) -> Result<Layout, RunError> {
+    part.spread.layout(&part.node, &plan.vertices, slots).map_err(|e| RunError::Config(e.to_string()))
+}
+
+/// On a node without the root that hosts instances of order-sensitive vertices (`ordered`):
+/// where they read the root's progress, as the root's node tells it.
+pub(super) fn from_root(
+    layout: &Layout,
+    vertices: &[crate::plan::VertexPlan],
     ordered: &[bool],
-) -> Result<Layout, RunError> {
-    let l = part.spread.layout(&part.node, &plan.vertices, slots).map_err(|e| RunError::Config(e.to_string()))?;
-    let far = plan.vertices.iter().enumerate().find(|(v, vp)| {
-        ordered.get(*v).copied().unwrap_or(false) && vp.instances.iter().any(|g| l.node_of.get(*g) != Some(&l.root))
-    });
-    if let Some((_, vp)) = far {
-        return Err(RunError::Config(format!(
-            "`{}` takes its input in entry order, which needs the root's admissions: place it on the root's node (they do not cross nodes yet)",
-            vp.name
-        )));
-    }
-    Ok(l)
+) -> Option<crate::order::FromRoot> {
+    let here: Vec<bool> = vertices
+        .iter()
+        .enumerate()
+        .map(|(v, vp)| ordered.get(v).copied().unwrap_or(false) && vp.instances.iter().any(|g| layout.here(*g)))
+        .collect();
+    (!layout.has_root() && here.iter().any(|h| *h)).then(|| crate::order::FromRoot::new(&here))
 }
 
 /// Binds this node's link and, on the root's node, starts its thread and waits for every

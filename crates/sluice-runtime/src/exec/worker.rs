@@ -284,8 +284,14 @@ fn serve(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
         return did;
     }
     let mut ready = shared.empty_batch();
-    let gone_by = |c: Clock| shared.past_recovering(vertex, c);
-    order.take_ready(&shared.clocks, &shared.admissions, gone_by, &mut ready);
+    match &shared.from_root {
+        // The root runs on another node, which says how far it has got.
+        Some(from_root) => order.take_ready_by(&from_root.of(vertex), &mut ready),
+        None => {
+            let gone_by = |c: Clock| shared.past_recovering(vertex, c);
+            order.take_ready(&shared.clocks, &shared.admissions, gone_by, &mut ready);
+        }
+    }
     if ready.is_empty() {
         shared.give_back(ready);
         return did;

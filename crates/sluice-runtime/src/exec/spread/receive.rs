@@ -3,7 +3,7 @@
 //! asked for again, resends served, hellos answered.
 
 use super::in_order::{self, Place, Received};
-use super::{node_of_addr, root_hears, Link};
+use super::{node_of_addr, progress, root_hears, Link};
 use crate::exec::{RunError, Shared};
 use sluice_packet::{Clock, Meta};
 use sluice_wire::geneve::TO_EGRESS;
@@ -154,7 +154,16 @@ impl Link {
                             fo.set_oldest_logged(n.meta.clock.root(), n.meta.clock.seq());
                         }
                     }
-                    NoteKind::End | NoteKind::Last | NoteKind::Oldest => report.malformed += 1,
+                    NoteKind::Admitted | NoteKind::Done if !layout.has_root() && node == layout.root => {
+                        if progress::heard(shared.from_root.as_ref(), n) {
+                            report.progress += u64::from(n.kind == NoteKind::Admitted);
+                        } else {
+                            report.malformed += 1;
+                        }
+                    }
+                    NoteKind::End | NoteKind::Last | NoteKind::Oldest | NoteKind::Admitted | NoteKind::Done => {
+                        report.malformed += 1
+                    }
                     _ if !layout.has_root() => report.malformed += 1,
                     kind => {
                         report.notes_received += 1;
