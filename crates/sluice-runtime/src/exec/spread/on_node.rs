@@ -6,9 +6,14 @@ use sluice_packet::{Clock, Meta};
 /// On the root's node: the copies of each clock on one other node (sent there, or made there
 /// as its notes said, and not back or ended yet), in a ring like the in-flight clocks'. A
 /// clock's slot is not reused while a copy of it is in flight anywhere, so one slot per clock
-/// is enough.
+/// is enough. Within a slot, copies are told apart by where they are on their way to: a live
+/// copy and a replay copy of the same clock bound for a recovering replacement can be on the
+/// node together, and if the node fails the root must resend the replay copy to its target
+/// (keeping only the first copy's marks lost that, and the replacement waited for ever).
 pub(super) struct OnNode {
-    slots: Vec<(Meta, u32)>,
+    /// Per clock: the clock, then per replay target (`None`: not a replay on its way) the
+    /// marks of its first copy and how many copies are there.
+    slots: Vec<(Clock, Vec<(Meta, u32)>)>,
     mask: u64,
 }
 
@@ -16,45 +21,68 @@ impl OnNode {
     /// A ring of `span` clocks (0: nothing is counted).
     pub(super) fn new(span: u64) -> OnNode {
         let n = if span == 0 { 0 } else { span.next_power_of_two() };
-        OnNode { slots: vec![(Meta::default(), 0); n as usize], mask: n.saturating_sub(1) }
+        OnNode { slots: (0..n).map(|_| (Clock::default(), Vec::new())).collect(), mask: n.saturating_sub(1) }
     }
-    fn slot(&mut self, clock: Clock) -> Option<&mut (Meta, u32)> {
+    fn slot(&mut self, clock: Clock) -> Option<&mut (Clock, Vec<(Meta, u32)>)> {
         let i = (clock.seq() & self.mask) as usize;
         self.slots.get_mut(i)
     }
     /// A copy of `meta`'s clock is on the node now.
     pub(super) fn arrived(&mut self, meta: &Meta) {
-        if let Some((m, n)) = self.slot(meta.clock) {
-            if *n == 0 || m.clock != meta.clock {
-                *m = Meta { clock: meta.clock, flags: meta.flags, target: meta.target, xor: 0, ..Meta::default() };
-                *n = 0;
+        let Some((clock, copies)) = self.slot(meta.clock) else { return };
+        if *clock != meta.clock {
+            // The slot's clock is done with (or never came): its buffer is reused.
+            *clock = meta.clock;
+            copies.clear();
+        }
+        let target = meta.replay_target();
+        match copies.iter_mut().find(|(m, _)| m.replay_target() == target) {
+            Some((m, n)) => {
+                if *n == 0 {
+                    *m = marks(meta);
+                }
+                *n += 1;
             }
-            *n += 1;
+            None => copies.push((marks(meta), 1)),
         }
     }
-    /// A copy of `clock` left the node (came back, or ended there).
-    pub(super) fn left(&mut self, clock: Clock) {
-        if let Some((m, n)) = self.slot(clock) {
-            if m.clock == clock {
-                *n = n.saturating_sub(1);
+    /// A copy of `meta`'s clock left the node (came back, or ended there): one bound where it
+    /// is, else any.
+    pub(super) fn left(&mut self, meta: &Meta) {
+        let Some((clock, copies)) = self.slot(meta.clock) else { return };
+        if *clock != meta.clock {
+            return;
+        }
+        let target = meta.replay_target();
+        let same = copies.iter().position(|(m, n)| *n > 0 && m.replay_target() == target);
+        if let Some(i) = same.or_else(|| copies.iter().position(|(_, n)| *n > 0)) {
+            if let Some((_, n)) = copies.get_mut(i) {
+                *n -= 1;
             }
         }
     }
     /// The copies on the node, as lost copies (one entry per copy), forgotten here.
     pub(super) fn take_all(&mut self) -> Vec<Meta> {
         let mut lost = Vec::new();
-        for (m, n) in &mut self.slots {
-            lost.extend(std::iter::repeat_n(*m, *n as usize));
-            *n = 0;
+        for (_, copies) in &mut self.slots {
+            for (m, n) in copies.drain(..) {
+                lost.extend(std::iter::repeat_n(m, n as usize));
+            }
         }
         lost.sort_by_key(|m| m.clock);
         lost
     }
 }
 
+/// What a lost copy's report needs of a copy's metadata.
+fn marks(meta: &Meta) -> Meta {
+    Meta { clock: meta.clock, flags: meta.flags, target: meta.target, xor: 0, ..Meta::default() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_packet::{InstanceId, MetaFlags};
 
     fn meta(seq: u64) -> Meta {
         Meta { clock: Clock::new(0, seq), ..Meta::default() }
@@ -66,14 +94,35 @@ mod tests {
         on.arrived(&meta(1));
         on.arrived(&meta(1));
         on.arrived(&meta(2));
-        on.left(Clock::new(0, 2));
+        on.left(&meta(2));
         on.arrived(&meta(3));
-        on.left(Clock::new(0, 3));
+        on.left(&meta(3));
         // A stale note for a clock whose slot a newer clock took changes nothing.
-        on.left(Clock::new(0, 1 + 8));
+        on.left(&meta(1 + 8));
         let lost: Vec<u64> = on.take_all().iter().map(|m| m.clock.seq()).collect();
         assert_eq!(lost, [1, 1]);
         assert!(on.take_all().is_empty(), "taken once");
+    }
+
+    #[test]
+    fn a_replay_copy_on_the_node_beside_a_live_one_is_lost_as_a_replay() {
+        let mut on = OnNode::new(8);
+        let live = meta(5);
+        let mut replay = meta(5);
+        replay.flags.insert(MetaFlags::REPLAYED);
+        replay.target = Some(InstanceId::new(3, 0));
+        on.arrived(&live);
+        on.arrived(&replay);
+        // The live copy comes back; the replay copy is still on the node when it fails.
+        on.left(&live);
+        let lost = on.take_all();
+        assert_eq!(lost.len(), 1);
+        assert_eq!(lost[0].replay_target(), Some(InstanceId::new(3, 0)), "{lost:?}");
+        // The other way round: the replay copy went on, the live one was lost.
+        on.arrived(&live);
+        on.arrived(&replay);
+        on.left(&replay);
+        assert_eq!(on.take_all().iter().map(Meta::replay_target).collect::<Vec<_>>(), [None]);
     }
 
     #[test]

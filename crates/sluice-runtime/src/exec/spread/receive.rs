@@ -170,7 +170,7 @@ impl Link {
                         if let Some(on) = on_node.get_mut(node) {
                             match kind {
                                 NoteKind::Sent => on.arrived(&n.meta),
-                                NoteKind::Finished => on.left(n.meta.clock),
+                                NoteKind::Finished => on.left(&n.meta),
                                 _ => {}
                             }
                         }
@@ -205,7 +205,7 @@ impl Link {
         };
         report.packets_received += 1;
         if let Some(on) = on_node.get_mut(node) {
-            on.left(decoded.meta.clock);
+            on.left(&decoded.meta);
         }
         let pkt = shared.pool.packet(decoded.frame, decoded.meta);
         out.push(shared, dest, pkt);
