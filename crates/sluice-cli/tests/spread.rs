@@ -465,6 +465,17 @@ fn bad_spreads_and_misplaced_options_are_refused() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
         assert!(text(&o).contains(says), "{args:?}: {}", text(&o));
     }
+    // A vertex split over two nodes with its state in each process's own store.
+    let chain = two_nat_chain(dir.path());
+    let split = spread_file(dir.path(), 2, &[("nat/1", "b")]);
+    for (node, input) in [("b", None), ("a", Some("traces/demo.pcap"))] {
+        let mut args = vec!["run", "-c", chain.to_str().expect("path"), "--spread", split.to_str().expect("path")];
+        args.extend(["--node", node]);
+        args.extend(input.map(|i| ["-i", i]).into_iter().flatten());
+        let o = sluice_within(&args, Duration::from_secs(30)).expect("ended");
+        assert_eq!(o.status.code(), Some(2), "{node}: {}", text(&o));
+        assert!(text(&o).contains("`nat` has instances on several nodes"), "{node}: {}", text(&o));
+    }
     // A spread file that places a vertex the chain does not have.
     let bad = dir.path().join("bad.yaml");
     std::fs::write(&bad, "nodes: {a: 127.0.0.1:1, b: 127.0.0.1:2}\nroot: a\nplace: {firewall: b}\n").expect("file");

@@ -135,6 +135,10 @@ impl Backend for RedisBackend {
         format!("{} (prefix {}, {} buckets)", self.shared.cfg.display, self.shared.cfg.prefix, self.shared.cfg.buckets)
     }
 
+    fn is_shared(&self) -> bool {
+        true
+    }
+
     fn register_custom_ops(&self, vertex: u16, ops: &[CustomOp]) -> Result<(), StoreError> {
         write_lock(&self.shared.custom).insert(vertex, ops.to_vec());
         Ok(())

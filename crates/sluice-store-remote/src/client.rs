@@ -198,6 +198,10 @@ impl Backend for RemoteBackend {
         format!("sluice://{} ({})", self.url.addr, self.served)
     }
 
+    fn is_shared(&self) -> bool {
+        true
+    }
+
     fn register_custom_ops(&self, vertex: u16, ops: &[CustomOp]) -> Result<(), StoreError> {
         let names = ops.iter().map(|o| o.name.to_string()).collect();
         match self.ask(&AdminRequest::RegisterCustomOps { vertex, names }, |_| {})? {

@@ -86,6 +86,13 @@ pub trait Backend: Send + Sync {
     fn values_of(&self, _vertex: u16, _objects: &[u16]) -> Result<Option<Vec<(StoreKey, Value)>>, StoreError> {
         Ok(None)
     }
+    /// Whether other processes (on this machine or others) reach the same store: Redis, or an
+    /// embedded store another process serves. An embedded store in this process is this
+    /// process's alone, so a vertex whose instances run on several nodes cannot keep its
+    /// shared state in it.
+    fn is_shared(&self) -> bool {
+        false
+    }
     /// Whether [`Backend::takeover`] returns at once, its parts sent later by the store's own
     /// threads (the embedded store). Otherwise the caller gives it a thread of its own, so
     /// that the replacement is not held up while the backend reads.

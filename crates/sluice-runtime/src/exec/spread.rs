@@ -492,9 +492,22 @@ pub(super) fn may_fail_over(layout: Option<&Layout>) -> bool {
     layout.is_some_and(|l| l.addrs.len() > 1)
 }
 
-/// This node's part of `part`'s spread: where each instance runs.
+/// This node's part of `part`'s spread: where each instance runs. A vertex whose instances run
+/// on several nodes shares its state among them: only through a store they all reach.
 pub(super) fn layout(part: &crate::spread::Part, plan: &crate::plan::Plan, slots: usize) -> Result<Layout, RunError> {
-    part.spread.layout(&part.node, &plan.vertices, slots).map_err(|e| RunError::Config(e.to_string()))
+    let l = part.spread.layout(&part.node, &plan.vertices, slots).map_err(|e| RunError::Config(e.to_string()))?;
+    let shared = plan.store.as_ref().is_some_and(|s| s.is_shared());
+    let split = plan.vertices.iter().find(|vp| {
+        let mut nodes = vp.instances.iter().filter_map(|g| l.node_of.get(*g));
+        nodes.next().is_some_and(|first| nodes.any(|n| n != first))
+    });
+    if let (Some(vp), false) = (split, shared) {
+        return Err(RunError::Config(format!(
+            "`{}` has instances on several nodes, which share its state: give every node one store they all reach (--store redis://... or sluice://...), not state in each process",
+            vp.name
+        )));
+    }
+    Ok(l)
 }
 
 /// On a node without the root that hosts instances of order-sensitive vertices (`ordered`):
