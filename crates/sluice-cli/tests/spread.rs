@@ -649,36 +649,7 @@ fn an_order_sensitive_detector_away_from_the_root_takes_its_input_in_entry_order
     }
     let out = dir.path().join("spread.pcap");
     let a_json = dir.path().join("a.json");
-    let (spread_s, out_s, json_s) = (
-        spread.to_string_lossy().into_owned(),
-        out.to_string_lossy().into_owned(),
-        a_json.to_string_lossy().into_owned(),
-    );
-    let a = sluice_within(
-        &[
-            "run",
-            "-c",
-            &chain_s,
-            "-i",
-            "traces/demo.pcap",
-            "--spread",
-            &spread_s,
-            "--node",
-            "a",
-            "-w",
-            "1",
-            "-q",
-            "--no-pin",
-            "-o",
-            &out_s,
-            "--json",
-            &json_s,
-            "--record",
-            &rec("a"),
-        ],
-        Duration::from_secs(120),
-    )
-    .expect("the root's node ended");
+    let a = root_node_of(&chain_s, &spread, &out, &a_json, &[&state[..], &["--record", &rec("a")]].concat());
     assert!(a.status.success(), "{}", text(&a));
     let mut reports = vec![json(&a_json)];
     for (child, report) in others {
