@@ -9,7 +9,7 @@ use crate::reply::{
     ts_of,
 };
 use crate::request::hex16;
-use crate::topology::{lock_mutex, write_lock, Nodes, Settling, Shared, Topology};
+use crate::topology::{lock_mutex, write_lock, Nodes, Shared, Topology};
 use crate::LIBRARY;
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::CustomOp;
@@ -110,22 +110,22 @@ impl RedisBackend {
 
     /// Runs `f` on the admin connections (checkpoint, restore, clear), one caller at a time.
     /// In a cluster, a node that does not answer or no longer serves its slots (a primary
-    /// failed over) makes `f` run again on a fresh slot map, for up to [`FAILOVER_WAIT`](crate::topology::FAILOVER_WAIT), as
-    /// an instance's batch does: the admin connections hear of a failover only through their
-    /// own calls, and a process that only takes checkpoints would otherwise fail every one
-    /// after a primary died. Each `f` may run again whole: it only reads, or writes what it
-    /// writes again to the same effect.
+    /// failed over) makes it read the slot map again and run `f` once more (whole: it only
+    /// reads, or writes again to the same effect): the admin connections hear of a failover
+    /// only through their own calls, and a process that only takes checkpoints failed every
+    /// one after a primary died. It does not wait for a failover to end (a periodic
+    /// checkpoint tries again an interval later): a checkpoint dumps every primary, each dump
+    /// blocking its server, and a wait that runs it again and again would weigh on the
+    /// instances' own calls while they wait for the same failover.
     fn with_admin<T>(&self, mut f: impl FnMut(&Shared, &mut Nodes) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let mut nodes = lock_mutex(&self.shared.admin);
-        let mut settling = Settling::new();
-        loop {
-            match f(&self.shared, &mut nodes) {
-                Err(e) if matches!(self.shared.cfg.mode, Mode::Cluster(_)) && is_failing_over(&e) => {
-                    tracing::debug!(error = %e, "an admin call met a cluster node failing over; reading the slot map again");
-                    settling.again(&self.shared, &mut nodes).map_err(|_| e)?;
-                }
-                r => return r,
+        match f(&self.shared, &mut nodes) {
+            Err(e) if matches!(self.shared.cfg.mode, Mode::Cluster(_)) && is_failing_over(&e) => {
+                tracing::debug!(error = %e, "an admin call met a cluster node failing over; reading the slot map again");
+                self.shared.refresh(&mut nodes).map_err(|_| e)?;
+                f(&self.shared, &mut nodes)
             }
+            r => r,
         }
     }
 }
