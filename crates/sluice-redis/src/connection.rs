@@ -26,6 +26,7 @@ const MAX_CONFLICTS: usize = 10_000;
 const MAX_OPS_PER_CALL: usize = 128;
 /// How long `WAIT` waits for the replicas (`replicas=` in the URL) to acknowledge a call.
 const REPLICA_WAIT_MS: u64 = 2_000;
+
 /// The name of a state operation a node reports a type error for, as [`StateError`] spells it.
 fn static_op(s: &str) -> Option<&'static str> {
     ["incr", "push", "pop", "pop_n"].into_iter().find(|x| *x == s)

@@ -20,9 +20,9 @@ pub(crate) const FAILOVER_WAIT: Duration = Duration::from_secs(30);
 /// The longest pause between two readings of the slot map while waiting for it to settle.
 const MAX_REROUTE_PAUSE: Duration = Duration::from_millis(500);
 
-/// Waiting for a cluster's slot map to settle while a node fails over: the first reading
-/// again at once (a slot moved), then with growing pauses, for up to [`FAILOVER_WAIT`] — long
-/// enough for a replica to take over (the node timeout plus an election).
+/// Waiting for a cluster's slot map to settle while a node fails over (an instance's batch,
+/// opening its connection, rolling a batch forward): the first reading again at once (a slot
+/// moved), then with growing pauses, for up to [`FAILOVER_WAIT`].
 pub(crate) struct Settling {
     started: Instant,
     pause: Duration,
