@@ -390,7 +390,6 @@ fn downloads_survive_the_nat_node_killed_mid_transfer() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let store = common::served_store();
     let run = spread_downloads(("k", "{nat: b}"), (&store.url, 8), |pid| {
-        std::thread::sleep(Duration::from_millis(1500));
         sh(&["kill", "-KILL", &pid("b")]);
     });
     assert_eq!(run.failed_over, ["nat"], "{}", run.json["failovers"]);
@@ -416,7 +415,6 @@ fn downloads_survive_redis_primaries_and_the_nat_node_killed_mid_transfer() {
     let mut promoted = Vec::new();
     // Downloads of 2 MB: NF state in Redis is far slower than in the embedded store (issue 14).
     let run = spread_downloads(("r", "{nat: b, lb: c}"), (&store, 2), |pid| {
-        std::thread::sleep(Duration::from_millis(1500));
         let first = redis.a_primary();
         let killed = Instant::now();
         redis.kill(first);
@@ -457,7 +455,8 @@ struct SpreadRun {
 /// Runs the NAT → portscan → LB chain as node processes bridging namespaces `tag`: node a has
 /// the root, the bridge and what `place` (a YAML map, vertex: node) leaves to it; every other
 /// node `place` names runs its vertices. State at `store`, fault tolerance, every node records.
-/// Starts 20 parallel downloads of `mb` MB, calls `faults` with a way to get a node's pid, and checks
+/// Starts 20 parallel downloads of `mb` MB, waits until the bridge has sent
+/// [`FAULTS_AFTER_PACKETS`], calls `faults` with a way to get a node's pid, and checks
 /// that every download completed intact, that the nodes that lived ended well, that node b
 /// failed and nothing was lost between nodes, and that the first failover came mid-transfer.
 fn spread_downloads(
@@ -519,6 +518,9 @@ fn spread_downloads(
     wire.guard.children.insert(0, a);
     let downloads = start_downloads(&mut wire, dir.path(), mb);
     let pid = |n: &str| pids.iter().find(|(m, _)| m == n).map_or_else(String::new, |(_, p)| p.clone());
+    // By traffic, not by the clock: on a busy machine the nodes and the downloads may take
+    // seconds to get going, and a fault timed by the clock then came before the transfer did.
+    wait_for_bridged_packets(&wire, FAULTS_AFTER_PACKETS, Duration::from_secs(60));
     faults(&pid);
     let finished = downloads.wait_with_output().expect("downloads");
     let said = String::from_utf8_lossy(&finished.stdout).into_owned() + &String::from_utf8_lossy(&finished.stderr);
@@ -544,6 +546,31 @@ fn spread_downloads(
     assert!(at > 1000 && at + 20_000 < out, "the NAT's node failed at packet {at} of {out} out: not mid-transfer");
     let records = std::iter::once("a").chain(names.iter().map(String::as_str)).map(record).collect();
     SpreadRun { json, failed_over, records, _dir: dir }
+}
+
+/// How many packets the bridge has sent before [`spread_downloads`] injects its faults: well
+/// into the transfer (the check wants the first failover past packet 1,000), far from its end.
+const FAULTS_AFTER_PACKETS: u64 = 2500;
+
+/// Waits until sluice has sent `packets` packets out of the bridged links (their transmit
+/// counters, in this namespace), or fails the test after `limit`.
+fn wait_for_bridged_packets(wire: &Wire, packets: u64, limit: Duration) {
+    let sent = |dev: &str| {
+        std::fs::read_to_string(format!("/sys/class/net/{dev}/statistics/tx_packets"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let start = Instant::now();
+    let mut seen = 0;
+    while start.elapsed() < limit {
+        seen = sent(&wire.m0) + sent(&wire.m1);
+        if seen >= packets {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("the bridge sent {seen} packets in {limit:?}, not the {packets} the faults wait for");
 }
 
 /// `roots` roots; `tag` names the namespaces.
@@ -580,7 +607,7 @@ fn downloads_survive_a_crash_scaling_and_moves(roots: &str, tag: &str) {
     // scale both back in (each left alone caches its shared state again: with two NAT
     // instances every inbound packet reads the shared reverse mapping from the store).
     let pause = || std::thread::sleep(Duration::from_millis(300));
-    pause();
+    wait_for_bridged_packets(&wire, 1000, Duration::from_secs(60));
     ctl(&["crash", "nat:0"]);
     pause();
     ctl(&["scale", "portscan+1"]);
