@@ -413,8 +413,10 @@ fn downloads_survive_redis_primaries_and_the_nat_node_killed_mid_transfer() {
     let mut redis = Cluster::start(&dir.path().join("redis"), REDIS_PORTS);
     let store = format!("redis+cluster://{}?prefix=netns&replicas=1", redis.seeds());
     let mut promoted = Vec::new();
-    // Downloads of 2 MB: NF state in Redis is far slower than in the embedded store (issue 14).
-    let run = spread_downloads(("r", "{nat: b, lb: c}"), (&store, 2), |pid| {
+    // Downloads of 1 MB: NF state in Redis is far slower than in the embedded store (issue 14;
+    // 250–420 packets a second through this chain here), and 2 MB took 110–150 s of the
+    // downloads' 150.
+    let run = spread_downloads(("r", "{nat: b, lb: c}"), (&store, 1), |pid| {
         let first = redis.a_primary();
         let killed = Instant::now();
         redis.kill(first);
@@ -435,6 +437,12 @@ fn downloads_survive_redis_primaries_and_the_nat_node_killed_mid_transfer() {
     assert_eq!(run.failed_over, ["nat"], "{}", run.json["failovers"]);
     let f = &run.json["failovers"][0];
     eprintln!("the NAT's node: replacement serving {} ms after the root asked", f["recovery_ms"]);
+    eprintln!(
+        "{} packets out in {:.0} s, latency {}",
+        run.json["packets_out"],
+        run.json["elapsed_s"].as_f64().unwrap_or(0.0),
+        run.json["latency_us"]
+    );
     assert_equivalent(&run.records[0], &run.records[1..]);
 }
 
@@ -525,14 +533,25 @@ fn spread_downloads(
     let finished = downloads.wait_with_output().expect("downloads");
     let said = String::from_utf8_lossy(&finished.stdout).into_owned() + &String::from_utf8_lossy(&finished.stderr);
     let (status, err) = stop(wire.guard.children.remove(0));
-    assert_eq!(said.trim(), "ok", "downloads through the chain over {} nodes: {said}\nnode a: {err}", names.len() + 1);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap_or_default()).unwrap_or_default();
+    let told = |k: &str| format!("{k}: {}", json[k]);
+    let summary =
+        ["elapsed_s", "packets_in", "packets_out", "dropped", "latency_us", "failovers", "checkpoints", "link"]
+            .map(told)
+            .join("\n");
+    assert_eq!(
+        said.trim(),
+        "ok",
+        "downloads through the chain over {} nodes: {said}\nnode a's report:\n{summary}\nnode a: {err}",
+        names.len() + 1
+    );
     assert!(status.success(), "node a exited with {status}: {err}");
     for other in others {
         let (status, err) = ended(other, "a surviving node did not end with the run");
         assert!(status.success(), "a surviving node exited with {status}: {err}");
     }
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("report json");
+    assert!(json.is_object(), "node a wrote no JSON report: {err}");
     assert_eq!(json["link"]["failed_nodes"], serde_json::json!(["b"]), "{}", json["link"]);
     assert_eq!(json["link"]["lost"], 0, "{}", json["link"]);
     let failed_over = json["failovers"]
@@ -543,7 +562,8 @@ fn spread_downloads(
         .collect();
     let out = json["packets_out"].as_u64().unwrap_or(0);
     let at = json["failovers"][0]["at_packet"].as_u64().unwrap_or(u64::MAX);
-    assert!(at > 1000 && at + 20_000 < out, "the NAT's node failed at packet {at} of {out} out: not mid-transfer");
+    // Mid-transfer: a quarter of the traffic or more came after it.
+    assert!(at > 1000 && at < out - out / 4, "the NAT's node failed at packet {at} of {out} out: not mid-transfer");
     let records = std::iter::once("a").chain(names.iter().map(String::as_str)).map(record).collect();
     SpreadRun { json, failed_over, records, _dir: dir }
 }
