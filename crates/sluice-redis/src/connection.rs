@@ -8,7 +8,7 @@ use crate::reply::{
     array, bytes, codec_err, invalid, is_connection_error, is_topology_error, number, redis_err, text, ts_of,
 };
 use crate::request::{header, is_broadcast, push_tagged, Op};
-use crate::topology::{Nodes, Settling, Shared, FAILOVER_WAIT};
+use crate::topology::{Nodes, Settling, Shared, Topology, FAILOVER_WAIT};
 use sluice_packet::InstanceId;
 use sluice_state::{ops::apply, StateError, StateOp};
 use sluice_store::{Connection, Notification, Replies, Request, Response, StoreError, StoreOp, TsVector};
@@ -371,19 +371,9 @@ impl RedisConnection {
     /// One pass of [`Self::run`] over the current slot map: the operations left to regroup.
     fn run_once(&mut self, batch: &[Request], ops: Vec<Op>) -> Result<Vec<Op>, StoreError> {
         let topo = self.shared.topology();
-        let mut groups: Vec<Vec<Op>> = vec![Vec::new(); topo.nodes.len()];
+        let mut groups = group_by_node(&topo, ops);
         // The node keeping the intent goes first: its first call stores or clears the intent.
         let first = self.intent.as_ref().map(|_| topo.node_of(self.intent_bucket));
-        for op in ops {
-            match op.bucket {
-                None => groups.iter_mut().for_each(|g| g.push(op.clone())),
-                Some(b) => {
-                    if let Some(g) = groups.get_mut(topo.node_of(b)) {
-                        g.push(op);
-                    }
-                }
-            }
-        }
         let mut left = Vec::new();
         if let Some(n) = first {
             let group = groups.get_mut(n).map(std::mem::take).unwrap_or_default();
@@ -559,6 +549,32 @@ impl RedisConnection {
     }
 }
 
+/// `ops` grouped by the node of `topo` serving their buckets, in order; a broadcast operation
+/// (every bucket applies it) goes to every node. Once: the operations left after a pass hold a
+/// broadcast once per node that did not answer, and copying each copy to every node again
+/// multiplied them by the node count at every pass while a cluster failed over (gigabytes
+/// within seconds with the whole cluster down). Running one again on a node that applied it
+/// changes nothing: forgetting clocks and advancing packet time are idempotent.
+fn group_by_node(topo: &Topology, ops: Vec<Op>) -> Vec<Vec<Op>> {
+    let mut groups: Vec<Vec<Op>> = vec![Vec::new(); topo.nodes.len()];
+    let mut broadcast: Vec<usize> = Vec::new();
+    for op in ops {
+        match op.bucket {
+            None if broadcast.contains(&op.req) => {}
+            None => {
+                broadcast.push(op.req);
+                groups.iter_mut().for_each(|g| g.push(op.clone()));
+            }
+            Some(b) => {
+                if let Some(g) = groups.get_mut(topo.node_of(b)) {
+                    g.push(op);
+                }
+            }
+        }
+    }
+    groups
+}
+
 impl Connection for RedisConnection {
     fn send(&mut self, number: u64, batch: Arc<[Request]>) -> Result<(), StoreError> {
         if number < self.next_batch {
@@ -609,5 +625,31 @@ impl Connection for RedisConnection {
         self.drain_notifications()?;
         out.append(&mut self.notes);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(req: usize, bucket: Option<u16>) -> Op {
+        Op { req, bucket, kenc: Vec::new(), args: Vec::new() }
+    }
+
+    #[test]
+    fn a_broadcast_left_by_every_node_goes_to_each_node_once_again() {
+        let topo = Topology { nodes: vec!["a".into(), "b".into(), "c".into()], bucket_node: vec![0, 1, 2, 0] };
+        // The first pass: one broadcast (request 1) between two keyed operations.
+        let first = group_by_node(&topo, vec![op(0, Some(1)), op(1, None), op(2, Some(3))]);
+        let reqs = |g: &Vec<Op>| g.iter().map(|o| o.req).collect::<Vec<_>>();
+        assert_eq!(first.iter().map(reqs).collect::<Vec<_>>(), [vec![1, 2], vec![0, 1], vec![1]]);
+        // No node answered: what is left holds the broadcast three times.
+        let mut left: Vec<Op> = first.into_iter().flatten().collect();
+        for _ in 0..10 {
+            let again = group_by_node(&topo, left);
+            assert!(again.iter().all(|g| g.iter().filter(|o| o.req == 1).count() == 1), "a broadcast copied");
+            left = again.into_iter().flatten().collect();
+        }
+        assert_eq!(left.len(), 5, "the two keyed operations and the broadcast on each of three nodes");
     }
 }
