@@ -708,6 +708,14 @@ fn the_node_of_an_order_sensitive_detector_killed_mid_run_is_failed_over() {
     nodes_around_the_detector_killed(&["b"], &["portscan"]);
 }
 
+#[test]
+fn the_nodes_after_the_root_killed_one_while_the_other_recovers_are_failed_over() {
+    // The same chain; c dies, then b while the LB's replacement on a may still take its replay:
+    // a replay copy bound for the LB that had not gone past b meets the detector's replacement,
+    // which has no record of what its predecessor emitted (CHC: NF + NF failures recover).
+    nodes_around_the_detector_killed(&["c", "b"], &["lb", "portscan"]);
+}
+
 /// Two NATs with the root on a, the portscan detector on b, the LB on c; `victims` killed.
 fn nodes_around_the_detector_killed(victims: &[&str], failed: &[&str]) {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -94,6 +94,27 @@ impl Instance {
         v
     }
 
+    /// Processes `pkt` again without changing state, for a replay passing through on its way to
+    /// a replacement further down whose upstream record of this clock's output is gone (CHC's
+    /// emulated updates): the NF decides against the state as it is now, its updates go to a
+    /// scratch copy that is dropped, no timer fires or changes, and its events are dropped (the
+    /// first processing raised them).
+    pub fn process_emulated(&mut self, pkt: &mut Packet) -> Verdict {
+        let mut emulating = crate::emulate::Emulating::new(self.state.as_mut(), self.nf.custom_ops());
+        emulating.begin_packet(&pkt.meta);
+        if !pkt.hdr().is_ip() {
+            emulating.end_packet(&mut pkt.meta);
+            return Verdict::Forward;
+        }
+        let mut dropped = Vec::new();
+        let mut ctx = NfContext::new(&mut emulating, &self.vertex, self.id, &self.labels, &mut dropped);
+        ctx.clock = pkt.meta.clock;
+        ctx.now_ns = pkt.meta.ts_ns;
+        let v = self.nf.process(pkt, &mut ctx);
+        emulating.end_packet(&mut pkt.meta);
+        v
+    }
+
     /// Moves packet time forward to `now_ns` (never backward) and fires the timers due by
     /// `now_ns`: by the time of the packet about to be processed, not the latest this instance
     /// has seen. The two differ only for a packet that is behind (a moved flow's packets, held

@@ -7,6 +7,7 @@
 //! both, without the NF knowing.
 
 mod context;
+mod emulate;
 mod event;
 mod instance;
 mod registry;

@@ -84,9 +84,7 @@ pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut O
     // bridge whose reverse path crosses an order-sensitive detector before it).
     let waiting_here =
         super::reconfig::is_waiting(slot, pkt.meta.clock) || slot.order.as_ref().is_some_and(|o| o.holds(&pkt.meta));
-    // Processed by a predecessor on a node that failed, its record gone with that node: the
-    // clock went past every instance of that node on its way (none of its copies was there
-    // when it failed), so the replacements further down need nothing of it.
+    // Processed here or by a predecessor on a node that failed, whose record died with it.
     let gone_by = super::failover::processed_before(slot, pkt.meta.clock);
     let Some(passing) = slot.passing.as_mut() else {
         // A vertex that leads nowhere: no replay passes through it (`Outgoing::route`).
@@ -94,9 +92,12 @@ pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut O
         return true;
     };
     let Some((emitted, verdict)) = passing.emitted.get(&pkt.meta.clock) else {
-        if waiting_here || gone_by {
+        if waiting_here {
             end_copy(shared, &mut slot.stats, out, pkt, Ended::Decided);
             return true;
+        }
+        if gone_by {
+            return emulate(shared, slot, pkt, out);
         }
         passing.awaiting.entry(pkt.meta.clock).or_default().push(pkt);
         return false;
@@ -117,6 +118,30 @@ pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut O
         None => false,
         Some((p, _)) => {
             // Its own drop, or a way that does not lead to the target: it ends, silently.
+            end_copy(shared, &mut slot.stats, out, p, Ended::Decided);
+            true
+        }
+    }
+}
+
+/// Sends replay copy `pkt` on as `slot`'s NF decides on it now, its updates emulated
+/// ([`sluice_nf::Instance::process_emulated`]): the clock was processed here or by a
+/// predecessor whose record of it died with its node, and a replacement further down may
+/// still need it — the one the copy is bound for, recovering while this vertex's node failed
+/// too (CHC recovers two NFs failing together; its intermediate NFs always emulate). An NF
+/// whose decision on the clock depends on state changed since may decide otherwise than the
+/// first time. Whether the copy ended here.
+fn emulate(shared: &Shared, slot: &mut Slot, mut pkt: Packet, out: &mut Outgoing) -> bool {
+    let kept = pkt.meta;
+    let verdict = slot.inst.process_emulated(&mut pkt);
+    pkt.meta.flags = kept.flags;
+    pkt.meta.target = kept.target;
+    pkt.meta.xor = kept.xor;
+    pkt.meta.ingress_ns = kept.ingress_ns;
+    slot.stats.replays_passed += 1;
+    match hand_on(shared, slot.vertex, pkt, verdict, out) {
+        None => false,
+        Some((p, _)) => {
             end_copy(shared, &mut slot.stats, out, p, Ended::Decided);
             true
         }
