@@ -18,7 +18,7 @@
 use super::worker::{end_copy, hand_on, Ended, Slot};
 use super::{Outgoing, Shared};
 use sluice_nf::Verdict;
-use sluice_packet::{Clock, Packet, PacketPool};
+use sluice_packet::{Clock, Meta, Packet, PacketPool};
 use std::collections::BTreeMap;
 
 /// What an instance emitted per clock, and the replay copies waiting for a clock.
@@ -108,13 +108,26 @@ pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut O
         end_copy(shared, &mut slot.stats, out, pkt, Ended::Decided);
         return true;
     };
-    let mut copy = shared.pool.copy_of(emitted);
-    copy.meta.flags = pkt.meta.flags;
-    copy.meta.target = pkt.meta.target;
-    copy.meta.xor = pkt.meta.xor;
-    copy.meta.ingress_ns = pkt.meta.ingress_ns;
+    let copy = shared.pool.copy_of(emitted);
+    let marks = pkt.meta;
     shared.pool.recycle(pkt);
-    match hand_on(shared, slot.vertex, copy, verdict, out) {
+    send_on(shared, slot, (copy, marks), verdict, out)
+}
+
+/// Sends `pkt`, what this vertex emitted for a replay copy, on towards the copy's target
+/// with the copy's own replay marks and XOR bits (`marks`). Whether it ended here.
+fn send_on(
+    shared: &Shared,
+    slot: &mut Slot,
+    (mut pkt, marks): (Packet, Meta),
+    verdict: Verdict,
+    out: &mut Outgoing,
+) -> bool {
+    pkt.meta.flags = marks.flags;
+    pkt.meta.target = marks.target;
+    pkt.meta.xor = marks.xor;
+    pkt.meta.ingress_ns = marks.ingress_ns;
+    match hand_on(shared, slot.vertex, pkt, verdict, out) {
         None => false,
         Some((p, _)) => {
             // Its own drop, or a way that does not lead to the target: it ends, silently.
@@ -132,20 +145,10 @@ pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut O
 /// whose decision on the clock depends on state changed since may decide otherwise than the
 /// first time. Whether the copy ended here.
 fn emulate(shared: &Shared, slot: &mut Slot, mut pkt: Packet, out: &mut Outgoing) -> bool {
-    let kept = pkt.meta;
+    let marks = pkt.meta;
     let verdict = slot.inst.process_emulated(&mut pkt);
-    pkt.meta.flags = kept.flags;
-    pkt.meta.target = kept.target;
-    pkt.meta.xor = kept.xor;
-    pkt.meta.ingress_ns = kept.ingress_ns;
     slot.stats.replays_passed += 1;
-    match hand_on(shared, slot.vertex, pkt, verdict, out) {
-        None => false,
-        Some((p, _)) => {
-            end_copy(shared, &mut slot.stats, out, p, Ended::Decided);
-            true
-        }
-    }
+    send_on(shared, slot, (pkt, marks), verdict, out)
 }
 
 /// `clock`'s packet now waits at `slot` (for a change to settle, or for its turn in entry
