@@ -170,7 +170,7 @@ impl Engine<'_> {
         let mut inst = self.build(vertex, index, instances)?;
         let id = inst.id();
         sluice_runtime::plan::adopt_timers(self.backend.as_ref(), &mut inst, id)?;
-        let mut fresh = Node::new(vertex, index, inst, true);
+        let mut fresh = Node::new(vertex, index, inst, true, self.root.roots());
         fresh.gate.inherit_flows(flows);
         // The engine serves a batch at once and schedules its outputs while the batch runs in
         // virtual time: the failure is after that batch, and the replacement starts then.

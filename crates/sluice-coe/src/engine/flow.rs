@@ -178,7 +178,7 @@ impl Engine<'_> {
             Arrival::Queue(pkt) => {
                 n.pending.add(order);
                 let at = n.released.get(&key).map_or(at, |r| at.max(*r));
-                n.insert(at, Item::Packet(pkt));
+                n.queue.insert_by_time(at, Item::Packet(pkt));
             }
             Arrival::Held => n.pending.add(order),
             Arrival::Covered(pkt) => {
@@ -304,27 +304,22 @@ impl Engine<'_> {
     /// whether any was suppressed, and when the packet taken arrived.
     fn take_in_order(&mut self, node: NodeId) -> (Vec<Packet>, bool, u64) {
         let suppress = self.cfg.switches.duplicate_suppression;
-        let roots = self.root.roots();
         let Some(v) = self.node(node).map(|n| n.vertex) else { return (Vec::new(), false, 0) };
         let mut suppressed = false;
         loop {
             let least = self.least_pending(v);
             let Some(n) = self.nodes.get_mut(node.0) else { break };
             let Some(vx) = self.vertices.get(v) else { break };
-            let keyed = n.queue.iter().enumerate().filter_map(|(i, q)| match &q.item {
-                Item::Packet(p) => Some((OrderKey::of(&p.meta, roots), i)),
-                _ => None,
-            });
-            let Some((key, i)) = keyed.min() else { break };
+            let Some((key, slot)) = n.queue.least_packet() else { break };
             let is_clone = vx.splitter.straggler_of(node).is_some();
             let id = n.inst.id();
-            let Some(Item::Packet(p)) = n.queue.get(i).map(|q| &q.item) else { break };
+            let Some(Item::Packet(p)) = n.queue.get(slot).map(|q| &q.item) else { break };
             let cx = take_context(vx, id, is_clone, &self.root, suppress, p);
             // Only a packet to process waits for an earlier one elsewhere.
             if matches!(n.gate.peek_take(p, &cx), Take::Process { .. }) && least.is_some_and(|l| l < key) {
                 break;
             }
-            let Some(Queued { at, item: Item::Packet(p) }) = n.queue.remove(i) else { break };
+            let Some(Queued { at, item: Item::Packet(p) }) = n.queue.remove(slot) else { break };
             n.pending.remove(key);
             match n.gate.take(&p, &cx) {
                 Take::Suppress => {

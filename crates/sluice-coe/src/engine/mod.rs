@@ -43,6 +43,7 @@ mod config;
 mod faults;
 mod finish;
 mod flow;
+mod queue;
 mod scaling;
 
 pub use config::{EngineConfig, EngineError, EngineReport, EngineStats, Episode, LogPlace, Switches};
@@ -92,7 +93,7 @@ struct Node {
     vertex: usize,
     index: u16,
     inst: Instance,
-    queue: VecDeque<Queued>,
+    queue: queue::NodeQueue,
     busy_until: u64,
     alive: bool,
     slow: Option<(u64, u64)>,
@@ -112,12 +113,12 @@ struct Node {
 }
 
 impl Node {
-    fn new(vertex: usize, index: u16, inst: Instance, recovering: bool) -> Node {
+    fn new(vertex: usize, index: u16, inst: Instance, recovering: bool, roots: usize) -> Node {
         Node {
             vertex,
             index,
             inst,
-            queue: VecDeque::new(),
+            queue: queue::NodeQueue::new(roots),
             busy_until: 0,
             alive: true,
             slow: None,
@@ -135,13 +136,9 @@ impl Node {
     fn queue_recovery_end(&mut self, at: u64, end: sluice_chc::gate::RecoveryEnd) {
         let packets = end.held.into_iter().map(Item::Packet);
         let barriers = end.barriers.into_iter().map(Item::Barrier);
-        self.queue.extend(packets.chain(barriers).map(|item| Queued { at, item }));
-    }
-
-    /// Inserts at `at`, keeping the queue in arrival order.
-    fn insert(&mut self, at: u64, item: Item) {
-        let pos = self.queue.iter().rposition(|q| q.at <= at).map_or(0, |p| p + 1);
-        self.queue.insert(pos, Queued { at, item });
+        for item in packets.chain(barriers) {
+            self.queue.push_back(Queued { at, item });
+        }
     }
 
     /// Empties the queue and the holds: every packet still here (barriers dropped).
@@ -159,7 +156,8 @@ impl Node {
     fn drain(&mut self) -> Vec<Packet> {
         let mut out: Vec<Packet> = self
             .queue
-            .drain(..)
+            .take_all()
+            .into_iter()
             .filter_map(|q| match q.item {
                 Item::Packet(p) => Some(p),
                 Item::Barrier(_) | Item::CloneStart(_) => None,
@@ -329,7 +327,7 @@ impl<'a> Engine<'a> {
             }
             let index = inst.id().index();
             let _ = inst.state();
-            nodes.push(Node::new(vi, index, inst, false));
+            nodes.push(Node::new(vi, index, inst, false, usize::from(cfg.roots.max(1))));
         }
         for (v, m) in vertices.iter_mut().zip(members) {
             v.splitter = Splitter::new(m);

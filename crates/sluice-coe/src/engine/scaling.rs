@@ -160,14 +160,13 @@ impl Engine<'_> {
         let is_moved = |p: &sluice_packet::Packet| moved.contains(&sluice_runtime::plan::split_key(p, &split));
         let now = self.now;
         let Some(n) = self.nodes.get_mut(from.0) else { return Ok(()) };
-        let (mut stolen, mut kept) = (Vec::new(), std::collections::VecDeque::new());
-        for q in n.queue.drain(..) {
+        let mut stolen = Vec::new();
+        for q in n.queue.take_all() {
             match q.item {
                 Item::Packet(p) if is_moved(&p) => stolen.push(p),
-                item => kept.push_back(Queued { at: q.at, item }),
+                item => n.queue.push_back(Queued { at: q.at, item }),
             }
         }
-        n.queue = kept;
         stolen.extend(n.gate.take_held(is_moved));
         for p in &stolen {
             n.pending.remove(sluice_chc::order::OrderKey::of(&p.meta, roots));
@@ -399,7 +398,7 @@ impl Engine<'_> {
         for _ in current..target {
             let index = self.vertices.get(v).map_or(0, |x| x.next_index);
             let inst = self.build(v, index, target as u16)?;
-            let mut n = Node::new(v, index, inst, false);
+            let mut n = Node::new(v, index, inst, false, self.root.roots());
             n.busy_until = self.now;
             added.push(self.add_node(n));
             if let Some(x) = self.vertices.get_mut(v) {
@@ -487,7 +486,7 @@ impl Engine<'_> {
             InstanceId::new(vertex as u16, straggler_index),
         )?;
         let id = inst.id();
-        let mut c = Node::new(vertex, index, inst, true);
+        let mut c = Node::new(vertex, index, inst, true, self.root.roots());
         c.gate.inherit_flows(flows);
         // Flows moving into the straggler are held at the clone too, until the old instance's
         // barrier passes: the twins share the straggler's flows.
