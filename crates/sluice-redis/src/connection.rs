@@ -104,6 +104,7 @@ impl IntentStep {
 fn intent_of(batch: &[Request], ops: &[Op], shared: &Shared) -> Result<Option<Vec<u8>>, StoreError> {
     let tagged = |r: &&Request| match &r.op {
         StoreOp::State(op) => r.tag.is_some() && op.is_update(),
+        StoreOp::Write { .. } => r.tag.is_some(),
         StoreOp::IncrMany(_) => true,
         _ => false,
     };

@@ -1,7 +1,7 @@
 //! Requests as `sluice_exec` arguments: the header every operation starts with, then its code
 //! and operands (the layout `sluice.lua` reads).
 
-use crate::codec::{encode_key, encode_value, has_float, Form};
+use crate::codec::{encode_key, encode_opt, encode_value, has_float, Form};
 use crate::topology::Shared;
 use sluice_packet::Clock;
 use sluice_state::StateOp;
@@ -64,6 +64,9 @@ pub(crate) fn header(code: &str, bucket: Option<u16>, kenc: &[u8], req: &Request
     ]
 }
 
+/// The version a `W` write names to apply whatever the value's version (`sluice.lua`).
+pub(crate) const WRITE_ANY_VERSION: &[u8] = b"*";
+
 /// Whether every bucket applies the request (`ForgetClock`, `AdvanceTime`); the connection
 /// answers it, once.
 pub(crate) fn is_broadcast(op: &StoreOp) -> bool {
@@ -121,6 +124,15 @@ impl Op {
                     push_tagged(&mut extra, *tag, req.key.vertex, d.to_string().into_bytes());
                 }
                 "J"
+            }
+            StoreOp::Write { value, result } => {
+                // The conditional write of a custom operation's fallback, without its
+                // condition (`*`) and with no increments to log beside it.
+                extra.push(WRITE_ANY_VERSION.to_vec());
+                Form::of(value.as_ref()).push_args(&mut extra);
+                extra.push(encode_opt(result.as_ref()));
+                extra.push(b"0".to_vec());
+                "W"
             }
             StoreOp::Subscribe => "U",
             StoreOp::Unsubscribe => "u",

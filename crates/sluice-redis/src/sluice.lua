@@ -335,9 +335,12 @@ local function state_update(e, code, a, i, t)
   elseif code == 'W' then
     local ver = a[i]
     local new, j = read_form(a, i + 1)
-    local q = redis.call('HGET', e.m, 'q') or '0'
-    if q ~= ver then
-      return 'f'
+    -- '*': the owner's write of an update it applied itself (no condition).
+    if ver ~= '*' then
+      local q = redis.call('HGET', e.m, 'q') or '0'
+      if q ~= ver then
+        return 'f'
+      end
     end
     write_form(e, new)
     bump(e)

@@ -37,6 +37,17 @@ pub enum StoreOp {
     /// Several tagged increments of one value (the write-mostly counters of a batch of
     /// packets, sent as one request). Each is applied unless its tag was applied before.
     IncrMany(Vec<(OpTag, i64)>),
+    /// The owner's update applied by the owner: write `value` (`None` deletes it) and answer
+    /// `result`, which a tagged request logs like any update's. A fault-tolerant instance
+    /// sends its per-flow updates this way when it applied them already (a custom operation,
+    /// which only the client can run: Redis would otherwise return the value for the client to
+    /// apply and write back, a second call). Only the value's owner (or anyone, if none) may.
+    Write {
+        /// The value after the update.
+        value: Option<Value>,
+        /// What the update answered.
+        result: Option<Value>,
+    },
     /// Register for change callbacks on the key (read-heavy cached objects). Result: the value.
     Subscribe,
     /// Stop change callbacks.

@@ -693,12 +693,18 @@ impl StoreClient {
             return Err(StateError::UnknownObject(obj));
         };
         let r = apply(&mut entry.value, op.clone(), &self.custom)?;
+        // A custom operation is sent as its outcome: the store need not run it again, and
+        // Redis, which cannot, would otherwise cost a second call.
+        let sent = match &op {
+            StateOp::Custom { .. } => StoreOp::Write { value: entry.value.clone(), result: r.clone() },
+            _ => StoreOp::State(op.clone()),
+        };
         if let Some(w) = &mut self.written {
             w.push((obj, *key));
         }
         self.note_update(obj);
         self.log_update(tag, skey, &op);
-        self.queue_nb(skey, StoreOp::State(op), Some(tag));
+        self.queue_nb(skey, sent, Some(tag));
         Ok(r)
     }
 

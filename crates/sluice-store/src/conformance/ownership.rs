@@ -48,3 +48,39 @@ pub fn ownership_handover(b: &dyn Backend) -> Result<(), String> {
     let r = bb.state(k, StateOp::Incr(1), tag(clk(base, 7), 0))?;
     ensure(r == Some(Value::Int(9)), || format!("after the last Release the value is unowned: B's Incr gave {r:?}"))
 }
+
+/// The owner's write of an update it applied itself (`StoreOp::Write`, what a fault-tolerant
+/// instance sends for a custom operation): the value is written exactly (a float and a list
+/// included), the given result answered and logged under the tag, so that the same tag again
+/// is answered from the log and changes nothing; another instance may not write a value the
+/// first owns; a write of no value deletes it.
+pub fn owner_writes_logged(b: &dyn Backend) -> Result<(), String> {
+    let v = 1022;
+    let base = fresh_base();
+    let k = skey(v, 0, StateKey::Id(base));
+    let mut a = Raw::open(b, InstanceId::new(v, 0))?;
+    let mut other = Raw::open(b, InstanceId::new(v, 1))?;
+    let r = a.ok(k, StoreOp::Claim, None)?;
+    ensure(r == Some(Value::Int(1)), || format!("A's Claim: {r:?}, want Int(1)"))?;
+    let value = Value::List([Value::Float(0.1), Value::Int(-3), Value::Bytes(vec![0, 255])].into_iter().collect());
+    let write = |value: Option<Value>, result: Option<Value>| StoreOp::Write { value, result };
+    let t = tag(clk(base, 1), 0);
+    let r = a.call(k, write(Some(value.clone()), Some(Value::Int(3))), t)?;
+    ensure(r.result == Ok(Some(Value::Int(3))) && !r.replayed, || format!("the first write: {r:?}, want Int(3)"))?;
+    let now = a.get(k)?;
+    ensure(now.as_ref() == Some(&value), || format!("after the write: {now:?}, want {value:?}"))?;
+    let r = a.call(k, write(Some(Value::Int(0)), Some(Value::Int(4))), t)?;
+    ensure(r.result == Ok(Some(Value::Int(3))) && r.replayed, || {
+        format!("the same tag again should be answered from the log (Int(3), replayed), got {r:?}")
+    })?;
+    let now = a.get(k)?;
+    ensure(now.as_ref() == Some(&value), || format!("a repeated write changed the value: {now:?}"))?;
+    let r = other.call(k, write(Some(Value::Int(9)), None), tag(clk(base, 2), 0))?;
+    ensure(r.result.is_err(), || format!("another instance's write of A's value should fail, got {r:?}"))?;
+    let r = a.call(k, write(None, Some(Value::Int(7))), tag(clk(base, 3), 0))?;
+    ensure(r.result == Ok(Some(Value::Int(7))), || format!("a write of no value: {r:?}, want Int(7)"))?;
+    let now = a.get(k)?;
+    ensure(now.is_none(), || format!("a write of no value should delete it: {now:?}"))?;
+    a.ok(k, StoreOp::Release, None)?;
+    Ok(())
+}

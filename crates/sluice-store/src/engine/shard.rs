@@ -173,6 +173,18 @@ impl Shard {
                 }
                 r
             }
+            StoreOp::Write { value, result } => {
+                if let Some(owner) = entry.owner {
+                    if owner != client {
+                        return Err(format!("{key:?} is owned by instance {}", owner.0));
+                    }
+                }
+                entry.value = value;
+                if !entry.subscribers.is_empty() {
+                    self.tell_subscribers(key, client);
+                }
+                result
+            }
             StoreOp::Subscribe => {
                 if !entry.subscribers.contains(&client) {
                     entry.subscribers.push(client);
