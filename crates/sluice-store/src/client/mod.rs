@@ -695,16 +695,14 @@ impl StoreClient {
         let r = apply(&mut entry.value, op.clone(), &self.custom)?;
         // A custom operation is sent as its outcome: the store need not run it again, and
         // Redis, which cannot, would otherwise cost a second call.
-        let sent = match &op {
-            StateOp::Custom { .. } => StoreOp::Write { value: entry.value.clone(), result: r.clone() },
-            _ => StoreOp::State(op.clone()),
-        };
+        let outcome = matches!(op, StateOp::Custom { .. })
+            .then(|| StoreOp::Write { value: entry.value.clone(), result: r.clone() });
         if let Some(w) = &mut self.written {
             w.push((obj, *key));
         }
         self.note_update(obj);
         self.log_update(tag, skey, &op);
-        self.queue_nb(skey, sent, Some(tag));
+        self.queue_nb(skey, outcome.unwrap_or(StoreOp::State(op)), Some(tag));
         Ok(r)
     }
 
