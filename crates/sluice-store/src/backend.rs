@@ -45,13 +45,6 @@ pub trait Connection: Send {
     fn set_waker(&mut self, _thread: std::thread::Thread) -> bool {
         false
     }
-    /// How long an answer may take without anything being wrong: a connection that waits
-    /// for a store to fail over before it answers (or reports the failure) says so, and a
-    /// caller waits at least this long before it gives up. Zero (the default): the caller's
-    /// own timeout applies.
-    fn patience(&self) -> Duration {
-        Duration::ZERO
-    }
 }
 
 /// Where [`Backend::takeover`] sends its parts.
