@@ -4,6 +4,7 @@
 use crate::codec::{decode_opt, encode_key, encode_opt, Form};
 use crate::config::{parse_url, Mode};
 use crate::connection::RedisConnection;
+use crate::io_thread::ThreadedConnection;
 use crate::reply::{
     array, bytes, codec_err, decode_whole_key, invalid, is_connection_error, is_topology_text, number, redis_err, text,
     ts_of,
@@ -158,7 +159,7 @@ impl Backend for RedisBackend {
     }
 
     fn connect(&self, client: InstanceId) -> Result<Box<dyn Connection>, StoreError> {
-        Ok(Box::new(RedisConnection::open(self.shared.clone(), client)?))
+        Ok(Box::new(ThreadedConnection::spawn(RedisConnection::open(self.shared.clone(), client)?)?))
     }
 
     fn checkpoint(&self) -> Result<Checkpoint, StoreError> {

@@ -1,6 +1,6 @@
 //! [`RedisConnection`]: one instance's connection, applying batches in number order through
 //! `sluice_exec` (one call per node), running in the client what Redis cannot, and draining
-//! notifications.
+//! notifications. It blocks on every round trip; `io_thread` runs it on a thread of its own.
 
 use crate::codec::{decode_key, decode_opt, encode_opt, Form};
 use crate::config::Mode;
@@ -11,10 +11,10 @@ use crate::request::{header, is_broadcast, push_tagged, Op};
 use crate::topology::{Nodes, Settling, Shared, Topology, FAILOVER_WAIT};
 use sluice_packet::InstanceId;
 use sluice_state::{ops::apply, StateError, StateOp};
-use sluice_store::{Connection, Notification, Replies, Request, Response, StoreError, StoreOp, TsVector};
+use sluice_store::{Notification, Replies, Request, Response, StoreError, StoreOp, TsVector};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Conditional writes of one client operation retried at most this often under contention.
 const MAX_CONFLICTS: usize = 10_000;
@@ -36,6 +36,9 @@ fn static_op(s: &str) -> Option<&'static str> {
 fn static_kind(s: &str) -> Option<&'static str> {
     ["int", "float", "endpoint", "tuple", "ints", "list", "bytes"].into_iter().find(|x| *x == s)
 }
+
+/// A batch with its number (see `Connection::send`).
+pub(crate) type Numbered = (u64, Arc<[Request]>);
 
 /// What a node answered about one operation.
 enum Outcome {
@@ -514,7 +517,7 @@ impl RedisConnection {
             .map_err(|e| StoreError::Protocol(format!("decoding a stored intent: {e}")))?;
         let count = updates.len();
         let number = self.next_batch;
-        self.send(number, updates.into())?;
+        self.send_all([(number, updates.into())])?;
         // The batch stored and cleared an intent of its own only if it needed one here.
         self.intent = Some(IntentStep::Clear);
         let cleared = self.run(&[], Vec::new());
@@ -576,53 +579,90 @@ fn group_by_node(topo: &Topology, ops: Vec<Op>) -> Vec<Vec<Op>> {
     groups
 }
 
-impl Connection for RedisConnection {
-    fn send(&mut self, number: u64, batch: Arc<[Request]>) -> Result<(), StoreError> {
-        if number < self.next_batch {
-            // Applied before (a retransmission): acknowledge again.
-            self.acked.push(number);
-            return Ok(());
+impl RedisConnection {
+    /// Takes the batches ready to apply next, in number order, as one unit: consecutive held
+    /// batches from `next_batch`, up to [`MAX_OPS_PER_CALL`] requests in all (a single batch
+    /// of any size). `None` when the next batch has not arrived.
+    fn take_ready(&mut self) -> Option<(Vec<Numbered>, Arc<[Request]>)> {
+        let mut taken: Vec<Numbered> = Vec::new();
+        let mut requests = 0;
+        loop {
+            let number = self.next_batch + taken.len() as u64;
+            let Some(len) = self.held.get(&number).map(|b| b.len()) else { break };
+            if !taken.is_empty() && requests + len > MAX_OPS_PER_CALL {
+                break;
+            }
+            let Some(batch) = self.held.remove(&number) else { break };
+            requests += len;
+            taken.push((number, batch));
         }
-        self.held.insert(number, batch);
-        // Apply in number order, holding a batch until those before it have arrived.
-        while let Some(batch) = self.held.remove(&self.next_batch) {
-            let number = self.next_batch;
-            let ops: Vec<Op> = batch.iter().enumerate().map(|(i, r)| Op::encode(&self.shared, i, r)).collect();
-            let applied = self.apply(&batch, ops);
+        let unit: Arc<[Request]> = match taken.as_slice() {
+            [] => return None,
+            [(_, only)] => only.clone(),
+            several => several.iter().flat_map(|(_, b)| b.iter().cloned()).collect(),
+        };
+        Some((taken, unit))
+    }
+
+    /// Applies every batch that can be applied now, in number order. Batches that wait in
+    /// line are applied together, as one unit (their requests in order, in as few calls as
+    /// one batch of that many): a connection whose caller does not wait for each batch (the
+    /// I/O thread) pays a node's per-call cost once for all of them. A unit is all or nothing
+    /// towards the caller: it is acknowledged once applied, and its intent (if it needs one)
+    /// covers all its batches, so a replacement finishes it whole.
+    fn apply_ready(&mut self) -> Result<(), StoreError> {
+        while let Some((taken, unit)) = self.take_ready() {
+            let ops: Vec<Op> = unit.iter().enumerate().map(|(i, r)| Op::encode(&self.shared, i, r)).collect();
+            let applied = self.apply(&unit, ops);
             self.intent = None;
             if let Err(e) = applied {
-                // Not acknowledged: the client sends it again (tagged updates apply once).
-                self.held.insert(number, batch);
+                // Not acknowledged: the client sends them again (tagged updates apply once).
+                self.held.extend(taken);
                 return Err(e);
             }
-            for r in batch.iter() {
+            for r in unit.iter() {
                 if r.reply && is_broadcast(&r.op) {
                     self.responses.push_back(Response { id: r.id, result: Ok(None), replayed: false, ts: None });
                 }
             }
-            self.acked.push(number);
-            self.next_batch += 1;
+            for (number, _) in taken {
+                self.acked.push(number);
+                self.next_batch = number + 1;
+            }
         }
         Ok(())
     }
 
-    fn poll(&mut self, out: &mut Replies) -> Result<(), StoreError> {
+    /// Takes batch `number` in (held until those before it have arrived), without applying it.
+    fn receive(&mut self, number: u64, batch: Arc<[Request]>) {
+        if number < self.next_batch {
+            // Applied before (a retransmission): acknowledge again.
+            self.acked.push(number);
+        } else {
+            self.held.insert(number, batch);
+        }
+    }
+
+    /// Takes in every batch given, then applies what can be applied (see
+    /// [`Self::apply_ready`]).
+    pub(crate) fn send_all(
+        &mut self,
+        batches: impl IntoIterator<Item = (u64, Arc<[Request]>)>,
+    ) -> Result<(), StoreError> {
+        for (number, batch) in batches {
+            self.receive(number, batch);
+        }
+        self.apply_ready()
+    }
+
+    /// Moves the answers and acknowledgements gathered so far into `out`.
+    pub(crate) fn take_replies(&mut self, out: &mut Replies) {
         out.responses.extend(self.responses.drain(..));
         out.acked.append(&mut self.acked);
-        Ok(())
     }
 
-    fn wait(&mut self, out: &mut Replies, timeout: Duration) -> Result<(), StoreError> {
-        let before = out.responses.len() + out.acked.len();
-        self.poll(out)?;
-        if out.responses.len() + out.acked.len() == before {
-            // Requests execute inside `send`: nothing more can arrive. Do not spin the caller.
-            std::thread::sleep(timeout.min(Duration::from_millis(1)));
-        }
-        Ok(())
-    }
-
-    fn notifications(&mut self, out: &mut Vec<Notification>) -> Result<(), StoreError> {
+    /// Drains this instance's notifications from every node into `out`.
+    pub(crate) fn take_notifications(&mut self, out: &mut Vec<Notification>) -> Result<(), StoreError> {
         self.drain_notifications()?;
         out.append(&mut self.notes);
         Ok(())

@@ -42,7 +42,14 @@
 //! store. The layout is listed at the top of `sluice.lua`.
 //!
 //! # Execution
-//! `send` groups a batch's requests by node (the node serving each bucket's slot; broadcast
+//! Each connection does its round trips on a thread of its own (`io_thread`): `send` hands the
+//! batch over and returns, and the answers, acknowledgements and failures wait for `poll`.
+//! Batches that queue up while the thread waits for Redis are applied together, as one unit of
+//! up to 128 requests, so the calls per packet fall as the load rises. A caller waits for an
+//! answer at least as long as the thread waits for a cluster to fail over
+//! (`Connection::patience`), since the thread reports a failure itself.
+//!
+//! The thread groups a unit's requests by node (the node serving each bucket's slot; broadcast
 //! requests go to every node) and sends each node **one** `FCALL sluice_exec` carrying its
 //! requests in order, so a batch costs one round trip per node and each node applies its part
 //! atomically, in issue order. Functions are called without declared keys and with the flag
@@ -77,8 +84,9 @@
 //! (linearised at the conditional write) and tagged ones are applied exactly once.
 //!
 //! # Notifications
-//! Functions `RPUSH` notifications to a per-bucket, per-client list; `notifications()` drains
-//! the caller's lists with one function call per node. Lists rather than Pub/Sub, client
+//! Functions `RPUSH` notifications to a per-bucket, per-client list; `notifications()` hands
+//! out what the thread has drained and asks it to drain the caller's lists again (one function
+//! call per node, at most once a millisecond). Lists rather than Pub/Sub, client
 //! tracking or keyspace notifications because a notification must not be lost while its
 //! client is not listening (a timer firing for an instance that has not polled yet), must be
 //! delivered exactly once, and must be produced atomically with the change that caused it.
@@ -86,7 +94,8 @@
 //! # Source layout
 //! [`codec`] (values and keys), `config` (the URL), `topology` (buckets to nodes, node
 //! connections), `request` (requests as `sluice_exec` arguments), `reply` (reading replies),
-//! `connection` (an instance's connection) and `backend` ([`RedisBackend`]).
+//! `connection` (an instance's connection, blocking), `io_thread` (that connection on a thread of
+//! its own) and `backend` ([`RedisBackend`]).
 //!
 //! [`Backend`]: sluice_store::Backend
 //! [`Connection`]: sluice_store::Connection
@@ -96,6 +105,7 @@ pub mod codec;
 mod backend;
 mod config;
 mod connection;
+mod io_thread;
 mod reply;
 mod request;
 mod topology;

@@ -11,7 +11,7 @@ use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 /// Read and write timeout of every connection to a node.
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a batch keeps being regrouped while the cluster's slot map changes or a node does
 /// not answer: long enough for a replica to take over from a failed primary (Redis needs the

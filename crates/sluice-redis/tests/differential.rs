@@ -117,11 +117,20 @@ impl Side {
     }
 
     fn notes(&mut self, c: usize) -> Vec<Notification> {
-        // The embedded store answers asynchronously: give it a moment to deliver.
-        std::thread::sleep(Duration::from_millis(2));
+        // Both stores deliver notifications asynchronously (the embedded store from its shard
+        // thread, Redis's connection from its I/O thread once asked): ask, give them a moment,
+        // and ask again until a round brings nothing new.
         let mut out = Vec::new();
-        self.conns[c].notifications(&mut out).expect("notifications");
-        out
+        loop {
+            let before = out.len();
+            std::thread::sleep(Duration::from_millis(3));
+            self.conns[c].notifications(&mut out).expect("notifications");
+            std::thread::sleep(Duration::from_millis(3));
+            self.conns[c].notifications(&mut out).expect("notifications");
+            if out.len() == before {
+                return out;
+            }
+        }
     }
 }
 

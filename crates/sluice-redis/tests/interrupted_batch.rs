@@ -128,6 +128,13 @@ fn a_batch_left_half_applied_is_finished_by_the_replacement() {
         let mut go = String::new();
         let _ = std::io::stdin().read_line(&mut go);
         let _ = conn.send(1, batch().into());
+        // The connection applies it on its own thread: wait for it to be applied (the parent
+        // kills this process while one node is paused, half-way).
+        let mut replies = Replies::default();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !replies.acked.contains(&1) && Instant::now() < deadline {
+            let _ = conn.wait(&mut replies, Duration::from_millis(100));
+        }
         // Only reached if the pause ended before the kill: the parent then fails.
         std::process::exit(3);
     }

@@ -45,6 +45,22 @@ pub trait Connection: Send {
     fn set_waker(&mut self, _thread: std::thread::Thread) -> bool {
         false
     }
+    /// How long an answer may take without anything being wrong: a connection that waits
+    /// for a store to fail over before it answers (or reports the failure) says so, and a
+    /// caller waits at least this long before it gives up. Zero (the default): the caller's
+    /// own timeout applies.
+    fn patience(&self) -> Duration {
+        Duration::ZERO
+    }
+    /// Stops applying: a batch being applied is finished, those still queued are not (the
+    /// client sends them again after it reconnects), and what has arrived is appended to
+    /// `out`. Afterwards the connection applies nothing more and `send` may fail. Asked before
+    /// the store is wiped and rebuilt (a store crash): the rebuild must know everything the
+    /// connection will ever apply. The default suits a connection that applies a batch within
+    /// `send`: it only polls.
+    fn halt(&mut self, out: &mut Replies) -> Result<(), StoreError> {
+        self.poll(out)
+    }
 }
 
 /// Where [`Backend::takeover`] sends its parts.

@@ -208,6 +208,9 @@ fn hand_over(sc: &StoreCrash, slots: &mut [Slot]) {
         let ops = slot.inst.nf().custom_ops().to_vec();
         let decls = slot.inst.nf().state_objects().to_vec();
         let Some(c) = client(slot) else { continue };
+        // A connection that applies batches on a thread of its own (Redis) stops first: the
+        // rebuild must see everything this instance's connection will ever apply.
+        let stopped = c.suspend();
         let reads = c.reads().iter().map(|r| ReadRecord { key: r.key, value: r.value.clone(), ts: r.ts.clone() });
         let wal: Vec<_> = c.wal().iter().cloned().collect();
         // Every instance flushed before the checkpoint: what it logged before is in it.
@@ -220,6 +223,9 @@ fn hand_over(sc: &StoreCrash, slots: &mut [Slot]) {
             .map(|(o, key, deadline)| (StoreKey { vertex: id.vertex(), object: o.0, key }, deadline, id))
             .collect();
         handed.push(Handed { log, per_flow: c.per_flow_values(), timers, vertex, ops, decls });
+        if let Err(e) = stopped {
+            slot.errors.push(format!("stopping the store connection for the rebuild: {e}"));
+        }
     }
     if let Ok(mut h) = sc.handed.lock() {
         h.extend(handed);

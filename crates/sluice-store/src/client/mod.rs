@@ -436,10 +436,17 @@ impl StoreClient {
         Ok(())
     }
 
+    /// How long to wait for the store: the configured timeout, or longer if the connection
+    /// may legitimately take longer ([`Connection::patience`]).
+    fn patience(&self) -> Duration {
+        self.cfg.call_timeout.max(self.conn.patience())
+    }
+
     /// Waits until at most `left` batches are unacknowledged. Fails only if the store makes
     /// no progress for `call_timeout`.
     fn wait_for_acks(&mut self, left: usize) -> Result<(), StateError> {
         let mut last_progress = Instant::now();
+        let patience = self.patience();
         while self.inflight.len() > left {
             let before = self.inflight.len();
             self.absorb()?;
@@ -450,14 +457,14 @@ impl StoreClient {
                 last_progress = Instant::now();
             }
             let idle = last_progress.elapsed();
-            if idle >= self.cfg.call_timeout {
+            if idle >= patience {
                 return Err(StateError::Backend(format!(
                     "{} request(s) unacknowledged; the store made no progress for {:?}",
                     self.unacknowledged(),
-                    self.cfg.call_timeout
+                    patience
                 )));
             }
-            let wait = (self.cfg.call_timeout - idle).min(self.cfg.retransmit_after);
+            let wait = (patience - idle).min(self.cfg.retransmit_after);
             self.conn.wait(&mut self.replies, wait).map_err(backend)?;
             self.settle_responses();
         }
@@ -488,7 +495,8 @@ impl StoreClient {
     /// Waits for the answer to the call in progress.
     fn await_answer(&mut self) -> Result<Response, StateError> {
         self.stats.round_trips += 1;
-        let deadline = Instant::now() + self.cfg.call_timeout;
+        let patience = self.patience();
+        let deadline = Instant::now() + patience;
         loop {
             self.settle_responses();
             if let Some(resp) = self.call.as_mut().and_then(|(_, a)| a.take()) {
@@ -499,7 +507,7 @@ impl StoreClient {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(StateError::Backend(format!("no answer within {:?}", self.cfg.call_timeout)));
+                return Err(StateError::Backend(format!("no answer within {patience:?}")));
             }
             self.conn.wait(&mut self.replies, deadline - now).map_err(backend)?;
         }

@@ -255,6 +255,16 @@ impl StoreClient {
         self.timers.set(obj, key, deadline_ns);
     }
 
+    /// Stops the connection before the store is wiped and rebuilt (a store crash): once this
+    /// returns, nothing more this client sent is applied, and what the connection had applied
+    /// is acknowledged. Batches it had not applied stay unacknowledged, and
+    /// [`StoreClient::reconnect`] sends them again.
+    pub fn suspend(&mut self) -> Result<(), StateError> {
+        self.conn.halt(&mut self.replies).map_err(backend)?;
+        self.settle_responses();
+        Ok(())
+    }
+
     /// Continues over a new connection (the store instance was replaced): batches not yet
     /// acknowledged are sent again, renumbered from 1 as the new connection expects; their
     /// tags make them apply once even if the rebuilt store re-executed them already.
