@@ -87,6 +87,11 @@ impl InOrder {
         self.held.contains_key(&self.key(meta))
     }
 
+    /// Whether it holds a packet that comes before `meta`'s clock in entry order.
+    pub(crate) fn holds_before(&self, meta: &Meta) -> bool {
+        self.held.first_key_value().is_some_and(|(k, _)| *k < self.key(meta))
+    }
+
     /// Takes every packet held (the instance failed with them).
     pub(crate) fn take_held(&mut self) -> Vec<Packet> {
         std::mem::take(&mut self.held).into_values().collect()

@@ -296,6 +296,11 @@ pub(super) fn turn(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool
         }
         did = true;
     }
+    if let Some(ended) = super::passing::emulate_due(shared, slot, out) {
+        out.flush(shared);
+        shared.in_flight.fetch_sub(ended, Ordering::AcqRel);
+        did = true;
+    }
     for (root, oldest) in fo.oldest_logged.iter().enumerate() {
         let oldest = Clock::new(root as u8, oldest.load(Ordering::Acquire));
         if let Some(seen) = slot.seen.as_mut() {

@@ -28,6 +28,9 @@ pub(super) struct Passing {
     emitted: BTreeMap<Clock, (Option<Packet>, Verdict)>,
     /// By clock: replay copies waiting until the instance processed the clock.
     awaiting: BTreeMap<Clock, Vec<Packet>>,
+    /// Replay copies to emulate ([`emulate`]) once the packets this order-sensitive instance
+    /// holds before them in entry order have gone, in arrival order.
+    behind: Vec<Packet>,
 }
 
 impl Passing {
@@ -43,7 +46,11 @@ impl Passing {
     pub(super) fn describe(&self) -> String {
         let n: usize = self.awaiting.values().map(Vec::len).sum();
         let first = self.awaiting.keys().next().map_or("-".into(), Clock::to_string);
-        format!("{n} copies waiting (first {first}), {} clocks recorded", self.emitted.len())
+        let behind = self.behind.len();
+        format!(
+            "{n} copies waiting (first {first}), {behind} behind held packets, {} clocks recorded",
+            self.emitted.len()
+        )
     }
 
     /// The replay copies that waited for `clock`.
@@ -53,7 +60,8 @@ impl Passing {
 
     /// Every copy waiting (lost with a crashed instance).
     pub(super) fn take_all_awaiting(&mut self) -> impl Iterator<Item = Packet> {
-        std::mem::take(&mut self.awaiting).into_values().flatten()
+        let behind = std::mem::take(&mut self.behind);
+        std::mem::take(&mut self.awaiting).into_values().flatten().chain(behind)
     }
 
     /// Forgets the clocks of `oldest`'s root below it: no longer logged, so never replayed
@@ -97,6 +105,11 @@ pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut O
             return true;
         }
         if gone_by {
+            if slot.order.as_ref().is_some_and(|o| o.holds_before(&pkt.meta)) {
+                // Not past an earlier packet this instance holds: see `emulate_due`.
+                passing.behind.push(pkt);
+                return false;
+            }
             return emulate(shared, slot, pkt, out);
         }
         passing.awaiting.entry(pkt.meta.clock).or_default().push(pkt);
@@ -149,6 +162,38 @@ fn emulate(shared: &Shared, slot: &mut Slot, mut pkt: Packet, out: &mut Outgoing
     let verdict = slot.inst.process_emulated(&mut pkt);
     slot.stats.replays_passed += 1;
     send_on(shared, slot, (pkt, marks), verdict, out)
+}
+
+/// At an order-sensitive instance's turn: emulates the replay copies that waited behind the
+/// packets it held before them in entry order, once those have gone: how many went (`None`:
+/// none), and how many of those ended here.
+///
+/// Such a copy's clock was processed by a predecessor whose record of it died with its node,
+/// so it goes on emulated; were it to go at once, it would overtake an earlier packet of its
+/// flow held here in entry order, whose own replay copy ends here (its packet goes on later),
+/// and the replacement it is bound for would go through the later clock first and output the
+/// earlier one after it. Found with two nodes failing one after the other (`spread.rs`): the
+/// detector's replacement runs again the clocks its predecessor processed without a state
+/// update (the store cannot say it processed them) and holds them in entry order, while the
+/// store says the later clocks of those flows were processed. Waiting here is waiting for
+/// what the entry order waits for anyway, which never includes what a recovery further down
+/// holds.
+pub(super) fn emulate_due(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> Option<usize> {
+    let passing = slot.passing.as_mut().filter(|p| !p.behind.is_empty())?;
+    let copies = std::mem::take(&mut passing.behind);
+    let waiting = copies.len();
+    let mut ended = 0;
+    for pkt in copies {
+        if slot.order.as_ref().is_some_and(|o| o.holds_before(&pkt.meta)) {
+            if let Some(p) = slot.passing.as_mut() {
+                p.behind.push(pkt);
+            }
+            continue;
+        }
+        ended += usize::from(emulate(shared, slot, pkt, out));
+    }
+    let still = slot.passing.as_ref().map_or(0, |p| p.behind.len());
+    (still < waiting).then_some(ended)
 }
 
 /// `clock`'s packet now waits at `slot` (for a change to settle, or for its turn in entry
