@@ -98,24 +98,34 @@ local function full_enc(e, t)
   return enc_list(redis.call('LRANGE', e.v, 0, -1))
 end
 
-local function write_form(e, form)
+-- Writes `form` as the entry's value; `was` is the value's form before (its 't'), so that an
+-- overwrite in the same form costs one call.
+local function write_form(e, form, was)
   if form.f == 's' then
     redis.call('SET', e.v, form.s)
-    redis.call('HSET', e.m, 't', 's')
+    if was ~= 's' then
+      redis.call('HSET', e.m, 't', 's')
+    end
   elseif form.f == 'l' then
     redis.call('DEL', e.v)
     push_all(e.v, form.l)
-    redis.call('HSET', e.m, 't', 'l')
+    if was ~= 'l' then
+      redis.call('HSET', e.m, 't', 'l')
+    end
   else
     redis.call('DEL', e.v)
     redis.call('HDEL', e.m, 't')
   end
 end
 
--- Records a change of the value: a new version (for optimistic custom operations).
-local function bump(e)
+-- Records a change of the value: a new version (for optimistic custom operations). `was` is the
+-- value's form before the change: an entry that held a value is listed in K already (every
+-- write of a form lists it, and only `cleanup` or a restore unlists it).
+local function bump(e, was)
   redis.call('HSET', e.m, 'q', redis.call('INCR', e.h .. 'Q'))
-  redis.call('SADD', e.h .. 'K', e.k)
+  if not was then
+    redis.call('SADD', e.h .. 'K', e.k)
+  end
 end
 
 -- Drops the entry's metadata once it holds nothing (the embedded engine drops empty entries).
@@ -182,15 +192,15 @@ end
 local function state_update(e, code, a, i, t)
   if code == 'S' then
     local form = read_form(a, i)
-    write_form(e, form)
-    bump(e)
+    write_form(e, form, t)
+    bump(e, t)
     return 'o', ''
   elseif code == 'D' then
     local r = full_enc(e, t)
     if t then
       redis.call('DEL', e.v)
       redis.call('HDEL', e.m, 't')
-      bump(e)
+      bump(e, t)
     end
     return 'o', r
   elseif code == 'I' then
@@ -198,7 +208,7 @@ local function state_update(e, code, a, i, t)
     if not t then
       redis.call('SET', e.v, d)
       redis.call('HSET', e.m, 't', 's')
-      bump(e)
+      bump(e, t)
       return 'o', d
     elseif t == 'l' then
       return 'e', 'wrong', 'incr', 'list'
@@ -213,7 +223,7 @@ local function state_update(e, code, a, i, t)
       end
       return 'e', 'wrong', 'incr', kind
     end
-    bump(e)
+    bump(e, t)
     return 'o', redis.call('GET', e.v)
   elseif code == 'P' then
     if t == 's' then
@@ -223,7 +233,7 @@ local function state_update(e, code, a, i, t)
     if not t then
       redis.call('HSET', e.m, 't', 'l')
     end
-    bump(e)
+    bump(e, t)
     return 'o', tostring(n)
   elseif code == 'O' then
     if not t then
@@ -233,7 +243,7 @@ local function state_update(e, code, a, i, t)
     end
     local x = redis.call('LPOP', e.v)
     if x then
-      bump(e)
+      bump(e, t)
       return 'o', x
     end
     return 'o', ''
@@ -249,7 +259,7 @@ local function state_update(e, code, a, i, t)
       xs = redis.call('LPOP', e.v, n) or {}
     end
     if #xs > 0 then
-      bump(e)
+      bump(e, t)
     end
     return 'o', enc_list(xs)
   elseif code == 'C' then
@@ -274,8 +284,8 @@ local function state_update(e, code, a, i, t)
       end
     end
     if eq then
-      write_form(e, new)
-      bump(e)
+      write_form(e, new, t)
+      bump(e, t)
       return 'o', '1'
     end
     return 'o', full_enc(e, t)
@@ -322,7 +332,7 @@ local function state_update(e, code, a, i, t)
     if not t then
       redis.call('HSET', e.m, 't', 's')
     end
-    bump(e)
+    bump(e, t)
     for x, base in ipairs(todo) do
       log_applied(e.h, e.client, a[base], a[base + 1], results[x])
     end
@@ -342,8 +352,8 @@ local function state_update(e, code, a, i, t)
         return 'f'
       end
     end
-    write_form(e, new)
-    bump(e)
+    write_form(e, new, t)
+    bump(e, t)
     -- Tagged increments of an IncrMany applied here: logid, clock, result each.
     local m = tonumber(a[j + 1])
     for x = 1, m do
@@ -359,8 +369,8 @@ end
 local function execute(h, client, k, code, a, i)
   local e = entry(h, k)
   e.client = client
-  local meta = redis.call('HMGET', e.m, 't', 'o')
-  local t, o = meta[1], meta[2]
+  local meta = redis.call('HMGET', e.m, 't', 'o', 'd')
+  local t, o, armed = meta[1], meta[2], meta[3]
   if code == 'G' then
     local r = full_enc(e, t)
     if not o then
@@ -376,29 +386,29 @@ local function execute(h, client, k, code, a, i)
     cleanup(e)
     return 'o', ''
   elseif code == 'A' then
-    local d = redis.call('HGET', e.m, 'd')
-    if d then
-      redis.call('ZREM', h .. 'Z', d .. k)
+    if armed then
+      redis.call('ZREM', h .. 'Z', armed .. k)
     end
     redis.call('HSET', e.m, 'd', a[i], 'w', client)
     redis.call('ZADD', h .. 'Z', 0, a[i] .. k)
-    redis.call('SADD', h .. 'K', k)
+    if not armed then
+      -- An armed timer lists its entry in K already.
+      redis.call('SADD', h .. 'K', k)
+    end
     return 'o', ''
   elseif code == 'a' then
-    local d = redis.call('HGET', e.m, 'd')
-    if d then
-      redis.call('ZREM', h .. 'Z', d .. k)
+    if armed then
+      redis.call('ZREM', h .. 'Z', armed .. k)
       redis.call('HDEL', e.m, 'd', 'w')
     end
     cleanup(e)
     return 'o', ''
   elseif code == 'x' then
     -- The caller's copy of the timer fired: expire it only if the store's is still that one.
-    local d = redis.call('HGET', e.m, 'd')
-    if d ~= a[i] then
+    if armed ~= a[i] then
       return 'o', '0'
     end
-    redis.call('ZREM', h .. 'Z', d .. k)
+    redis.call('ZREM', h .. 'Z', armed .. k)
     redis.call('HDEL', e.m, 'd', 'w')
     cleanup(e)
     return 'o', '1'
