@@ -7,7 +7,10 @@
 //! given another chain refuse each other; a node that dies without fault tolerance ends the
 //! run with an error instead of a hang; bad spreads and misplaced options are refused; and in
 //! a network namespace whose firewall drops datagrams between the nodes at random, what was
-//! lost is asked for again and resent, and the output is still the one-process output.
+//! lost is asked for again and resent, and the output is still the one-process output. A
+//! vertex whose instances sit on several nodes (state in a served store or Redis) is recorded
+//! once, by the root's node, after the others fired their end timers; killing a node that
+//! hosts one of its instances, or several instances of several vertices, loses nothing.
 
 use std::io::{BufRead, BufReader};
 use std::net::UdpSocket;
@@ -616,6 +619,84 @@ fn a_run_over_two_nodes_is_recorded_in_parts_that_verify_together() {
     assert!(text(&wrong).contains("--part"), "{}", text(&wrong));
 }
 
+#[test]
+fn a_vertex_split_over_two_nodes_is_recorded_once_by_the_root_node() {
+    // nat/0 with the root on a, nat/1 and the portscan detector on b: the NAT's state is
+    // shared through the served store; a records it after b fired its end timers.
+    let store = common::served_store();
+    split_vertex_recorded(&store.url, 2, &[("nat/1", "b"), ("portscan", "b")]);
+}
+
+#[test]
+fn a_vertex_split_over_two_nodes_without_the_root_is_recorded_by_the_root_node() {
+    // nat/0 on b, nat/1 and the LB on c: no NAT instance where the root is.
+    let store = common::served_store();
+    split_vertex_recorded(&store.url, 3, &[("nat/0", "b"), ("nat/1", "c"), ("lb", "c")]);
+}
+
+#[test]
+fn a_vertex_split_over_two_nodes_with_its_state_in_redis_is_recorded_by_the_root_node() {
+    let store = common::redis_store("spread-split");
+    split_vertex_recorded(&store, 3, &[("nat/0", "b"), ("nat/1", "c"), ("lb", "c")]);
+}
+
+#[test]
+fn a_node_sharing_a_split_vertex_killed_mid_run_is_failed_over() {
+    // nat/0 on b, nat/1 and the LB on c; c dies: the NAT stays split (nat/1's replacement on
+    // a, nat/0 on b), b's part leaves the NAT's state to the root's record, and the copies
+    // lost at the LB of flows through the NAT that lives are replayed through it.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let chain = two_nat_chain(dir.path());
+    let store = common::served_store();
+    let place = [("nat/0", "b"), ("nat/1", "c"), ("lb", "c")];
+    let chain = chain.to_string_lossy();
+    killed_nodes_of_chain_are_failed_over(dir.path(), &chain, &store.url, (3, &place), &["c"], &["nat", "lb"]);
+}
+
+/// The two-NAT chain over `nodes` nodes placed by `place`, which splits the NAT over two
+/// nodes, its state at `store`, every node recording: the root's node records the
+/// NAT's state, the others leave it out of their parts, and the parts verify together.
+fn split_vertex_recorded(store: &str, nodes: usize, place: &[(&str, &str)]) {
+    let state = ["--mode", "async", "--store", store];
+    let dir = tempfile::tempdir().expect("temp dir");
+    let chain = two_nat_chain(dir.path());
+    let chain_s = chain.to_string_lossy().into_owned();
+    let spread = spread_file(dir.path(), nodes, place);
+    let rec = |n: &str| dir.path().join(format!("rec-{n}")).to_string_lossy().into_owned();
+    let names: Vec<String> = (1..nodes).map(|i| ((b'a' + i as u8) as char).to_string()).collect();
+    let mut others = Vec::new();
+    for n in &names {
+        let report = dir.path().join(format!("{n}.json"));
+        let r = rec(n);
+        let extra = [&state[..], &["-w", "1", "--record", &r]].concat();
+        others.push(start_node(&chain_s, &spread, n, &report, &extra));
+    }
+    let (out, a_json) = (dir.path().join("spread.pcap"), dir.path().join("a.json"));
+    let a = root_node_of(&chain_s, &spread, &out, &a_json, &[&state[..], &["--record", &rec("a")]].concat());
+    assert!(a.status.success(), "{}", text(&a));
+    for child in others {
+        let (ok, err) = node_end(child, Duration::from_secs(30));
+        assert!(ok, "{err}");
+    }
+    // The NAT is the chain's first vertex: its state is in the root's record only.
+    let nat_state =
+        |r: &serde_json::Value| r["state"].as_array().expect("state").iter().filter(|s| s["vertex"] == 0).count();
+    let root = json(&dir.path().join("rec-a/record.json"));
+    assert!(nat_state(&root) > 0, "the root's record holds the NAT's state");
+    for n in &names {
+        let part = json(&dir.path().join(format!("rec-{n}/record.json")));
+        assert_eq!(nat_state(&part), 0, "node {n}'s part leaves the shared NAT's state out");
+    }
+    let mut args = vec!["verify".to_string(), "--recorded".into(), rec("a")];
+    for n in &names {
+        args.extend(["--part".to_string(), rec(n)]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let v = sluice(&args);
+    assert!(v.status.success(), "{}", text(&v));
+    assert!(text(&v).contains("chain output equivalence: EQUIVALENT"), "{}", text(&v));
+}
+
 /// The example chain with two NAT instances: packets of the two reach the portscan detector
 /// in any order, so it takes them in chain-entry order (CHC R4).
 fn two_nat_chain(dir: &Path) -> PathBuf {
@@ -730,4 +811,18 @@ fn nodes_around_the_detector_killed(victims: &[&str], failed: &[&str]) {
         victims,
         failed,
     );
+}
+
+#[test]
+fn both_nats_and_the_lb_on_a_node_killed_mid_run_are_failed_over() {
+    // Two NATs and the LB on b, the order-sensitive detector between them on a; b dies. The
+    // copies lost with b are reported with the last of its instances to crash: reported with
+    // the first, that NAT's replay (which ends at the other NAT) closed the log entries of
+    // packets lost at the other before its own replay was sent, and they never left.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let chain = two_nat_chain(dir.path());
+    let store = common::served_store();
+    let place = [("nat", "b"), ("lb", "b")];
+    let chain = chain.to_string_lossy();
+    killed_nodes_of_chain_are_failed_over(dir.path(), &chain, &store.url, (2, &place), &["b"], &["nat", "nat", "lb"]);
 }

@@ -709,14 +709,19 @@ pub fn run(
     // The link's own failure (a lost datagram, a node that runs another chain) says more than
     // the root's "stopped".
     let mut end_at = (Clock::new(0, r0_seq), all_roots.iter().map(|r| r.last_ts).max().unwrap_or(0));
-    report.link = match (link_thread, part_link) {
-        (Some(t), _) => Some(t.finish(end_at)?),
+    let mut owned = finish::Owned::all(shared.vertices.len());
+    match (link_thread, part_link.as_ref()) {
+        (Some(t), _) => {
+            let end = t.finish(end_at, cfg.record && result.is_ok())?;
+            owned = finish::Owned { records_state: end.records_state, unflushed: end.unflushed };
+            report.link = Some(end.report);
+        }
         (None, Some(l)) => {
             end_at = if cfg.record { l.ended_at()? } else { end_at };
-            Some(l.report)
+            owned.records_state = l.records_state(&shared.vertices);
         }
-        (None, None) => None,
-    };
+        (None, None) => {}
+    }
     result?;
     report.root_crashes.extend(shared.root_crashes.take_done());
     report.root_crashes.sort_by_key(|c| c.at_packet);
@@ -756,8 +761,15 @@ pub fn run(
                 rec.end = rec.admitted.iter().rev().find_map(|c| *c).unwrap_or_default();
             }
         }
-        finish::record_end(&mut rec, &mut slots, &shared, store.as_ref(), (end_at.1, !report.failovers.is_empty()))?;
+        let failed_over = !report.failovers.is_empty();
+        let link = part_link.as_mut();
+        finish::record_end(&mut rec, &mut slots, &shared, store.as_ref(), link, &owned, (end_at.1, failed_over))?;
         report.recording = Some(rec);
+    } else if let Some(l) = part_link.as_mut() {
+        l.tell_flushed(true);
+    }
+    if let Some(l) = part_link {
+        report.link = Some(l.report);
     }
     // Instances that ran on another node (and did not fail over here) are that node's report.
     slots.retain(|(_, s)| !shared.is_elsewhere(s.global));

@@ -219,6 +219,32 @@ impl Layout {
     pub(crate) fn has_root(&self) -> bool {
         self.me == self.root
     }
+
+    /// Whether `vp`'s instances sit on several nodes (and so share its state through a store
+    /// they all reach).
+    pub(crate) fn is_split(&self, vp: &VertexPlan) -> bool {
+        let mut nodes = vp.instances.iter().filter_map(|g| self.node_of.get(*g));
+        nodes.next().is_some_and(|first| nodes.any(|n| n != first))
+    }
+
+    /// Per vertex, whether this node's record holds its state: the root's node records every
+    /// vertex with an instance on it and every split vertex (after the nodes sharing it have
+    /// fired their end timers); another node records the vertices that are all its own.
+    /// A record's parts then never hold the same state twice (docs/decisions.md).
+    pub(crate) fn records_state(&self, vertices: &[VertexPlan]) -> Vec<bool> {
+        vertices
+            .iter()
+            .map(|vp| {
+                let here = vp.instances.iter().any(|g| self.here(*g));
+                let split = self.is_split(vp);
+                if self.has_root() {
+                    here || split
+                } else {
+                    here && !split
+                }
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -10,11 +10,11 @@
 //!
 //! | bytes | content |
 //! |---|---|
-//! | 1 | kind: 1 sent, 2 finished, 3 commit, 4 reached, 5 left, 16 end of the run, 17 hello, 18 stop, 19 resend, 20 last, 21 oldest, 22 admitted, 23 done |
+//! | 1 | kind: 1 sent, 2 finished, 3 commit, 4 reached, 5 left, 16 end of the run, 17 hello, 18 stop, 19 resend, 20 last, 21 oldest, 22 admitted, 23 done, 24 flushed |
 //! | 1 | the packet's flags |
 //! | 2 | 0 |
 //! | 4 | replay target instance, `0xFFFFFFFF` for none |
-//! | 8 | logical clock (hello, end, stop: the sender's fingerprint of the chain and placement) |
+//! | 8 | logical clock (hello, end, stop, flushed: the sender's fingerprint of the chain and placement) |
 //! | 8 | XOR vector (a commit: the acknowledged updates' XOR) |
 //!
 //! Every integer is big-endian. tcpdump and Wireshark decode the Geneve header and show the
@@ -78,6 +78,11 @@ pub enum NoteKind {
     /// field is concerned (finished, or gone past it for good), so that its instances may
     /// take the next clocks in entry order.
     Done,
+    /// From a node without the root, after the root's node said [`NoteKind::End`]: its
+    /// instances have fired the timers due at the run's end and their state is in the store,
+    /// so the root's node may read the state of the vertices it shares with other nodes for a
+    /// recorded run (the clock carries the sender's fingerprint).
+    Flushed,
 }
 
 impl NoteKind {
@@ -96,6 +101,7 @@ impl NoteKind {
             NoteKind::Oldest => 21,
             NoteKind::Admitted => 22,
             NoteKind::Done => 23,
+            NoteKind::Flushed => 24,
         }
     }
     fn from_byte(b: u8) -> Option<NoteKind> {
@@ -113,6 +119,7 @@ impl NoteKind {
             21 => NoteKind::Oldest,
             22 => NoteKind::Admitted,
             23 => NoteKind::Done,
+            24 => NoteKind::Flushed,
             _ => return None,
         })
     }
@@ -127,7 +134,7 @@ pub struct WireNote {
     pub meta: Meta,
 }
 
-/// Whether `datagram` is a notes datagram of control notes (end, hello, stop, resend), which
+/// Whether `datagram` is a notes datagram of control notes (end, hello, stop, resend, ...), which
 /// a sender sends alone and a receiver may act on out of sequence order.
 pub fn is_control(datagram: &[u8]) -> bool {
     let Ok(h) = crate::geneve::header(datagram, PROTO_NOTES) else { return false };
@@ -248,6 +255,7 @@ mod tests {
             NoteKind::Oldest,
             NoteKind::Admitted,
             NoteKind::Done,
+            NoteKind::Flushed,
         ];
         let notes: Vec<WireNote> = kinds.iter().enumerate().map(|(i, k)| note(*k, i as u64 + 1)).collect();
         let mut d = Vec::new();
@@ -259,9 +267,13 @@ mod tests {
         assert_eq!(back, notes);
         assert_eq!(crate::link_seq(&d), Some(9));
         assert!(!is_control(&d), "data notes first");
-        for (kind, control) in
-            [(NoteKind::Hello, true), (NoteKind::Resend, true), (NoteKind::Admitted, true), (NoteKind::Commit, false)]
-        {
+        for (kind, control) in [
+            (NoteKind::Hello, true),
+            (NoteKind::Resend, true),
+            (NoteKind::Admitted, true),
+            (NoteKind::Flushed, true),
+            (NoteKind::Commit, false),
+        ] {
             let mut c = Vec::new();
             encode_notes(42, 10, &[note(kind, 1)], &mut c).unwrap();
             assert_eq!(is_control(&c), control, "{kind:?}");

@@ -120,10 +120,11 @@ impl Recovery {
     }
 }
 
-/// An instance that ran on a node that failed: the lost copies its crash reports, and the
-/// clocks of every copy lost with the node (sorted).
+/// A node that failed: its instances (global indices) whose crashes have not been carried out
+/// yet, the copies lost with it, and their clocks (sorted). The last of its instances to crash
+/// reports the lost copies (see [`Failover::lost_elsewhere`]).
 pub(super) struct LostElsewhere {
-    pub(super) global: usize,
+    pub(super) globals: Vec<usize>,
     pub(super) lost: Vec<Meta>,
     pub(super) on_node: Arc<[Clock]>,
 }
@@ -149,9 +150,8 @@ pub(super) struct Failover {
     rebuilder: Rebuilder,
     /// Instances per vertex.
     instances: Vec<u16>,
-    /// Per instance that ran on a node that failed: the copies lost with that node that it
-    /// accounts for (the link counted them; one instance of the node takes them all), and the
-    /// clocks of every copy lost with the node, sorted; taken with its crash.
+    /// Per node that failed: the copies lost with it (the link counted them, without knowing
+    /// at which of its instances each was), for the last of its instances to crash.
     lost_elsewhere: Mutex<Vec<LostElsewhere>>,
     /// Per vertex, per clock: copies held by a recovering replacement there (its replay and
     /// what arrived meanwhile). Such copies have gone through every vertex in front; what
@@ -217,8 +217,13 @@ impl Failover {
         copies == held
     }
 
-    /// Instance `global` ran on a node that failed: the lost copies its crash reports, and
-    /// the clocks of every copy lost with the node, for its crash.
+    /// A node failed: the copies lost with it, for the crashes of its instances. The last of
+    /// them to crash reports the copies. Why the last: a lost copy counts in flight until its
+    /// crash is reported, and so keeps its clock's log entry; reported with the first crash,
+    /// the replay towards that instance could close entries whose copies were lost at another
+    /// instance of the node, through which that replay does not pass (a replay copy ends at
+    /// another instance of its target's vertex), before the replay towards that one was sent:
+    /// their packets were lost for good (two NATs and the LB on one node, found by a test).
     pub(super) fn lost_elsewhere(&self, lost: LostElsewhere) {
         if let Ok(mut l) = self.lost_elsewhere.lock() {
             l.push(lost);
@@ -390,15 +395,18 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
         m.waiting.drain(..).map(|(_, p)| p).for_each(&mut lose);
         m.forget_waiting();
     }
-    // An instance whose node failed: the copies that node held are lost too, and what the
-    // predecessor processed is read from the store.
+    // An instance whose node failed: what the predecessor processed is read from the store,
+    // and the last of the node's instances to crash reports the copies lost with it.
     let mut on_node = None;
     if let Ok(mut far) = fo.lost_elsewhere.lock() {
-        for l in far.iter_mut().filter(|l| l.global == slot.global) {
-            lost.append(&mut l.lost);
+        for l in far.iter_mut().filter(|l| l.globals.contains(&slot.global)) {
+            l.globals.retain(|g| *g != slot.global);
+            if l.globals.is_empty() {
+                lost.append(&mut l.lost);
+            }
             on_node = Some(l.on_node.clone());
         }
-        far.retain(|l| l.global != slot.global);
+        far.retain(|l| !l.globals.is_empty());
     }
     if let Some(on_node) = on_node {
         processed_elsewhere(fo, slot, &on_node, &mut predecessor);

@@ -1,30 +1,73 @@
 //! The end of a run: what each vertex and instance did goes into the report; a recorded
 //! run's instances also fire the timers due by its last packet and hand over their final state.
 
+use super::spread::Link;
 use super::worker::{Slot, Turns, WorkerResult};
 use super::{RunError, Shared};
 use crate::record::{DropRecord, Recording, StateRecord};
 use crate::report::{InstanceReport, RunReport, VertexReport};
 use std::sync::Arc;
 
-/// The end of a recorded run: the timers due by the last packet's time (`last_ts`) fire (as
-/// they do at the end of the logical chain's run), then the drops and the final state are
-/// collected — of the instances that run on this node and of their vertices (a node of a chain
-/// spread over several records its own part). `failed_over`: drops redone by replacements are
-/// recorded once.
+/// Whose state a node's record holds.
+pub(super) struct Owned {
+    /// Per vertex, whether this node's record holds its state (every vertex in one process;
+    /// spread over nodes, [`crate::spread::Layout::records_state`]).
+    pub(super) records_state: Vec<bool>,
+    /// On the root's node: the nodes sharing a split vertex that did not say their state is in
+    /// the store.
+    pub(super) unflushed: Vec<String>,
+}
+
+impl Owned {
+    /// Every one of `vertices` vertices (one process).
+    pub(super) fn all(vertices: usize) -> Owned {
+        Owned { records_state: vec![true; vertices], unflushed: Vec::new() }
+    }
+}
+
+/// The end of a recorded run: the instances here fire their end timers and flush
+/// ([`end_instances`]); a node without the root (`link`) then tells the root's node so; the
+/// state this node records is read from the store ([`record_store_state`]) — on the root's
+/// node once every node sharing a split vertex has flushed.
 pub(super) fn record_end(
     rec: &mut Recording,
     slots: &mut [(usize, Slot)],
     shared: &Shared,
     store: Option<&Arc<dyn sluice_store::Backend>>,
+    link: Option<&mut Link>,
+    owned: &Owned,
+    end: (u64, bool),
+) -> Result<(), RunError> {
+    let ended = end_instances(rec, slots, shared, end);
+    if let Some(l) = link {
+        l.tell_flushed(ended.is_ok());
+    }
+    ended?;
+    if !owned.unflushed.is_empty() {
+        return Err(RunError::Worker(format!(
+            "node(s) {} did not say they fired their end timers and flushed: the state of the vertices they share with others is not recorded (the output is complete)",
+            owned.unflushed.join(", ")
+        )));
+    }
+    match store {
+        Some(b) => record_store_state(rec, b, &owned.records_state),
+        None => Ok(()),
+    }
+}
+
+/// The end of a recorded run, first part: the timers due by the last packet's time
+/// (`last_ts`) fire (as they do at the end of the logical chain's run) and the state is
+/// flushed, then the drops and the local state are collected — of the instances that run on
+/// this node (a node of a chain spread over several records its own part). `failed_over`:
+/// drops redone by replacements are recorded once.
+fn end_instances(
+    rec: &mut Recording,
+    slots: &mut [(usize, Slot)],
+    shared: &Shared,
     (last_ts, failed_over): (u64, bool),
 ) -> Result<(), RunError> {
     let vertices = &shared.vertices;
     let name = |v: usize| vertices.get(v).map_or_else(|| "?".to_string(), |vp| vp.name.to_string());
-    let here: Vec<bool> = (0..vertices.len())
-        .map(|v| slots.iter().any(|(_, s)| s.vertex == v && !shared.is_elsewhere(s.global)))
-        .collect();
-    let vertex_here = |v: usize| here.get(v).copied().unwrap_or(false);
     for (_, s) in slots.iter_mut().filter(|(_, s)| !shared.is_elsewhere(s.global)) {
         s.inst.begin_batch();
         s.inst.advance_time(last_ts, rec.end);
@@ -50,26 +93,36 @@ pub(super) fn record_end(
             }));
         }
     }
-    if let Some(b) = store {
-        let cp = b.checkpoint().map_err(|e| RunError::Worker(format!("reading the final state: {e}")))?;
-        // Not the chain's: the root's log (its own vertex) and the scratch value a store rebuild
-        // marks in-flight updates with.
-        let owned = cp
-            .values
-            .into_iter()
-            .filter(|(k, _)| vertex_here(usize::from(k.vertex)) && k.object != sluice_chc::recovery::SCRATCH_OBJECT);
-        rec.state.extend(owned.map(|(k, value)| StateRecord {
-            vertex: usize::from(k.vertex),
-            object: k.object,
-            key: k.key,
-            value,
-        }));
-    }
     if failed_over {
         // A replacement redoing a clock its predecessor dropped drops it again.
         rec.drops.sort_by(|a, b| (a.clock, &a.vertex).cmp(&(b.clock, &b.vertex)));
         rec.drops.dedup_by(|a, b| a.clock == b.clock && a.vertex == b.vertex && a.reason == b.reason);
     }
+    Ok(())
+}
+
+/// The end of a recorded run, second part: the final state in `store` of the vertices whose
+/// state this node records (`records_state`, by vertex; in one process every vertex, spread
+/// over nodes [`crate::spread::Layout::records_state`]). Called once every instance whose
+/// state it reads has fired its end timers and flushed.
+fn record_store_state(
+    rec: &mut Recording,
+    store: &Arc<dyn sluice_store::Backend>,
+    records_state: &[bool],
+) -> Result<(), RunError> {
+    let cp = store.checkpoint().map_err(|e| RunError::Worker(format!("reading the final state: {e}")))?;
+    // Not the chain's: the root's log (its own vertex) and the scratch value a store rebuild
+    // marks in-flight updates with.
+    let owned = cp.values.into_iter().filter(|(k, _)| {
+        records_state.get(usize::from(k.vertex)).copied().unwrap_or(false)
+            && k.object != sluice_chc::recovery::SCRATCH_OBJECT
+    });
+    rec.state.extend(owned.map(|(k, value)| StateRecord {
+        vertex: usize::from(k.vertex),
+        object: k.object,
+        key: k.key,
+        value,
+    }));
     Ok(())
 }
 

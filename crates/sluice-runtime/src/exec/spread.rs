@@ -103,6 +103,9 @@ pub(super) struct Link {
     oldest_told: (u64, Instant),
     /// On the root's node: the root's progress told to nodes with order-sensitive instances.
     telling: progress::Telling,
+    /// On the root's node, per node: said its state is all in the store after the end
+    /// ([`NoteKind::Flushed`]).
+    flushed: Vec<bool>,
 }
 
 impl Link {
@@ -111,6 +114,20 @@ impl Link {
         self.root_end.ok_or_else(|| {
             RunError::Worker("the root's node ended the run without saying where: no part record".into())
         })
+    }
+
+    /// Per vertex, whether this node's record holds its state ([`Layout::records_state`]).
+    pub(super) fn records_state(&self, vertices: &[crate::plan::VertexPlan]) -> Vec<bool> {
+        self.layout.records_state(vertices)
+    }
+
+    /// On a node without the root, after the end: tells the root's node that its instances'
+    /// state is all in the store (`ok`), or that it stops with an error. Only the root's node
+    /// of a recorded run waits for it, and may be gone already: a failure to send is no error.
+    pub(super) fn tell_flushed(&mut self, ok: bool) {
+        if let Err(e) = self.tell_all(if ok { NoteKind::Flushed } else { NoteKind::Stop }, None) {
+            tracing::debug!("telling the root's node this node's state is in the store: {e}");
+        }
     }
 
     /// Binds this node's address in `layout`.
@@ -159,6 +176,7 @@ impl Link {
             root_end: None,
             oldest_told: (1, Instant::now()),
             telling,
+            flushed: vec![false; nodes],
         })
     }
 
@@ -397,15 +415,11 @@ impl Link {
         }
         let lost = self.on_node.get_mut(n).map(OnNode::take_all).unwrap_or_default();
         tracing::warn!(node = %name, instances = globals.len(), lost_copies = lost.len(), "a node failed: its instances are replaced on the root's node, which replays its log to them");
-        // Every instance of the node learns which clocks had a copy there; one reports the copies.
+        // Every instance of the node learns which clocks had a copy there; the last to crash
+        // reports the copies.
         let mut on_node: Vec<Clock> = lost.iter().map(|m| m.clock).collect();
         on_node.dedup();
-        let on_node: Arc<[Clock]> = on_node.into();
-        let mut lost = Some(lost);
-        for g in &globals {
-            let lost = lost.take().unwrap_or_default();
-            fo.lost_elsewhere(LostElsewhere { global: *g, lost, on_node: on_node.clone() });
-        }
+        fo.lost_elsewhere(LostElsewhere { globals: globals.clone(), lost, on_node: on_node.into() });
         if let Ok(mut f) = shared.failed_elsewhere.lock() {
             f.extend(globals);
         }
@@ -452,7 +466,8 @@ fn root_hears(shared: &Shared, out: &mut Outgoing, kind: NoteKind, meta: Meta) -
         | NoteKind::Last
         | NoteKind::Oldest
         | NoteKind::Admitted
-        | NoteKind::Done => false,
+        | NoteKind::Done
+        | NoteKind::Flushed => false,
     }
 }
 
@@ -497,10 +512,7 @@ pub(super) fn may_fail_over(layout: Option<&Layout>) -> bool {
 pub(super) fn layout(part: &crate::spread::Part, plan: &crate::plan::Plan, slots: usize) -> Result<Layout, RunError> {
     let l = part.spread.layout(&part.node, &plan.vertices, slots).map_err(|e| RunError::Config(e.to_string()))?;
     let shared = plan.store.as_ref().is_some_and(|s| s.is_shared());
-    let split = plan.vertices.iter().find(|vp| {
-        let mut nodes = vp.instances.iter().filter_map(|g| l.node_of.get(*g));
-        nodes.next().is_some_and(|first| nodes.any(|n| n != first))
-    });
+    let split = plan.vertices.iter().find(|vp| l.is_split(vp));
     if let (Some(vp), false) = (split, shared) {
         return Err(RunError::Config(format!(
             "`{}` has instances on several nodes, which share its state: give every node one store they all reach (--store redis://... or sluice://...), not state in each process",
@@ -596,12 +608,33 @@ const IDLE_WAIT: Duration = Duration::from_micros(50);
 
 /// The link thread of the root's node.
 pub(super) struct LinkThread {
-    handle: std::thread::JoinHandle<Result<LinkReport, RunError>>,
+    handle: std::thread::JoinHandle<Result<LinkEnd, RunError>>,
     ready: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
-    /// Where the run ended (last clock, last capture time), told the other nodes with the end.
-    last: Arc<std::sync::Mutex<Option<(Clock, u64)>>>,
+    /// Where the run ended (last clock, last capture time), told the other nodes with the end,
+    /// and whether the run is recorded (the link then waits for [`NoteKind::Flushed`]).
+    last: Arc<std::sync::Mutex<Option<EndOfRun>>>,
 }
+
+/// Where the run ended (last clock, last capture time), and whether it is recorded.
+type EndOfRun = ((Clock, u64), bool);
+
+/// What the root's node's link leaves at the end of a run.
+pub(super) struct LinkEnd {
+    /// What it moved.
+    pub(super) report: LinkReport,
+    /// Per vertex, whether the root's node records its state ([`Layout::records_state`], with
+    /// the nodes that failed over).
+    pub(super) records_state: Vec<bool>,
+    /// Nodes sharing a split vertex that did not say their state is in the store
+    /// ([`FLUSHED_LIMIT`]): the record of that vertex's state would not be the run's.
+    pub(super) unflushed: Vec<String>,
+}
+
+/// How long the root's node of a recorded run waits for the nodes sharing a split vertex to
+/// say their state is in the store. They fire their end timers and flush first: well under
+/// a second, unless the store is slow or the node died after the end.
+const FLUSHED_LIMIT: Duration = Duration::from_secs(30);
 
 impl LinkThread {
     /// Starts `link` on its own thread.
@@ -634,10 +667,15 @@ impl LinkThread {
                     sh.aborted.store(true, Ordering::Release);
                     NoteKind::Stop
                 };
-                let last = *at_end.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let (last, recorded) = at_end
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .map_or((None, false), |(l, r)| (Some(l), r));
                 let told = link.tell_all(over, last.filter(|_| over == NoteKind::End));
-                let served = served.and(told);
-                served.map(|()| link.report)
+                served.and(told)?;
+                let unflushed = if recorded { link.await_flushed(&sh) } else { Vec::new() };
+                let records_state = link.layout.records_state(&sh.vertices);
+                Ok(LinkEnd { report: link.report, records_state, unflushed })
             })
             .map_err(|e| RunError::Worker(e.to_string()))?;
         Ok(LinkThread { handle, ready, stop, last })
@@ -649,7 +687,7 @@ impl LinkThread {
         while !self.ready.load(Ordering::Acquire) {
             if self.handle.is_finished() {
                 // Its own error says why (another chain on a node, an address in use).
-                self.finish((Clock::default(), 0))?;
+                self.finish((Clock::default(), 0), false)?;
                 return Err(RunError::Worker("the link to the other nodes ended before the run started".into()));
             }
             if t0.elapsed() >= HELLO_LIMIT || stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
@@ -664,11 +702,50 @@ impl LinkThread {
         Ok(self)
     }
 
-    /// Ends the other nodes' parts and returns what the link moved.
-    pub(super) fn finish(self, last: (Clock, u64)) -> Result<LinkReport, RunError> {
-        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(last);
+    /// Ends the other nodes' parts and returns what the link moved; in a `recorded` run, once
+    /// the nodes sharing a split vertex have flushed their state.
+    pub(super) fn finish(self, last: (Clock, u64), recorded: bool) -> Result<LinkEnd, RunError> {
+        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((last, recorded));
         self.stop.store(true, Ordering::Release);
         self.handle.join().map_err(|_| RunError::Worker("the link thread panicked".into()))?
+    }
+}
+
+impl Link {
+    /// On the root's node after the end of a recorded run: waits (at most [`FLUSHED_LIMIT`])
+    /// until every live node hosting an instance of a split vertex has said its state is in
+    /// the store; the names of those that did not.
+    fn await_flushed(&mut self, shared: &Shared) -> Vec<String> {
+        let mut waiting: Vec<usize> = shared
+            .vertices
+            .iter()
+            .filter(|vp| self.layout.is_split(vp))
+            .flat_map(|vp| vp.instances.iter().filter_map(|g| self.layout.node_of.get(*g).copied()))
+            .filter(|n| *n != self.layout.me && !self.dead.get(*n).copied().unwrap_or(true))
+            .collect();
+        waiting.sort_unstable();
+        waiting.dedup();
+        let t0 = Instant::now();
+        let mut idle = 0u32;
+        while waiting.iter().any(|n| !self.flushed.get(*n).copied().unwrap_or(false)) && t0.elapsed() < FLUSHED_LIMIT {
+            let Some(mut rx) = self.rx.take() else { break };
+            let got = self.receive_into(shared, &mut rx);
+            self.rx = Some(rx);
+            match got {
+                Ok(true) => idle = 0,
+                Ok(false) => self.pause(&mut idle),
+                Err(e) => {
+                    // A node that stopped with an error after the end has not flushed.
+                    tracing::warn!("waiting for the nodes' state after the end: {e}");
+                    break;
+                }
+            }
+        }
+        waiting
+            .into_iter()
+            .filter(|n| !self.flushed.get(*n).copied().unwrap_or(false))
+            .map(|n| self.name(n).to_string())
+            .collect()
     }
 }
 

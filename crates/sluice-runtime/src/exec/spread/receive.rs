@@ -32,7 +32,7 @@ impl Link {
         Ok(any)
     }
 
-    fn receive_into(&mut self, shared: &Shared, rx: &mut RecvBatch) -> Result<bool, RunError> {
+    pub(super) fn receive_into(&mut self, shared: &Shared, rx: &mut RecvBatch) -> Result<bool, RunError> {
         let mut any = false;
         // A few batches per turn at most: the other side of the turn sends.
         for _ in 0..8 {
@@ -107,7 +107,7 @@ impl Link {
     /// Takes in one datagram from `node`, in its sequence order; adds the copies that ended
     /// to `finished`.
     fn take_in(&mut self, shared: &Shared, node: usize, d: &[u8], finished: &mut usize) -> Result<(), RunError> {
-        let Link { layout, out, decoded, report, fingerprint, on_node, root_end, .. } = self;
+        let Link { layout, out, decoded, report, fingerprint, on_node, root_end, flushed, .. } = self;
         if is_notes(d) {
             let vni = match decode_notes(d, decoded) {
                 Ok((vni, _)) => vni,
@@ -123,7 +123,9 @@ impl Link {
             }
             for n in decoded.iter() {
                 match n.kind {
-                    NoteKind::Hello | NoteKind::End | NoteKind::Stop if n.meta.clock.0 != *fingerprint => {
+                    NoteKind::Hello | NoteKind::End | NoteKind::Stop | NoteKind::Flushed
+                        if n.meta.clock.0 != *fingerprint =>
+                    {
                         return Err(RunError::Config(format!(
                             "node `{}` runs another chain or placement (fingerprint {:#x}, here {:#x}): give every node the same chain, options and spread file",
                             layout.names.get(node).map_or("?", String::as_str),
@@ -146,6 +148,11 @@ impl Link {
                     }
                     NoteKind::Resend => self.asked.push((node, n.meta.clock.0, n.meta.xor)),
                     NoteKind::End if !layout.has_root() && node == layout.root => self.ended = true,
+                    NoteKind::Flushed if layout.has_root() => {
+                        if let Some(f) = flushed.get_mut(node) {
+                            *f = true;
+                        }
+                    }
                     NoteKind::Last if !layout.has_root() && node == layout.root => {
                         *root_end = Some((n.meta.clock, n.meta.xor));
                     }
@@ -161,9 +168,12 @@ impl Link {
                             report.malformed += 1;
                         }
                     }
-                    NoteKind::End | NoteKind::Last | NoteKind::Oldest | NoteKind::Admitted | NoteKind::Done => {
-                        report.malformed += 1
-                    }
+                    NoteKind::End
+                    | NoteKind::Last
+                    | NoteKind::Oldest
+                    | NoteKind::Admitted
+                    | NoteKind::Done
+                    | NoteKind::Flushed => report.malformed += 1,
                     _ if !layout.has_root() => report.malformed += 1,
                     kind => {
                         report.notes_received += 1;
