@@ -196,7 +196,7 @@ fn a_crash_asked_through_the_control_endpoint_is_equivalent() {
 /// schedule).
 #[test]
 fn random_schedules_through_the_threaded_runtime_are_equivalent() {
-    let seeds = seeds_from_env("SLUICE_RANDOM", 0, 50);
+    let seeds = common::seeds_from_env("SLUICE_RANDOM", 0, 50);
     random_threaded_runs(seeds, 12_000, None, false);
 }
 
@@ -206,7 +206,7 @@ fn random_schedules_through_the_threaded_runtime_are_equivalent() {
 /// `SLUICE_ROOTS_RANDOM_SEED`.
 #[test]
 fn random_schedules_through_several_roots_are_equivalent() {
-    let seeds = seeds_from_env("SLUICE_ROOTS_RANDOM", 200_000, 40);
+    let seeds = common::seeds_from_env("SLUICE_ROOTS_RANDOM", 200_000, 40);
     random_threaded_runs(seeds, 12_000, None, true);
 }
 
@@ -215,7 +215,7 @@ fn random_schedules_through_several_roots_are_equivalent() {
 /// trip per operation), or `SLUICE_REDIS_RANDOM_RUNS` from `SLUICE_REDIS_RANDOM_SEED`.
 #[test]
 fn random_schedules_through_the_threaded_runtime_on_redis_are_equivalent() {
-    let seeds = seeds_from_env("SLUICE_REDIS_RANDOM", 100_000, 16);
+    let seeds = common::seeds_from_env("SLUICE_REDIS_RANDOM", 100_000, 16);
     let store = common::redis_store("random-threaded");
     random_threaded_runs(seeds, 1_500, Some(&store), false);
 }
@@ -224,16 +224,9 @@ fn random_schedules_through_the_threaded_runtime_on_redis_are_equivalent() {
 /// `SLUICE_REDIS_ROOTS_RANDOM_RUNS` from `SLUICE_REDIS_ROOTS_RANDOM_SEED`.
 #[test]
 fn random_schedules_through_several_roots_on_redis_are_equivalent() {
-    let seeds = seeds_from_env("SLUICE_REDIS_ROOTS_RANDOM", 300_000, 16);
+    let seeds = common::seeds_from_env("SLUICE_REDIS_ROOTS_RANDOM", 300_000, 16);
     let store = common::redis_store("random-roots");
     random_threaded_runs(seeds, 1_500, Some(&store), true);
-}
-
-/// The seeds of a random test: `runs` from `base`, or `{var}_RUNS` from `{var}_SEED`.
-fn seeds_from_env(var: &str, base: u64, runs: u64) -> std::ops::Range<u64> {
-    let env = |k: &str| std::env::var(format!("{var}_{k}")).ok().and_then(|s| s.parse::<u64>().ok());
-    let base = env("SEED").unwrap_or(base);
-    base..base + env("RUNS").unwrap_or(runs)
 }
 
 /// Runs the random threaded schedules of `seeds` over at most `limit` packets of each trace

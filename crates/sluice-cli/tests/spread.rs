@@ -826,3 +826,52 @@ fn both_nats_and_the_lb_on_a_node_killed_mid_run_are_failed_over() {
     let chain = chain.to_string_lossy();
     killed_nodes_of_chain_are_failed_over(dir.path(), &chain, &store.url, (2, &place), &["b"], &["nat", "nat", "lb"]);
 }
+
+/// Random placements of the two-NAT chain's instances over two or three nodes, and one or
+/// two of the nodes without the root killed (in a random order), state in a served store:
+/// every packet left and the record verifies. 4 runs from seed 0, or
+/// `SLUICE_SPREAD_RANDOM_RUNS` from `SLUICE_SPREAD_RANDOM_SEED` (a run prints its placement).
+#[test]
+fn random_placements_with_nodes_killed_are_failed_over() {
+    for seed in common::seeds_from_env("SLUICE_SPREAD_RANDOM", 0, 4) {
+        random_placement_killed(seed);
+    }
+}
+
+/// One run of [`random_placements_with_nodes_killed_are_failed_over`].
+fn random_placement_killed(seed: u64) {
+    // xorshift64: a few draws, the same on every machine.
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut draw = move |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    };
+    let nodes = 2 + draw(2);
+    let names = ["a", "b", "c"];
+    // Instances in global order (what the root's node fails over, node by node).
+    let instances = [("nat/0", "nat"), ("nat/1", "nat"), ("portscan", "portscan"), ("lb", "lb"), ("trojan", "trojan")];
+    let on: Vec<&str> = instances.iter().map(|_| names[draw(nodes)]).collect();
+    // At least one instance away from the root.
+    let on: Vec<&str> = if on.iter().all(|n| *n == "a") { [&["b"], &on[1..]].concat() } else { on };
+    let place: Vec<(&str, &str)> =
+        instances.iter().zip(&on).filter(|(_, n)| **n != "a").map(|((what, _), n)| (*what, *n)).collect();
+    let mut victims: Vec<&str> = names[1..nodes].iter().copied().filter(|n| on.contains(n)).collect();
+    if victims.len() > 1 && draw(2) == 0 {
+        victims.swap(0, 1);
+    }
+    if victims.len() > 1 && draw(2) == 0 {
+        victims.truncate(1);
+    }
+    let failed: Vec<&str> = victims
+        .iter()
+        .flat_map(|v| instances.iter().zip(&on).filter(move |(_, n)| *n == v).map(|((_, vertex), _)| *vertex))
+        .collect();
+    eprintln!("seed {seed}: {nodes} nodes, placed {place:?}, killed {victims:?}");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let chain = two_nat_chain(dir.path());
+    let store = common::served_store();
+    let chain = chain.to_string_lossy();
+    killed_nodes_of_chain_are_failed_over(dir.path(), &chain, &store.url, (nodes, &place), &victims, &failed);
+}

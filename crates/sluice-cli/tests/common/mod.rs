@@ -266,3 +266,10 @@ pub fn served_store() -> ServedStore {
     assert!(!url.is_empty(), "{line}");
     ServedStore { child, url }
 }
+
+/// The seeds of a random test: `runs` from `base`, or `{var}_RUNS` from `{var}_SEED`.
+pub fn seeds_from_env(var: &str, base: u64, runs: u64) -> std::ops::Range<u64> {
+    let env = |k: &str| std::env::var(format!("{var}_{k}")).ok().and_then(|s| s.parse::<u64>().ok());
+    let base = env("SEED").unwrap_or(base);
+    base..base + env("RUNS").unwrap_or(runs)
+}
