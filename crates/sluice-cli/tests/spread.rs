@@ -283,10 +283,14 @@ fn two_nodes_killed_one_after_the_other_are_both_failed_over() {
 /// journals) passes `verify`.
 fn killed_nodes_are_failed_over(store: &str, nodes: usize, place: &[(&str, &str)], victims: &[&str], failed: &[&str]) {
     let dir = tempfile::tempdir().expect("temp dir");
-    killed_nodes_of_chain_are_failed_over(dir.path(), "chains/example.yaml", store, (nodes, place), victims, failed);
+    let kills = (victims, KILLS_MS);
+    killed_nodes_of_chain_are_failed_over(dir.path(), "chains/example.yaml", store, (nodes, place), kills, failed);
 }
 
-/// [`killed_nodes_are_failed_over`] for `chain`, in `dir`. A chain other than the example's
+/// When the first victim is killed (ms after the nodes start) and how long after each the next.
+const KILLS_MS: (u64, u64) = (1000, 500);
+
+/// [`killed_nodes_are_failed_over`] for `chain`, in `dir`, the victims killed at `kills_ms`. A chain other than the example's
 /// (whose output and decisions are those of one process with one worker) is judged by
 /// `verify` alone: with two instances of an NF that shares state, which instance handed out
 /// what depends on how their packets interleaved.
@@ -295,7 +299,7 @@ fn killed_nodes_of_chain_are_failed_over(
     chain: &str,
     store: &str,
     (nodes, place): (usize, &[(&str, &str)]),
-    victims: &[&str],
+    (victims, kills_ms): (&[&str], (u64, u64)),
     failed: &[&str],
 ) {
     let spread = spread_file_with(dir, nodes, place, "silence_ms: 200\n");
@@ -318,11 +322,11 @@ fn killed_nodes_of_chain_are_failed_over(
     doomed.sort_by_key(|(order, _)| *order);
     // Paced: the run takes about three seconds.
     let killer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(1000));
+        std::thread::sleep(Duration::from_millis(kills_ms.0));
         for (_, mut child) in doomed {
             let _ = child.kill();
             let _ = child.wait();
-            std::thread::sleep(Duration::from_millis(500));
+            std::thread::sleep(Duration::from_millis(kills_ms.1));
         }
     });
     let (out, a_json) = (dir.join("spread.pcap"), dir.join("a.json"));
@@ -650,7 +654,14 @@ fn a_node_sharing_a_split_vertex_killed_mid_run_is_failed_over() {
     let store = common::served_store();
     let place = [("nat/0", "b"), ("nat/1", "c"), ("lb", "c")];
     let chain = chain.to_string_lossy();
-    killed_nodes_of_chain_are_failed_over(dir.path(), &chain, &store.url, (3, &place), &["c"], &["nat", "lb"]);
+    killed_nodes_of_chain_are_failed_over(
+        dir.path(),
+        &chain,
+        &store.url,
+        (3, &place),
+        (&["c"], KILLS_MS),
+        &["nat", "lb"],
+    );
 }
 
 /// The two-NAT chain over `nodes` nodes placed by `place`, which splits the NAT over two
@@ -808,7 +819,7 @@ fn nodes_around_the_detector_killed(victims: &[&str], failed: &[&str]) {
         &chain.to_string_lossy(),
         &store.url,
         (3, &place),
-        victims,
+        (victims, KILLS_MS),
         failed,
     );
 }
@@ -824,11 +835,19 @@ fn both_nats_and_the_lb_on_a_node_killed_mid_run_are_failed_over() {
     let store = common::served_store();
     let place = [("nat", "b"), ("lb", "b")];
     let chain = chain.to_string_lossy();
-    killed_nodes_of_chain_are_failed_over(dir.path(), &chain, &store.url, (2, &place), &["b"], &["nat", "nat", "lb"]);
+    killed_nodes_of_chain_are_failed_over(
+        dir.path(),
+        &chain,
+        &store.url,
+        (2, &place),
+        (&["b"], KILLS_MS),
+        &["nat", "nat", "lb"],
+    );
 }
 
 /// Random placements of the two-NAT chain's instances over two or three nodes, and one or
-/// two of the nodes without the root killed (in a random order), state in a served store:
+/// two of the nodes without the root killed (in a random order, at random moments), state in
+/// a served store:
 /// every packet left and the record verifies. 4 runs from seed 0, or
 /// `SLUICE_SPREAD_RANDOM_RUNS` from `SLUICE_SPREAD_RANDOM_SEED` (a run prints its placement).
 #[test]
@@ -868,10 +887,19 @@ fn random_placement_killed(seed: u64) {
         .iter()
         .flat_map(|v| instances.iter().zip(&on).filter(move |(_, n)| *n == v).map(|((_, vertex), _)| *vertex))
         .collect();
-    eprintln!("seed {seed}: {nodes} nodes, placed {place:?}, killed {victims:?}");
+    // Within the paced run's three seconds, the last kill before its last half second.
+    let kills_ms = (400 + 100 * draw(13) as u64, 50 + 50 * draw(12) as u64);
+    eprintln!("seed {seed}: {nodes} nodes, placed {place:?}, killed {victims:?} at {kills_ms:?} ms");
     let dir = tempfile::tempdir().expect("temp dir");
     let chain = two_nat_chain(dir.path());
     let store = common::served_store();
     let chain = chain.to_string_lossy();
-    killed_nodes_of_chain_are_failed_over(dir.path(), &chain, &store.url, (nodes, &place), &victims, &failed);
+    killed_nodes_of_chain_are_failed_over(
+        dir.path(),
+        &chain,
+        &store.url,
+        (nodes, &place),
+        (&victims, kills_ms),
+        &failed,
+    );
 }
