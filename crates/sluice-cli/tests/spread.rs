@@ -890,16 +890,15 @@ fn random_placement_killed(seed: u64) {
     // Within the paced run's three seconds, the last kill before its last half second.
     let kills_ms = (400 + 100 * draw(13) as u64, 50 + 50 * draw(12) as u64);
     eprintln!("seed {seed}: {nodes} nodes, placed {place:?}, killed {victims:?} at {kills_ms:?} ms");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let chain = two_nat_chain(dir.path());
+    // SLUICE_SPREAD_KEEP=1 keeps the run's files (reports, records, output) to look into.
+    let temp = tempfile::tempdir().expect("temp dir");
+    let (dir, _temp) = match std::env::var_os("SLUICE_SPREAD_KEEP") {
+        Some(_) => (temp.keep(), None),
+        None => (temp.path().to_path_buf(), Some(temp)),
+    };
+    eprintln!("seed {seed}: files in {}", dir.display());
+    let chain = two_nat_chain(&dir);
     let store = common::served_store();
     let chain = chain.to_string_lossy();
-    killed_nodes_of_chain_are_failed_over(
-        dir.path(),
-        &chain,
-        &store.url,
-        (nodes, &place),
-        (&victims, kills_ms),
-        &failed,
-    );
+    killed_nodes_of_chain_are_failed_over(&dir, &chain, &store.url, (nodes, &place), (&victims, kills_ms), &failed);
 }

@@ -73,9 +73,13 @@ impl MetaFlags {
     /// A replay copy that has passed its target instance: downstream it is subject to duplicate
     /// suppression like any packet, while the root still knows which replay it belongs to.
     pub const REACHED: MetaFlags = MetaFlags(16);
+    /// A copy made by a mirror edge (bound for an off-path vertex): after a node fails, the
+    /// copies it held tell the replacements of the main path's instances nothing when they
+    /// are mirror copies, and those of the mirror targets nothing when they are not.
+    pub const MIRROR: MetaFlags = MetaFlags(32);
 
     /// Every flag defined above.
-    pub const ALL: MetaFlags = MetaFlags(0x1f);
+    pub const ALL: MetaFlags = MetaFlags(0x3f);
 
     /// The flags as one byte (for the wire).
     pub fn bits(self) -> u8 {

@@ -274,6 +274,7 @@ pub fn run(
     let per_vertex: Vec<u16> = vertices.iter().map(|v| v.instances.len() as u16).collect();
     let successors: Vec<Vec<usize>> = vertices.iter().map(VertexPlan::successors).collect();
     let reaches = sluice_chc::splitter::reachability(&successors);
+    let concerns = failover::lost_concerns(&vertices, &entry, &reaches);
     let mirrors: usize =
         vertices.iter().flat_map(|v| v.routes.iter().flatten()).map(|r| r.mirrors.len()).sum::<usize>()
             + entry.iter().map(|r| r.mirrors.len()).sum::<usize>();
@@ -318,7 +319,7 @@ pub fn run(
         // may ask for.
         failover: (crashes_planned
             || (can_fail_over && (hooks.live.is_some() || spread::may_fail_over(layout.as_ref()))))
-        .then(|| failover::Failover::new((slot_count, per_vertex), rebuilder, (cfg.window, roots))),
+        .then(|| failover::Failover::new((slot_count, per_vertex, concerns), rebuilder, (cfg.window, roots))),
         reaches,
         ordered,
         from_root,

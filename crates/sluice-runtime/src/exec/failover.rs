@@ -33,7 +33,7 @@ use super::worker::Slot;
 use super::{Outgoing, Shared};
 use crate::clocks::ClockTracker;
 use crate::filter::CompiledFilter;
-use crate::plan::{direction, Rebuilder, Routes};
+use crate::plan::{direction, Rebuilder, Routes, VertexPlan};
 use crate::report::FailoverReport;
 use sluice_chc::clockset::ClockSet;
 use sluice_packet::{Clock, InstanceId, Meta, MetaFlags, Packet};
@@ -126,7 +126,35 @@ impl Recovery {
 pub(super) struct LostElsewhere {
     pub(super) globals: Vec<usize>,
     pub(super) lost: Vec<Meta>,
-    pub(super) on_node: Arc<[Clock]>,
+    /// The clocks of the copies on the main path, and of the mirror copies (each sorted).
+    pub(super) on_node: Arc<(Vec<Clock>, Vec<Clock>)>,
+}
+
+/// Per vertex: which copies lost with a failed node may concern its instances — be on their
+/// way to one, or be its output — (copies on the main path, mirror copies). A mirror copy
+/// (`MetaFlags::MIRROR`) is on its way to an off-path vertex, which consumes it: it concerns
+/// that vertex and every vertex that leads to it (the replay towards its replacement passes
+/// through them), not the rest of the main path; copies on the main path do not concern an
+/// off-path vertex. Where a mirror edge leads to a vertex on the main path, every copy concerns
+/// every vertex.
+pub(super) fn lost_concerns(vertices: &[VertexPlan], entry: &[Routes], reaches: &[Vec<bool>]) -> Vec<(bool, bool)> {
+    let mut mirror_fed = vec![false; vertices.len()];
+    for r in vertices.iter().flat_map(|v| v.routes.iter().flatten()).chain(entry).flat_map(|r| &r.mirrors) {
+        if let crate::plan::Target::Vertex(v) = r.to {
+            if let Some(f) = mirror_fed.get_mut(v) {
+                *f = true;
+            }
+        }
+    }
+    let apart = mirror_fed.iter().zip(vertices).all(|(fed, vp)| !fed || vp.off_path);
+    let reach = |a: usize, b: usize| reaches.get(a).and_then(|r| r.get(b)).copied().unwrap_or(true);
+    (0..vertices.len())
+        .map(|v| {
+            let off_path = vertices.get(v).is_some_and(|vp| vp.off_path);
+            let near_mirror = (0..vertices.len()).any(|m| mirror_fed[m] && (m == v || reach(v, m) || reach(m, v)));
+            (!apart || !off_path, !apart || near_mirror)
+        })
+        .collect()
 }
 
 /// What the root thread and the workers share for failovers.
@@ -150,6 +178,8 @@ pub(super) struct Failover {
     rebuilder: Rebuilder,
     /// Instances per vertex.
     instances: Vec<u16>,
+    /// Per vertex: which copies lost with a failed node concern it ([`lost_concerns`]).
+    concerns: Vec<(bool, bool)>,
     /// Per node that failed: the copies lost with it (the link counted them, without knowing
     /// at which of its instances each was), for the last of its instances to crash.
     lost_elsewhere: Mutex<Vec<LostElsewhere>>,
@@ -165,7 +195,7 @@ impl Failover {
     /// For `instances` global indices and `per_vertex` instances per vertex, clocks of
     /// `roots` roots in a ring of `span` each.
     pub(super) fn new(
-        (instances, per_vertex): (usize, Vec<u16>),
+        (instances, per_vertex, concerns): (usize, Vec<u16>, Vec<(bool, bool)>),
         rebuilder: Rebuilder,
         (span, roots): (usize, u8),
     ) -> Failover {
@@ -183,6 +213,7 @@ impl Failover {
             held_in_recovery: per_vertex.iter().map(|_| ClockTracker::new(span, roots as u8)).collect(),
             lost_elsewhere: Mutex::new(Vec::new()),
             instances: per_vertex,
+            concerns,
         }
     }
 
@@ -440,13 +471,20 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
 /// A node sends a batch's updates before any packet of the batch leaves it (`Outgoing::hold`),
 /// so a copy that left the node had its clock's updates sent (docs/decisions.md, "What a
 /// replacement of another node's instance skips").
-fn processed_elsewhere(fo: &Failover, slot: &Slot, on_node: &[Clock], predecessor: &mut ClockSet) {
+fn processed_elsewhere(fo: &Failover, slot: &Slot, on_node: &(Vec<Clock>, Vec<Clock>), predecessor: &mut ClockSet) {
     let instance = format!("{}:{}", slot.inst.vertex(), slot.inst.id().index());
+    // Only the copies that may concern this instance: a copy lost at an off-path instance of
+    // the node says nothing about the main path's (found by random placements: a detector's
+    // replacement ran again a clock whose mirror copy waited at the Trojan detector, against
+    // state later clocks had changed, and dropped a packet the chain had let through).
+    let (main, mirror) = fo.concerns.get(slot.vertex).copied().unwrap_or((true, true));
+    let lost_here =
+        |c: &Clock| (main && on_node.0.binary_search(c).is_ok()) || (mirror && on_node.1.binary_search(c).is_ok());
     match fo.rebuilder.clocks_updated_by(slot.vertex) {
         Ok(clocks) => {
             let updated = clocks.len();
             let mut processed = 0usize;
-            for c in clocks.into_iter().filter(|c| on_node.binary_search(c).is_err()) {
+            for c in clocks.into_iter().filter(|c| !lost_here(c)) {
                 processed += usize::from(predecessor.insert(c));
             }
             tracing::info!(%instance, updated, processed, "clocks its predecessor on the failed node processed");

@@ -6,7 +6,7 @@ use super::alloc::Cached;
 use super::ft::Note;
 use super::Shared;
 use crate::plan::{Routes, Splitter, Target};
-use sluice_packet::{Batch, Clock, Packet};
+use sluice_packet::{Batch, Clock, MetaFlags, Packet};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
@@ -195,6 +195,7 @@ impl Outgoing {
                 // The original carries the XOR vector of the updates so far; a copy starts
                 // empty, so the root folds each update in once.
                 c.meta.xor = 0;
+                c.meta.flags.insert(MetaFlags::MIRROR);
                 // Account for the copy before it can be seen downstream.
                 shared.in_flight.fetch_add(1, Ordering::AcqRel);
                 shared.clocks.copy(c.meta.clock);

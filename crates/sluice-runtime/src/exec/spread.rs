@@ -27,7 +27,7 @@ use super::outgoing::Outgoing;
 use super::{RunError, Shared};
 use crate::report::LinkReport;
 use crate::spread::Layout;
-use sluice_packet::{Batch, Clock, InstanceId, Meta};
+use sluice_packet::{Batch, Clock, InstanceId, Meta, MetaFlags};
 use sluice_wire::geneve::{encode_sequenced, TO_EGRESS};
 use sluice_wire::notes::{encode_notes, NoteKind, WireNote, MAX_NOTES};
 use sluice_wire::{RecvBatch, UdpLink};
@@ -417,9 +417,14 @@ impl Link {
         tracing::warn!(node = %name, instances = globals.len(), lost_copies = lost.len(), "a node failed: its instances are replaced on the root's node, which replays its log to them");
         // Every instance of the node learns which clocks had a copy there; the last to crash
         // reports the copies.
-        let mut on_node: Vec<Clock> = lost.iter().map(|m| m.clock).collect();
-        on_node.dedup();
-        fo.lost_elsewhere(LostElsewhere { globals: globals.clone(), lost, on_node: on_node.into() });
+        let clocks = |mirror: bool| {
+            let mut c: Vec<Clock> =
+                lost.iter().filter(|m| m.flags.contains(MetaFlags::MIRROR) == mirror).map(|m| m.clock).collect();
+            c.dedup();
+            c
+        };
+        let on_node = Arc::new((clocks(false), clocks(true)));
+        fo.lost_elsewhere(LostElsewhere { globals: globals.clone(), lost, on_node });
         if let Ok(mut f) = shared.failed_elsewhere.lock() {
             f.extend(globals);
         }

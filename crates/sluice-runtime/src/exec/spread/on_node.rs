@@ -9,7 +9,10 @@ use sluice_packet::{Clock, Meta};
 /// is enough. Within a slot, copies are told apart by where they are on their way to: a live
 /// copy and a replay copy of the same clock bound for a recovering replacement can be on the
 /// node together, and if the node fails the root must resend the replay copy to its target
-/// (keeping only the first copy's marks lost that, and the replacement waited for ever).
+/// (keeping only the first copy's marks lost that, and the replacement waited for ever); and
+/// by whether they are mirror copies (`MetaFlags::MIRROR`): a mirror copy lost at an off-path
+/// instance says nothing about the main path's instances on the node (the failover's
+/// `processed_elsewhere`).
 pub(super) struct OnNode {
     /// Per clock: the clock, then per replay target (`None`: not a replay on its way) the
     /// marks of its first copy and how many copies are there.
@@ -35,8 +38,8 @@ impl OnNode {
             *clock = meta.clock;
             copies.clear();
         }
-        let target = meta.replay_target();
-        match copies.iter_mut().find(|(m, _)| m.replay_target() == target) {
+        let k = key(meta);
+        match copies.iter_mut().find(|(m, _)| key(m) == k) {
             Some((m, n)) => {
                 if *n == 0 {
                     *m = marks(meta);
@@ -53,8 +56,8 @@ impl OnNode {
         if *clock != meta.clock {
             return;
         }
-        let target = meta.replay_target();
-        let same = copies.iter().position(|(m, n)| *n > 0 && m.replay_target() == target);
+        let k = key(meta);
+        let same = copies.iter().position(|(m, n)| *n > 0 && key(m) == k);
         if let Some(i) = same.or_else(|| copies.iter().position(|(_, n)| *n > 0)) {
             if let Some((_, n)) = copies.get_mut(i) {
                 *n -= 1;
@@ -72,6 +75,12 @@ impl OnNode {
         lost.sort_by_key(|m| m.clock);
         lost
     }
+}
+
+/// What tells a clock's copies on a node apart: their replay target, and whether they are
+/// mirror copies.
+fn key(meta: &Meta) -> (Option<sluice_packet::InstanceId>, bool) {
+    (meta.replay_target(), meta.flags.contains(sluice_packet::MetaFlags::MIRROR))
 }
 
 /// What a lost copy's report needs of a copy's metadata.
@@ -123,6 +132,21 @@ mod tests {
         on.arrived(&replay);
         on.left(&replay);
         assert_eq!(on.take_all().iter().map(Meta::replay_target).collect::<Vec<_>>(), [None]);
+    }
+
+    #[test]
+    fn a_mirror_copy_is_told_apart_from_the_live_copy_of_its_clock() {
+        let mut on = OnNode::new(8);
+        let live = meta(6);
+        let mut mirror = meta(6);
+        mirror.flags.insert(MetaFlags::MIRROR);
+        on.arrived(&live);
+        on.arrived(&mirror);
+        // The live copy comes back; the mirror copy is still at its off-path instance.
+        on.left(&live);
+        let lost = on.take_all();
+        assert_eq!(lost.len(), 1);
+        assert!(lost[0].flags.contains(MetaFlags::MIRROR), "{lost:?}");
     }
 
     #[test]
