@@ -714,8 +714,7 @@ pub fn run(
     match (link_thread, part_link.as_ref()) {
         (Some(t), _) => {
             let end = t.finish(end_at, cfg.record && result.is_ok())?;
-            owned = finish::Owned { records_state: end.records_state, unflushed: end.unflushed };
-            report.link = Some(end.report);
+            (owned, report.link) = (end.owned, Some(end.report));
         }
         (None, Some(l)) => {
             end_at = if cfg.record { l.ended_at()? } else { end_at };
@@ -762,8 +761,7 @@ pub fn run(
                 rec.end = rec.admitted.iter().rev().find_map(|c| *c).unwrap_or_default();
             }
         }
-        let failed_over = !report.failovers.is_empty();
-        let link = part_link.as_mut();
+        let (link, failed_over) = (part_link.as_mut(), !report.failovers.is_empty());
         finish::record_end(&mut rec, &mut slots, &shared, store.as_ref(), link, &owned, (end_at.1, failed_over))?;
         report.recording = Some(rec);
     } else if let Some(l) = part_link.as_mut() {

@@ -628,12 +628,10 @@ type EndOfRun = ((Clock, u64), bool);
 pub(super) struct LinkEnd {
     /// What it moved.
     pub(super) report: LinkReport,
-    /// Per vertex, whether the root's node records its state ([`Layout::records_state`], with
-    /// the nodes that failed over).
-    pub(super) records_state: Vec<bool>,
-    /// Nodes sharing a split vertex that did not say their state is in the store
-    /// ([`FLUSHED_LIMIT`]): the record of that vertex's state would not be the run's.
-    pub(super) unflushed: Vec<String>,
+    /// Whose state the root's node records ([`Layout::records_state`], with the nodes that
+    /// failed over), and the nodes sharing a split vertex that did not say their state is in
+    /// the store within [`FLUSHED_LIMIT`].
+    pub(super) owned: super::finish::Owned,
 }
 
 /// How long the root's node of a recorded run waits for the nodes sharing a split vertex to
@@ -680,7 +678,8 @@ impl LinkThread {
                 served.and(told)?;
                 let unflushed = if recorded { link.await_flushed(&sh) } else { Vec::new() };
                 let records_state = link.layout.records_state(&sh.vertices);
-                Ok(LinkEnd { report: link.report, records_state, unflushed })
+                let owned = super::finish::Owned { records_state, unflushed };
+                Ok(LinkEnd { report: link.report, owned })
             })
             .map_err(|e| RunError::Worker(e.to_string()))?;
         Ok(LinkThread { handle, ready, stop, last })
