@@ -126,8 +126,15 @@ impl Recovery {
 pub(super) struct LostElsewhere {
     pub(super) globals: Vec<usize>,
     pub(super) lost: Vec<Meta>,
-    /// The clocks of the copies on the main path, and of the mirror copies (each sorted).
-    pub(super) on_node: Arc<(Vec<Clock>, Vec<Clock>)>,
+    pub(super) on_node: Arc<LostClocks>,
+}
+
+/// The clocks of the copies lost with a failed node, by kind (each sorted).
+pub(super) struct LostClocks {
+    /// Of the copies on the main path.
+    pub(super) main: Vec<Clock>,
+    /// Of the mirror copies (`MetaFlags::MIRROR`).
+    pub(super) mirror: Vec<Clock>,
 }
 
 /// Per vertex: which copies lost with a failed node may concern its instances — be on their
@@ -471,15 +478,16 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
 /// A node sends a batch's updates before any packet of the batch leaves it (`Outgoing::hold`),
 /// so a copy that left the node had its clock's updates sent (docs/decisions.md, "What a
 /// replacement of another node's instance skips").
-fn processed_elsewhere(fo: &Failover, slot: &Slot, on_node: &(Vec<Clock>, Vec<Clock>), predecessor: &mut ClockSet) {
+fn processed_elsewhere(fo: &Failover, slot: &Slot, on_node: &LostClocks, predecessor: &mut ClockSet) {
     let instance = format!("{}:{}", slot.inst.vertex(), slot.inst.id().index());
     // Only the copies that may concern this instance: a copy lost at an off-path instance of
     // the node says nothing about the main path's (found by random placements: a detector's
     // replacement ran again a clock whose mirror copy waited at the Trojan detector, against
     // state later clocks had changed, and dropped a packet the chain had let through).
     let (main, mirror) = fo.concerns.get(slot.vertex).copied().unwrap_or((true, true));
-    let lost_here =
-        |c: &Clock| (main && on_node.0.binary_search(c).is_ok()) || (mirror && on_node.1.binary_search(c).is_ok());
+    let lost_here = |c: &Clock| {
+        (main && on_node.main.binary_search(c).is_ok()) || (mirror && on_node.mirror.binary_search(c).is_ok())
+    };
     match fo.rebuilder.clocks_updated_by(slot.vertex) {
         Ok(clocks) => {
             let updated = clocks.len();

@@ -21,7 +21,7 @@
 //! sender's datagrams in their sequence order only (`in_order`), so notes keep their place
 //! before the batches they precede and nothing is taken twice.
 
-use super::failover::LostElsewhere;
+use super::failover::{LostClocks, LostElsewhere};
 use super::ft::Note;
 use super::outgoing::Outgoing;
 use super::{RunError, Shared};
@@ -423,7 +423,7 @@ impl Link {
             c.dedup();
             c
         };
-        let on_node = Arc::new((clocks(false), clocks(true)));
+        let on_node = Arc::new(LostClocks { main: clocks(false), mirror: clocks(true) });
         fo.lost_elsewhere(LostElsewhere { globals: globals.clone(), lost, on_node });
         if let Ok(mut f) = shared.failed_elsewhere.lock() {
             f.extend(globals);

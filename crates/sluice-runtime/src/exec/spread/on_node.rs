@@ -14,8 +14,8 @@ use sluice_packet::{Clock, Meta};
 /// instance says nothing about the main path's instances on the node (the failover's
 /// `processed_elsewhere`).
 pub(super) struct OnNode {
-    /// Per clock: the clock, then per replay target (`None`: not a replay on its way) the
-    /// marks of its first copy and how many copies are there.
+    /// Per clock: the clock, then per replay target (`None`: not a replay on its way) and
+    /// kind (mirror copy or not) the marks of its first copy and how many copies are there.
     slots: Vec<(Clock, Vec<(Meta, u32)>)>,
     mask: u64,
 }
