@@ -17,6 +17,7 @@ use sluice_state::CustomOp;
 use sluice_store::{Backend, Checkpoint, Connection, LoggedResult, StoreError};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 /// A Sluice store in Redis (one server or a cluster). Cheap to clone; every
 /// [`Backend::connect`] opens the instance's own connections.
@@ -111,25 +112,47 @@ impl RedisBackend {
 
     /// Runs `f` on the admin connections (checkpoint, restore, clear), one caller at a time.
     /// In a cluster, a node that does not answer or no longer serves its slots (a primary
-    /// failed over) makes it read the slot map again and run `f` once more (whole: it only
-    /// reads, or writes again to the same effect): the admin connections hear of a failover
-    /// only through their own calls, and a process that only takes checkpoints failed every
-    /// one after a primary died. It does not wait for a failover to end (a periodic
-    /// checkpoint tries again an interval later): a checkpoint dumps every primary, each dump
-    /// blocking its server, and a wait that runs it again and again would weigh on the
-    /// instances' own calls while they wait for the same failover.
+    /// failed over) makes it read the slot map again, and run `f` once more (whole: it only
+    /// reads, or writes again to the same effect) when the map changed: the admin connections
+    /// hear of a failover only through their own calls, and a process that only takes
+    /// checkpoints failed every one after a primary died. The surviving nodes learn of a
+    /// promotion by gossip, so a map read just after it can still name the dead primary: the
+    /// map is read again every [`ADMIN_REMAP_PAUSE`] for at most [`ADMIN_REMAP_LIMIT`] until
+    /// it changes. `f` itself only runs again on a new map and the wait is short: a checkpoint
+    /// dumps every primary, each dump blocking its server, and a wait for a whole failover
+    /// would weigh on the instances' own calls while they wait for the same failover (a
+    /// periodic checkpoint tries again an interval later).
     fn with_admin<T>(&self, mut f: impl FnMut(&Shared, &mut Nodes) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let mut nodes = lock_mutex(&self.shared.admin);
-        match f(&self.shared, &mut nodes) {
-            Err(e) if matches!(self.shared.cfg.mode, Mode::Cluster(_)) && is_failing_over(&e) => {
-                tracing::debug!(error = %e, "an admin call met a cluster node failing over; reading the slot map again");
-                self.shared.refresh(&mut nodes).map_err(|_| e)?;
-                f(&self.shared, &mut nodes)
+        let mut result = f(&self.shared, &mut nodes);
+        if !matches!(self.shared.cfg.mode, Mode::Cluster(_)) {
+            return result;
+        }
+        let deadline = Instant::now() + ADMIN_REMAP_LIMIT;
+        loop {
+            let e = match result {
+                Err(e) if is_failing_over(&e) => e,
+                r => return r,
+            };
+            tracing::debug!(error = %e, "an admin call met a cluster node failing over; reading the slot map again");
+            let old = self.shared.topology();
+            loop {
+                match self.shared.refresh(&mut nodes) {
+                    Ok(new) if new != old => break,
+                    _ if Instant::now() >= deadline => return Err(e),
+                    _ => std::thread::sleep(ADMIN_REMAP_PAUSE),
+                }
             }
-            r => r,
+            result = f(&self.shared, &mut nodes);
         }
     }
 }
+
+/// How long an admin call waits for the slot map to change after it met a node failing
+/// over (see [`RedisBackend::with_admin`]).
+const ADMIN_REMAP_LIMIT: Duration = Duration::from_secs(3);
+/// How often an admin call reads the slot map again while it waits for it to change.
+const ADMIN_REMAP_PAUSE: Duration = Duration::from_millis(50);
 
 impl Backend for RedisBackend {
     fn name(&self) -> String {

@@ -51,7 +51,7 @@ impl Settling {
 }
 
 /// Which node serves each bucket.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Topology {
     /// Connection URLs of the nodes (primaries).
     pub(crate) nodes: Vec<String>,
