@@ -10,6 +10,8 @@ mod embark;
 mod embark_bench;
 mod fuzz;
 mod geneve_ports;
+mod node_cmd;
+mod node_host;
 mod ports;
 mod record;
 mod run_cmd;
@@ -103,9 +105,9 @@ enum Command {
     /// for leadership, then keep the assignments in step as nodes join, leave or die.
     Controller(cluster::ControllerArgs),
     /// Join a cluster (etcd) as a node: register under a lease kept alive, follow this node's
-    /// assignment and print each change as a JSON line. (Hosting the assigned units on the
-    /// threaded runtime comes next; see docs/deploy.md.)
-    Node(cluster::NodeArgs),
+    /// assignment and print each change as a JSON line; with --run, host this node's part of
+    /// the chain once the placement settles (docs/deploy.md).
+    Node(node_cmd::NodeArgs),
     /// A cluster's state in etcd: status (leader, nodes, units), drain or undrain a node.
     Cluster(cluster::ClusterCmdArgs),
     /// Serve a state store to the NF instances of other processes (`store serve`).
@@ -283,7 +285,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run_cmd::cmd_run(a),
         Command::Ctl(a) => control::cmd_ctl(a),
         Command::Controller(a) => cluster::cmd_controller(a),
-        Command::Node(a) => cluster::cmd_node(a),
+        Command::Node(a) => node_cmd::cmd_node(a),
         Command::Cluster(a) => cluster::cmd_cluster(a),
         Command::Store(a) => store_cmd::cmd_store(a),
         Command::Gen(a) => cmd_gen(a),

@@ -134,6 +134,22 @@ pub(crate) struct RunArgs {
     /// With --spread: this process's node, by its name in the file.
     #[arg(long, value_name = "NAME", requires = "spread")]
     node: Option<String>,
+    /// A `sluice node` hosts this run: its stdout is the node's JSON lines, so the text report
+    /// goes to stderr.
+    #[arg(skip)]
+    pub(crate) hosted: bool,
+}
+
+/// `sluice run` options given as words (a node hosting its part of a chain), checked as on the
+/// command line.
+pub(crate) fn parse_run_args(words: &[String]) -> Result<RunArgs, clap::Error> {
+    #[derive(clap::Parser)]
+    #[command(name = "sluice run", no_binary_name = true)]
+    struct Words {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+    <Words as clap::Parser>::try_parse_from(words).map(|w| w.run)
 }
 
 pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
@@ -266,7 +282,7 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
         pb.finish_and_clear();
     }
     let extra = geneve_ports::report_sections(&links, geneve_in, geneve_out).context("serialising the report")?;
-    print_report(&report, a.json.as_deref(), a.output.as_deref(), &extra)?;
+    print_report(a.hosted, &report, a.json.as_deref(), a.output.as_deref(), &extra)?;
     Ok(())
 }
 
@@ -314,7 +330,7 @@ fn run_part(a: &RunArgs, chain: &Chain, cfg: &RunConfig) -> Result<(), Failure> 
         }
         record::write_part(dir, node, &report)?;
     }
-    print_report(&report, a.json.as_deref(), None, &[])?;
+    print_report(a.hosted, &report, a.json.as_deref(), None, &[])?;
     Ok(())
 }
 
@@ -383,11 +399,19 @@ fn run_recorded(
     Ok(report)
 }
 
-/// A flag set by Ctrl-C or after `duration` seconds.
+/// The process's stop flag: set by Ctrl-C or SIGTERM, or after `duration` seconds.
 pub(crate) fn stop_flag(duration: Option<f64>) -> Arc<AtomicBool> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    let _ = ctrlc::set_handler(move || s.store(true, Ordering::Relaxed));
+    // One flag for the process: a node and the run it hosts both stop on Ctrl-C (the handler
+    // can be set once).
+    static STOP: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
+    let stop = STOP
+        .get_or_init(|| {
+            let stop = Arc::new(AtomicBool::new(false));
+            let s = stop.clone();
+            let _ = ctrlc::set_handler(move || s.store(true, Ordering::Relaxed));
+            stop
+        })
+        .clone();
     if let Some(d) = duration.filter(|d| d.is_finite() && *d >= 0.0) {
         let s = stop.clone();
         std::thread::spawn(move || {
@@ -450,12 +474,13 @@ fn bridge_run<P: LivePort>(
     let hooks = RunHooks { progress: None, stop: Some(stop), live, journal: None };
     let report = run_recorded((a.record.as_deref(), true), &a.chain, plan, cfg, &mut source, &mut sink, hooks)?;
     let (ports, lines) = shared.borrow_mut().report();
-    print_report(&report, a.json.as_deref(), None, &[("ports", ports, lines)])
+    print_report(a.hosted, &report, a.json.as_deref(), None, &[("ports", ports, lines)])
 }
 
 /// Prints a run's report as text, or as JSON to stdout or a file (`json`), with `extra`
 /// sections of the run's ports: each a JSON key, its value, and its line of text.
 fn print_report(
+    hosted: bool,
     report: &RunReport,
     json: Option<&Path>,
     output: Option<&Path>,
@@ -463,12 +488,17 @@ fn print_report(
 ) -> Result<(), Failure> {
     let to_stdout = json.is_some_and(|p| p == Path::new("-"));
     if !to_stdout {
-        print!("{report}");
+        let mut text = report.to_string();
         if let Some(o) = output {
-            println!("  output written to {}", o.display());
+            text += &format!("  output written to {}\n", o.display());
         }
         for (_, _, line) in extra {
-            println!("{line}");
+            text += &format!("{line}\n");
+        }
+        if hosted {
+            eprint!("{text}");
+        } else {
+            print!("{text}");
         }
     }
     if let Some(p) = json {

@@ -7,7 +7,8 @@
 //! chain over two node processes (`--spread`, the NAT on the second): the downloads complete
 //! while the NAT's node is SIGKILLed and failed over to the bridge's node; over three, with
 //! state in a Redis Cluster, while a Redis primary is SIGKILLed, then the NAT's node and another
-//! primary together.
+//! primary together; over three `sluice node --run` processes placed by controllers on etcd,
+//! while the NAT's node and the leading controller are SIGKILLed together.
 //!
 //! Needs root (network namespaces, AF_PACKET), iproute2, iputils-ping, ethtool, python3 and
 //! redis-server; `.ci/run` installs them. Missing privileges or tools fail the test with the reason. All
@@ -389,12 +390,29 @@ fn downloads_survive_a_crash_scaling_and_moves_with_several_roots() {
 fn downloads_survive_the_nat_node_killed_mid_transfer() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let store = common::served_store();
-    let run = spread_downloads(("k", "{nat: b}"), (&store.url, 8), |pid| {
+    let run = spread_downloads(("k", Placing::File("{nat: b}")), (&store.url, 8), |pid| {
         sh(&["kill", "-KILL", &pid("b")]);
     });
     assert_eq!(run.failed_over, ["nat"], "{}", run.json["failovers"]);
     // The NAT's node died with its part of the record; its replacement on the root's node
     // redid what the log held, and the NAT's state is in the store the root's node reads.
+    assert_equivalent(&run.records[0], &run.records[1..]);
+}
+
+/// The same chain on three `sluice node --run` processes that two `sluice controller`s on
+/// etcd placed (the root, the bridge and one NF on a, one NF each on b and c), state in a
+/// served store. While the downloads run, the node hosting the NAT and the leading controller
+/// are SIGKILLed together: a fails the NAT over, the other controller takes over, and every
+/// download completes intact; the record, with the other node's part and the killed node's
+/// journal, verifies.
+#[test]
+fn downloads_survive_the_nat_node_and_the_leading_controller_killed_on_placed_nodes() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let store = common::served_store();
+    let run = spread_downloads(("h", Placing::Controllers), (&store.url, 8), |pid| {
+        sh(&["kill", "-KILL", &pid("nat"), &pid("leader")]);
+    });
+    assert_eq!(run.failed_over, ["nat"], "{}", run.json["failovers"]);
     assert_equivalent(&run.records[0], &run.records[1..]);
 }
 
@@ -416,7 +434,7 @@ fn downloads_survive_redis_primaries_and_the_nat_node_killed_mid_transfer() {
     // Downloads of 1 MB: NF state in Redis is far slower than in the embedded store (issue 14;
     // 250–420 packets a second through this chain here), and 2 MB took 110–150 s of the
     // downloads' 150.
-    let run = spread_downloads(("r", "{nat: b, lb: c}"), (&store, 1), |pid| {
+    let run = spread_downloads(("r", Placing::File("{nat: b, lb: c}")), (&store, 1), |pid| {
         let first = redis.a_primary();
         let killed = Instant::now();
         redis.kill(first);
@@ -460,15 +478,26 @@ struct SpreadRun {
     _dir: tempfile::TempDir,
 }
 
+/// How the chain's instances get to their nodes.
+enum Placing<'a> {
+    /// A spread file every `sluice run --spread` is given, with this `place` (a YAML map,
+    /// vertex: node); the instances it does not name stay with the root on node a.
+    File(&'a str),
+    /// `sluice node --run` processes a (roles `root,nf`) and b and c (`nf`) on an etcd
+    /// started here, placed by two `sluice controller`s; the NAT must land on b or c.
+    Controllers,
+}
+
 /// Runs the NAT → portscan → LB chain as node processes bridging namespaces `tag`: node a has
-/// the root, the bridge and what `place` (a YAML map, vertex: node) leaves to it; every other
-/// node `place` names runs its vertices. State at `store`, fault tolerance, every node records.
-/// Starts 20 parallel downloads of `mb` MB, waits until the bridge has sent
-/// [`FAULTS_AFTER_PACKETS`], calls `faults` with a way to get a node's pid, and checks
-/// that every download completed intact, that the nodes that lived ended well, that node b
-/// failed and nothing was lost between nodes, and that the first failover came mid-transfer.
+/// the root and the bridge, b and c instances as `placing` puts them. State at `store`, fault
+/// tolerance, every node records. Starts 20 parallel downloads of `mb` MB, waits until the
+/// bridge has sent [`FAULTS_AFTER_PACKETS`], calls `faults` with a way to get a process's pid
+/// (a node's by name; with controllers, `nat` is the NAT's node and `leader` the leading
+/// controller), and checks that every download completed intact, that the nodes that lived
+/// ended well, that the NAT's node (b with a file) failed and nothing was lost between nodes,
+/// and that the first failover came mid-transfer.
 fn spread_downloads(
-    (tag, place): (&str, &str),
+    (tag, placing): (&str, Placing),
     (store, mb): (&str, usize),
     faults: impl FnOnce(&dyn Fn(&str) -> String),
 ) -> SpreadRun {
@@ -477,53 +506,136 @@ fn spread_downloads(
     sh(&["ip", "netns", "exec", &wire.nc, "ip", "neigh", "add", VIP, "lladdr", &server_mac, "dev", "c0"]);
     let dir = tempfile::tempdir().expect("tempdir");
     let chain = nat_portscan_lb_chain(dir.path());
-    let names: Vec<String> =
-        ["b", "c"].iter().filter(|n| place.contains(&format!(": {n}"))).map(|n| n.to_string()).collect();
-    let ports: Vec<std::net::UdpSocket> =
-        (0..=names.len()).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").expect("a free port")).collect();
-    let addr = |i: usize| ports[i].local_addr().expect("addr").to_string();
-    let nodes: Vec<String> = std::iter::once("a".to_string())
-        .chain(names.iter().cloned())
-        .enumerate()
-        .map(|(i, n)| format!("{n}: {}", addr(i)))
-        .collect();
-    let spread = dir.path().join("spread.yaml");
-    std::fs::write(&spread, format!("nodes: {{{}}}\nroot: a\nsilence_ms: 300\nplace: {place}\n", nodes.join(", ")))
-        .expect("spread file");
-    drop(ports);
     let record = |n: &str| dir.path().join(format!("record-{n}"));
-    let node = |name: &str, extra: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["run", "--chain"])
-            .arg(&chain)
-            .arg("--spread")
-            .arg(&spread)
-            .args(["--node", name, "--fault-tolerance", "--store", store, "--workers", "1", "-q", "--record"])
-            .arg(record(name))
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start a node")
-    };
-    let mut pids = Vec::new();
-    let mut others = Vec::new();
-    for n in &names {
-        let child = node(n, &[]);
-        pids.push((n.clone(), child.id().to_string()));
-        if n == "b" {
-            wire.guard.children.push(child);
-        } else {
-            others.push(child);
-        }
-    }
     let report = dir.path().join("report.json");
+    let report_s = report.to_string_lossy().into_owned();
     // A window the link's socket buffers hold whole (each datagram lost on the way stalls
     // the link until it is resent).
-    let bridge = format!("{},{}", wire.m0, wire.m1);
-    let report_s = report.to_string_lossy().into_owned();
-    let a = node("a", &["--bridge", &bridge, "--window", "1024", "--duration", "150", "--json", &report_s]);
-    wire.guard.children.insert(0, a);
+    let bridge = format!("--bridge {},{} --window 1024 --duration 150 --json {report_s}", wire.m0, wire.m1);
+    let engine = |name: &str| {
+        format!(
+            "--chain {} --fault-tolerance --store {store} --workers 1 -q --record {}",
+            chain.display(),
+            record(name).display()
+        )
+    };
+    let mut pids: Vec<(String, String)> = Vec::new();
+    let mut others = Vec::new();
+    let names: Vec<String>;
+    let mut _cluster = None;
+    // The node whose failure the checks expect.
+    let mut victim = "b".to_string();
+    // The nodes' stdout, read until the end (a node whose reader went away loses its lines).
+    let mut _node_lines = Vec::new();
+    match placing {
+        Placing::File(place) => {
+            names = ["b", "c"].iter().filter(|n| place.contains(&format!(": {n}"))).map(|n| n.to_string()).collect();
+            let ports: Vec<std::net::UdpSocket> =
+                (0..=names.len()).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").expect("a free port")).collect();
+            let addr = |i: usize| ports[i].local_addr().expect("addr").to_string();
+            let nodes: Vec<String> = std::iter::once("a".to_string())
+                .chain(names.iter().cloned())
+                .enumerate()
+                .map(|(i, n)| format!("{n}: {}", addr(i)))
+                .collect();
+            let spread = dir.path().join("spread.yaml");
+            let yaml = format!("nodes: {{{}}}\nroot: a\nsilence_ms: 300\nplace: {place}\n", nodes.join(", "));
+            std::fs::write(&spread, yaml).expect("spread file");
+            drop(ports);
+            let node = |name: &str, extra: &str| {
+                Command::new(env!("CARGO_BIN_EXE_sluice"))
+                    .arg("run")
+                    .args(engine(name).split_whitespace())
+                    .arg("--spread")
+                    .arg(&spread)
+                    .args(["--node", name])
+                    .args(extra.split_whitespace())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("start a node")
+            };
+            for n in &names {
+                let child = node(n, "");
+                pids.push((n.clone(), child.id().to_string()));
+                if n == "b" {
+                    wire.guard.children.push(child);
+                } else {
+                    others.push(child);
+                }
+            }
+            wire.guard.children.insert(0, node("a", &bridge));
+        }
+        Placing::Controllers => {
+            names = vec!["b".into(), "c".into()];
+            let etcd = sluice_cluster::LocalEtcd::start(&dir.path().join("etcd")).unwrap_or_else(|e| panic!("{e}"));
+            let endpoint = etcd.endpoint().to_string();
+            let cluster = ["--etcd", &endpoint, "--cluster", "netns", "--ttl", "2"];
+            let mut lines = Vec::new();
+            let mut started = Vec::new();
+            // The root's node hosts instances too: the NAT lands on b or c alone (with a
+            // holding the root only, b got the NAT and the LB, and their failing together
+            // stalls the recovery: docs/faults.md, "Two instances on one failed node").
+            for (name, roles) in [("a", "root,nf"), ("b", "nf"), ("c", "nf")] {
+                let port = std::net::UdpSocket::bind("127.0.0.1:0").expect("a free port");
+                let addr = port.local_addr().expect("addr").to_string();
+                drop(port);
+                let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+                    .args(["node", "--id", name, "--addr", &addr, "--roles", roles, "--silence-ms", "300"])
+                    .args(["--settle-ms", "500"])
+                    .args(cluster)
+                    .arg(format!("--run={}", engine(name)))
+                    .arg(format!("--root-run={bridge}"))
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("start a node");
+                lines.push(common::json_lines(child.stdout.take().expect("stdout")));
+                pids.push((name.to_string(), child.id().to_string()));
+                if name == "a" {
+                    wire.guard.children.insert(0, child);
+                } else {
+                    started.push((name, child));
+                }
+            }
+            // Every node registered before the controllers place (a node joining later gets
+            // nothing of a placement already made).
+            for l in &lines {
+                next_line(l, "joined");
+            }
+            for name in ["c1", "c2"] {
+                let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+                    .args(["controller", "--chain"])
+                    .arg(&chain)
+                    .args(["--name", name])
+                    .args(cluster)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("start a controller");
+                pids.push((name.to_string(), child.id().to_string()));
+                wire.guard.children.push(child);
+            }
+            let spreads: Vec<serde_json::Value> = lines.iter().map(|l| next_line(l, "run")["spread"].clone()).collect();
+            assert!(spreads.iter().all(|s| *s == spreads[0]), "the nodes run different spreads: {spreads:?}");
+            victim = spreads[0]["place"]["nat/0"].as_str().unwrap_or("a").to_string();
+            assert_ne!(victim, "a", "the controller put the NAT away from the root's node: {}", spreads[0]);
+            for (name, child) in started {
+                if name == victim {
+                    pids.push(("nat".into(), child.id().to_string()));
+                    wire.guard.children.push(child);
+                } else {
+                    others.push(child);
+                }
+            }
+            let client = etcd.client().expect("etcd client");
+            let leader = sluice_cluster::leader(&client, "netns", "controller").ok().flatten().expect("a leader");
+            let leader_pid = pids.iter().find(|(n, _)| *n == leader).map(|(_, p)| p.clone()).unwrap_or_default();
+            pids.push(("leader".into(), leader_pid));
+            _cluster = Some(etcd);
+            _node_lines = lines;
+        }
+    }
     let downloads = start_downloads(&mut wire, dir.path(), mb);
     let pid = |n: &str| pids.iter().find(|(m, _)| m == n).map_or_else(String::new, |(_, p)| p.clone());
     // By traffic, not by the clock: on a busy machine the nodes and the downloads may take
@@ -552,7 +664,7 @@ fn spread_downloads(
         assert!(status.success(), "a surviving node exited with {status}: {err}");
     }
     assert!(json.is_object(), "node a wrote no JSON report: {err}");
-    assert_eq!(json["link"]["failed_nodes"], serde_json::json!(["b"]), "{}", json["link"]);
+    assert_eq!(json["link"]["failed_nodes"], serde_json::json!([victim]), "{}", json["link"]);
     assert_eq!(json["link"]["lost"], 0, "{}", json["link"]);
     let failed_over = json["failovers"]
         .as_array()
@@ -566,6 +678,18 @@ fn spread_downloads(
     assert!(at > 1000 && at < out - out / 4, "the NAT's node failed at packet {at} of {out} out: not mid-transfer");
     let records = std::iter::once("a").chain(names.iter().map(String::as_str)).map(record).collect();
     SpreadRun { json, failed_over, records, _dir: dir }
+}
+
+/// The next line of a node's stdout whose event is `event`, within 30 s.
+fn next_line(lines: &std::sync::mpsc::Receiver<serde_json::Value>, event: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let v = lines.recv_timeout(left).unwrap_or_else(|e| panic!("no `{event}` line from a node: {e}"));
+        if v["event"] == event {
+            return v;
+        }
+    }
 }
 
 /// How many packets the bridge has sent before [`spread_downloads`] injects its faults: well

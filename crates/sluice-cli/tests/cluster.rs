@@ -6,20 +6,9 @@
 //! takes over, and a drained node gives its units away.
 
 use sluice_cluster::{leader, stored_placement, Etcd, LocalEtcd, Unit};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-/// A child process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn sluice(endpoint: &str, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
@@ -32,17 +21,7 @@ fn sluice(endpoint: &str, args: &[&str]) -> Command {
 fn node(endpoint: &str, id: &str) -> (Proc, mpsc::Receiver<serde_json::Value>) {
     let mut child =
         sluice(endpoint, &["node", "--id", id]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("node");
-    let out = child.stdout.take().expect("stdout");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            let v: serde_json::Value =
-                serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON line: {line}: {e}"));
-            if tx.send(v).is_err() {
-                return;
-            }
-        }
-    });
+    let rx = common::json_lines(child.stdout.take().expect("stdout"));
     (Proc(child), rx)
 }
 
@@ -257,6 +236,8 @@ fn free_ports() -> (u16, u16) {
 }
 
 mod common;
+
+use common::Proc;
 
 /// A GET on loopback `port`: the status code and the body.
 fn get(port: u16, path: &str, token: Option<&str>) -> (u16, String) {

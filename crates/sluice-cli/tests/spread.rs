@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{repo, sluice, sluice_within, text};
+use common::{one_process, repo, sluice, sluice_within, sorted_frames, text};
 
 /// A spread file over `nodes` fresh loopback ports (names `a`, `b`, ...), root on `a`, with
 /// `place` lines; its path.
@@ -76,18 +76,6 @@ fn node_end(mut child: Child, limit: Duration) -> (bool, String) {
 
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).expect("JSON report")).expect("JSON")
-}
-
-/// The one-process run of the example chain over the demo trace, one worker: its output.
-fn one_process(out: &Path, extra: &[&str]) -> Vec<u8> {
-    let mut args =
-        vec!["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "-w", "1", "-q", "--no-pin", "-o"];
-    let out_s = out.to_string_lossy().into_owned();
-    args.push(&out_s);
-    args.extend_from_slice(extra);
-    let o = sluice(&args);
-    assert!(o.status.success(), "{}", text(&o));
-    std::fs::read(out).expect("output")
 }
 
 /// The root's node of the example chain over the demo trace: its output file is `out`.
@@ -229,16 +217,6 @@ fn fault_tolerance_over_three_nodes_closes_every_log_entry() {
 }
 
 /// The frames of a pcap file, sorted (runs with a failover may interleave flows differently).
-fn sorted_frames(path: &Path) -> Vec<Vec<u8>> {
-    let mut reader = sluice_io::TraceReader::open(path).expect("pcap");
-    let mut out = Vec::new();
-    while let Some(r) = reader.next_record().expect("record") {
-        out.push(r.data.to_vec());
-    }
-    out.sort();
-    out
-}
-
 #[test]
 fn a_node_killed_mid_run_is_failed_over_to_the_root_node() {
     // The NAT, the portscan detector and the Trojan detector (mirror copies made and taken on

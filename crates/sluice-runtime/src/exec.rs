@@ -717,7 +717,8 @@ pub fn run(
             (owned, report.link) = (end.owned, Some(end.report));
         }
         (None, Some(l)) => {
-            end_at = if cfg.record { l.ended_at()? } else { end_at };
+            // The run's own failure says more than the missing end it causes.
+            end_at = if cfg.record && result.is_ok() { l.ended_at()? } else { end_at };
             owned.records_state = l.records_state(&shared.vertices);
         }
         (None, None) => {}

@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 /// Where a chain's instances run, as the file says (see the module's documentation).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Spread {
     /// The nodes by name, each with the UDP address it receives packets and notes on.

@@ -273,3 +273,52 @@ pub fn seeds_from_env(var: &str, base: u64, runs: u64) -> std::ops::Range<u64> {
     let base = env("SEED").unwrap_or(base);
     base..base + env("RUNS").unwrap_or(runs)
 }
+
+/// A child process killed when dropped.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A child's stdout read as JSON lines on a thread, each sent as it comes (a line that is not
+/// JSON fails the test).
+pub fn json_lines(out: std::process::ChildStdout) -> std::sync::mpsc::Receiver<serde_json::Value> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            let v: serde_json::Value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON line: {line}: {e}"));
+            if tx.send(v).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// The frames of a pcap file, sorted (outputs compared whatever order the paths interleaved).
+pub fn sorted_frames(path: &Path) -> Vec<Vec<u8>> {
+    let mut reader = sluice_io::TraceReader::open(path).expect("pcap");
+    let mut out = Vec::new();
+    while let Some(r) = reader.next_record().expect("record") {
+        out.push(r.data.to_vec());
+    }
+    out.sort();
+    out
+}
+
+/// The one-process run of the example chain over the demo trace, one worker: its output.
+pub fn one_process(out: &Path, extra: &[&str]) -> Vec<u8> {
+    let mut args =
+        vec!["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "-w", "1", "-q", "--no-pin", "-o"];
+    let out_s = out.to_string_lossy().into_owned();
+    args.push(&out_s);
+    args.extend_from_slice(extra);
+    let o = sluice(&args);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::read(out).expect("output")
+}

@@ -203,10 +203,6 @@ impl Link {
             if self.last_sent.get(n).copied().flatten().is_none_or(|t| t.elapsed() >= HELLO_EVERY) {
                 self.control(n, NoteKind::Hello, None)?;
             }
-            let heard = self.heard.get(n).copied().unwrap_or(true);
-            if heard && self.last_heard.get(n).is_some_and(|t| t.elapsed() >= self.layout.silence) {
-                self.node_failed(shared, n)?;
-            }
         }
         if let (true, Some(fo)) = (self.layout.has_root(), &shared.failover) {
             let was = shared.hold_admission.swap(suspect, Ordering::AcqRel);
@@ -227,6 +223,19 @@ impl Link {
         self.tell_progress(shared)?;
         let sent = self.send(shared)?;
         let received = self.receive(shared)?;
+        // Silence is judged after taking in what arrived: when this thread itself was late
+        // (descheduled on a busy machine, a long send), the other node's datagrams wait in
+        // the socket, and judging first read them as its silence (a live root's node was
+        // declared failed by both other nodes under load).
+        for n in 0..self.layout.addrs.len() {
+            if !self.talks_to(n) || self.dead.get(n).copied().unwrap_or(true) {
+                continue;
+            }
+            let heard = self.heard.get(n).copied().unwrap_or(true);
+            if heard && self.last_heard.get(n).is_some_and(|t| t.elapsed() >= self.layout.silence) {
+                self.node_failed(shared, n)?;
+            }
+        }
         Ok(sent || received)
     }
 

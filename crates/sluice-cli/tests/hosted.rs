@@ -1,0 +1,231 @@
+//! `sluice node --run`: nodes on a real etcd host the units `sluice controller` placed on them,
+//! as one chain spread over their processes; the run gives the one-process output, is recorded
+//! in parts that verify together, and goes on when the node hosting the NAT is SIGKILLed.
+
+use sluice_cluster::{leader, LocalEtcd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{json_lines, one_process, repo, sluice, sorted_frames, text, Proc};
+
+fn cluster_args(endpoint: &str) -> [&str; 6] {
+    ["--etcd", endpoint, "--cluster", "hosted", "--ttl", "2"]
+}
+
+/// A free UDP port on loopback (let go again before the node binds it).
+fn free_udp() -> String {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").expect("a free port");
+    s.local_addr().expect("address").to_string()
+}
+
+/// The nodes' silence limit. Five processes and etcd share two cores here, and the root's
+/// node replays to the NAT's replacement for seconds in a debug build: at 200 ms a live node
+/// was now and then declared failed and fenced (the output stayed equivalent, but that node's
+/// run then ends with an error, which this test counts as a failure).
+const SILENCE_MS: &str = "1000";
+
+/// A node hosting its units (its stderr in `log`), and its stdout lines as they come.
+fn node(endpoint: &str, id: &str, roles: &str, (run, root_run): (&str, &str), log: &Path) -> (Proc, Lines) {
+    let addr = free_udp();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    c.current_dir(repo(""))
+        .args(["node", "--id", id, "--addr", &addr, "--roles", roles, "--silence-ms", SILENCE_MS, "--settle-ms", "500"])
+        .args(cluster_args(endpoint))
+        .arg(format!("--run={run}"));
+    if !root_run.is_empty() {
+        c.arg(format!("--root-run={root_run}"));
+    }
+    let err = std::fs::File::create(log).expect("a node's log");
+    let mut child = c.stdout(Stdio::piped()).stderr(err).spawn().expect("node");
+    let rx = json_lines(child.stdout.take().expect("stdout"));
+    (Proc(child), Lines { rx, log: log.to_path_buf() })
+}
+
+/// A node's stdout lines, and where its stderr goes.
+struct Lines {
+    rx: mpsc::Receiver<serde_json::Value>,
+    log: PathBuf,
+}
+
+/// The next line whose event is `event`, within `limit` (or a failure showing the node's log).
+fn next_event(lines: &Lines, event: &str, limit: Duration) -> serde_json::Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let v = lines.rx.recv_timeout(left).unwrap_or_else(|e| {
+            let log = std::fs::read_to_string(&lines.log).unwrap_or_default();
+            panic!("no `{event}` line ({e}); the node's log:\n{log}")
+        });
+        if v["event"] == event {
+            return v;
+        }
+    }
+}
+/// What a test SIGKILLs a second into the run.
+#[derive(Clone, Copy, PartialEq)]
+enum Victim {
+    /// The node hosting the NAT.
+    NatNode,
+    /// The leading controller (another one stands by).
+    Leader,
+}
+
+/// A root-only node `a` and NF nodes `b` and `c` host the example chain (the controllers
+/// place the root on `a` and the four NFs on `b` and `c`); `victims` are SIGKILLed together a
+/// second into the paced run. The output must be the one-process output and the record must
+/// verify.
+fn hosted_run(victims: &[Victim]) {
+    let kill = victims.contains(&Victim::NatNode);
+    // SLUICE_HOSTED_KEEP=1 keeps the run's files (logs, reports, records, output).
+    let temp = tempfile::tempdir().expect("temp dir");
+    let (dir, _temp) = match std::env::var_os("SLUICE_HOSTED_KEEP") {
+        Some(_) => (temp.keep(), None),
+        None => (temp.path().to_path_buf(), Some(temp)),
+    };
+    eprintln!("files in {}", dir.display());
+    let d = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    let etcd = LocalEtcd::start(&dir.join("etcd")).unwrap_or_else(|e| panic!("{e}"));
+    let endpoint = etcd.endpoint().to_string();
+    let store = common::served_store();
+    let engine =
+        format!("-c chains/example.yaml --fault-tolerance --mode async --store {} -w 1 -q --no-pin", store.url);
+    let run = |n: &str| format!("{engine} --record {} --json {}", d(&format!("rec-{n}")), d(&format!("{n}.json")));
+    let root_run = format!("-i traces/demo.pcap -o {} --pace 0.05", d("out.pcap"));
+    let start =
+        |id: &str, roles: &str| node(&endpoint, id, roles, (&run(id), &root_run), &dir.join(format!("{id}.log")));
+    let (mut a, a_out) = start("a", "root");
+    let (b, b_out) = start("b", "nf");
+    let (c, c_out) = start("c", "nf");
+    // Every node registered before the controllers place: a node that joins later gets
+    // nothing of a placement already made (nothing moves without a reason).
+    let limit = Duration::from_secs(30);
+    for lines in [&a_out, &b_out, &c_out] {
+        next_event(lines, "joined", limit);
+    }
+    let controller = |name: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        c.current_dir(repo("")).args(["controller", "--chain", "chains/example.yaml", "--name", name]);
+        Proc(c.args(cluster_args(&endpoint)).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("controller"))
+    };
+    let mut controllers = vec![controller("c1"), controller("c2")];
+
+    // Every node runs the same spread: the root on a, every NF on b or c.
+    let runs: Vec<serde_json::Value> = [&a_out, &b_out, &c_out].iter().map(|rx| next_event(rx, "run", limit)).collect();
+    let spread = &runs[0]["spread"];
+    assert!(runs.iter().all(|r| r["spread"] == *spread), "the nodes computed different spreads: {runs:?}");
+    assert_eq!(spread["root"], "a", "{spread}");
+    assert_eq!((&runs[0]["root"], &runs[1]["root"]), (&serde_json::json!(true), &serde_json::json!(false)));
+    let place = spread["place"].as_object().expect("place");
+    assert_eq!(place.len(), 4, "every NF instance on b or c: {spread}");
+    let nat_node = place["nat/0"].as_str().expect("nat placed").to_string();
+    assert!(["b", "c"].contains(&nat_node.as_str()), "{spread}");
+
+    let (mut victim, mut survivor, survivor_out) = if nat_node == "b" { (b, c, c_out) } else { (c, b, b_out) };
+    let survivor_id = if nat_node == "b" { "c" } else { "b" };
+    let client = etcd.client().expect("etcd client");
+    let leading = || leader(&client, "hosted", "controller").ok().flatten();
+    let first = leading().expect("a controller leads");
+    std::thread::sleep(Duration::from_secs(1));
+    if kill {
+        victim.0.kill().expect("SIGKILL the NAT's node");
+    }
+    if victims.contains(&Victim::Leader) {
+        let i = if first == "c1" { 0 } else { 1 };
+        controllers[i].0.kill().expect("SIGKILL the leading controller");
+    }
+    let ended = next_event(&a_out, "run-ended", Duration::from_secs(120));
+    assert_eq!(ended["ok"], true, "the root's node: {ended}");
+    next_event(&a_out, "left", limit);
+    assert!(common::ended_within(&mut a.0, limit).success(), "node a exits with its run's code");
+    let ended = next_event(&survivor_out, "run-ended", limit);
+    assert_eq!(ended["ok"], true, "node {survivor_id}: {ended}");
+    assert!(common::ended_within(&mut survivor.0, limit).success());
+    if !kill {
+        assert!(common::ended_within(&mut victim.0, limit).success());
+    }
+    if victims.contains(&Victim::Leader) {
+        // The other controller took over once the killed leader's lease expired.
+        let deadline = Instant::now() + limit;
+        while leading().is_none_or(|l| l == first) {
+            assert!(Instant::now() < deadline, "no controller took over from {first}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    drop(controllers);
+
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d("a.json")).expect("a's report")).expect("JSON");
+    let failed: Vec<&str> =
+        report["failovers"].as_array().into_iter().flatten().filter_map(|f| f["vertex"].as_str()).collect();
+    let failed_nodes: Vec<&str> =
+        report["link"]["failed_nodes"].as_array().into_iter().flatten().filter_map(|n| n.as_str()).collect();
+    assert_eq!(failed_nodes, if kill { vec![nat_node.as_str()] } else { vec![] }, "{}", report["link"]);
+    assert_eq!(failed.contains(&"nat"), kill, "{}", report["failovers"]);
+    let log = &report["fault_tolerance"];
+    assert_eq!((&log["deleted"], &log["left_in_log"]), (&log["logged"], &serde_json::json!(0)), "{log}");
+
+    let one = dir.join("one.pcap");
+    one_process(&one, &[]);
+    let want = sorted_frames(&one);
+    let got = sorted_frames(Path::new(&d("out.pcap")));
+    assert!(want.len() > 60_000, "{}", want.len());
+    assert_eq!(got.len(), want.len(), "packets out");
+    assert!(got == want, "the hosted run's output differs from the one-process output");
+
+    // The record: the root's node's, the survivor's part, and the victim's part (or, killed,
+    // the journal it left).
+    let parts: Vec<PathBuf> = ["b", "c"].iter().map(|n| dir.join(format!("rec-{n}"))).collect();
+    if kill {
+        assert!(!dir.join(format!("rec-{nat_node}/record.json")).exists(), "the killed node wrote a part");
+    }
+    let mut args = vec!["verify".to_string(), "--recorded".into(), d("rec-a")];
+    for p in &parts {
+        args.extend(["--part".to_string(), p.to_string_lossy().into_owned()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let v = sluice(&args);
+    assert!(v.status.success(), "{}", text(&v));
+    assert!(text(&v).contains("chain output equivalence: EQUIVALENT"), "{}", text(&v));
+}
+
+#[test]
+fn nodes_host_the_units_the_controller_placed_and_give_the_one_process_output() {
+    hosted_run(&[]);
+}
+
+#[test]
+fn the_hosting_node_of_the_nat_killed_mid_run_is_failed_over() {
+    hosted_run(&[Victim::NatNode]);
+}
+
+#[test]
+fn the_leading_controller_killed_mid_run_changes_nothing_for_traffic() {
+    hosted_run(&[Victim::Leader]);
+}
+
+#[test]
+fn the_nat_node_and_the_leading_controller_killed_together_lose_nothing() {
+    hosted_run(&[Victim::NatNode, Victim::Leader]);
+}
+
+#[test]
+fn bad_hosting_options_are_refused_before_joining() {
+    let cases: [(&[&str], &str); 4] = [
+        (&["--run=-c chains/example.yaml --spread s.yaml"], "comes from the placement"),
+        (&["--run=-c chains/example.yaml --no-such-option"], "--no-such-option"),
+        (&["--root-run=-i traces/demo.pcap"], "--run"),
+        (&["--run=-c chains/example.yaml", "--silence-ms", "5"], "--silence-ms"),
+    ];
+    for (extra, says) in cases {
+        // No etcd at this endpoint: the options are refused before the node tries to join.
+        let mut args = vec!["node", "--id", "a", "--etcd", "http://127.0.0.1:1", "--join-timeout", "0"];
+        args.extend_from_slice(extra);
+        let o = sluice(&args);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", text(&o));
+        assert!(text(&o).contains(says), "{extra:?} should mention {says}: {}", text(&o));
+    }
+}
