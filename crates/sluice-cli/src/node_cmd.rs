@@ -121,6 +121,8 @@ struct NodeStats {
     store_up: AtomicBool,
     /// With `--store`: checks the store failed.
     store_errors: AtomicU64,
+    /// With `--run`: this node's part of the chain runs.
+    running: AtomicBool,
 }
 
 impl NodeStats {
@@ -177,6 +179,12 @@ impl Collector for NodeMetrics {
             "sluice_node_store_errors",
             "Checks of the node's state store that failed.",
             get(&s.store_errors),
+        )?;
+        gauge(
+            &mut enc,
+            "sluice_node_running",
+            "1 while the node's part of the chain runs (--run).",
+            u64::from(s.running.load(Ordering::Relaxed)),
         )
     }
 }
@@ -298,7 +306,9 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             }
             if let Some(h) = host.as_mut() {
-                if let Some(result) = h.tick(&etcd, units.as_deref().unwrap_or_default()) {
+                let result = h.tick(&etcd, units.as_deref().unwrap_or_default());
+                stats.running.store(h.is_running(), Ordering::Relaxed);
+                if let Some(result) = result {
                     ended = Some(result);
                     break 'node;
                 }

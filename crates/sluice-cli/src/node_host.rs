@@ -129,6 +129,11 @@ impl Host {
         }
     }
 
+    /// Whether this node's part of the chain runs now.
+    pub(crate) fn is_running(&self) -> bool {
+        matches!(self.state, State::Running { .. })
+    }
+
     /// Waits for a run that is going (the process's stop flag, which ends the node, ends it
     /// too); `None` if none started.
     pub(crate) fn wait(mut self) -> Option<Result<(), Failure>> {

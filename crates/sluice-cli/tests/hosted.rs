@@ -29,12 +29,14 @@ fn free_udp() -> String {
 const SILENCE_MS: &str = "1000";
 
 /// A node hosting its units (its stderr in `log`), and its stdout lines as they come.
-fn node(endpoint: &str, id: &str, roles: &str, (run, root_run): (&str, &str), log: &Path) -> (Proc, Lines) {
+fn node(endpoint: &str, (id, roles, extra): (&str, &str, &[&str]), run: (&str, &str), log: &Path) -> (Proc, Lines) {
+    let (run, root_run) = run;
     let addr = free_udp();
     let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
     c.current_dir(repo(""))
         .args(["node", "--id", id, "--addr", &addr, "--roles", roles, "--silence-ms", SILENCE_MS, "--settle-ms", "500"])
         .args(cluster_args(endpoint))
+        .args(extra)
         .arg(format!("--run={run}"));
     if !root_run.is_empty() {
         c.arg(format!("--root-run={root_run}"));
@@ -95,11 +97,15 @@ fn hosted_run(victims: &[Victim]) {
         format!("-c chains/example.yaml --fault-tolerance --mode async --store {} -w 1 -q --no-pin", store.url);
     let run = |n: &str| format!("{engine} --record {} --json {}", d(&format!("rec-{n}")), d(&format!("{n}.json")));
     let root_run = format!("-i traces/demo.pcap -o {} --pace 0.05", d("out.pcap"));
-    let start =
-        |id: &str, roles: &str| node(&endpoint, id, roles, (&run(id), &root_run), &dir.join(format!("{id}.log")));
-    let (mut a, a_out) = start("a", "root");
-    let (b, b_out) = start("b", "nf");
-    let (c, c_out) = start("c", "nf");
+    let start = |id: &str, roles: &str, extra: &[&str]| {
+        node(&endpoint, (id, roles, extra), (&run(id), &root_run), &dir.join(format!("{id}.log")))
+    };
+    // Node a serves its metrics.
+    let control = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr");
+    let control_s = control.to_string();
+    let (mut a, a_out) = start("a", "root", &["--control", &control_s, "--control-token", "T"]);
+    let (b, b_out) = start("b", "nf", &[]);
+    let (c, c_out) = start("c", "nf", &[]);
     // Every node registered before the controllers place: a node that joins later gets
     // nothing of a placement already made (nothing moves without a reason).
     let limit = Duration::from_secs(30);
@@ -123,6 +129,9 @@ fn hosted_run(victims: &[Victim]) {
     assert_eq!(place.len(), 4, "every NF instance on b or c: {spread}");
     let nat_node = place["nat/0"].as_str().expect("nat placed").to_string();
     assert!(["b", "c"].contains(&nat_node.as_str()), "{spread}");
+    let (code, metrics) = common::http(&control_s, "GET", "/metrics", Some("T"), "");
+    assert_eq!(code, 200, "{metrics}");
+    assert!(metrics.contains("sluice_node_running 1"), "node a runs its part: {metrics}");
 
     let (mut victim, mut survivor, survivor_out) = if nat_node == "b" { (b, c, c_out) } else { (c, b, b_out) };
     let survivor_id = if nat_node == "b" { "c" } else { "b" };
