@@ -13,38 +13,13 @@
 //! hosts one of its instances, or several instances of several vertices, loses nothing.
 
 use std::io::{BufRead, BufReader};
-use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{one_process, repo, sluice, sluice_within, sorted_frames, text};
-
-/// A spread file over `nodes` fresh loopback ports (names `a`, `b`, ...), root on `a`, with
-/// `place` lines; its path.
-fn spread_file(dir: &Path, nodes: usize, place: &[(&str, &str)]) -> PathBuf {
-    spread_file_with(dir, nodes, place, "")
-}
-
-/// [`spread_file`] with `extra` lines.
-fn spread_file_with(dir: &Path, nodes: usize, place: &[(&str, &str)], extra: &str) -> PathBuf {
-    // Ports the system hands out now; freed again before the nodes bind them.
-    let sockets: Vec<UdpSocket> = (0..nodes).map(|_| UdpSocket::bind("127.0.0.1:0").expect("a free port")).collect();
-    let mut yaml = String::from("nodes:\n");
-    for (i, s) in sockets.iter().enumerate() {
-        yaml += &format!("  {}: {}\n", (b'a' + i as u8) as char, s.local_addr().expect("addr"));
-    }
-    yaml += extra;
-    yaml += "root: a\nplace:\n";
-    for (what, node) in place {
-        yaml += &format!("  {what}: {node}\n");
-    }
-    let path = dir.join(format!("spread-{nodes}.yaml"));
-    std::fs::write(&path, yaml).expect("spread file");
-    path
-}
+use common::{one_process, repo, sluice, sluice_within, sorted_frames, spread_file, spread_file_with, text};
 
 /// Starts node `name` of a spread chain (not the root's): `sluice run ... --node NAME`.
 fn start_node(chain: &str, spread: &Path, name: &str, json: &Path, extra: &[&str]) -> Child {

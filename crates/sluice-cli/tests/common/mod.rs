@@ -322,3 +322,28 @@ pub fn one_process(out: &Path, extra: &[&str]) -> Vec<u8> {
     assert!(o.status.success(), "{}", text(&o));
     std::fs::read(out).expect("output")
 }
+
+/// A spread file over `nodes` fresh loopback ports (names `a`, `b`, ...), root on `a`, with
+/// `place` lines; its path.
+pub fn spread_file(dir: &Path, nodes: usize, place: &[(&str, &str)]) -> PathBuf {
+    spread_file_with(dir, nodes, place, "")
+}
+
+/// [`spread_file`] with `extra` lines.
+pub fn spread_file_with(dir: &Path, nodes: usize, place: &[(&str, &str)], extra: &str) -> PathBuf {
+    // Ports the system hands out now; freed again before the nodes bind them.
+    let sockets: Vec<std::net::UdpSocket> =
+        (0..nodes).map(|_| std::net::UdpSocket::bind("127.0.0.1:0").expect("a free port")).collect();
+    let mut yaml = String::from("nodes:\n");
+    for (i, s) in sockets.iter().enumerate() {
+        yaml += &format!("  {}: {}\n", (b'a' + i as u8) as char, s.local_addr().expect("addr"));
+    }
+    yaml += extra;
+    yaml += "root: a\nplace:\n";
+    for (what, node) in place {
+        yaml += &format!("  {what}: {node}\n");
+    }
+    let path = dir.join(format!("spread-{nodes}.yaml"));
+    std::fs::write(&path, yaml).expect("spread file");
+    path
+}

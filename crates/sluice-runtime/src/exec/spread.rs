@@ -45,6 +45,9 @@ use std::time::{Duration, Instant};
 
 /// How long the root's node waits for every other node to answer before the run starts.
 pub(super) const HELLO_LIMIT: Duration = Duration::from_secs(30);
+
+/// A `Stop` note's XOR field from the root's node to a node it declared failed: the fence.
+pub(super) const FENCE: u64 = 1;
 /// How often a node says hello to a node it has not heard from, and to one it has sent
 /// nothing else to for this long (a heartbeat).
 const HELLO_EVERY: Duration = Duration::from_millis(50);
@@ -442,8 +445,9 @@ impl Link {
         }
         self.report.failed_nodes.push(name);
         // Fenced: should it only have been slow, it stops rather than go on beside its
-        // replacements.
-        let _ = self.control(n, NoteKind::Stop, None);
+        // replacements, and says why.
+        let fence = Meta { clock: Clock(self.fingerprint), xor: FENCE, ..Meta::default() };
+        let _ = self.control(n, NoteKind::Stop, Some(fence));
         Ok(())
     }
 }

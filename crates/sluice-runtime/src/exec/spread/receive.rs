@@ -140,6 +140,13 @@ impl Link {
                             self.hellos_to_answer.push(node);
                         }
                     }
+                    NoteKind::Stop if n.meta.xor == super::FENCE && node == layout.root && !layout.has_root() => {
+                        return Err(RunError::Worker(format!(
+                            "the root's node `{}` declared this node failed (nothing heard from it for {} ms) and fenced it: its instances run there now",
+                            layout.names.get(node).map_or("?", String::as_str),
+                            layout.silence.as_millis()
+                        )));
+                    }
                     NoteKind::Stop => {
                         return Err(RunError::Worker(format!(
                             "node `{}` stopped before the run ended",

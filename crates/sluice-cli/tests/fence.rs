@@ -1,0 +1,63 @@
+//! A node that was only slow, not dead: paused (SIGSTOP) past the spread's silence limit, it is
+//! declared failed and fenced by the root's node, whose replacement serves its instances; woken
+//! again (SIGCONT), it stops with an error that says it was fenced, and the run's output is the
+//! one-process output.
+
+mod common;
+
+use common::{one_process, repo, sluice_within, sorted_frames, spread_file_with, text};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+#[test]
+fn a_node_paused_past_the_silence_limit_is_fenced_and_says_so() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = common::served_store();
+    let spread = spread_file_with(dir.path(), 2, &[("nat", "b")], "silence_ms: 300\n");
+    let ft = ["--fault-tolerance", "--mode", "async", "--store", &store.url, "-w", "1", "-q", "--no-pin"];
+    let mut b = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .current_dir(repo(""))
+        .args(["run", "-c", "chains/example.yaml", "--spread"])
+        .arg(&spread)
+        .args(["--node", "b"])
+        .args(ft)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("node b");
+    let pid = b.id().to_string();
+    // Paused for three silence limits a second into the paced run, then woken.
+    let pauser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(1));
+        let signal = |s: &str| Command::new("kill").args([s, &pid]).status().is_ok_and(|st| st.success());
+        assert!(signal("-STOP"), "SIGSTOP node b");
+        std::thread::sleep(Duration::from_millis(900));
+        assert!(signal("-CONT"), "SIGCONT node b");
+    });
+    let out = dir.path().join("out.pcap");
+    let json = dir.path().join("a.json");
+    let (out_s, json_s, spread_s) = (out.to_string_lossy(), json.to_string_lossy(), spread.to_string_lossy());
+    let mut args = vec!["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "--spread", &spread_s];
+    args.extend(["--node", "a", "--pace", "0.05", "-o", &out_s, "--json", &json_s]);
+    args.extend(ft);
+    let a = sluice_within(&args, Duration::from_secs(120)).expect("the root's node ended");
+    pauser.join().expect("pauser");
+    assert!(a.status.success(), "{}", text(&a));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).expect("report")).expect("JSON");
+    assert_eq!(report["link"]["failed_nodes"], serde_json::json!(["b"]), "{}", report["link"]);
+    assert_eq!(report["failovers"][0]["vertex"], "nat", "{}", report["failovers"]);
+
+    // Woken, b hears the fence and stops with an error naming it.
+    let status = common::ended_within(&mut b, Duration::from_secs(30));
+    let mut err = String::new();
+    if let Some(mut e) = b.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(!status.success(), "a fenced node does not end well: {err}");
+    assert!(err.contains("declared this node failed") && err.contains("fenced"), "{err}");
+
+    let one = dir.path().join("one.pcap");
+    one_process(&one, &[]);
+    assert!(sorted_frames(&out) == sorted_frames(&one), "the output after the fence differs from one process's");
+}
