@@ -67,8 +67,9 @@ pub(crate) struct Host {
     state: State,
 }
 
-fn words(s: Option<&str>) -> Vec<String> {
-    s.map(|s| s.split_whitespace().map(str::to_string).collect()).unwrap_or_default()
+/// Options given as one string, split at spaces.
+fn words(s: &str) -> Vec<String> {
+    s.split_whitespace().map(str::to_string).collect()
 }
 
 impl Host {
@@ -76,7 +77,7 @@ impl Host {
     /// when the placement settles.
     pub(crate) fn new(a: &HostArgs, id: &str, cluster: &str) -> Result<Option<Host>, Failure> {
         let Some(run) = a.run.as_deref() else { return Ok(None) };
-        let (run, root_run) = (words(Some(run)), words(a.root_run.as_deref()));
+        let (run, root_run) = (words(run), a.root_run.as_deref().map(words).unwrap_or_default());
         let placed = ["--spread", "x", "--node", id].map(str::to_string);
         for (flag, words) in [("--run", &run), ("--root-run", &root_run)] {
             if let Some(w) = words.iter().find(|w| matches!(w.as_str(), "--spread" | "--node")) {

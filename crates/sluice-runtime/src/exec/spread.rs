@@ -45,7 +45,6 @@ use std::time::{Duration, Instant};
 
 /// How long the root's node waits for every other node to answer before the run starts.
 pub(super) const HELLO_LIMIT: Duration = Duration::from_secs(30);
-
 /// A `Stop` note's XOR field from the root's node to a node it declared failed: the fence.
 pub(super) const FENCE: u64 = 1;
 /// How often a node says hello to a node it has not heard from, and to one it has sent
