@@ -144,8 +144,9 @@ pub struct Root {
     /// Per clock: the input packet number and its entry time.
     clock_input: AHashMap<Clock, (u64, u64)>,
     replays_in_flight: AHashMap<Clock, u32>,
-    /// Replay copies travelling, by the instance their replay is aimed at.
-    replays_to: AHashMap<InstanceId, u32>,
+    /// Replay copies travelling, by the instance their replay is aimed at, then by clock: how
+    /// many of each (the earliest says how far a recovering target may go, [`Root::replay_frontier`]).
+    replays_to: AHashMap<InstanceId, BTreeMap<Clock, u32>>,
     last_clock: Clock,
     deleted: Vec<Clock>,
     /// Buffers of deleted entries, for the next entries' copies: a running log allocates
@@ -231,7 +232,7 @@ impl Root {
             // A copy made past the target (a mirror copy downstream of it) is not on its way
             // to the target.
             if let Some(t) = meta.target.filter(|_| !meta.flags.contains(MetaFlags::REACHED)) {
-                *self.replays_to.entry(t).or_default() += 1;
+                *self.replays_to.entry(t).or_default().entry(meta.clock).or_default() += 1;
             }
         }
     }
@@ -283,7 +284,7 @@ impl Root {
         let meta = copy.as_ref();
         if meta.flags.contains(MetaFlags::REPLAYED) {
             if let Some(t) = meta.target {
-                self.replay_to_target_done(t);
+                self.replay_to_target_done(t, meta.clock);
             }
         }
     }
@@ -296,25 +297,29 @@ impl Root {
             return;
         }
         if let Some(old) = pkt.meta.target.filter(|t| *t != to) {
-            self.replay_to_target_done(old);
-            *self.replays_to.entry(to).or_default() += 1;
+            self.replay_to_target_done(old, pkt.meta.clock);
+            *self.replays_to.entry(to).or_default().entry(pkt.meta.clock).or_default() += 1;
             pkt.meta.target = Some(to);
         }
     }
 
-    fn replay_to_target_done(&mut self, t: InstanceId) {
-        if let Some(n) = self.replays_to.get_mut(&t) {
+    fn replay_to_target_done(&mut self, t: InstanceId, clock: Clock) {
+        let Some(copies) = self.replays_to.get_mut(&t) else { return };
+        if let Some(n) = copies.get_mut(&clock) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                self.replays_to.remove(&t);
+                copies.remove(&clock);
             }
+        }
+        if copies.is_empty() {
+            self.replays_to.remove(&t);
         }
     }
 
     /// One replay copy is gone; whether it was the last of its clock.
     fn replay_copy_gone(&mut self, meta: &Meta) -> bool {
         if let Some(t) = meta.target.filter(|_| !meta.flags.contains(MetaFlags::REACHED)) {
-            self.replay_to_target_done(t);
+            self.replay_to_target_done(t, meta.clock);
         }
         let clock = meta.clock;
         let Some(n) = self.replays_in_flight.get_mut(&clock) else { return false };
@@ -419,6 +424,19 @@ impl Root {
     /// log held when its replay started, and may serve the live packets it held.
     pub fn replay_drained_to(&self, target: InstanceId) -> bool {
         !self.replays_to.contains_key(&target)
+    }
+
+    /// The earliest clock of a replay copy still on its way to `target`, with its entry time
+    /// (`None`: none is). Everything of the replay before it has reached the target or gone,
+    /// so a recovering target may go through that part of its replay at once rather than wait
+    /// for the whole: a replay towards another instance that passes through the target needs
+    /// what the target emits for it (two instances failing together, each on the other's
+    /// replay path).
+    pub fn replay_frontier(&self, target: InstanceId) -> Option<(Clock, u64)> {
+        let clock = *self.replays_to.get(&target)?.keys().next()?;
+        // An entry with copies travelling is still logged; without it, the earliest time.
+        let entered = self.log.get(&clock).map_or(0, |e| e.packet.meta.ingress_ns);
+        Some((clock, entered))
     }
 
     /// No replayed copy is travelling any more.

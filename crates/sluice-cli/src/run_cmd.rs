@@ -65,6 +65,11 @@ pub(crate) struct RunArgs {
     /// Stop after this many seconds (live runs; Ctrl-C also stops cleanly).
     #[arg(long)]
     duration: Option<f64>,
+    /// Report root-to-sink latency per window of this many ms as well (`latency_timeline` in
+    /// --json), and for each failover the time from the failure until latency was back to
+    /// normal (five windows in a row within twice the p99 before it).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    latency_window: Option<u64>,
     /// Generate the input instead: long, short, mixed, demo or FLOWSxPACKETS.
     #[arg(long)]
     gen: Option<String>,
@@ -120,8 +125,9 @@ pub(crate) struct RunArgs {
     /// the extra time per packet; a moved flow's packets wait at its new instance until the old
     /// one is done with it. A `run:` section is for `sluice verify` (the chain, input, limit and
     /// log come from this command line; its `roots` must match --roots). Turns on
-    /// --fault-tolerance; needs a store (not --mode local).
-    #[arg(long, value_name = "FILE", conflicts_with = "bridge")]
+    /// --fault-tolerance; needs a store (not --mode local). On a live --bridge, events are placed
+    /// by packet (`at: { packet: N }`): a live input has no length for percent.
+    #[arg(long, value_name = "FILE")]
     faults: Option<PathBuf>,
     /// Run this process's part of a chain spread over several nodes (processes or machines): a
     /// YAML file with the nodes and the UDP address each listens on, the root's node, and
@@ -157,6 +163,7 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     let registry = sluice_nfs::registry();
     let mut cfg = engine_config(&a.engine, a.bridge.is_some());
     cfg.record = a.record.is_some();
+    cfg.latency_timeline = a.latency_window.map(std::time::Duration::from_millis);
     // Options for one kind of input given with another would be ignored: say so instead.
     if a.idle_end.is_some() && a.from_geneve.is_none() {
         return Err(fail(exit::INVALID)(anyhow::anyhow!("--idle-end is for --from-geneve input")));
@@ -233,18 +240,12 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
                 (Box::new(source), Vec::new(), a.limit)
             }
         };
-    if let Some(f) = &a.faults {
-        let count = || match &a.input {
-            Some(path) => count_packets(path, a.limit),
-            None => {
-                total.ok_or_else(|| fail(exit::INVALID)(anyhow::anyhow!("percent positions need a known input length")))
-            }
-        };
-        let faults = run_faults::faults(f, &chain, a.engine.roots, count)?;
-        cfg.planned = faults.planned;
-        cfg.policies = faults.policies;
-        cfg.fault_tolerance = true;
-    }
+    apply_faults(&a, &chain, &mut cfg, || match &a.input {
+        Some(path) => count_packets(path, a.limit),
+        None => {
+            total.ok_or_else(|| fail(exit::INVALID)(anyhow::anyhow!("percent positions need a known input length")))
+        }
+    })?;
     let state = state_for_run(state_config(&a.engine, &chain)?, cfg.fault_tolerance, a.control.is_some());
     let mut plan =
         compile_with(&chain, &registry, &sample, &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
@@ -437,10 +438,15 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
     let [if0, if1] = ifs else {
         return Err(fail(exit::INVALID)(anyhow::anyhow!("--bridge takes two interfaces, IF0,IF1")));
     };
+    let mut cfg = cfg.clone();
+    apply_faults(a, &chain, &mut cfg, || {
+        Err(fail(exit::INVALID)(anyhow::anyhow!(
+            "a live bridge has no known length: place fault events with `at: {{ packet: N }}`, not percent"
+        )))
+    })?;
     let state = state_for_run(state_config(&a.engine, &chain)?, cfg.fault_tolerance, a.control.is_some());
     let mut plan = compile_with(&chain, &sluice_nfs::registry(), &[], &state)
         .map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
-    let mut cfg = cfg.clone();
     prepare_scaling(a, &mut cfg, &mut plan);
     let cfg = &cfg;
     let opened = |e: String| fail(exit::FAILED)(anyhow::anyhow!("{e}"));
@@ -456,6 +462,22 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
             bridge_run(a, plan, cfg, Bridge::new([open(if0)?, open(if1)?]))
         }
     }
+}
+
+/// With `--faults`: the schedule's events and policies go into `cfg` (fault tolerance on);
+/// `count` gives the input's length for percent positions.
+fn apply_faults(
+    a: &RunArgs,
+    chain: &Chain,
+    cfg: &mut sluice_runtime::RunConfig,
+    count: impl FnOnce() -> Result<u64, Failure>,
+) -> Result<(), Failure> {
+    let Some(f) = &a.faults else { return Ok(()) };
+    let faults = run_faults::faults(f, chain, a.engine.roots, count)?;
+    cfg.planned = faults.planned;
+    cfg.policies = faults.policies;
+    cfg.fault_tolerance = true;
+    Ok(())
 }
 
 /// Runs the chain between the bridge's ports until stopped, and prints the report with the

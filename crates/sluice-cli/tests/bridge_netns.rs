@@ -382,6 +382,50 @@ fn downloads_survive_a_crash_scaling_and_moves_with_several_roots() {
     downloads_survive_a_crash_scaling_and_moves("4", "r");
 }
 
+/// The NAT and the LB crash together in one process while the downloads run. Each lies on the
+/// other's replay path (the replay towards the LB passes the NAT's replacement, the reverse
+/// replay towards the NAT passes the LB's), so neither replacement may wait for the other's
+/// replay to end before it goes through its own: it goes through it in entry order as the
+/// replay's earlier copies arrive (docs/faults.md, "Two instances failing together").
+#[test]
+fn downloads_survive_the_nat_and_the_lb_crashing_together() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut wire = Wire::new("t");
+    let nc = wire.nc.clone();
+    let server_mac = mac_of(&wire.ns, "s0");
+    sh(&["ip", "netns", "exec", &nc, "ip", "neigh", "add", VIP, "lladdr", &server_mac, "dev", "c0"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let chain = nat_portscan_lb_chain(dir.path());
+    let (report, record) = (dir.path().join("report.json"), dir.path().join("record"));
+    // Both asked at the same packet, well into the transfer: both fail before either recovers.
+    let at = FAULTS_AFTER_PACKETS * 3;
+    let faults = common::schedule(
+        dir.path(),
+        "together.yaml",
+        &format!(
+            "events:\n  - at: {{ packet: {at} }}\n    crash: {{ vertex: nat, instance: 0 }}\n  - at: {{ packet: {at} }}\n    crash: {{ vertex: lb, instance: 0 }}\n"
+        ),
+    );
+    let live =
+        ["--duration", "120", "--workers", "2", "--fault-tolerance", "--faults", &faults, "--latency-window", "10"];
+    wire.start_sluice(&chain, (&report, &record), &live);
+    let downloads = start_downloads(&mut wire, dir.path(), 8);
+    let finished = downloads.wait_with_output().expect("downloads");
+    let said = String::from_utf8_lossy(&finished.stdout).into_owned() + &String::from_utf8_lossy(&finished.stderr);
+    let (status, err) = stop(wire.guard.children.remove(0));
+    assert_eq!(said.trim(), "ok", "downloads through the chain: {said}\n{err}");
+    assert!(status.success(), "sluice exited with {status}: {err}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("report json");
+    let failovers = json["failovers"].as_array().cloned().unwrap_or_default();
+    let failed: Vec<&str> = failovers.iter().filter_map(|f| f["vertex"].as_str()).collect();
+    assert_eq!(failed, ["nat", "lb"], "{}", json["failovers"]);
+    let replayed: Vec<u64> = failovers.iter().filter_map(|f| f["replayed"].as_u64()).collect();
+    assert!(replayed.iter().all(|n| *n > 0), "each replacement got a replay: {}", json["failovers"]);
+    kill_to_normal(&json);
+    assert_equivalent(&record, &[]);
+}
+
 /// The NAT → portscan → LB chain over two node processes: the bridge, the root and the rest on
 /// node a, the NAT on node b, state in a store a third process serves. b is SIGKILLed while
 /// the downloads run; a finds it silent, replaces the NAT from the store and replays its log
@@ -399,12 +443,26 @@ fn downloads_survive_the_nat_node_killed_mid_transfer() {
     assert_equivalent(&run.records[0], &run.records[1..]);
 }
 
+/// The same chain over three node processes, the NAT and the LB on b, the portscan detector
+/// on c: b is SIGKILLed mid-transfer and the root's node replaces both, each on the other's
+/// replay path (see `downloads_survive_the_nat_and_the_lb_crashing_together`).
+#[test]
+fn downloads_survive_the_node_of_the_nat_and_the_lb_killed_mid_transfer() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let store = common::served_store();
+    let run = spread_downloads(("w", Placing::File("{nat: b, lb: b, portscan: c}")), (&store.url, 8), |pid| {
+        sh(&["kill", "-KILL", &pid("b")]);
+    });
+    assert_eq!(run.failed_over, ["nat", "lb"], "{}", run.json["failovers"]);
+    assert_equivalent(&run.records[0], &run.records[1..]);
+}
+
 /// The same chain on three `sluice node --run` processes that two `sluice controller`s on
-/// etcd placed (the root, the bridge and one NF on a, one NF each on b and c), state in a
-/// served store. While the downloads run, the node hosting the NAT and the leading controller
-/// are SIGKILLed together: a fails the NAT over, the other controller takes over, and every
-/// download completes intact; the record, with the other node's part and the killed node's
-/// journal, verifies.
+/// etcd placed (the root and the bridge on a, the NFs on b and c: the NAT shares its node with
+/// another NF), state in a served store. While the downloads run, the node hosting the NAT and
+/// the leading controller are SIGKILLed together: a fails over the NAT and the NF next to it,
+/// the other controller takes over, and every download completes intact; the record, with the
+/// other node's part and the killed node's journal, verifies.
 #[test]
 fn downloads_survive_the_nat_node_and_the_leading_controller_killed_on_placed_nodes() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -412,7 +470,10 @@ fn downloads_survive_the_nat_node_and_the_leading_controller_killed_on_placed_no
     let run = spread_downloads(("h", Placing::Controllers), (&store.url, 8), |pid| {
         sh(&["kill", "-KILL", &pid("nat"), &pid("leader")]);
     });
-    assert_eq!(run.failed_over, ["nat"], "{}", run.json["failovers"]);
+    assert!(run.on_victim.len() >= 2, "the NAT's node held the NAT alone: {:?}", run.on_victim);
+    let mut failed_over = run.failed_over.clone();
+    failed_over.sort_by_key(|v| ["nat", "portscan", "lb"].iter().position(|w| w == v));
+    assert_eq!(failed_over, run.on_victim, "{}", run.json["failovers"]);
     assert_equivalent(&run.records[0], &run.records[1..]);
 }
 
@@ -473,6 +534,8 @@ struct SpreadRun {
     json: serde_json::Value,
     /// The vertices the root's node failed over, in order.
     failed_over: Vec<String>,
+    /// The vertices placed on the killed node, in chain order.
+    on_victim: Vec<String>,
     /// The root node's record, then the other nodes' (a part, or a killed node's journal).
     records: Vec<std::path::PathBuf>,
     _dir: tempfile::TempDir,
@@ -511,7 +574,8 @@ fn spread_downloads(
     let report_s = report.to_string_lossy().into_owned();
     // A window the link's socket buffers hold whole (each datagram lost on the way stalls
     // the link until it is resent).
-    let bridge = format!("--bridge {},{} --window 1024 --duration 150 --json {report_s}", wire.m0, wire.m1);
+    let bridge =
+        format!("--bridge {},{} --window 1024 --duration 150 --latency-window 10 --json {report_s}", wire.m0, wire.m1);
     let engine = |name: &str| {
         format!(
             "--chain {} --fault-tolerance --store {store} --workers 1 -q --record {}",
@@ -523,8 +587,10 @@ fn spread_downloads(
     let mut others = Vec::new();
     let names: Vec<String>;
     let mut _cluster = None;
-    // The node whose failure the checks expect.
+    // The node whose failure the checks expect, and what it holds (with a placement file, the
+    // caller knows).
     let mut victim = "b".to_string();
+    let mut on_victim = Vec::new();
     // The nodes' stdout, read until the end (a node whose reader went away loses its lines).
     let mut _node_lines = Vec::new();
     match placing {
@@ -573,10 +639,9 @@ fn spread_downloads(
             let cluster = ["--etcd", &endpoint, "--cluster", "netns", "--ttl", "2"];
             let mut lines = Vec::new();
             let mut started = Vec::new();
-            // The root's node hosts instances too: the NAT lands on b or c alone (with a
-            // holding the root only, b got the NAT and the LB, and their failing together
-            // stalls the recovery: docs/faults.md, "Two instances on one failed node").
-            for (name, roles) in [("a", "root,nf"), ("b", "nf"), ("c", "nf")] {
+            // The root's node hosts the root only: the NAT's node holds another NF too (the
+            // LB, whose replay passes through the NAT's replacement and the other way round).
+            for (name, roles) in [("a", "root"), ("b", "nf"), ("c", "nf")] {
                 let port = std::net::UdpSocket::bind("127.0.0.1:0").expect("a free port");
                 let addr = port.local_addr().expect("addr").to_string();
                 drop(port);
@@ -620,6 +685,11 @@ fn spread_downloads(
             assert!(spreads.iter().all(|s| *s == spreads[0]), "the nodes run different spreads: {spreads:?}");
             victim = spreads[0]["place"]["nat/0"].as_str().unwrap_or("a").to_string();
             assert_ne!(victim, "a", "the controller put the NAT away from the root's node: {}", spreads[0]);
+            on_victim = ["nat", "portscan", "lb"]
+                .into_iter()
+                .filter(|v| spreads[0]["place"][format!("{v}/0")] == victim.as_str())
+                .map(String::from)
+                .collect();
             for (name, child) in started {
                 if name == victim {
                     pids.push(("nat".into(), child.id().to_string()));
@@ -676,8 +746,27 @@ fn spread_downloads(
     let at = json["failovers"][0]["at_packet"].as_u64().unwrap_or(u64::MAX);
     // Mid-transfer: a quarter of the traffic or more came after it.
     assert!(at > 1000 && at < out - out / 4, "the NAT's node failed at packet {at} of {out} out: not mid-transfer");
+    kill_to_normal(&json);
     let records = std::iter::once("a").chain(names.iter().map(String::as_str)).map(record).collect();
-    SpreadRun { json, failed_over, records, _dir: dir }
+    SpreadRun { json, failed_over, on_victim, records, _dir: dir }
+}
+
+/// Reports, per failover in a run's JSON report (run with `--latency-window`), the time from
+/// the failure (the kill: the node last heard from, or the crash asked) until latency was
+/// back to normal; each must have come back within the run.
+fn kill_to_normal(json: &serde_json::Value) {
+    for f in json["failovers"].as_array().into_iter().flatten() {
+        let vertex = f["vertex"].as_str().unwrap_or("?");
+        let ms = |k: &str| f[k].as_f64();
+        let normal = ms("latency_normal_ms");
+        assert!(normal.is_some(), "latency after the failover of {vertex} not back to normal within the run: {f}");
+        eprintln!(
+            "failover of {vertex}: failed {:.1} ms into the run, serving again {:.1} ms after the crash was asked, latency back to normal {:.1} ms after the failure",
+            ms("failed_ms").unwrap_or_default(),
+            ms("recovery_ms").unwrap_or_default(),
+            normal.unwrap_or_default()
+        );
+    }
 }
 
 /// The next line of a node's stdout whose event is `event`, within 30 s.

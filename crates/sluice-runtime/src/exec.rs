@@ -126,7 +126,7 @@ struct Shared {
     /// another node (its slot here waits, dormant, to take over should that node fail).
     elsewhere: Vec<AtomicBool>,
     /// Instances of nodes that failed, for the root to replace (`spread.rs`).
-    failed_elsewhere: Mutex<Vec<usize>>,
+    failed_elsewhere: Mutex<Vec<(usize, Instant)>>,
     /// A node that should have answered has not: the root admits nothing meanwhile, so that
     /// a node that died does not take a whole window of copies with it (`spread.rs`).
     hold_admission: AtomicBool,
@@ -777,6 +777,10 @@ pub fn run(
     let Latencies { hist, timeline } = latencies;
     if let (Some(t), Some(width)) = (timeline, cfg.latency_timeline) {
         report.latency_timeline = latency_windows(t, width);
+        for f in &mut report.failovers {
+            f.latency_normal_ms =
+                crate::disruption::back_to_normal(&report.latency_timeline, f.failed_ms).back_to_normal_ms;
+        }
     }
     report.latency_us = Latency::of_ns(&hist);
     Ok(report)

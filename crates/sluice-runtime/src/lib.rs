@@ -3,6 +3,7 @@
 //! run reports ([`report`]), one chain over several nodes ([`spread`]), the root's packet log in the store ([`root_log`]), live statistics of a running chain ([`live`]) and what a recorded
 //! run keeps for verification ([`record`]).
 mod clocks;
+pub mod disruption;
 pub mod exec;
 pub mod filter;
 pub mod live;

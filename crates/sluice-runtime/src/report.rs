@@ -158,6 +158,15 @@ pub struct FailoverReport {
     pub recovery_ms: f64,
     /// When the root asked for the crash, ms since the run started.
     pub asked_ms: f64,
+    /// When the instance failed, ms since the run started, as far as the root's node can tell:
+    /// when the crash was asked, or, for an instance on a node that went silent, when that
+    /// node was last heard from.
+    pub failed_ms: f64,
+    /// From the failure until root-to-sink latency was back to normal, ms
+    /// ([`crate::disruption::back_to_normal`]); `None` without a latency timeline
+    /// (`RunConfig::latency_timeline`, `sluice run --latency-window`) or if it was not within
+    /// the run.
+    pub latency_normal_ms: Option<f64>,
 }
 
 /// A root crash in a threaded run (`Planned::CrashRoot`): a new root took over.
@@ -449,9 +458,14 @@ impl fmt::Display for RunReport {
             )?;
         }
         for fo in &self.failovers {
+            let normal = match (self.latency_timeline.is_empty(), fo.latency_normal_ms) {
+                (true, _) => String::new(),
+                (false, Some(ms)) => format!("; latency back to normal {ms:.1} ms after the failure"),
+                (false, None) => "; latency not back to normal within the run".to_string(),
+            };
             writeln!(
                 f,
-                "  failover of {}:{} at packet {}: {} copies lost, {} replayed, serving again after {:.2} ms",
+                "  failover of {}:{} at packet {}: {} copies lost, {} replayed, serving again after {:.2} ms{normal}",
                 fo.vertex, fo.instance, fo.at_packet, fo.lost, fo.replayed, fo.recovery_ms
             )?;
         }

@@ -182,6 +182,33 @@ fn a_replay_has_drained_to_its_target_once_every_copy_reached_it() {
 }
 
 #[test]
+fn the_replay_frontier_is_the_earliest_copy_still_on_its_way() {
+    let mut r = root(10);
+    for i in 0..3 {
+        admit(&mut r, i);
+    }
+    let target = InstanceId(0x0002_0000);
+    assert_eq!(r.replay_frontier(target), None, "no replay yet");
+    let copies: Vec<Packet> = r.replay_to(target).into_iter().map(|(_, p)| p).collect();
+    let clock = |i: usize| copies[i].meta.clock;
+    let entered = |i: usize| copies[i].meta.ingress_ns;
+    assert_eq!(r.replay_frontier(target), Some((clock(0), entered(0))));
+    // A later copy arriving first moves nothing; the earliest arriving moves it past both.
+    let mut reached = copies[2].clone();
+    reached.meta.flags.insert(MetaFlags::REACHED);
+    r.replay_reached(&reached);
+    assert_eq!(r.replay_frontier(target).map(|f| f.0), Some(clock(0)));
+    // One that ends on the way (dropped in front of the target) counts as gone.
+    r.copy_finished(&copies[0]);
+    assert_eq!(r.replay_frontier(target).map(|f| f.0), Some(clock(1)));
+    let mut reached = copies[1].clone();
+    reached.meta.flags.insert(MetaFlags::REACHED);
+    r.replay_reached(&reached);
+    assert_eq!(r.replay_frontier(target), None, "every copy reached it or ended");
+    assert!(r.replay_drained_to(target));
+}
+
+#[test]
 fn a_retargeted_replay_copy_counts_for_its_new_target() {
     let mut r = root(10);
     admit(&mut r, 0);

@@ -13,8 +13,8 @@ use crate::bench::common::{example_chain, repeat_interleaved, single_nf_chain, S
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 use sluice_packet::Packet;
+use sluice_runtime::disruption::{back_to_normal, Around};
 use sluice_runtime::exec::{Crash, Planned};
-use sluice_runtime::report::LatencyWindow;
 use sluice_runtime::RunReport;
 use sluice_runtime::{compile_with, run, Chain, DiscardSink, MemorySource, Overflow, RunConfig, RunHooks, StateConfig};
 use sluice_store::ClientConfig;
@@ -145,24 +145,6 @@ pub(super) fn run_open_loop(
     Ok(run(plan, &cfg, &mut source, &mut DiscardSink, RunHooks::default())?)
 }
 
-/// Windows in a row that must be normal again.
-const NORMAL_WINDOWS: usize = 5;
-
-/// Latency around a disruption (a crash, a move) in one run.
-#[derive(Debug, Clone, Serialize)]
-pub(super) struct Around {
-    /// Disruption → latency back to normal, ms (`None`: not within the run).
-    pub(super) back_to_normal_ms: Option<f64>,
-    /// Disruption → the first window back within the bound after one over it (0 if none was
-    /// over it), ms: when the disruption's own effect ended, whatever noise comes later
-    /// (`None`: not within the run).
-    pub(super) first_normal_ms: Option<f64>,
-    /// Median of the per-window p99 before it, µs.
-    pub(super) baseline_p99_us: f64,
-    /// Highest per-window p99 after it, µs.
-    pub(super) peak_p99_us: f64,
-}
-
 /// [`Around`] over a case's repeats.
 #[derive(Debug, Clone, Serialize)]
 pub(super) struct AroundStats {
@@ -203,55 +185,3 @@ impl AroundStats {
 /// The header of [`AroundStats::columns`].
 pub(super) const AROUND_HEADER: &str =
     "latency normal ms (min..max)  first normal ms (min..max)  p99 before µs    p99 peak µs   never";
-
-/// From a latency timeline and the time of a disruption (ms): the baseline p99 before it, the
-/// time from it until latency is back to normal, and the peak p99 after it.
-pub(super) fn back_to_normal(timeline: &[LatencyWindow], crash_ms: f64) -> Around {
-    // Before the crash, leaving out the first tenth of it (warm-up).
-    let before: Vec<f64> = timeline
-        .iter()
-        .filter(|w| w.start_ms >= crash_ms / 10.0 && w.start_ms + 1.0 <= crash_ms)
-        .map(|w| w.p99_us)
-        .collect();
-    let baseline = Stat::of(before.into_iter()).median;
-    let limit = (2.0 * baseline).min(baseline + 20.0);
-    let after: Vec<&LatencyWindow> = timeline.iter().filter(|w| w.start_ms + 1.0 > crash_ms).collect();
-    let peak = after.iter().map(|w| w.p99_us).fold(0.0, f64::max);
-    let back = (0..after.len()).find_map(|i| {
-        let run = after.get(i..i + NORMAL_WINDOWS)?;
-        run.iter().all(|w| w.p99_us <= limit).then(|| (run[0].start_ms - crash_ms).max(0.0))
-    });
-    let first = match after.iter().position(|w| w.p99_us > limit) {
-        None => Some(0.0),
-        Some(over) => after.iter().skip(over).find(|w| w.p99_us <= limit).map(|w| (w.start_ms - crash_ms).max(0.0)),
-    };
-    Around { back_to_normal_ms: back, first_normal_ms: first, baseline_p99_us: baseline, peak_p99_us: peak }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn w(start_ms: f64, p99_us: f64) -> LatencyWindow {
-        LatencyWindow { start_ms, packets: 10, p50_us: p99_us / 2.0, p99_us }
-    }
-
-    #[test]
-    fn latency_is_normal_again_after_five_normal_windows() {
-        let mut t: Vec<LatencyWindow> = (0..20).map(|i| w(f64::from(i), 10.0)).collect();
-        // The crash at 20 ms: 4 slow windows, one normal, one slow, then normal for good.
-        t.extend([w(20.0, 500.0), w(21.0, 400.0), w(22.0, 300.0), w(23.0, 200.0), w(24.0, 12.0), w(25.0, 90.0)]);
-        t.extend((26..40).map(|i| w(f64::from(i), 11.0)));
-        let a = back_to_normal(&t, 20.0);
-        assert_eq!(a.baseline_p99_us, 10.0);
-        assert_eq!(a.back_to_normal_ms, Some(6.0));
-        assert_eq!(a.first_normal_ms, Some(4.0), "the first window back within the bound");
-        assert_eq!(a.peak_p99_us, 500.0);
-        // Never normal again within the run.
-        assert_eq!(back_to_normal(&t[..26], 20.0).back_to_normal_ms, None);
-        assert_eq!(back_to_normal(&t[..24], 20.0).first_normal_ms, None);
-        // No window over the bound: nothing to come back from.
-        let quiet: Vec<LatencyWindow> = (0..40).map(|i| w(f64::from(i), 10.0)).collect();
-        assert_eq!(back_to_normal(&quiet, 20.0).first_normal_ms, Some(0.0));
-    }
-}

@@ -7,7 +7,7 @@
 //! the moved flows (from the move until it settled: the longest a moved flow's packet waited),
 //! and latency around the move as for a failover.
 
-use super::failover::{back_to_normal, run_open_loop, Around, AroundStats};
+use super::failover::{run_open_loop, AroundStats};
 use super::store::Env;
 use super::BenchStoreArgs;
 use crate::bench::common::{generate_packets, repeat_interleaved, single_nf_chain, Stat, NAT_CONFIG};
@@ -15,6 +15,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 use sluice_io::{GenConfig, Workload};
 use sluice_packet::Packet;
+use sluice_runtime::disruption::{back_to_normal, Around};
 use sluice_runtime::exec::{Change, Planned, Reconfig};
 use sluice_runtime::Chain;
 

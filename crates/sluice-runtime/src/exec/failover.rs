@@ -11,11 +11,13 @@
 //! copies apart from live packets. The root counts the lost copies as lost, replays its log
 //! towards the replacement (through the vertices in front of it, `passing.rs`), and only then
 //! counts the lost copies out of the in-flight ring, so that no lost clock looks finished to an
-//! order-sensitive instance downstream before its replay copy is on its way. Once every copy of
-//! the replay has reached the replacement, the root raises its `recovered` flag and the
-//! replacement processes the replay and the live packets it held together in clock order
-//! (copies of an earlier replay towards a predecessor that failed in turn may arrive among
-//! them; a live packet the replay carried too goes after its replay copy, as a duplicate).
+//! order-sensitive instance downstream before its replay copy is on its way. The root
+//! publishes the earliest copy of the replay still on its way to the replacement
+//! ([`Frontier`]); the replacement processes what it holds from before it — the replay and the
+//! live packets it held, together in clock order — as it comes (copies of an earlier replay
+//! towards a predecessor that failed in turn may arrive among them; a live packet the replay
+//! carried too goes after its replay copy, as a duplicate). Once every copy has reached it,
+//! the root raises its `drained` epoch and the replacement goes through the rest and serves.
 //!
 //! With several roots every root hears of the failure, with the lost copies of its own clocks,
 //! and replays its own log ([`Replays`]); the replacement recovers once all of those replays
@@ -39,6 +41,9 @@ use sluice_chc::clockset::ClockSet;
 use sluice_packet::{Clock, InstanceId, Meta, MetaFlags, Packet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+mod through;
+use through::{go_through, go_through_reached, Frontier};
 
 /// Sends replay copy `p` into the chain from the root, along the entry's routes but only
 /// towards its target (`Outgoing::route`); a copy that goes nowhere is done at once. Whether it
@@ -99,7 +104,8 @@ pub(super) struct Failure {
 pub(super) struct Recovery {
     /// The crash it recovers from (see [`Failure::epoch`]).
     epoch: u64,
-    /// Its replay's copies, as they arrived; processed in entry order once the replay drained.
+    /// Its replay's copies, as they arrived; processed in entry order once every earlier copy
+    /// of the replay has arrived ([`go_through_reached`]).
     /// Copies of a replay towards a predecessor that failed while they travelled arrive too,
     /// before or among the new replay's: processing in arrival order would let a later clock of
     /// a flow go before an earlier one.
@@ -172,6 +178,9 @@ pub(super) struct Failover {
     epochs: Vec<AtomicU64>,
     /// Per instance, per root: the last crash whose replay from that root has drained.
     drained: Vec<Vec<AtomicU64>>,
+    /// Per instance, per root: how far the root's replay after a crash has reached the
+    /// replacement ([`Frontier`]).
+    frontiers: Vec<Vec<Mutex<Frontier>>>,
     /// Per instance: the last crash its replacement has recovered from — it took over what
     /// the store had of its predecessor and went through its replay and what it held.
     served: Vec<AtomicU64>,
@@ -212,6 +221,7 @@ impl Failover {
             crash: (0..instances).map(|_| AtomicBool::new(false)).collect(),
             epochs: atomics(instances, 0),
             drained: (0..instances).map(|_| atomics(roots, 0)).collect(),
+            frontiers: (0..instances).map(|_| (0..roots).map(|_| Mutex::default()).collect()).collect(),
             served: atomics(instances, 0),
             replayed_by_others: atomics(instances, 0),
             failures: (0..roots).map(|_| Mutex::new(Vec::new())).collect(),
@@ -311,33 +321,19 @@ pub(super) fn turn(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool
                     slot.errors.push(format!("{name}:{index} taking over from the store: {e}"));
                 }
             }
-            // What its predecessors processed counts as processed here, should it fail too.
-            if let Some(seen) = slot.seen.as_mut() {
-                seen.union_with(&r.predecessor);
-            }
-            let mut batch = shared.empty_batch();
-            let mut replay = r.replay;
-            for p in replay.iter().chain(&r.held) {
-                fo.held(slot.vertex, p.meta.clock, false);
-            }
-            // One clock order over both: an instance in front that waited for a change to
-            // settle ends the replay copies of the packets waiting there and sends those packets
-            // live; when the change settles while the replay passes, a flow's earlier packets
-            // come live and its later ones in the replay (random schedules: a scaled NAT in
-            // front of a failing Trojan detector), and replay-then-live would reorder them.
-            // Stable: a replay copy goes before the live copy of its clock, a duplicate then.
-            // With several roots, entry order is entry time first (`InOrder`'s order).
-            replay.extend(r.held);
-            let several = fo.oldest_logged.len() > 1;
-            replay.sort_by_key(|p| (if several { p.meta.ingress_ns } else { 0 }, p.meta.clock));
-            batch.extend(replay);
-            super::worker::take_in(shared, slot, batch, out);
+            let mut due = r.replay;
+            due.extend(r.held);
+            go_through(shared, fo, slot, (&r.predecessor, due), out);
             if let Some(s) = fo.served.get(slot.global) {
                 s.fetch_max(r.epoch, Ordering::AcqRel);
             }
             free_failed(std::mem::take(&mut slot.failed));
         }
         did = true;
+    } else if slot.reading.is_none() {
+        // Once it has what the store had of its predecessor, the replacement goes through
+        // the part of its replay every copy of which has come, as it comes.
+        did |= go_through_reached(shared, fo, slot, out);
     }
     if let Some(ended) = super::passing::emulate_due(shared, slot, out) {
         out.flush(shared);
@@ -631,7 +627,9 @@ impl Replays {
             taken.push(TakenIn { global: f.global, epoch: f.epoch, lost: f.lost_in_all, beyond_replay, replayed });
         }
         self.recovering.retain(|(global, id, epoch)| {
-            if !log.replay_drained_to(*id) {
+            let first = log.replay_frontier(*id);
+            fo.publish_frontier(*global, root, *epoch, first);
+            if first.is_some() {
                 return true;
             }
             if let Some(d) = fo.drained.get(*global).and_then(|d| d.get(usize::from(root))) {
@@ -679,10 +677,13 @@ impl RootSide {
             Ok(mut f) if !f.is_empty() => std::mem::take(&mut *f),
             _ => return,
         };
-        for g in failed {
+        for (g, heard) in failed {
             let Some(vertex) = shared.vertices.iter().position(|v| v.instances.contains(&g)) else { continue };
             let c = Crash { after: at.0, vertex, index: shared.index_of(vertex, g) };
             self.ask(shared, (&c, g, at.1), reports);
+            if let Some(r) = reports.last_mut() {
+                r.failed_ms = (at.1 - heard.elapsed().as_secs_f64() * 1e3).max(0.0);
+            }
             // After the ask: the worker that wakes the slot finds the crash asked.
             if let Some(e) = shared.elsewhere.get(g) {
                 e.store(false, Ordering::Release);
@@ -701,7 +702,14 @@ impl RootSide {
         let Some(fo) = &shared.failover else { return };
         let vertex = shared.vertices.get(c.vertex).map(|v| v.name.to_string()).unwrap_or_default();
         let (instance, at_packet) = (c.index, c.after);
-        failovers.push(FailoverReport { vertex, instance, at_packet, asked_ms, ..FailoverReport::default() });
+        failovers.push(FailoverReport {
+            vertex,
+            instance,
+            at_packet,
+            asked_ms,
+            failed_ms: asked_ms,
+            ..FailoverReport::default()
+        });
         let ask = (global, failovers.len() - 1);
         if self.asked.iter().any(|(g, _)| *g == global) {
             self.deferred.push(ask);

@@ -209,9 +209,10 @@ impl RootLog {
         self.root.replay_to(target).into_iter().map(|(_, p)| p).collect()
     }
 
-    /// Whether no copy of the replay towards `target` is still on its way to it.
-    pub(super) fn replay_drained_to(&self, target: InstanceId) -> bool {
-        self.root.replay_drained_to(target)
+    /// The earliest copy (clock, entry time) of the replay towards `target` still on its way
+    /// to it; `None` once the replay has drained.
+    pub(super) fn replay_frontier(&self, target: InstanceId) -> Option<(Clock, u64)> {
+        self.root.replay_frontier(target)
     }
 
     /// The clocks still logged.

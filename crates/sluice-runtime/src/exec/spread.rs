@@ -436,8 +436,9 @@ impl Link {
         };
         let on_node = Arc::new(LostClocks { main: clocks(false), mirror: clocks(true) });
         fo.lost_elsewhere(LostElsewhere { globals: globals.clone(), lost, on_node });
+        let heard = self.last_heard.get(n).copied().unwrap_or_else(Instant::now);
         if let Ok(mut f) = shared.failed_elsewhere.lock() {
-            f.extend(globals);
+            f.extend(globals.into_iter().map(|g| (g, heard)));
         }
         if let Some(a) = self.awaiting.get_mut(n) {
             *a = None;

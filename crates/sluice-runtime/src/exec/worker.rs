@@ -362,6 +362,10 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
         // Timers handed over with flows are armed before any packet of those flows runs.
         reconfig::take_settled(shared, slot, out);
     }
+    // What an order-sensitive instance releases came past its recovery (`hold_in_order` holds
+    // a recovering replacement's copies apart, and lets through only what it went through,
+    // `failover::go_through`): processed, not held again.
+    let recovery = if slot.order.is_some() { slot.recovery.take() } else { None };
     let start = Instant::now();
     let before = (slot.stats.packets_in, slot.stats.forwarded, slot.stats.consumed);
     let mut finished = 0usize;
@@ -459,6 +463,9 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             live.state_counters(slot.global, &slot.inst.state().counters());
         }
         slot.stats.batches += 1;
+    }
+    if recovery.is_some() {
+        slot.recovery = recovery;
     }
 }
 
