@@ -3,18 +3,22 @@
 #
 #   etcd, a served state store and the controller in the host's namespace on a bridge
 #   (10.77.0.1), and N nodes (default 3), each in its own namespace (sl-node1 ... with
-#   10.77.0.11 ...), registering in etcd over the bridge and checking the store.
+#   10.77.0.11 ...), registering in etcd over the bridge and checking the store. Once the
+#   controller has placed the chain, the nodes run it together (`sluice node --run`): the
+#   root's node reads the input (default traces/demo.pcap at a thousandth of its recorded
+#   pace, about two minutes), the NFs' state is in the served store, fault tolerance is on.
 #
 # Usage (as root):
-#   scripts/cluster-netns.sh up [--nodes N] [--chain chains/example.yaml] [--roots R]
+#   scripts/cluster-netns.sh up [--nodes N] [--chain chains/example.yaml] [--input PCAP] [--pace X]
 #   scripts/cluster-netns.sh status          # sluice cluster status (leader, nodes, units)
 #   scripts/cluster-netns.sh kill-node I     # SIGKILL node I (its units are re-placed)
 #   scripts/cluster-netns.sh down            # stop everything, remove namespaces and bridge
 #
 # Environment: SLUICE (the binary; default target/release/sluice), STATE (default
 # /tmp/sluice-cluster-netns: pids, logs, etcd data, the store token), CLUSTER (default demo).
-# What runs is what a deployment runs; only the addresses are made up. Nodes do not yet start
-# the units they are assigned on the threaded runtime (docs/deploy.md says what is missing).
+# What runs is what a deployment runs; only the addresses are made up. A node killed while the
+# chain runs is failed over by the root's node; the root's node killed ends the run (the input
+# and the root's log live there; docs/deploy.md says what is missing).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -47,15 +51,18 @@ wait_for() { # what, seconds, command...
 }
 
 up() {
-    local nodes=3 chain=chains/example.yaml roots=1
+    local nodes=3 chain=chains/example.yaml input=traces/demo.pcap pace=0.001
     while [ $# -gt 0 ]; do
         case "$1" in
             --nodes) nodes=$2; shift 2 ;;
             --chain) chain=$2; shift 2 ;;
-            --roots) roots=$2; shift 2 ;;
-            *) die "unknown option $1 (up [--nodes N] [--chain C] [--roots R])" ;;
+            --input) input=$2; shift 2 ;;
+            --pace) pace=$2; shift 2 ;;
+            *) die "unknown option $1 (up [--nodes N] [--chain C] [--input PCAP] [--pace X])" ;;
         esac
     done
+    [ -f "$input" ] || die "no input file $input"
+    input=$(realpath "$input")
     [[ "$nodes" =~ ^[1-9][0-9]?$ ]] && [ "$nodes" -le 50 ] || die "--nodes takes 1 to 50, not $nodes"
     [ -x "$SLUICE" ] || die "no sluice binary at $SLUICE (cargo build --release -p sluice-cli, or set SLUICE)"
     [ -f "$chain" ] || die "no chain file $chain"
@@ -88,12 +95,16 @@ up() {
         --control 9479 --control-token "$token"
     wait_for "the store" 10 grep -q "serving" "$STATE/store.log"
     start controller "$SLUICE" controller --etcd "$ETCD" --cluster "$CLUSTER" --chain "$chain" \
-        --roots "$roots" --ttl 2 --control 9470 --control-token "$token"
+        --roots 1 --ttl 2 --control 9470 --control-token "$token"
     local store_url="sluice://$HOST_IP:$STORE_PORT?token=$token&space=$CLUSTER"
+    chain=$(realpath "$chain")
     for i in $(seq "$nodes"); do
+        # Every node runs its part with the same options; the root's node adds the input.
         start "node$i" ip netns exec "sl-node$i" "$SLUICE" node --etcd "$ETCD" --cluster "$CLUSTER" \
             --id "node$i" --addr "$(node_ip "$i"):6081" --ttl 2 --store "$store_url" \
-            --control "$(node_ip "$i"):9480" --control-token "$token"
+            --control "$(node_ip "$i"):9480" --control-token "$token" \
+            --run="--chain $chain --fault-tolerance --store $store_url --workers 1" \
+            --root-run="--input $input --pace $pace --json $STATE/report.json"
     done
     wait_for "$nodes nodes" 30 sh -c "'$SLUICE' cluster --etcd '$ETCD' --cluster '$CLUSTER' status --json | grep -o '\"id\"' | wc -l | grep -qx '$nodes'"
     echo "up: etcd $ETCD, store sluice://$HOST_IP:$STORE_PORT, controller metrics 127.0.0.1:9470, $nodes nodes in sl-node1..$nodes"

@@ -1,8 +1,9 @@
 //! `scripts/cluster-netns.sh`, the walk-through of docs/deploy.md: etcd, a served store and a
 //! controller on a bridge, three `sluice node` processes each in its own network namespace.
-//! The nodes register over the bridge, pass their store check, get the chain's units; a node
-//! SIGKILLed has its units re-placed on the others; `down` leaves no namespace, link or
-//! process behind. Needs root (network namespaces), iproute2 and etcd (scripts/test-all.sh
+//! The nodes register over the bridge, pass their store check, get the chain's units and run
+//! the chain together over the bridge; a node without the root SIGKILLed mid-run is failed over
+//! by the root's node, whose run goes on, and has its units re-placed on the others; `down`
+//! leaves no namespace, link or process behind. Needs root (network namespaces), iproute2 and etcd (scripts/test-all.sh
 //! installs them).
 
 mod common;
@@ -39,6 +40,17 @@ fn units(s: &serde_json::Value) -> Vec<(String, usize)> {
         .iter()
         .map(|n| (n["id"].as_str().unwrap_or_default().to_string(), n["units"].as_array().map_or(0, Vec::len)))
         .collect()
+}
+
+/// The nodes' and the controller's logs, for a failure's message.
+fn logs(state: &str) -> String {
+    let mut all = String::new();
+    for name in ["controller", "node1", "node2", "node3"] {
+        let text = std::fs::read_to_string(format!("{state}/{name}.log")).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(15).collect();
+        all += &format!("\n--- {name}.log (last lines)\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+    }
+    all
 }
 
 /// Tears the cluster down even when the test fails.
@@ -86,8 +98,31 @@ fn three_nodes_in_namespaces_get_the_chain_and_survive_one_dying() {
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("sluice_store_server_refused_total 0"), "{body}");
 
-    // SIGKILL a node that hosts units: after its lease (2 s) the others take them.
-    let (busy, _) = units(&s).into_iter().find(|(_, n)| *n > 0).expect("a node with units");
+    // Every node with units runs its part of the chain.
+    let running = |i: usize| {
+        let (code, body) = http(&format!("10.77.0.{}:9480", 10 + i), "GET", "/metrics", Some(&token), "");
+        code == 200 && body.lines().any(|l| l == "sluice_node_running 1")
+    };
+    let hosts: Vec<usize> = units(&s)
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .filter_map(|(id, _)| id.trim_start_matches("node").parse().ok())
+        .collect();
+    assert!(hosts.len() >= 2, "the chain is placed on one node: {s}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !hosts.iter().all(|i| running(*i)) {
+        assert!(Instant::now() < deadline, "the nodes did not all start the chain: {}", logs(&state));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // SIGKILL a node that hosts NFs but not the root: the root's node fails its instances
+    // over and its run goes on; after its lease (2 s) the controller re-places its units.
+    let holds_root =
+        |n: &serde_json::Value| n["units"].as_array().into_iter().flatten().any(|u| u.get("root").is_some());
+    let nodes = s["nodes"].as_array().cloned().unwrap_or_default();
+    let root_node =
+        nodes.iter().find(|n| holds_root(n)).and_then(|n| n["id"].as_str()).expect("the root's node").to_string();
+    let (busy, _) = units(&s).into_iter().find(|(id, n)| *n > 0 && *id != root_node).expect("a node with NFs only");
     let index = busy.trim_start_matches("node").to_string();
     let o = script(&state, &["kill-node", &index]);
     assert!(o.status.success(), "{}", text(&o));
@@ -101,6 +136,14 @@ fn three_nodes_in_namespaces_get_the_chain_and_survive_one_dying() {
         assert!(Instant::now() < deadline, "{busy}'s units were not re-placed: {s}");
         std::thread::sleep(Duration::from_millis(200));
     }
+    let root_log = format!("{state}/{root_node}.log");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&root_log).unwrap_or_default().contains("a node failed") {
+        assert!(Instant::now() < deadline, "the root's node did not fail {busy} over: {}", logs(&state));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let root_index: usize = root_node.trim_start_matches("node").parse().expect("node index");
+    assert!(running(root_index), "the root's node stopped running the chain: {}", logs(&state));
 
     drop(down);
     let ns = Command::new("ip").args(["netns", "list"]).output().expect("ip netns");
