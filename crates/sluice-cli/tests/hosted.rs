@@ -129,10 +129,18 @@ fn hosted_run(victims: &[Victim]) {
     assert_eq!(place.len(), 4, "every NF instance on b or c: {spread}");
     let nat_node = place["nat/0"].as_str().expect("nat placed").to_string();
     assert!(["b", "c"].contains(&nat_node.as_str()), "{spread}");
-    let (code, metrics) = common::http(&control_s, "GET", "/metrics", Some("T"), "");
-    assert_eq!(code, 200, "{metrics}");
-    // The whole sample line: the metric's HELP text says "sluice_node_running 1 while ...".
-    assert!(metrics.lines().any(|l| l == "sluice_node_running 1"), "node a runs its part: {metrics}");
+    // The gauge follows the run at the node's next look (every 100 ms or so). The whole sample
+    // line: the metric's HELP text says "sluice_node_running 1 while ...".
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (code, metrics) = common::http(&control_s, "GET", "/metrics", Some("T"), "");
+        assert_eq!(code, 200, "{metrics}");
+        if metrics.lines().any(|l| l == "sluice_node_running 1") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node a does not say it runs its part: {metrics}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     let (mut victim, mut survivor, survivor_out) = if nat_node == "b" { (b, c, c_out) } else { (c, b, b_out) };
     let survivor_id = if nat_node == "b" { "c" } else { "b" };
