@@ -91,8 +91,10 @@ fn three_nodes_in_namespaces_get_the_chain_and_survive_one_dying() {
     for i in 1..=3 {
         let (code, body) = http(&format!("10.77.0.{}:9480", 10 + i), "GET", "/metrics", Some(&token), "");
         assert_eq!(code, 200, "node{i}: {body}");
-        assert!(body.contains("sluice_node_store_up 1"), "node{i}: {body}");
-        assert!(body.contains("sluice_node_registered 1"), "node{i}: {body}");
+        // Whole sample lines: these gauges' HELP texts start "1 while ...".
+        let says = |sample: &str| body.lines().any(|l| l == sample);
+        assert!(says("sluice_node_store_up 1"), "node{i}: {body}");
+        assert!(says("sluice_node_registered 1"), "node{i}: {body}");
     }
     let (code, body) = http("127.0.0.1:9479", "GET", "/metrics", Some(&token), "");
     assert_eq!(code, 200, "{body}");
