@@ -776,11 +776,7 @@ pub fn run(
     finish::instances_into(&mut report, &shared, slots);
     let Latencies { hist, timeline } = latencies;
     if let (Some(t), Some(width)) = (timeline, cfg.latency_timeline) {
-        report.latency_timeline = latency_windows(t, width);
-        for f in &mut report.failovers {
-            f.latency_normal_ms =
-                crate::disruption::back_to_normal(&report.latency_timeline, f.failed_ms).back_to_normal_ms;
-        }
+        report.set_latency_timeline(latency_windows(t, width));
     }
     report.latency_us = Latency::of_ns(&hist);
     Ok(report)

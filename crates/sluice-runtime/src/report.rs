@@ -369,6 +369,15 @@ impl RunReport {
     pub fn balanced(&self) -> bool {
         self.packets_in == self.packets_out + self.dropped_total
     }
+
+    /// Takes in the run's latency per window, and with it each failover's time from the
+    /// failure to latency back to normal.
+    pub fn set_latency_timeline(&mut self, timeline: Vec<LatencyWindow>) {
+        for f in &mut self.failovers {
+            f.latency_normal_ms = crate::disruption::back_to_normal(&timeline, f.failed_ms).back_to_normal_ms;
+        }
+        self.latency_timeline = timeline;
+    }
 }
 
 impl fmt::Display for RunReport {
