@@ -158,6 +158,16 @@ fn live_io_options_refused_where_they_mean_nothing() {
     let o = sluice(&["run", "--chain", &chain, "--bridge", "nosuchif0,nosuchif1", "--io", "xdp"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("nosuchif0: if_nametoindex failed"), "{}", text(&o));
+    // A fault schedule on a live bridge goes by packet: a percent position is refused, before
+    // any interface is opened. A latency window of 0 ms is refused.
+    let example = repo("chains/example.yaml").display().to_string();
+    let percent = repo("faults/nf-crash.yaml").display().to_string();
+    let o = sluice(&["run", "--chain", &example, "--bridge", "nosuchif0,nosuchif1", "--faults", &percent]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("a live bridge has no known length"), "{}", text(&o));
+    let o = sluice(&["run", "--chain", &chain, "--input", &input, "--latency-window", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--latency-window"), "{}", text(&o));
     // sluice send: a bad MAC, a bad rate, no input.
     let o = sluice(&["send", "--interface", "lo", "--gen", "long", "--dst-mac", "02:00:zz:00:00:01"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));

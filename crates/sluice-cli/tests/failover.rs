@@ -47,7 +47,15 @@ fn crashed_instances_are_replaced_and_replayed_to_equivalently() {
     let early_late = "faults/threaded/nat-crash-early-and-late.yaml";
     let twice = "faults/threaded/nat-crash-while-recovering.yaml";
     let nat2 = &["nat", "nat"][..];
-    failover_run("nat", demo("chains/nat.yaml"), early_late, nat2, &[]);
+    // With a latency window: the timeline, and per failover when it failed (a planned crash:
+    // when asked) and whether latency came back to normal (a number, or null if not in the run).
+    let r = failover_run("nat", demo("chains/nat.yaml"), early_late, nat2, &["--latency-window", "1"]);
+    assert!(r["latency_timeline"].as_array().is_some_and(|t| t.len() > 1), "{}", r["latency_timeline"]);
+    for f in r["failovers"].as_array().into_iter().flatten() {
+        assert_eq!(f["failed_ms"], f["asked_ms"], "{f}");
+        let normal = f.get("latency_normal_ms").unwrap_or_else(|| panic!("no latency_normal_ms: {f}"));
+        assert!(normal.is_f64() || normal.is_null(), "{f}");
+    }
     // Downstream of the crashed NAT: an order-sensitive portscan detector, an LB, a mirrored
     // Trojan detector, with two workers.
     failover_run("example", demo("chains/example.yaml"), early_late, nat2, &["-w", "2"]);
