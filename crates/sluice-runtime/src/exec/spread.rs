@@ -182,6 +182,14 @@ impl Link {
         })
     }
 
+    /// Whether node `n`, one this node talks to and has heard from, has been silent past the
+    /// limit (and is not declared failed yet).
+    fn silent(&self, n: usize) -> bool {
+        let live = self.talks_to(n) && !self.dead.get(n).copied().unwrap_or(true);
+        let heard = self.heard.get(n).copied().unwrap_or(true);
+        live && heard && self.last_heard.get(n).is_some_and(|t| t.elapsed() >= self.layout.silence)
+    }
+
     /// Whether every node has said hello (with the same chain).
     pub(super) fn ready(&self) -> bool {
         self.heard.iter().enumerate().all(|(n, h)| *h || !self.talks_to(n))
@@ -224,18 +232,20 @@ impl Link {
         }
         self.tell_progress(shared)?;
         let sent = self.send(shared)?;
-        let received = self.receive(shared)?;
+        let mut received = self.receive(shared)?;
         // Silence is judged after taking in what arrived: when this thread itself was late
         // (descheduled on a busy machine, a long send), the other node's datagrams wait in
         // the socket, and judging first read them as its silence (a live root's node was
-        // declared failed by both other nodes under load).
+        // declared failed by both other nodes under load). A node that looks silent gets one
+        // more receive first: this process may have been stopped between the receive and here
+        // (a node paused past the limit, woken, declared the root's node failed instead of
+        // reading the fence waiting in its socket).
         for n in 0..self.layout.addrs.len() {
-            if !self.talks_to(n) || self.dead.get(n).copied().unwrap_or(true) {
-                continue;
-            }
-            let heard = self.heard.get(n).copied().unwrap_or(true);
-            if heard && self.last_heard.get(n).is_some_and(|t| t.elapsed() >= self.layout.silence) {
-                self.node_failed(shared, n)?;
+            if self.silent(n) {
+                received |= self.receive(shared)?;
+                if self.silent(n) {
+                    self.node_failed(shared, n)?;
+                }
             }
         }
         Ok(sent || received)
