@@ -49,6 +49,33 @@ fn node_end(mut child: Child, limit: Duration) -> (bool, String) {
     (status.success(), err)
 }
 
+/// Copies a failed run's files (outputs, reports, records) out of its temporary directory, which
+/// goes with the test; where to.
+fn keep(dir: &Path) -> String {
+    let to = std::env::temp_dir().join(format!("sluice-kept-{}", std::process::id()));
+    let _ = Command::new("cp").arg("-r").arg(dir).arg(&to).status();
+    to.to_string_lossy().into_owned()
+}
+
+/// Positions, in the output `want` (in its order), of the frames `got` (sorted) lacks.
+fn missing_positions(want: &Path, got: &[Vec<u8>]) -> Vec<usize> {
+    let mut reader = sluice_io::TraceReader::open(want).expect("pcap");
+    let mut left: std::collections::HashMap<Vec<u8>, usize> = std::collections::HashMap::new();
+    for f in got {
+        *left.entry(f.clone()).or_default() += 1;
+    }
+    let mut missing = Vec::new();
+    let mut i = 0;
+    while let Some(r) = reader.next_record().expect("record") {
+        match left.get_mut(r.data) {
+            Some(n) if *n > 0 => *n -= 1,
+            _ => missing.push(i),
+        }
+        i += 1;
+    }
+    missing
+}
+
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).expect("JSON report")).expect("JSON")
 }
@@ -276,18 +303,25 @@ fn killed_nodes_of_chain_are_failed_over(
     // Paced: the run takes about three seconds.
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(kills_ms.0));
+        let mut said = Vec::new();
         for (_, mut child) in doomed {
             let _ = child.kill();
-            let _ = child.wait();
+            said.push(node_end(child, Duration::from_secs(5)).1);
             std::thread::sleep(Duration::from_millis(kills_ms.1));
         }
+        said
     });
     let (out, a_json) = (dir.join("spread.pcap"), dir.join("a.json"));
     let rec = |n: &str| dir.join(format!("rec-{n}")).to_string_lossy().into_owned();
     let a =
         root_node_of(chain, &spread, &out, &a_json, &[&ft[..5], &["--pace", "0.05", "--record", &rec("a")]].concat());
-    killer.join().expect("killer");
-    assert!(a.status.success(), "{}", text(&a));
+    let victims_said = killer.join().expect("killer");
+    if !a.status.success() {
+        // What the surviving nodes said tells whether they or the root's node gave up first.
+        let others: Vec<String> =
+            survivors.into_iter().map(|(child, _)| node_end(child, Duration::from_secs(30)).1).collect();
+        panic!("the root's node: {}\nthe surviving nodes: {others:?}\nthe killed nodes: {victims_said:?}", text(&a));
+    }
     let rep = json(&a_json);
     // The decisions made on the root's node and on the nodes that lived.
     let mut decided: Vec<serde_json::Value> = rep["events"].as_array().cloned().unwrap_or_default();
@@ -312,8 +346,18 @@ fn killed_nodes_of_chain_are_failed_over(
         one_process(&one, &["--json", &one_json.to_string_lossy()]);
         let (got, want) = (sorted_frames(&out), sorted_frames(&one));
         assert!(want.len() > 60_000, "{}", want.len());
-        assert_eq!(got.len(), want.len(), "packets out");
-        assert!(got == want, "the output after the failover differs from the one-process output");
+        if got != want {
+            let kept = keep(dir);
+            panic!(
+                "the output after the failover differs from the one-process output: {} packets out of {}, \
+                 missing (position in the one-process output) {:?}, extra {}; run kept in {kept}\nfailovers {}",
+                got.len(),
+                want.len(),
+                missing_positions(&one, &got),
+                got.iter().filter(|f| want.binary_search(f).is_err()).count(),
+                rep["failovers"]
+            );
+        }
         // Every decision of the one-process run was made again, except those the failed node
         // made before it failed (they were made, and died with its report).
         let failed_at = |nf: &str| {

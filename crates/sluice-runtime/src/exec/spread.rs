@@ -50,6 +50,10 @@ pub(super) const FENCE: u64 = 1;
 /// How often a node says hello to a node it has not heard from, and to one it has sent
 /// nothing else to for this long (a heartbeat).
 const HELLO_EVERY: Duration = Duration::from_millis(50);
+
+/// A gap this long between two looks of a link at the clock is time it was not running (an
+/// idle link looks every 50 µs), not counted towards other nodes' silence ([`Link::absence`]).
+const ABSENT_AFTER: Duration = Duration::from_millis(20);
 /// How often, at most, the root's node tells the others the oldest clock its log holds.
 const OLDEST_EVERY: Duration = Duration::from_millis(2);
 
@@ -108,6 +112,9 @@ pub(super) struct Link {
     /// On the root's node, per node: said its state is all in the store after the end
     /// ([`NoteKind::Flushed`]).
     flushed: Vec<bool>,
+    /// When this link last looked at the clock (at the start of a turn and before judging
+    /// silence): a long gap means this thread itself was not running, see [`Link::absence`].
+    looked: Instant,
 }
 
 impl Link {
@@ -179,6 +186,7 @@ impl Link {
             oldest_told: (1, Instant::now()),
             telling,
             flushed: vec![false; nodes],
+            looked: Instant::now(),
         })
     }
 
@@ -204,6 +212,7 @@ impl Link {
     /// One turn: sends what waits for other nodes, takes in what arrived. Whether it did
     /// anything.
     pub(super) fn turn(&mut self, shared: &Shared) -> Result<bool, RunError> {
+        self.absence();
         let mut suspect = false;
         for n in 0..self.layout.addrs.len() {
             if !self.talks_to(n) || self.dead.get(n).copied().unwrap_or(true) {
@@ -240,6 +249,7 @@ impl Link {
         // more receive first: this process may have been stopped between the receive and here
         // (a node paused past the limit, woken, declared the root's node failed instead of
         // reading the fence waiting in its socket).
+        self.absence();
         for n in 0..self.layout.addrs.len() {
             if self.silent(n) {
                 received |= self.receive(shared)?;
@@ -249,6 +259,34 @@ impl Link {
             }
         }
         Ok(sent || received)
+    }
+
+    /// Time this link was not running does not count towards another node's silence (nor a gap in its datagrams): when the
+    /// whole machine stalls (a virtual machine paused by its host, a container throttled),
+    /// every node stops together, and the first to run again would otherwise declare the
+    /// others failed before they had a chance to speak (seen under load: a node declared the
+    /// root's node silent within the first second of a run, no turn on either side slow). A
+    /// gap this long since the link last looked moves every node's last-heard time forward by
+    /// it; silence is judged over the time this node was listening.
+    fn absence(&mut self) {
+        let now = Instant::now();
+        let gap = now.saturating_duration_since(std::mem::replace(&mut self.looked, now));
+        if gap < ABSENT_AFTER {
+            return;
+        }
+        for t in &mut self.last_heard {
+            *t = (*t + gap).min(now);
+        }
+        for r in &mut self.received {
+            r.excuse(gap, now);
+        }
+        if gap >= self.layout.silence / 2 {
+            tracing::warn!(
+                away_ms = gap.as_millis() as u64,
+                silence_ms = self.layout.silence.as_millis() as u64,
+                "this node's link did not run for a while (a busy or paused machine): other nodes may take this node for failed"
+            );
+        }
     }
 
     /// Tells every other node that the run is over (`End`, from the root's node) or that this
@@ -435,7 +473,8 @@ impl Link {
             }
         }
         let lost = self.on_node.get_mut(n).map(OnNode::take_all).unwrap_or_default();
-        tracing::warn!(node = %name, instances = globals.len(), lost_copies = lost.len(), "a node failed: its instances are replaced on the root's node, which replays its log to them");
+        let silent_ms = self.last_heard.get(n).map_or(0, |t| t.elapsed().as_millis() as u64);
+        tracing::warn!(node = %name, silent_ms, instances = globals.len(), lost_copies = lost.len(), "a node failed: its instances are replaced on the root's node, which replays its log to them");
         // Every instance of the node learns which clocks had a copy there; the last to crash
         // reports the copies.
         let clocks = |mirror: bool| {

@@ -122,6 +122,14 @@ impl Received {
         self.gap_since.map(|t| now.duration_since(t))
     }
 
+    /// This node was not running for `gap` (see `Link::absence`): that time does not count
+    /// towards how long a gap has been open.
+    pub(super) fn excuse(&mut self, gap: Duration, now: Instant) {
+        if let Some(t) = self.gap_since.as_mut() {
+            *t = (*t + gap).min(now);
+        }
+    }
+
     /// Datagrams held past gaps.
     pub(super) fn held(&self) -> usize {
         self.held.len()
