@@ -90,10 +90,13 @@ pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut O
     // when it goes. Waiting for it instead would tie the recovery to what the packet waits
     // for — an earlier clock the recovering replacement holds, say (a NAT recovering on a
     // bridge whose reverse path crosses an order-sensitive detector before it).
-    let waiting_here =
-        super::reconfig::is_waiting(slot, pkt.meta.clock) || slot.order.as_ref().is_some_and(|o| o.holds(&pkt.meta));
     // Processed here or by a predecessor on a node that failed, whose record died with it.
     let gone_by = super::failover::processed_before(slot, pkt.meta.clock);
+    // A packet of a clock gone by that waits here ends as a duplicate when its turn comes: it
+    // carries nothing on, so the copy may not end on its account.
+    let waiting_here = !gone_by
+        && (super::reconfig::is_waiting(slot, pkt.meta.clock)
+            || slot.order.as_ref().is_some_and(|o| o.holds(&pkt.meta)));
     let Some(passing) = slot.passing.as_mut() else {
         // A vertex that leads nowhere: no replay passes through it (`Outgoing::route`).
         end_copy(shared, &mut slot.stats, out, pkt, Ended::Decided);
