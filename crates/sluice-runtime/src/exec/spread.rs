@@ -51,8 +51,9 @@ pub(super) const FENCE: u64 = 1;
 /// nothing else to for this long (a heartbeat).
 const HELLO_EVERY: Duration = Duration::from_millis(50);
 
-/// A gap this long between two looks of a link at the clock is time it was not running (an
-/// idle link looks every 50 µs), not counted towards other nodes' silence ([`Link::absence`]).
+/// Of a gap between two looks of a link at the clock (an idle link looks every 50 µs), what
+/// goes past this much is time it was not running, not counted towards other nodes' silence
+/// ([`Link::absence`]).
 const ABSENT_AFTER: Duration = Duration::from_millis(20);
 /// How often, at most, the root's node tells the others the oldest clock its log holds.
 const OLDEST_EVERY: Duration = Duration::from_millis(2);
@@ -261,24 +262,25 @@ impl Link {
         Ok(sent || received)
     }
 
-    /// Time this link was not running does not count towards another node's silence (nor a gap in its datagrams): when the
-    /// whole machine stalls (a virtual machine paused by its host, a container throttled),
-    /// every node stops together, and the first to run again would otherwise declare the
-    /// others failed before they had a chance to speak (seen under load: a node declared the
-    /// root's node silent within the first second of a run, no turn on either side slow). A
-    /// gap this long since the link last looked moves every node's last-heard time forward by
-    /// it; silence is judged over the time this node was listening.
+    /// Time this link was not running does not count towards another node's silence, nor
+    /// towards a gap in its datagrams: when the whole machine stalls (a virtual machine paused
+    /// by its host, a container throttled), every node stops together, and the first to run
+    /// again would otherwise declare the others failed before they had a chance to speak (seen
+    /// under load: a node declared the root's node silent within the first second of a run,
+    /// no turn on either side slow). Of a gap since the link last looked longer than
+    /// [`ABSENT_AFTER`], the excess moves every node's last-heard time forward; silence is
+    /// judged over the time this node was listening.
     fn absence(&mut self) {
         let now = Instant::now();
         let gap = now.saturating_duration_since(std::mem::replace(&mut self.looked, now));
-        if gap < ABSENT_AFTER {
-            return;
-        }
+        // What a busy machine's scheduler takes anyway still counts: a link kept waiting
+        // 25 ms at every turn judges silence a little slower, not never.
+        let Some(excused) = gap.checked_sub(ABSENT_AFTER).filter(|e| !e.is_zero()) else { return };
         for t in &mut self.last_heard {
-            *t = (*t + gap).min(now);
+            *t = (*t + excused).min(now);
         }
         for r in &mut self.received {
-            r.excuse(gap, now);
+            r.excuse(excused, now);
         }
         if gap >= self.layout.silence / 2 {
             tracing::warn!(
