@@ -44,6 +44,11 @@ pub fn sluice_within(args: &[&str], limit: Duration) -> Option<Output> {
         if std::time::Instant::now() >= deadline {
             let _ = child.kill();
             let _ = child.wait();
+            // What it said before it was killed (a stalled run logs what each instance holds)
+            // goes with the failing test's output.
+            if let Ok((_, stderr)) = reader.join() {
+                eprintln!("sluice {args:?} killed after {limit:?}; it said:\n{}", String::from_utf8_lossy(&stderr));
+            }
             return None;
         }
         std::thread::sleep(Duration::from_millis(20));
