@@ -50,9 +50,10 @@ fn node_end(mut child: Child, limit: Duration) -> (bool, String) {
 }
 
 /// Copies a failed run's files (outputs, reports, records) out of its temporary directory, which
-/// goes with the test; where to.
+/// goes with the test, into the build's `target/` (`scripts/test-all.sh` removes its scratch
+/// directory, TMPDIR, when it ends); where to.
 fn keep(dir: &Path) -> String {
-    let to = std::env::temp_dir().join(format!("sluice-kept-{}", std::process::id()));
+    let to = repo(&format!("target/sluice-kept-{}", std::process::id()));
     let _ = Command::new("cp").arg("-r").arg(dir).arg(&to).status();
     to.to_string_lossy().into_owned()
 }
