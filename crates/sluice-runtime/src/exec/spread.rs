@@ -39,6 +39,7 @@ mod in_order;
 mod on_node;
 mod progress;
 mod receive;
+mod silence;
 use in_order::{Received, Sent};
 use on_node::OnNode;
 use std::time::{Duration, Instant};
@@ -51,10 +52,6 @@ pub(super) const FENCE: u64 = 1;
 /// nothing else to for this long (a heartbeat).
 const HELLO_EVERY: Duration = Duration::from_millis(50);
 
-/// Of a gap between two looks of a link at the clock (an idle link looks every 50 µs), what
-/// goes past this much is time it was not running, not counted towards other nodes' silence
-/// ([`Link::absence`]).
-const ABSENT_AFTER: Duration = Duration::from_millis(20);
 /// How often, at most, the root's node tells the others the oldest clock its log holds.
 const OLDEST_EVERY: Duration = Duration::from_millis(2);
 
@@ -191,14 +188,6 @@ impl Link {
         })
     }
 
-    /// Whether node `n`, one this node talks to and has heard from, has been silent past the
-    /// limit (and is not declared failed yet).
-    fn silent(&self, n: usize) -> bool {
-        let live = self.talks_to(n) && !self.dead.get(n).copied().unwrap_or(true);
-        let heard = self.heard.get(n).copied().unwrap_or(true);
-        live && heard && self.last_heard.get(n).is_some_and(|t| t.elapsed() >= self.layout.silence)
-    }
-
     /// Whether every node has said hello (with the same chain).
     pub(super) fn ready(&self) -> bool {
         self.heard.iter().enumerate().all(|(n, h)| *h || !self.talks_to(n))
@@ -260,35 +249,6 @@ impl Link {
             }
         }
         Ok(sent || received)
-    }
-
-    /// Time this link was not running does not count towards another node's silence, nor
-    /// towards a gap in its datagrams: when the whole machine stalls (a virtual machine paused
-    /// by its host, a container throttled), every node stops together, and the first to run
-    /// again would otherwise declare the others failed before they had a chance to speak (seen
-    /// under load: a node declared the root's node silent within the first second of a run,
-    /// no turn on either side slow). Of a gap since the link last looked longer than
-    /// [`ABSENT_AFTER`], the excess moves every node's last-heard time forward; silence is
-    /// judged over the time this node was listening.
-    fn absence(&mut self) {
-        let now = Instant::now();
-        let gap = now.saturating_duration_since(std::mem::replace(&mut self.looked, now));
-        // What a busy machine's scheduler takes anyway still counts: a link kept waiting
-        // 25 ms at every turn judges silence a little slower, not never.
-        let Some(excused) = gap.checked_sub(ABSENT_AFTER).filter(|e| !e.is_zero()) else { return };
-        for t in &mut self.last_heard {
-            *t = (*t + excused).min(now);
-        }
-        for r in &mut self.received {
-            r.excuse(excused, now);
-        }
-        if gap >= self.layout.silence / 2 {
-            tracing::warn!(
-                away_ms = gap.as_millis() as u64,
-                silence_ms = self.layout.silence.as_millis() as u64,
-                "this node's link did not run for a while (a busy or paused machine): other nodes may take this node for failed"
-            );
-        }
     }
 
     /// Tells every other node that the run is over (`End`, from the root's node) or that this
