@@ -12,7 +12,7 @@
 //! once, by the root's node, after the others fired their end timers; killing a node that
 //! hosts one of its instances, or several instances of several vertices, loses nothing.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -22,8 +22,8 @@ mod common;
 use common::{one_process, repo, sluice, sluice_within, sorted_frames, spread_file, spread_file_with, text};
 
 /// Starts node `name` of a spread chain (not the root's): `sluice run ... --node NAME`.
-fn start_node(chain: &str, spread: &Path, name: &str, json: &Path, extra: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
+fn start_node(chain: &str, spread: &Path, name: &str, json: &Path, extra: &[&str]) -> Node {
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .current_dir(repo(""))
         .args(["run", "-c", chain, "--spread"])
         .arg(spread)
@@ -33,19 +33,40 @@ fn start_node(chain: &str, spread: &Path, name: &str, json: &Path, extra: &[&str
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start a node")
+        .expect("start a node");
+    Node::reading(child)
+}
+
+/// A node process the test started, and what reads its stderr.
+struct Node {
+    child: Child,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Node {
+    /// `child`, its stderr (piped) read while it runs: a node that says much (RUST_LOG=trace)
+    /// would stop on a full pipe.
+    fn reading(mut child: Child) -> Node {
+        let stderr = child.stderr.take().map(|e| {
+            std::thread::spawn(move || {
+                let mut said = String::new();
+                let _ = BufReader::new(e).read_to_string(&mut said);
+                said
+            })
+        });
+        Node { child, stderr }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// Waits for a node to end; its stderr and whether it succeeded.
-fn node_end(mut child: Child, limit: Duration) -> (bool, String) {
-    let status = common::ended_within(&mut child, limit);
-    let mut err = String::new();
-    if let Some(e) = child.stderr.take() {
-        for l in BufReader::new(e).lines().map_while(Result::ok) {
-            err += &l;
-            err.push('\n');
-        }
-    }
+fn node_end(mut node: Node, limit: Duration) -> (bool, String) {
+    let status = common::ended_within(&mut node.child, limit);
+    let err = node.stderr.take().and_then(|r| r.join().ok()).unwrap_or_default();
     (status.success(), err)
 }
 
@@ -177,7 +198,7 @@ fn fault_tolerance_over_three_nodes_closes_every_log_entry() {
     // c: copies made on b, drops on c, commits from both cross to the root's log on a.
     let spread = spread_file(dir.path(), 3, &[("nat", "b"), ("portscan", "c"), ("lb", "c")]);
     let ft = ["--fault-tolerance", "--mode", "async", "--store", &server.url];
-    let nodes: Vec<(Child, PathBuf)> = ["b", "c"]
+    let nodes: Vec<(Node, PathBuf)> = ["b", "c"]
         .iter()
         .map(|n| {
             let j = dir.path().join(format!("{n}.json"));
@@ -286,7 +307,7 @@ fn killed_nodes_of_chain_are_failed_over(
     let spread = spread_file_with(dir, nodes, place, "silence_ms: 200\n");
     let example = chain == "chains/example.yaml";
     let ft = ["--fault-tolerance", "--mode", "async", "--store", store, "-w", "1"];
-    let mut survivors: Vec<(Child, PathBuf)> = Vec::new();
+    let mut survivors: Vec<(Node, PathBuf)> = Vec::new();
     let mut doomed = Vec::new();
     for i in 1..nodes {
         let name = ((b'a' + i as u8) as char).to_string();
@@ -306,7 +327,7 @@ fn killed_nodes_of_chain_are_failed_over(
         std::thread::sleep(Duration::from_millis(kills_ms.0));
         let mut said = Vec::new();
         for (_, mut child) in doomed {
-            let _ = child.kill();
+            child.kill();
             said.push(node_end(child, Duration::from_secs(5)).1);
             std::thread::sleep(Duration::from_millis(kills_ms.1));
         }
@@ -326,11 +347,14 @@ fn killed_nodes_of_chain_are_failed_over(
     let rep = json(&a_json);
     // The decisions made on the root's node and on the nodes that lived.
     let mut decided: Vec<serde_json::Value> = rep["events"].as_array().cloned().unwrap_or_default();
+    let mut said = vec![("a".to_string(), String::from_utf8_lossy(&a.stderr).into_owned())];
     for (child, report) in survivors {
         let (ok, err) = node_end(child, Duration::from_secs(30));
         assert!(ok, "a surviving node: {err}");
         decided.extend(json(&report)["events"].as_array().cloned().unwrap_or_default());
+        said.push((report.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(), err));
     }
+    said.extend(victims_said.iter().enumerate().map(|(i, s)| (format!("killed-{i}"), s.clone())));
     let link = clean_link(&rep, "a");
     assert_eq!(link["failed_nodes"], serde_json::json!(victims), "{link}");
     let got: Vec<&str> =
@@ -348,6 +372,10 @@ fn killed_nodes_of_chain_are_failed_over(
         let (got, want) = (sorted_frames(&out), sorted_frames(&one));
         assert!(want.len() > 60_000, "{}", want.len());
         if got != want {
+            // What each node said (with RUST_LOG=sluice::copies=trace, where every copy ended).
+            for (node, text) in &said {
+                let _ = std::fs::write(dir.join(format!("{node}.stderr")), text);
+            }
             let kept = keep(dir);
             panic!(
                 "the output after the failover differs from the one-process output: {} packets out of {}, \
@@ -437,8 +465,7 @@ fn a_node_that_dies_ends_the_run_with_an_error_not_a_hang() {
     // Paced: the run would take about eight seconds.
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(1500));
-        let _ = b.kill();
-        let _ = b.wait();
+        b.kill();
     });
     let a = root_node(&spread, &dir.path().join("out.pcap"), &dir.path().join("a.json"), &["--pace", "0.05"]);
     killer.join().expect("killer");
@@ -552,7 +579,8 @@ fn datagrams_lost_between_nodes_are_asked_for_again_and_resent() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("node b");
-    let mut a = ns
+    let b = Node::reading(b);
+    let a = ns
         .sluice()
         .args(["run", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "--spread"])
         .arg(&spread)
@@ -564,12 +592,8 @@ fn datagrams_lost_between_nodes_are_asked_for_again_and_resent() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("node a");
-    let a_status = common::ended_within(&mut a, Duration::from_secs(120));
-    let mut a_err = String::new();
-    if let Some(e) = a.stderr.take() {
-        a_err = BufReader::new(e).lines().map_while(Result::ok).collect::<Vec<_>>().join("\n");
-    }
-    assert!(a_status.success(), "{a_err}");
+    let (a_ok, a_err) = node_end(Node::reading(a), Duration::from_secs(120));
+    assert!(a_ok, "{a_err}");
     let (ok, err) = node_end(b, Duration::from_secs(30));
     assert!(ok, "{err}");
 

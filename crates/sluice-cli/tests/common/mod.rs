@@ -27,13 +27,18 @@ pub fn sluice_within(args: &[&str], limit: Duration) -> Option<Output> {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run sluice");
-    // Read the pipes while waiting: a full pipe would stop the child.
+    // Read both pipes while waiting, each on its own thread: a full pipe would stop the child
+    // (read one after the other, a chatty stderr filled while stdout was read to its end).
     let (mut out, mut err) = (child.stdout.take().expect("stdout"), child.stderr.take().expect("stderr"));
-    let reader = std::thread::spawn(move || {
-        let (mut o, mut e) = (Vec::new(), Vec::new());
-        let _ = out.read_to_end(&mut o);
+    let err_reader = std::thread::spawn(move || {
+        let mut e = Vec::new();
         let _ = err.read_to_end(&mut e);
-        (o, e)
+        e
+    });
+    let reader = std::thread::spawn(move || {
+        let mut o = Vec::new();
+        let _ = out.read_to_end(&mut o);
+        (o, err_reader.join().unwrap_or_default())
     });
     let deadline = std::time::Instant::now() + limit;
     loop {

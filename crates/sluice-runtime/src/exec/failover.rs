@@ -64,6 +64,7 @@ fn send_replay_copy(
         None => Some(p),
     };
     let Some(p) = unsent else { return true };
+    tracing::trace!(target: "sluice::copies", clock = %p.meta.clock, target = ?p.meta.target, "replay copy goes nowhere");
     log.note(&super::ft::Note::Finished(p.meta));
     shared.clocks.done(p.meta.clock);
     shared.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -456,6 +457,10 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
     slot.recovery = Some(Recovery { epoch, replay: Vec::new(), held: Vec::new(), predecessor });
     // Every root hears of it, with the lost copies of its own clocks: each replays its log.
     let lost_in_all = lost.len();
+    if tracing::enabled!(target: "sluice::copies", tracing::Level::TRACE) {
+        let clocks: Vec<String> = lost.iter().map(|m| format!("{}/{}", m.clock, m.flags.bits())).collect();
+        tracing::trace!(target: "sluice::copies", instance = ?id, lost = ?clocks, "crashed");
+    }
     for (root, failures) in fo.failures.iter().enumerate() {
         let lost = lost.iter().filter(|m| usize::from(m.clock.root()) == root).copied().collect();
         if let Ok(mut f) = failures.lock() {
@@ -488,9 +493,15 @@ fn processed_elsewhere(fo: &Failover, slot: &Slot, on_node: &LostClocks, predece
         Ok(clocks) => {
             let updated = clocks.len();
             let mut processed = 0usize;
-            for c in clocks.into_iter().filter(|c| !lost_here(c)) {
-                processed += usize::from(predecessor.insert(c));
+            let mut again = Vec::new();
+            for c in clocks {
+                if lost_here(&c) {
+                    again.push(c);
+                } else {
+                    processed += usize::from(predecessor.insert(c));
+                }
             }
+            tracing::trace!(target: "sluice::copies", %instance, again = ?again, "updated by its predecessor, but a copy was lost with the node: processed again");
             tracing::info!(%instance, updated, processed, "clocks its predecessor on the failed node processed");
         }
         // Without the list every replay copy is processed again: the output stays right, an
@@ -530,6 +541,7 @@ pub(super) fn admit(slot: &mut Slot, pkt: &Packet) -> Admit {
     let at_target = target == Some(me);
     if let Some(r) = &slot.recovery {
         if at_target && r.predecessor.contains(pkt.meta.clock) {
+            tracing::trace!(target: "sluice::copies", clock = %pkt.meta.clock, instance = ?me, "replay copy skipped: its predecessor processed the clock");
             return Admit::Duplicate;
         }
         return Admit::Hold;
@@ -538,6 +550,7 @@ pub(super) fn admit(slot: &mut Slot, pkt: &Packet) -> Admit {
     if first {
         Admit::Process
     } else {
+        tracing::trace!(target: "sluice::copies", clock = %pkt.meta.clock, instance = ?me, flags = pkt.meta.flags.bits(), "a second copy of a clock processed here");
         Admit::Duplicate
     }
 }

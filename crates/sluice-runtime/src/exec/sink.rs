@@ -66,6 +66,7 @@ pub(super) fn drain_sink(
                 tell(note);
                 duplicate
             }) {
+                tracing::trace!(target: "sluice::copies", clock = %dup.meta.clock, flags = dup.meta.flags.bits(), "copy ends at the egress: a duplicate");
                 shared.clocks.done(dup.meta.clock);
                 shared.pool.recycle(dup);
             }

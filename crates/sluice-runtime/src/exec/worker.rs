@@ -496,6 +496,7 @@ pub(super) fn hand_on(
 }
 
 /// How a copy ends at an instance.
+#[derive(Debug, Clone, Copy)]
 pub(super) enum Ended {
     /// The NF dropped it (or it had no route), for this reason.
     Dropped(&'static str),
@@ -510,12 +511,21 @@ pub(super) enum Ended {
 
 /// A copy ends at this instance. The root hears it is done; its buffer goes back to the pool.
 /// The caller counts it out of the packets in flight.
+#[track_caller]
 pub(super) fn end_copy(shared: &Shared, stats: &mut InstanceStats, out: &mut Outgoing, pkt: Packet, how: Ended) {
     match how {
         Ended::Dropped(reason) => stats.drop(shared, pkt.meta.clock, reason),
         Ended::Consumed => stats.consumed += 1,
-        Ended::Duplicate => stats.duplicates += 1,
-        Ended::Decided => {}
+        Ended::Duplicate | Ended::Decided => {
+            // Where a copy ends without going on, for tracing a packet missing after a
+            // failover (RUST_LOG=sluice::copies=trace).
+            let at = std::panic::Location::caller();
+            let m = &pkt.meta;
+            tracing::trace!(target: "sluice::copies", clock = %m.clock, ?how, flags = m.flags.bits(), target = ?m.target, site = %at, "copy ends");
+        }
+    }
+    if let Ended::Duplicate = how {
+        stats.duplicates += 1;
     }
     out.note(shared, Note::Finished(pkt.meta));
     shared.clocks.done(pkt.meta.clock);
