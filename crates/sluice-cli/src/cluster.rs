@@ -144,7 +144,7 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
         n @ ("scale" | "move" | "crash" | "clone") => {
             return control::error(
                 StatusCode::NOT_IMPLEMENTED,
-                &format!("nodes do not host units on the runtime yet, so the controller cannot `{n}`"),
+                &format!("a chain spread over nodes runs with the spread it started with and takes no live changes yet (docs/decisions.md, \"Nodes hosting their units\"), so the controller cannot `{n}`"),
             )
         }
         n => return control::error(StatusCode::BAD_REQUEST, &format!("unknown action `{n}` (known: drain, undrain)")),
