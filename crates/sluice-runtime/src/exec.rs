@@ -40,6 +40,7 @@ mod config;
 mod failover;
 mod finish;
 mod ft;
+mod idle;
 mod input;
 mod outgoing;
 mod passing;

@@ -23,6 +23,7 @@
 
 use super::failover::{LostClocks, LostElsewhere};
 use super::ft::Note;
+use super::idle::Idle;
 use super::outgoing::Outgoing;
 use super::{RunError, Shared};
 use crate::report::LinkReport;
@@ -586,7 +587,7 @@ pub(super) fn connect(
 
 /// On a node without the root: serves the links until the root's node says the run is over.
 pub(super) fn serve_part(shared: &Shared, link: &mut Link, stop: Option<&AtomicBool>) -> Result<(), RunError> {
-    let mut idle = 0u32;
+    let mut idle = Idle::default();
     let served = (|| {
         while !link.ended {
             if shared.aborted.load(Ordering::Acquire) {
@@ -596,7 +597,7 @@ pub(super) fn serve_part(shared: &Shared, link: &mut Link, stop: Option<&AtomicB
                 return Err(RunError::Config("stopped before the root's node ended the run".into()));
             }
             if link.turn(shared)? {
-                idle = 0;
+                idle.busy();
             } else {
                 link.pause(&mut idle);
             }
@@ -612,17 +613,17 @@ pub(super) fn serve_part(shared: &Shared, link: &mut Link, stop: Option<&AtomicB
 
 impl Link {
     /// Nothing to do: spins a little, then waits for a datagram, at most [`IDLE_WAIT`] (what
-    /// the workers queue for other nodes waits that long at most). No yielding: with more
+    /// the workers queue for other nodes waits that long at most; longer once the link has
+    /// been idle a while, `idle.rs`). No yielding: with more
     /// threads than cores, threads that yield stay runnable and a woken one waits for its
     /// slice (milliseconds of latency per crossing, measured).
-    fn pause(&self, idle: &mut u32) {
-        *idle += 1;
-        if *idle < 32 {
+    fn pause(&self, idle: &mut Idle) {
+        if idle.turn() < 32 {
             std::hint::spin_loop();
         } else {
             use std::os::fd::AsRawFd;
             // An error here shows again at the next receive, with its context.
-            let _ = sluice_netif::wait_readable(&[self.socket.as_raw_fd()], IDLE_WAIT);
+            let _ = sluice_netif::wait_readable(&[self.socket.as_raw_fd()], idle.wait(IDLE_WAIT));
         }
     }
 }
@@ -673,11 +674,11 @@ impl LinkThread {
         let handle = std::thread::Builder::new()
             .name("sluice-link".into())
             .spawn(move || {
-                let mut idle = 0u32;
+                let mut idle = Idle::default();
                 let served = (|| {
                     while !st.load(Ordering::Acquire) {
                         if link.turn(&sh)? {
-                            idle = 0;
+                            idle.busy();
                         } else {
                             link.pause(&mut idle);
                         }
@@ -754,13 +755,13 @@ impl Link {
         waiting.sort_unstable();
         waiting.dedup();
         let t0 = Instant::now();
-        let mut idle = 0u32;
+        let mut idle = Idle::default();
         while waiting.iter().any(|n| !self.flushed.get(*n).copied().unwrap_or(false)) && t0.elapsed() < FLUSHED_LIMIT {
             let Some(mut rx) = self.rx.take() else { break };
             let got = self.receive_into(shared, &mut rx);
             self.rx = Some(rx);
             match got {
-                Ok(true) => idle = 0,
+                Ok(true) => idle.busy(),
                 Ok(false) => self.pause(&mut idle),
                 Err(e) => {
                     // A node that stopped with an error after the end has not flushed.

@@ -133,25 +133,25 @@ pub(super) struct WorkerResult {
 
 pub(super) fn worker_loop(shared: &Shared, worker: usize, slots: Vec<Slot>) -> WorkerResult {
     let mut w = Turns::new(shared, worker, slots);
-    let mut idle_rounds = 0u32;
+    let mut idle = super::idle::Idle::default();
     loop {
         if shared.aborted.load(Ordering::Relaxed) {
             break;
         }
         if w.turn(shared) {
-            idle_rounds = 0;
+            idle.busy();
             continue;
         }
         if shared.input_done.load(Ordering::Acquire) && shared.in_flight.load(Ordering::Acquire) == 0 {
             break;
         }
-        idle_rounds += 1;
-        if idle_rounds < 32 {
+        let turns = idle.turn();
+        if turns < 32 {
             std::hint::spin_loop();
-        } else if idle_rounds < 256 {
+        } else if turns < 256 {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(Duration::from_micros(20));
+            std::thread::sleep(idle.wait(Duration::from_micros(20)));
         }
     }
     w.finish(shared)
