@@ -79,6 +79,10 @@ case "$cmd" in
     dir="$(cd "$dir" && pwd)"
     start_one "$SINGLE"
     for p in "${CLUSTER[@]}"; do
+      # A fresh cluster every start: a node that finds the configuration or the data of an
+      # earlier one (a DIR used before; a replica keeps the snapshot its primary sent it) comes
+      # back with them, and creating the cluster then fails ("not empty").
+      rm -f "$dir/$p/nodes.conf" "$dir/$p/dump.rdb"
       start_one "$p" --cluster-enabled yes --cluster-config-file "$dir/$p/nodes.conf" --cluster-node-timeout 5000
     done
     nodes=()
