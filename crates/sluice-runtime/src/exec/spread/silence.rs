@@ -5,9 +5,9 @@
 use super::Link;
 use std::time::{Duration, Instant};
 
-/// Of a gap between two looks of a link at the clock (an idle link looks every 50 µs), what
-/// goes past this much is time it was not running, not counted towards other nodes' silence
-/// ([`Link::absence`]).
+/// Of a gap between two looks of a link at the clock (an idle link looks every 50 µs, every
+/// 500 µs once idle for 2 ms), what goes past this much is time it was not running, not
+/// counted towards other nodes' silence ([`Link::absence`]).
 const ABSENT_AFTER: Duration = Duration::from_millis(20);
 
 impl Link {
