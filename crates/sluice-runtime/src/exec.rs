@@ -50,6 +50,7 @@ mod sink;
 mod spread;
 mod store_crash;
 mod waiting;
+mod wake;
 mod worker;
 
 pub use config::{Overflow, Planned, RunConfig, RunError, RunHooks, Slowdown, MAX_ROOTS};
@@ -131,6 +132,8 @@ struct Shared {
     /// A node that should have answered has not: the root admits nothing meanwhile, so that
     /// a node that died does not take a whole window of copies with it (`spread.rs`).
     hold_admission: AtomicBool,
+    /// Who to wake when a batch is queued for a sleeping worker's instance.
+    wake: wake::Wake,
     /// A node that may fail: a batch's packets leave an instance only once its updates are
     /// sent ([`Outgoing`]'s `hold`), so a copy seen out of a failed node had its updates sent.
     send_updates_first: bool,
@@ -329,6 +332,7 @@ pub fn run(
         elsewhere: (0..slot_count).map(|g| AtomicBool::new(layout.as_ref().is_some_and(|l| !l.here(g)))).collect(),
         failed_elsewhere: Mutex::new(Vec::new()),
         hold_admission: AtomicBool::new(false),
+        wake: wake::Wake::new(slot_count, workers),
         send_updates_first: can_fail_over && spread::may_fail_over(layout.as_ref()),
     });
     let mut planned = config::planned_in_order(&shared, &cfg.planned, scalable)?.into_iter().peekable();

@@ -230,6 +230,7 @@ fn try_push(shared: &Shared, item: Stalled) -> Result<(), Stalled> {
             let q = shared.queue(dest).unwrap_or(&shared.sink);
             let n = b.len();
             q.push(b).map_err(|b| Stalled::Batch(dest, b))?;
+            shared.wake.queued(dest);
             if let Some(sc) = &shared.scaling {
                 sc.queued(dest, n as isize);
             }

@@ -132,6 +132,7 @@ pub(super) struct WorkerResult {
 }
 
 pub(super) fn worker_loop(shared: &Shared, worker: usize, slots: Vec<Slot>) -> WorkerResult {
+    shared.wake.register(worker);
     let mut w = Turns::new(shared, worker, slots);
     let mut idle = super::idle::Idle::default();
     loop {
@@ -151,7 +152,11 @@ pub(super) fn worker_loop(shared: &Shared, worker: usize, slots: Vec<Slot>) -> W
         } else if turns < 256 {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(idle.wait(Duration::from_micros(20)));
+            let short = Duration::from_micros(20);
+            match idle.wait(short) {
+                wait if wait > short => shared.wake.sleep(worker, wait, || w.has_queued(shared)),
+                wait => std::thread::sleep(wait),
+            }
         }
     }
     w.finish(shared)
@@ -169,7 +174,15 @@ pub(super) struct Turns {
 
 impl Turns {
     pub(super) fn new(shared: &Shared, worker: usize, slots: Vec<Slot>) -> Turns {
+        for s in &slots {
+            shared.wake.serves(worker, s.global);
+        }
         Turns { worker, slots, out: Outgoing::new(shared), described: 0, held_seen: 0 }
+    }
+
+    /// Whether a batch waits in the queue of one of this worker's instances.
+    fn has_queued(&self, shared: &Shared) -> bool {
+        self.slots.iter().any(|s| shared.queue(s.global).is_some_and(|q| !q.is_empty()))
     }
 
     /// Serves every instance once; whether any had something to do.
@@ -184,7 +197,11 @@ impl Turns {
         }
         let mut did = false;
         if let Some(sc) = &shared.scaling {
-            slots.extend(sc.take_inbox(*worker));
+            let taken = sc.take_inbox(*worker);
+            for s in &taken {
+                shared.wake.serves(*worker, s.global);
+            }
+            slots.extend(taken);
         }
         super::store_crash::hold_if_asked(shared, slots, held_seen);
         for slot in slots.iter_mut() {
