@@ -5,8 +5,9 @@
 //! waking up — a quiet spread node took 40 % of a core (its link 25 %, its worker 15 %; 14 %
 //! with the longer wait, debug build) — and the threads with work then waited for a core long
 //! enough for other nodes to take their node for failed and for every store round trip to take
-//! milliseconds. The cost: the first packet after an idle stretch of [`LONG_AFTER`] or more
-//! waits up to [`LONG_WAIT`] more (docs/decisions.md, "Idle threads wait longer").
+//! milliseconds. The cost: what comes after an idle stretch of [`LONG_AFTER`] or more may wait
+//! up to [`LONG_WAIT`] more — at a link; a sleeping worker is woken when a batch is queued for
+//! it (`wake.rs`) (docs/decisions.md, "Idle threads wait longer").
 
 use std::time::{Duration, Instant};
 
