@@ -126,12 +126,10 @@ impl Instance {
             self.now_ns = now_ns;
         }
         self.fired.clear();
+        self.state.timers(true);
         match &self.timer_filter {
             Some(f) => self.state.expired_where(now_ns, TIMERS_PER_PACKET, &mut self.fired, &|o, k| f(o, k, clock)),
             None => self.state.expired(now_ns, TIMERS_PER_PACKET, &mut self.fired),
-        }
-        if self.fired.is_empty() {
-            return;
         }
         let fired = std::mem::take(&mut self.fired);
         for f in &fired {
@@ -141,6 +139,7 @@ impl Instance {
             self.nf.on_timer(*f, &mut ctx);
         }
         self.fired = fired;
+        self.state.timers(false);
     }
 
     /// Events emitted so far.

@@ -98,6 +98,13 @@ pub trait StateHandle: Send {
     /// vector here.
     fn end_packet(&mut self, _meta: &mut Meta) {}
 
+    /// The instance starts (`true`) or ends (`false`) firing the timers due before the current
+    /// packet. A backend that tags updates by their order in the packet numbers the timers'
+    /// apart from the packet's own: another instance processing the same packet again (a
+    /// replacement, a clone) may find other timers due, and the packet's own updates must keep
+    /// their numbers, or the store answers one from the log of another.
+    fn timers(&mut self, _firing: bool) {}
+
     /// The runtime says whether this instance is now the only user of shared object `obj`
     /// (it may then cache it) or not (it must flush and stop caching it).
     fn set_exclusive(&mut self, _obj: ObjectId, _exclusive: bool) {}

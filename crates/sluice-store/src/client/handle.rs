@@ -225,9 +225,14 @@ impl StateHandle for StoreClient {
         self.moved_in = meta.flags.contains(sluice_packet::MetaFlags::FIRST);
         self.replaying = meta.flags.contains(sluice_packet::MetaFlags::REPLAYED);
         self.seq = 0;
+        self.timer_seq = TIMER_SEQ;
         self.xor = 0;
         self.touched = 0;
         self.now_ns = self.now_ns.max(meta.ts_ns);
+    }
+
+    fn timers(&mut self, firing: bool) {
+        self.firing_timers = firing;
     }
 
     fn end_packet(&mut self, meta: &mut Meta) {

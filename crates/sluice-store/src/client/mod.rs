@@ -169,6 +169,13 @@ enum Strategy {
 /// The most room a counter's list of increments gets up front, however many one had before.
 const MAX_INCREMENT_ROOM: usize = 4096;
 
+/// The first sequence number of the updates timers make before a packet: the packet's own
+/// count from 0, so they keep their tags whatever timers an instance finds due (a replacement
+/// processing the packet again may find others; with one count, its first own update took the
+/// tag of the predecessor's timer update, the store answered it from that update's log, and an
+/// LB's replayed new connection got no backend — a packet lost after a node failure).
+pub(crate) const TIMER_SEQ: u16 = 0x8000;
+
 /// A write-ahead log entry: a shared-state update as sent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WalEntry {
@@ -260,6 +267,11 @@ pub struct StoreClient {
     /// The current packet starts a flow moved here: look its per-flow state up.
     moved_in: bool,
     seq: u16,
+    /// The next sequence number of an update made by a timer due before the current packet:
+    /// from [`TIMER_SEQ`] up, apart from the packet's own (`StateHandle::timers`).
+    timer_seq: u16,
+    /// Whether the instance is firing timers now.
+    firing_timers: bool,
     xor: u64,
     /// Objects (below 64) the current packet updated: each is folded into its XOR vector once,
     /// so two updates of one object cannot cancel out.
@@ -337,6 +349,8 @@ impl StoreClient {
             clock: Clock::default(),
             moved_in: false,
             seq: 0,
+            timer_seq: TIMER_SEQ,
+            firing_timers: false,
             xor: 0,
             touched: 0,
             now_ns: 0,
@@ -387,8 +401,9 @@ impl StoreClient {
 
     fn next_tag(&mut self) -> OpTag {
         self.stats.updates += 1;
-        let tag = OpTag { clock: self.clock, seq: self.seq };
-        self.seq = self.seq.wrapping_add(1);
+        let counter = if self.firing_timers { &mut self.timer_seq } else { &mut self.seq };
+        let tag = OpTag { clock: self.clock, seq: *counter };
+        *counter = counter.wrapping_add(1);
         tag
     }
 

@@ -210,3 +210,49 @@ pub fn recorded_values_repeat(b: &dyn Backend) -> Result<(), String> {
     ensure(fresh == Value::Int(5), || format!("local state returns the draw: {fresh:?}"))?;
     Ok(())
 }
+
+/// The updates timers make before a packet do not shift the packet's own tags: a replacement
+/// processing the packet again may find other timers due (here none, where the first instance
+/// fired one), and its own update must still be answered from its own log entry. With one
+/// count for both, the replacement's increment took the tag of the first instance's timer
+/// update and got that update's logged result.
+pub fn timer_updates_leave_a_packets_tags(b: &dyn Backend) -> Result<(), String> {
+    let v = 1023;
+    let base = fresh_base();
+    let decls = [
+        StateDecl::new("conns", Scope::per_flow(), AccessPattern::ReadHeavy),
+        StateDecl::new("active", Scope::global(), AccessPattern::ReadWriteOften),
+    ];
+    let (conns, active) = (sluice_state::ObjectId(0), sluice_state::ObjectId(1));
+    let (flow, unit) = (StateKey::Id(base), StateKey::Id(base + 1));
+    let cfg = ClientConfig { mode: Mode::Async, write_through: true, ..Default::default() };
+    let mut first = open_client(b, InstanceId::new(v, 0), &decls, &[], cfg.clone())?;
+    let mut replacement = open_client(b, InstanceId::new(v, 1), &decls, &[], cfg)?;
+    let clock = clk(base, 1);
+    // The first instance: a timer due before the packet removes a flow, then the packet counts.
+    first.begin_batch();
+    first.begin_packet(&meta(clock));
+    first.timers(true);
+    first.delete(conns, &flow).map_err(|e| e.to_string())?;
+    first.timers(false);
+    let counted = first.incr(active, &unit, 5).map_err(|e| e.to_string())?;
+    let mut m = meta(clock);
+    first.end_packet(&mut m);
+    first.end_batch();
+    first.flush().map_err(|e| e.to_string())?;
+    ensure(counted == 5, || format!("the first count: {counted}, want 5"))?;
+    // The replacement processes the packet again (a replay), no timer due.
+    let mut replayed = meta(clock);
+    replayed.flags.insert(MetaFlags::REPLAYED);
+    replacement.begin_batch();
+    replacement.begin_packet(&replayed);
+    let again = replacement.incr(active, &unit, 5).map_err(|e| e.to_string())?;
+    replacement.end_packet(&mut replayed);
+    replacement.end_batch();
+    replacement.flush().map_err(|e| e.to_string())?;
+    ensure(again == 5, || format!("the replayed count is answered from its own log entry: {again}, want 5"))?;
+    let mut reader = open_client(b, InstanceId::new(v, 2), &decls, &[], ClientConfig::default())?;
+    let now = reader.get(active, &unit).map_err(|e| e.to_string())?;
+    ensure(now == Some(Value::Int(5)), || format!("applied once: {now:?}, want 5"))?;
+    Ok(())
+}
