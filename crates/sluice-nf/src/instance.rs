@@ -133,6 +133,7 @@ impl Instance {
         }
         let fired = std::mem::take(&mut self.fired);
         for f in &fired {
+            self.state.timer_fires(f);
             let mut ctx = NfContext::new(self.state.as_mut(), &self.vertex, self.id, &self.labels, &mut self.events);
             ctx.clock = clock;
             ctx.now_ns = now_ns;

@@ -262,7 +262,7 @@ impl Backend for RedisBackend {
                 let Ok(b) = u16::try_from(l.part) else { continue };
                 if let Some(args) = log_of.get_mut(topo.node_of(b)) {
                     args.push(b.to_string().into_bytes());
-                    args.push(format!("{}{:04x}{:04x}", hex16(l.clock.0), l.vertex, l.seq).into_bytes());
+                    args.push(format!("{}{:04x}{:08x}", hex16(l.clock.0), l.vertex, l.seq).into_bytes());
                     args.push(encode_opt(l.result.as_ref()));
                 }
             }
@@ -329,20 +329,20 @@ fn bucket_fcall(function: &str, prefix: &str, buckets: &[u16]) -> redis::Cmd {
 }
 
 /// One entry of a bucket's per-clock log from `sluice_dump`: its id is the clock (16 hex
-/// digits), the vertex and the update's index (4 each).
+/// digits), the vertex (4) and the update's number (8).
 fn logged_result(bucket: u32, id: &[u8], result: &[u8]) -> Result<LoggedResult, StoreError> {
     let bad =
-        || StoreError::Protocol(format!("per-clock log id {:?} is not 24 hex digits", String::from_utf8_lossy(id)));
+        || StoreError::Protocol(format!("per-clock log id {:?} is not 28 hex digits", String::from_utf8_lossy(id)));
     let id = std::str::from_utf8(id).map_err(|_| bad())?;
-    let (Some(c), Some(v), Some(s)) = (id.get(0..16), id.get(16..20), id.get(20..24)) else { return Err(bad()) };
-    if id.len() != 24 {
+    let (Some(c), Some(v), Some(s)) = (id.get(0..16), id.get(16..20), id.get(20..28)) else { return Err(bad()) };
+    if id.len() != 28 {
         return Err(bad());
     }
     Ok(LoggedResult {
         part: bucket,
         clock: Clock(u64::from_str_radix(c, 16).map_err(|_| bad())?),
         vertex: u16::from_str_radix(v, 16).map_err(|_| bad())?,
-        seq: u16::from_str_radix(s, 16).map_err(|_| bad())?,
+        seq: u32::from_str_radix(s, 16).map_err(|_| bad())?,
         result: decode_opt(result).map_err(codec_err)?,
     })
 }

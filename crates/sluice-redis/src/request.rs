@@ -36,7 +36,7 @@ pub(crate) struct Op {
 
 /// The per-clock log's name for a tag (the embedded engine's `(clock, vertex, seq)`).
 fn logid(tag: OpTag, vertex: u16) -> Vec<u8> {
-    format!("{}{:04x}{:04x}", hex16(tag.clock.0), vertex, tag.seq).into_bytes()
+    format!("{}{:04x}{:08x}", hex16(tag.clock.0), vertex, tag.seq).into_bytes()
 }
 
 /// Pushes one tagged part of an operation (an `IncrMany` increment, or its result once applied

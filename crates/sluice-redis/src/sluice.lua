@@ -9,7 +9,7 @@
 --   {P:b}s:<k>  subscribers (set of client ids)
 --   {P:b}K      every entry key <k> of the bucket (for checkpoint, restore, cleanup)
 --   {P:b}L      per-clock log: hash <logid> -> result encoding ('' = none)
---   {P:b}X      log index: lex zset of <logid> = hex16(clock) hex4(vertex) hex4(seq)
+--   {P:b}X      log index: lex zset of <logid> = hex16(clock) hex4(vertex) hex8(seq)
 --   {P:b}T      TS vector: hash client -> clock (decimal), the highest clock logged per client
 --   {P:b}Z      timers: lex zset of hex16(deadline) .. <k>
 --   {P:b}N      packet time, hex16

@@ -187,7 +187,7 @@ fn differential(seed: u64, steps: usize) {
                 Some(used_tags[rng.below(used_tags.len() as u64) as usize])
             } else {
                 clock += 1;
-                let t = OpTag { clock: Clock(clock), seq: rng.below(3) as u16 };
+                let t = OpTag { clock: Clock(clock), seq: rng.below(3) as u32 };
                 used_tags.push(t);
                 Some(t)
             };

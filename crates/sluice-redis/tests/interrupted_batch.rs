@@ -37,7 +37,7 @@ fn batch() -> Vec<Request> {
         .map(|i| Request {
             id: i,
             client: CLIENT,
-            tag: Some(OpTag { clock: Clock::new(0, 1), seq: i as u16 }),
+            tag: Some(OpTag { clock: Clock::new(0, 1), seq: i as u32 }),
             key: key(i),
             op: StoreOp::State(StateOp::Incr(1)),
             reply: false,

@@ -105,6 +105,12 @@ pub trait StateHandle: Send {
     /// their numbers, or the store answers one from the log of another.
     fn timers(&mut self, _firing: bool) {}
 
+    /// Between `timers(true)` and `timers(false)`: the handler of `timer` runs now, and the
+    /// updates until the next call are that timer's. A backend that tags updates numbers a
+    /// timer's by the timer, so that an instance firing other timers at this packet than
+    /// another instance did gets none of their updates' answers.
+    fn timer_fires(&mut self, _timer: &TimerFired) {}
+
     /// The runtime says whether this instance is now the only user of shared object `obj`
     /// (it may then cache it) or not (it must flush and stop caching it).
     fn set_exclusive(&mut self, _obj: ObjectId, _exclusive: bool) {}

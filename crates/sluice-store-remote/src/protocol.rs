@@ -13,8 +13,9 @@ use sluice_state::Value;
 use sluice_store::{Checkpoint, Notification, Replies, Request, StoreError, StoreKey, Takeover};
 use std::io::{Read, Write};
 
-/// The protocol's version: a server refuses a client of another.
-pub const VERSION: u32 = 1;
+/// The protocol's version: a server refuses a client of another. 2: an update's number
+/// (`OpTag::seq`) is 32 bits.
+pub const VERSION: u32 = 2;
 
 /// The largest frame either side accepts (a checkpoint of a big store is the largest message).
 pub const MAX_FRAME: usize = 1 << 30;

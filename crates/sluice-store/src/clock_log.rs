@@ -50,7 +50,7 @@ impl From<Option<Value>> for Kept {
 }
 
 /// One logged update of a clock: its vertex, its index in the packet, its result.
-type Logged = (u16, u16, Kept);
+type Logged = (u16, u32, Kept);
 
 /// One clock's updates: two in place (a NAT's two counters), more on the heap.
 type Slot = SmallVec<[Logged; 2]>;
@@ -72,7 +72,7 @@ pub(crate) struct ClockLog {
     /// Updates of clocks the rings do not cover: already forgotten (a clock's updates can be
     /// logged again after it was forgotten, as in the Redis store), or too far from the ring's
     /// clocks to stretch it that far. Empty in a running chain.
-    stray: HashMap<(Clock, u16, u16), Kept>,
+    stray: HashMap<(Clock, u16, u32), Kept>,
 }
 
 /// How far a ring stretches to take a clock before or after the ones it holds; beyond, the
@@ -87,7 +87,7 @@ impl ClockLog {
     }
 
     /// The result logged for update `seq` of `clock` at `vertex`, if it was applied.
-    pub(crate) fn get(&self, clock: Clock, vertex: u16, seq: u16) -> Option<&Kept> {
+    pub(crate) fn get(&self, clock: Clock, vertex: u16, seq: u32) -> Option<&Kept> {
         let found = self.slot(clock).and_then(|s| s.iter().find(|(v, s, _)| *v == vertex && *s == seq));
         match found {
             Some((_, _, r)) => Some(r),
@@ -97,13 +97,13 @@ impl ClockLog {
     }
 
     /// Whether update `seq` of `clock` at `vertex` was applied (and is still remembered).
-    pub(crate) fn contains(&self, clock: Clock, vertex: u16, seq: u16) -> bool {
+    pub(crate) fn contains(&self, clock: Clock, vertex: u16, seq: u32) -> bool {
         self.get(clock, vertex, seq).is_some()
     }
 
     /// Logs the result of update `seq` of `clock` at `vertex`; whether it is new (a second
     /// result for the same update keeps the first).
-    pub(crate) fn insert(&mut self, clock: Clock, vertex: u16, seq: u16, result: Kept) -> bool {
+    pub(crate) fn insert(&mut self, clock: Clock, vertex: u16, seq: u32, result: Kept) -> bool {
         if self.contains(clock, vertex, seq) {
             return false;
         }
@@ -113,7 +113,7 @@ impl ClockLog {
 
     /// Logs the result of update `seq` of `clock` at `vertex`, which the caller knows is not
     /// logged (it just looked).
-    pub(crate) fn insert_absent(&mut self, clock: Clock, vertex: u16, seq: u16, result: Kept) {
+    pub(crate) fn insert_absent(&mut self, clock: Clock, vertex: u16, seq: u32, result: Kept) {
         let r = usize::from(clock.root());
         if self.rings.len() <= r {
             self.rings.resize_with(r + 1, Ring::default);
@@ -166,7 +166,7 @@ impl ClockLog {
 
     /// Every logged update as (clock, vertex, index in the packet, result): the rings' by root
     /// and then clock, then the strays in no order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (Clock, u16, u16, &Kept)> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Clock, u16, u32, &Kept)> + '_ {
         let ringed = self.rings.iter().enumerate().flat_map(|(r, ring)| {
             let root = u8::try_from(r).unwrap_or(u8::MAX);
             ring.slots.iter().enumerate().flat_map(move |(i, slot)| {
@@ -260,7 +260,7 @@ mod tests {
         for (root, seq) in [(0u8, 5u64), (0, 9), (1, 2), (0, 3)] {
             log.insert(Clock::new(root, seq), 0, 0, int(seq as i64));
         }
-        let all: Vec<(Clock, u16, u16)> = log.iter().map(|(c, v, s, _)| (c, v, s)).collect();
+        let all: Vec<(Clock, u16, u32)> = log.iter().map(|(c, v, s, _)| (c, v, s)).collect();
         assert_eq!(
             all,
             vec![

@@ -15,5 +15,6 @@ pub use backend::{Backend, Connection, StoreError, Takeover, TakeoverParts};
 pub use client::{ClientConfig, ClientStats, Mode, StoreClient, VertexTimerTable, VertexTimers, NONDET_OBJECT};
 pub use engine::EmbeddedStore;
 pub use wire::{
-    Checkpoint, LoggedResult, Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp, TsVector,
+    timer_update_seq, Checkpoint, LoggedResult, Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp,
+    TsVector, TIMER_UPDATE,
 };

@@ -19,14 +19,66 @@ pub struct StoreKey {
 }
 
 /// Identifies an update for exactly-once application: the clock of the packet that caused it
-/// and the update's index among that packet's updates at this vertex. A clone replaying the
-/// packet issues the same tags, so its updates are recognised as duplicates.
+/// and the update's number among that packet's updates at this vertex. A clone replaying the
+/// packet issues the same tags, so its updates are recognised as duplicates. The packet's own
+/// updates are numbered from 0; those of a timer that fires before it carry the timer's
+/// identity ([`timer_update_seq`]), so that an instance firing other timers at that clock than
+/// its predecessor did gets none of their answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct OpTag {
     /// The packet's logical clock.
     pub clock: Clock,
-    /// Index of the update within the packet at this vertex.
-    pub seq: u16,
+    /// Number of the update within the packet at this vertex.
+    pub seq: u32,
+}
+
+/// Bit 31 of [`OpTag::seq`]: an update made by a timer that fired before the packet.
+pub const TIMER_UPDATE: u32 = 0x8000_0000;
+
+/// The [`OpTag::seq`] of update `n` (from 0) that the handler of the timer on `(object, key)`
+/// makes when it fires before a packet (`None`: an update made while due timers are looked up,
+/// outside any handler). Bit 31 is set; bits 8–30 are a hash of the timer's key (and of `n`'s
+/// block of 256), bits 0–7 `n`'s place in its block: a timer's updates keep their numbers
+/// whatever other timers fire at that clock. Two different timers of one vertex share numbers
+/// only if their hashes collide (one chance in 2²³ per pair firing at the same clock), and
+/// that matters only where a replacement fires another set of timers at a clock than its
+/// predecessor did. The hash is FNV-1a over the key's fixed-width fields: the same on every
+/// node of a build.
+pub fn timer_update_seq(timer: Option<(u16, &sluice_state::StateKey)>, n: u32) -> u32 {
+    use std::hash::{Hash, Hasher};
+    let mut h = Fnv1a::default();
+    match timer {
+        Some((object, key)) => {
+            h.write_u16(object);
+            key.hash(&mut h);
+        }
+        None => h.write_u8(0xFF),
+    }
+    h.write_u32(n >> 8);
+    let hash = h.finish();
+    let folded = (hash ^ (hash >> 32)) as u32;
+    TIMER_UPDATE | (folded & 0x7FFF_FF00) | (n & 0xFF)
+}
+
+/// FNV-1a, 64 bits: a hash that is the same in every process (the standard library's and
+/// `ahash`'s are keyed per process).
+struct Fnv1a(u64);
+
+impl Default for Fnv1a {
+    fn default() -> Self {
+        Fnv1a(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv1a {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 /// Operations a store executes: the NF-visible state operations plus the store's own.
@@ -185,8 +237,29 @@ pub struct LoggedResult {
     pub clock: Clock,
     /// The vertex of the NF that made the update.
     pub vertex: u16,
-    /// The update's index among the packet's updates at that vertex.
-    pub seq: u16,
+    /// The update's number among the packet's updates at that vertex ([`OpTag::seq`]).
+    pub seq: u32,
     /// What the update returned.
     pub result: Option<Value>,
+}
+
+#[cfg(test)]
+mod timer_tag_tests {
+    use super::*;
+    use sluice_state::StateKey;
+
+    #[test]
+    fn a_timers_updates_are_numbered_by_the_timer_and_apart_from_the_packets() {
+        let (a, b) = (StateKey::Id(1), StateKey::Id(2));
+        let first = timer_update_seq(Some((0, &a)), 0);
+        assert_eq!(first & TIMER_UPDATE, TIMER_UPDATE, "above every packet's own number");
+        assert_eq!(timer_update_seq(Some((0, &a)), 0), first, "the same in every instance");
+        assert_eq!(timer_update_seq(Some((0, &a)), 1), first + 1, "a timer's updates in order");
+        assert_ne!(timer_update_seq(Some((0, &b)), 0), first, "another key");
+        assert_ne!(timer_update_seq(Some((1, &a)), 0), first, "another object");
+        assert_ne!(timer_update_seq(None, 0), first, "outside any handler");
+        // Past a block of 256, the numbers go on elsewhere rather than wrap onto the first.
+        let later = timer_update_seq(Some((0, &a)), 256);
+        assert!(later & TIMER_UPDATE != 0 && later != first);
+    }
 }

@@ -225,7 +225,7 @@ impl StateHandle for StoreClient {
         self.moved_in = meta.flags.contains(sluice_packet::MetaFlags::FIRST);
         self.replaying = meta.flags.contains(sluice_packet::MetaFlags::REPLAYED);
         self.seq = 0;
-        self.timer_seq = TIMER_SEQ;
+        self.firing = (None, 0);
         self.xor = 0;
         self.touched = 0;
         self.now_ns = self.now_ns.max(meta.ts_ns);
@@ -233,6 +233,11 @@ impl StateHandle for StoreClient {
 
     fn timers(&mut self, firing: bool) {
         self.firing_timers = firing;
+        self.firing = (None, 0);
+    }
+
+    fn timer_fires(&mut self, timer: &TimerFired) {
+        self.firing = (Some((timer.object, timer.key)), 0);
     }
 
     fn end_packet(&mut self, meta: &mut Meta) {

@@ -169,13 +169,6 @@ enum Strategy {
 /// The most room a counter's list of increments gets up front, however many one had before.
 const MAX_INCREMENT_ROOM: usize = 4096;
 
-/// The first sequence number of the updates timers make before a packet: the packet's own
-/// count from 0, so they keep their tags whatever timers an instance finds due (a replacement
-/// processing the packet again may find others; with one count, its first own update took the
-/// tag of the predecessor's timer update, the store answered it from that update's log, and an
-/// LB's replayed new connection got no backend — a packet lost after a node failure).
-pub(crate) const TIMER_SEQ: u16 = 0x8000;
-
 /// A write-ahead log entry: a shared-state update as sent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WalEntry {
@@ -266,12 +259,17 @@ pub struct StoreClient {
     clock: Clock,
     /// The current packet starts a flow moved here: look its per-flow state up.
     moved_in: bool,
-    seq: u16,
-    /// The next sequence number of an update made by a timer due before the current packet:
-    /// from [`TIMER_SEQ`] up, apart from the packet's own (`StateHandle::timers`).
-    timer_seq: u16,
-    /// Whether the instance is firing timers now.
+    seq: u32,
+    /// Whether the instance is firing timers now: updates are then numbered apart from the
+    /// packet's own, by timer ([`crate::timer_update_seq`]), so the packet's own keep their
+    /// tags whatever timers an instance finds due (a replacement processing the packet again
+    /// may find others; with one count, its first own update took the tag of the predecessor's
+    /// timer update, the store answered it from that update's log, and an LB's replayed new
+    /// connection got no backend — a packet lost after a node failure).
     firing_timers: bool,
+    /// The timer whose handler runs now (`StateHandle::timer_fires`), and how many updates it
+    /// made so far.
+    firing: (Option<(ObjectId, StateKey)>, u32),
     xor: u64,
     /// Objects (below 64) the current packet updated: each is folded into its XOR vector once,
     /// so two updates of one object cannot cancel out.
@@ -349,8 +347,8 @@ impl StoreClient {
             clock: Clock::default(),
             moved_in: false,
             seq: 0,
-            timer_seq: TIMER_SEQ,
             firing_timers: false,
+            firing: (None, 0),
             xor: 0,
             touched: 0,
             now_ns: 0,
@@ -401,10 +399,18 @@ impl StoreClient {
 
     fn next_tag(&mut self) -> OpTag {
         self.stats.updates += 1;
-        let counter = if self.firing_timers { &mut self.timer_seq } else { &mut self.seq };
-        let tag = OpTag { clock: self.clock, seq: *counter };
-        *counter = counter.wrapping_add(1);
-        tag
+        let seq = if self.firing_timers {
+            let (timer, n) = &mut self.firing;
+            let seq = crate::timer_update_seq(timer.as_ref().map(|(o, k)| (o.0, k)), *n);
+            *n = n.wrapping_add(1);
+            seq
+        } else {
+            let seq = self.seq;
+            // The packet's own stay below the timers' bit.
+            self.seq = (seq + 1) & !crate::TIMER_UPDATE;
+            seq
+        };
+        OpTag { clock: self.clock, seq }
     }
 
     fn request(&mut self, key: StoreKey, op: StoreOp, tag: Option<OpTag>, reply: bool) -> Request {

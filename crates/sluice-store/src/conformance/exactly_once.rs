@@ -256,3 +256,59 @@ pub fn timer_updates_leave_a_packets_tags(b: &dyn Backend) -> Result<(), String>
     ensure(now == Some(Value::Int(5)), || format!("applied once: {now:?}, want 5"))?;
     Ok(())
 }
+
+/// Each timer's updates keep their own tags, whatever other timers fire at the clock: the
+/// first instance fires the timer of flow 1 before the packet (which counts and removes the
+/// flow); the replacement, processing the packet again, finds the timer of flow 2 due as well
+/// and fires it first. Flow 2's count is new and must be applied; flow 1's was applied and
+/// must be answered from the log. With one count for all timers, flow 2's increment took the
+/// tag of flow 1's and got its answer: applied never.
+pub fn timers_keep_their_own_tags(b: &dyn Backend) -> Result<(), String> {
+    use sluice_state::TimerFired;
+    let v = 1022;
+    let base = fresh_base();
+    let decls = [
+        StateDecl::new("conns", Scope::per_flow(), AccessPattern::ReadHeavy),
+        StateDecl::new("active", Scope::global(), AccessPattern::ReadWriteOften),
+    ];
+    let (conns, active) = (sluice_state::ObjectId(0), sluice_state::ObjectId(1));
+    let (flow1, flow2, unit) = (StateKey::Id(base), StateKey::Id(base + 1), StateKey::Id(base + 2));
+    let timer = |key| TimerFired { object: conns, key };
+    let cfg = ClientConfig { mode: Mode::Async, write_through: true, ..Default::default() };
+    let mut first = open_client(b, InstanceId::new(v, 0), &decls, &[], cfg.clone())?;
+    let mut replacement = open_client(b, InstanceId::new(v, 1), &decls, &[], cfg)?;
+    let clock = clk(base, 1);
+    let expire = |c: &mut StoreClient, key: StateKey, by: i64| -> Result<i64, String> {
+        c.timer_fires(&timer(key));
+        let n = c.incr(active, &unit, by).map_err(|e| e.to_string())?;
+        c.delete(conns, &key).map_err(|e| e.to_string())?;
+        Ok(n)
+    };
+    first.begin_batch();
+    first.begin_packet(&meta(clock));
+    first.timers(true);
+    let one = expire(&mut first, flow1, 1)?;
+    first.timers(false);
+    let mut m = meta(clock);
+    first.end_packet(&mut m);
+    first.end_batch();
+    first.flush().map_err(|e| e.to_string())?;
+    ensure(one == 1, || format!("flow 1's count: {one}, want 1"))?;
+    let mut replayed = meta(clock);
+    replayed.flags.insert(MetaFlags::REPLAYED);
+    replacement.begin_batch();
+    replacement.begin_packet(&replayed);
+    replacement.timers(true);
+    let two = expire(&mut replacement, flow2, 10)?;
+    let one_again = expire(&mut replacement, flow1, 1)?;
+    replacement.timers(false);
+    replacement.end_packet(&mut replayed);
+    replacement.end_batch();
+    replacement.flush().map_err(|e| e.to_string())?;
+    ensure(two == 11, || format!("flow 2's count is applied: {two}, want 11"))?;
+    ensure(one_again == 1, || format!("flow 1's count is answered from its log entry: {one_again}, want 1"))?;
+    let mut reader = open_client(b, InstanceId::new(v, 2), &decls, &[], ClientConfig::default())?;
+    let now = reader.get(active, &unit).map_err(|e| e.to_string())?;
+    ensure(now == Some(Value::Int(11)), || format!("each applied once: {now:?}, want 11"))?;
+    Ok(())
+}

@@ -49,7 +49,7 @@ pub use concurrency::{
 };
 pub use exactly_once::{
     forget_clock_reapplies, recorded_values_repeat, retransmit_applied_once, tagged_reads_not_logged,
-    timer_updates_leave_a_packets_tags,
+    timer_updates_leave_a_packets_tags, timers_keep_their_own_tags,
 };
 pub use ownership::{owner_writes_logged, ownership_handover};
 pub use semantics::{ops_semantics, value_and_key_fidelity};
@@ -105,7 +105,8 @@ macro_rules! conformance_tests {
                     shared_key_timers_fire_at_any_instance_of_the_vertex, checkpoint_restore,
                     ts_vector_on_reads, client_modes_agree, reconnected_instance_notified,
                     checkpoint_timers, wipe_empties_store, tagged_reads_not_logged,
-                    recorded_values_repeat, owner_writes_logged, timer_updates_leave_a_packets_tags);
+                    recorded_values_repeat, owner_writes_logged, timer_updates_leave_a_packets_tags,
+                    timers_keep_their_own_tags);
             }
         )+
     };
@@ -153,5 +154,6 @@ pub fn all() -> Vec<(&'static str, Check)> {
         ("recorded_values_repeat", recorded_values_repeat),
         ("owner_writes_logged", owner_writes_logged),
         ("timer_updates_leave_a_packets_tags", timer_updates_leave_a_packets_tags),
+        ("timers_keep_their_own_tags", timers_keep_their_own_tags),
     ]
 }

@@ -105,7 +105,7 @@ pub(super) fn skey(vertex: u16, object: u16, key: StateKey) -> StoreKey {
 }
 
 /// The tag of update `seq` of the packet with `clock`.
-pub(super) fn tag(clock: Clock, seq: u16) -> Option<OpTag> {
+pub(super) fn tag(clock: Clock, seq: u32) -> Option<OpTag> {
     Some(OpTag { clock, seq })
 }
 
