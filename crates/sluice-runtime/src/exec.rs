@@ -19,14 +19,14 @@ use crate::live::Live;
 use crate::plan::{Plan, Target, VertexPlan};
 use crate::ports::{Fill, Sink, Source};
 use crate::record::Recording;
-use crate::report::{Latency, RunReport, StoreCrashReport};
+use crate::report::{RunReport, StoreCrashReport};
 use config::Checked;
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
 use ft::{Note, RootLog};
 use outgoing::Outgoing;
 use roots::{RootState, Split};
-use sink::{drain_sink, latency_windows, Latencies};
+use sink::{drain_sink, Latencies};
 use sluice_chc::egress::Egress;
 use sluice_packet::{Batch, Clock, InstanceId, PacketPool, ParseStatus};
 use std::collections::BTreeMap;
@@ -434,9 +434,7 @@ pub fn run(
     let workers = if inline { 0 } else { workers };
     let mut report =
         RunReport { chain: name, state, workers, roots, batch: cfg.batch, window: cfg.window, ..RunReport::default() };
-    let hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
-        .map_err(|e| RunError::Config(e.to_string()))?;
-    let mut latencies = Latencies { hist, timeline: cfg.latency_timeline.map(|_| Vec::new()) };
+    let mut latencies = Latencies::new(cfg.latency_timeline.is_some())?;
     let mut root = Outgoing::new(&shared);
     let mut inbuf: Batch = Vec::with_capacity(cfg.batch);
     // Admitted and stamped, not yet in the chain.
@@ -779,11 +777,7 @@ pub fn run(
     // Instances that ran on another node (and did not fail over here) are that node's report.
     slots.retain(|(_, s)| !shared.is_elsewhere(s.global));
     finish::instances_into(&mut report, &shared, slots);
-    let Latencies { hist, timeline } = latencies;
-    if let (Some(t), Some(width)) = (timeline, cfg.latency_timeline) {
-        report.set_latency_timeline(latency_windows(t, width));
-    }
-    report.latency_us = Latency::of_ns(&hist);
+    latencies.into_report(&mut report, cfg.latency_timeline);
     Ok(report)
 }
 

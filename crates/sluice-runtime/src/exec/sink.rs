@@ -17,8 +17,25 @@ pub(super) struct Latencies {
     pub(super) timeline: Option<Vec<(u64, u64)>>,
 }
 
+impl Latencies {
+    /// None yet; with each packet's too if `timeline`.
+    pub(super) fn new(timeline: bool) -> Result<Latencies, RunError> {
+        let hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
+            .map_err(|e| RunError::Config(e.to_string()))?;
+        Ok(Latencies { hist, timeline: timeline.then(Vec::new) })
+    }
+
+    /// Into `report`: the percentiles, and the latency per window of `width` if given.
+    pub(super) fn into_report(self, report: &mut RunReport, width: Option<Duration>) {
+        if let (Some(t), Some(width)) = (self.timeline, width) {
+            report.set_latency_timeline(latency_windows(t, width));
+        }
+        report.latency_us = crate::report::Latency::of_ns(&self.hist);
+    }
+}
+
 /// Latency per window of `width`, from (egress time, latency) pairs in ns, in egress order.
-pub(super) fn latency_windows(samples: Vec<(u64, u64)>, width: Duration) -> Vec<crate::report::LatencyWindow> {
+fn latency_windows(samples: Vec<(u64, u64)>, width: Duration) -> Vec<crate::report::LatencyWindow> {
     let width = (width.as_nanos() as u64).max(1);
     let mut out = Vec::new();
     let mut rest = samples.as_slice();
