@@ -333,3 +333,26 @@ mod tests {
         }
     }
 }
+
+/// FNV-1a, 64 bits: a few multiplications per field, no allocation, and the same in every
+/// process (the standard library's hasher and `ahash` are keyed per process), for numbers that
+/// several processes or nodes must agree on.
+#[derive(Debug, Clone, Copy)]
+pub struct Fnv1a(u64);
+
+impl Default for Fnv1a {
+    fn default() -> Self {
+        Fnv1a(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv1a {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}

@@ -12,7 +12,7 @@ mod meta;
 mod packet;
 
 pub use checksum::{checksum_adjust, checksum_adjust_u16};
-pub use flow::{hash_ip, FiveTuple, FlowKey, HeaderField, Proto};
+pub use flow::{hash_ip, FiveTuple, FlowKey, Fnv1a, HeaderField, Proto};
 pub use headers::{Headers, ParseStatus, TcpFlags, L3, L4};
 pub use meta::{Clock, InstanceId, LabelId, Labels, Meta, MetaFlags, MAX_LABELS};
 pub use packet::{warm, Batch, Packet, PacketBody, PacketPool, RewriteError, MAX_FRAME};

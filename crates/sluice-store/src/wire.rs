@@ -46,7 +46,7 @@ pub const TIMER_UPDATE: u32 = 0x8000_0000;
 /// node of a build.
 pub fn timer_update_seq(timer: Option<(u16, &sluice_state::StateKey)>, n: u32) -> u32 {
     use std::hash::{Hash, Hasher};
-    let mut h = Fnv1a::default();
+    let mut h = sluice_packet::Fnv1a::default();
     match timer {
         Some((object, key)) => {
             h.write_u16(object);
@@ -58,27 +58,6 @@ pub fn timer_update_seq(timer: Option<(u16, &sluice_state::StateKey)>, n: u32) -
     let hash = h.finish();
     let folded = (hash ^ (hash >> 32)) as u32;
     TIMER_UPDATE | (folded & 0x7FFF_FF00) | (n & 0xFF)
-}
-
-/// FNV-1a, 64 bits: a hash that is the same in every process (the standard library's and
-/// `ahash`'s are keyed per process).
-struct Fnv1a(u64);
-
-impl Default for Fnv1a {
-    fn default() -> Self {
-        Fnv1a(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl std::hash::Hasher for Fnv1a {
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 /// Operations a store executes: the NF-visible state operations plus the store's own.

@@ -351,26 +351,12 @@ fn array<const N: usize>(s: &[u8]) -> [u8; N] {
 /// entropy for ECMP, in the dynamic range 49152–65535): one flow's packets take one path.
 pub fn source_port(pkt: &sluice_packet::Packet) -> u16 {
     use std::hash::{Hash, Hasher};
-    let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+    let mut h = sluice_packet::Fnv1a::default();
     match pkt.tuple() {
         Some(t) => t.hash(&mut h),
         None => h.write(pkt.data().get(..14).unwrap_or(pkt.data())),
     }
     49152 + (h.finish() % 16384) as u16
-}
-
-/// FNV-1a: a few multiplications per header field, no allocation.
-struct Fnv(u64);
-
-impl std::hash::Hasher for Fnv {
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 /// An Ethernet/IPv4/UDP frame carrying `datagram` from `src` to `dst` on the Geneve port, as a
