@@ -134,52 +134,64 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
         Ok(v) => v,
         Err(e) => return control::error(StatusCode::BAD_REQUEST, &format!("malformed JSON: {e}")),
     };
-    let usage = "send one action: {\"drain\": {\"node\": N}} or {\"undrain\": {\"node\": N}}";
+    let usage =
+        "send one action: {\"drain\": {\"node\": N}}, {\"undrain\": {\"node\": N}} or {\"crash_node\": {\"node\": N}}";
     let Some((name, args)) = v.as_object().filter(|o| o.len() == 1).and_then(|o| o.iter().next()) else {
         return control::error(StatusCode::BAD_REQUEST, usage);
     };
-    let drain = match name.as_str() {
-        "drain" => true,
-        "undrain" => false,
-        n @ ("scale" | "move" | "crash" | "clone") => {
+    let action = match name.as_str() {
+        "drain" => NodeAction::Drain,
+        "undrain" => NodeAction::Undrain,
+        "crash_node" => NodeAction::Crash,
+        "crash" => {
+            return control::error(
+                StatusCode::NOT_IMPLEMENTED,
+                "the instances a node hosts share its process, so one of them cannot crash alone: crash its node with {\"crash_node\": {\"node\": N}} (`sluice ctl crash-node N`)",
+            )
+        }
+        n @ ("scale" | "move" | "clone") => {
             return control::error(
                 StatusCode::NOT_IMPLEMENTED,
                 &format!("a chain spread over nodes runs with the spread it started with and takes no live changes yet (docs/decisions.md, \"Nodes hosting their units\"), so the controller cannot `{n}`"),
             )
         }
-        n => return control::error(StatusCode::BAD_REQUEST, &format!("unknown action `{n}` (known: drain, undrain)")),
+        n => {
+            return control::error(
+                StatusCode::BAD_REQUEST,
+                &format!("unknown action `{n}` (known: drain, undrain, crash_node)"),
+            )
+        }
     };
     let Some(node) = args["node"].as_str().map(str::to_string) else {
         return control::error(StatusCode::BAD_REQUEST, usage);
     };
-    let known = {
-        let (etcd, cluster, node) = (etcd.clone(), cluster.clone(), node.clone());
-        tokio::task::spawn_blocking(move || {
-            sluice_cluster::nodes(&etcd, &cluster).map(|(live, _)| live.iter().any(|n| n.id == node))
-        })
-        .await
-    };
-    match known {
-        Ok(Ok(true)) => {}
-        Ok(Ok(false)) => return control::error(StatusCode::NOT_FOUND, &format!("no live node `{node}`")),
-        Ok(Err(e)) => return control::error(StatusCode::BAD_GATEWAY, &format!("etcd: {e}")),
-        Err(e) => return control::error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    }
     let n = node.clone();
     let done = tokio::task::spawn_blocking(move || {
-        if drain {
-            sluice_cluster::drain(&etcd, &cluster, &n)
-        } else {
-            sluice_cluster::undrain(&etcd, &cluster, &n)
+        let live = sluice_cluster::nodes(&etcd, &cluster)?.0.iter().any(|x| x.id == n);
+        match action {
+            _ if !live => Ok(false),
+            NodeAction::Drain => sluice_cluster::drain(&etcd, &cluster, &n).map(|()| true),
+            NodeAction::Undrain => sluice_cluster::undrain(&etcd, &cluster, &n).map(|()| true),
+            // Asked of the node's registration: false if it went meanwhile.
+            NodeAction::Crash => sluice_cluster::ask_crash(&etcd, &cluster, &n),
         }
     })
     .await;
     match done {
-        Ok(Ok(())) => Json(serde_json::json!({ "applied": { name.as_str(): { "node": node } } })).into_response(),
+        Ok(Ok(true)) => Json(serde_json::json!({ "applied": { name.as_str(): { "node": node } } })).into_response(),
+        Ok(Ok(false)) => control::error(StatusCode::NOT_FOUND, &format!("no live node `{node}`")),
         Ok(Err(e @ ClusterError::BadName { .. })) => control::error(StatusCode::BAD_REQUEST, &e.to_string()),
         Ok(Err(e)) => control::error(StatusCode::BAD_GATEWAY, &format!("etcd: {e}")),
         Err(e) => control::error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
+}
+
+/// What an action does to its node.
+#[derive(Clone, Copy)]
+enum NodeAction {
+    Drain,
+    Undrain,
+    Crash,
 }
 
 /// Encodes one counter.
@@ -336,13 +348,13 @@ enum ClusterCommand {
         json: bool,
     },
     #[command(flatten)]
-    Drain(DrainCommand),
+    Node(NodeCommand),
 }
 
-/// Draining a node, from `sluice cluster` (through etcd) or `sluice ctl` (through a
+/// Acting on one node: from `sluice cluster` (through etcd) or `sluice ctl` (through a
 /// controller's endpoint).
 #[derive(clap::Subcommand)]
-pub(crate) enum DrainCommand {
+pub(crate) enum NodeCommand {
     /// Move every unit off a node and place nothing on it (it stays registered).
     Drain {
         /// The node's id.
@@ -353,14 +365,21 @@ pub(crate) enum DrainCommand {
         /// The node's id.
         node: String,
     },
+    /// A drill: the node kills its own process at once, as `kill -9` would (within 200 ms),
+    /// and the chain fails its instances over as for any crash.
+    CrashNode {
+        /// The node's id.
+        node: String,
+    },
 }
 
-impl DrainCommand {
+impl NodeCommand {
     /// The action as a controller's endpoint takes it.
     pub(crate) fn action(&self) -> serde_json::Value {
         match self {
-            DrainCommand::Drain { node } => serde_json::json!({ "drain": { "node": node } }),
-            DrainCommand::Undrain { node } => serde_json::json!({ "undrain": { "node": node } }),
+            NodeCommand::Drain { node } => serde_json::json!({ "drain": { "node": node } }),
+            NodeCommand::Undrain { node } => serde_json::json!({ "undrain": { "node": node } }),
+            NodeCommand::CrashNode { node } => serde_json::json!({ "crash_node": { "node": node } }),
         }
     }
 }
@@ -443,7 +462,7 @@ pub(crate) fn status_text(s: &ClusterStatus) -> String {
     out
 }
 
-/// Status, drain and undrain, straight from etcd (where the controller keeps its state).
+/// Status, drain, undrain and crash drills, straight from etcd (where the controller keeps its state).
 pub fn cmd_cluster(a: ClusterCmdArgs) -> Result<(), Failure> {
     let etcd = a.cluster.connect()?;
     let cluster = &a.cluster.cluster;
@@ -452,13 +471,19 @@ pub fn cmd_cluster(a: ClusterCmdArgs) -> Result<(), Failure> {
         e => fail(exit::FAILED)(e.into()),
     };
     match a.what {
-        ClusterCommand::Drain(DrainCommand::Drain { node }) => {
+        ClusterCommand::Node(NodeCommand::Drain { node }) => {
             sluice_cluster::drain(&etcd, cluster, &node).map_err(io)?;
             eprintln!("node `{node}` drained: the controller moves its units to the other nodes");
         }
-        ClusterCommand::Drain(DrainCommand::Undrain { node }) => {
+        ClusterCommand::Node(NodeCommand::Undrain { node }) => {
             sluice_cluster::undrain(&etcd, cluster, &node).map_err(io)?;
             eprintln!("node `{node}` can host units again");
+        }
+        ClusterCommand::Node(NodeCommand::CrashNode { node }) => {
+            if !sluice_cluster::ask_crash(&etcd, cluster, &node).map_err(io)? {
+                return Err(fail(exit::INVALID)(anyhow::anyhow!("no live node `{node}`")));
+            }
+            eprintln!("node `{node}` asked to crash: it kills its process within 200 ms");
         }
         ClusterCommand::Status { json } => {
             let status = cluster_status(&etcd, cluster).map_err(io)?;

@@ -455,7 +455,7 @@ enum CtlCommand {
     },
     /// (A controller's endpoint.)
     #[command(flatten)]
-    Drain(crate::cluster::DrainCommand),
+    Node(crate::cluster::NodeCommand),
 }
 
 /// Parses `V:I=MIN-MAX` (or `V:I=0`) into the action's JSON.
@@ -527,7 +527,7 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
         | CtlCommand::CrashStore
         | CtlCommand::Scale { .. }
         | CtlCommand::Move { .. }
-        | CtlCommand::Drain(_) => "/api/v1/actions",
+        | CtlCommand::Node(_) => "/api/v1/actions",
     };
     let url = format!("http://{}{path}", a.control);
     let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
@@ -546,7 +546,7 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
         }
         CtlCommand::CrashRoot => Some(serde_json::json!({ "crash_root": {} })),
         CtlCommand::CrashStore => Some(serde_json::json!({ "crash_store": {} })),
-        CtlCommand::Drain(d) => Some(d.action()),
+        CtlCommand::Node(d) => Some(d.action()),
         _ => None,
     };
     let sent = match action {

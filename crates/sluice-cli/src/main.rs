@@ -99,7 +99,7 @@ enum Command {
     Fuzz(fuzz::FuzzArgs),
     /// Look at a running chain through its control endpoint (`sluice run --control`): its
     /// vertices and instances with live statistics, or its Prometheus metrics; or at a cluster
-    /// through its controller's (`sluice controller --control`): nodes, drain, undrain.
+    /// through its controller's (`sluice controller --control`): nodes, drain, undrain, crash-node.
     Ctl(control::CtlArgs),
     /// Place a chain's roots and NF instances on the live nodes of a cluster (etcd): campaign
     /// for leadership, then keep the assignments in step as nodes join, leave or die.
@@ -108,7 +108,8 @@ enum Command {
     /// assignment and print each change as a JSON line; with --run, host this node's part of
     /// the chain once the placement settles (docs/deploy.md).
     Node(node_cmd::NodeArgs),
-    /// A cluster's state in etcd: status (leader, nodes, units), drain or undrain a node.
+    /// A cluster's state in etcd: status (leader, nodes, units), drain or undrain a node, crash
+    /// one as a drill.
     Cluster(cluster::ClusterCmdArgs),
     /// Serve a state store to the NF instances of other processes (`store serve`).
     Store(store_cmd::StoreArgs),

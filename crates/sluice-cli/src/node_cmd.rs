@@ -10,7 +10,7 @@ use crate::{exit, fail, Failure};
 use clap::Args;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
-use sluice_cluster::{assignment_at, watch_assignment, ClusterError, Etcd, Membership, NodeInfo, Unit};
+use sluice_cluster::{assignment_at, crash_asked, watch_assignment, ClusterError, Etcd, Membership, NodeInfo, Unit};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -239,6 +239,7 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
     };
     let mut membership = join().map_err(|e| fail(join_code(&e))(e.into()))?;
     say("joined", &a.id, None);
+    watch_for_crash_drill(etcd.clone(), cluster.clone(), a.id.clone());
     let mut units: Option<Vec<Unit>> = None;
     let mut pause = Duration::from_millis(100);
     let mut ended = None;
@@ -324,6 +325,32 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
     stats.registered.store(false, Ordering::Relaxed);
     say("left", &a.id, None);
     ended.unwrap_or(Ok(()))
+}
+
+/// How often a node looks for a crash drill asked of it.
+const CRASH_CHECK_EVERY: Duration = Duration::from_millis(200);
+
+/// Looks for a crash drill asked of `node`, on a thread of its own (an etcd that answers
+/// slowly or not at all delays only this look, not the node's other work).
+fn watch_for_crash_drill(etcd: Etcd, cluster: String, node: String) {
+    std::thread::spawn(move || loop {
+        std::thread::sleep(CRASH_CHECK_EVERY);
+        if crash_asked(&etcd, &cluster, &node).unwrap_or(false) {
+            crash_drill(&node);
+        }
+    });
+}
+
+/// A crash drill was asked (`sluice ctl crash`, [`sluice_cluster::ask_crash`]): the process
+/// dies at once, as under `kill -9` — no run report, no leaving the cluster, nothing flushed —
+/// so that what the chain does next is what it does for a real crash.
+fn crash_drill(node: &str) {
+    tracing::warn!(node, "crash drill: killing this process (SIGKILL)");
+    // SAFETY: raise(3) only sends a signal to this process; SIGKILL cannot be caught, so the
+    // call does not return.
+    unsafe {
+        libc::raise(libc::SIGKILL);
+    }
 }
 
 fn join_code(e: &ClusterError) -> u8 {

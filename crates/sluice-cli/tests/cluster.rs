@@ -363,6 +363,8 @@ fn node_and_controller_serve_metrics_and_the_controller_an_api_behind_a_token() 
         ("{\"drain\": {}}", 400, "send one action"),
         ("{\"reboot\": {}}", 400, "unknown action `reboot`"),
         ("{\"scale\": {\"vertex\": \"nat\", \"by\": 1}}", 501, "cannot `scale`"),
+        ("{\"crash\": {\"vertex\": \"nat\", \"instance\": 0}}", 501, "crash its node"),
+        ("{\"crash_node\": {\"node\": \"zz\"}}", 404, "no live node `zz`"),
         ("not json", 400, "malformed JSON"),
     ] {
         let (status, answer) = request(ctl_port, "POST", "/api/v1/actions", Some("m3trics"), body);
@@ -374,8 +376,12 @@ fn node_and_controller_serve_metrics_and_the_controller_an_api_behind_a_token() 
     let out = ctl(&["drain", "zz"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no live node"), "{}", String::from_utf8_lossy(&out.stderr));
-    // The node stops (SIGKILL): the controller sees no live node and keeps the placement.
-    let _ = a.0.kill();
+    // A crash drill through the API: the node kills its own process (SIGKILL, nothing
+    // flushed, no leaving); the controller sees no live node and keeps the placement.
+    let out = ctl(&["crash-node", "a"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ended = common::ended_within(&mut a.0, Duration::from_secs(10));
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&ended), Some(9), "node a: {ended:?}");
     let c = metrics_until(ctl_port, "the controller sees the node gone", |m| {
         metric(m, "sluice_controller_nodes_live") == Some(0)
     });

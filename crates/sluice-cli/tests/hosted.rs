@@ -1,6 +1,7 @@
 //! `sluice node --run`: nodes on a real etcd host the units `sluice controller` placed on them,
 //! as one chain spread over their processes; the run gives the one-process output, is recorded
-//! in parts that verify together, and goes on when the node hosting the NAT is SIGKILLed.
+//! in parts that verify together, and goes on when the node hosting the NAT is SIGKILLed (by
+//! the test, or by itself in a crash drill asked through etcd).
 
 use sluice_cluster::{leader, LocalEtcd};
 use std::path::{Path, PathBuf};
@@ -53,15 +54,22 @@ struct Lines {
     log: PathBuf,
 }
 
+impl Lines {
+    /// What the node wrote to its stderr so far.
+    fn said(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
 /// The next line whose event is `event`, within `limit` (or a failure showing the node's log).
 fn next_event(lines: &Lines, event: &str, limit: Duration) -> serde_json::Value {
     let deadline = Instant::now() + limit;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let v = lines.rx.recv_timeout(left).unwrap_or_else(|e| {
-            let log = std::fs::read_to_string(&lines.log).unwrap_or_default();
-            panic!("no `{event}` line ({e}); the node's log:\n{log}")
-        });
+        let v = lines
+            .rx
+            .recv_timeout(left)
+            .unwrap_or_else(|e| panic!("no `{event}` line ({e}); the node's log:\n{}", lines.said()));
         if v["event"] == event {
             return v;
         }
@@ -74,6 +82,9 @@ enum Victim {
     NatNode,
     /// The leading controller (another one stands by).
     Leader,
+    /// The node hosting the NAT, by a crash drill (`sluice cluster crash-node`): it SIGKILLs
+    /// itself.
+    NatNodeDrill,
 }
 
 /// A root-only node `a` and NF nodes `b` and `c` host the example chain (the controllers
@@ -81,7 +92,7 @@ enum Victim {
 /// second into the paced run. The output must be the one-process output and the record must
 /// verify.
 fn hosted_run(victims: &[Victim]) {
-    let kill = victims.contains(&Victim::NatNode);
+    let kill = victims.contains(&Victim::NatNode) || victims.contains(&Victim::NatNodeDrill);
     // SLUICE_HOSTED_KEEP=1 keeps the run's files (logs, reports, records, output).
     let temp = tempfile::tempdir().expect("temp dir");
     let (dir, _temp) = match std::env::var_os("SLUICE_HOSTED_KEEP") {
@@ -142,14 +153,21 @@ fn hosted_run(victims: &[Victim]) {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let (mut victim, mut survivor, survivor_out) = if nat_node == "b" { (b, c, c_out) } else { (c, b, b_out) };
+    let (mut victim, victim_out, mut survivor, survivor_out) =
+        if nat_node == "b" { (b, b_out, c, c_out) } else { (c, c_out, b, b_out) };
     let survivor_id = if nat_node == "b" { "c" } else { "b" };
     let client = etcd.client().expect("etcd client");
     let leading = || leader(&client, "hosted", "controller").ok().flatten();
     let first = leading().expect("a controller leads");
     std::thread::sleep(Duration::from_secs(1));
-    if kill {
+    if victims.contains(&Victim::NatNode) {
         victim.0.kill().expect("SIGKILL the NAT's node");
+    }
+    if victims.contains(&Victim::NatNodeDrill) {
+        let asked = sluice(&["cluster", "--etcd", &endpoint, "--cluster", "hosted", "crash-node", &nat_node]);
+        assert!(asked.status.success(), "{}", text(&asked));
+        let ended = common::ended_within(&mut victim.0, limit);
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&ended), Some(9), "the NAT's node: {ended:?}");
     }
     if victims.contains(&Victim::Leader) {
         let i = if first == "c1" { 0 } else { 1 };
@@ -158,12 +176,12 @@ fn hosted_run(victims: &[Victim]) {
     let ended = next_event(&a_out, "run-ended", Duration::from_secs(120));
     assert_eq!(ended["ok"], true, "the root's node: {ended}");
     next_event(&a_out, "left", limit);
-    assert!(common::ended_within(&mut a.0, limit).success(), "node a exits with its run's code");
+    assert!(common::ended_within(&mut a.0, limit).success(), "node a exits with its run's code: {}", a_out.said());
     let ended = next_event(&survivor_out, "run-ended", limit);
-    assert_eq!(ended["ok"], true, "node {survivor_id}: {ended}");
-    assert!(common::ended_within(&mut survivor.0, limit).success());
+    assert_eq!(ended["ok"], true, "node {survivor_id}: {ended}\n{}", survivor_out.said());
+    assert!(common::ended_within(&mut survivor.0, limit).success(), "node {survivor_id}: {}", survivor_out.said());
     if !kill {
-        assert!(common::ended_within(&mut victim.0, limit).success());
+        assert!(common::ended_within(&mut victim.0, limit).success(), "node {nat_node}: {}", victim_out.said());
     }
     if victims.contains(&Victim::Leader) {
         // The other controller took over once the killed leader's lease expired.
@@ -191,8 +209,20 @@ fn hosted_run(victims: &[Victim]) {
     let want = sorted_frames(&one);
     let got = sorted_frames(Path::new(&d("out.pcap")));
     assert!(want.len() > 60_000, "{}", want.len());
-    assert_eq!(got.len(), want.len(), "packets out");
-    assert!(got == want, "the hosted run's output differs from the one-process output");
+    if got != want {
+        // The nodes' logs are in `dir` (with RUST_LOG=warn,sluice::copies=trace, where every
+        // copy ended); the scratch directory goes with the test, so copy it out.
+        let kept = common::keep(&dir);
+        panic!(
+            "the hosted run's output differs from the one-process output: {} packets out of {}, missing \
+             (position in the one-process output) {:?}, extra {}; run kept in {kept}\nfailovers {}",
+            got.len(),
+            want.len(),
+            common::missing_positions(&one, &got),
+            got.iter().filter(|f| want.binary_search(f).is_err()).count(),
+            report["failovers"]
+        );
+    }
 
     // The record: the root's node's, the survivor's part, and the victim's part (or, killed,
     // the journal it left).
@@ -218,6 +248,11 @@ fn nodes_host_the_units_the_controller_placed_and_give_the_one_process_output() 
 #[test]
 fn the_hosting_node_of_the_nat_killed_mid_run_is_failed_over() {
     hosted_run(&[Victim::NatNode]);
+}
+
+#[test]
+fn a_crash_drill_of_the_nat_node_is_failed_over_as_a_kill_is() {
+    hosted_run(&[Victim::NatNodeDrill]);
 }
 
 #[test]

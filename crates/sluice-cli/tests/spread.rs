@@ -19,7 +19,10 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{one_process, repo, sluice, sluice_within, sorted_frames, spread_file, spread_file_with, text};
+use common::{
+    keep, missing_positions, one_process, repo, sluice, sluice_within, sorted_frames, spread_file, spread_file_with,
+    text,
+};
 
 /// Starts node `name` of a spread chain (not the root's): `sluice run ... --node NAME`.
 fn start_node(chain: &str, spread: &Path, name: &str, json: &Path, extra: &[&str]) -> Node {
@@ -68,34 +71,6 @@ fn node_end(mut node: Node, limit: Duration) -> (bool, String) {
     let status = common::ended_within(&mut node.child, limit);
     let err = node.stderr.take().and_then(|r| r.join().ok()).unwrap_or_default();
     (status.success(), err)
-}
-
-/// Copies a failed run's files (outputs, reports, records) out of its temporary directory, which
-/// goes with the test, into the build's `target/` (`scripts/test-all.sh` removes its scratch
-/// directory, TMPDIR, when it ends); where to.
-fn keep(dir: &Path) -> String {
-    let to = repo(&format!("target/sluice-kept-{}", std::process::id()));
-    let _ = Command::new("cp").arg("-r").arg(dir).arg(&to).status();
-    to.to_string_lossy().into_owned()
-}
-
-/// Positions, in the output `want` (in its order), of the frames `got` (sorted) lacks.
-fn missing_positions(want: &Path, got: &[Vec<u8>]) -> Vec<usize> {
-    let mut reader = sluice_io::TraceReader::open(want).expect("pcap");
-    let mut left: std::collections::HashMap<Vec<u8>, usize> = std::collections::HashMap::new();
-    for f in got {
-        *left.entry(f.clone()).or_default() += 1;
-    }
-    let mut missing = Vec::new();
-    let mut i = 0;
-    while let Some(r) = reader.next_record().expect("record") {
-        match left.get_mut(r.data) {
-            Some(n) if *n > 0 => *n -= 1,
-            _ => missing.push(i),
-        }
-        i += 1;
-    }
-    missing
 }
 
 fn json(path: &Path) -> serde_json::Value {

@@ -125,6 +125,34 @@ pub fn nodes(etcd: &Etcd, cluster: &str) -> Result<(Vec<NodeInfo>, i64), Cluster
     Ok((nodes, revision))
 }
 
+fn crash_key(cluster: &str, node: &str) -> String {
+    format!("/sluice/{cluster}/crash/{node}")
+}
+
+/// Asks live node `node` of `cluster` to crash at once, as a drill (`sluice ctl crash`): the
+/// node reads [`crash_asked`] and kills its own process, which the chain then fails over as
+/// it would a SIGKILL. The request is attached to the node's lease, so it goes with the node:
+/// a node started again under the same id is not crashed by it. Whether such a node was live.
+pub fn ask_crash(etcd: &Etcd, cluster: &str, node: &str) -> Result<bool, ClusterError> {
+    check_name("cluster name", cluster)?;
+    check_name("node id", node)?;
+    let key = format!("{}{node}", prefix(cluster));
+    let (kvs, _) = etcd.get_prefix(&key)?;
+    let Some(lease) = kvs.iter().find(|kv| kv.key == key).map(|kv| kv.lease) else { return Ok(false) };
+    etcd.put(&crash_key(cluster, node), b"crash", lease)?;
+    tracing::warn!(node, cluster, "crash drill asked");
+    Ok(true)
+}
+
+/// Whether a crash drill was asked of `node` ([`ask_crash`]).
+pub fn crash_asked(etcd: &Etcd, cluster: &str, node: &str) -> Result<bool, ClusterError> {
+    check_name("cluster name", cluster)?;
+    check_name("node id", node)?;
+    let key = crash_key(cluster, node);
+    let (kvs, _) = etcd.get_prefix(&key)?;
+    Ok(kvs.iter().any(|kv| kv.key == key))
+}
+
 /// Watches `cluster`'s membership from revision `from` (the one [`nodes`] returned, plus one,
 /// to miss nothing in between).
 pub fn watch_nodes(etcd: &Etcd, cluster: &str, from: i64) -> Result<NodeWatch, ClusterError> {

@@ -2,8 +2,8 @@
 //! `scripts/test-all.sh`), started here on loopback ports of its own and stopped by its process.
 
 use sluice_cluster::{
-    assignment, campaign, leader, nodes, stored_placement, watch_nodes, Controller, Demand, Etcd, EtcdError, LocalEtcd,
-    Membership, NodeChange, NodeInfo, Unit,
+    ask_crash, assignment, campaign, crash_asked, leader, nodes, stored_placement, watch_nodes, Controller, Demand,
+    Etcd, EtcdError, LocalEtcd, Membership, NodeChange, NodeInfo, Unit,
 };
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
@@ -85,6 +85,29 @@ fn nodes_join_and_leave_and_a_watcher_sees_both() {
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(nodes(&etcd, "c1").expect("nodes").0, vec![node("b")], "b's lease was kept alive");
     b.leave().expect("leave");
+}
+
+#[test]
+fn a_crash_drill_is_asked_of_a_live_node_only_and_goes_with_it() {
+    let server = start_etcd();
+    let etcd = client_of(&server);
+    assert!(!ask_crash(&etcd, "c1", "a").expect("ask"), "no live node `a` yet");
+    let a = Membership::join(&etcd, "c1", &node("a"), Duration::from_secs(5)).expect("join a");
+    let ab = Membership::join(&etcd, "c1", &node("ab"), Duration::from_secs(5)).expect("join ab");
+    assert!(!crash_asked(&etcd, "c1", "a").expect("read"));
+    assert!(ask_crash(&etcd, "c1", "a").expect("ask"));
+    assert!(crash_asked(&etcd, "c1", "a").expect("read"));
+    // Only that node, of that cluster (`ab` shares the prefix).
+    assert!(!crash_asked(&etcd, "c1", "ab").expect("read"));
+    assert!(!crash_asked(&etcd, "c2", "a").expect("read"));
+    // The request went with the node's lease: `a` registered again is not crashed by it.
+    a.leave().expect("leave");
+    assert!(!crash_asked(&etcd, "c1", "a").expect("read"));
+    let again = Membership::join(&etcd, "c1", &node("a"), Duration::from_secs(5)).expect("join a again");
+    assert!(!crash_asked(&etcd, "c1", "a").expect("read"));
+    assert!(ask_crash(&etcd, "c1", "a b").is_err(), "a bad node id is refused");
+    again.leave().expect("leave");
+    ab.leave().expect("leave");
 }
 
 /// Run by `a_killed_node_leaves_when_its_lease_expires` as a separate process, which it then

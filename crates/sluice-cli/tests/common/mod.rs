@@ -321,6 +321,34 @@ pub fn sorted_frames(path: &Path) -> Vec<Vec<u8>> {
     out
 }
 
+/// Copies a failed run's files (outputs, reports, records) out of its temporary directory, which
+/// goes with the test, into the build's `target/` (`scripts/test-all.sh` removes its scratch
+/// directory, TMPDIR, when it ends); where to.
+pub fn keep(dir: &Path) -> String {
+    let to = repo(&format!("target/sluice-kept-{}", std::process::id()));
+    let _ = Command::new("cp").arg("-r").arg(dir).arg(&to).status();
+    to.to_string_lossy().into_owned()
+}
+
+/// Positions, in the output `want` (in its order), of the frames `got` (sorted) lacks.
+pub fn missing_positions(want: &Path, got: &[Vec<u8>]) -> Vec<usize> {
+    let mut reader = sluice_io::TraceReader::open(want).expect("pcap");
+    let mut left: std::collections::HashMap<Vec<u8>, usize> = std::collections::HashMap::new();
+    for f in got {
+        *left.entry(f.clone()).or_default() += 1;
+    }
+    let mut missing = Vec::new();
+    let mut i = 0;
+    while let Some(r) = reader.next_record().expect("record") {
+        match left.get_mut(r.data) {
+            Some(n) if *n > 0 => *n -= 1,
+            _ => missing.push(i),
+        }
+        i += 1;
+    }
+    missing
+}
+
 /// The one-process run of the example chain over the demo trace, one worker: its output.
 pub fn one_process(out: &Path, extra: &[&str]) -> Vec<u8> {
     let mut args =
