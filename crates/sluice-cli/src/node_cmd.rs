@@ -346,10 +346,9 @@ fn watch_for_crash_drill(etcd: Etcd, cluster: String, node: String) {
 /// so that what the chain does next is what it does for a real crash.
 fn crash_drill(node: &str) {
     tracing::warn!(node, "crash drill: killing this process (SIGKILL)");
-    // SAFETY: raise(3) only sends a signal to this process; SIGKILL cannot be caught, so the
-    // call does not return.
-    unsafe {
-        libc::raise(libc::SIGKILL);
+    // SIGKILL cannot be caught: on success the call does not return.
+    if let Err(e) = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL) {
+        tracing::error!(node, error = %e, "crash drill: could not kill this process");
     }
 }
 
