@@ -341,7 +341,7 @@ fn watch_for_crash_drill(etcd: Etcd, cluster: String, node: String) {
     });
 }
 
-/// A crash drill was asked (`sluice ctl crash`, [`sluice_cluster::ask_crash`]): the process
+/// A crash drill was asked (`sluice ctl crash-node`, [`sluice_cluster::ask_crash`]): the process
 /// dies at once, as under `kill -9` — no run report, no leaving the cluster, nothing flushed —
 /// so that what the chain does next is what it does for a real crash.
 fn crash_drill(node: &str) {
