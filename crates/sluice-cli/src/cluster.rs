@@ -167,13 +167,13 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
     };
     let n = node.clone();
     let done = tokio::task::spawn_blocking(move || {
-        let live = sluice_cluster::nodes(&etcd, &cluster)?.0.iter().any(|x| x.id == n);
+        let live = || sluice_cluster::nodes(&etcd, &cluster).map(|(live, _)| live.iter().any(|x| x.id == n));
         match action {
-            _ if !live => Ok(false),
+            // Asked of the node's registration, which says whether it is live.
+            NodeAction::Crash => sluice_cluster::ask_crash(&etcd, &cluster, &n),
+            _ if !live()? => Ok(false),
             NodeAction::Drain => sluice_cluster::drain(&etcd, &cluster, &n).map(|()| true),
             NodeAction::Undrain => sluice_cluster::undrain(&etcd, &cluster, &n).map(|()| true),
-            // Asked of the node's registration: false if it went meanwhile.
-            NodeAction::Crash => sluice_cluster::ask_crash(&etcd, &cluster, &n),
         }
     })
     .await;

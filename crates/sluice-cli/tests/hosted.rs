@@ -212,16 +212,7 @@ fn hosted_run(victims: &[Victim]) {
     if got != want {
         // The nodes' logs are in `dir` (with RUST_LOG=warn,sluice::copies=trace, where every
         // copy ended); the scratch directory goes with the test, so copy it out.
-        let kept = common::keep(&dir);
-        panic!(
-            "the hosted run's output differs from the one-process output: {} packets out of {}, missing \
-             (position in the one-process output) {:?}, extra {}; run kept in {kept}\nfailovers {}",
-            got.len(),
-            want.len(),
-            common::missing_positions(&one, &got),
-            got.iter().filter(|f| want.binary_search(f).is_err()).count(),
-            report["failovers"]
-        );
+        common::differing_output(&dir, &one, &got, &want, &report["failovers"]);
     }
 
     // The record: the root's node's, the survivor's part, and the victim's part (or, killed,

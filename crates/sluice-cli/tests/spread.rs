@@ -19,10 +19,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{
-    keep, missing_positions, one_process, repo, sluice, sluice_within, sorted_frames, spread_file, spread_file_with,
-    text,
-};
+use common::{one_process, repo, sluice, sluice_within, sorted_frames, spread_file, spread_file_with, text};
 
 /// Starts node `name` of a spread chain (not the root's): `sluice run ... --node NAME`.
 fn start_node(chain: &str, spread: &Path, name: &str, json: &Path, extra: &[&str]) -> Node {
@@ -351,16 +348,7 @@ fn killed_nodes_of_chain_are_failed_over(
             for (node, text) in &said {
                 let _ = std::fs::write(dir.join(format!("{node}.stderr")), text);
             }
-            let kept = keep(dir);
-            panic!(
-                "the output after the failover differs from the one-process output: {} packets out of {}, \
-                 missing (position in the one-process output) {:?}, extra {}; run kept in {kept}\nfailovers {}",
-                got.len(),
-                want.len(),
-                missing_positions(&one, &got),
-                got.iter().filter(|f| want.binary_search(f).is_err()).count(),
-                rep["failovers"]
-            );
+            common::differing_output(dir, &one, &got, &want, &rep["failovers"]);
         }
         // Every decision of the one-process run was made again, except those the failed node
         // made before it failed (they were made, and died with its report).

@@ -321,17 +321,33 @@ pub fn sorted_frames(path: &Path) -> Vec<Vec<u8>> {
     out
 }
 
+/// Fails a test whose output `got` (sorted frames) differs from the one-process output `one`
+/// (`want`, its sorted frames): says how many packets are missing (by position in `one`) or
+/// extra, and keeps the run's directory `dir` (outputs, reports, records, the nodes' logs) out
+/// of the scratch space first. `failovers` is the run's report of them.
+pub fn differing_output(dir: &Path, one: &Path, got: &[Vec<u8>], want: &[Vec<u8>], failovers: &serde_json::Value) -> ! {
+    let kept = keep(dir);
+    panic!(
+        "the output differs from the one-process output: {} packets out of {}, missing (position in the \
+         one-process output) {:?}, extra {}; run kept in {kept}\nfailovers {failovers}",
+        got.len(),
+        want.len(),
+        missing_positions(one, got),
+        got.iter().filter(|f| want.binary_search(f).is_err()).count(),
+    )
+}
+
 /// Copies a failed run's files (outputs, reports, records) out of its temporary directory, which
 /// goes with the test, into the build's `target/` (`scripts/test-all.sh` removes its scratch
 /// directory, TMPDIR, when it ends); where to.
-pub fn keep(dir: &Path) -> String {
+fn keep(dir: &Path) -> String {
     let to = repo(&format!("target/sluice-kept-{}", std::process::id()));
     let _ = Command::new("cp").arg("-r").arg(dir).arg(&to).status();
     to.to_string_lossy().into_owned()
 }
 
 /// Positions, in the output `want` (in its order), of the frames `got` (sorted) lacks.
-pub fn missing_positions(want: &Path, got: &[Vec<u8>]) -> Vec<usize> {
+fn missing_positions(want: &Path, got: &[Vec<u8>]) -> Vec<usize> {
     let mut reader = sluice_io::TraceReader::open(want).expect("pcap");
     let mut left: std::collections::HashMap<Vec<u8>, usize> = std::collections::HashMap::new();
     for f in got {
