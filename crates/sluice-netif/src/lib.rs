@@ -78,3 +78,85 @@ pub fn wait_readable(fds: &[RawFd], timeout: Duration) -> io::Result<bool> {
     }
     Ok(r > 0)
 }
+
+/// A doorbell another thread can ring to end a [`wait_readable`] early: an `eventfd`, readable
+/// from the first ring until [`Doorbell::answer`]. Why a descriptor rather than a thread
+/// unpark: a thread that waits on sockets in `ppoll` can only be woken by one of the
+/// descriptors it waits on.
+#[derive(Debug)]
+pub struct Doorbell {
+    fd: OwnedFd,
+}
+
+impl Doorbell {
+    /// A new doorbell, not rung.
+    pub fn new() -> io::Result<Doorbell> {
+        // SAFETY: plain syscall with integer arguments.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor nothing else owns.
+        Ok(Doorbell { fd: unsafe { OwnedFd::from_raw_fd(raw) } })
+    }
+
+    /// Rings: the descriptor is readable until answered. Ringing again before that adds
+    /// nothing; a ring that fails (the counter at its maximum, which answering prevents)
+    /// changes nothing the waiter would not see.
+    pub fn ring(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to a descriptor this struct owns.
+        let _ = unsafe { libc::write(self.fd.as_raw_fd(), ptr::addr_of!(one).cast(), mem::size_of::<u64>()) };
+    }
+
+    /// Takes the rings so far: the descriptor is not readable again until the next ring.
+    /// Whether it had been rung.
+    pub fn answer(&self) -> bool {
+        let mut count: u64 = 0;
+        // SAFETY: reads at most 8 bytes into a valid u64 from a non-blocking descriptor this
+        // struct owns.
+        let r = unsafe { libc::read(self.fd.as_raw_fd(), ptr::addr_of_mut!(count).cast(), mem::size_of::<u64>()) };
+        r == mem::size_of::<u64>() as isize && count > 0
+    }
+}
+
+impl AsRawFd for Doorbell {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_rung_doorbell_ends_a_wait_at_once_until_answered() {
+        let bell = Doorbell::new().expect("eventfd");
+        assert!(!bell.answer(), "not rung yet");
+        let t0 = Instant::now();
+        assert!(!wait_readable(&[bell.as_raw_fd()], Duration::from_millis(20)).expect("ppoll"));
+        assert!(t0.elapsed() >= Duration::from_millis(19), "a quiet bell waits the timeout out");
+        bell.ring();
+        bell.ring();
+        assert!(wait_readable(&[bell.as_raw_fd()], Duration::from_secs(30)).expect("ppoll"));
+        assert!(bell.answer(), "rung");
+        assert!(!bell.answer(), "answered once for both rings");
+        assert!(!wait_readable(&[bell.as_raw_fd()], Duration::ZERO).expect("ppoll"));
+    }
+
+    #[test]
+    fn a_ring_from_another_thread_wakes_a_waiter() {
+        let bell = std::sync::Arc::new(Doorbell::new().expect("eventfd"));
+        let b = bell.clone();
+        let ringer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            b.ring();
+        });
+        let t0 = Instant::now();
+        assert!(wait_readable(&[bell.as_raw_fd()], Duration::from_secs(30)).expect("ppoll"));
+        assert!(t0.elapsed() < Duration::from_secs(30));
+        ringer.join().expect("ringer");
+    }
+}

@@ -223,7 +223,11 @@ impl Outgoing {
 fn try_push(shared: &Shared, item: Stalled) -> Result<(), Stalled> {
     match item {
         Stalled::Notes(r, n) => match shared.notes.as_ref().and_then(|q| q.get(r)) {
-            Some(q) => q.push(n).map_err(|n| Stalled::Notes(r, n)),
+            Some(q) => {
+                q.push(n).map_err(|n| Stalled::Notes(r, n))?;
+                shared.wake.notes_queued();
+                Ok(())
+            }
             None => Ok(()),
         },
         Stalled::Batch(dest, b) => {

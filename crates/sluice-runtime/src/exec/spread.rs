@@ -36,6 +36,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+mod idle_link;
 mod in_order;
 mod on_node;
 mod progress;
@@ -145,7 +146,13 @@ impl Link {
         let socket = UdpLink::bind(me, None).map_err(|e| RunError::Config(format!("node address {me}: {e}")))?;
         sluice_wire::port::grow_buffers(&socket);
         let nodes = layout.addrs.len();
-        let remote = (0..layout.node_of.len()).filter(|g| !layout.here(*g)).collect();
+        let remote: Vec<usize> = (0..layout.node_of.len()).filter(|g| !layout.here(*g)).collect();
+        // What the link drains rings it: the queues of instances elsewhere, and on a node
+        // without the root the egress and the notes for the root's log.
+        let bell = sluice_netif::Doorbell::new().map_err(|e| RunError::Config(format!("the link's eventfd: {e}")))?;
+        let sink = (!layout.has_root()).then_some(shared.queues.len());
+        let drained: Vec<usize> = remote.iter().copied().chain(sink).collect();
+        shared.wake.link(bell, &drained, !layout.has_root());
         let report =
             LinkReport { node: layout.names.get(layout.me).cloned().unwrap_or_default(), ..LinkReport::default() };
         let telling = progress::Telling::new(shared, &layout);
@@ -431,6 +438,7 @@ impl Link {
         let globals: Vec<usize> = self.remote.iter().copied().filter(|g| node_of.get(*g) == Some(&n)).collect();
         self.remote.retain(|g| node_of.get(*g) != Some(&n));
         for g in &globals {
+            shared.wake.link_drains(*g, false);
             if let Some(x) = node_of.get_mut(*g) {
                 *x = me;
             }
@@ -599,7 +607,7 @@ pub(super) fn serve_part(shared: &Shared, link: &mut Link, stop: Option<&AtomicB
             if link.turn(shared)? {
                 idle.busy();
             } else {
-                link.pause(&mut idle);
+                link.pause(shared, &mut idle);
             }
         }
         Ok(())
@@ -609,23 +617,6 @@ pub(super) fn serve_part(shared: &Shared, link: &mut Link, stop: Option<&AtomicB
         let _ = link.tell_all(NoteKind::Stop, None);
     }
     served
-}
-
-impl Link {
-    /// Nothing to do: spins a little, then waits for a datagram, at most [`IDLE_WAIT`] (what
-    /// the workers queue for other nodes waits that long at most; longer once the link has
-    /// been idle a while, `idle.rs`). No yielding: with more
-    /// threads than cores, threads that yield stay runnable and a woken one waits for its
-    /// slice (milliseconds of latency per crossing, measured).
-    fn pause(&self, idle: &mut Idle) {
-        if idle.turn() < 32 {
-            std::hint::spin_loop();
-        } else {
-            use std::os::fd::AsRawFd;
-            // An error here shows again at the next receive, with its context.
-            let _ = sluice_netif::wait_readable(&[self.socket.as_raw_fd()], idle.wait(IDLE_WAIT));
-        }
-    }
 }
 
 /// A node sent packets this long ago and not heard from since is suspect: the root admits
@@ -680,7 +671,7 @@ impl LinkThread {
                         if link.turn(&sh)? {
                             idle.busy();
                         } else {
-                            link.pause(&mut idle);
+                            link.pause(&sh, &mut idle);
                         }
                         if link.ready() {
                             r.store(true, Ordering::Release);
@@ -762,7 +753,7 @@ impl Link {
             self.rx = Some(rx);
             match got {
                 Ok(true) => idle.busy(),
-                Ok(false) => self.pause(&mut idle),
+                Ok(false) => self.pause(shared, &mut idle),
                 Err(e) => {
                     // A node that stopped with an error after the end has not flushed.
                     tracing::warn!("waiting for the nodes' state after the end: {e}");
