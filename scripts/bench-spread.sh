@@ -4,8 +4,9 @@
 # then the same at low load (the demo trace paced, 20,000 packets) for the latency a
 # crossing adds. Usage: scripts/bench-spread.sh TRACE [REPEAT]  (after cargo build --release;
 # SLUICE=path/to/sluice compares another binary; PACE=0.02 sets the low load's pace, 0.2 by
-# default — lower it on a slow machine, where 0.2x may not be a low load; THROUGHPUT=0 skips
-# the throughput part)
+# default — lower it on a slow machine, where 0.2x may not be a low load; LIMIT the low load's
+# packets, 20000 by default; PLACE the vertices on node b, "portscan lb" by default;
+# THROUGHPUT=0 skips the throughput part)
 set -e
 cd "$(dirname "$0")/.."
 S=${SLUICE:-target/release/sluice}
@@ -13,7 +14,9 @@ T=${1:?a trace, e.g. from sluice gen}; N=${2:-3}; PACE=${PACE:-0.2}
 [ "${THROUGHPUT:-1}" = 0 ] && M=0 || M=$N
 SPREAD=$(mktemp --suffix .yaml)
 trap 'rm -f "$SPREAD" /tmp/bench-one.json /tmp/bench-two.json' EXIT
-printf 'nodes:\n  a: 127.0.0.1:17101\n  b: 127.0.0.1:17102\nroot: a\nplace:\n  portscan: b\n  lb: b\n' > "$SPREAD"
+LIMIT=${LIMIT:-20000}; PLACE=${PLACE:-portscan lb}
+{ printf 'nodes:\n  a: 127.0.0.1:17101\n  b: 127.0.0.1:17102\nroot: a\nplace:\n'
+  for v in $PLACE; do printf '  %s: b\n' "$v"; done; } > "$SPREAD"
 for i in $(seq $M); do
   $S run -c chains/example.yaml -i $T -w 1 --no-pin -q --json /tmp/bench-one.json > /dev/null
   $S run -c chains/example.yaml --spread "$SPREAD" --node b -w 1 --no-pin -q > /dev/null 2>&1 &
@@ -25,9 +28,9 @@ o=json.load(open('/tmp/bench-one.json')); t=json.load(open('/tmp/bench-two.json'
 print('one %.3f Mpps p50 %.1f us | two %.3f Mpps p50 %.1f us | ratio %.2f' % (o['mpps'], o['latency_us']['p50'], t['mpps'], t['latency_us']['p50'], t['mpps']/o['mpps']))"
 done
 for i in $(seq "$N"); do
-  $S run -c chains/example.yaml -i traces/demo.pcap --limit 20000 --pace $PACE -w 1 --no-pin -q --json /tmp/bench-one.json > /dev/null
+  $S run -c chains/example.yaml -i traces/demo.pcap --limit $LIMIT --pace $PACE -w 1 --no-pin -q --json /tmp/bench-one.json > /dev/null
   $S run -c chains/example.yaml --spread "$SPREAD" --node b -w 1 --no-pin -q > /dev/null 2>&1 &
-  $S run -c chains/example.yaml -i traces/demo.pcap --limit 20000 --pace $PACE --spread "$SPREAD" --node a -w 1 --no-pin -q --json /tmp/bench-two.json > /dev/null
+  $S run -c chains/example.yaml -i traces/demo.pcap --limit $LIMIT --pace $PACE --spread "$SPREAD" --node a -w 1 --no-pin -q --json /tmp/bench-two.json > /dev/null
   wait
   python3 -c "
 import json

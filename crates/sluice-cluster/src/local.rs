@@ -17,12 +17,24 @@ pub enum LocalEtcdError {
     #[error("cannot start etcd: {0}")]
     Io(#[from] std::io::Error),
     /// It did not answer in time.
-    #[error("etcd did not answer at {endpoint} within {waited:?}")]
+    #[error("etcd did not answer at {endpoint} within {waited:?}; it said: {said}")]
     NoAnswer {
         /// Its client endpoint.
         endpoint: String,
         /// How long we waited.
         waited: Duration,
+        /// The end of what it wrote to its log.
+        said: String,
+    },
+    /// It stopped before it answered (a port taken, a bad data directory).
+    #[error("etcd for {endpoint} exited ({status}) before it answered; it said: {said}")]
+    Exited {
+        /// Its client endpoint.
+        endpoint: String,
+        /// How it ended.
+        status: std::process::ExitStatus,
+        /// The end of what it wrote to its log.
+        said: String,
     },
 }
 
@@ -34,6 +46,8 @@ const CANDIDATES: [&str; 2] = ["/usr/bin/etcd", "/usr/local/bin/etcd"];
 pub struct LocalEtcd {
     child: Child,
     endpoint: String,
+    /// Where its stderr goes (beside its data directory).
+    log: PathBuf,
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -49,15 +63,23 @@ fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
 impl LocalEtcd {
     /// Starts etcd with its data under `data_dir` on free loopback ports, and waits (up to 20 s)
     /// until it grants a lease.
+    /// A port another process takes between being chosen and etcd binding it (tests run side
+    /// by side) makes etcd exit: it is started again, once, on fresh ports.
     pub fn start(data_dir: &Path) -> Result<LocalEtcd, LocalEtcdError> {
-        LocalEtcd::start_on(data_dir, free_port()?)
+        match LocalEtcd::start_on(&data_dir.join("try1"), free_port()?) {
+            Err(LocalEtcdError::Exited { .. }) => LocalEtcd::start_on(&data_dir.join("try2"), free_port()?),
+            started => started,
+        }
     }
 
     /// [`LocalEtcd::start`] with the client endpoint on `client_port` (e.g. one a client has
     /// been told to use before etcd was there).
     pub fn start_on(data_dir: &Path, client_port: u16) -> Result<LocalEtcd, LocalEtcdError> {
-        let peer = format!("http://127.0.0.1:{}", free_port()?);
-        let member = LocalEtcd::spawn(data_dir, "local", client_port, &peer, &format!("local={peer}"))?;
+        // Chosen while the other is held: two free ports asked one after the other can be
+        // the same one.
+        let peer = free_ports(2)?.into_iter().find(|p| *p != client_port).unwrap_or(0);
+        let peer = format!("http://127.0.0.1:{peer}");
+        let mut member = LocalEtcd::spawn(data_dir, "local", client_port, &peer, &format!("local={peer}"))?;
         member.wait_ready()?;
         Ok(member)
     }
@@ -86,7 +108,7 @@ impl LocalEtcd {
         for (i, (client, peer)) in ports.iter().enumerate() {
             started.push(LocalEtcd::spawn(&data_dir.join(format!("m{i}")), &format!("m{i}"), *client, peer, &initial)?);
         }
-        for m in &started {
+        for m in &mut started {
             m.wait_ready()?;
         }
         Ok(started)
@@ -110,6 +132,13 @@ impl LocalEtcd {
             .find(|p| p.exists())
             .ok_or_else(|| LocalEtcdError::NotInstalled(CANDIDATES.join(", ")))?;
         let endpoint = format!("http://127.0.0.1:{client_port}");
+        let mut log = data_dir.as_os_str().to_owned();
+        log.push(".log");
+        let log = PathBuf::from(log);
+        if let Some(parent) = log.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let stderr = std::fs::File::create(&log)?;
         let child = Command::new(bin)
             .args(["--name", name, "--data-dir"])
             .arg(data_dir)
@@ -117,23 +146,39 @@ impl LocalEtcd {
             .args(["--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url])
             .args(["--initial-cluster", initial])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()?;
-        Ok(LocalEtcd { child, endpoint })
+        Ok(LocalEtcd { child, endpoint, log })
     }
 
-    /// Waits (up to 20 s) until this member grants a lease (it has a quorum).
-    fn wait_ready(&self) -> Result<(), LocalEtcdError> {
+    /// Waits (up to 20 s) until this member grants a lease (it has a quorum); says at once if
+    /// it exited instead.
+    fn wait_ready(&mut self) -> Result<(), LocalEtcdError> {
         let waited = Duration::from_secs(20);
         let deadline = Instant::now() + waited;
         let etcd = self.client();
         while !etcd.as_ref().is_ok_and(|e| e.grant(Duration::from_secs(1)).is_ok()) {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(LocalEtcdError::Exited { endpoint: self.endpoint.clone(), status, said: self.said() });
+            }
             if Instant::now() > deadline {
-                return Err(LocalEtcdError::NoAnswer { endpoint: self.endpoint.clone(), waited });
+                return Err(LocalEtcdError::NoAnswer { endpoint: self.endpoint.clone(), waited, said: self.said() });
             }
             std::thread::sleep(Duration::from_millis(100));
         }
         Ok(())
+    }
+
+    /// The last lines of its log, where etcd says why it stopped.
+    fn said(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().rev().take(3).collect();
+        let said: Vec<&str> = lines.into_iter().rev().collect();
+        if said.is_empty() {
+            format!("nothing (log {})", self.log.display())
+        } else {
+            said.join(" | ")
+        }
     }
 
     /// Kills this member (SIGKILL), as a machine failure would; dropping it does the same.

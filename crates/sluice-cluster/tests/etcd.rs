@@ -284,3 +284,22 @@ fn the_controller_places_units_replaces_a_departed_node_s_and_a_new_leader_moves
     stop2.store(true, Ordering::Release);
     second.join().expect("thread").expect("resigned");
 }
+
+/// An etcd that cannot start (its client port is taken) is reported as such at once, with what
+/// it said, instead of after the whole wait for an answer (found when a test's etcd "did not
+/// answer within 20 s" under load, with nothing to tell why).
+#[test]
+fn an_etcd_that_cannot_start_says_why_at_once() {
+    let taken = TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = taken.local_addr().expect("addr").port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let t0 = Instant::now();
+    let err = LocalEtcd::start_on(&dir.path().join("data"), port).expect_err("the port is taken");
+    assert!(t0.elapsed() < Duration::from_secs(15), "reported after {:?}: {err}", t0.elapsed());
+    let text = err.to_string();
+    assert!(text.contains("exited"), "{text}");
+    assert!(text.contains("address already in use") || text.contains("bind"), "etcd's own words: {text}");
+    // A start on a free port of its own still works.
+    let started = LocalEtcd::start(&dir.path().join("fresh")).expect("etcd on free ports");
+    assert!(started.client().expect("client").grant(Duration::from_secs(1)).is_ok());
+}

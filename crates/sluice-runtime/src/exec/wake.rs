@@ -90,15 +90,17 @@ impl Wake {
     pub(super) fn link_sleep(&self, socket: RawFd, timeout: Duration, has_work: impl FnOnce() -> bool) {
         self.link_sleeping.store(true, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        if !has_work() {
-            // An error here shows again at the link's next receive, with its context.
-            let _ = match self.link_bell.get() {
+        // An error here shows again at the link's next receive, with its context.
+        let woken = !has_work()
+            && match self.link_bell.get() {
                 Some(b) => sluice_netif::wait_readable(&[socket, b.as_raw_fd()], timeout),
                 None => sluice_netif::wait_readable(&[socket], timeout),
-            };
-        }
+            }
+            .unwrap_or(false);
         self.link_sleeping.store(false, Ordering::Relaxed);
-        if let Some(b) = self.link_bell.get() {
+        if let (true, Some(b)) = (woken, self.link_bell.get()) {
+            // A ring that came after the wait ended stays for the next wait, which then ends
+            // at once: the link looks at its queues once more, no ring is lost.
             b.answer();
         }
     }
