@@ -144,6 +144,7 @@ fn slow(cx: &Ctx, args: &serde_json::Value) -> Response {
         Ok(()) => Json(serde_json::json!({ "applied": { "slow": { "vertex": vertex, "instance": instance, "delay_us": [min, max] } } }))
             .into_response(),
         Err(e @ sluice_runtime::live::LiveError::BadDelay { .. }) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+        Err(e @ sluice_runtime::live::LiveError::Refused(_)) => error(StatusCode::CONFLICT, &e.to_string()),
         Err(e) => error(StatusCode::NOT_FOUND, &e.to_string()),
     }
 }
@@ -297,7 +298,12 @@ struct LiveCollector(Arc<Live>);
 
 impl Collector for LiveCollector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = self.0.snapshot();
+        let mut s = self.0.snapshot();
+        // A chain spread over nodes: an instance on another node is counted by that node's
+        // endpoint; here it would be a series of zeros beside the real one.
+        for v in &mut s.vertices {
+            v.instances.retain(|i| !i.elsewhere);
+        }
         for (name, help, v) in [
             ("sluice_root_packets_in", "Packets the root read.", s.packets_in),
             ("sluice_packets_out", "Packets that left the chain.", s.packets_out),
@@ -595,6 +601,15 @@ fn render_list(s: &serde_json::Value) -> String {
     ));
     for v in s["vertices"].as_array().into_iter().flatten() {
         for i in v["instances"].as_array().into_iter().flatten() {
+            if i["elsewhere"].as_bool() == Some(true) {
+                // A chain spread over nodes: its figures are on its node's endpoint.
+                out.push_str(&format!(
+                    "{:<14} {:>4} on another node\n",
+                    v["name"].as_str().unwrap_or("?"),
+                    n(&i["index"])
+                ));
+                continue;
+            }
             out.push_str(&format!(
                 "{:<14} {:>4} {:>12} {:>12} {:>10} {:>8} {:>8.2}\n",
                 v["name"].as_str().unwrap_or("?"),

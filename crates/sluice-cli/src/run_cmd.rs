@@ -111,7 +111,9 @@ pub(crate) struct RunArgs {
     record: Option<PathBuf>,
     /// Serve a control endpoint while the chain runs: PORT (on 127.0.0.1) or HOST:PORT (any
     /// other address only when given). `GET /api/v1/chain` lists vertices and instances with
-    /// live statistics, `GET /metrics` is Prometheus text; see `sluice ctl`.
+    /// live statistics, `GET /metrics` is Prometheus text; see `sluice ctl`. On a node of a
+    /// spread chain (--spread): its own instances' statistics (the others' are their nodes'),
+    /// `slow` of its own instances; other live changes are refused.
     #[arg(long, value_name = "ADDR", value_parser = control::parse_addr)]
     control: Option<std::net::SocketAddr>,
     /// The control endpoint's token (default: $SLUICE_CONTROL_TOKEN, else a random one printed
@@ -246,7 +248,7 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
             total.ok_or_else(|| fail(exit::INVALID)(anyhow::anyhow!("percent positions need a known input length")))
         }
     })?;
-    let state = state_for_run(state_config(&a.engine, &chain)?, cfg.fault_tolerance, a.control.is_some());
+    let state = state_for_run(state_config(&a.engine, &chain)?, cfg.fault_tolerance, takes_live_changes(&a, &cfg));
     let mut plan =
         compile_with(&chain, &registry, &sample, &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     prepare_scaling(&a, &mut cfg, &mut plan);
@@ -295,7 +297,6 @@ fn run_part(a: &RunArgs, chain: &Chain, cfg: &RunConfig) -> Result<(), Failure> 
         (a.input.is_some() || a.gen.is_some() || a.from_geneve.is_some() || a.bridge.is_some(), "input"),
         (a.output.is_some() || a.to_geneve.is_some(), "output"),
         (a.faults.is_some(), "--faults"),
-        (a.control.is_some(), "--control"),
     ];
     if let Some((_, what)) = elsewhere.iter().find(|(given, _)| *given) {
         return Err(fail(exit::INVALID)(anyhow::anyhow!(
@@ -318,10 +319,13 @@ fn run_part(a: &RunArgs, chain: &Chain, cfg: &RunConfig) -> Result<(), Failure> 
         }
         None => None,
     };
+    // Its instances' live statistics (`--control`); the chain's own counters are the root's
+    // node's.
+    let live = start_control(a, &plan, None)?;
     let hooks = RunHooks {
         progress: None,
         stop: Some(stop_flag(a.duration)),
-        live: None,
+        live,
         journal: journal.clone().map(|j| j as Arc<dyn sluice_runtime::record::RecordJournal>),
     };
     let report = run(plan, cfg, &mut source, &mut DiscardSink, hooks).map_err(failed)?;
@@ -423,11 +427,18 @@ pub(crate) fn stop_flag(duration: Option<f64>) -> Arc<AtomicBool> {
     stop
 }
 
+/// Whether the run's control endpoint may change the chain (scale it, move flows): in one
+/// process, yes; a node of a chain spread over nodes shows its part and changes nothing
+/// (every node must also compile the same plan, control endpoint or not).
+fn takes_live_changes(a: &RunArgs, cfg: &sluice_runtime::RunConfig) -> bool {
+    a.control.is_some() && cfg.part.is_none()
+}
+
 /// A run with a control endpoint and a store can be scaled live; one with `scale` or `move`
 /// faults scales. Either keeps instance slots for the instances added (before the live
 /// statistics are made: they show those too).
 fn prepare_scaling(a: &RunArgs, cfg: &mut sluice_runtime::RunConfig, plan: &mut sluice_runtime::Plan) {
-    cfg.scalable = a.control.is_some() && plan.rebuilder.has_store();
+    cfg.scalable = takes_live_changes(a, cfg) && plan.rebuilder.has_store();
     let changes = cfg.planned.iter().any(|p| matches!(p, sluice_runtime::exec::Planned::Change(_)));
     if cfg.scalable || changes || !cfg.policies.is_empty() {
         plan.reserve_spares(sluice_runtime::exec::MAX_INSTANCES_PER_VERTEX);
@@ -444,7 +455,7 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
             "a live bridge has no known length: place fault events with `at: {{ packet: N }}`, not percent"
         )))
     })?;
-    let state = state_for_run(state_config(&a.engine, &chain)?, cfg.fault_tolerance, a.control.is_some());
+    let state = state_for_run(state_config(&a.engine, &chain)?, cfg.fault_tolerance, takes_live_changes(a, &cfg));
     let mut plan = compile_with(&chain, &sluice_nfs::registry(), &[], &state)
         .map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     prepare_scaling(a, &mut cfg, &mut plan);

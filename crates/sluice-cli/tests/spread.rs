@@ -887,3 +887,101 @@ fn random_placement_killed(seed: u64) {
     let chain = chain.to_string_lossy();
     killed_nodes_of_chain_are_failed_over(&dir, &chain, &store.url, (nodes, &place), (&victims, kills_ms), &failed);
 }
+
+/// A node's control endpoint in a chain spread over nodes: each node shows the statistics of
+/// its own instances while traffic flows (those of other nodes marked so, and left out of its
+/// metrics), refuses every live change with the reason, and takes a `slow` of one of its own
+/// instances only.
+#[test]
+fn each_node_shows_its_part_on_its_control_endpoint_and_refuses_live_changes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spread = spread_file(dir.path(), 2, &[("portscan", "b"), ("lb", "b")]);
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").to_string();
+    let (a_ctl, b_ctl) = (free(), free());
+    let token = common::CONTROL_TOKEN;
+    let b = start_node(
+        "chains/example.yaml",
+        &spread,
+        "b",
+        &dir.path().join("b.json"),
+        &["--control", &b_ctl, "--control-token", token],
+    );
+    let (s, out, a_json, a_addr) =
+        (spread.clone(), dir.path().join("out.pcap"), dir.path().join("a.json"), a_ctl.clone());
+    // Paced: about three seconds of traffic.
+    let root = std::thread::spawn(move || {
+        root_node(
+            &s,
+            &out,
+            &a_json,
+            &["--pace", "0.05", "--control", &a_addr, "--control-token", common::CONTROL_TOKEN],
+        )
+    });
+    let chain_of = |addr: &str| {
+        let (code, body) = common::http(addr, "GET", "/api/v1/chain", Some(token), "");
+        (code == 200).then(|| serde_json::from_str::<serde_json::Value>(&body).expect("JSON"))
+    };
+    let instance = |v: &serde_json::Value, vertex: &str| {
+        let vs = v["vertices"].as_array().cloned().unwrap_or_default();
+        vs.into_iter().find(|x| x["name"] == vertex).map(|x| x["instances"][0].clone()).unwrap_or_default()
+    };
+    // Node b counts the LB's packets once traffic reaches it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let on_b = loop {
+        if let Some(v) = chain_of(&b_ctl).filter(|v| instance(v, "lb")["packets_in"].as_u64().unwrap_or(0) > 0) {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "node b's endpoint never counted the LB's packets");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for (vertex, elsewhere) in [("nat", true), ("trojan", true), ("portscan", false), ("lb", false)] {
+        assert_eq!(instance(&on_b, vertex)["elsewhere"], elsewhere, "{vertex} on b: {on_b}");
+    }
+    assert!(instance(&on_b, "portscan")["packets_in"].as_u64().unwrap_or(0) > 0, "{on_b}");
+    assert_eq!(instance(&on_b, "nat")["packets_in"], 0, "{on_b}");
+    // Node a (the root's) counts the NAT, and shows b's instances as b's.
+    let on_a = chain_of(&a_ctl).expect("node a's endpoint");
+    assert!(instance(&on_a, "nat")["packets_in"].as_u64().unwrap_or(0) > 0, "{on_a}");
+    assert_eq!(instance(&on_a, "lb")["elsewhere"], true, "{on_a}");
+    assert!(on_a["packets_in"].as_u64().unwrap_or(0) > 0, "the root's counters are on a: {on_a}");
+    // b's metrics: its own instances' series only.
+    let (code, metrics) = common::http(&b_ctl, "GET", "/metrics", Some(token), "");
+    assert_eq!(code, 200, "{metrics}");
+    assert!(metrics.contains(r#"sluice_instance_packets_in_total{vertex="lb",instance="0"}"#), "{metrics}");
+    assert!(!metrics.contains(r#"vertex="nat""#), "{metrics}");
+    // Live changes: refused with the reason, on both nodes; a `slow` of another node's
+    // instance is refused too, one of its own taken.
+    let spread_says = "a chain spread over nodes takes no live crash";
+    for addr in [&a_ctl, &b_ctl] {
+        common::refused_actions(
+            addr,
+            &[
+                (r#"{"crash": {"vertex": "portscan", "instance": 0}}"#, 409, spread_says),
+                (r#"{"crash_store": {}}"#, 409, spread_says),
+                (r#"{"scale": {"vertex": "lb", "to": 2}}"#, 409, spread_says),
+            ],
+        );
+    }
+    common::refused_actions(
+        &b_ctl,
+        &[(r#"{"slow": {"vertex": "nat", "instance": 0, "delay_us": [1, 2]}}"#, 409, "runs on another node")],
+    );
+    let (code, answer) = common::http(
+        &b_ctl,
+        "POST",
+        "/api/v1/actions",
+        Some(token),
+        r#"{"slow": {"vertex": "lb", "instance": 0, "delay_us": [1, 2]}}"#,
+    );
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(instance(&chain_of(&b_ctl).expect("b"), "lb")["slow_us"], serde_json::json!([1, 2]));
+    // The run ends as any: the nodes' output is the one-process output.
+    let a = root.join().expect("root's node");
+    assert!(a.status.success(), "{}", text(&a));
+    let (ok, err) = node_end(b, Duration::from_secs(30));
+    assert!(ok, "node b: {err}");
+    let one = dir.path().join("one.pcap");
+    one_process(&one, &[]);
+    let got = sorted_frames(&dir.path().join("out.pcap"));
+    assert!(got == sorted_frames(&one), "the output differs from the one-process output ({} frames)", got.len());
+}

@@ -356,6 +356,9 @@ pub fn run(
         live.set_scaling((!scalable).then(|| {
             "the run was not started to scale: give it a store (not local state) and a control endpoint, or `scale`/`move` faults".into()
         }));
+        if let Some(l) = &layout {
+            spread::live_view(live, l, slot_count);
+        }
     }
     let mut failover_side = failover::RootSide::default();
     let mut failovers = Vec::new();

@@ -18,13 +18,16 @@ const SPARE: u8 = 0;
 const SERVING: u8 = 1;
 /// An instance removed by scaling in (shown with what it did).
 const RETIRED: u8 = 2;
+/// An instance of a chain spread over nodes that runs on another node (its statistics are
+/// that node's).
+const ELSEWHERE: u8 = 3;
 
 /// Live counters of one instance.
 #[derive(Debug, Default)]
 struct InstanceLive {
     vertex: usize,
     index: u16,
-    /// [`SPARE`], [`SERVING`] or [`RETIRED`].
+    /// [`SPARE`], [`SERVING`], [`RETIRED`] or [`ELSEWHERE`].
     status: AtomicU8,
     packets_in: AtomicU64,
     forwarded: AtomicU64,
@@ -127,7 +130,7 @@ impl Live {
     pub fn request_crash(&self, vertex: &str, index: u16) -> Result<(), LiveError> {
         let v =
             self.vertices.iter().position(|(n, _)| n == vertex).ok_or_else(|| LiveError::NoVertex(vertex.into()))?;
-        if !self.serves(v, index) {
+        if !self.known(v, index) {
             return Err(LiveError::NoInstance { vertex: vertex.into(), index });
         }
         if let Some(why) = self.no_failover.lock().ok().and_then(|w| w.clone()) {
@@ -177,7 +180,7 @@ impl Live {
             Change::ScaleTo(0) => return Err(LiveError::BadChange("a vertex keeps at least one instance".into())),
             Change::Move { from, to, .. } => {
                 for i in [from, to] {
-                    if !self.serves(v, i) {
+                    if !self.known(v, i) {
                         return Err(LiveError::NoInstance { vertex: vertex.into(), index: i });
                     }
                 }
@@ -185,7 +188,7 @@ impl Live {
                     return Err(LiveError::BadChange(format!("a move needs two instances, not {from} twice")));
                 }
             }
-            Change::Clone { instance } if !self.serves(v, instance) => {
+            Change::Clone { instance } if !self.known(v, instance) => {
                 return Err(LiveError::NoInstance { vertex: vertex.into(), index: instance });
             }
             _ => {}
@@ -215,6 +218,14 @@ impl Live {
         self.changes.lock().map(|mut c| std::mem::take(&mut *c)).unwrap_or_default()
     }
 
+    /// Whether instance `index` of vertex `v` serves flows now, here or (a chain spread over
+    /// nodes) on another node: what a change may name.
+    fn known(&self, v: usize, index: u16) -> bool {
+        self.instances.iter().any(|i| {
+            i.vertex == v && i.index == index && matches!(i.status.load(Ordering::Relaxed), SERVING | ELSEWHERE)
+        })
+    }
+
     /// Whether instance `index` of vertex `v` serves flows now.
     fn serves(&self, v: usize, index: u16) -> bool {
         self.instances.iter().any(|i| i.vertex == v && i.index == index && i.status.load(Ordering::Relaxed) == SERVING)
@@ -225,6 +236,16 @@ impl Live {
     pub(crate) fn set_serving(&self, global: usize, serving: bool) {
         if let Some(i) = self.instances.get(global) {
             i.status.store(if serving { SERVING } else { RETIRED }, Ordering::Relaxed);
+        }
+    }
+
+    /// Instance `global` runs on another node (`true`), or on this one again (`false`: a
+    /// failed node's instance replaced here).
+    pub(crate) fn set_elsewhere(&self, global: usize, elsewhere: bool) {
+        // Spare slots (not shown) stay spare.
+        let (from, to) = if elsewhere { (SERVING, ELSEWHERE) } else { (ELSEWHERE, SERVING) };
+        if let Some(i) = self.instances.get(global) {
+            let _ = i.status.compare_exchange(from, to, Ordering::Relaxed, Ordering::Relaxed);
         }
     }
 
@@ -297,6 +318,11 @@ impl Live {
         let v =
             self.vertices.iter().position(|(n, _)| n == vertex).ok_or_else(|| LiveError::NoVertex(vertex.into()))?;
         let global = self.instances.iter().position(|i| i.vertex == v && i.index == index);
+        if global.and_then(|g| self.instances.get(g)).is_some_and(|i| i.status.load(Ordering::Relaxed) == ELSEWHERE) {
+            return Err(LiveError::Refused(format!(
+                "{vertex}/{index} runs on another node: ask the control endpoint of its node"
+            )));
+        }
         let Some(global) = global.filter(|_| self.serves(v, index)) else {
             return Err(LiveError::NoInstance { vertex: vertex.into(), index });
         };
@@ -358,6 +384,7 @@ impl Live {
             v.instances.push(LiveInstance {
                 index: i.index,
                 retired: status == RETIRED,
+                elsewhere: status == ELSEWHERE,
                 packets_in: i.packets_in.load(Ordering::Relaxed),
                 forwarded: i.forwarded.load(Ordering::Relaxed),
                 consumed: i.consumed.load(Ordering::Relaxed),
@@ -428,6 +455,9 @@ pub struct LiveInstance {
     pub index: u16,
     /// Removed by scaling in: it serves no flows any more.
     pub retired: bool,
+    /// A chain spread over nodes: it runs on another node, whose endpoint has its figures
+    /// (here they stay zero).
+    pub elsewhere: bool,
     /// Packets it took in.
     pub packets_in: u64,
     /// Packets it passed on.

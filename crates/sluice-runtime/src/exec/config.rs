@@ -270,14 +270,14 @@ pub(super) fn check(cfg: &RunConfig, plan: &Plan, live: bool) -> Result<Checked,
         ));
     }
     if cfg.part.is_some() {
-        spread_allowed(cfg, scalable, live).map_err(RunError::Config)?;
+        spread_allowed(cfg, scalable).map_err(RunError::Config)?;
     }
     Ok(Checked { inline, scalable, crashes_planned, can_fail_over, store_crashes })
 }
 
 /// What a chain over several nodes does not do yet (docs/decisions.md, "One chain across
 /// nodes": failover, scaling and several roots across nodes are the next steps).
-fn spread_allowed(cfg: &RunConfig, scalable: bool, live: bool) -> Result<(), String> {
+fn spread_allowed(cfg: &RunConfig, scalable: bool) -> Result<(), String> {
     let not_yet = |what: &str| Err(format!("a chain over several nodes does not yet take {what}"));
     if !cfg.planned.is_empty() {
         return not_yet("planned faults or changes (--faults)");
@@ -287,9 +287,6 @@ fn spread_allowed(cfg: &RunConfig, scalable: bool, live: bool) -> Result<(), Str
     }
     if cfg.roots > 1 {
         return not_yet("several roots");
-    }
-    if live {
-        return not_yet("a control endpoint");
     }
     if cfg.log_in_store {
         return not_yet("the root's log in the store");

@@ -42,9 +42,11 @@ mod on_node;
 mod progress;
 mod receive;
 mod silence;
+mod view;
 use in_order::{Received, Sent};
 use on_node::OnNode;
 use std::time::{Duration, Instant};
+pub(super) use view::live_view;
 
 /// How long the root's node waits for every other node to answer before the run starts.
 pub(super) const HELLO_LIMIT: Duration = Duration::from_secs(30);
@@ -439,6 +441,9 @@ impl Link {
         self.remote.retain(|g| node_of.get(*g) != Some(&n));
         for g in &globals {
             shared.wake.link_drains(*g, false);
+            if let Some(live) = &shared.live {
+                live.set_elsewhere(*g, false);
+            }
             if let Some(x) = node_of.get_mut(*g) {
                 *x = me;
             }

@@ -1,0 +1,24 @@
+//! What a node's control endpoint shows, and refuses, of a chain spread over nodes
+//! (docs/decisions.md, "A node's live view of a spread chain").
+
+use crate::live::Live;
+use crate::spread::Layout;
+
+/// Why a node's endpoint takes no live change: each would need the nodes to agree on it.
+const NO_CHANGES: &str = "a chain spread over nodes takes no live crash, store crash, scaling or move yet \
+(docs/decisions.md, \"A node's live view of a spread chain\"); to drill a failure, crash a node \
+(`sluice ctl crash-node`)";
+
+/// Sets up `live` for this node's part of a spread chain: the instances on other nodes shown
+/// as such (their figures are their nodes'), and every live change refused with the reason.
+/// Slowing an instance of this node stays allowed: it changes nothing but that instance's
+/// pace (a straggler on purpose).
+pub(in crate::exec) fn live_view(live: &Live, layout: &Layout, slots: usize) {
+    live.set_failover(Some(NO_CHANGES.into()));
+    live.set_store_crash(Some(NO_CHANGES.into()));
+    live.set_scaling(Some(NO_CHANGES.into()));
+    live.set_root_can_fail(false);
+    for g in (0..slots).filter(|g| !layout.here(*g)) {
+        live.set_elsewhere(g, true);
+    }
+}
