@@ -6,14 +6,16 @@
 # to back. Local state, one worker per process, as scripts/bench-spread.sh.
 # Usage: scripts/bench-hosted.sh TRACE [REPEAT]   (after cargo build --release; needs etcd:
 # apt-get install etcd-server. SLUICE=path/to/sluice compares another binary; PACE, 0.02 by
-# default, sets the low load.)
+# default, sets the low load, LIMIT its packets, 20000 by default.)
 set -e
 cd "$(dirname "$0")/.."
 S=${SLUICE:-target/release/sluice}
-T=${1:?a trace, e.g. from sluice gen}; N=${2:-3}; PACE=${PACE:-0.02}
+T=${1:?a trace, e.g. from sluice gen}; N=${2:-3}; PACE=${PACE:-0.02}; LIMIT=${LIMIT:-20000}
 command -v etcd > /dev/null || { echo "etcd is not installed (apt-get install etcd-server)" >&2; exit 2; }
 W=$(mktemp -d)
-E=http://127.0.0.1:23791
+# Ports of their own, so that a test running beside it does not collide.
+P=$((20000 + RANDOM % 20000))
+E=http://127.0.0.1:$P
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2> /dev/null || true; done
@@ -22,8 +24,8 @@ cleanup() {
 }
 trap cleanup EXIT
 etcd --name bench --data-dir "$W/etcd" --listen-client-urls $E --advertise-client-urls $E \
-  --listen-peer-urls http://127.0.0.1:23801 --initial-advertise-peer-urls http://127.0.0.1:23801 \
-  --initial-cluster bench=http://127.0.0.1:23801 > "$W/etcd.log" 2>&1 &
+  --listen-peer-urls http://127.0.0.1:$((P + 1)) --initial-advertise-peer-urls http://127.0.0.1:$((P + 1)) \
+  --initial-cluster bench=http://127.0.0.1:$((P + 1)) > "$W/etcd.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 100); do
   "$S" cluster --etcd $E --cluster probe status > /dev/null 2>&1 && break
@@ -37,10 +39,10 @@ hosted() {
   "$S" controller "${common[@]}" --chain chains/example.yaml > /dev/null 2>&1 &
   local controller=$!
   local engine="-c chains/example.yaml -w 1 --no-pin -q"
-  "$S" node --id b --addr 127.0.0.1:17122 --roles nf --settle-ms 500 "${common[@]}" \
+  "$S" node --id b --addr 127.0.0.1:$((P + 3)) --roles nf --settle-ms 500 "${common[@]}" \
     --run="$engine" > /dev/null 2> "$W/b.log" &
   local b=$!
-  "$S" node --id a --addr 127.0.0.1:17121 --roles root --settle-ms 500 "${common[@]}" \
+  "$S" node --id a --addr 127.0.0.1:$((P + 2)) --roles root --settle-ms 500 "${common[@]}" \
     --run="$engine" --root-run="$root_run --json $W/two.json" > /dev/null 2> "$W/a.log"
   wait $b || { echo "node b failed:" >&2; cat "$W/b.log" >&2; }
   kill $controller 2> /dev/null || true
@@ -56,9 +58,9 @@ o=json.load(open('$W/one.json')); t=json.load(open('$W/two.json'))
 print('one %.3f Mpps | two placed nodes %.3f Mpps | ratio %.2f' % (o['mpps'], t['mpps'], t['mpps']/o['mpps']))"
 done
 for i in $(seq "$N"); do
-  "$S" run -c chains/example.yaml -i traces/demo.pcap --limit 20000 --pace "$PACE" -w 1 --no-pin -q \
+  "$S" run -c chains/example.yaml -i traces/demo.pcap --limit "$LIMIT" --pace "$PACE" -w 1 --no-pin -q \
     --json "$W/one.json" > /dev/null
-  hosted "lat$i" "-i traces/demo.pcap --limit 20000 --pace $PACE"
+  hosted "lat$i" "-i traces/demo.pcap --limit $LIMIT --pace $PACE"
   python3 -c "
 import json
 o=json.load(open('$W/one.json'))['latency_us']; t=json.load(open('$W/two.json'))['latency_us']

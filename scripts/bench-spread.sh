@@ -12,28 +12,31 @@ cd "$(dirname "$0")/.."
 S=${SLUICE:-target/release/sluice}
 T=${1:?a trace, e.g. from sluice gen}; N=${2:-3}; PACE=${PACE:-0.2}
 [ "${THROUGHPUT:-1}" = 0 ] && M=0 || M=$N
-SPREAD=$(mktemp --suffix .yaml)
-trap 'rm -f "$SPREAD" /tmp/bench-one.json /tmp/bench-two.json' EXIT
+W=$(mktemp -d)
+SPREAD=$W/spread.yaml
+trap 'rm -rf "$W"' EXIT
 LIMIT=${LIMIT:-20000}; PLACE=${PLACE:-portscan lb}
-{ printf 'nodes:\n  a: 127.0.0.1:17101\n  b: 127.0.0.1:17102\nroot: a\nplace:\n'
+# Ports of their own, so that a test running beside it does not collide.
+P=$((20000 + RANDOM % 20000))
+{ printf 'nodes:\n  a: 127.0.0.1:%d\n  b: 127.0.0.1:%d\nroot: a\nplace:\n' $P $((P + 1))
   for v in $PLACE; do printf '  %s: b\n' "$v"; done; } > "$SPREAD"
 for i in $(seq $M); do
-  $S run -c chains/example.yaml -i $T -w 1 --no-pin -q --json /tmp/bench-one.json > /dev/null
+  $S run -c chains/example.yaml -i $T -w 1 --no-pin -q --json $W/one.json > /dev/null
   $S run -c chains/example.yaml --spread "$SPREAD" --node b -w 1 --no-pin -q > /dev/null 2>&1 &
-  $S run -c chains/example.yaml -i $T --spread "$SPREAD" --node a -w 1 --no-pin -q --json /tmp/bench-two.json > /dev/null
+  $S run -c chains/example.yaml -i $T --spread "$SPREAD" --node a -w 1 --no-pin -q --json $W/two.json > /dev/null
   wait
   python3 -c "
 import json
-o=json.load(open('/tmp/bench-one.json')); t=json.load(open('/tmp/bench-two.json'))
+o=json.load(open('$W/one.json')); t=json.load(open('$W/two.json'))
 print('one %.3f Mpps p50 %.1f us | two %.3f Mpps p50 %.1f us | ratio %.2f' % (o['mpps'], o['latency_us']['p50'], t['mpps'], t['latency_us']['p50'], t['mpps']/o['mpps']))"
 done
 for i in $(seq "$N"); do
-  $S run -c chains/example.yaml -i traces/demo.pcap --limit $LIMIT --pace $PACE -w 1 --no-pin -q --json /tmp/bench-one.json > /dev/null
+  $S run -c chains/example.yaml -i traces/demo.pcap --limit $LIMIT --pace $PACE -w 1 --no-pin -q --json $W/one.json > /dev/null
   $S run -c chains/example.yaml --spread "$SPREAD" --node b -w 1 --no-pin -q > /dev/null 2>&1 &
-  $S run -c chains/example.yaml -i traces/demo.pcap --limit $LIMIT --pace $PACE --spread "$SPREAD" --node a -w 1 --no-pin -q --json /tmp/bench-two.json > /dev/null
+  $S run -c chains/example.yaml -i traces/demo.pcap --limit $LIMIT --pace $PACE --spread "$SPREAD" --node a -w 1 --no-pin -q --json $W/two.json > /dev/null
   wait
   python3 -c "
 import json
-o=json.load(open('/tmp/bench-one.json'))['latency_us']; t=json.load(open('/tmp/bench-two.json'))['latency_us']
+o=json.load(open('$W/one.json'))['latency_us']; t=json.load(open('$W/two.json'))['latency_us']
 print('low load: one p50 %.1f p99 %.1f us | two p50 %.1f p99 %.1f us | added p50 %.1f us (two crossings)' % (o['p50'],o['p99'],t['p50'],t['p99'],t['p50']-o['p50']))"
 done

@@ -94,8 +94,6 @@ up() {
     start store "$SLUICE" store serve --listen "$HOST_IP:$STORE_PORT" --token-file "$STATE/token-file" \
         --control 9479 --control-token "$token"
     wait_for "the store" 10 grep -q "serving" "$STATE/store.log"
-    start controller "$SLUICE" controller --etcd "$ETCD" --cluster "$CLUSTER" --chain "$chain" \
-        --roots 1 --ttl 2 --control 9470 --control-token "$token"
     local store_url="sluice://$HOST_IP:$STORE_PORT?token=$token&space=$CLUSTER"
     chain=$(realpath "$chain")
     for i in $(seq "$nodes"); do
@@ -107,6 +105,12 @@ up() {
             --root-run="--input $input --pace $pace --json $STATE/report.json"
     done
     wait_for "$nodes nodes" 30 sh -c "'$SLUICE' cluster --etcd '$ETCD' --cluster '$CLUSTER' status --json | grep -o '\"id\"' | wc -l | grep -qx '$nodes'"
+    # The controller once every node has joined: it places what it has to place on the nodes
+    # live at that moment, and a node that joins later gets nothing of a placement already
+    # made (nothing moves without a reason) — started first, it put the whole chain on
+    # whichever node registered first when the others were slow to start.
+    start controller "$SLUICE" controller --etcd "$ETCD" --cluster "$CLUSTER" --chain "$chain" \
+        --roots 1 --ttl 2 --control 9470 --control-token "$token"
     echo "up: etcd $ETCD, store sluice://$HOST_IP:$STORE_PORT, controller metrics 127.0.0.1:9470, $nodes nodes in sl-node1..$nodes"
     echo "control token (also the store's): $token"
 }
