@@ -34,6 +34,29 @@ pub enum Verdict {
     Output(u8),
 }
 
+impl Verdict {
+    /// The packet `pkt` hit a state error: it is dropped and counted under `reason`, and the
+    /// error is said in the log (target `sluice::nf`) — the reason alone cannot tell a store
+    /// that failed from a value that surprised the NF. A store that fails every call would
+    /// fill the log: the first 16 errors of a process are said, then the 32nd, 64th, ...
+    pub fn state_error(pkt: &Packet, reason: &'static str, error: &StateError) -> Verdict {
+        static SAID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SAID.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if n <= 16 || n.is_power_of_two() {
+            tracing::warn!(
+                target: "sluice::nf",
+                reason,
+                clock = %pkt.meta.clock,
+                replayed = pkt.meta.flags.contains(sluice_packet::MetaFlags::REPLAYED),
+                error = %error,
+                errors_so_far = n,
+                "a packet dropped on a state error"
+            );
+        }
+        Verdict::Drop(reason)
+    }
+}
+
 /// A network function. Instances are built by an [`NfBuilder`] from the chain file's config;
 /// one object per physical instance, shared by nothing but read-only configuration.
 pub trait NetworkFunction: Send + Sync {

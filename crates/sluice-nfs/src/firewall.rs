@@ -461,7 +461,7 @@ impl NetworkFunction for FirewallNf {
 
     fn process(&self, pkt: &mut Packet, ctx: &mut NfContext<'_>) -> Verdict {
         let (Some(t), Some(fk)) = (pkt.tuple(), pkt.flow_key()) else { return Verdict::Forward };
-        self.handle(pkt, t, fk, ctx).unwrap_or(Verdict::Drop("fw-state-error"))
+        self.handle(pkt, t, fk, ctx).unwrap_or_else(|e| Verdict::state_error(pkt, "fw-state-error", &e))
     }
 
     fn on_timer(&self, fired: TimerFired, ctx: &mut NfContext<'_>) {

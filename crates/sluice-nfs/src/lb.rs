@@ -582,7 +582,7 @@ impl NetworkFunction for LbNf {
 
     fn process(&self, pkt: &mut Packet, ctx: &mut NfContext<'_>) -> Verdict {
         let (Some(t), Some(fk)) = (pkt.tuple(), pkt.flow_key()) else { return Verdict::Forward };
-        self.handle(pkt, t, fk, ctx).unwrap_or(Verdict::Drop("lb-state-error"))
+        self.handle(pkt, t, fk, ctx).unwrap_or_else(|e| Verdict::state_error(pkt, "lb-state-error", &e))
     }
 
     fn on_timer(&self, fired: TimerFired, ctx: &mut NfContext<'_>) {

@@ -642,7 +642,7 @@ impl NetworkFunction for NatNf {
         } else {
             Ok(Verdict::Forward)
         };
-        r.unwrap_or(Verdict::Drop("nat-state-error"))
+        r.unwrap_or_else(|e| Verdict::state_error(pkt, "nat-state-error", &e))
     }
 
     fn on_timer(&self, fired: TimerFired, ctx: &mut NfContext<'_>) {
