@@ -349,8 +349,6 @@ pub fn run(
                 Some("the run keeps its state in the instances (local): a replacement needs a store".into())
             }
         });
-    }
-    if let Some(live) = &shared.live {
         live.set_root_can_fail(cfg.fault_tolerance);
         live.set_store_crash(why_no_store_crash);
         live.set_scaling((!scalable).then(|| {
