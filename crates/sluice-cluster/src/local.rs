@@ -172,12 +172,10 @@ impl LocalEtcd {
     /// The last lines of its log, where etcd says why it stopped.
     fn said(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().rev().take(3).collect();
-        let said: Vec<&str> = lines.into_iter().rev().collect();
-        if said.is_empty() {
-            format!("nothing (log {})", self.log.display())
-        } else {
-            said.join(" | ")
+        let lines: Vec<&str> = text.lines().collect();
+        match lines.get(lines.len().saturating_sub(3)..) {
+            Some(last) if !last.is_empty() => last.join(" | "),
+            _ => format!("nothing (log {})", self.log.display()),
         }
     }
 

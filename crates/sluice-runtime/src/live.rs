@@ -221,14 +221,17 @@ impl Live {
     /// Whether instance `index` of vertex `v` serves flows now, here or (a chain spread over
     /// nodes) on another node: what a change may name.
     fn known(&self, v: usize, index: u16) -> bool {
-        self.instances.iter().any(|i| {
-            i.vertex == v && i.index == index && matches!(i.status.load(Ordering::Relaxed), SERVING | ELSEWHERE)
-        })
+        self.has_status(v, index, |s| s == SERVING || s == ELSEWHERE)
+    }
+
+    /// Whether instance `index` of vertex `v` has a status `of` accepts.
+    fn has_status(&self, v: usize, index: u16, of: impl Fn(u8) -> bool) -> bool {
+        self.instances.iter().any(|i| i.vertex == v && i.index == index && of(i.status.load(Ordering::Relaxed)))
     }
 
     /// Whether instance `index` of vertex `v` serves flows now.
     fn serves(&self, v: usize, index: u16) -> bool {
-        self.instances.iter().any(|i| i.vertex == v && i.index == index && i.status.load(Ordering::Relaxed) == SERVING)
+        self.has_status(v, index, |s| s == SERVING)
     }
 
     /// Instance `global` serves flows from now on (`true`: added by scaling out) or no longer
