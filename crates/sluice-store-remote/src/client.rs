@@ -202,6 +202,11 @@ impl Backend for RemoteBackend {
         true
     }
 
+    /// The server's store is an embedded one.
+    fn reads_as_of(&self) -> bool {
+        true
+    }
+
     fn register_custom_ops(&self, vertex: u16, ops: &[CustomOp]) -> Result<(), StoreError> {
         let names = ops.iter().map(|o| o.name.to_string()).collect();
         match self.ask(&AdminRequest::RegisterCustomOps { vertex, names }, |_| {})? {

@@ -109,6 +109,12 @@ pub trait Backend: Send + Sync {
     fn is_shared(&self) -> bool {
         false
     }
+    /// Whether a tagged read (a replayed packet's) returns the value as it was before the
+    /// tag's clock: before the first logged update of it at that clock or later (the embedded
+    /// store). Otherwise it reads the value as it is now.
+    fn reads_as_of(&self) -> bool {
+        false
+    }
     /// Whether [`Backend::takeover`] returns at once, its parts sent later by the store's own
     /// threads (the embedded store). Otherwise the caller gives it a thread of its own, so
     /// that the replacement is not held up while the backend reads.

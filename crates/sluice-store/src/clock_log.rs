@@ -11,6 +11,7 @@
 //! off the front — no hashing, no allocation once running, and the clocks being logged and
 //! forgotten lie next to each other in memory.
 
+use crate::wire::StoreKey;
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::Value;
 use smallvec::SmallVec;
@@ -49,8 +50,94 @@ impl From<Option<Value>> for Kept {
     }
 }
 
-/// One logged update of a clock: its vertex, its index in the packet, its result.
-type Logged = (u16, u32, Kept);
+/// What the log knows of the value an update changed, as it was before the update: what a
+/// replayed packet reads ([`ClockLog::as_of`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Was {
+    /// Not known: which value the update changed (a log restored from a checkpoint; a
+    /// counter's increments, which no replayed packet reads as of a clock).
+    Unknown,
+    /// The value the update changed, but not what it held before (a large value, whose copy
+    /// per update would cost more than it is worth; an increment among many).
+    Untracked(StoreKey),
+    /// The value the update changed and what it held before.
+    Before(StoreKey, Earlier),
+}
+
+/// A small value as it was, kept without an allocation (a record of integers in place).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Earlier {
+    /// Absent, or a value that holds nothing on the heap.
+    Plain(Option<Value>),
+    /// A short record of integers.
+    Ints(SmallVec<[i64; SMALL_RECORD]>),
+}
+
+impl Earlier {
+    fn value(&self) -> Option<Value> {
+        match self {
+            Earlier::Plain(v) => v.clone(),
+            Earlier::Ints(v) => Some(Value::Ints(v.to_vec())),
+        }
+    }
+}
+
+impl Was {
+    /// The value an update of `key` changed, kept as it was if it is small (a number, an
+    /// address, a tuple, a short record: what per-flow state holds). A global object's value
+    /// (key `Unit`) is never a flow's: no replayed packet reads it as of a clock.
+    pub(crate) fn of(key: StoreKey, before: &Option<Value>) -> Was {
+        if key.key == sluice_state::StateKey::Unit {
+            return Was::Unknown;
+        }
+        let earlier = match before {
+            None => Earlier::Plain(None),
+            Some(v @ (Value::Int(_) | Value::Float(_) | Value::Endpoint(..) | Value::Tuple(_))) => {
+                Earlier::Plain(Some(v.clone()))
+            }
+            Some(Value::Ints(v)) if v.len() <= SMALL_RECORD => Earlier::Ints(SmallVec::from_slice(v)),
+            Some(Value::Ints(_) | Value::List(_) | Value::Bytes(_)) => return Was::Untracked(key),
+        };
+        Was::Before(key, earlier)
+    }
+
+    fn key(&self) -> Option<&StoreKey> {
+        match self {
+            Was::Unknown => None,
+            Was::Untracked(k) | Was::Before(k, _) => Some(k),
+        }
+    }
+}
+
+/// The longest integer record whose earlier values the log keeps.
+const SMALL_RECORD: usize = 8;
+
+/// What a replayed packet reads of a value ([`ClockLog::as_of`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum AsOf {
+    /// The value as it was before the packet's clock.
+    Was(Option<Value>),
+    /// No update of the value at or after the clock is logged: it is as it is now.
+    Now,
+    /// An update at or after the clock changed it, but what it held before is not known: the
+    /// value now is the best answer there is.
+    Unknown,
+}
+
+/// One logged update of a clock: its vertex, its index in the packet, its result, and where
+/// its ring keeps the value it changed as it was before ([`NO_WAS`]: nowhere). 32 bytes: the
+/// `Was` (96) lives in the ring's own queue, kept only for updates that have one (a counter's
+/// increments do not), without an allocation each.
+#[derive(Debug, Clone, PartialEq)]
+struct Logged {
+    vertex: u16,
+    seq: u32,
+    result: Kept,
+    was: u64,
+}
+
+/// A [`Logged`] update with no `Was`.
+const NO_WAS: u64 = u64::MAX;
 
 /// One clock's updates: two in place (a NAT's two counters), more on the heap.
 type Slot = SmallVec<[Logged; 2]>;
@@ -62,6 +149,18 @@ struct Ring {
     slots: VecDeque<Slot>,
     /// Every clock of this root up to here is done: nothing of it can come again.
     forgotten: u64,
+    /// The `Was` of logged updates that have one, with their clocks, in the order logged:
+    /// number `n` (in [`Logged::was`]) is at `n - was_gone`. Popped as their clocks are
+    /// forgotten (one logged out of clock order waits for those logged before it).
+    was: VecDeque<(u64, Was)>,
+    was_gone: u64,
+}
+
+impl Ring {
+    fn was(&self, n: u64) -> Option<&Was> {
+        let i = usize::try_from(n.checked_sub(self.was_gone)?).ok()?;
+        self.was.get(i).map(|(_, w)| w)
+    }
 }
 
 /// The per-clock log of one shard.
@@ -72,11 +171,11 @@ pub(crate) struct ClockLog {
     /// Updates of clocks the rings do not cover: already forgotten (a clock's updates can be
     /// logged again after it was forgotten, as in the Redis store), or too far from the ring's
     /// clocks to stretch it that far. Empty in a running chain.
-    stray: HashMap<(Clock, u16, u32), Kept>,
+    stray: HashMap<(Clock, u16, u32), (Kept, Was)>,
 }
 
 /// How far a ring stretches to take a clock before or after the ones it holds; beyond, the
-/// update goes to the strays (a ring slot costs 24 bytes even when empty).
+/// update goes to the strays (a ring slot costs 72 bytes even when empty).
 const MAX_STRETCH: u64 = 1 << 20;
 
 impl ClockLog {
@@ -88,11 +187,11 @@ impl ClockLog {
 
     /// The result logged for update `seq` of `clock` at `vertex`, if it was applied.
     pub(crate) fn get(&self, clock: Clock, vertex: u16, seq: u32) -> Option<&Kept> {
-        let found = self.slot(clock).and_then(|s| s.iter().find(|(v, s, _)| *v == vertex && *s == seq));
+        let found = self.slot(clock).and_then(|s| s.iter().find(|l| l.vertex == vertex && l.seq == seq));
         match found {
-            Some((_, _, r)) => Some(r),
+            Some(l) => Some(&l.result),
             None if self.stray.is_empty() => None,
-            None => self.stray.get(&(clock, vertex, seq)),
+            None => self.stray.get(&(clock, vertex, seq)).map(|(k, _)| k),
         }
     }
 
@@ -104,16 +203,21 @@ impl ClockLog {
     /// Logs the result of update `seq` of `clock` at `vertex`; whether it is new (a second
     /// result for the same update keeps the first).
     pub(crate) fn insert(&mut self, clock: Clock, vertex: u16, seq: u32, result: Kept) -> bool {
+        self.insert_was(clock, vertex, seq, result, Was::Unknown)
+    }
+
+    /// [`ClockLog::insert`], with what the update changed.
+    pub(crate) fn insert_was(&mut self, clock: Clock, vertex: u16, seq: u32, result: Kept, was: Was) -> bool {
         if self.contains(clock, vertex, seq) {
             return false;
         }
-        self.insert_absent(clock, vertex, seq, result);
+        self.insert_absent(clock, vertex, seq, result, was);
         true
     }
 
     /// Logs the result of update `seq` of `clock` at `vertex`, which the caller knows is not
     /// logged (it just looked).
-    pub(crate) fn insert_absent(&mut self, clock: Clock, vertex: u16, seq: u32, result: Kept) {
+    pub(crate) fn insert_absent(&mut self, clock: Clock, vertex: u16, seq: u32, result: Kept, was: Was) {
         let r = usize::from(clock.root());
         if self.rings.len() <= r {
             self.rings.resize_with(r + 1, Ring::default);
@@ -125,7 +229,7 @@ impl ClockLog {
         }
         let end = ring.base + ring.slots.len() as u64;
         if at <= ring.forgotten || at.saturating_add(MAX_STRETCH) < ring.base || at > end.saturating_add(MAX_STRETCH) {
-            self.stray.insert((clock, vertex, seq), result);
+            self.stray.insert((clock, vertex, seq), (result, was));
             return;
         }
         // Grow the ring to cover `at`: at the back (the usual case) or the front (an older
@@ -139,7 +243,48 @@ impl ClockLog {
             ring.slots.resize_with(i.saturating_add(1), Slot::new);
         }
         let Some(slot) = ring.slots.get_mut(i) else { return };
-        slot.push((vertex, seq, result));
+        let was = match was {
+            Was::Unknown => NO_WAS,
+            w => {
+                ring.was.push_back((at, w));
+                ring.was_gone + ring.was.len() as u64 - 1
+            }
+        };
+        slot.push(Logged { vertex, seq, result, was });
+    }
+
+    /// Value `key` as a replayed packet of `clock` reads it: as it was before the first logged
+    /// update of it at `clock` or later (in clock order; updates of one value by one instance
+    /// arrive in that order). The packet's first run may have been followed by later packets
+    /// whose updates the store applied before the copy that would have carried its output was
+    /// lost: run again against the value now, an NF may take another path than the first time
+    /// (a balancer finding the connection the first run opened, and closed since, reopened) and
+    /// its updates no longer match the logged ones. Clocks of other roots are not comparable:
+    /// only `clock`'s root's updates count.
+    pub(crate) fn as_of(&self, clock: Clock, key: &StoreKey) -> AsOf {
+        let in_ring = self.rings.get(usize::from(clock.root())).and_then(|ring| {
+            let from = usize::try_from(clock.seq().saturating_sub(ring.base)).unwrap_or(usize::MAX);
+            ring.slots.iter().enumerate().skip(from).find_map(|(i, slot)| {
+                let was = slot.iter().find_map(|l| ring.was(l.was).filter(|w| w.key() == Some(key)))?;
+                Some((Clock::new(clock.root(), ring.base + i as u64), 0, was))
+            })
+        });
+        // Strays (none in a running chain) count where their clock comes first.
+        let stray = self
+            .stray
+            .iter()
+            .filter(|((c, _, _), (_, w))| c.root() == clock.root() && c.seq() >= clock.seq() && w.key() == Some(key))
+            .map(|((c, _, s), (_, w))| (*c, *s, w))
+            .min_by_key(|(c, s, _)| (c.seq(), *s));
+        let first = match (in_ring, stray) {
+            (Some(r), Some(s)) => Some(if s.0.seq() < r.0.seq() { s.2 } else { r.2 }),
+            (r, s) => r.or(s).map(|(_, _, w)| w),
+        };
+        match first {
+            Some(Was::Before(_, v)) => AsOf::Was(v.value()),
+            Some(_) => AsOf::Unknown,
+            None => AsOf::Now,
+        }
     }
 
     /// Every clock of `upto`'s root up to and including `upto` is done there: their entries
@@ -152,6 +297,10 @@ impl ClockLog {
                 break;
             }
             ring.base += 1;
+        }
+        while ring.was.front().is_some_and(|(c, _)| *c <= ring.forgotten) {
+            ring.was.pop_front();
+            ring.was_gone += 1;
         }
         if !self.stray.is_empty() {
             self.stray.retain(|(c, _, _), _| c.root() != upto.root() || c.seq() > upto.seq());
@@ -171,10 +320,10 @@ impl ClockLog {
             let root = u8::try_from(r).unwrap_or(u8::MAX);
             ring.slots.iter().enumerate().flat_map(move |(i, slot)| {
                 let clock = Clock::new(root, ring.base + i as u64);
-                slot.iter().map(move |(v, s, res)| (clock, *v, *s, res))
+                slot.iter().map(move |l| (clock, l.vertex, l.seq, &l.result))
             })
         });
-        ringed.chain(self.stray.iter().map(|(&(c, v, s), res)| (c, v, s, res)))
+        ringed.chain(self.stray.iter().map(|(&(c, v, s), (res, _))| (c, v, s, res)))
     }
 }
 
@@ -292,6 +441,32 @@ mod tests {
         assert_eq!(log.iter().count(), 0);
         assert!(log.insert(Clock::new(0, 2), 0, 0, Kept::Nothing), "a cleared log forgets its marks too");
         assert!(log.contains(Clock::new(0, 2), 0, 0));
+    }
+
+    #[test]
+    fn earlier_values_are_found_by_clock_and_forgotten_with_it() {
+        let mut log = ClockLog::default();
+        let key = |n: u64| StoreKey { vertex: 1, object: 0, key: sluice_state::StateKey::Id(n) };
+        let was = |n: u64, v: i64| Was::of(key(n), &Some(Value::Int(v)));
+        // Clock 7 logged after clock 9 (the ring grows at its front), a counter's increment
+        // between them with nothing kept.
+        log.insert_was(Clock::new(0, 9), 1, 0, Kept::Nothing, was(1, 90));
+        log.insert_was(Clock::new(0, 8), 1, 0, int(3), Was::Unknown);
+        log.insert_was(Clock::new(0, 7), 1, 0, Kept::Nothing, was(1, 70));
+        log.insert_was(Clock::new(0, 9), 1, 1, Kept::Nothing, was(2, 5));
+        assert_eq!(log.as_of(Clock::new(0, 6), &key(1)), AsOf::Was(Some(Value::Int(70))));
+        assert_eq!(log.as_of(Clock::new(0, 8), &key(1)), AsOf::Was(Some(Value::Int(90))));
+        assert_eq!(log.as_of(Clock::new(0, 10), &key(1)), AsOf::Now);
+        assert_eq!(log.as_of(Clock::new(1, 1), &key(1)), AsOf::Now, "another root's clocks count for nothing");
+        let big = Was::of(key(3), &Some(Value::Bytes(vec![0; 64])));
+        log.insert_was(Clock::new(0, 9), 1, 2, Kept::Nothing, big);
+        assert_eq!(log.as_of(Clock::new(0, 9), &key(3)), AsOf::Unknown);
+        log.forget(Clock::new(0, 8));
+        assert_eq!(log.as_of(Clock::new(0, 9), &key(1)), AsOf::Was(Some(Value::Int(90))));
+        assert_eq!(log.as_of(Clock::new(0, 9), &key(2)), AsOf::Was(Some(Value::Int(5))));
+        log.forget(Clock::new(0, 9));
+        assert_eq!(log.as_of(Clock::new(0, 9), &key(1)), AsOf::Now);
+        assert!(log.rings.iter().all(|r| r.was.is_empty()), "every earlier value went with its clock");
     }
 
     #[test]

@@ -339,3 +339,52 @@ fn call_past_max_inflight_gets_its_answer() {
     c.flush().expect("flush");
     assert_eq!(read(&store, StoreKey { vertex: v, object: 0, key: k }), Some(Value::Int(15)));
 }
+
+/// A connection opened at one clock and closed at later ones by an instance whose node then
+/// failed, before the copies carrying those packets' outputs left it: its replacement
+/// (fault-tolerant client, every value taken over) processes the opening packet again and must
+/// read the connection as the first run did — absent — not as the closing packets left it, or
+/// it takes another path (a balancer "reopening" it) whose updates no longer line up with the
+/// logged ones. Failed before: the replayed read returned the closed entry.
+#[test]
+fn a_replacement_reads_a_flow_as_the_first_run_did() {
+    let store = EmbeddedStore::start(2).expect("start store");
+    let v = 1205;
+    let decls = [StateDecl::new("conns", Scope::per_flow(), AccessPattern::ReadHeavy)];
+    let cfg = ClientConfig { mode: Mode::Async, write_through: true, ..ClientConfig::default() };
+    let base = fresh_base();
+    let k = StateKey::Id(base);
+    let meta = |i: u64, replayed: bool| {
+        let flags = if replayed { sluice_packet::MetaFlags::REPLAYED } else { sluice_packet::MetaFlags::default() };
+        Meta { clock: Clock::new(1, base + i), flags, ..Meta::default() }
+    };
+    let first = InstanceId::new(v, 0);
+    let mut c = StoreClient::new(store.connect(first).expect("connect"), first, v, &decls, &[], cfg.clone());
+    for (i, value) in [(1, 10), (2, 11), (3, 12)] {
+        c.begin_batch();
+        c.begin_packet(&meta(i, false));
+        assert_eq!(c.get(ObjectId(0), &k).expect("get"), (i > 1).then(|| Value::Int(value - 1)));
+        c.set(ObjectId(0), &k, Value::Int(value)).expect("set");
+        c.end_batch();
+    }
+    c.flush().expect("flush");
+    drop(c);
+
+    let second = InstanceId::new(v, 1);
+    let mut r = StoreClient::new(store.connect(second).expect("connect"), second, v, &decls, &[], cfg);
+    let values = store.values_of(v, &[0]).expect("values").expect("the embedded store lists them");
+    r.load_flows(values);
+    for (i, read) in [(1, None), (2, Some(Value::Int(10))), (3, Some(Value::Int(11)))] {
+        r.begin_batch();
+        r.begin_packet(&meta(i, true));
+        assert_eq!(r.get(ObjectId(0), &k).expect("get"), read, "replayed clock {i}");
+        r.set(ObjectId(0), &k, Value::Int(9 + i as i64)).expect("set");
+        r.end_batch();
+    }
+    // Live again: its own copy, which holds the latest value.
+    r.begin_batch();
+    r.begin_packet(&meta(4, false));
+    assert_eq!(r.get(ObjectId(0), &k).expect("get"), Some(Value::Int(12)));
+    r.end_batch();
+    assert_eq!(r.stats().duplicates, 3, "the replayed sets were answered from the log");
+}

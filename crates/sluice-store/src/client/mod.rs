@@ -509,6 +509,14 @@ impl StoreClient {
     /// A per-flow operation in fault-tolerant mode (see [`ClientConfig::write_through`]).
     fn write_through(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
         let idx = usize::from(obj.0);
+        if self.replaying && op == StateOp::Get && self.strategies.get(idx) == Some(&Strategy::WriteThrough) {
+            // A replayed packet reads a flow's value as its first run did: the copy here may
+            // hold updates of the flow's later packets ([`crate::Backend`]'s reads as of a
+            // clock). Tagged with the packet's clock; a read takes no place in its updates.
+            let tag = OpTag { clock: self.clock, seq: 0 };
+            let resp = self.call(self.key(obj, key), StoreOp::State(StateOp::Get), Some(tag))?;
+            return resp.result.map_err(StateError::Backend);
+        }
         if !op.is_update() {
             // A read of a cached value (most of them): one lookup, and the key is not copied.
             if let Some(entry) = self.caches.get_mut(idx).and_then(|c| c.get_mut(key)) {

@@ -463,6 +463,9 @@ impl Backend for EmbeddedStore {
         Ok(timers)
     }
 
+    fn reads_as_of(&self) -> bool {
+        true
+    }
     fn takeover_returns_at_once(&self) -> bool {
         true
     }

@@ -3,7 +3,7 @@
 //! them. The shard's thread, its queues and the backend around it are in `engine/mod.rs`.
 
 use super::{ClientQueues, Map};
-use crate::clock_log::{ClockLog, Kept, LastApplied};
+use crate::clock_log::{AsOf, ClockLog, Kept, LastApplied, Was};
 use crate::wire::{Notification, OpTag, Request, Response, StoreKey, StoreOp, TsVector};
 use sluice_packet::InstanceId;
 use sluice_state::{ops::apply, CustomOp, StateOp, Value};
@@ -115,8 +115,15 @@ impl Shard {
             }
             _ => {}
         }
+        let read = matches!(req.op, StoreOp::State(StateOp::Get));
+        if let (Some(tag), true) = (req.tag, read) {
+            // A replayed packet's read: the value as that packet's first run found it.
+            if let AsOf::Was(v) = self.log.as_of(tag.clock, &req.key) {
+                return Response { id, result: Ok(v), replayed: false, ts: None };
+            }
+        }
         // Exactly once: a tagged update already applied returns its logged result.
-        if let Some(tag) = req.tag {
+        if let Some(tag) = req.tag.filter(|_| !read) {
             if let Some(r) = self.log.get(tag.clock, req.key.vertex, tag.seq) {
                 return Response { id, result: Ok(r.value()), replayed: true, ts: None };
             }
@@ -129,13 +136,13 @@ impl Shard {
                 Err(e) => Response { id, result: Err(e), replayed: false, ts: None },
             };
         }
-        let result = self.execute(client, key, req.op.clone(), req.tag);
+        let mut was = Was::Unknown;
+        let result = self.execute(client, key, req.op.clone(), req.tag.map(|_| &mut was));
         // A tagged read (a replayed packet reading state) changes nothing: logging it would make
         // a later update with the same tag look like a duplicate, and moving the TS vector would
         // claim an update was executed.
-        let read = matches!(req.op, StoreOp::State(StateOp::Get));
         if let (Some(tag), Ok(r), false) = (req.tag, &result, read) {
-            self.log_applied(client, key.vertex, tag, r.0.clone());
+            self.log_applied(client, key.vertex, tag, r.0.clone(), was);
         }
         match result {
             Ok((value, ts)) => Response { id, result: Ok(value), replayed: false, ts },
@@ -143,15 +150,16 @@ impl Shard {
         }
     }
 
+    /// Executes `op` on `key` for `client`. For a tagged update, `was` learns the value it
+    /// changed as it was before (for the per-clock log).
     #[allow(clippy::type_complexity)]
     fn execute(
         &mut self,
         client: InstanceId,
         key: StoreKey,
         op: StoreOp,
-        tag: Option<OpTag>,
+        was: Option<&mut Was>,
     ) -> Result<(Option<Value>, Option<TsVector>), String> {
-        let _ = tag;
         let entry = self.entries.entry(key).or_default();
         let out = match op {
             StoreOp::State(StateOp::Get) => {
@@ -166,6 +174,9 @@ impl Shard {
                         return Err(format!("{key:?} is owned by instance {}", owner.0));
                     }
                 }
+                if let Some(w) = was {
+                    *w = Was::of(key, &entry.value);
+                }
                 let custom = self.custom.get(&key.vertex).map(Vec::as_slice).unwrap_or(&[]);
                 let r = apply(&mut entry.value, op, custom).map_err(|e| e.to_string())?;
                 if !entry.subscribers.is_empty() {
@@ -178,6 +189,9 @@ impl Shard {
                     if owner != client {
                         return Err(format!("{key:?} is owned by instance {}", owner.0));
                     }
+                }
+                if let Some(w) = was {
+                    *w = Was::of(key, &entry.value);
                 }
                 entry.value = value;
                 if !entry.subscribers.is_empty() {
@@ -266,7 +280,7 @@ impl Shard {
                 }
                 let v = now.map_or(*d, |i: i64| i.wrapping_add(*d));
                 now = Some(v);
-                self.log.insert_absent(tag.clock, key.vertex, tag.seq, Kept::Int(v));
+                self.log.insert_absent(tag.clock, key.vertex, tag.seq, Kept::Int(v), Was::Unknown);
                 last = Some(tag.clock);
             }
             if let Some(v) = now {
@@ -286,7 +300,7 @@ impl Shard {
                 applied.push((*tag, r));
             }
             for (tag, r) in applied {
-                self.log_applied(client, key.vertex, tag, r);
+                self.log_applied(client, key.vertex, tag, r, Was::Unknown);
             }
         }
         self.tell_subscribers(key, client);
@@ -306,8 +320,8 @@ impl Shard {
         }
     }
 
-    fn log_applied(&mut self, client: InstanceId, vertex: u16, tag: OpTag, result: Option<Value>) {
-        if self.log.insert(tag.clock, vertex, tag.seq, result.into()) {
+    fn log_applied(&mut self, client: InstanceId, vertex: u16, tag: OpTag, result: Option<Value>, was: Was) {
+        if self.log.insert_was(tag.clock, vertex, tag.seq, result.into(), was) {
             // The instance's last update applied, in the order applied: not the greatest clock,
             // since clocks need not grow along an instance's log (several roots; a root that
             // restarted past its persisted clock while older packets were in flight; replays).
@@ -350,5 +364,56 @@ impl Shard {
                 _ => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_packet::Clock;
+    use sluice_state::StateKey;
+    use std::collections::VecDeque;
+
+    fn call(shard: &mut Shard, op: StateOp, tag: Option<(u64, u32)>) -> Response {
+        let key = StoreKey { vertex: 2, object: 1, key: StateKey::Id(7) };
+        let tag = tag.map(|(clock, seq)| OpTag { clock: Clock::new(0, clock), seq });
+        let req = Request { id: 1, client: InstanceId::new(2, 0), tag, key, op: StoreOp::State(op), reply: true };
+        shard.handle(&req)
+    }
+
+    fn read_at(shard: &mut Shard, clock: u64, seq: u32) -> Result<Option<Value>, String> {
+        let r = call(shard, StateOp::Get, Some((clock, seq)));
+        assert!(!r.replayed, "a read is never answered from the per-clock log: {r:?}");
+        r.result
+    }
+
+    /// A balancer's connection opened by clock 10, changed by clock 12 and closed by 15, all
+    /// applied before the copies carrying their outputs were lost: replayed, each reads the
+    /// value its first run read, not the one the later clocks left.
+    #[test]
+    fn a_replayed_read_sees_the_value_before_its_clock() {
+        let mut shard = Shard::new();
+        call(&mut shard, StateOp::Set(Value::Int(1)), Some((10, 0)));
+        call(&mut shard, StateOp::Set(Value::Int(2)), Some((12, 1)));
+        call(&mut shard, StateOp::Delete, Some((15, 0)));
+        assert_eq!(read_at(&mut shard, 10, 0), Ok(None));
+        assert_eq!(read_at(&mut shard, 11, 0), Ok(Some(Value::Int(1))));
+        // The same tag as clock 12's update: still a read.
+        assert_eq!(read_at(&mut shard, 12, 1), Ok(Some(Value::Int(1))));
+        assert_eq!(read_at(&mut shard, 13, 0), Ok(Some(Value::Int(2))));
+        assert_eq!(read_at(&mut shard, 15, 0), Ok(Some(Value::Int(2))));
+        assert_eq!(read_at(&mut shard, 16, 0), Ok(None), "no later update: the value now");
+        assert_eq!(call(&mut shard, StateOp::Get, None).result, Ok(None));
+
+        // A large value's earlier contents are not kept: its readers get the value now.
+        let list = Value::List(VecDeque::from(vec![Value::Int(1); 4]));
+        call(&mut shard, StateOp::Set(list), Some((20, 0)));
+        call(&mut shard, StateOp::Set(Value::Int(5)), Some((21, 0)));
+        assert_eq!(read_at(&mut shard, 20, 0), Ok(None));
+        assert_eq!(read_at(&mut shard, 21, 0), Ok(Some(Value::Int(5))));
+
+        // Once the clocks are done, nothing of them is kept.
+        shard.log.forget(Clock::new(0, 25));
+        assert_eq!(read_at(&mut shard, 20, 0), Ok(Some(Value::Int(5))));
     }
 }
