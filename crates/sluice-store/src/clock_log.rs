@@ -126,7 +126,7 @@ pub(crate) enum AsOf {
 
 /// One logged update of a clock: its vertex, its index in the packet, its result, and where
 /// its ring keeps the value it changed as it was before ([`NO_WAS`]: nowhere). 32 bytes: the
-/// `Was` (96) lives in the ring's own queue, kept only for updates that have one (a counter's
+/// `Was` lives in the ring's own queue, kept only for updates that have one (a counter's
 /// increments do not), without an allocation each.
 #[derive(Debug, Clone, PartialEq)]
 struct Logged {
@@ -266,7 +266,7 @@ impl ClockLog {
             let from = usize::try_from(clock.seq().saturating_sub(ring.base)).unwrap_or(usize::MAX);
             ring.slots.iter().enumerate().skip(from).find_map(|(i, slot)| {
                 let was = slot.iter().find_map(|l| ring.was(l.was).filter(|w| w.key() == Some(key)))?;
-                Some((Clock::new(clock.root(), ring.base + i as u64), 0, was))
+                Some((ring.base + i as u64, was))
             })
         });
         // Strays (none in a running chain) count where their clock comes first.
@@ -274,11 +274,11 @@ impl ClockLog {
             .stray
             .iter()
             .filter(|((c, _, _), (_, w))| c.root() == clock.root() && c.seq() >= clock.seq() && w.key() == Some(key))
-            .map(|((c, _, s), (_, w))| (*c, *s, w))
-            .min_by_key(|(c, s, _)| (c.seq(), *s));
+            .min_by_key(|((c, _, s), _)| (c.seq(), *s))
+            .map(|((c, _, _), (_, w))| (c.seq(), w));
         let first = match (in_ring, stray) {
-            (Some(r), Some(s)) => Some(if s.0.seq() < r.0.seq() { s.2 } else { r.2 }),
-            (r, s) => r.or(s).map(|(_, _, w)| w),
+            (Some(r), Some(s)) => Some(if s.0 < r.0 { s.1 } else { r.1 }),
+            (r, s) => r.or(s).map(|(_, w)| w),
         };
         match first {
             Some(Was::Before(_, v)) => AsOf::Was(v.value()),
