@@ -163,6 +163,11 @@ impl Backend for RedisBackend {
         true
     }
 
+    /// The script keeps what each tagged update found before it (`sluice.lua`, `as_of`).
+    fn reads_as_of(&self) -> bool {
+        true
+    }
+
     fn register_custom_ops(&self, vertex: u16, ops: &[CustomOp]) -> Result<(), StoreError> {
         write_lock(&self.shared.custom).insert(vertex, ops.to_vec());
         Ok(())

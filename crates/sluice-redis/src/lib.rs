@@ -34,7 +34,8 @@
 //! encoding. All keys of bucket `b` carry the hash tag `{P:b}`, so a bucket lives in one cluster
 //! slot: a value's string or list, its metadata hash (form, version, owner, claimant, timer),
 //! its subscriber set, and the bucket's own structures — the per-clock log and its index for
-//! `ForgetClock`, the TS vector, the timer index, the packet time, and one notification list per
+//! `ForgetClock`, what each logged update found before it (for a replayed packet's read, as of
+//! its clock), the TS vector, the timer index, the packet time, and one notification list per
 //! client. A bucket is exactly a shard of the embedded engine: the TS vector returned with a
 //! read is the bucket's (as it is the shard's there), `ForgetClock` and `AdvanceTime` are
 //! applied to every bucket in request order, and a checkpoint keeps each instance's highest

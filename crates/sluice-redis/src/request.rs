@@ -50,11 +50,9 @@ pub(crate) fn push_tagged(args: &mut Vec<Vec<u8>>, tag: OpTag, vertex: u16, oper
 /// The arguments every operation starts with: code, bucket, key encoding, whether to answer,
 /// and the tag's log id and clock (empty when untagged or broadcast).
 pub(crate) fn header(code: &str, bucket: Option<u16>, kenc: &[u8], req: &Request, reply: bool) -> Vec<Vec<u8>> {
-    // A tagged read (a replayed packet's) is read as the value is now: the script keeps no
-    // earlier values (docs/decisions.md, "A replayed packet reads what its first run read").
-    let read = matches!(req.op, StoreOp::State(StateOp::Get));
+    // A tagged read (a replayed packet's) is answered as of its clock (`as_of` in the script).
     let (logid, clock) = match req.tag {
-        Some(t) if bucket.is_some() && !read => (logid(t, req.key.vertex), t.clock.0.to_string().into_bytes()),
+        Some(t) if bucket.is_some() => (logid(t, req.key.vertex), t.clock.0.to_string().into_bytes()),
         _ => (Vec::new(), Vec::new()),
     };
     vec![

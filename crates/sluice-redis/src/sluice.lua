@@ -9,19 +9,24 @@
 --   {P:b}s:<k>  subscribers (set of client ids)
 --   {P:b}K      every entry key <k> of the bucket (for checkpoint, restore, cleanup)
 --   {P:b}L      per-clock log: hash <logid> -> result encoding ('' = none)
---   {P:b}X      log index: lex zset of <logid> = hex16(clock) hex4(vertex) hex8(seq)
+--   {P:b}X      log index: lex zset of <logid> = hex16(clock) hex4(vertex) hex8(seq), followed
+--               by '+' <k> when b:<k> keeps what the update found (so that ForgetClock drops it)
 --   {P:b}T      TS vector: hash client -> clock (decimal), the highest clock logged per client
 --   {P:b}Z      timers: lex zset of hex16(deadline) .. <k>
 --   {P:b}N      packet time, hex16
 --   {P:b}Q      version counter
 --   {P:b}n:<c>  notifications for client c (list)
+--   {P:b}b:<k>  what the tagged updates of <k> found before them, for a replayed packet's read
+--               (docs/decisions.md, "A replayed packet reads what its first run read"): hash
+--               <logid> -> n (absent) | v .. encoding | u (not kept); a few fields (the clocks
+--               not yet forgotten), so a small hash, cheaper to add to than a sorted set
 --   {P:b}I      intents: hash client -> the tagged updates of the client's batch in progress, kept
 --               while the batch spans several calls (nodes) so that a replacement can finish a
 --               batch its failed predecessor left half applied (connection.rs, `IntentStep`)
 -- Every function is called with no declared keys and touches only buckets the caller says are
 -- on this node (flag allow-cross-slot-keys: a node may serve several buckets' slots).
 
-local VERSION = '2'
+local VERSION = '3'
 
 local function enc_list(elems)
   local parts = { '\1L', struct.pack('>I4', #elems) }
@@ -161,12 +166,64 @@ end
 
 -- Logs the result of a tagged update; the TS vector keeps the client's last update applied, in
 -- the order applied (clocks need not grow along a client's log: several roots, a restarted root,
--- replays). A duplicate changes neither.
-local function log_applied(h, client, logid, clock, result)
+-- replays). A duplicate changes neither. `kept`: the key whose b:<k> keeps what it found, if any.
+local function log_applied(h, client, logid, clock, result, kept)
   if redis.call('HSET', h .. 'L', logid, result) == 1 then
-    redis.call('ZADD', h .. 'X', 0, logid)
+    if kept then
+      redis.call('ZADD', h .. 'X', 0, logid .. '+' .. kept)
+    else
+      redis.call('ZADD', h .. 'X', 0, logid)
+    end
     redis.call('HSET', h .. 'T', client, clock)
   end
+end
+
+-- What a tagged update of entry e (value form t) keeps of the value before it, by the embedded
+-- store's rules (`clock_log::Was::of`): nil for a global object's value (key `Unit`: no flow's),
+-- 'u' for a value too large to keep (a list, bytes, a record of more than 8 integers: a replayed
+-- read of it reads the value now), else 'n' (absent) or 'v' .. encoding.
+local function before_of(e, t)
+  if string.byte(e.k, 5) == 85 then
+    return nil
+  elseif not t then
+    return 'n'
+  elseif t == 'l' then
+    return 'u'
+  end
+  local enc = redis.call('GET', e.v) or ''
+  local kind = kind_of(enc)
+  if kind == 'bytes' or kind == 'list' or (kind == 'ints' and #enc > 6 + 8 * 8) then
+    return 'u'
+  end
+  return 'v' .. enc
+end
+
+local LOGID_LEN = 28
+
+-- A replayed packet's read of k: the value before the first kept update of k at its clock or
+-- later, of the same root (the first 16 hex digits of a log id are the clock, the first 2 its
+-- root). Returns the encoding ('' = absent), or nil to read the value now.
+local function as_of(h, k, logid)
+  local from = string.sub(logid, 1, 16)
+  local root = string.sub(logid, 1, 2)
+  local kv = redis.call('HGETALL', h .. 'b:' .. k)
+  local first, kept = nil, nil
+  for x = 1, #kv, 2 do
+    local id = kv[x]
+    if string.sub(id, 1, 16) >= from and string.sub(id, 1, 2) == root and (not first or id < first) then
+      first, kept = id, kv[x + 1]
+    end
+  end
+  if not kept then
+    return nil
+  end
+  local kind = string.sub(kept, 1, 1)
+  if kind == 'n' then
+    return ''
+  elseif kind == 'v' then
+    return string.sub(kept, 2)
+  end
+  return nil
 end
 
 -- Adds the decimal text d to an integer value; true if it did not overflow.
@@ -365,8 +422,10 @@ local function state_update(e, code, a, i, t)
   return 'e', 'protocol', 'unknown op ' .. tostring(code), ''
 end
 
--- Executes one keyed operation. Returns ('o', result, ts?) | ('e', code, a, b) | ('f').
-local function execute(h, client, k, code, a, i)
+-- Executes one keyed operation; logid is the update's tag ('' = untagged). Returns
+-- ('o', result, ts?) | ('o', result, nil, nil, true: what the update found is kept, see
+-- before_of) | ('e', code, a, b) | ('f').
+local function execute(h, client, k, code, a, i, logid)
   local e = entry(h, k)
   e.client = client
   local meta = redis.call('HMGET', e.m, 't', 'o', 'd')
@@ -440,8 +499,15 @@ local function execute(h, client, k, code, a, i)
   if o and o ~= client then
     return 'e', 'owned', o, ''
   end
+  local kept = nil
+  if logid ~= '' then
+    kept = before_of(e, t)
+  end
   local st, x, y, z = state_update(e, code, a, i, t)
   if st == 'o' then
+    if kept then
+      redis.call('HSET', e.h .. 'b:' .. k, logid, kept)
+    end
     notify_changed(e, client)
     if code == 'D' or code == 'W' then
       cleanup(e)
@@ -450,14 +516,31 @@ local function execute(h, client, k, code, a, i)
     local meta2 = redis.call('HMGET', e.m, 't', 'q')
     return 'f', full_enc(e, meta2[1]), meta2[2] or '0', x
   end
-  return st, x, y, z
+  return st, x, y, z, st == 'o' and kept ~= nil
 end
 
 -- Forgets the log entries with clocks in [lo, hi] (one root's clocks up to the one given).
 local function forget(h, lo, hi)
   local ms = redis.call('ZRANGEBYLEX', h .. 'X', lo, hi)
   if #ms > 0 then
-    del_all('HDEL', h .. 'L', ms)
+    local ids, kept = {}, {}
+    for x, m in ipairs(ms) do
+      local id = string.sub(m, 1, LOGID_LEN)
+      ids[x] = id
+      if #m > LOGID_LEN then
+        local k = string.sub(m, LOGID_LEN + 2)
+        local of_k = kept[k]
+        if not of_k then
+          of_k = {}
+          kept[k] = of_k
+        end
+        of_k[#of_k + 1] = id
+      end
+    end
+    del_all('HDEL', h .. 'L', ids)
+    for k, of_k in pairs(kept) do
+      del_all('HDEL', h .. 'b:' .. k, of_k)
+    end
     redis.call('ZREMRANGEBYLEX', h .. 'X', lo, hi)
   end
 end
@@ -554,20 +637,32 @@ local function exec(_keys, a)
     else
       local h = '{' .. P .. ':' .. b .. '}'
       local logged = false
-      if logid ~= '' then
+      if logid ~= '' and code == 'G' then
+        -- A replayed packet's read: the value as its first run found it, where kept.
+        local was = as_of(h, k, logid)
+        if was then
+          if reply then
+            results[#results + 1] = { idx, 'o', was }
+          end
+          logid = ''
+          code = nil
+        end
+      elseif logid ~= '' then
         logged = redis.call('HGET', h .. 'L', logid)
       end
-      if logged then
+      if not code then
+        -- Answered above.
+      elseif logged then
         if reply then
           results[#results + 1] = { idx, 'r', logged }
         end
       else
-        local st, x, y, z = execute(h, client, k, code, a, args)
+        local st, x, y, z, kept = execute(h, client, k, code, a, args, logid)
         if st == 'o' then
           -- A tagged read only consults the log: logging it would make a later update with the
           -- same tag look like a duplicate, and it executed no update for the TS vector.
           if logid ~= '' and code ~= 'G' then
-            log_applied(h, client, logid, clock, x)
+            log_applied(h, client, logid, clock, x, kept and k or nil)
           end
           if reply then
             if y then
@@ -666,6 +761,12 @@ local function restore(_keys, a)
     for _, k in ipairs(redis.call('SMEMBERS', h .. 'K')) do
       local e = entry(h, k)
       redis.call('DEL', e.v, e.m, e.s)
+    end
+    -- A restored store keeps no earlier values (as the embedded one).
+    for _, m in ipairs(redis.call('ZRANGE', h .. 'X', 0, -1)) do
+      if #m > LOGID_LEN then
+        redis.call('DEL', h .. 'b:' .. string.sub(m, LOGID_LEN + 2))
+      end
     end
     redis.call('DEL', h .. 'K', h .. 'L', h .. 'X', h .. 'T', h .. 'Z', h .. 'I')
     if nts > 0 then

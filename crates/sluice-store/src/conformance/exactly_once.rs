@@ -1,6 +1,6 @@
 //! Checks of the per-clock log: a tagged update is applied once however often it is sent,
-//! `ForgetClock` ends that, a tagged read consults the log without joining it, and recorded
-//! non-deterministic values repeat for a packet's replays.
+//! `ForgetClock` ends that, a tagged read (a replayed packet's) reads as of its clock without
+//! joining the log, and recorded non-deterministic values repeat for a packet's replays.
 
 use super::raw::Raw;
 use super::support::{clk, ensure, fresh_base, meta, open_client, skey, tag, ts_has};
@@ -123,9 +123,9 @@ pub fn forget_clock_reapplies(b: &dyn Backend) -> Result<(), String> {
     ensure(now == Some(Value::Int(12)), || format!("final value {now:?}, want 12"))
 }
 
-/// A tagged Get consults the per-clock log (a tag logged by an update returns its logged
-/// result, marked replayed) but is itself neither logged nor counted in the TS vector: a later
-/// update with the same tag applies, and the reader's TS entry stays at its last update.
+/// A tagged Get never answers with an update's logged result and is itself neither logged nor
+/// counted in the TS vector: a later update with the same tag applies, and the reader's TS entry
+/// stays at its last update.
 pub fn tagged_reads_not_logged(b: &dyn Backend) -> Result<(), String> {
     let v = 1020;
     let base = fresh_base();
@@ -314,4 +314,65 @@ pub fn timers_keep_their_own_tags(b: &dyn Backend) -> Result<(), String> {
     let now = reader.get(active, &unit).map_err(|e| e.to_string())?;
     ensure(now == Some(Value::Int(11)), || format!("each applied once: {now:?}, want 11"))?;
     Ok(())
+}
+
+/// A replayed packet's read (a tagged `Get`) where the store keeps earlier values
+/// ([`Backend::reads_as_of`]): the value before the first logged update of the key at the
+/// read's clock or later, of the same root; the value now when no such update is logged, when
+/// that update found a value too large to keep (a record of more than 8 integers), for a global
+/// object's value (key `Unit`) and once `ForgetClock` forgot the updates. Uses clocks of root
+/// 254: run it alone on a shared store, see [`EXCLUSIVE`](super::EXCLUSIVE).
+pub fn replayed_reads_as_of_their_clock(b: &dyn Backend) -> Result<(), String> {
+    if !b.reads_as_of() {
+        return Ok(());
+    }
+    let v = 1022;
+    let base = fresh_base();
+    let k = skey(v, 0, StateKey::Id(base));
+    let global = skey(v, 1, StateKey::Unit);
+    let mut a = Raw::open(b, InstanceId::new(v, 0))?;
+    let c = |n: u64| Clock::new(254, base + n);
+    let ep = Value::Endpoint(std::net::IpAddr::from([10, 0, 0, 7]), 4242);
+    let long = Value::Ints((0..9).collect());
+    a.state(k, StateOp::Set(ep.clone()), tag(c(10), 0))?;
+    a.state(k, StateOp::Set(Value::Int(5)), tag(c(30), 0))?;
+    a.state(k, StateOp::Incr(2), tag(c(30), 1))?;
+    a.state(k, StateOp::Delete, tag(c(50), 0))?;
+    a.state(k, StateOp::Set(long), tag(c(70), 0))?;
+    a.state(k, StateOp::Set(Value::Int(9)), tag(c(90), 0))?;
+    a.state(global, StateOp::Set(Value::Int(1)), tag(c(10), 2))?;
+    a.state(global, StateOp::Set(Value::Int(2)), tag(c(30), 2))?;
+    let read = |a: &mut Raw, key, clock: Clock| -> Result<Option<Value>, String> {
+        let r = a.call(key, StoreOp::State(StateOp::Get), tag(clock, 0))?;
+        ensure(!r.replayed, || format!("a tagged Get at {clock} answered as a replay: {r:?}"))?;
+        r.result.map_err(|e| format!("a tagged Get at {clock}: {e}"))
+    };
+    let other_root = Clock::new(253, base + 20);
+    let expect = [
+        (k, c(5), None, "before every update"),
+        (k, c(10), None, "at the first update's clock"),
+        (k, c(20), Some(ep.clone()), "between the first and second packets"),
+        (k, c(30), Some(ep), "at a packet with two updates: before its first"),
+        (k, c(40), Some(Value::Int(7)), "before the delete"),
+        (k, c(60), None, "after the delete"),
+        (k, c(80), Some(Value::Int(9)), "before an update that found a long record: now"),
+        (k, c(95), Some(Value::Int(9)), "after every update: now"),
+        (k, other_root, Some(Value::Int(9)), "another root's clock: now"),
+        (global, c(5), Some(Value::Int(2)), "a global value: now"),
+    ];
+    for (key, clock, want, what) in expect {
+        let got = read(&mut a, key, clock)?;
+        ensure(got == want, || format!("{what}: a tagged Get at {clock} read {got:?}, want {want:?}"))?;
+    }
+    a.apply_nb(k, StoreOp::ForgetClock(c(50)), None)?;
+    let got = read(&mut a, k, c(20))?;
+    ensure(got.is_none(), || {
+        format!(
+            "after ForgetClock({}) the first kept update is the long record's set (it found nothing): read {got:?}",
+            c(50)
+        )
+    })?;
+    a.apply_nb(k, StoreOp::ForgetClock(c(90)), None)?;
+    let got = read(&mut a, k, c(20))?;
+    ensure(got == Some(Value::Int(9)), || format!("after every clock is forgotten a tagged Get reads now (9): {got:?}"))
 }

@@ -48,8 +48,8 @@ pub use concurrency::{
     concurrent_incr, concurrent_incr_sums, concurrent_pops, concurrent_pops_unique, nonblocking_in_issue_order,
 };
 pub use exactly_once::{
-    forget_clock_reapplies, recorded_values_repeat, retransmit_applied_once, tagged_reads_not_logged,
-    timer_updates_leave_a_packets_tags, timers_keep_their_own_tags,
+    forget_clock_reapplies, recorded_values_repeat, replayed_reads_as_of_their_clock, retransmit_applied_once,
+    tagged_reads_not_logged, timer_updates_leave_a_packets_tags, timers_keep_their_own_tags,
 };
 pub use ownership::{owner_writes_logged, ownership_handover};
 pub use semantics::{ops_semantics, value_and_key_fidelity};
@@ -69,8 +69,13 @@ pub const TIMEOUT: Duration = Duration::from_secs(5);
 pub type Check = fn(&dyn Backend) -> Result<(), String>;
 
 /// Checks that replace the whole store's contents: run them alone on a shared store.
-pub const EXCLUSIVE: &[&str] =
-    &["checkpoint_restore", "forget_clock_reapplies", "checkpoint_timers", "wipe_empties_store"];
+pub const EXCLUSIVE: &[&str] = &[
+    "checkpoint_restore",
+    "forget_clock_reapplies",
+    "checkpoint_timers",
+    "wipe_empties_store",
+    "replayed_reads_as_of_their_clock",
+];
 
 /// Runs check `name` of [`all`] against `backend` and panics with what it found: what the
 /// tests that [`conformance_tests!`](crate::conformance_tests) generates call.
@@ -106,7 +111,7 @@ macro_rules! conformance_tests {
                     ts_vector_on_reads, client_modes_agree, reconnected_instance_notified,
                     checkpoint_timers, wipe_empties_store, tagged_reads_not_logged,
                     recorded_values_repeat, owner_writes_logged, timer_updates_leave_a_packets_tags,
-                    timers_keep_their_own_tags);
+                    timers_keep_their_own_tags, replayed_reads_as_of_their_clock);
             }
         )+
     };
@@ -155,5 +160,6 @@ pub fn all() -> Vec<(&'static str, Check)> {
         ("owner_writes_logged", owner_writes_logged),
         ("timer_updates_leave_a_packets_tags", timer_updates_leave_a_packets_tags),
         ("timers_keep_their_own_tags", timers_keep_their_own_tags),
+        ("replayed_reads_as_of_their_clock", replayed_reads_as_of_their_clock),
     ]
 }
