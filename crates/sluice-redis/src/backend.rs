@@ -1,7 +1,7 @@
 //! [`RedisBackend`]: connecting (loading the function library), clearing the keyspace, and
 //! the [`Backend`] operations that act on the whole store (checkpoint, restore, wipe).
 
-use crate::codec::{decode_opt, encode_key, encode_opt, Form};
+use crate::codec::{decode_opt, decode_value, encode_key, encode_opt, encode_value, Form};
 use crate::config::{parse_url, Mode};
 use crate::connection::RedisConnection;
 use crate::io_thread::ThreadedConnection;
@@ -14,7 +14,7 @@ use crate::topology::{lock_mutex, write_lock, Nodes, Shared, Topology};
 use crate::LIBRARY;
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::CustomOp;
-use sluice_store::{Backend, Checkpoint, Connection, LoggedResult, StoreError};
+use sluice_store::{Backend, Checkpoint, Connection, Found, LoggedResult, StoreError};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -206,9 +206,11 @@ impl Backend for RedisBackend {
                 else {
                     return Err(StoreError::Protocol("short sluice_dump reply".into()));
                 };
-                for triple in array(lg)?.chunks(3) {
-                    if let [b, id, r] = triple {
-                        log.push(logged_result(number(b)?, bytes(id)?, bytes(r)?)?);
+                for entry in array(lg)?.chunks(5) {
+                    if let [b, id, r, k, found] = entry {
+                        let mut l = logged_result(number(b)?, bytes(id)?, bytes(r)?)?;
+                        l.found = found_of(bytes(k)?, bytes(found)?)?;
+                        log.push(l);
                     }
                 }
                 for triple in array(tm)?.chunks(3) {
@@ -261,7 +263,7 @@ impl Backend for RedisBackend {
                     args.push(who.0.to_string().into_bytes());
                 }
             }
-            // The per-clock log per node: bucket, logid, result each.
+            // The per-clock log per node: bucket, logid, result, key, found each.
             let mut log_of: Vec<Vec<Vec<u8>>> = vec![Vec::new(); topo.nodes.len()];
             for l in &cp.log {
                 let Ok(b) = u16::try_from(l.part) else { continue };
@@ -269,6 +271,9 @@ impl Backend for RedisBackend {
                     args.push(b.to_string().into_bytes());
                     args.push(format!("{}{:04x}{:08x}", hex16(l.clock.0), l.vertex, l.seq).into_bytes());
                     args.push(encode_opt(l.result.as_ref()));
+                    let (k, found) = found_args(l.found.as_ref());
+                    args.push(k);
+                    args.push(found);
                 }
             }
             for (k, v) in &cp.values {
@@ -291,7 +296,7 @@ impl Backend for RedisBackend {
                     cmd.arg(a.as_slice());
                 }
                 let log = log_of.get(n).map(Vec::as_slice).unwrap_or(&[]);
-                cmd.arg(log.len() / 3);
+                cmd.arg(log.len() / 5);
                 for a in log {
                     cmd.arg(a.as_slice());
                 }
@@ -333,6 +338,39 @@ fn bucket_fcall(function: &str, prefix: &str, buckets: &[u16]) -> redis::Cmd {
     cmd
 }
 
+/// What a logged update found, from `sluice_dump`'s key and found (`sluice.lua`'s `b:<k>`
+/// field: `n` absent, `v` and an encoding, `u` not kept; both empty: nothing kept).
+fn found_of(k: &[u8], found: &[u8]) -> Result<Option<Found>, StoreError> {
+    if k.is_empty() {
+        return Ok(None);
+    }
+    let key = decode_whole_key(k)?;
+    match found.split_first() {
+        Some((b'n', [])) => Ok(Some(Found::Kept { key, value: None })),
+        Some((b'v', enc)) => Ok(Some(Found::Kept { key, value: Some(decode_value(enc).map_err(codec_err)?) })),
+        Some((b'u', [])) => Ok(Some(Found::NotKept { key })),
+        _ => Err(StoreError::Protocol(format!(
+            "what an update found, {:?}, is not n, v… or u",
+            String::from_utf8_lossy(found)
+        ))),
+    }
+}
+
+/// `sluice_restore`'s key and found arguments for what a logged update found ([`found_of`]
+/// reversed).
+fn found_args(found: Option<&Found>) -> (Vec<u8>, Vec<u8>) {
+    match found {
+        None => (Vec::new(), Vec::new()),
+        Some(Found::Kept { key, value: None }) => (encode_key(key), b"n".to_vec()),
+        Some(Found::Kept { key, value: Some(v) }) => {
+            let mut enc = b"v".to_vec();
+            enc.extend(encode_value(v));
+            (encode_key(key), enc)
+        }
+        Some(Found::NotKept { key }) => (encode_key(key), b"u".to_vec()),
+    }
+}
+
 /// One entry of a bucket's per-clock log from `sluice_dump`: its id is the clock (16 hex
 /// digits), the vertex (4) and the update's number (8).
 fn logged_result(bucket: u32, id: &[u8], result: &[u8]) -> Result<LoggedResult, StoreError> {
@@ -349,5 +387,6 @@ fn logged_result(bucket: u32, id: &[u8], result: &[u8]) -> Result<LoggedResult, 
         vertex: u16::from_str_radix(v, 16).map_err(|_| bad())?,
         seq: u32::from_str_radix(s, 16).map_err(|_| bad())?,
         result: decode_opt(result).map_err(codec_err)?,
+        found: None,
     })
 }

@@ -701,17 +701,28 @@ end
 -- encoding pairs; ts = flat client, clock pairs of every bucket (the caller keeps the maximum
 -- per client); timers = flat key, deadline (hex16), recipient triples (the owner if the key is
 -- claimed, else the client that armed it: who would be told now); log = flat bucket, logid,
--- result triples (the per-clock log).
+-- result, key, found quintuples (the per-clock log; key and found '' unless b:<key> keeps what
+-- the update found).
 local function dump(_keys, a)
   local P, nb = a[1], tonumber(a[2])
   local values, ts, timers, log = {}, {}, {}, {}
   for j = 1, nb do
     local h = '{' .. P .. ':' .. a[2 + j] .. '}'
     local kv = redis.call('HGETALL', h .. 'L')
+    local key_of = {}
+    for _, m in ipairs(redis.call('ZRANGE', h .. 'X', 0, -1)) do
+      if #m > LOGID_LEN then
+        key_of[string.sub(m, 1, LOGID_LEN)] = string.sub(m, LOGID_LEN + 2)
+      end
+    end
     for x = 1, #kv, 2 do
+      local k = key_of[kv[x]]
+      local found = k and redis.call('HGET', h .. 'b:' .. k, kv[x])
       log[#log + 1] = a[2 + j]
       log[#log + 1] = kv[x]
       log[#log + 1] = kv[x + 1]
+      log[#log + 1] = found and k or ''
+      log[#log + 1] = found or ''
     end
     -- One metadata read per entry serves both the value and its timer (every entry with a
     -- timer is in K): checkpoints run every few hundred milliseconds on large buckets.
@@ -736,8 +747,8 @@ local function dump(_keys, a)
 end
 
 -- ARGV: prefix, nb, bucket ids..., nts, client, clock pairs..., ntimers, timers: bucket, key,
--- deadline (hex16), client..., nlog, log: bucket, logid, result..., then values: bucket, key,
--- form.
+-- deadline (hex16), client..., nlog, log: bucket, logid, result, key, found ('' '': none)...,
+-- then values: bucket, key, form.
 -- Clears entries, logs, timers and intents of the buckets (not their time or notifications), sets the
 -- TS vector of every bucket, re-arms the timers, restores the per-clock log and writes the
 -- values.
@@ -755,7 +766,7 @@ local function restore(_keys, a)
   i = tstart + 4 * ntimers
   local nlog = tonumber(a[i])
   local lstart = i + 1
-  i = lstart + 3 * nlog
+  i = lstart + 5 * nlog
   for j = 1, nb do
     local h = '{' .. P .. ':' .. a[2 + j] .. '}'
     for _, k in ipairs(redis.call('SMEMBERS', h .. 'K')) do
@@ -784,10 +795,16 @@ local function restore(_keys, a)
     redis.call('SADD', h .. 'K', k)
   end
   for x = 0, nlog - 1 do
-    local base = lstart + 3 * x
+    local base = lstart + 5 * x
     local h = '{' .. P .. ':' .. a[base] .. '}'
-    redis.call('HSET', h .. 'L', a[base + 1], a[base + 2])
-    redis.call('ZADD', h .. 'X', 0, a[base + 1])
+    local logid, k = a[base + 1], a[base + 3]
+    redis.call('HSET', h .. 'L', logid, a[base + 2])
+    if k ~= '' then
+      redis.call('HSET', h .. 'b:' .. k, logid, a[base + 4])
+      redis.call('ZADD', h .. 'X', 0, logid .. '+' .. k)
+    else
+      redis.call('ZADD', h .. 'X', 0, logid)
+    end
   end
   while i <= #a do
     local h = '{' .. P .. ':' .. a[i] .. '}'

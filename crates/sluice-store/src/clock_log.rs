@@ -11,7 +11,7 @@
 //! off the front — no hashing, no allocation once running, and the clocks being logged and
 //! forgotten lie next to each other in memory.
 
-use crate::wire::StoreKey;
+use crate::wire::{Found, StoreKey};
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::Value;
 use smallvec::SmallVec;
@@ -99,6 +99,24 @@ impl Was {
             Some(Value::Ints(_) | Value::List(_) | Value::Bytes(_)) => return Was::Untracked(key),
         };
         Was::Before(key, earlier)
+    }
+
+    /// What a checkpoint keeps of it.
+    pub(crate) fn found(&self) -> Option<Found> {
+        match self {
+            Was::Unknown => None,
+            Was::Untracked(key) => Some(Found::NotKept { key: *key }),
+            Was::Before(key, earlier) => Some(Found::Kept { key: *key, value: earlier.value() }),
+        }
+    }
+
+    /// Back from a checkpoint.
+    pub(crate) fn from_found(found: Option<&Found>) -> Was {
+        match found {
+            None => Was::Unknown,
+            Some(Found::NotKept { key }) => Was::Untracked(*key),
+            Some(Found::Kept { key, value }) => Was::of(*key, value),
+        }
     }
 
     fn key(&self) -> Option<&StoreKey> {
@@ -202,6 +220,7 @@ impl ClockLog {
 
     /// Logs the result of update `seq` of `clock` at `vertex`; whether it is new (a second
     /// result for the same update keeps the first).
+    #[cfg(test)]
     pub(crate) fn insert(&mut self, clock: Clock, vertex: u16, seq: u32, result: Kept) -> bool {
         self.insert_was(clock, vertex, seq, result, Was::Unknown)
     }
@@ -313,17 +332,17 @@ impl ClockLog {
         self.stray.clear();
     }
 
-    /// Every logged update as (clock, vertex, index in the packet, result): the rings' by root
-    /// and then clock, then the strays in no order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (Clock, u16, u32, &Kept)> + '_ {
+    /// Every logged update as (clock, vertex, index in the packet, result, what it found):
+    /// the rings' by root and then clock, then the strays in no order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Clock, u16, u32, &Kept, &Was)> + '_ {
         let ringed = self.rings.iter().enumerate().flat_map(|(r, ring)| {
             let root = u8::try_from(r).unwrap_or(u8::MAX);
             ring.slots.iter().enumerate().flat_map(move |(i, slot)| {
                 let clock = Clock::new(root, ring.base + i as u64);
-                slot.iter().map(move |l| (clock, l.vertex, l.seq, &l.result))
+                slot.iter().map(move |l| (clock, l.vertex, l.seq, &l.result, ring.was(l.was).unwrap_or(&Was::Unknown)))
             })
         });
-        ringed.chain(self.stray.iter().map(|(&(c, v, s), (res, _))| (c, v, s, res)))
+        ringed.chain(self.stray.iter().map(|(&(c, v, s), (res, was))| (c, v, s, res, was)))
     }
 }
 
@@ -409,7 +428,7 @@ mod tests {
         for (root, seq) in [(0u8, 5u64), (0, 9), (1, 2), (0, 3)] {
             log.insert(Clock::new(root, seq), 0, 0, int(seq as i64));
         }
-        let all: Vec<(Clock, u16, u32)> = log.iter().map(|(c, v, s, _)| (c, v, s)).collect();
+        let all: Vec<(Clock, u16, u32)> = log.iter().map(|(c, v, s, ..)| (c, v, s)).collect();
         assert_eq!(
             all,
             vec![

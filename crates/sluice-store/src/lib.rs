@@ -15,6 +15,6 @@ pub use backend::{Backend, Connection, StoreError, Takeover, TakeoverParts};
 pub use client::{ClientConfig, ClientStats, Mode, StoreClient, VertexTimerTable, VertexTimers, NONDET_OBJECT};
 pub use engine::EmbeddedStore;
 pub use wire::{
-    timer_update_seq, Checkpoint, LoggedResult, Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp,
-    TsVector, TIMER_UPDATE,
+    timer_update_seq, Checkpoint, Found, LoggedResult, Notification, OpTag, Replies, Request, Response, StoreKey,
+    StoreOp, TsVector, TIMER_UPDATE,
 };

@@ -220,6 +220,30 @@ pub struct LoggedResult {
     pub seq: u32,
     /// What the update returned.
     pub result: Option<Value>,
+    /// What the update found of the value it changed, where the store keeps it: what a
+    /// replayed packet's read as of the update's clock returns, after a restore too.
+    #[serde(default)]
+    pub found: Option<Found>,
+}
+
+/// What a logged update found of the value it changed (a store's per-clock log keeps it for
+/// replayed packets' reads, docs/decisions.md "A replayed packet reads what its first run
+/// read").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Found {
+    /// `key` held `value` before the update.
+    Kept {
+        /// The value's key.
+        key: StoreKey,
+        /// What it held (`None`: absent).
+        value: Option<Value>,
+    },
+    /// The update changed `key`, whose earlier value was too large to keep: a replayed read
+    /// of it reads the value now.
+    NotKept {
+        /// The value's key.
+        key: StoreKey,
+    },
 }
 
 #[cfg(test)]

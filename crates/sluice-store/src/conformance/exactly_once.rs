@@ -320,8 +320,9 @@ pub fn timers_keep_their_own_tags(b: &dyn Backend) -> Result<(), String> {
 /// ([`Backend::reads_as_of`]): the value before the first logged update of the key at the
 /// read's clock or later, of the same root; the value now when no such update is logged, when
 /// that update found a value too large to keep (a record of more than 8 integers), for a global
-/// object's value (key `Unit`) and once `ForgetClock` forgot the updates. Uses clocks of root
-/// 254: run it alone on a shared store, see [`EXCLUSIVE`](super::EXCLUSIVE).
+/// object's value (key `Unit`) and once `ForgetClock` forgot the updates; the same after the
+/// store is restored from a checkpoint. Uses clocks of root 254 and restores the store: run it
+/// alone on a shared store, see [`EXCLUSIVE`](super::EXCLUSIVE).
 pub fn replayed_reads_as_of_their_clock(b: &dyn Backend) -> Result<(), String> {
     if !b.reads_as_of() {
         return Ok(());
@@ -360,9 +361,19 @@ pub fn replayed_reads_as_of_their_clock(b: &dyn Backend) -> Result<(), String> {
         (k, other_root, Some(Value::Int(9)), "another root's clock: now"),
         (global, c(5), Some(Value::Int(2)), "a global value: now"),
     ];
-    for (key, clock, want, what) in expect {
-        let got = read(&mut a, key, clock)?;
-        ensure(got == want, || format!("{what}: a tagged Get at {clock} read {got:?}, want {want:?}"))?;
+    for (key, clock, want, what) in &expect {
+        let got = read(&mut a, *key, *clock)?;
+        ensure(got == *want, || format!("{what}: a tagged Get at {clock} read {got:?}, want {want:?}"))?;
+    }
+    // A store restored from a checkpoint answers them alike (a store crash's rebuild).
+    let cp = b.checkpoint().map_err(|e| format!("checkpoint: {e}"))?;
+    b.restore(&cp).map_err(|e| format!("restore: {e}"))?;
+    let mut a = Raw::open(b, InstanceId::new(v, 0))?;
+    for (key, clock, want, what) in &expect {
+        let got = read(&mut a, *key, *clock)?;
+        ensure(got == *want, || {
+            format!("after a restore, {what}: a tagged Get at {clock} read {got:?}, want {want:?}")
+        })?;
     }
     a.apply_nb(k, StoreOp::ForgetClock(c(50)), None)?;
     let got = read(&mut a, k, c(20))?;

@@ -4,6 +4,7 @@
 //! issue order) and answers through the client's own lock-free queues.
 
 use crate::backend::{Backend, Connection, StoreError, Takeover, TakeoverParts};
+use crate::clock_log::Was;
 use crate::wire::{Checkpoint, LoggedResult, Notification, Replies, Request, Response, StoreKey, StoreOp};
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use sluice_packet::{Clock, InstanceId};
@@ -217,18 +218,19 @@ fn shard_loop(
                 let log: Vec<_> = shard
                     .log
                     .iter()
-                    .map(|(clock, vertex, seq, result)| LoggedResult {
+                    .map(|(clock, vertex, seq, result, was)| LoggedResult {
                         part: 0,
                         clock,
                         vertex,
                         seq,
                         result: result.value(),
+                        found: was.found(),
                     })
                     .collect();
                 let _ = tx.send(Checkpoint { values, ts, timers, log });
             }
             Msg::UpdatedClocks(vertex, tx) => {
-                let clocks = shard.log.iter().filter(|(_, v, _, _)| *v == vertex).map(|(c, ..)| c).collect();
+                let clocks = shard.log.iter().filter(|(_, v, ..)| *v == vertex).map(|(c, ..)| c).collect();
                 let _ = tx.send(clocks);
             }
             Msg::Scan(scan, tx) => {
@@ -267,7 +269,8 @@ fn shard_loop(
                 shard.ts = cp.ts.into_iter().collect();
                 shard.ts_cache = None;
                 for l in cp.log {
-                    shard.log.insert(l.clock, l.vertex, l.seq, l.result.into());
+                    let was = Was::from_found(l.found.as_ref());
+                    shard.log.insert_was(l.clock, l.vertex, l.seq, l.result.into(), was);
                 }
                 let _ = tx.send(());
             }
