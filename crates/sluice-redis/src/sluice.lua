@@ -200,17 +200,17 @@ end
 
 local LOGID_LEN = 28
 
--- A replayed packet's read of k: the value before the first kept update of k at its clock or
--- later, of the same root (the first 16 hex digits of a log id are the clock, the first 2 its
--- root). Returns the encoding ('' = absent), or nil to read the value now.
+-- A replayed packet's read of k: the value before the first kept update of k at its log id
+-- (clock, vertex, and the number the packet's next update gets) or later, of the same root (the
+-- first 2 hex digits of a log id). A key's updates are all of its vertex, so text order is
+-- (clock, number) order. Returns the encoding ('' = absent), or nil to read the value now.
 local function as_of(h, k, logid)
-  local from = string.sub(logid, 1, 16)
   local root = string.sub(logid, 1, 2)
   local kv = redis.call('HGETALL', h .. 'b:' .. k)
   local first, kept = nil, nil
   for x = 1, #kv, 2 do
     local id = kv[x]
-    if string.sub(id, 1, 16) >= from and string.sub(id, 1, 2) == root and (not first or id < first) then
+    if id >= logid and string.sub(id, 1, 2) == root and (not first or id < first) then
       first, kept = id, kv[x + 1]
     end
   end

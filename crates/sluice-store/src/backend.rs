@@ -109,9 +109,10 @@ pub trait Backend: Send + Sync {
     fn is_shared(&self) -> bool {
         false
     }
-    /// Whether a tagged read (a replayed packet's) returns the value as it was before the
-    /// tag's clock: before the first logged update of it at that clock or later (the embedded
-    /// store). Otherwise it reads the value as it is now.
+    /// Whether a tagged read (a replayed packet's) returns the value as it was at the tag:
+    /// before the first logged update of it at the tag's clock and number or later — the
+    /// packet's own earlier updates count — (the embedded store and Redis). Otherwise it reads
+    /// the value as it is now.
     fn reads_as_of(&self) -> bool {
         false
     }

@@ -272,31 +272,38 @@ impl ClockLog {
         slot.push(Logged { vertex, seq, result, was });
     }
 
-    /// Value `key` as a replayed packet of `clock` reads it: as it was before the first logged
-    /// update of it at `clock` or later (in clock order; updates of one value by one instance
-    /// arrive in that order). The packet's first run may have been followed by later packets
+    /// Value `key` as a replayed packet of `clock` reads it at position `seq` among its updates
+    /// at the key's vertex (the number its next update would get): as it was before the first
+    /// logged update of it at (`clock`, `seq`) or later — the packet's own earlier updates count
+    /// as done, its later ones and later clocks' do not (in clock order; updates of one value by
+    /// one instance arrive in that order). The packet's first run may have been followed by later packets
     /// whose updates the store applied before the copy that would have carried its output was
     /// lost: run again against the value now, an NF may take another path than the first time
     /// (a balancer finding the connection the first run opened, and closed since, reopened) and
     /// its updates no longer match the logged ones. Clocks of other roots are not comparable:
     /// only `clock`'s root's updates count.
-    pub(crate) fn as_of(&self, clock: Clock, key: &StoreKey) -> AsOf {
+    pub(crate) fn as_of(&self, clock: Clock, seq: u32, key: &StoreKey) -> AsOf {
+        let from = (clock.seq(), seq);
         let in_ring = self.rings.get(usize::from(clock.root())).and_then(|ring| {
-            let from = usize::try_from(clock.seq().saturating_sub(ring.base)).unwrap_or(usize::MAX);
-            ring.slots.iter().enumerate().skip(from).find_map(|(i, slot)| {
-                let was = slot.iter().find_map(|l| ring.was(l.was).filter(|w| w.key() == Some(key)))?;
-                Some((ring.base + i as u64, was))
+            let skip = usize::try_from(clock.seq().saturating_sub(ring.base)).unwrap_or(usize::MAX);
+            ring.slots.iter().enumerate().skip(skip).find_map(|(i, slot)| {
+                let at = ring.base + i as u64;
+                let was = slot
+                    .iter()
+                    .filter(|l| (at, l.seq) >= from)
+                    .find_map(|l| ring.was(l.was).filter(|w| w.key() == Some(key)))?;
+                Some(((at, 0), was))
             })
         });
         // Strays (none in a running chain) count where their clock comes first.
         let stray = self
             .stray
             .iter()
-            .filter(|((c, _, _), (_, w))| c.root() == clock.root() && c.seq() >= clock.seq() && w.key() == Some(key))
+            .filter(|((c, _, s), (_, w))| c.root() == clock.root() && (c.seq(), *s) >= from && w.key() == Some(key))
             .min_by_key(|((c, _, s), _)| (c.seq(), *s))
-            .map(|((c, _, _), (_, w))| (c.seq(), w));
+            .map(|((c, _, s), (_, w))| ((c.seq(), *s), w));
         let first = match (in_ring, stray) {
-            (Some(r), Some(s)) => Some(if s.0 < r.0 { s.1 } else { r.1 }),
+            (Some(r), Some(s)) => Some(if s.0 .0 < r.0 .0 { s.1 } else { r.1 }),
             (r, s) => r.or(s).map(|(_, w)| w),
         };
         match first {
@@ -473,18 +480,20 @@ mod tests {
         log.insert_was(Clock::new(0, 8), 1, 0, int(3), Was::Unknown);
         log.insert_was(Clock::new(0, 7), 1, 0, Kept::Nothing, was(1, 70));
         log.insert_was(Clock::new(0, 9), 1, 1, Kept::Nothing, was(2, 5));
-        assert_eq!(log.as_of(Clock::new(0, 6), &key(1)), AsOf::Was(Some(Value::Int(70))));
-        assert_eq!(log.as_of(Clock::new(0, 8), &key(1)), AsOf::Was(Some(Value::Int(90))));
-        assert_eq!(log.as_of(Clock::new(0, 10), &key(1)), AsOf::Now);
-        assert_eq!(log.as_of(Clock::new(1, 1), &key(1)), AsOf::Now, "another root's clocks count for nothing");
+        assert_eq!(log.as_of(Clock::new(0, 6), 0, &key(1)), AsOf::Was(Some(Value::Int(70))));
+        assert_eq!(log.as_of(Clock::new(0, 8), 0, &key(1)), AsOf::Was(Some(Value::Int(90))));
+        assert_eq!(log.as_of(Clock::new(0, 7), 1, &key(1)), AsOf::Was(Some(Value::Int(90))), "after its own update");
+        assert_eq!(log.as_of(Clock::new(0, 10), 0, &key(1)), AsOf::Now);
+        assert_eq!(log.as_of(Clock::new(1, 1), 0, &key(1)), AsOf::Now, "another root's clocks count for nothing");
         let big = Was::of(key(3), &Some(Value::Bytes(vec![0; 64])));
         log.insert_was(Clock::new(0, 9), 1, 2, Kept::Nothing, big);
-        assert_eq!(log.as_of(Clock::new(0, 9), &key(3)), AsOf::Unknown);
+        assert_eq!(log.as_of(Clock::new(0, 9), 0, &key(3)), AsOf::Unknown);
         log.forget(Clock::new(0, 8));
-        assert_eq!(log.as_of(Clock::new(0, 9), &key(1)), AsOf::Was(Some(Value::Int(90))));
-        assert_eq!(log.as_of(Clock::new(0, 9), &key(2)), AsOf::Was(Some(Value::Int(5))));
+        assert_eq!(log.as_of(Clock::new(0, 9), 0, &key(1)), AsOf::Was(Some(Value::Int(90))));
+        assert_eq!(log.as_of(Clock::new(0, 9), 0, &key(2)), AsOf::Was(Some(Value::Int(5))));
+        assert_eq!(log.as_of(Clock::new(0, 9), 2, &key(2)), AsOf::Now, "after the clock's update of it");
         log.forget(Clock::new(0, 9));
-        assert_eq!(log.as_of(Clock::new(0, 9), &key(1)), AsOf::Now);
+        assert_eq!(log.as_of(Clock::new(0, 9), 0, &key(1)), AsOf::Now);
         assert!(log.rings.iter().all(|r| r.was.is_empty()), "every earlier value went with its clock");
     }
 

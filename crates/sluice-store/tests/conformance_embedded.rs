@@ -379,6 +379,8 @@ fn a_replacement_reads_a_flow_as_the_first_run_did() {
         r.begin_packet(&meta(i, true));
         assert_eq!(r.get(ObjectId(0), &k).expect("get"), read, "replayed clock {i}");
         r.set(ObjectId(0), &k, Value::Int(9 + i as i64)).expect("set");
+        // Its own update counts: read after it, as the first run read after it.
+        assert_eq!(r.get(ObjectId(0), &k).expect("get"), Some(Value::Int(9 + i as i64)), "clock {i} after its set");
         r.end_batch();
     }
     // Live again: its own copy, which holds the latest value.

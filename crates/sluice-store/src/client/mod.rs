@@ -397,6 +397,16 @@ impl StoreClient {
         self.xor ^= id;
     }
 
+    /// The number [`StoreClient::next_tag`] gives the next update.
+    fn next_seq(&self) -> u32 {
+        if self.firing_timers {
+            let (timer, n) = &self.firing;
+            crate::timer_update_seq(timer.as_ref().map(|(o, k)| (o.0, k)), *n)
+        } else {
+            self.seq
+        }
+    }
+
     fn next_tag(&mut self) -> OpTag {
         self.stats.updates += 1;
         let seq = if self.firing_timers {
@@ -512,8 +522,9 @@ impl StoreClient {
         if self.replaying && op == StateOp::Get && self.strategies.get(idx) == Some(&Strategy::WriteThrough) {
             // A replayed packet reads a flow's value as its first run did: the copy here may
             // hold updates of the flow's later packets ([`crate::Backend`]'s reads as of a
-            // clock). Tagged with the packet's clock; a read takes no place in its updates.
-            let tag = OpTag { clock: self.clock, seq: 0 };
+            // clock). Tagged with the packet's clock and the number its next update will get,
+            // so that its own updates before the read count; the read takes no number itself.
+            let tag = OpTag { clock: self.clock, seq: self.next_seq() };
             let resp = self.call(self.key(obj, key), StoreOp::State(StateOp::Get), Some(tag))?;
             return resp.result.map_err(StateError::Backend);
         }

@@ -318,7 +318,8 @@ pub fn timers_keep_their_own_tags(b: &dyn Backend) -> Result<(), String> {
 
 /// A replayed packet's read (a tagged `Get`) where the store keeps earlier values
 /// ([`Backend::reads_as_of`]): the value before the first logged update of the key at the
-/// read's clock or later, of the same root; the value now when no such update is logged, when
+/// read's tag (clock, and the number of the packet's next update) or later, of the same root —
+/// so a packet's own earlier updates count; the value now when no such update is logged, when
 /// that update found a value too large to keep (a record of more than 8 integers), for a global
 /// object's value (key `Unit`) and once `ForgetClock` forgot the updates; the same after the
 /// store is restored from a checkpoint. Uses clocks of root 254 and restores the store: run it
@@ -343,40 +344,42 @@ pub fn replayed_reads_as_of_their_clock(b: &dyn Backend) -> Result<(), String> {
     a.state(k, StateOp::Set(Value::Int(9)), tag(c(90), 0))?;
     a.state(global, StateOp::Set(Value::Int(1)), tag(c(10), 2))?;
     a.state(global, StateOp::Set(Value::Int(2)), tag(c(30), 2))?;
-    let read = |a: &mut Raw, key, clock: Clock| -> Result<Option<Value>, String> {
-        let r = a.call(key, StoreOp::State(StateOp::Get), tag(clock, 0))?;
-        ensure(!r.replayed, || format!("a tagged Get at {clock} answered as a replay: {r:?}"))?;
-        r.result.map_err(|e| format!("a tagged Get at {clock}: {e}"))
+    let read = |a: &mut Raw, key, (clock, seq): (Clock, u32)| -> Result<Option<Value>, String> {
+        let r = a.call(key, StoreOp::State(StateOp::Get), tag(clock, seq))?;
+        ensure(!r.replayed, || format!("a tagged Get at {clock}/{seq} answered as a replay: {r:?}"))?;
+        r.result.map_err(|e| format!("a tagged Get at {clock}/{seq}: {e}"))
     };
     let other_root = Clock::new(253, base + 20);
     let expect = [
-        (k, c(5), None, "before every update"),
-        (k, c(10), None, "at the first update's clock"),
-        (k, c(20), Some(ep.clone()), "between the first and second packets"),
-        (k, c(30), Some(ep), "at a packet with two updates: before its first"),
-        (k, c(40), Some(Value::Int(7)), "before the delete"),
-        (k, c(60), None, "after the delete"),
-        (k, c(80), Some(Value::Int(9)), "before an update that found a long record: now"),
-        (k, c(95), Some(Value::Int(9)), "after every update: now"),
-        (k, other_root, Some(Value::Int(9)), "another root's clock: now"),
-        (global, c(5), Some(Value::Int(2)), "a global value: now"),
+        (k, (c(5), 0), None, "before every update"),
+        (k, (c(10), 0), None, "at the first update's clock"),
+        (k, (c(20), 0), Some(ep.clone()), "between the first and second packets"),
+        (k, (c(30), 0), Some(ep), "at a packet with two updates: before its first"),
+        (k, (c(30), 1), Some(Value::Int(5)), "at a packet with two updates: after its first"),
+        (k, (c(30), 2), Some(Value::Int(7)), "at a packet with two updates: after both"),
+        (k, (c(40), 0), Some(Value::Int(7)), "before the delete"),
+        (k, (c(60), 0), None, "after the delete"),
+        (k, (c(80), 0), Some(Value::Int(9)), "before an update that found a long record: now"),
+        (k, (c(95), 0), Some(Value::Int(9)), "after every update: now"),
+        (k, (other_root, 0), Some(Value::Int(9)), "another root's clock: now"),
+        (global, (c(5), 0), Some(Value::Int(2)), "a global value: now"),
     ];
-    for (key, clock, want, what) in &expect {
-        let got = read(&mut a, *key, *clock)?;
-        ensure(got == *want, || format!("{what}: a tagged Get at {clock} read {got:?}, want {want:?}"))?;
+    for (key, (clock, seq), want, what) in &expect {
+        let got = read(&mut a, *key, (*clock, *seq))?;
+        ensure(got == *want, || format!("{what}: a tagged Get at {clock}/{seq} read {got:?}, want {want:?}"))?;
     }
     // A store restored from a checkpoint answers them alike (a store crash's rebuild).
     let cp = b.checkpoint().map_err(|e| format!("checkpoint: {e}"))?;
     b.restore(&cp).map_err(|e| format!("restore: {e}"))?;
     let mut a = Raw::open(b, InstanceId::new(v, 0))?;
-    for (key, clock, want, what) in &expect {
-        let got = read(&mut a, *key, *clock)?;
+    for (key, (clock, seq), want, what) in &expect {
+        let got = read(&mut a, *key, (*clock, *seq))?;
         ensure(got == *want, || {
-            format!("after a restore, {what}: a tagged Get at {clock} read {got:?}, want {want:?}")
+            format!("after a restore, {what}: a tagged Get at {clock}/{seq} read {got:?}, want {want:?}")
         })?;
     }
     a.apply_nb(k, StoreOp::ForgetClock(c(50)), None)?;
-    let got = read(&mut a, k, c(20))?;
+    let got = read(&mut a, k, (c(20), 0))?;
     ensure(got.is_none(), || {
         format!(
             "after ForgetClock({}) the first kept update is the long record's set (it found nothing): read {got:?}",
@@ -384,6 +387,6 @@ pub fn replayed_reads_as_of_their_clock(b: &dyn Backend) -> Result<(), String> {
         )
     })?;
     a.apply_nb(k, StoreOp::ForgetClock(c(90)), None)?;
-    let got = read(&mut a, k, c(20))?;
+    let got = read(&mut a, k, (c(20), 0))?;
     ensure(got == Some(Value::Int(9)), || format!("after every clock is forgotten a tagged Get reads now (9): {got:?}"))
 }

@@ -118,7 +118,7 @@ impl Shard {
         let read = matches!(req.op, StoreOp::State(StateOp::Get));
         if let (Some(tag), true) = (req.tag, read) {
             // A replayed packet's read: the value as that packet's first run found it.
-            if let AsOf::Was(v) = self.log.as_of(tag.clock, &req.key) {
+            if let AsOf::Was(v) = self.log.as_of(tag.clock, tag.seq, &req.key) {
                 return Response { id, result: Ok(v), replayed: false, ts: None };
             }
         }
@@ -398,8 +398,10 @@ mod tests {
         call(&mut shard, StateOp::Delete, Some((15, 0)));
         assert_eq!(read_at(&mut shard, 10, 0), Ok(None));
         assert_eq!(read_at(&mut shard, 11, 0), Ok(Some(Value::Int(1))));
-        // The same tag as clock 12's update: still a read.
+        // The same tag as clock 12's update: still a read, before it; after it, its value.
         assert_eq!(read_at(&mut shard, 12, 1), Ok(Some(Value::Int(1))));
+        assert_eq!(read_at(&mut shard, 12, 0), Ok(Some(Value::Int(1))));
+        assert_eq!(read_at(&mut shard, 12, 2), Ok(Some(Value::Int(2))), "a packet reads its own update");
         assert_eq!(read_at(&mut shard, 13, 0), Ok(Some(Value::Int(2))));
         assert_eq!(read_at(&mut shard, 15, 0), Ok(Some(Value::Int(2))));
         assert_eq!(read_at(&mut shard, 16, 0), Ok(None), "no later update: the value now");
