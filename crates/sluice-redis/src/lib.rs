@@ -1,7 +1,7 @@
 //! A Redis store backend for Sluice: the [`Backend`]/[`Connection`] protocol of `sluice-store`
 //! with exactly the embedded engine's semantics, executed atomically inside Redis (≥ 7) by a
-//! Redis Functions library (`src/sluice.lua`, loaded with `FUNCTION LOAD REPLACE` when the
-//! backend connects).
+//! Redis Functions library (`src/sluice.lua` and, for checkpoints, `src/checkpoint.lua`: one
+//! library, loaded with `FUNCTION LOAD REPLACE` when the backend connects).
 //!
 //! # URLs
 //! - `redis://host:port[/db][?prefix=P&buckets=N&replicas=R]`: one Redis server.
@@ -96,7 +96,8 @@
 //! [`codec`] (values and keys), `config` (the URL), `topology` (buckets to nodes, node
 //! connections), `request` (requests as `sluice_exec` arguments), `reply` (reading replies),
 //! `connection` (an instance's connection, blocking), `io_thread` (that connection on a thread of
-//! its own) and `backend` ([`RedisBackend`]).
+//! its own) and `backend` ([`RedisBackend`]); the Lua library in `sluice.lua` (layout, the
+//! operations, `sluice_exec`) and `checkpoint.lua` (`sluice_dump`, `sluice_restore`).
 //!
 //! [`Backend`]: sluice_store::Backend
 //! [`Connection`]: sluice_store::Connection
@@ -114,4 +115,4 @@ mod topology;
 pub use backend::RedisBackend;
 
 /// The Lua library (Redis Functions).
-pub const LIBRARY: &str = include_str!("sluice.lua");
+pub const LIBRARY: &str = concat!(include_str!("sluice.lua"), "\n", include_str!("checkpoint.lua"));
