@@ -1,6 +1,6 @@
 //! The interface every store backend implements.
 
-use crate::wire::{Checkpoint, Notification, Replies, Request};
+use crate::wire::{Checkpoint, Found, Notification, Replies, Request};
 use crate::StoreKey;
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::{CustomOp, Value};
@@ -75,6 +75,12 @@ pub struct Takeover {
     /// The values of the objects asked for; `None` when not asked for, or when the backend
     /// cannot list them (the replacement then reads each value on first touch).
     pub values: Option<Vec<(StoreKey, Value)>>,
+    /// What the store's per-clock log kept of the earlier values of the vertex's keys: per
+    /// logged update, its clock and number and what it found. With it the replacement answers
+    /// its replayed packets' reads as of their clocks itself; `None` when the backend does not
+    /// list it (the replacement then asks the store for each such read).
+    #[serde(default)]
+    pub history: Option<Vec<(Clock, u32, Found)>>,
 }
 
 /// A store.
@@ -146,7 +152,7 @@ pub trait Backend: Send + Sync {
             Some(objects) => self.values_of(owner.vertex(), objects)?,
             None => None,
         };
-        let _ = parts.send(Some(Takeover { timers, values }));
+        let _ = parts.send(Some(Takeover { timers, values, history: None }));
         let _ = parts.send(None);
         Ok(1)
     }

@@ -345,9 +345,22 @@ fn call_past_max_inflight_gets_its_answer() {
 /// (fault-tolerant client, every value taken over) processes the opening packet again and must
 /// read the connection as the first run did — absent — not as the closing packets left it, or
 /// it takes another path (a balancer "reopening" it) whose updates no longer line up with the
-/// logged ones. Failed before: the replayed read returned the closed entry.
+/// logged ones. Failed before: the replayed read returned the closed entry. The replacement
+/// asks the store for each such read here (values loaded without the store's history).
 #[test]
 fn a_replacement_reads_a_flow_as_the_first_run_did() {
+    replacement_reads_a_flow_as_the_first_run_did(false);
+}
+
+/// The same with the values and the store's history of earlier values taken over
+/// (`Backend::takeover`): the replacement answers its replayed reads itself, alike, without a
+/// round trip each.
+#[test]
+fn a_replacement_answers_its_replayed_reads_from_what_it_took_over() {
+    replacement_reads_a_flow_as_the_first_run_did(true);
+}
+
+fn replacement_reads_a_flow_as_the_first_run_did(take_over: bool) {
     let store = EmbeddedStore::start(2).expect("start store");
     let v = 1205;
     let decls = [StateDecl::new("conns", Scope::per_flow(), AccessPattern::ReadHeavy)];
@@ -372,15 +385,33 @@ fn a_replacement_reads_a_flow_as_the_first_run_did() {
 
     let second = InstanceId::new(v, 1);
     let mut r = StoreClient::new(store.connect(second).expect("connect"), second, v, &decls, &[], cfg);
-    let values = store.values_of(v, &[0]).expect("values").expect("the embedded store lists them");
-    r.load_flows(values);
+    if take_over {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let readers = store.takeover(first, Some(&[0]), &tx).expect("takeover");
+        let mut ended = 0;
+        while ended < readers {
+            match rx.recv_timeout(Duration::from_secs(5)).expect("a take-over part") {
+                Some(part) => r.take_over(part),
+                None => ended += 1,
+            }
+        }
+        r.took_over_every_value();
+    } else {
+        let values = store.values_of(v, &[0]).expect("values").expect("the embedded store lists them");
+        r.load_flows(values);
+    }
     for (i, read) in [(1, None), (2, Some(Value::Int(10))), (3, Some(Value::Int(11)))] {
         r.begin_batch();
         r.begin_packet(&meta(i, true));
+        let trips = r.stats().round_trips;
         assert_eq!(r.get(ObjectId(0), &k).expect("get"), read, "replayed clock {i}");
         r.set(ObjectId(0), &k, Value::Int(9 + i as i64)).expect("set");
+        let trips_of_set = r.stats().round_trips;
         // Its own update counts: read after it, as the first run read after it.
         assert_eq!(r.get(ObjectId(0), &k).expect("get"), Some(Value::Int(9 + i as i64)), "clock {i} after its set");
+        let (asked, asked_after) = (trips_of_set - trips - 1, r.stats().round_trips - trips_of_set);
+        let want = if take_over { 0 } else { 1 };
+        assert_eq!((asked, asked_after), (want, want), "store round trips for the two reads of clock {i}");
         r.end_batch();
     }
     // Live again: its own copy, which holds the latest value.

@@ -224,6 +224,9 @@ impl StateHandle for StoreClient {
         self.clock = meta.clock;
         self.moved_in = meta.flags.contains(sluice_packet::MetaFlags::FIRST);
         self.replaying = meta.flags.contains(sluice_packet::MetaFlags::REPLAYED);
+        if !self.replaying {
+            self.replay_history.end();
+        }
         self.seq = 0;
         self.firing = (None, 0);
         self.xor = 0;

@@ -20,6 +20,7 @@ mod cached;
 mod exchange;
 mod handle;
 mod recovery;
+mod replay_history;
 mod vertex_timers;
 use cached::Cached;
 pub use vertex_timers::VertexTimerTable;
@@ -287,6 +288,8 @@ pub struct StoreClient {
     /// The current packet is a replay from the root's log: updates wait for the store's
     /// verdict (applied now, or a duplicate answered from the per-clock log).
     replaying: bool,
+    /// What a replacement took over of the store's earlier values, for its replayed reads.
+    replay_history: replay_history::ReplayHistory,
     /// Per packet of the current batch: its clock and the XOR of the ids this instance folded
     /// into its vector.
     batch_xors: Vec<(Clock, u64)>,
@@ -359,6 +362,7 @@ impl StoreClient {
             reads: VecDeque::new(),
             wal_since_checkpoint: 0,
             replaying: false,
+            replay_history: replay_history::ReplayHistory::default(),
             batch_xors: Vec::new(),
             uncommitted: VecDeque::new(),
             xor_spares: Vec::new(),
@@ -524,9 +528,23 @@ impl StoreClient {
             // hold updates of the flow's later packets ([`crate::Backend`]'s reads as of a
             // clock). Tagged with the packet's clock and the number its next update will get,
             // so that its own updates before the read count; the read takes no number itself.
-            let tag = OpTag { clock: self.clock, seq: self.next_seq() };
-            let resp = self.call(self.key(obj, key), StoreOp::State(StateOp::Get), Some(tag))?;
-            return resp.result.map_err(StateError::Backend);
+            // A replacement that took over the store's earlier values answers it itself.
+            let skey = self.key(obj, key);
+            let seq = self.next_seq();
+            // Not while another instance serves the same flows (a straggler's clone): its
+            // updates since reach the store's log, not this history.
+            let alone = !self.moved_in && self.written.is_none();
+            let known = if alone { self.replay_history.read_at(&skey, self.clock, seq) } else { None };
+            match known {
+                Some(replay_history::ReadAt::Was(v)) => return Ok(v),
+                // The copy here, read below.
+                Some(replay_history::ReadAt::Now) => {}
+                None => {
+                    let tag = OpTag { clock: self.clock, seq };
+                    let resp = self.call(skey, StoreOp::State(StateOp::Get), Some(tag))?;
+                    return resp.result.map_err(StateError::Backend);
+                }
+            }
         }
         if !op.is_update() {
             // A read of a cached value (most of them): one lookup, and the key is not copied.

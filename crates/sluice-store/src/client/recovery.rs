@@ -236,6 +236,7 @@ impl StoreClient {
         if let Some(values) = part.values {
             self.insert_loaded(values);
         }
+        self.replay_history.add(part.history);
     }
 
     /// Every value of the objects it loads came in [`StoreClient::take_over`]: a value it has
@@ -243,6 +244,7 @@ impl StoreClient {
     /// ([`StoreClient::load_flows`]).
     pub fn took_over_every_value(&mut self) {
         self.cfg.fresh = true;
+        self.replay_history.complete();
     }
 
     /// Re-arms a timer a predecessor armed (recovery), without telling the store again.

@@ -5,7 +5,7 @@
 
 use crate::backend::{Backend, Connection, StoreError, Takeover, TakeoverParts};
 use crate::clock_log::Was;
-use crate::wire::{Checkpoint, LoggedResult, Notification, Replies, Request, Response, StoreKey, StoreOp};
+use crate::wire::{Checkpoint, Found, LoggedResult, Notification, Replies, Request, Response, StoreKey, StoreOp};
 use crossbeam_queue::{ArrayQueue, SegQueue};
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::{CustomOp, Value};
@@ -234,7 +234,11 @@ fn shard_loop(
                 let _ = tx.send(clocks);
             }
             Msg::Scan(scan, tx) => {
-                let empty = || Takeover { values: scan.objects.as_ref().map(|_| Vec::new()), ..Takeover::default() };
+                let empty = || Takeover {
+                    values: scan.objects.as_ref().map(|_| Vec::new()),
+                    history: Some(Vec::new()),
+                    ..Takeover::default()
+                };
                 let mut part = empty();
                 for (k, e) in shard.entries.iter().filter(|(k, _)| k.vertex == scan.vertex) {
                     if let (Some(owner), Some((deadline, armer))) = (scan.timers_of, e.timer) {
@@ -251,6 +255,21 @@ fn shard_loop(
                         let _ = tx.send(Some(std::mem::replace(&mut part, empty())));
                     }
                 }
+                // The log's earlier values of the vertex's keys, with the last part: read in the
+                // same turn as the values, so they agree.
+                part.history = Some(
+                    shard
+                        .log
+                        .iter()
+                        .filter_map(|(clock, _, seq, _, was)| {
+                            let found = was.found()?;
+                            let of_vertex = match &found {
+                                Found::Kept { key, .. } | Found::NotKept { key } => key.vertex == scan.vertex,
+                            };
+                            of_vertex.then_some((clock, seq, found))
+                        })
+                        .collect(),
+                );
                 let _ = tx.send(Some(part));
                 let _ = tx.send(None);
             }
