@@ -29,13 +29,15 @@ pub(super) struct ReplayHistory {
     by_key: Map<StoreKey, SmallVec<[Entry; 2]>>,
     /// A part came without them (the backend does not list them).
     gap: bool,
+    /// A live packet was processed: a history completed later would lack what it changed.
+    ended: bool,
     active: bool,
 }
 
 impl ReplayHistory {
     /// Takes in a take-over part's history (`None`: the backend has none to give).
     pub(super) fn add(&mut self, part: Option<Vec<(Clock, u32, Found)>>) {
-        let Some(entries) = part else {
+        let Some(entries) = part.filter(|_| !self.ended) else {
             self.gap = true;
             return;
         };
@@ -50,16 +52,16 @@ impl ReplayHistory {
 
     /// Every part is in, with every value: the history answers from now on, if it is whole.
     pub(super) fn complete(&mut self) {
-        self.active = !self.gap;
+        self.active = !self.gap && !self.ended;
         if !self.active {
             self.by_key = Map::default();
         }
     }
 
-    /// The replay is over (a live packet): what comes later is read from the store.
+    /// The replay is over (a live packet): what comes later is read from the store, for good.
     pub(super) fn end(&mut self) {
-        if self.active || !self.by_key.is_empty() {
-            *self = ReplayHistory::default();
+        if !self.ended {
+            *self = ReplayHistory { ended: true, ..ReplayHistory::default() };
         }
     }
 
@@ -111,6 +113,9 @@ mod tests {
         assert_eq!(h.read_at(&key, Clock::new(1, 1), 0), Some(ReadAt::Now), "another root's");
         h.end();
         assert_eq!(h.read_at(&key, Clock::new(0, 5), 0), None, "a live packet ends it");
+        h.add(Some(vec![(Clock::new(0, 20), 0, Found::Kept { key, value: None })]));
+        h.complete();
+        assert_eq!(h.read_at(&key, Clock::new(0, 19), 0), None, "and no history taken in after it counts");
         let mut gap = ReplayHistory::default();
         gap.add(Some(Vec::new()));
         gap.add(None);
