@@ -142,6 +142,22 @@ pub(crate) enum AsOf {
     Unknown,
 }
 
+/// The store's rule for a replayed packet's read at (`clock`, `seq`), written once for the
+/// embedded store's log and a replacement's take-over history: among logged updates of one
+/// key as (clock, number in the packet, what it found), the first at that place or later, of
+/// the clock's root. (Redis's script, `sluice.lua`, states the same rule in Lua.)
+pub(crate) fn first_logged_from<T>(
+    updates: impl IntoIterator<Item = (Clock, u32, T)>,
+    clock: Clock,
+    seq: u32,
+) -> Option<T> {
+    updates
+        .into_iter()
+        .filter(|(c, s, _)| c.root() == clock.root() && (c.seq(), *s) >= (clock.seq(), seq))
+        .min_by_key(|(c, s, _)| (c.seq(), *s))
+        .map(|(_, _, found)| found)
+}
+
 /// One logged update of a clock: its vertex, its index in the packet, its result, and where
 /// its ring keeps the value it changed as it was before ([`NO_WAS`]: nowhere). 32 bytes: the
 /// `Was` lives in the ring's own queue, kept only for updates that have one (a counter's
@@ -283,29 +299,21 @@ impl ClockLog {
     /// its updates no longer match the logged ones. Clocks of other roots are not comparable:
     /// only `clock`'s root's updates count.
     pub(crate) fn as_of(&self, clock: Clock, seq: u32, key: &StoreKey) -> AsOf {
-        let from = (clock.seq(), seq);
-        let in_ring = self.rings.get(usize::from(clock.root())).and_then(|ring| {
+        let root = clock.root();
+        // A ring is in (clock, number) order: its first match is its candidate.
+        let in_ring = self.rings.get(usize::from(root)).and_then(|ring| {
             let skip = usize::try_from(clock.seq().saturating_sub(ring.base)).unwrap_or(usize::MAX);
             ring.slots.iter().enumerate().skip(skip).find_map(|(i, slot)| {
-                let at = ring.base + i as u64;
-                let was = slot
-                    .iter()
-                    .filter(|l| (at, l.seq) >= from)
-                    .find_map(|l| ring.was(l.was).filter(|w| w.key() == Some(key)))?;
-                Some(((at, 0), was))
+                let at = Clock::new(root, ring.base + i as u64);
+                slot.iter()
+                    .filter(|l| (at.seq(), l.seq) >= (clock.seq(), seq))
+                    .find_map(|l| Some((at, l.seq, ring.was(l.was).filter(|w| w.key() == Some(key))?)))
             })
         });
         // Strays (none in a running chain) count where their clock comes first.
-        let stray = self
-            .stray
-            .iter()
-            .filter(|((c, _, s), (_, w))| c.root() == clock.root() && (c.seq(), *s) >= from && w.key() == Some(key))
-            .min_by_key(|((c, _, s), _)| (c.seq(), *s))
-            .map(|((c, _, s), (_, w))| ((c.seq(), *s), w));
-        let first = match (in_ring, stray) {
-            (Some(r), Some(s)) => Some(if s.0 .0 < r.0 .0 { s.1 } else { r.1 }),
-            (r, s) => r.or(s).map(|(_, w)| w),
-        };
+        let strays =
+            self.stray.iter().filter(|(_, (_, w))| w.key() == Some(key)).map(|((c, _, s), (_, w))| (*c, *s, w));
+        let first = first_logged_from(in_ring.into_iter().chain(strays), clock, seq);
         match first {
             Some(Was::Before(_, v)) => AsOf::Was(v.value()),
             Some(_) => AsOf::Unknown,

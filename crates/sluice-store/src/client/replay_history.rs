@@ -4,6 +4,7 @@
 //! packet reads what its first run read").
 
 use super::Map;
+use crate::clock_log::first_logged_from;
 use crate::wire::{Found, StoreKey};
 use sluice_packet::Clock;
 use sluice_state::Value;
@@ -72,15 +73,10 @@ impl ReplayHistory {
         if !self.active {
             return None;
         }
-        let from = (clock.seq(), seq);
-        let first = self.by_key.get(key).and_then(|entries| {
-            entries
-                .iter()
-                .filter(|(c, s, _)| c.root() == clock.root() && (c.seq(), *s) >= from)
-                .min_by_key(|(c, s, _)| (c.seq(), *s))
-        });
+        let entries = self.by_key.get(key).into_iter().flatten();
+        let first = first_logged_from(entries.map(|(c, s, earlier)| (*c, *s, earlier)), clock, seq);
         Some(match first {
-            Some((_, _, Some(v))) => ReadAt::Was(v.clone()),
+            Some(Some(v)) => ReadAt::Was(v.clone()),
             _ => ReadAt::Now,
         })
     }
