@@ -64,6 +64,10 @@ fn with_the_log_at_the_root_an_nf_failing_with_it_loses_packets_and_says_so() {
     assert_eq!(root_crash(&report)["lost"], true);
     let nat = &report["failovers"][0];
     assert!(nat["beyond_replay"].as_u64().is_some_and(|n| n > 0), "{nat}");
+    // Together: the NAT's crash is asked once the old root has failed, never before it (the
+    // old root would replay some of what the NAT held, depending on which thread ran first).
+    let root_failed_ms = root_crash(&report)["at_ms"].as_f64().unwrap_or(f64::MAX);
+    assert!(nat["asked_ms"].as_f64().is_some_and(|ms| ms >= root_failed_ms), "root at {root_failed_ms} ms: {nat}");
     let v = sluice(&["verify", "--recorded", &rec]);
     assert!(!v.status.success() && text(&v).contains("NOT EQUIVALENT"), "{}", text(&v));
 }

@@ -499,9 +499,12 @@ pub fn run(
                 report.root_crashes.push(c);
             }
         }
-        let seq = r0.seq;
-        failover_side.take_live(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
-        failover_side.take_elsewhere(&shared, (seq, t0.elapsed().as_secs_f64() * 1e3), &mut failovers);
+        let (seq, now_ms) = (r0.seq, t0.elapsed().as_secs_f64() * 1e3);
+        if root_crash_due.is_none() {
+            failover_side.ask_held(&shared, now_ms, &mut failovers);
+        }
+        failover_side.take_live(&shared, (seq, now_ms), &mut failovers);
+        failover_side.take_elsewhere(&shared, (seq, now_ms), &mut failovers);
         let at = reconfig::At::now((if roots > 1 { split.entered() } else { seq }, seq, split.last_entry), t0);
         scaling_side.take_live(&shared, at, &mut reconfigurations);
         scaling_side.judge_trials(&shared, at, &mut reconfigurations);
@@ -650,9 +653,7 @@ pub fn run(
                         }
                         Planned::Crash(c) => {
                             let g = shared.member(c.vertex, c.index).map_err(RunError::Config)?;
-                            let c = Crash { index: shared.index_of(c.vertex, g), ..c };
-                            let asked_ms = t0.elapsed().as_secs_f64() * 1e3;
-                            failover_side.ask(&shared, (&c, g, asked_ms), &mut failovers);
+                            failover_side.hold(Crash { index: shared.index_of(c.vertex, g), ..c }, g);
                         }
                         // A change takes effect for the packets admitted after this one.
                         Planned::Change(r) => {
@@ -661,8 +662,7 @@ pub fn run(
                                 .apply(&shared, &r, at, &mut reconfigurations)
                                 .map_err(|e| RunError::Config(format!("scaling while the chain runs: {e}")))?
                         }
-                        // Once this batch is in the chain (at the loop's top): the root fails
-                        // between batches.
+                        // The root fails between batches, once this one is in the chain.
                         Planned::CrashRoot(after, 0) => root_crash_due = Some(after),
                         // Another root fails between two of its batches.
                         Planned::CrashRoot(after, r) => shared.root_crashes.ask(r, after),

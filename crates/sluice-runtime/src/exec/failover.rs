@@ -42,6 +42,7 @@ use sluice_packet::{Clock, InstanceId, Meta, MetaFlags, Packet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+mod asking;
 mod through;
 use through::{go_through, go_through_reached, Frontier};
 
@@ -667,73 +668,11 @@ pub(super) struct RootSide {
     deferred: Vec<(usize, usize)>,
     /// Failed instances whose write-ahead logs died with them, handled so far.
     pub(super) logs_lost: u64,
+    /// Crashes planned with root 0's, asked once it has crashed (`asking.rs`).
+    held: Vec<(Crash, usize)>,
 }
 
 impl RootSide {
-    /// Asks for the crashes asked through the control endpoint since the last look, at packet
-    /// `at.0` (`at.1` ms into the run); the endpoint names instances by index.
-    pub(super) fn take_live(&mut self, shared: &Shared, at: (u64, f64), reports: &mut Vec<FailoverReport>) {
-        let Some(live) = shared.live.as_ref().filter(|_| shared.failover.is_some()) else { return };
-        for (vertex, index) in live.take_crashes() {
-            let c = Crash { after: at.0, vertex, index };
-            if let Some(g) = shared.serving(vertex, index) {
-                self.ask(shared, (&c, g, at.1), reports);
-            }
-        }
-    }
-
-    /// Asks for the crashes of the instances whose node failed (`spread.rs` found it silent),
-    /// at packet `at.0`, `at.1` ms into the run: each is replaced on this node and the root
-    /// replays its log to it, as for an instance that failed here.
-    pub(super) fn take_elsewhere(&mut self, shared: &Shared, at: (u64, f64), reports: &mut Vec<FailoverReport>) {
-        let failed = match shared.failed_elsewhere.lock() {
-            Ok(mut f) if !f.is_empty() => std::mem::take(&mut *f),
-            _ => return,
-        };
-        for (g, heard) in failed {
-            let Some(vertex) = shared.vertices.iter().position(|v| v.instances.contains(&g)) else { continue };
-            let c = Crash { after: at.0, vertex, index: shared.index_of(vertex, g) };
-            self.ask(shared, (&c, g, at.1), reports);
-            if let Some(r) = reports.last_mut() {
-                r.failed_ms = (at.1 - heard.elapsed().as_secs_f64() * 1e3).max(0.0);
-            }
-            // After the ask: the worker that wakes the slot finds the crash asked.
-            if let Some(e) = shared.elsewhere.get(g) {
-                e.store(false, Ordering::Release);
-            }
-        }
-    }
-
-    /// The root asks for crash `c` (of instance `global`), `asked_ms` into the run, and opens
-    /// its report entry.
-    pub(super) fn ask(
-        &mut self,
-        shared: &Shared,
-        (c, global, asked_ms): (&Crash, usize, f64),
-        failovers: &mut Vec<FailoverReport>,
-    ) {
-        let Some(fo) = &shared.failover else { return };
-        let vertex = shared.vertices.get(c.vertex).map(|v| v.name.to_string()).unwrap_or_default();
-        let (instance, at_packet) = (c.index, c.after);
-        failovers.push(FailoverReport {
-            vertex,
-            instance,
-            at_packet,
-            asked_ms,
-            failed_ms: asked_ms,
-            ..FailoverReport::default()
-        });
-        let ask = (global, failovers.len() - 1);
-        if self.asked.iter().any(|(g, _)| *g == global) {
-            self.deferred.push(ask);
-            return;
-        }
-        self.asked.push(ask);
-        if let Some(f) = fo.crash.get(global) {
-            f.store(true, Ordering::Release);
-        }
-    }
-
     /// Replays towards the replacements of the instances that failed since the last call, and
     /// reports those every root's replay has reached. `out` is root 0's outgoing buffers;
     /// `now_ms` the time into the run.
