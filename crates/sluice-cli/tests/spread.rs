@@ -950,13 +950,14 @@ fn each_node_shows_its_part_on_its_control_endpoint_and_refuses_live_changes() {
     assert!(metrics.contains(r#"sluice_instance_packets_in_total{vertex="lb",instance="0"}"#), "{metrics}");
     assert!(!metrics.contains(r#"vertex="nat""#), "{metrics}");
     // Live changes: refused with the reason, on both nodes; a `slow` of another node's
-    // instance is refused too, one of its own taken.
-    let spread_says = "a chain spread over nodes takes no live crash";
-    for addr in [&a_ctl, &b_ctl] {
+    // instance is refused too, one of its own taken. A crash of b's instance: not on b (the
+    // root's node would not know what it held), not on a (it runs on b).
+    let spread_says = "a chain spread over nodes takes no live store crash";
+    for (addr, crash_says) in [(&a_ctl, "runs on another node"), (&b_ctl, "only the root's node crashes")] {
         common::refused_actions(
             addr,
             &[
-                (r#"{"crash": {"vertex": "portscan", "instance": 0}}"#, 409, spread_says),
+                (r#"{"crash": {"vertex": "portscan", "instance": 0}}"#, 409, crash_says),
                 (r#"{"crash_store": {}}"#, 409, spread_says),
                 (r#"{"scale": {"vertex": "lb", "to": 2}}"#, 409, spread_says),
             ],
@@ -984,4 +985,81 @@ fn each_node_shows_its_part_on_its_control_endpoint_and_refuses_live_changes() {
     one_process(&one, &[]);
     let got = sorted_frames(&dir.path().join("out.pcap"));
     assert!(got == sorted_frames(&one), "the output differs from the one-process output ({} frames)", got.len());
+}
+
+/// Instances of the root's node crashed through its control endpoint while traffic flows,
+/// one of them (the LB) behind a vertex on another node, so that its replay crosses that
+/// node: each is replaced from the store and replayed to from the root's log, as in one
+/// process; the output is the one-process output and the record verifies.
+#[test]
+fn instances_of_the_root_node_crashed_through_its_endpoint_are_failed_over() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spread = spread_file(dir.path(), 2, &[("portscan", "b"), ("trojan", "b")]);
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").to_string();
+    let (a_ctl, b_ctl) = (free(), free());
+    let token = common::CONTROL_TOKEN;
+    let store = common::served_store();
+    let ft = ["--fault-tolerance", "--mode", "async", "--store", store.url.as_str(), "-w", "1"];
+    let rec = |n: &str| dir.path().join(format!("rec-{n}")).to_string_lossy().into_owned();
+    let ctl = |addr: &str| ["--control".to_string(), addr.to_string(), "--control-token".into(), token.into()];
+    let b_extra: Vec<String> = [&ft[..], &["--record", &rec("b")]]
+        .iter()
+        .flat_map(|x| x.iter().map(|s| s.to_string()))
+        .chain(ctl(&b_ctl))
+        .collect();
+    let b_args: Vec<&str> = b_extra.iter().map(String::as_str).collect();
+    let b = start_node("chains/example.yaml", &spread, "b", &dir.path().join("b.json"), &b_args);
+    let mut a_extra: Vec<String> = ft[..5].iter().map(|s| s.to_string()).collect();
+    a_extra.extend(["--pace".into(), "0.05".into(), "--record".into(), rec("a")]);
+    a_extra.extend(ctl(&a_ctl));
+    let (s, out, a_json) = (spread.clone(), dir.path().join("out.pcap"), dir.path().join("a.json"));
+    let root = std::thread::spawn(move || {
+        let extra: Vec<&str> = a_extra.iter().map(String::as_str).collect();
+        root_node(&s, &out, &a_json, &extra)
+    });
+    let act = |body: &str| {
+        let (code, answer) = common::http(&a_ctl, "POST", "/api/v1/actions", Some(token), body);
+        assert_eq!(code, 200, "{body}: {answer}");
+    };
+    // Traffic has come back from b to the LB on a.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, body) = common::http(&a_ctl, "GET", "/api/v1/chain", Some(token), "");
+        let lb_in = serde_json::from_str::<serde_json::Value>(&body).ok().and_then(|v| {
+            let vs = v["vertices"].as_array().cloned().unwrap_or_default();
+            vs.into_iter().find(|x| x["name"] == "lb").and_then(|x| x["instances"][0]["packets_in"].as_u64())
+        });
+        if code == 200 && lb_in.unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the LB on a never counted packets: {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The LB slowed so that packets queue up at it: its crash loses them, and their replay
+    // goes from the root through the portscan detector on b.
+    act(r#"{"slow": {"vertex": "lb", "instance": 0, "delay_us": [300, 500]}}"#);
+    std::thread::sleep(Duration::from_millis(300));
+    act(r#"{"crash": {"vertex": "lb", "instance": 0}}"#);
+    act(r#"{"slow": {"vertex": "lb", "instance": 0, "delay_us": [0, 0]}}"#);
+    std::thread::sleep(Duration::from_millis(300));
+    act(r#"{"crash": {"vertex": "nat", "instance": 0}}"#);
+    let a = root.join().expect("the root's node");
+    assert!(a.status.success(), "{}", text(&a));
+    let (ok, err) = node_end(b, Duration::from_secs(30));
+    assert!(ok, "node b: {err}");
+    let rep = json(&dir.path().join("a.json"));
+    let failovers = rep["failovers"].as_array().cloned().unwrap_or_default();
+    let got: Vec<&str> = failovers.iter().filter_map(|f| f["vertex"].as_str()).collect();
+    assert_eq!(got, ["lb", "nat"], "{failovers:?}");
+    assert!(failovers[0]["replayed"].as_u64().is_some_and(|n| n > 0), "the LB held packets: {failovers:?}");
+    assert!(failovers.iter().all(|f| f["beyond_replay"] == 0), "{failovers:?}");
+    let log = &rep["fault_tolerance"];
+    assert_eq!((&log["deleted"], &log["left_in_log"]), (&log["logged"], &serde_json::json!(0)), "{log}");
+    clean_link(&rep, "a");
+    let one = dir.path().join("one.pcap");
+    one_process(&one, &[]);
+    let got = sorted_frames(&dir.path().join("out.pcap"));
+    assert!(got == sorted_frames(&one), "the output differs from the one-process output ({} frames)", got.len());
+    let v = sluice(&["verify", "--recorded", &rec("a"), "--part", &rec("b")]);
+    assert!(text(&v).contains("chain output equivalence: EQUIVALENT"), "{}", text(&v));
 }

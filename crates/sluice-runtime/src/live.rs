@@ -133,6 +133,11 @@ impl Live {
         if !self.known(v, index) {
             return Err(LiveError::NoInstance { vertex: vertex.into(), index });
         }
+        if self.elsewhere(v, index) {
+            return Err(LiveError::Refused(format!(
+                "{vertex}/{index} runs on another node, which would have to say which copies went with it: crash that node (`sluice ctl crash-node`)"
+            )));
+        }
         if let Some(why) = self.no_failover.lock().ok().and_then(|w| w.clone()) {
             return Err(LiveError::Refused(why));
         }
@@ -234,6 +239,11 @@ impl Live {
         self.has_status(v, index, |s| s == SERVING)
     }
 
+    /// Whether instance `index` of vertex `v` runs on another node.
+    fn elsewhere(&self, v: usize, index: u16) -> bool {
+        self.has_status(v, index, |s| s == ELSEWHERE)
+    }
+
     /// Instance `global` serves flows from now on (`true`: added by scaling out) or no longer
     /// (`false`: retired by scaling in).
     pub(crate) fn set_serving(&self, global: usize, serving: bool) {
@@ -321,7 +331,7 @@ impl Live {
         let v =
             self.vertices.iter().position(|(n, _)| n == vertex).ok_or_else(|| LiveError::NoVertex(vertex.into()))?;
         let global = self.instances.iter().position(|i| i.vertex == v && i.index == index);
-        if global.and_then(|g| self.instances.get(g)).is_some_and(|i| i.status.load(Ordering::Relaxed) == ELSEWHERE) {
+        if self.elsewhere(v, index) {
             return Err(LiveError::Refused(format!(
                 "{vertex}/{index} runs on another node: ask the control endpoint of its node"
             )));
