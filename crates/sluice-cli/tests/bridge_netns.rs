@@ -753,18 +753,27 @@ fn spread_downloads(
 
 /// Reports, per failover in a run's JSON report (run with `--latency-window`), the time from
 /// the failure (the kill: the node last heard from, or the crash asked) until latency was
-/// back to normal; each must have come back within the run.
+/// back to normal, or that it was not within the run. Not asserted: the TCP transfers keep
+/// this closed-loop chain saturated, its p99 per 10 ms window moving between 5 and 25 ms
+/// with the transfers' windows (debug build), and the crash comes while they still ramp up;
+/// five windows in a row within 20 µs of the p99 before the failure then come only as the
+/// transfers end, if at all — a measure of TCP, not of the recovery (docs/decisions.md,
+/// "Latency back to normal in the bridge tests"). Asserted: the failure and the recovery
+/// were timed. The open-loop measure is `sluice bench-store --parts failover`.
 fn kill_to_normal(json: &serde_json::Value) {
     for f in json["failovers"].as_array().into_iter().flatten() {
         let vertex = f["vertex"].as_str().unwrap_or("?");
         let ms = |k: &str| f[k].as_f64();
-        let normal = ms("latency_normal_ms");
-        assert!(normal.is_some(), "latency after the failover of {vertex} not back to normal within the run: {f}");
+        assert!(
+            ms("failed_ms").is_some() && ms("recovery_ms").is_some_and(|r| r > 0.0),
+            "the failover of {vertex} was not timed: {f}"
+        );
+        let normal = ms("latency_normal_ms")
+            .map_or_else(|| "not within the run".to_string(), |n| format!("{n:.1} ms after the failure"));
         eprintln!(
-            "failover of {vertex}: failed {:.1} ms into the run, serving again {:.1} ms after the crash was asked, latency back to normal {:.1} ms after the failure",
+            "failover of {vertex}: failed {:.1} ms into the run, serving again {:.1} ms after the crash was asked, latency back to normal: {normal}",
             ms("failed_ms").unwrap_or_default(),
             ms("recovery_ms").unwrap_or_default(),
-            normal.unwrap_or_default()
         );
     }
 }
