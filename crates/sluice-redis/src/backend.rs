@@ -6,8 +6,8 @@ use crate::config::{parse_url, Mode};
 use crate::connection::RedisConnection;
 use crate::io_thread::ThreadedConnection;
 use crate::reply::{
-    array, bytes, codec_err, decode_whole_key, invalid, is_connection_error, is_topology_text, number, redis_err, text,
-    ts_of,
+    array, bytes, codec_err, decode_whole_key, invalid, is_connection_error, is_passing_text, is_topology_text, number,
+    redis_err, text, ts_of,
 };
 use crate::request::hex16;
 use crate::topology::{lock_mutex, write_lock, Nodes, Shared, Topology};
@@ -134,12 +134,23 @@ impl RedisBackend {
                 Err(e) if is_failing_over(&e) => e,
                 r => return r,
             };
+            if Instant::now() >= deadline {
+                return Err(e);
+            }
             tracing::debug!(error = %e, "an admin call met a cluster node failing over; reading the slot map again");
+            // A node that marks the cluster down for a moment (a failover still spreading) or
+            // asks to try again can be right with the map as it is: asked again after a pause,
+            // not only once the map changes.
+            let passes = matches!(&e, StoreError::Protocol(s) if is_passing_text(s));
             let old = self.shared.topology();
             loop {
                 match self.shared.refresh(&mut nodes) {
                     Ok(new) if new != old => break,
                     _ if Instant::now() >= deadline => return Err(e),
+                    Ok(_) if passes => {
+                        std::thread::sleep(ADMIN_REMAP_PAUSE);
+                        break;
+                    }
                     _ => std::thread::sleep(ADMIN_REMAP_PAUSE),
                 }
             }

@@ -45,6 +45,12 @@ pub(crate) fn is_topology_text(s: &str) -> bool {
         || s.contains("TRYAGAIN")
 }
 
+/// Whether an error's text says the cluster is down or busy for a moment, which can pass
+/// without the slot map changing (a failover still spreading among the nodes).
+pub(crate) fn is_passing_text(s: &str) -> bool {
+    s.contains("CLUSTERDOWN") || s.contains("cluster is down") || s.contains("TRYAGAIN")
+}
+
 /// A string reply's bytes (nil is empty).
 pub(crate) fn bytes(v: &redis::Value) -> Result<&[u8], StoreError> {
     match v {
@@ -119,5 +125,8 @@ mod tests {
         assert!(is_topology_error(&in_function));
         let plain = redis::RedisError::from((redis::ErrorKind::ResponseError, "ERR", "unknown command".to_string()));
         assert!(!is_topology_error(&plain), "other errors are not retried");
+        // A cluster down for a moment may pass with the map as it is; a MOVED needs a new map.
+        assert!(is_passing_text(&in_function.to_string()));
+        assert!(!is_passing_text("MOVED 3999 127.0.0.1:6381"));
     }
 }
