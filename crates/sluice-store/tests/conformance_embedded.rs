@@ -421,3 +421,50 @@ fn replacement_reads_a_flow_as_the_first_run_did(take_over: bool) {
     r.end_batch();
     assert_eq!(r.stats().duplicates, 3, "the replayed sets were answered from the log");
 }
+
+/// A replayed packet reads a value shared across flows (a portscan detector's walk of a host),
+/// kept by one instance alone, as its first run read it, not as later packets left it: rerun
+/// against the later value, a detector's replacement blocked a scanner's packet its first run
+/// had let through (a spread run's replay, docs/correctness.md R4).
+#[test]
+fn a_replacement_reads_a_value_it_had_alone_as_the_first_run_did() {
+    let store = EmbeddedStore::start(2).expect("start store");
+    let v = 1206;
+    let decls =
+        [StateDecl::new("hosts", Scope::fields(&[sluice_packet::HeaderField::SrcIp]), AccessPattern::ReadWriteOften)];
+    let cfg = ClientConfig { mode: Mode::Async, write_through: true, ..ClientConfig::default() };
+    let base = fresh_base();
+    let k = StateKey::Id(base);
+    let meta = |i: u64, replayed: bool| {
+        let flags = if replayed { sluice_packet::MetaFlags::REPLAYED } else { sluice_packet::MetaFlags::default() };
+        Meta { clock: Clock::new(1, base + i), flags, ..Meta::default() }
+    };
+    let first = InstanceId::new(v, 0);
+    let mut c = StoreClient::new(store.connect(first).expect("connect"), first, v, &decls, &[], cfg.clone());
+    c.set_exclusive(ObjectId(0), true);
+    for (i, value) in [(1, 10), (2, 11), (3, 12)] {
+        c.begin_batch();
+        c.begin_packet(&meta(i, false));
+        c.set(ObjectId(0), &k, Value::Int(value)).expect("set");
+        c.end_batch();
+    }
+    c.flush().expect("flush");
+    drop(c);
+
+    let second = InstanceId::new(v, 1);
+    let mut r = StoreClient::new(store.connect(second).expect("connect"), second, v, &decls, &[], cfg);
+    r.set_exclusive(ObjectId(0), true);
+    // The replacement takes its predecessor's values, as one alone at its vertex does.
+    let values = store.values_of(v, &[0]).expect("values").expect("the embedded store lists them");
+    r.load_flows(values);
+    for (i, read) in [(1, None), (2, Some(Value::Int(10))), (3, Some(Value::Int(11)))] {
+        r.begin_batch();
+        r.begin_packet(&meta(i, true));
+        assert_eq!(r.get(ObjectId(0), &k).expect("get"), read, "replayed clock {i}");
+        r.end_batch();
+    }
+    r.begin_batch();
+    r.begin_packet(&meta(4, false));
+    assert_eq!(r.get(ObjectId(0), &k).expect("get"), Some(Value::Int(12)), "live again: the latest value");
+    r.end_batch();
+}

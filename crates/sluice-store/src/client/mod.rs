@@ -523,17 +523,20 @@ impl StoreClient {
     /// A per-flow operation in fault-tolerant mode (see [`ClientConfig::write_through`]).
     fn write_through(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
         let idx = usize::from(obj.0);
-        if self.replaying && op == StateOp::Get && self.strategies.get(idx) == Some(&Strategy::WriteThrough) {
-            // A replayed packet reads a flow's value as its first run did: the copy here may
-            // hold updates of the flow's later packets ([`crate::Backend`]'s reads as of a
-            // clock). Tagged with the packet's clock and the number its next update will get,
-            // so that its own updates before the read count; the read takes no number itself.
-            // A replacement that took over the store's earlier values answers it itself.
+        let per_flow = self.strategies.get(idx) == Some(&Strategy::WriteThrough);
+        if self.replaying && op == StateOp::Get {
+            // A replayed packet reads a value as its first run did: the copy here may hold
+            // updates of later packets ([`crate::Backend`]'s reads as of a clock) — of the
+            // flow's, or, for a value this instance has alone (shared across flows), of any
+            // flow's: a detector's walk of a host. Tagged with the packet's clock and the
+            // number its next update will get, so that its own updates before the read count;
+            // the read takes no number itself. A replacement that took over the store's
+            // earlier values answers a flow's itself.
             let skey = self.key(obj, key);
             let seq = self.next_seq();
             // Not while another instance serves the same flows (a straggler's clone): its
             // updates since reach the store's log, not this history.
-            let alone = !self.moved_in && self.written.is_none();
+            let alone = per_flow && !self.moved_in && self.written.is_none();
             let known = if alone { self.replay_history.read_at(&skey, self.clock, seq) } else { None };
             match known {
                 Some(replay_history::ReadAt::Was(v)) => return Ok(v),
