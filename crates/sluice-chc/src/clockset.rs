@@ -125,11 +125,54 @@ impl ClockSet {
             b.remove_below(clock.seq());
         }
     }
+
+    /// The set as words of 64 clocks: the first clock of each word that holds any (its
+    /// sequence number a multiple of 64) and the word, bit `i` for clock `first + i`.
+    pub fn words(&self) -> impl Iterator<Item = (Clock, u64)> + '_ {
+        self.roots.iter().enumerate().flat_map(|(r, b)| {
+            b.words
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| **w != 0)
+                .map(move |(i, w)| (Clock::new(r as u8, (b.base + i as u64) * 64), *w))
+        })
+    }
+
+    /// Adds the clocks `first + i` for each bit `i` set in `bits` (a word of [`ClockSet::words`]).
+    pub fn insert_word(&mut self, first: Clock, bits: u64) {
+        let mut b = bits;
+        while b != 0 {
+            let i = u64::from(b.trailing_zeros());
+            b &= b - 1;
+            self.insert(Clock::new(first.root(), first.seq() + i));
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_set_sent_as_words_is_the_same_set_received() {
+        let mut s = ClockSet::default();
+        for c in [Clock::new(0, 5), Clock::new(0, 64), Clock::new(0, 700), Clock::new(1, 3), Clock::new(1, 130)] {
+            s.insert(c);
+        }
+        s.remove_below(Clock::new(0, 6));
+        let words: Vec<(Clock, u64)> = s.words().collect();
+        assert!(words.iter().all(|(c, w)| c.seq() % 64 == 0 && *w != 0), "{words:?}");
+        let mut back = ClockSet::default();
+        for (first, bits) in words {
+            back.insert_word(first, bits);
+        }
+        for c in [Clock::new(0, 64), Clock::new(0, 700), Clock::new(1, 3), Clock::new(1, 130)] {
+            assert!(back.contains(c), "{c:?}");
+        }
+        for c in [Clock::new(0, 5), Clock::new(0, 65), Clock::new(1, 4), Clock::new(2, 3)] {
+            assert!(!back.contains(c), "{c:?}");
+        }
+    }
 
     #[test]
     fn clocks_of_any_order_roots_and_distance_are_told_apart() {

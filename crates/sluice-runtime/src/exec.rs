@@ -290,6 +290,7 @@ pub fn run(
     let scaling = scalable
         .then(|| reconfig::Scaling::new(&vertices, (slot_count, instances.len()), (workers, roots), rebuilder.clone()));
     let from_root = layout.as_ref().and_then(|l| spread::from_root(l, &vertices, &ordered));
+    let hands = layout.as_ref().is_some_and(|l| !l.has_root());
     let shared = Arc::new(Shared {
         queues: (0..slot_count).map(|_| OnceLock::new()).collect(),
         queue_cap: cap,
@@ -323,7 +324,7 @@ pub fn run(
         // may ask for.
         failover: (crashes_planned
             || (can_fail_over && (hooks.live.is_some() || spread::may_fail_over(layout.as_ref()))))
-        .then(|| failover::Failover::new((slot_count, per_vertex, concerns), rebuilder, (cfg.window, roots))),
+        .then(|| failover::Failover::new((slot_count, per_vertex, concerns), rebuilder, (cfg.window, roots, hands))),
         reaches,
         ordered,
         from_root,
@@ -775,8 +776,6 @@ pub fn run(
     if let Some(l) = part_link {
         report.link = Some(l.report);
     }
-    // Instances that ran on another node (and did not fail over here) are that node's report.
-    slots.retain(|(_, s)| !shared.is_elsewhere(s.global));
     finish::instances_into(&mut report, &shared, slots);
     latencies.into_report(&mut report, cfg.latency_timeline);
     Ok(report)

@@ -12,6 +12,9 @@ pub struct InstanceReport {
     pub index: u16,
     /// Removed by scaling in before the run ended.
     pub retired: bool,
+    /// Crashed on this node, a node of a chain spread over nodes without the root: replaced on
+    /// the root's node, whose report has the replacement. The counters are up to the crash.
+    pub handed_over: bool,
     /// Worker thread that ran it.
     pub worker: usize,
     /// Packets it received.
@@ -266,6 +269,10 @@ pub struct LinkReport {
     pub failed_nodes: Vec<String>,
     /// Datagrams from failed nodes, dropped (a node declared failed is not listened to again).
     pub fenced: u64,
+    /// Instances crashed alone (a drill through a control endpoint) and replaced on the root's
+    /// node: on a node without the root, its own that it handed over; on the root's node,
+    /// those of other nodes it took over.
+    pub crashed_instances: u64,
     /// On the root's node: reports of the root's progress sent to nodes hosting
     /// order-sensitive instances; elsewhere, those taken in.
     pub progress: u64,

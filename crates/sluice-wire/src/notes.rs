@@ -10,7 +10,7 @@
 //!
 //! | bytes | content |
 //! |---|---|
-//! | 1 | kind: 1 sent, 2 finished, 3 commit, 4 reached, 5 left, 16 end of the run, 17 hello, 18 stop, 19 resend, 20 last, 21 oldest, 22 admitted, 23 done, 24 flushed |
+//! | 1 | kind: 1 sent, 2 finished, 3 commit, 4 reached, 5 left, 6 lost, 7 crashed, 8 processed, 16 end of the run, 17 hello, 18 stop, 19 resend, 20 last, 21 oldest, 22 admitted, 23 done, 24 flushed |
 //! | 1 | the packet's flags |
 //! | 2 | 0 |
 //! | 4 | replay target instance, `0xFFFFFFFF` for none |
@@ -48,6 +48,19 @@ pub enum NoteKind {
     Reached,
     /// A copy left the chain.
     Left,
+    /// From a node without the root, before its [`NoteKind::Crashed`]: one copy lost with the
+    /// crashed instance (its clock, flags and replay target), which the root's log replays.
+    Lost,
+    /// From a node without the root, before its [`NoteKind::Crashed`]: clocks the crashed
+    /// instance processed (the clock carries the first of 64, the XOR field a bit per clock),
+    /// which its replacement does not run again.
+    Processed,
+    /// From a node without the root: one of its instances crashed (the target field names
+    /// it, the XOR field carries its global index); the [`NoteKind::Lost`] notes just before
+    /// are the copies it held, the [`NoteKind::Processed`] ones the clocks it processed. From
+    /// here on the instance is the root's node's: it replaces it there, and the sender relays
+    /// what still comes for it.
+    Crashed,
     /// The run is over (from the root's node; the clock carries its fingerprint).
     End,
     /// A node is up (the clock carries its fingerprint of the chain and placement).
@@ -93,6 +106,9 @@ impl NoteKind {
             NoteKind::Commit => 3,
             NoteKind::Reached => 4,
             NoteKind::Left => 5,
+            NoteKind::Lost => 6,
+            NoteKind::Crashed => 7,
+            NoteKind::Processed => 8,
             NoteKind::End => 16,
             NoteKind::Hello => 17,
             NoteKind::Stop => 18,
@@ -111,6 +127,9 @@ impl NoteKind {
             3 => NoteKind::Commit,
             4 => NoteKind::Reached,
             5 => NoteKind::Left,
+            6 => NoteKind::Lost,
+            7 => NoteKind::Crashed,
+            8 => NoteKind::Processed,
             16 => NoteKind::End,
             17 => NoteKind::Hello,
             18 => NoteKind::Stop,

@@ -340,7 +340,7 @@ pub fn differing_output(dir: &Path, one: &Path, got: &[Vec<u8>], want: &[Vec<u8>
 /// Copies a failed run's files (outputs, reports, records) out of its temporary directory, which
 /// goes with the test, into the build's `target/` (`scripts/test-all.sh` removes its scratch
 /// directory, TMPDIR, when it ends); where to.
-fn keep(dir: &Path) -> String {
+pub fn keep(dir: &Path) -> String {
     let to = repo(&format!("target/sluice-kept-{}", std::process::id()));
     let _ = Command::new("cp").arg("-r").arg(dir).arg(&to).status();
     to.to_string_lossy().into_owned()

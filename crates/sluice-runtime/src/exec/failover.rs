@@ -43,7 +43,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 mod asking;
+mod handover;
 mod through;
+pub(super) use handover::HandedOver;
 use through::{go_through, go_through_reached, Frontier};
 
 /// Sends replay copy `p` into the chain from the root, along the entry's routes but only
@@ -135,6 +137,9 @@ pub(super) struct LostElsewhere {
     pub(super) globals: Vec<usize>,
     pub(super) lost: Vec<Meta>,
     pub(super) on_node: Arc<LostClocks>,
+    /// The clocks the instance processed, when its node could say (one instance crashed
+    /// there alone); otherwise they are read from the store ([`processed_elsewhere`]).
+    pub(super) processed: Option<ClockSet>,
 }
 
 /// The clocks of the copies lost with a failed node, by kind (each sorted).
@@ -207,15 +212,21 @@ pub(super) struct Failover {
     /// change of the allocation) must not wait for the recovery, which may itself wait for
     /// copies of its replay held up there.
     held_in_recovery: Vec<ClockTracker>,
+    /// On a node without the root (a chain spread over nodes): a crash is carried out here but
+    /// the replacement is the root's node's ([`handover`]).
+    hands_over: bool,
+    /// The instances crashed here and not yet told the root's node ([`HandedOver`]).
+    handed: Mutex<Vec<HandedOver>>,
 }
 
 impl Failover {
     /// For `instances` global indices and `per_vertex` instances per vertex, clocks of
-    /// `roots` roots in a ring of `span` each.
+    /// `roots` roots in a ring of `span` each; `hands_over` on a node without the root (it
+    /// hands its instances' crashes to the root's node).
     pub(super) fn new(
         (instances, per_vertex, concerns): (usize, Vec<u16>, Vec<(bool, bool)>),
         rebuilder: Rebuilder,
-        (span, roots): (usize, u8),
+        (span, roots, hands_over): (usize, u8, bool),
     ) -> Failover {
         let roots = usize::from(roots.max(1));
         let atomics = |n: usize, v: u64| (0..n).map(|_| AtomicU64::new(v)).collect::<Vec<_>>();
@@ -233,6 +244,8 @@ impl Failover {
             lost_elsewhere: Mutex::new(Vec::new()),
             instances: per_vertex,
             concerns,
+            hands_over,
+            handed: Mutex::new(Vec::new()),
         }
     }
 
@@ -387,6 +400,11 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
             std::thread::yield_now();
         }
     }
+    if fo.hands_over {
+        // A node without the root: the root's node replaces the instance.
+        handover::hand_over(shared, fo, slot, out);
+        return;
+    }
     let instances = match &shared.scaling {
         Some(sc) => sc.members(vertex) as u16,
         None => fo.instances.get(vertex).copied().unwrap_or(1),
@@ -403,6 +421,52 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
             return;
         }
     };
+    let (mut lost, mut predecessor) = take_lost(shared, fo, slot);
+    // An instance whose node failed: what the predecessor processed is read from the store,
+    // and the last of the node's instances to crash reports the copies lost with it.
+    let mut on_node = None;
+    if let Ok(mut far) = fo.lost_elsewhere.lock() {
+        for l in far.iter_mut().filter(|l| l.globals.contains(&slot.global)) {
+            l.globals.retain(|g| *g != slot.global);
+            if l.globals.is_empty() {
+                lost.append(&mut l.lost);
+            }
+            on_node = Some((l.on_node.clone(), l.processed.take()));
+        }
+        far.retain(|l| !l.globals.is_empty());
+    }
+    match on_node {
+        Some((_, Some(processed))) => predecessor.union_with(&processed),
+        Some((on_node, None)) => processed_elsewhere(fo, slot, &on_node, &mut predecessor),
+        None => {}
+    }
+    let mut failed = std::mem::replace(&mut slot.inst, replacement);
+    slot.reading = reading;
+    // What it decided before failing is part of the run.
+    slot.stats.events.extend(failed.take_events());
+    // Freed once the replacement serves: its write-ahead log alone may hold 65,536 entries,
+    // which took 1 to 4 ms of a core to free, in the middle of the recovery.
+    slot.failed.push(failed);
+    let epoch = fo.epochs.get(slot.global).map_or(0, |e| e.fetch_add(1, Ordering::AcqRel) + 1);
+    slot.recovery = Some(Recovery { epoch, replay: Vec::new(), held: Vec::new(), predecessor });
+    // Every root hears of it, with the lost copies of its own clocks: each replays its log.
+    let lost_in_all = lost.len();
+    if tracing::enabled!(target: "sluice::copies", tracing::Level::TRACE) {
+        let clocks: Vec<String> = lost.iter().map(|m| format!("{}/{}", m.clock, m.flags.bits())).collect();
+        tracing::trace!(target: "sluice::copies", instance = ?id, lost = ?clocks, "crashed");
+    }
+    for (root, failures) in fo.failures.iter().enumerate() {
+        let lost = lost.iter().filter(|m| usize::from(m.clock.root()) == root).copied().collect();
+        if let Ok(mut f) = failures.lock() {
+            f.push(Failure { global: slot.global, id, lost, lost_in_all, epoch });
+        }
+    }
+}
+
+/// Takes what `slot`'s instance held out of its hands, as it fails: every copy in its queue or
+/// held by it (lost with it), and the clocks it and those it replaced processed.
+fn take_lost(shared: &Shared, fo: &Failover, slot: &mut Slot) -> (Vec<Meta>, ClockSet) {
+    let vertex = slot.vertex;
     let mut lost = Vec::new();
     let mut lose = |p: Packet| {
         lost.push(p.meta);
@@ -431,43 +495,7 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
         m.waiting.drain(..).map(|(_, p)| p).for_each(&mut lose);
         m.forget_waiting();
     }
-    // An instance whose node failed: what the predecessor processed is read from the store,
-    // and the last of the node's instances to crash reports the copies lost with it.
-    let mut on_node = None;
-    if let Ok(mut far) = fo.lost_elsewhere.lock() {
-        for l in far.iter_mut().filter(|l| l.globals.contains(&slot.global)) {
-            l.globals.retain(|g| *g != slot.global);
-            if l.globals.is_empty() {
-                lost.append(&mut l.lost);
-            }
-            on_node = Some(l.on_node.clone());
-        }
-        far.retain(|l| !l.globals.is_empty());
-    }
-    if let Some(on_node) = on_node {
-        processed_elsewhere(fo, slot, &on_node, &mut predecessor);
-    }
-    let mut failed = std::mem::replace(&mut slot.inst, replacement);
-    slot.reading = reading;
-    // What it decided before failing is part of the run.
-    slot.stats.events.extend(failed.take_events());
-    // Freed once the replacement serves: its write-ahead log alone may hold 65,536 entries,
-    // which took 1 to 4 ms of a core to free, in the middle of the recovery.
-    slot.failed.push(failed);
-    let epoch = fo.epochs.get(slot.global).map_or(0, |e| e.fetch_add(1, Ordering::AcqRel) + 1);
-    slot.recovery = Some(Recovery { epoch, replay: Vec::new(), held: Vec::new(), predecessor });
-    // Every root hears of it, with the lost copies of its own clocks: each replays its log.
-    let lost_in_all = lost.len();
-    if tracing::enabled!(target: "sluice::copies", tracing::Level::TRACE) {
-        let clocks: Vec<String> = lost.iter().map(|m| format!("{}/{}", m.clock, m.flags.bits())).collect();
-        tracing::trace!(target: "sluice::copies", instance = ?id, lost = ?clocks, "crashed");
-    }
-    for (root, failures) in fo.failures.iter().enumerate() {
-        let lost = lost.iter().filter(|m| usize::from(m.clock.root()) == root).copied().collect();
-        if let Ok(mut f) = failures.lock() {
-            f.push(Failure { global: slot.global, id, lost, lost_in_all, epoch });
-        }
-    }
+    (lost, predecessor)
 }
 
 /// The clocks an instance that ran on a failed node processed, as far as its replacement must

@@ -68,7 +68,17 @@ fn end_instances(
 ) -> Result<(), RunError> {
     let vertices = &shared.vertices;
     let name = |v: usize| vertices.get(v).map_or_else(|| "?".to_string(), |vp| vp.name.to_string());
-    for (_, s) in slots.iter_mut().filter(|(_, s)| !shared.is_elsewhere(s.global)) {
+    for (_, s) in slots.iter_mut().filter(|(_, s)| !shared.is_elsewhere(s.global) || s.handed_over) {
+        let vertex = name(s.vertex);
+        rec.drops.extend(s.stats.drops.drain(..).map(|(clock, reason)| DropRecord {
+            clock,
+            vertex: vertex.clone(),
+            reason,
+        }));
+        if s.handed_over {
+            // Crashed here: its drops until then are this node's, its state its replacement's.
+            continue;
+        }
         s.inst.begin_batch();
         s.inst.advance_time(last_ts, rec.end);
         s.inst.end_batch();
@@ -76,12 +86,6 @@ fn end_instances(
         // The run's log is closed: the end's timers are not packets it waits for.
         let mut commits = Vec::new();
         s.inst.state().take_commits(&mut commits);
-        let vertex = name(s.vertex);
-        rec.drops.extend(s.stats.drops.drain(..).map(|(clock, reason)| DropRecord {
-            clock,
-            vertex: vertex.clone(),
-            reason,
-        }));
         let local = s.inst.state().as_any_mut().and_then(|a| a.downcast_mut::<sluice_state::LocalState>());
         if let Some(local) = local {
             let v = s.vertex;
@@ -127,8 +131,10 @@ fn record_store_state(
 }
 
 /// Fills `report`'s vertices, instances, drops by place and events from the workers' `slots`
-/// (worker, slot).
-pub(super) fn instances_into(report: &mut RunReport, shared: &Shared, slots: Vec<(usize, Slot)>) {
+/// (worker, slot). Instances that ran on another node (and did not fail over here) are that
+/// node's report; one that crashed here is in both, up to its crash here.
+pub(super) fn instances_into(report: &mut RunReport, shared: &Shared, mut slots: Vec<(usize, Slot)>) {
+    slots.retain(|(_, s)| !shared.is_elsewhere(s.global) || s.handed_over);
     report.vertices = shared
         .vertices
         .iter()
@@ -154,6 +160,7 @@ pub(super) fn instances_into(report: &mut RunReport, shared: &Shared, slots: Vec
         let busy = s.stats.busy.as_secs_f64();
         vr.instances.push(InstanceReport {
             index: s.inst.id().index(),
+            handed_over: s.handed_over,
             retired: shared.scaling.as_ref().is_some_and(|sc| !sc.serving(s.global)),
             worker: w,
             packets_in: s.stats.packets_in,

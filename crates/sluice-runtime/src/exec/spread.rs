@@ -21,14 +21,13 @@
 //! sender's datagrams in their sequence order only (`in_order`), so notes keep their place
 //! before the batches they precede and nothing is taken twice.
 
-use super::failover::{LostClocks, LostElsewhere};
 use super::ft::Note;
 use super::idle::Idle;
 use super::outgoing::Outgoing;
 use super::{RunError, Shared};
 use crate::report::LinkReport;
 use crate::spread::Layout;
-use sluice_packet::{Batch, Clock, InstanceId, Meta, MetaFlags};
+use sluice_packet::{Batch, Clock, InstanceId, Meta};
 use sluice_wire::geneve::{encode_sequenced, TO_EGRESS};
 use sluice_wire::notes::{encode_notes, NoteKind, WireNote, MAX_NOTES};
 use sluice_wire::{RecvBatch, UdpLink};
@@ -36,6 +35,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+mod crashed;
 mod idle_link;
 mod in_order;
 mod on_node;
@@ -100,6 +100,14 @@ pub(super) struct Link {
     logging: bool,
     /// On the root's node of a run that can fail over: per node, the copies on it.
     on_node: Vec<OnNode>,
+    /// On the root's node, per node: the copies it said were lost with an instance that
+    /// crashed there, until it says which (`crashed.rs`); and the crashes it said, to take over.
+    lost_heard: Vec<Vec<Meta>>,
+    processed_heard: Vec<sluice_chc::clockset::ClockSet>,
+    crashes_heard: Vec<(usize, Meta)>,
+    /// On a node without the root: its instances that crashed here, whose copies it relays to
+    /// the root's node.
+    relayed: Vec<usize>,
     /// Per node: declared failed, not listened to any more.
     dead: Vec<bool>,
     pub(super) report: LinkReport,
@@ -187,6 +195,10 @@ impl Link {
             on_node: (0..nodes)
                 .map(|_| OnNode::new(if shared.failover.is_some() { shared.clocks.span() } else { 0 }))
                 .collect(),
+            lost_heard: vec![Vec::new(); nodes],
+            processed_heard: vec![Default::default(); nodes],
+            crashes_heard: Vec::new(),
+            relayed: Vec::new(),
             dead: vec![false; nodes],
             report,
             ended: false,
@@ -213,6 +225,7 @@ impl Link {
     /// anything.
     pub(super) fn turn(&mut self, shared: &Shared) -> Result<bool, RunError> {
         self.absence();
+        self.take_crashes_asked(shared);
         let mut suspect = false;
         for n in 0..self.layout.addrs.len() {
             if !self.talks_to(n) || self.dead.get(n).copied().unwrap_or(true) {
@@ -319,6 +332,12 @@ impl Link {
     /// Takes the batches bound for other nodes, then the notes (queued before their batches),
     /// and sends them: notes first.
     fn send(&mut self, shared: &Shared) -> Result<bool, RunError> {
+        // Crashes carried out here, taken before the notes: every note the instance sent is
+        // queued already, and goes first.
+        let handed = match &shared.failover {
+            Some(fo) if !self.layout.has_root() => fo.take_handed_over(),
+            _ => Vec::new(),
+        };
         for g in &self.remote {
             let (Some(node), Some(Some(id))) = (self.layout.node_of.get(*g), self.layout.ids.get(*g)) else { continue };
             // A node without the root sends everything through the root's node (a star).
@@ -344,6 +363,7 @@ impl Link {
                     }
                 }
             }
+            self.hand_over(handed);
         }
         let busy = !self.taken.is_empty() || !self.notes.is_empty();
         if !self.notes.is_empty() {
@@ -435,36 +455,13 @@ impl Link {
         if let Some(d) = self.dead.get_mut(n) {
             *d = true;
         }
-        let me = self.layout.me;
-        let node_of = &mut self.layout.node_of;
+        let node_of = &self.layout.node_of;
         let globals: Vec<usize> = self.remote.iter().copied().filter(|g| node_of.get(*g) == Some(&n)).collect();
-        self.remote.retain(|g| node_of.get(*g) != Some(&n));
-        for g in &globals {
-            shared.wake.link_drains(*g, false);
-            if let Some(live) = &shared.live {
-                live.set_elsewhere(*g, false);
-            }
-            if let Some(x) = node_of.get_mut(*g) {
-                *x = me;
-            }
-        }
         let lost = self.on_node.get_mut(n).map(OnNode::take_all).unwrap_or_default();
         let silent_ms = self.last_heard.get(n).map_or(0, |t| t.elapsed().as_millis() as u64);
         tracing::warn!(node = %name, silent_ms, instances = globals.len(), lost_copies = lost.len(), "a node failed: its instances are replaced on the root's node, which replays its log to them");
-        // Every instance of the node learns which clocks had a copy there; the last to crash
-        // reports the copies.
-        let clocks = |mirror: bool| {
-            let mut c: Vec<Clock> =
-                lost.iter().filter(|m| m.flags.contains(MetaFlags::MIRROR) == mirror).map(|m| m.clock).collect();
-            c.dedup();
-            c
-        };
-        let on_node = Arc::new(LostClocks { main: clocks(false), mirror: clocks(true) });
-        fo.lost_elsewhere(LostElsewhere { globals: globals.clone(), lost, on_node });
         let heard = self.last_heard.get(n).copied().unwrap_or_else(Instant::now);
-        if let Ok(mut f) = shared.failed_elsewhere.lock() {
-            f.extend(globals.into_iter().map(|g| (g, heard)));
-        }
+        self.take_over(shared, fo, (globals, lost, None), heard);
         if let Some(a) = self.awaiting.get_mut(n) {
             *a = None;
         }
@@ -502,6 +499,9 @@ fn root_hears(shared: &Shared, out: &mut Outgoing, kind: NoteKind, meta: Meta) -
             false
         }
         NoteKind::Left
+        | NoteKind::Lost
+        | NoteKind::Crashed
+        | NoteKind::Processed
         | NoteKind::Hello
         | NoteKind::End
         | NoteKind::Stop

@@ -96,6 +96,9 @@ pub(super) struct Slot {
     pub(super) errors: Vec<String>,
     /// Failed instances, freed once their replacement serves (not during its recovery).
     pub(super) failed: Vec<sluice_nf::Instance>,
+    /// Crashed on this node, a node without the root: the root's node runs its replacement
+    /// (`failover/handover.rs`); the slot keeps what it did before, for the report.
+    pub(super) handed_over: bool,
 }
 
 impl Slot {
@@ -121,6 +124,7 @@ impl Slot {
             moving,
             errors: Vec::new(),
             failed: Vec::new(),
+            handed_over: false,
         }
     }
 }
@@ -237,9 +241,10 @@ impl Turns {
         while out.retry(shared) && !shared.aborted.load(Ordering::Acquire) {
             std::thread::yield_now();
         }
-        // State cached in instances goes to the store before the run ends.
+        // State cached in instances goes to the store before the run ends (not that of an
+        // instance that failed here: what it had not sent is lost).
         let mut flush_errors = Vec::new();
-        for slot in &mut slots {
+        for slot in slots.iter_mut().filter(|s| !shared.is_elsewhere(s.global)) {
             if let Err(e) = slot.inst.state().flush() {
                 flush_errors.push(format!("{} instance {}: {e}", slot.inst.vertex(), slot.inst.id().index()));
             }

@@ -83,8 +83,8 @@ fn key(meta: &Meta) -> (Option<sluice_packet::InstanceId>, bool) {
     (meta.replay_target(), meta.flags.contains(sluice_packet::MetaFlags::MIRROR))
 }
 
-/// What a lost copy's report needs of a copy's metadata.
-fn marks(meta: &Meta) -> Meta {
+/// What a lost copy's report needs of a copy's metadata (its replay, too).
+pub(super) fn marks(meta: &Meta) -> Meta {
     Meta { clock: meta.clock, flags: meta.flags, target: meta.target, xor: 0, ..Meta::default() }
 }
 

@@ -96,6 +96,9 @@ impl Link {
                     }
                 }
             }
+            for (node, crashed) in std::mem::take(&mut self.crashes_heard) {
+                self.take_over_crashed(shared, node, crashed)?;
+            }
             self.out.flush(shared);
             if finished > 0 {
                 shared.in_flight.fetch_sub(finished, Ordering::AcqRel);
@@ -107,7 +110,7 @@ impl Link {
     /// Takes in one datagram from `node`, in its sequence order; adds the copies that ended
     /// to `finished`.
     fn take_in(&mut self, shared: &Shared, node: usize, d: &[u8], finished: &mut usize) -> Result<(), RunError> {
-        let Link { layout, out, decoded, report, fingerprint, on_node, root_end, flushed, .. } = self;
+        let Link { layout, out, decoded, report, fingerprint, on_node, root_end, flushed, relayed, .. } = self;
         if is_notes(d) {
             let vni = match decode_notes(d, decoded) {
                 Ok((vni, _)) => vni,
@@ -175,6 +178,17 @@ impl Link {
                             report.malformed += 1;
                         }
                     }
+                    NoteKind::Lost if layout.has_root() => {
+                        if let Some(l) = self.lost_heard.get_mut(node) {
+                            l.push(n.meta);
+                        }
+                    }
+                    NoteKind::Processed if layout.has_root() => {
+                        if let Some(p) = self.processed_heard.get_mut(node) {
+                            p.insert_word(n.meta.clock, n.meta.xor);
+                        }
+                    }
+                    NoteKind::Crashed if layout.has_root() => self.crashes_heard.push((node, n.meta)),
                     NoteKind::End
                     | NoteKind::Last
                     | NoteKind::Oldest
@@ -214,7 +228,9 @@ impl Link {
         } else {
             let v = shared.vertices.get(usize::from(decoded.dest.vertex()));
             // The root's node relays what one other node sends to another.
-            v.and_then(|v| v.global(decoded.dest.index())).filter(|g| layout.has_root() || layout.here(*g))
+            // A node relays what comes for an instance that crashed here to its replacement.
+            v.and_then(|v| v.global(decoded.dest.index()))
+                .filter(|g| layout.has_root() || layout.here(*g) || relayed.contains(g))
         };
         let Some(dest) = dest else {
             report.misaddressed += 1;
