@@ -134,8 +134,7 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
         Ok(v) => v,
         Err(e) => return control::error(StatusCode::BAD_REQUEST, &format!("malformed JSON: {e}")),
     };
-    let usage =
-        "send one action: {\"drain\": {\"node\": N}}, {\"undrain\": {\"node\": N}} or {\"crash_node\": {\"node\": N}}";
+    let usage = "send one action: {\"drain\": {\"node\": N}}, {\"undrain\": {\"node\": N}}, {\"crash_node\": {\"node\": N}} or {\"crash\": {\"vertex\": V, \"instance\": I}}";
     let Some((name, args)) = v.as_object().filter(|o| o.len() == 1).and_then(|o| o.iter().next()) else {
         return control::error(StatusCode::BAD_REQUEST, usage);
     };
@@ -144,10 +143,12 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
         "undrain" => NodeAction::Undrain,
         "crash_node" => NodeAction::Crash,
         "crash" => {
-            return control::error(
-                StatusCode::NOT_IMPLEMENTED,
-                "the instances a node hosts share its process, so one of them cannot crash alone: crash its node with {\"crash_node\": {\"node\": N}} (`sluice ctl crash-node N`)",
-            )
+            let (Some(vertex), Some(index)) =
+                (args["vertex"].as_str(), args["instance"].as_u64().and_then(|i| u16::try_from(i).ok()))
+            else {
+                return control::error(StatusCode::BAD_REQUEST, usage);
+            };
+            return instance_crash(etcd, cluster, vertex.to_string(), index).await;
         }
         n @ ("scale" | "move" | "clone") => {
             return control::error(
@@ -158,7 +159,7 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
         n => {
             return control::error(
                 StatusCode::BAD_REQUEST,
-                &format!("unknown action `{n}` (known: drain, undrain, crash_node)"),
+                &format!("unknown action `{n}` (known: drain, undrain, crash_node, crash)"),
             )
         }
     };
@@ -180,6 +181,25 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
     match done {
         Ok(Ok(true)) => Json(serde_json::json!({ "applied": { name.as_str(): { "node": node } } })).into_response(),
         Ok(Ok(false)) => control::error(StatusCode::NOT_FOUND, &format!("no live node `{node}`")),
+        Ok(Err(e @ ClusterError::BadName { .. })) => control::error(StatusCode::BAD_REQUEST, &e.to_string()),
+        Ok(Err(e)) => control::error(StatusCode::BAD_GATEWAY, &format!("etcd: {e}")),
+        Err(e) => control::error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+/// A crash drill of one instance, asked of the node the placement gives it
+/// ([`sluice_cluster::ask_instance_crash`]): that node's run carries it out, and the chain
+/// replaces the instance on the root's node.
+async fn instance_crash(etcd: Etcd, cluster: String, vertex: String, index: u16) -> Response {
+    let v = vertex.clone();
+    let done =
+        tokio::task::spawn_blocking(move || sluice_cluster::ask_instance_crash(&etcd, &cluster, &v, index)).await;
+    match done {
+        Ok(Ok(Some(node))) => Json(serde_json::json!({
+            "applied": { "crash": { "vertex": vertex, "instance": index, "node": node } }
+        }))
+        .into_response(),
+        Ok(Ok(None)) => control::error(StatusCode::NOT_FOUND, &format!("no live node hosts {vertex}:{index}")),
         Ok(Err(e @ ClusterError::BadName { .. })) => control::error(StatusCode::BAD_REQUEST, &e.to_string()),
         Ok(Err(e)) => control::error(StatusCode::BAD_GATEWAY, &format!("etcd: {e}")),
         Err(e) => control::error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
@@ -349,6 +369,13 @@ enum ClusterCommand {
     },
     #[command(flatten)]
     Node(NodeCommand),
+    /// A drill: one instance crashes alone (`V:I`), on the node the placement gives it; the
+    /// chain replaces it on the root's node and replays what it held (the run needs
+    /// --fault-tolerance and a store).
+    Crash {
+        /// The instance, `VERTEX:INDEX`.
+        instance: String,
+    },
 }
 
 /// Acting on one node: from `sluice cluster` (through etcd) or `sluice ctl` (through a
@@ -484,6 +511,15 @@ pub fn cmd_cluster(a: ClusterCmdArgs) -> Result<(), Failure> {
                 return Err(fail(exit::INVALID)(anyhow::anyhow!("no live node `{node}`")));
             }
             eprintln!("node `{node}` asked to crash: it kills its process within 200 ms");
+        }
+        ClusterCommand::Crash { instance } => {
+            let bad = || fail(exit::INVALID)(anyhow::anyhow!("`{instance}` is not VERTEX:INDEX"));
+            let (vertex, index) = instance.split_once(':').ok_or_else(bad)?;
+            let index: u16 = index.parse().map_err(|_| bad())?;
+            let Some(node) = sluice_cluster::ask_instance_crash(&etcd, cluster, vertex, index).map_err(io)? else {
+                return Err(fail(exit::INVALID)(anyhow::anyhow!("no live node hosts {vertex}:{index}")));
+            };
+            eprintln!("node `{node}` asked to crash {vertex}:{index}: its run does within 200 ms");
         }
         ClusterCommand::Status { json } => {
             let status = cluster_status(&etcd, cluster).map_err(io)?;

@@ -420,7 +420,8 @@ enum CtlCommand {
         spec: String,
     },
     /// Crash an instance: it loses its queue and cache, a replacement takes over from the store
-    /// and the root replays to it (the run needs --fault-tolerance and a store).
+    /// and the root replays to it (the run needs --fault-tolerance and a store). Against a
+    /// controller: the node hosting the instance crashes it alone (a drill).
     Crash {
         /// `VERTEX:INSTANCE`.
         spec: String,

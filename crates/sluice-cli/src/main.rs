@@ -65,7 +65,7 @@ enum LogFormat {
 #[derive(Subcommand)]
 enum Command {
     /// Run a chain over a trace, generated traffic or live interfaces and print a report.
-    Run(run_cmd::RunArgs),
+    Run(Box<run_cmd::RunArgs>),
     /// Generate a synthetic TCP trace (StatelessNF workloads) as pcap.
     Gen(GenArgs),
     /// Send a trace or generated traffic out of a live interface, as fast as it goes or at a
@@ -283,7 +283,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     let r = match cli.command {
-        Command::Run(a) => run_cmd::cmd_run(a),
+        Command::Run(a) => run_cmd::cmd_run(*a),
         Command::Ctl(a) => control::cmd_ctl(a),
         Command::Controller(a) => cluster::cmd_controller(a),
         Command::Node(a) => node_cmd::cmd_node(a),

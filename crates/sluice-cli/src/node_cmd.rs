@@ -11,8 +11,9 @@ use clap::Args;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use sluice_cluster::{assignment_at, crash_asked, watch_assignment, ClusterError, Etcd, Membership, NodeInfo, Unit};
+use sluice_runtime::live::Live;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::Duration;
 
 /// `sluice node`.
@@ -239,7 +240,7 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
     };
     let mut membership = join().map_err(|e| fail(join_code(&e))(e.into()))?;
     say("joined", &a.id, None);
-    watch_for_crash_drill(etcd.clone(), cluster.clone(), a.id.clone());
+    watch_for_crash_drill(etcd.clone(), cluster.clone(), a.id.clone(), host.as_ref().map(Host::live));
     let mut units: Option<Vec<Unit>> = None;
     let mut pause = Duration::from_millis(100);
     let mut ended = None;
@@ -331,12 +332,27 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
 const CRASH_CHECK_EVERY: Duration = Duration::from_millis(200);
 
 /// Looks for a crash drill asked of `node`, on a thread of its own (an etcd that answers
-/// slowly or not at all delays only this look, not the node's other work).
-fn watch_for_crash_drill(etcd: Etcd, cluster: String, node: String) {
+/// slowly or not at all delays only this look, not the node's other work): of the whole node,
+/// or of one instance of the run it hosts (`live`, once that runs).
+fn watch_for_crash_drill(etcd: Etcd, cluster: String, node: String, live: Option<Arc<OnceLock<Arc<Live>>>>) {
     std::thread::spawn(move || loop {
         std::thread::sleep(CRASH_CHECK_EVERY);
         if crash_asked(&etcd, &cluster, &node).unwrap_or(false) {
             crash_drill(&node);
+        }
+        let Some(run) = live.as_ref().and_then(|l| l.get()) else { continue };
+        let asked = match sluice_cluster::take_instance_crashes(&etcd, &cluster, &node) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!(node, error = %e, "reading the instance crash drills asked");
+                continue;
+            }
+        };
+        for (vertex, index) in asked {
+            match run.request_crash(&vertex, index) {
+                Ok(()) => tracing::warn!(node, vertex, index, "crash drill: this instance crashes"),
+                Err(e) => tracing::warn!(node, vertex, index, error = %e, "crash drill of an instance refused"),
+            }
         }
     });
 }

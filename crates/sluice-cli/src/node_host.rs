@@ -15,10 +15,12 @@ use crate::run_cmd::{cmd_run, parse_run_args};
 use crate::{exit, fail, Failure};
 use clap::Args;
 use sluice_cluster::{nodes, stored_placement, Etcd, NodeInfo, Placement, Unit};
+use sluice_runtime::live::Live;
 use sluice_runtime::Spread;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -65,6 +67,8 @@ pub(crate) struct Host {
     silence_ms: u64,
     settle: Duration,
     state: State,
+    /// The run's live handle once it runs (crash drills of one instance reach it so).
+    live: Arc<OnceLock<Arc<Live>>>,
 }
 
 /// Options given as one string, split at spaces.
@@ -97,6 +101,7 @@ impl Host {
             silence_ms: a.silence_ms,
             settle: Duration::from_millis(a.settle_ms),
             state: State::Waiting { seen: None, since: Instant::now() },
+            live: Arc::default(),
         }))
     }
 
@@ -128,6 +133,11 @@ impl Host {
                 thread.is_finished().then(|| self.end())
             }
         }
+    }
+
+    /// Where the run's live handle appears once it runs.
+    pub(crate) fn live(&self) -> Arc<OnceLock<Arc<Live>>> {
+        self.live.clone()
     }
 
     /// Whether this node's part of the chain runs now.
@@ -179,6 +189,7 @@ impl Host {
         words.extend(["--spread".to_string(), file.to_string_lossy().into_owned(), "--node".into(), self.id.clone()]);
         let mut args = parse_run_args(&words).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!("--run: {e}")))?;
         args.hosted = true;
+        args.live_to = Some(self.live.clone());
         let line = serde_json::json!({"event": "run", "node": self.id, "root": root, "spread": spread});
         print_line(&line);
         tracing::info!(node = %self.id, root, "the placement settled; running this node's part");

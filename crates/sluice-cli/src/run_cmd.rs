@@ -146,6 +146,10 @@ pub(crate) struct RunArgs {
     /// goes to stderr.
     #[arg(skip)]
     pub(crate) hosted: bool,
+    /// A `sluice node` hosting this run takes its live handle here, with or without
+    /// `--control`: crash drills asked through etcd reach the run through it.
+    #[arg(skip)]
+    pub(crate) live_to: Option<Arc<std::sync::OnceLock<Arc<sluice_runtime::live::Live>>>>,
 }
 
 /// `sluice run` options given as words (a node hosting its part of a chain), checked as on the
@@ -363,15 +367,23 @@ fn count_packets(path: &Path, limit: Option<u64>) -> Result<u64, Failure> {
 }
 
 /// Starts the control endpoint if `--control` asks for it (serving `links` too, the run's
-/// Geneve counters, if it has a Geneve input or output); the statistics it serves.
+/// Geneve counters, if it has a Geneve input or output); the statistics it serves, also made
+/// for a hosting node that asks for them (`live_to`).
 fn start_control(
     a: &RunArgs,
     plan: &sluice_runtime::Plan,
     links: Option<Arc<geneve_ports::LinkCounters>>,
 ) -> Result<Option<Arc<sluice_runtime::live::Live>>, Failure> {
-    let Some(addr) = a.control else { return Ok(None) };
+    if a.control.is_none() && a.live_to.is_none() {
+        return Ok(None);
+    }
     let live = Arc::new(sluice_runtime::live::Live::new(plan));
-    control::serve(addr, a.control_token.as_deref(), live.clone(), links)?;
+    if let Some(addr) = a.control {
+        control::serve(addr, a.control_token.as_deref(), live.clone(), links)?;
+    }
+    if let Some(to) = &a.live_to {
+        let _ = to.set(live.clone());
+    }
     Ok(Some(live))
 }
 

@@ -85,6 +85,9 @@ enum Victim {
     /// The node hosting the NAT, by a crash drill (`sluice cluster crash-node`): it SIGKILLs
     /// itself.
     NatNodeDrill,
+    /// The NAT instance alone, by a crash drill (`sluice cluster crash nat:0`): its node's run
+    /// crashes it and the root's node replaces it; the node lives on.
+    NatInstanceDrill,
 }
 
 /// A root-only node `a` and NF nodes `b` and `c` host the example chain (the controllers
@@ -93,6 +96,7 @@ enum Victim {
 /// verify.
 fn hosted_run(victims: &[Victim]) {
     let kill = victims.contains(&Victim::NatNode) || victims.contains(&Victim::NatNodeDrill);
+    let nat_fails = kill || victims.contains(&Victim::NatInstanceDrill);
     // SLUICE_HOSTED_KEEP=1 keeps the run's files (logs, reports, records, output).
     let temp = tempfile::tempdir().expect("temp dir");
     let (dir, _temp) = match std::env::var_os("SLUICE_HOSTED_KEEP") {
@@ -169,6 +173,13 @@ fn hosted_run(victims: &[Victim]) {
         let ended = common::ended_within(&mut victim.0, limit);
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&ended), Some(9), "the NAT's node: {ended:?}");
     }
+    if victims.contains(&Victim::NatInstanceDrill) {
+        let asked = sluice(&["cluster", "--etcd", &endpoint, "--cluster", "hosted", "crash", "nat:0"]);
+        assert!(asked.status.success(), "{}", text(&asked));
+        assert!(text(&asked).contains(&format!("node `{nat_node}` asked to crash nat:0")), "{}", text(&asked));
+        let unknown = sluice(&["cluster", "--etcd", &endpoint, "--cluster", "hosted", "crash", "nat:5"]);
+        assert!(!unknown.status.success() && text(&unknown).contains("no live node hosts nat:5"), "{}", text(&unknown));
+    }
     if victims.contains(&Victim::Leader) {
         let i = if first == "c1" { 0 } else { 1 };
         controllers[i].0.kill().expect("SIGKILL the leading controller");
@@ -200,7 +211,9 @@ fn hosted_run(victims: &[Victim]) {
     let failed_nodes: Vec<&str> =
         report["link"]["failed_nodes"].as_array().into_iter().flatten().filter_map(|n| n.as_str()).collect();
     assert_eq!(failed_nodes, if kill { vec![nat_node.as_str()] } else { vec![] }, "{}", report["link"]);
-    assert_eq!(failed.contains(&"nat"), kill, "{}", report["failovers"]);
+    assert_eq!(failed.contains(&"nat"), nat_fails, "{}", report["failovers"]);
+    let alone = u64::from(victims.contains(&Victim::NatInstanceDrill));
+    assert_eq!(report["link"]["crashed_instances"], alone, "{}", report["link"]);
     let log = &report["fault_tolerance"];
     assert_eq!((&log["deleted"], &log["left_in_log"]), (&log["logged"], &serde_json::json!(0)), "{log}");
 
@@ -244,6 +257,11 @@ fn the_hosting_node_of_the_nat_killed_mid_run_is_failed_over() {
 #[test]
 fn a_crash_drill_of_the_nat_node_is_failed_over_as_a_kill_is() {
     hosted_run(&[Victim::NatNodeDrill]);
+}
+
+#[test]
+fn a_crash_drill_of_the_nat_instance_alone_replaces_it_on_the_root_node() {
+    hosted_run(&[Victim::NatInstanceDrill]);
 }
 
 #[test]

@@ -153,6 +153,53 @@ pub fn crash_asked(etcd: &Etcd, cluster: &str, node: &str) -> Result<bool, Clust
     Ok(kvs.iter().any(|kv| kv.key == key))
 }
 
+fn instance_crash_prefix(cluster: &str, node: &str) -> String {
+    format!("/sluice/{cluster}/crash-instance/{node}/")
+}
+
+/// Asks the node that hosts instance `index` of `vertex` (as the stored placement says) to
+/// crash that instance alone, as a drill (`sluice cluster crash`, a controller's `crash`
+/// action): its run carries the crash out and the chain fails the instance over. The request
+/// is attached to the node's lease, as [`ask_crash`]'s. The node asked, or `None` if no live
+/// node hosts the instance.
+pub fn ask_instance_crash(
+    etcd: &Etcd,
+    cluster: &str,
+    vertex: &str,
+    index: u16,
+) -> Result<Option<String>, ClusterError> {
+    check_name("cluster name", cluster)?;
+    check_name("vertex name", vertex)?;
+    let placement = crate::controller::stored_placement(etcd, cluster)?;
+    let Some(node) = placement.get(&crate::Unit::Instance { vertex: vertex.to_string(), index }) else {
+        return Ok(None);
+    };
+    let key = format!("{}{node}", prefix(cluster));
+    let (kvs, _) = etcd.get_prefix(&key)?;
+    let Some(lease) = kvs.iter().find(|kv| kv.key == key).map(|kv| kv.lease) else { return Ok(None) };
+    etcd.put(&format!("{}{vertex}/{index}", instance_crash_prefix(cluster, node)), b"crash", lease)?;
+    tracing::warn!(node = %node, cluster, vertex, index, "instance crash drill asked");
+    Ok(Some(node.clone()))
+}
+
+/// The instance crashes asked of `node` ([`ask_instance_crash`]): (vertex, index), each taken
+/// once (its request is deleted). A request that does not parse is deleted and left out.
+pub fn take_instance_crashes(etcd: &Etcd, cluster: &str, node: &str) -> Result<Vec<(String, u16)>, ClusterError> {
+    check_name("cluster name", cluster)?;
+    check_name("node id", node)?;
+    let p = instance_crash_prefix(cluster, node);
+    let (kvs, _) = etcd.get_prefix(&p)?;
+    let mut asked = Vec::new();
+    for kv in kvs {
+        let what = kv.key.strip_prefix(&p).and_then(|w| w.split_once('/'));
+        if let Some((vertex, index)) = what.and_then(|(v, i)| Some((v.to_string(), i.parse::<u16>().ok()?))) {
+            asked.push((vertex, index));
+        }
+        etcd.delete(&kv.key)?;
+    }
+    Ok(asked)
+}
+
 /// Watches `cluster`'s membership from revision `from` (the one [`nodes`] returned, plus one,
 /// to miss nothing in between).
 pub fn watch_nodes(etcd: &Etcd, cluster: &str, from: i64) -> Result<NodeWatch, ClusterError> {
