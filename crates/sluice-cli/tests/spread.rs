@@ -1016,6 +1016,54 @@ fn an_instance_in_front_of_an_order_sensitive_one_on_its_node_crashed_there_is_r
     crashed_on_b(dir.path(), &chain.to_string_lossy(), &place, &["nat/1", "portscan"]);
 }
 
+/// Random drills: the example chain or the two-NAT one over nodes a (the root's) and b, each
+/// instance placed on either at random (one at least on b), and one or two of b's instances
+/// crashed alone through b's endpoint, in a random order: every run is failed over on a and
+/// verifies. 3 runs from seed 0, or `SLUICE_DRILLS_RUNS` from `SLUICE_DRILLS_SEED` (a run
+/// prints what it does).
+#[test]
+fn random_placements_with_instances_crashed_alone_on_another_node_are_failed_over() {
+    for seed in common::seeds_from_env("SLUICE_DRILLS", 0, 3) {
+        // xorshift64, as for the random placements above.
+        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1;
+        let mut draw = move |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as usize
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let two_nats = draw(2) == 0;
+        let mut units = vec!["nat/0", "portscan", "lb", "trojan"];
+        if two_nats {
+            units.push("nat/1");
+        }
+        let mut on_b: Vec<&str> = units.iter().copied().filter(|_| draw(2) == 0).collect();
+        if on_b.is_empty() {
+            on_b.push(units[draw(units.len())]);
+        }
+        let place: Vec<(&str, &str)> = on_b.iter().map(|u| (*u, "b")).collect();
+        let mut crashes = vec![on_b[draw(on_b.len())]];
+        if on_b.len() > 1 && draw(2) == 0 {
+            let second = on_b.iter().copied().find(|u| *u != crashes[0]).unwrap_or(crashes[0]);
+            crashes.push(second);
+        }
+        eprintln!("seed {seed}: two NATs {two_nats}, on b {on_b:?}, crashed {crashes:?}");
+        let chain = if two_nats {
+            two_nat_chain(dir.path()).to_string_lossy().into_owned()
+        } else {
+            "chains/example.yaml".into()
+        };
+        // The placement names the one NAT `nat`, the two `nat/0` and `nat/1`.
+        let name = |u: &str| if two_nats { u.to_string() } else { u.trim_end_matches("/0").to_string() };
+        let place: Vec<(String, &str)> = place.iter().map(|(u, n)| (name(u), *n)).collect();
+        let place: Vec<(&str, &str)> = place.iter().map(|(u, n)| (u.as_str(), *n)).collect();
+        let crashes: Vec<String> = crashes.iter().map(|u| name(u)).collect();
+        let crashes: Vec<&str> = crashes.iter().map(String::as_str).collect();
+        crashed_on_b(dir.path(), &chain, &place, &crashes);
+    }
+}
+
 /// Runs `chain` over nodes a (the root's) and b with `place`, and crashes the instances
 /// `crashes` of b (`vertex` or `vertex/index`) one after the other through b's endpoint, the
 /// first one slowed beforehand; checks what the tests above say.
@@ -1104,8 +1152,11 @@ fn crashed_on_b(dir: &Path, chain: &str, place: &[(&str, &str)], crashes: &[&str
         // byte for byte (with two, `verify` compares them up to the ports picked).
         let one = dir.join("one.pcap");
         one_process(&one, &[]);
-        let got = sorted_frames(&dir.join("out.pcap"));
-        assert!(got == sorted_frames(&one), "the output differs from the one-process output ({} frames)", got.len());
+        let (got, want) = (sorted_frames(&dir.join("out.pcap")), sorted_frames(&one));
+        if got != want {
+            let _ = std::fs::write(dir.join("a.stderr"), &a.stderr);
+            common::differing_output(dir, &one, &got, &want, &rep["failovers"]);
+        }
     }
     let v = sluice(&["verify", "--recorded", &rec("a"), "--part", &rec("b")]);
     if !text(&v).contains("chain output equivalence: EQUIVALENT") {

@@ -428,6 +428,16 @@ fn replacement_reads_a_flow_as_the_first_run_did(take_over: bool) {
 /// had let through (a spread run's replay, docs/correctness.md R4).
 #[test]
 fn a_replacement_reads_a_value_it_had_alone_as_the_first_run_did() {
+    replacement_reads_a_shared_value_as_the_first_run_did(false);
+}
+
+/// The same with the store's history taken over: answered without a round trip each.
+#[test]
+fn a_replacement_answers_replayed_reads_of_a_value_it_had_alone_from_what_it_took_over() {
+    replacement_reads_a_shared_value_as_the_first_run_did(true);
+}
+
+fn replacement_reads_a_shared_value_as_the_first_run_did(take_over: bool) {
     let store = EmbeddedStore::start(2).expect("start store");
     let v = 1206;
     let decls =
@@ -455,12 +465,28 @@ fn a_replacement_reads_a_value_it_had_alone_as_the_first_run_did() {
     let mut r = StoreClient::new(store.connect(second).expect("connect"), second, v, &decls, &[], cfg);
     r.set_exclusive(ObjectId(0), true);
     // The replacement takes its predecessor's values, as one alone at its vertex does.
-    let values = store.values_of(v, &[0]).expect("values").expect("the embedded store lists them");
-    r.load_flows(values);
+    if take_over {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let readers = store.takeover(first, Some(&[0]), &tx).expect("takeover");
+        let mut ended = 0;
+        while ended < readers {
+            match rx.recv_timeout(Duration::from_secs(5)).expect("a take-over part") {
+                Some(part) => r.take_over(part),
+                None => ended += 1,
+            }
+        }
+        r.took_over_every_value();
+    } else {
+        let values = store.values_of(v, &[0]).expect("values").expect("the embedded store lists them");
+        r.load_flows(values);
+    }
     for (i, read) in [(1, None), (2, Some(Value::Int(10))), (3, Some(Value::Int(11)))] {
         r.begin_batch();
         r.begin_packet(&meta(i, true));
+        let trips = r.stats().round_trips;
         assert_eq!(r.get(ObjectId(0), &k).expect("get"), read, "replayed clock {i}");
+        let asked = r.stats().round_trips - trips;
+        assert_eq!(asked, u64::from(!take_over), "store round trips for the read of clock {i}");
         r.end_batch();
     }
     r.begin_batch();

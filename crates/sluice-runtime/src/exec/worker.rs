@@ -213,7 +213,9 @@ impl Turns {
             // asked already (`RootSide::take_elsewhere`).
             let dormant = shared.is_elsewhere(slot.global);
             did |= failover::turn(shared, slot, out);
-            if dormant {
+            // Nor one that crashed here just now, its replacement on the root's node: what
+            // arrived since its queue was taken is relayed there, not run by the failed one.
+            if dormant || slot.handed_over {
                 continue;
             }
             did |= reconfig::turn(shared, slot, out);

@@ -523,7 +523,6 @@ impl StoreClient {
     /// A per-flow operation in fault-tolerant mode (see [`ClientConfig::write_through`]).
     fn write_through(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
         let idx = usize::from(obj.0);
-        let per_flow = self.strategies.get(idx) == Some(&Strategy::WriteThrough);
         if self.replaying && op == StateOp::Get {
             // A replayed packet reads a value as its first run did: the copy here may hold
             // updates of later packets ([`crate::Backend`]'s reads as of a clock) — of the
@@ -531,12 +530,12 @@ impl StoreClient {
             // flow's: a detector's walk of a host. Tagged with the packet's clock and the
             // number its next update will get, so that its own updates before the read count;
             // the read takes no number itself. A replacement that took over the store's
-            // earlier values answers a flow's itself.
+            // earlier values answers it itself (the history has every logged key of the vertex).
             let skey = self.key(obj, key);
             let seq = self.next_seq();
             // Not while another instance serves the same flows (a straggler's clone): its
             // updates since reach the store's log, not this history.
-            let alone = per_flow && !self.moved_in && self.written.is_none();
+            let alone = !self.moved_in && self.written.is_none();
             let known = if alone { self.replay_history.read_at(&skey, self.clock, seq) } else { None };
             match known {
                 Some(replay_history::ReadAt::Was(v)) => return Ok(v),
