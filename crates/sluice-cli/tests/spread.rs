@@ -1006,6 +1006,17 @@ fn instances_of_another_node_crashed_through_its_endpoint_are_replaced_on_the_ro
 }
 
 /// [`instances_of_another_node_crashed_through_its_endpoint_are_replaced_on_the_root_node`]
+/// with the state in a Redis Cluster: the NAT on b crashes (its port pool, a value it has
+/// alone, read as of each replayed packet's clock by Redis), then the detector.
+#[test]
+fn an_instance_of_another_node_crashed_with_state_in_a_redis_cluster_is_replaced_on_the_root_node() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = common::redis_cluster_store("spread-drill");
+    let place = [("nat", "b"), ("portscan", "b"), ("lb", "b")];
+    crashed_on_b_with(dir.path(), "chains/example.yaml", &store, (&place, &["nat", "portscan"]));
+}
+
+/// [`instances_of_another_node_crashed_through_its_endpoint_are_replaced_on_the_root_node`]
 /// with two NATs, one on b in front of the detector there, which takes its input in entry
 /// order from both (on the root's progress a tells b): the NAT on b crashes, then the detector.
 #[test]
@@ -1068,12 +1079,17 @@ fn random_placements_with_instances_crashed_alone_on_another_node_are_failed_ove
 /// `crashes` of b (`vertex` or `vertex/index`) one after the other through b's endpoint, the
 /// first one slowed beforehand; checks what the tests above say.
 fn crashed_on_b(dir: &Path, chain: &str, place: &[(&str, &str)], crashes: &[&str]) {
+    let store = common::served_store();
+    crashed_on_b_with(dir, chain, &store.url, (place, crashes));
+}
+
+/// [`crashed_on_b`] with the state at `store`.
+fn crashed_on_b_with(dir: &Path, chain: &str, store: &str, (place, crashes): (&[(&str, &str)], &[&str])) {
     let spread = spread_file(dir, 2, place);
     let free = || std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").to_string();
     let b_ctl = free();
     let token = common::CONTROL_TOKEN;
-    let store = common::served_store();
-    let ft = ["--fault-tolerance", "--mode", "async", "--store", store.url.as_str(), "-w", "1"];
+    let ft = ["--fault-tolerance", "--mode", "async", "--store", store, "-w", "1"];
     let rec = |n: &str| dir.join(format!("rec-{n}")).to_string_lossy().into_owned();
     let (rec_b, b_json) = (rec("b"), dir.join("b.json"));
     let b_args: Vec<&str> = [&ft[..], &["--record", &rec_b, "--control", &b_ctl, "--control-token", token]].concat();
