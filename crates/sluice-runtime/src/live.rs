@@ -135,7 +135,7 @@ impl Live {
         }
         if self.elsewhere(v, index) {
             return Err(LiveError::Refused(format!(
-                "{vertex}/{index} runs on another node, which would have to say which copies went with it: crash that node (`sluice ctl crash-node`)"
+                "{vertex}/{index} runs on another node: ask that node's endpoint (or the controller, `sluice ctl crash {vertex}:{index}`)"
             )));
         }
         if let Some(why) = self.no_failover.lock().ok().and_then(|w| w.clone()) {

@@ -385,21 +385,7 @@ fn replacement_reads_a_flow_as_the_first_run_did(take_over: bool) {
 
     let second = InstanceId::new(v, 1);
     let mut r = StoreClient::new(store.connect(second).expect("connect"), second, v, &decls, &[], cfg);
-    if take_over {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let readers = store.takeover(first, Some(&[0]), &tx).expect("takeover");
-        let mut ended = 0;
-        while ended < readers {
-            match rx.recv_timeout(Duration::from_secs(5)).expect("a take-over part") {
-                Some(part) => r.take_over(part),
-                None => ended += 1,
-            }
-        }
-        r.took_over_every_value();
-    } else {
-        let values = store.values_of(v, &[0]).expect("values").expect("the embedded store lists them");
-        r.load_flows(values);
-    }
+    take_over_or_load(&store, &mut r, (first, v), take_over);
     for (i, read) in [(1, None), (2, Some(Value::Int(10))), (3, Some(Value::Int(11)))] {
         r.begin_batch();
         r.begin_packet(&meta(i, true));
@@ -464,7 +450,25 @@ fn replacement_reads_a_shared_value_as_the_first_run_did(take_over: bool) {
     let second = InstanceId::new(v, 1);
     let mut r = StoreClient::new(store.connect(second).expect("connect"), second, v, &decls, &[], cfg);
     r.set_exclusive(ObjectId(0), true);
-    // The replacement takes its predecessor's values, as one alone at its vertex does.
+    take_over_or_load(&store, &mut r, (first, v), take_over);
+    for (i, read) in [(1, None), (2, Some(Value::Int(10))), (3, Some(Value::Int(11)))] {
+        r.begin_batch();
+        r.begin_packet(&meta(i, true));
+        let trips = r.stats().round_trips;
+        assert_eq!(r.get(ObjectId(0), &k).expect("get"), read, "replayed clock {i}");
+        let asked = r.stats().round_trips - trips;
+        assert_eq!(asked, u64::from(!take_over), "store round trips for the read of clock {i}");
+        r.end_batch();
+    }
+    r.begin_batch();
+    r.begin_packet(&meta(4, false));
+    assert_eq!(r.get(ObjectId(0), &k).expect("get"), Some(Value::Int(12)), "live again: the latest value");
+    r.end_batch();
+}
+
+/// A replacement `r` of instance `first` of vertex `v` takes its predecessor's values (object
+/// 0), as one alone at its vertex does: with the store's history (`take_over`) or without.
+fn take_over_or_load(store: &EmbeddedStore, r: &mut StoreClient, (first, v): (InstanceId, u16), take_over: bool) {
     if take_over {
         let (tx, rx) = std::sync::mpsc::channel();
         let readers = store.takeover(first, Some(&[0]), &tx).expect("takeover");
@@ -480,17 +484,4 @@ fn replacement_reads_a_shared_value_as_the_first_run_did(take_over: bool) {
         let values = store.values_of(v, &[0]).expect("values").expect("the embedded store lists them");
         r.load_flows(values);
     }
-    for (i, read) in [(1, None), (2, Some(Value::Int(10))), (3, Some(Value::Int(11)))] {
-        r.begin_batch();
-        r.begin_packet(&meta(i, true));
-        let trips = r.stats().round_trips;
-        assert_eq!(r.get(ObjectId(0), &k).expect("get"), read, "replayed clock {i}");
-        let asked = r.stats().round_trips - trips;
-        assert_eq!(asked, u64::from(!take_over), "store round trips for the read of clock {i}");
-        r.end_batch();
-    }
-    r.begin_batch();
-    r.begin_packet(&meta(4, false));
-    assert_eq!(r.get(ObjectId(0), &k).expect("get"), Some(Value::Int(12)), "live again: the latest value");
-    r.end_batch();
 }
