@@ -188,6 +188,11 @@ struct Ring {
     /// forgotten (one logged out of clock order waits for those logged before it).
     was: VecDeque<(u64, Was)>,
     was_gone: u64,
+    /// Beside each `Was`, the number of the one before it of the same key (a chain per key,
+    /// newest first; [`NO_WAS`] ends it), and per key the number of its newest: a replayed read
+    /// walks its key's updates instead of every clock after its own (thousands in a replay).
+    was_prev: VecDeque<(u32, u64)>,
+    newest: hashbrown::HashMap<StoreKey, u64, ahash::RandomState>,
 }
 
 impl Ring {
@@ -281,8 +286,11 @@ impl ClockLog {
         let was = match was {
             Was::Unknown => NO_WAS,
             w => {
+                let n = ring.was_gone + ring.was.len() as u64;
+                let prev = w.key().and_then(|k| ring.newest.insert(*k, n)).unwrap_or(NO_WAS);
                 ring.was.push_back((at, w));
-                ring.was_gone + ring.was.len() as u64 - 1
+                ring.was_prev.push_back((seq, prev));
+                n
             }
         };
         slot.push(Logged { vertex, seq, result, was });
@@ -300,15 +308,21 @@ impl ClockLog {
     /// only `clock`'s root's updates count.
     pub(crate) fn as_of(&self, clock: Clock, seq: u32, key: &StoreKey) -> AsOf {
         let root = clock.root();
-        // A ring is in (clock, number) order: its first match is its candidate.
+        // The key's updates still remembered, newest first: the first at (clock, number) or
+        // later (updates are logged in about clock order, not exactly: all are looked at).
         let in_ring = self.rings.get(usize::from(root)).and_then(|ring| {
-            let skip = usize::try_from(clock.seq().saturating_sub(ring.base)).unwrap_or(usize::MAX);
-            ring.slots.iter().enumerate().skip(skip).find_map(|(i, slot)| {
-                let at = Clock::new(root, ring.base + i as u64);
-                slot.iter()
-                    .filter(|l| (at.seq(), l.seq) >= (clock.seq(), seq))
-                    .find_map(|l| Some((at, l.seq, ring.was(l.was).filter(|w| w.key() == Some(key))?)))
-            })
+            let mut best: Option<(u64, u32, u64)> = None;
+            let mut n = ring.newest.get(key).copied().unwrap_or(NO_WAS);
+            while n != NO_WAS && n >= ring.was_gone {
+                let i = usize::try_from(n - ring.was_gone).ok()?;
+                let (&(at, _), &(s, prev)) = (ring.was.get(i)?, ring.was_prev.get(i)?);
+                if (at, s) >= (clock.seq(), seq) && best.is_none_or(|(a, b, _)| (at, s) < (a, b)) {
+                    best = Some((at, s, n));
+                }
+                n = prev;
+            }
+            let (at, s, n) = best?;
+            Some((Clock::new(root, at), s, ring.was(n)?))
         });
         // Strays (none in a running chain) count where their clock comes first.
         let strays =
@@ -333,7 +347,14 @@ impl ClockLog {
             ring.base += 1;
         }
         while ring.was.front().is_some_and(|(c, _)| *c <= ring.forgotten) {
-            ring.was.pop_front();
+            let gone = ring.was_gone;
+            if let Some(k) = ring.was.pop_front().and_then(|(_, w)| w.key().copied()) {
+                // The key's newest update goes: so does the key (an older one went before it).
+                if ring.newest.get(&k) == Some(&gone) {
+                    ring.newest.remove(&k);
+                }
+            }
+            ring.was_prev.pop_front();
             ring.was_gone += 1;
         }
         if !self.stray.is_empty() {
@@ -502,6 +523,7 @@ mod tests {
         assert_eq!(log.as_of(Clock::new(0, 9), 2, &key(2)), AsOf::Now, "after the clock's update of it");
         log.forget(Clock::new(0, 9));
         assert_eq!(log.as_of(Clock::new(0, 9), 0, &key(1)), AsOf::Now);
+        assert!(log.rings.iter().all(|r| r.newest.is_empty()), "the keys' chains go with the clocks");
         assert!(log.rings.iter().all(|r| r.was.is_empty()), "every earlier value went with its clock");
     }
 
