@@ -68,7 +68,7 @@ fn end_instances(
 ) -> Result<(), RunError> {
     let vertices = &shared.vertices;
     let name = |v: usize| vertices.get(v).map_or_else(|| "?".to_string(), |vp| vp.name.to_string());
-    for (_, s) in slots.iter_mut().filter(|(_, s)| !shared.is_elsewhere(s.global) || s.handed_over) {
+    for (_, s) in slots.iter_mut().filter(|(_, s)| s.ran_here(shared)) {
         let vertex = name(s.vertex);
         rec.drops.extend(s.stats.drops.drain(..).map(|(clock, reason)| DropRecord {
             clock,
@@ -134,7 +134,7 @@ fn record_store_state(
 /// (worker, slot). Instances that ran on another node (and did not fail over here) are that
 /// node's report; one that crashed here is in both, up to its crash here.
 pub(super) fn instances_into(report: &mut RunReport, shared: &Shared, mut slots: Vec<(usize, Slot)>) {
-    slots.retain(|(_, s)| !shared.is_elsewhere(s.global) || s.handed_over);
+    slots.retain(|(_, s)| s.ran_here(shared));
     report.vertices = shared
         .vertices
         .iter()

@@ -102,6 +102,13 @@ pub(super) struct Slot {
 }
 
 impl Slot {
+    /// Whether this node reports the instance (its drops, events and counters): one that runs
+    /// here, or ran here until it crashed and was handed over; not a dormant slot of another
+    /// node's instance.
+    pub(super) fn ran_here(&self, shared: &Shared) -> bool {
+        !shared.is_elsewhere(self.global) || self.handed_over
+    }
+
     /// The slot of instance `inst` of vertex `vertex`, global index `global`, in `shared`'s run.
     pub(super) fn new(shared: &Shared, global: usize, vertex: usize, inst: sluice_nf::Instance) -> Slot {
         let order = shared.ordered.get(vertex).copied().unwrap_or(false).then(|| InOrder::new(shared.roots));
