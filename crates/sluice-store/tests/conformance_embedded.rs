@@ -361,18 +361,9 @@ fn a_replacement_answers_its_replayed_reads_from_what_it_took_over() {
 }
 
 fn replacement_reads_a_flow_as_the_first_run_did(take_over: bool) {
-    let store = EmbeddedStore::start(2).expect("start store");
-    let v = 1205;
-    let decls = [StateDecl::new("conns", Scope::per_flow(), AccessPattern::ReadHeavy)];
-    let cfg = ClientConfig { mode: Mode::Async, write_through: true, ..ClientConfig::default() };
-    let base = fresh_base();
-    let k = StateKey::Id(base);
-    let meta = |i: u64, replayed: bool| {
-        let flags = if replayed { sluice_packet::MetaFlags::REPLAYED } else { sluice_packet::MetaFlags::default() };
-        Meta { clock: Clock::new(1, base + i), flags, ..Meta::default() }
-    };
-    let first = InstanceId::new(v, 0);
-    let mut c = StoreClient::new(store.connect(first).expect("connect"), first, v, &decls, &[], cfg.clone());
+    let t = ReplayReads::new(1205, StateDecl::new("conns", Scope::per_flow(), AccessPattern::ReadHeavy), false);
+    let (k, meta) = (t.key(), |i, replayed| t.meta(i, replayed));
+    let mut c = t.client(0);
     for (i, value) in [(1, 10), (2, 11), (3, 12)] {
         c.begin_batch();
         c.begin_packet(&meta(i, false));
@@ -383,9 +374,7 @@ fn replacement_reads_a_flow_as_the_first_run_did(take_over: bool) {
     c.flush().expect("flush");
     drop(c);
 
-    let second = InstanceId::new(v, 1);
-    let mut r = StoreClient::new(store.connect(second).expect("connect"), second, v, &decls, &[], cfg);
-    take_over_or_load(&store, &mut r, (first, v), take_over);
+    let mut r = t.replacement(take_over);
     for (i, read) in [(1, None), (2, Some(Value::Int(10))), (3, Some(Value::Int(11)))] {
         r.begin_batch();
         r.begin_packet(&meta(i, true));
@@ -424,20 +413,10 @@ fn a_replacement_answers_replayed_reads_of_a_value_it_had_alone_from_what_it_too
 }
 
 fn replacement_reads_a_shared_value_as_the_first_run_did(take_over: bool) {
-    let store = EmbeddedStore::start(2).expect("start store");
-    let v = 1206;
-    let decls =
-        [StateDecl::new("hosts", Scope::fields(&[sluice_packet::HeaderField::SrcIp]), AccessPattern::ReadWriteOften)];
-    let cfg = ClientConfig { mode: Mode::Async, write_through: true, ..ClientConfig::default() };
-    let base = fresh_base();
-    let k = StateKey::Id(base);
-    let meta = |i: u64, replayed: bool| {
-        let flags = if replayed { sluice_packet::MetaFlags::REPLAYED } else { sluice_packet::MetaFlags::default() };
-        Meta { clock: Clock::new(1, base + i), flags, ..Meta::default() }
-    };
-    let first = InstanceId::new(v, 0);
-    let mut c = StoreClient::new(store.connect(first).expect("connect"), first, v, &decls, &[], cfg.clone());
-    c.set_exclusive(ObjectId(0), true);
+    let hosts = Scope::fields(&[sluice_packet::HeaderField::SrcIp]);
+    let t = ReplayReads::new(1206, StateDecl::new("hosts", hosts, AccessPattern::ReadWriteOften), true);
+    let (k, meta) = (t.key(), |i, replayed| t.meta(i, replayed));
+    let mut c = t.client(0);
     for (i, value) in [(1, 10), (2, 11), (3, 12)] {
         c.begin_batch();
         c.begin_packet(&meta(i, false));
@@ -447,10 +426,7 @@ fn replacement_reads_a_shared_value_as_the_first_run_did(take_over: bool) {
     c.flush().expect("flush");
     drop(c);
 
-    let second = InstanceId::new(v, 1);
-    let mut r = StoreClient::new(store.connect(second).expect("connect"), second, v, &decls, &[], cfg);
-    r.set_exclusive(ObjectId(0), true);
-    take_over_or_load(&store, &mut r, (first, v), take_over);
+    let mut r = t.replacement(take_over);
     for (i, read) in [(1, None), (2, Some(Value::Int(10))), (3, Some(Value::Int(11)))] {
         r.begin_batch();
         r.begin_packet(&meta(i, true));
@@ -464,6 +440,53 @@ fn replacement_reads_a_shared_value_as_the_first_run_did(take_over: bool) {
     r.begin_packet(&meta(4, false));
     assert_eq!(r.get(ObjectId(0), &k).expect("get"), Some(Value::Int(12)), "live again: the latest value");
     r.end_batch();
+}
+
+/// What the replay-read tests share: a store, vertex `v` with one object `decl` in
+/// fault-tolerant async clients (`exclusive`: its instance has the object alone), and a fresh
+/// key in it.
+struct ReplayReads {
+    store: EmbeddedStore,
+    v: u16,
+    decls: [StateDecl; 1],
+    exclusive: bool,
+    base: u64,
+}
+
+impl ReplayReads {
+    fn new(v: u16, decl: StateDecl, exclusive: bool) -> ReplayReads {
+        let store = EmbeddedStore::start(2).expect("start store");
+        ReplayReads { store, v, decls: [decl], exclusive, base: fresh_base() }
+    }
+
+    fn key(&self) -> StateKey {
+        StateKey::Id(self.base)
+    }
+
+    /// Packet `i`'s metadata, a replay's copy or not.
+    fn meta(&self, i: u64, replayed: bool) -> Meta {
+        let flags = if replayed { sluice_packet::MetaFlags::REPLAYED } else { sluice_packet::MetaFlags::default() };
+        Meta { clock: Clock::new(1, self.base + i), flags, ..Meta::default() }
+    }
+
+    /// Instance `index`'s client.
+    fn client(&self, index: u16) -> StoreClient {
+        let id = InstanceId::new(self.v, index);
+        let cfg = ClientConfig { mode: Mode::Async, write_through: true, ..ClientConfig::default() };
+        let mut c = StoreClient::new(self.store.connect(id).expect("connect"), id, self.v, &self.decls, &[], cfg);
+        if self.exclusive {
+            c.set_exclusive(ObjectId(0), true);
+        }
+        c
+    }
+
+    /// Instance 0's replacement (instance 1), with its predecessor's values: with the store's
+    /// history (`take_over`) or without.
+    fn replacement(&self, take_over: bool) -> StoreClient {
+        let mut r = self.client(1);
+        take_over_or_load(&self.store, &mut r, (InstanceId::new(self.v, 0), self.v), take_over);
+        r
+    }
 }
 
 /// A replacement `r` of instance `first` of vertex `v` takes its predecessor's values (object
