@@ -339,6 +339,10 @@ impl Engine<'_> {
         let mut timers = Vec::new();
         for n in self.nodes.iter_mut().filter(|n| n.alive) {
             if let Some(c) = client(&mut n.inst) {
+                // A connection that applies batches on a thread of its own (Redis) stops
+                // first: a batch still on its way would otherwise land in the rebuilt store
+                // besides being re-executed from the log (the threaded runtime does the same).
+                c.suspend().map_err(store_err)?;
                 let reads =
                     c.reads().iter().map(|r| ReadRecord { key: r.key, value: r.value.clone(), ts: r.ts.clone() });
                 let wal: Vec<_> = c.wal().iter().cloned().collect();
