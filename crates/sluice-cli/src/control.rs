@@ -433,7 +433,8 @@ enum CtlCommand {
         spec: String,
     },
     /// Crash the root: a new one takes over and resumes the clock; with `--log store` it reads
-    /// the log back, else the log is lost (the run needs --fault-tolerance).
+    /// the log back, else the log is lost (the run needs --fault-tolerance; a chain spread over
+    /// nodes: ask the root's node).
     CrashRoot,
     /// Crash the state store: it loses everything and is rebuilt from its last checkpoint and
     /// the instances' write-ahead logs while the chain holds still (the run needs

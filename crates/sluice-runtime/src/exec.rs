@@ -350,7 +350,7 @@ pub fn run(
                 Some("the run keeps its state in the instances (local): a replacement needs a store".into())
             }
         });
-        live.set_root_can_fail(cfg.fault_tolerance);
+        live.set_root_crash((!cfg.fault_tolerance).then(|| crate::live::NO_ROOT_LOG.into()));
         live.set_store_crash(why_no_store_crash);
         live.set_scaling((!scalable).then(|| {
             "the run was not started to scale: give it a store (not local state) and a control endpoint, or `scale`/`move` faults".into()

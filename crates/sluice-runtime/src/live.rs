@@ -45,6 +45,9 @@ struct InstanceLive {
     state: Mutex<Vec<(&'static str, u64)>>,
 }
 
+/// Why a run started without `--fault-tolerance` takes no root crash.
+pub(crate) const NO_ROOT_LOG: &str = "the run keeps no root log and clock to recover: start it with --fault-tolerance";
+
 /// The live statistics of one run. Create it from the plan before the run starts.
 #[derive(Debug)]
 pub struct Live {
@@ -66,8 +69,9 @@ pub struct Live {
     no_failover: Mutex<Option<String>>,
     /// A root crash asked for ([`Live::request_root_crash`]) the root has not taken yet.
     root_crash_asked: AtomicBool,
-    /// Whether the run keeps the root's log and clock, which a root crash needs.
-    root_can_fail: AtomicBool,
+    /// Why the root of this run cannot fail here (it keeps no log and clock to recover, or it
+    /// runs on another node); `None` once it says it can.
+    no_root_crash: Mutex<Option<String>>,
     /// A store crash asked for ([`Live::request_store_crash`]) the root has not taken yet.
     store_crash_asked: AtomicBool,
     /// Why this run cannot lose its store; `None` once it says it can.
@@ -116,7 +120,7 @@ impl Live {
             crash_asked: AtomicBool::new(false),
             no_failover: Mutex::new(Some("the run has not started".into())),
             root_crash_asked: AtomicBool::new(false),
-            root_can_fail: AtomicBool::new(false),
+            no_root_crash: Mutex::new(Some("the run has not started".into())),
             store_crash_asked: AtomicBool::new(false),
             no_store_crash: Mutex::new(Some("the run has not started".into())),
             changes: Mutex::new(Vec::new()),
@@ -154,10 +158,9 @@ impl Live {
         if root != 0 {
             return Err(LiveError::NoRoot(root));
         }
-        if !self.root_can_fail.load(Ordering::Acquire) {
-            return Err(LiveError::Refused(
-                "the run keeps no root log and clock to recover: start it with --fault-tolerance".into(),
-            ));
+        let why_not = self.no_root_crash.lock().map(|w| w.clone()).unwrap_or_else(|_| Some("unknown".into()));
+        if let Some(why) = why_not {
+            return Err(LiveError::Refused(why));
         }
         self.root_crash_asked.store(true, Ordering::Release);
         Ok(())
@@ -269,9 +272,12 @@ impl Live {
         }
     }
 
-    /// The run says whether its root can fail (it keeps the log and the clock).
-    pub(crate) fn set_root_can_fail(&self, can: bool) {
-        self.root_can_fail.store(can, Ordering::Release);
+    /// The run says whether its root can fail here (`None`: it keeps the log and the clock,
+    /// and runs in this process) or why not.
+    pub(crate) fn set_root_crash(&self, why_not: Option<String>) {
+        if let Ok(mut w) = self.no_root_crash.lock() {
+            *w = why_not;
+        }
     }
 
     /// The run says whether its store can fail (`None`) or why not.

@@ -1,6 +1,8 @@
 //! What several integration tests share (each test crate uses some of it).
 #![allow(dead_code)]
 
+pub mod nodes;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};

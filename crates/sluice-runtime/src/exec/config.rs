@@ -288,9 +288,6 @@ fn spread_allowed(cfg: &RunConfig, scalable: bool) -> Result<(), String> {
     if cfg.roots > 1 {
         return not_yet("several roots");
     }
-    if cfg.log_in_store {
-        return not_yet("the root's log in the store");
-    }
     if cfg.workers == 0 {
         return not_yet("--workers 0 (the link to the other nodes runs beside the workers)");
     }
