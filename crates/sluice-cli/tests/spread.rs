@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::nodes::{clean_link, json, node_end, root_node, root_node_of, start_node, Node};
+use common::nodes::{clean_link, json, node_end, root_node, root_node_of, start_node, wait_for_packets_at, Node};
 use common::{one_process, repo, sluice, sluice_within, sorted_frames, spread_file, spread_file_with, text};
 
 #[test]
@@ -1118,19 +1118,7 @@ fn instances_of_the_root_node_crashed_through_its_endpoint_are_failed_over() {
         assert_eq!(code, 200, "{body}: {answer}");
     };
     // Traffic has come back from b to the LB on a.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (code, body) = common::http(&a_ctl, "GET", "/api/v1/chain", Some(token), "");
-        let lb_in = serde_json::from_str::<serde_json::Value>(&body).ok().and_then(|v| {
-            let vs = v["vertices"].as_array().cloned().unwrap_or_default();
-            vs.into_iter().find(|x| x["name"] == "lb").and_then(|x| x["instances"][0]["packets_in"].as_u64())
-        });
-        if code == 200 && lb_in.unwrap_or(0) > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the LB on a never counted packets: {body}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_packets_at(&a_ctl, "lb");
     // The LB slowed so that packets queue up at it: its crash loses them, and their replay
     // goes from the root through the portscan detector on b.
     act(r#"{"slow": {"vertex": "lb", "instance": 0, "delay_us": [300, 500]}}"#);

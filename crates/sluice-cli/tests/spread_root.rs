@@ -7,11 +7,11 @@
 //! verifies.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
 
-use common::nodes::{json, node_end, root_node, start_node};
+use common::nodes::{json, node_end, root_node, start_node, wait_for_packets_at};
 use common::{one_process, sluice, sorted_frames, spread_file, text, CONTROL_TOKEN};
 
 /// What a drill does besides the root crashes.
@@ -60,19 +60,7 @@ fn root_crashes(dir: &Path, drill: &Drill) -> serde_json::Value {
         root_node(&s, &out, &a_json, &extra)
     });
     // Traffic has reached b's detector.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (code, body) = common::http(&b_ctl, "GET", "/api/v1/chain", Some(CONTROL_TOKEN), "");
-        let seen = serde_json::from_str::<serde_json::Value>(&body).ok().and_then(|v| {
-            let vs = v["vertices"].as_array().cloned().unwrap_or_default();
-            vs.into_iter().find(|x| x["name"] == "portscan").and_then(|x| x["instances"][0]["packets_in"].as_u64())
-        });
-        if code == 200 && seen.unwrap_or(0) > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the detector on b never counted packets: {body}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_packets_at(&b_ctl, "portscan");
     // b's endpoint sends a root crash where the root is.
     common::refused_actions(&b_ctl, &[(r#"{"crash_root": {}}"#, 409, "the root runs on node `a`")]);
     let target = drill.crash_on_b.map(|what| {

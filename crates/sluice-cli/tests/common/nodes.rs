@@ -106,3 +106,21 @@ pub fn clean_link(report: &serde_json::Value, node: &str) -> serde_json::Value {
     }
     link
 }
+
+/// Waits (up to 30 s) until instance 0 of `vertex` has counted packets on the control endpoint
+/// at `addr`: traffic has reached it.
+pub fn wait_for_packets_at(addr: &str, vertex: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, body) = super::http(addr, "GET", "/api/v1/chain", Some(super::CONTROL_TOKEN), "");
+        let counted = serde_json::from_str::<serde_json::Value>(&body).ok().and_then(|v| {
+            let vs = v["vertices"].as_array().cloned().unwrap_or_default();
+            vs.into_iter().find(|x| x["name"] == vertex).and_then(|x| x["instances"][0]["packets_in"].as_u64())
+        });
+        if code == 200 && counted.unwrap_or(0) > 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{vertex} at {addr} never counted packets: {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
