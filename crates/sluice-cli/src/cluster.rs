@@ -101,8 +101,8 @@ pub(crate) fn metrics_route<C: Collector + Clone>(collector: C) -> Router {
         .route("/metrics", get(move || std::future::ready(control::prometheus_text(Box::new(collector.clone())))))
 }
 
-/// A controller's API: the cluster's status, and drain or undrain a node (`{"drain": {"node":
-/// "a"}}`), straight from and to etcd.
+/// A controller's API: the cluster's status, drain or undrain a node (`{"drain": {"node":
+/// "a"}}`), crash drills of a node, an instance or the root, straight from and to etcd.
 fn controller_api(etcd: Etcd, cluster: String) -> Router {
     let (e2, c2) = (etcd.clone(), cluster.clone());
     Router::new()
@@ -134,7 +134,7 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
         Ok(v) => v,
         Err(e) => return control::error(StatusCode::BAD_REQUEST, &format!("malformed JSON: {e}")),
     };
-    let usage = "send one action: {\"drain\": {\"node\": N}}, {\"undrain\": {\"node\": N}}, {\"crash_node\": {\"node\": N}} or {\"crash\": {\"vertex\": V, \"instance\": I}}";
+    let usage = "send one action: {\"drain\": {\"node\": N}}, {\"undrain\": {\"node\": N}}, {\"crash_node\": {\"node\": N}}, {\"crash\": {\"vertex\": V, \"instance\": I}} or {\"crash_root\": {}}";
     let Some((name, args)) = v.as_object().filter(|o| o.len() == 1).and_then(|o| o.iter().next()) else {
         return control::error(StatusCode::BAD_REQUEST, usage);
     };
@@ -148,7 +148,17 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
             else {
                 return control::error(StatusCode::BAD_REQUEST, usage);
             };
-            return instance_crash(etcd, cluster, vertex.to_string(), index).await;
+            return unit_crash(etcd, cluster, Unit::Instance { vertex: vertex.to_string(), index }).await;
+        }
+        "crash_root" => {
+            let root = match args.get("root") {
+                None => Some(0),
+                Some(r) => r.as_u64().and_then(|r| u16::try_from(r).ok()),
+            };
+            let (Some(root), true) = (root, args.as_object().is_some_and(|o| o.keys().all(|k| k == "root"))) else {
+                return control::error(StatusCode::BAD_REQUEST, "crash_root takes {} or {\"root\": N}");
+            };
+            return unit_crash(etcd, cluster, Unit::Root(root)).await;
         }
         n @ ("scale" | "move" | "clone") => {
             return control::error(
@@ -159,7 +169,7 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
         n => {
             return control::error(
                 StatusCode::BAD_REQUEST,
-                &format!("unknown action `{n}` (known: drain, undrain, crash_node, crash)"),
+                &format!("unknown action `{n}` (known: drain, undrain, crash_node, crash, crash_root)"),
             )
         }
     };
@@ -187,19 +197,25 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
     }
 }
 
-/// A crash drill of one instance, asked of the node the placement gives it
-/// ([`sluice_cluster::ask_instance_crash`]): that node's run carries it out, and the chain
-/// replaces the instance on the root's node.
-async fn instance_crash(etcd: Etcd, cluster: String, vertex: String, index: u16) -> Response {
-    let v = vertex.clone();
-    let done =
-        tokio::task::spawn_blocking(move || sluice_cluster::ask_instance_crash(&etcd, &cluster, &v, index)).await;
+/// A crash drill of one unit, asked of the node the placement gives it
+/// ([`sluice_cluster::ask_unit_crash`]): that node's run carries it out; the chain replaces an
+/// instance on the root's node, and a new root takes over from a crashed one on its node.
+async fn unit_crash(etcd: Etcd, cluster: String, unit: Unit) -> Response {
+    let u = unit.clone();
+    let done = tokio::task::spawn_blocking(move || sluice_cluster::ask_unit_crash(&etcd, &cluster, &u)).await;
+    let applied = |node: String| match &unit {
+        Unit::Instance { vertex, index } => {
+            serde_json::json!({ "crash": { "vertex": vertex, "instance": index, "node": node } })
+        }
+        Unit::Root(n) => serde_json::json!({ "crash_root": { "root": n, "node": node } }),
+    };
+    let what = match &unit {
+        Unit::Instance { vertex, index } => format!("{vertex}:{index}"),
+        Unit::Root(n) => format!("root {n}"),
+    };
     match done {
-        Ok(Ok(Some(node))) => Json(serde_json::json!({
-            "applied": { "crash": { "vertex": vertex, "instance": index, "node": node } }
-        }))
-        .into_response(),
-        Ok(Ok(None)) => control::error(StatusCode::NOT_FOUND, &format!("no live node hosts {vertex}:{index}")),
+        Ok(Ok(Some(node))) => Json(serde_json::json!({ "applied": applied(node) })).into_response(),
+        Ok(Ok(None)) => control::error(StatusCode::NOT_FOUND, &format!("no live node hosts {what}")),
         Ok(Err(e @ ClusterError::BadName { .. })) => control::error(StatusCode::BAD_REQUEST, &e.to_string()),
         Ok(Err(e)) => control::error(StatusCode::BAD_GATEWAY, &format!("etcd: {e}")),
         Err(e) => control::error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
@@ -376,6 +392,10 @@ enum ClusterCommand {
         /// The instance, `VERTEX:INDEX`.
         instance: String,
     },
+    /// A drill: the root crashes, on the node the placement gives it; a new root takes over
+    /// there and resumes the clock, reading the log back with `--log store` (the run needs
+    /// --fault-tolerance).
+    CrashRoot,
 }
 
 /// Acting on one node: from `sluice cluster` (through etcd) or `sluice ctl` (through a
@@ -516,10 +536,17 @@ pub fn cmd_cluster(a: ClusterCmdArgs) -> Result<(), Failure> {
             let bad = || fail(exit::INVALID)(anyhow::anyhow!("`{instance}` is not VERTEX:INDEX"));
             let (vertex, index) = instance.split_once(':').ok_or_else(bad)?;
             let index: u16 = index.parse().map_err(|_| bad())?;
-            let Some(node) = sluice_cluster::ask_instance_crash(&etcd, cluster, vertex, index).map_err(io)? else {
+            let unit = Unit::Instance { vertex: vertex.to_string(), index };
+            let Some(node) = sluice_cluster::ask_unit_crash(&etcd, cluster, &unit).map_err(io)? else {
                 return Err(fail(exit::INVALID)(anyhow::anyhow!("no live node hosts {vertex}:{index}")));
             };
             eprintln!("node `{node}` asked to crash {vertex}:{index}: its run does within 200 ms");
+        }
+        ClusterCommand::CrashRoot => {
+            let Some(node) = sluice_cluster::ask_unit_crash(&etcd, cluster, &Unit::Root(0)).map_err(io)? else {
+                return Err(fail(exit::INVALID)(anyhow::anyhow!("no live node hosts the root")));
+            };
+            eprintln!("node `{node}` asked to crash the root: its run does within 200 ms");
         }
         ClusterCommand::Status { json } => {
             let status = cluster_status(&etcd, cluster).map_err(io)?;

@@ -434,7 +434,8 @@ enum CtlCommand {
     },
     /// Crash the root: a new one takes over and resumes the clock; with `--log store` it reads
     /// the log back, else the log is lost (the run needs --fault-tolerance; a chain spread over
-    /// nodes: ask the root's node).
+    /// nodes: ask the root's node). Against a controller: the node hosting the root crashes it
+    /// (a drill).
     CrashRoot,
     /// Crash the state store: it loses everything and is rebuilt from its last checkpoint and
     /// the instances' write-ahead logs while the chain holds still (the run needs

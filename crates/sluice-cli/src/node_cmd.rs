@@ -333,7 +333,7 @@ const CRASH_CHECK_EVERY: Duration = Duration::from_millis(200);
 
 /// Looks for a crash drill asked of `node`, on a thread of its own (an etcd that answers
 /// slowly or not at all delays only this look, not the node's other work): of the whole node,
-/// or of one instance of the run it hosts (`live`, once that runs).
+/// or of one unit (an instance, the root) of the run it hosts (`live`, once that runs).
 fn watch_for_crash_drill(etcd: Etcd, cluster: String, node: String, live: Option<Arc<OnceLock<Arc<Live>>>>) {
     std::thread::spawn(move || loop {
         std::thread::sleep(CRASH_CHECK_EVERY);
@@ -341,17 +341,21 @@ fn watch_for_crash_drill(etcd: Etcd, cluster: String, node: String, live: Option
             crash_drill(&node);
         }
         let Some(run) = live.as_ref().and_then(|l| l.get()) else { continue };
-        let asked = match sluice_cluster::take_instance_crashes(&etcd, &cluster, &node) {
+        let asked = match sluice_cluster::take_unit_crashes(&etcd, &cluster, &node) {
             Ok(a) => a,
             Err(e) => {
-                tracing::debug!(node, error = %e, "reading the instance crash drills asked");
+                tracing::debug!(node, error = %e, "reading the crash drills of units asked");
                 continue;
             }
         };
-        for (vertex, index) in asked {
-            match run.request_crash(&vertex, index) {
-                Ok(()) => tracing::warn!(node, vertex, index, "crash drill: this instance crashes"),
-                Err(e) => tracing::warn!(node, vertex, index, error = %e, "crash drill of an instance refused"),
+        for unit in asked {
+            let done = match &unit {
+                Unit::Instance { vertex, index } => run.request_crash(vertex, *index),
+                Unit::Root(n) => run.request_root_crash(u8::try_from(*n).unwrap_or(u8::MAX)),
+            };
+            match done {
+                Ok(()) => tracing::warn!(node, unit = ?unit, "crash drill: this unit crashes"),
+                Err(e) => tracing::warn!(node, unit = ?unit, error = %e, "crash drill of a unit refused"),
             }
         }
     });

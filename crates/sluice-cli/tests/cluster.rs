@@ -365,6 +365,8 @@ fn node_and_controller_serve_metrics_and_the_controller_an_api_behind_a_token() 
         ("{\"scale\": {\"vertex\": \"nat\", \"by\": 1}}", 501, "cannot `scale`"),
         ("{\"crash\": {\"vertex\": \"nat\", \"instance\": 9}}", 404, "no live node hosts nat:9"),
         ("{\"crash\": {\"vertex\": \"nat\"}}", 400, "send one action"),
+        ("{\"crash_root\": {\"root\": 4}}", 404, "no live node hosts root 4"),
+        ("{\"crash_root\": {\"roots\": 1}}", 400, "crash_root takes {}"),
         ("{\"crash_node\": {\"node\": \"zz\"}}", 404, "no live node `zz`"),
         ("not json", 400, "malformed JSON"),
     ] {

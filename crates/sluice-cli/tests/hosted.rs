@@ -88,6 +88,9 @@ enum Victim {
     /// The NAT instance alone, by a crash drill (`sluice cluster crash nat:0`): its node's run
     /// crashes it and the root's node replaces it; the node lives on.
     NatInstanceDrill,
+    /// The root, by a crash drill (`sluice cluster crash-root`): the root's node's run crashes
+    /// it and a new root takes over there, reading the log back from the store (`--log store`).
+    RootDrill,
 }
 
 /// A root-only node `a` and NF nodes `b` and `c` host the example chain (the controllers
@@ -111,7 +114,8 @@ fn hosted_run(victims: &[Victim]) {
     let engine =
         format!("-c chains/example.yaml --fault-tolerance --mode async --store {} -w 1 -q --no-pin", store.url);
     let run = |n: &str| format!("{engine} --record {} --json {}", d(&format!("rec-{n}")), d(&format!("{n}.json")));
-    let root_run = format!("-i traces/demo.pcap -o {} --pace 0.05", d("out.pcap"));
+    let log = if victims.contains(&Victim::RootDrill) { " --log store" } else { "" };
+    let root_run = format!("-i traces/demo.pcap -o {} --pace 0.05{log}", d("out.pcap"));
     let start = |id: &str, roles: &str, extra: &[&str]| {
         node(&endpoint, (id, roles, extra), (&run(id), &root_run), &dir.join(format!("{id}.log")))
     };
@@ -180,6 +184,11 @@ fn hosted_run(victims: &[Victim]) {
         let unknown = sluice(&["cluster", "--etcd", &endpoint, "--cluster", "hosted", "crash", "nat:5"]);
         assert!(!unknown.status.success() && text(&unknown).contains("no live node hosts nat:5"), "{}", text(&unknown));
     }
+    if victims.contains(&Victim::RootDrill) {
+        let asked = sluice(&["cluster", "--etcd", &endpoint, "--cluster", "hosted", "crash-root"]);
+        assert!(asked.status.success(), "{}", text(&asked));
+        assert!(text(&asked).contains("node `a` asked to crash the root"), "{}", text(&asked));
+    }
     if victims.contains(&Victim::Leader) {
         let i = if first == "c1" { 0 } else { 1 };
         controllers[i].0.kill().expect("SIGKILL the leading controller");
@@ -216,6 +225,11 @@ fn hosted_run(victims: &[Victim]) {
     assert_eq!(report["link"]["crashed_instances"], alone, "{}", report["link"]);
     let log = &report["fault_tolerance"];
     assert_eq!((&log["deleted"], &log["left_in_log"]), (&log["logged"], &serde_json::json!(0)), "{log}");
+    let root_crashes = report["root_crashes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(root_crashes.len(), usize::from(victims.contains(&Victim::RootDrill)), "{root_crashes:?}");
+    for c in &root_crashes {
+        assert_eq!(c["lost"], false, "the log in the store outlives the root: {c}");
+    }
 
     let one = dir.join("one.pcap");
     one_process(&one, &[]);
@@ -262,6 +276,11 @@ fn a_crash_drill_of_the_nat_node_is_failed_over_as_a_kill_is() {
 #[test]
 fn a_crash_drill_of_the_nat_instance_alone_replaces_it_on_the_root_node() {
     hosted_run(&[Victim::NatInstanceDrill]);
+}
+
+#[test]
+fn a_crash_drill_of_the_root_gives_a_new_root_on_its_node() {
+    hosted_run(&[Victim::RootDrill]);
 }
 
 #[test]

@@ -32,8 +32,8 @@ pub use election::{campaign, leader, Leadership};
 pub use etcd::{Etcd, EtcdError, KeyValue, Watch, WatchEvent};
 pub use local::{LocalEtcd, LocalEtcdError};
 pub use membership::{
-    ask_crash, ask_instance_crash, crash_asked, nodes, take_instance_crashes, watch_nodes, Membership, NodeChange,
-    NodeInfo, NodeWatch,
+    ask_crash, ask_unit_crash, crash_asked, nodes, take_unit_crashes, watch_nodes, Membership, NodeChange, NodeInfo,
+    NodeWatch,
 };
 pub use placement::{place, Demand, Placement, PlacementError, Unit};
 

@@ -2,9 +2,8 @@
 //! `scripts/test-all.sh`), started here on loopback ports of its own and stopped by its process.
 
 use sluice_cluster::{
-    ask_crash, ask_instance_crash, assignment, campaign, crash_asked, leader, nodes, stored_placement,
-    take_instance_crashes, watch_nodes, Controller, Demand, Etcd, EtcdError, LocalEtcd, Membership, NodeChange,
-    NodeInfo, Unit,
+    ask_crash, ask_unit_crash, assignment, campaign, crash_asked, leader, nodes, stored_placement, take_unit_crashes,
+    watch_nodes, Controller, Demand, Etcd, EtcdError, LocalEtcd, Membership, NodeChange, NodeInfo, Unit,
 };
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
@@ -254,16 +253,22 @@ fn the_controller_places_units_replaces_a_departed_node_s_and_a_new_leader_moves
         p.len() == 4 && p.values().any(|n| n == "b")
     });
     assert!(assignment(&etcd, "ctl", "a").expect("a's units").contains(&Unit::Root(0)), "only a hosts roots");
-    // A crash drill of one instance is asked of the node the placement gives it, taken once.
-    let fw_on =
-        stored_placement(&etcd, "ctl").expect("placement")[&Unit::Instance { vertex: "fw".into(), index: 0 }].clone();
-    assert_eq!(ask_instance_crash(&etcd, "ctl", "fw", 0).expect("ask"), Some(fw_on.clone()));
+    // A crash drill of one instance, or of the root, is asked of the node the placement gives
+    // it, taken once.
+    let fw = Unit::Instance { vertex: "fw".into(), index: 0 };
+    let fw_on = stored_placement(&etcd, "ctl").expect("placement")[&fw].clone();
+    assert_eq!(ask_unit_crash(&etcd, "ctl", &fw).expect("ask"), Some(fw_on.clone()));
     let other = if fw_on == "a" { "b" } else { "a" };
-    assert!(take_instance_crashes(&etcd, "ctl", other).expect("take").is_empty(), "asked of {fw_on} only");
-    assert_eq!(take_instance_crashes(&etcd, "ctl", &fw_on).expect("take"), vec![("fw".to_string(), 0)]);
-    assert!(take_instance_crashes(&etcd, "ctl", &fw_on).expect("take").is_empty(), "taken once");
-    assert_eq!(ask_instance_crash(&etcd, "ctl", "fw", 7).expect("ask"), None, "no such instance placed");
-    assert!(ask_instance_crash(&etcd, "ctl", "f w", 0).is_err(), "a bad vertex name is refused");
+    assert!(take_unit_crashes(&etcd, "ctl", other).expect("take").is_empty(), "asked of {fw_on} only");
+    assert_eq!(take_unit_crashes(&etcd, "ctl", &fw_on).expect("take"), vec![fw.clone()]);
+    assert!(take_unit_crashes(&etcd, "ctl", &fw_on).expect("take").is_empty(), "taken once");
+    assert_eq!(ask_unit_crash(&etcd, "ctl", &Unit::Root(0)).expect("ask"), Some("a".to_string()), "the root is on a");
+    assert_eq!(take_unit_crashes(&etcd, "ctl", "a").expect("take"), vec![Unit::Root(0)]);
+    let unplaced = Unit::Instance { vertex: "fw".into(), index: 7 };
+    assert_eq!(ask_unit_crash(&etcd, "ctl", &unplaced).expect("ask"), None, "no such instance placed");
+    assert_eq!(ask_unit_crash(&etcd, "ctl", &Unit::Root(3)).expect("ask"), None, "no such root placed");
+    let bad = Unit::Instance { vertex: "f w".into(), index: 0 };
+    assert!(ask_unit_crash(&etcd, "ctl", &bad).is_err(), "a bad vertex name is refused");
     // b leaves: its units go to a.
     mb.leave().expect("b leaves");
     eventually("everything on a", || {
