@@ -915,7 +915,7 @@ fn an_instance_of_another_node_crashed_with_state_in_a_redis_cluster_is_replaced
     let dir = tempfile::tempdir().expect("temp dir");
     let store = common::redis_cluster_store("spread-drill");
     let place = [("nat", "b"), ("portscan", "b"), ("lb", "b")];
-    crashed_on_b_with(dir.path(), "chains/example.yaml", &store, (&place, &["nat", "portscan"]));
+    crashed_on_b_with(dir.path(), "chains/example.yaml", &store, (&place, &["nat", "portscan"]), false);
 }
 
 /// [`instances_of_another_node_crashed_through_its_endpoint_are_replaced_on_the_root_node`]
@@ -931,8 +931,9 @@ fn an_instance_in_front_of_an_order_sensitive_one_on_its_node_crashed_there_is_r
 
 /// Random drills: the example chain or the two-NAT one over nodes a (the root's) and b, each
 /// instance placed on either at random (one at least on b), and one or two of b's instances
-/// crashed alone through b's endpoint, in a random order: every run is failed over on a and
-/// verifies. 3 runs from seed 0, or `SLUICE_DRILLS_RUNS` from `SLUICE_DRILLS_SEED` (a run
+/// crashed alone through b's endpoint, in a random order (with `SLUICE_DRILLS_ROOT=1`, in a
+/// third of the runs the root with the first, its log in the store): every run is failed over
+/// on a and verifies. 3 runs from seed 0, or `SLUICE_DRILLS_RUNS` from `SLUICE_DRILLS_SEED` (a run
 /// prints what it does).
 #[test]
 fn random_placements_with_instances_crashed_alone_on_another_node_are_failed_over() {
@@ -973,7 +974,12 @@ fn random_placements_with_instances_crashed_alone_on_another_node_are_failed_ove
         let place: Vec<(&str, &str)> = place.iter().map(|(u, n)| (u.as_str(), *n)).collect();
         let crashes: Vec<String> = crashes.iter().map(|u| name(u)).collect();
         let crashes: Vec<&str> = crashes.iter().map(String::as_str).collect();
-        crashed_on_b(dir.path(), &chain, &place, &crashes);
+        // With SLUICE_DRILLS_ROOT=1, in a third of the runs the root fails with the first
+        // instance (its log in the store). Not by default: an open defect (docs/correctness.md,
+        // "A root crash just after another node's instance crash can hang a spread run").
+        let root_crash = draw(3) == 0 && std::env::var_os("SLUICE_DRILLS_ROOT").is_some();
+        eprintln!("seed {seed}: root crash {root_crash}");
+        crashed_on_b_root_too(dir.path(), &chain, (&place, &crashes), root_crash);
     }
 }
 
@@ -981,23 +987,39 @@ fn random_placements_with_instances_crashed_alone_on_another_node_are_failed_ove
 /// `crashes` of b (`vertex` or `vertex/index`) one after the other through b's endpoint, the
 /// first one slowed beforehand; checks what the tests above say.
 fn crashed_on_b(dir: &Path, chain: &str, place: &[(&str, &str)], crashes: &[&str]) {
+    crashed_on_b_root_too(dir, chain, (place, crashes), false);
+}
+
+/// [`crashed_on_b`], and with `root_crash` the root crashed too through a's endpoint, just
+/// after the first instance (the root's node keeping its log in the store).
+fn crashed_on_b_root_too(dir: &Path, chain: &str, (place, crashes): (&[(&str, &str)], &[&str]), root_crash: bool) {
     let store = common::served_store();
-    crashed_on_b_with(dir, chain, &store.url, (place, crashes));
+    crashed_on_b_with(dir, chain, &store.url, (place, crashes), root_crash);
 }
 
 /// [`crashed_on_b`] with the state at `store`.
-fn crashed_on_b_with(dir: &Path, chain: &str, store: &str, (place, crashes): (&[(&str, &str)], &[&str])) {
+fn crashed_on_b_with(
+    dir: &Path,
+    chain: &str,
+    store: &str,
+    (place, crashes): (&[(&str, &str)], &[&str]),
+    root_crash: bool,
+) {
     let spread = spread_file(dir, 2, place);
     let free = || std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").to_string();
-    let b_ctl = free();
+    let (a_ctl, b_ctl) = (free(), free());
     let token = common::CONTROL_TOKEN;
     let ft = ["--fault-tolerance", "--mode", "async", "--store", store, "-w", "1"];
     let rec = |n: &str| dir.join(format!("rec-{n}")).to_string_lossy().into_owned();
     let (rec_b, b_json) = (rec("b"), dir.join("b.json"));
     let b_args: Vec<&str> = [&ft[..], &["--record", &rec_b, "--control", &b_ctl, "--control-token", token]].concat();
     let b = start_node(chain, &spread, "b", &b_json, &b_args);
-    let a_extra: Vec<String> =
+    let mut a_extra: Vec<String> =
         [&ft[..5], &["--pace", "0.05", "--record", &rec("a")]].concat().iter().map(|s| s.to_string()).collect();
+    if root_crash {
+        let ctl = ["--log", "store", "--control", &a_ctl, "--control-token", token];
+        a_extra.extend(ctl.iter().map(|s| s.to_string()));
+    }
     let (s, out, a_json, c) = (spread.clone(), dir.join("out.pcap"), dir.join("a.json"), chain.to_string());
     let root = std::thread::spawn(move || {
         let extra: Vec<&str> = a_extra.iter().map(String::as_str).collect();
@@ -1026,9 +1048,15 @@ fn crashed_on_b_with(dir: &Path, chain: &str, store: &str, (place, crashes): (&[
     }
     // The first one slowed so that packets queue up at it: its crash loses them.
     act(&format!(r#"{{"slow": {{{}, "delay_us": [300, 500]}}}}"#, target(crashes[0])));
-    for what in crashes {
+    for (i, what) in crashes.iter().enumerate() {
         std::thread::sleep(Duration::from_millis(300));
         act(&format!(r#"{{"crash": {{{}}}}}"#, target(what)));
+        if root_crash && i == 0 {
+            // The root fails with the instance: its log, in the store, is read back by the new
+            // root, which replays what the instance held.
+            let (code, answer) = common::http(&a_ctl, "POST", "/api/v1/actions", Some(token), r#"{"crash_root": {}}"#);
+            assert_eq!(code, 200, "{answer}");
+        }
         // Carried out at once: the instance is the root's node's from then on, on b's
         // endpoint too, which takes no second crash of it.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -1054,6 +1082,9 @@ fn crashed_on_b_with(dir: &Path, chain: &str, store: &str, (place, crashes): (&[
     assert!(failovers.iter().all(|f| f["beyond_replay"] == 0), "{failovers:?}");
     let log = &rep["fault_tolerance"];
     assert_eq!((&log["deleted"], &log["left_in_log"]), (&log["logged"], &serde_json::json!(0)), "{log}");
+    let root_crashes = rep["root_crashes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(root_crashes.len(), usize::from(root_crash), "{root_crashes:?}");
+    assert!(root_crashes.iter().all(|c| c["lost"] == false), "{root_crashes:?}");
     assert_eq!(clean_link(&rep, "a")["crashed_instances"], crashes.len(), "{}", rep["link"]);
     let b_rep = json(&b_json);
     assert_eq!(clean_link(&b_rep, "b")["crashed_instances"], crashes.len(), "{}", b_rep["link"]);
