@@ -151,14 +151,10 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
             return unit_crash(etcd, cluster, Unit::Instance { vertex: vertex.to_string(), index }).await;
         }
         "crash_root" => {
-            let root = match args.get("root") {
-                None => Some(0),
-                Some(r) => r.as_u64().and_then(|r| u16::try_from(r).ok()),
+            let Some(root) = control::root_to_crash(args) else {
+                return control::error(StatusCode::BAD_REQUEST, control::CRASH_ROOT_USAGE);
             };
-            let (Some(root), true) = (root, args.as_object().is_some_and(|o| o.keys().all(|k| k == "root"))) else {
-                return control::error(StatusCode::BAD_REQUEST, "crash_root takes {} or {\"root\": N}");
-            };
-            return unit_crash(etcd, cluster, Unit::Root(root)).await;
+            return unit_crash(etcd, cluster, Unit::Root(root.into())).await;
         }
         n @ ("scale" | "move" | "clone") => {
             return control::error(
@@ -203,18 +199,18 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
 async fn unit_crash(etcd: Etcd, cluster: String, unit: Unit) -> Response {
     let u = unit.clone();
     let done = tokio::task::spawn_blocking(move || sluice_cluster::ask_unit_crash(&etcd, &cluster, &u)).await;
-    let applied = |node: String| match &unit {
+    // The action as it was asked, and the unit as errors name it.
+    let (action, mut args, what) = match &unit {
         Unit::Instance { vertex, index } => {
-            serde_json::json!({ "crash": { "vertex": vertex, "instance": index, "node": node } })
+            ("crash", serde_json::json!({ "vertex": vertex, "instance": index }), format!("{vertex}:{index}"))
         }
-        Unit::Root(n) => serde_json::json!({ "crash_root": { "root": n, "node": node } }),
-    };
-    let what = match &unit {
-        Unit::Instance { vertex, index } => format!("{vertex}:{index}"),
-        Unit::Root(n) => format!("root {n}"),
+        Unit::Root(n) => ("crash_root", serde_json::json!({ "root": n }), format!("root {n}")),
     };
     match done {
-        Ok(Ok(Some(node))) => Json(serde_json::json!({ "applied": applied(node) })).into_response(),
+        Ok(Ok(Some(node))) => {
+            args["node"] = node.into();
+            Json(serde_json::json!({ "applied": { action: args } })).into_response()
+        }
         Ok(Ok(None)) => control::error(StatusCode::NOT_FOUND, &format!("no live node hosts {what}")),
         Ok(Err(e @ ClusterError::BadName { .. })) => control::error(StatusCode::BAD_REQUEST, &e.to_string()),
         Ok(Err(e)) => control::error(StatusCode::BAD_GATEWAY, &format!("etcd: {e}")),

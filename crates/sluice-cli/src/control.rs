@@ -163,15 +163,23 @@ fn crash(cx: &Ctx, args: &serde_json::Value) -> Response {
     }
 }
 
-/// A `crash_root` action: `{}` or `{"root": 0}`.
-fn crash_root(cx: &Ctx, args: &serde_json::Value) -> Response {
-    let root = match &args["root"] {
+/// What a `crash_root` action takes.
+pub(crate) const CRASH_ROOT_USAGE: &str = "crash_root takes {} or {\"root\": N}";
+
+/// The root a `crash_root` action names: `{}` (root 0) or `{"root": N}`; `None` for anything
+/// else (the endpoint of a run and a controller's take the same).
+pub(crate) fn root_to_crash(args: &serde_json::Value) -> Option<u8> {
+    let only_root = args.is_null() || args.as_object().is_some_and(|o| o.keys().all(|k| k == "root"));
+    match &args["root"] {
+        _ if !only_root => None,
         serde_json::Value::Null => Some(0),
         r => r.as_u64().and_then(|r| u8::try_from(r).ok()),
-    };
-    let (Some(root), true) = (root, args.is_object() || args.is_null()) else {
-        return error(StatusCode::BAD_REQUEST, "crash_root takes {} or {\"root\": N}");
-    };
+    }
+}
+
+/// A `crash_root` action: `{}` or `{"root": 0}`.
+fn crash_root(cx: &Ctx, args: &serde_json::Value) -> Response {
+    let Some(root) = root_to_crash(args) else { return error(StatusCode::BAD_REQUEST, CRASH_ROOT_USAGE) };
     match cx.live.request_root_crash(root) {
         Ok(()) => Json(serde_json::json!({ "applied": { "crash_root": { "root": root } } })).into_response(),
         Err(e @ sluice_runtime::live::LiveError::Refused(_)) => error(StatusCode::CONFLICT, &e.to_string()),
