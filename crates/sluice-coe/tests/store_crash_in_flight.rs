@@ -190,7 +190,7 @@ impl Backend for SlowLink {
 /// with batches of counter updates still on the link. Thirty-two crashes at different
 /// points: where a batch lands relative to the rebuild's steps decides whether it does harm.
 fn crash_with_batches_on_the_way(backend: impl Fn(u64) -> Arc<dyn Backend>) {
-    let c = chain(&std::fs::read_to_string(repo_file("chains/nat-trojan.yaml")).expect("shipped chain"));
+    let c = sluice_runtime::Chain::load(&repo_file("chains/nat-trojan.yaml")).expect("shipped chain");
     let p: Vec<_> = trace("echo-connections.pcap").into_iter().take(1_500).collect();
     for (i, at) in (100..1_500).step_by(45).enumerate() {
         let events = vec![event(At::Packet(at), Action::CrashStore)];
