@@ -159,14 +159,16 @@ fn two_nodes_killed_one_after_the_other_are_both_failed_over() {
 /// journals) passes `verify`.
 fn killed_nodes_are_failed_over(store: &str, nodes: usize, place: &[(&str, &str)], victims: &[&str], failed: &[&str]) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let kills = (victims, KILLS_MS);
+    let kills = (victims, KILLS_MS, None);
     killed_nodes_of_chain_are_failed_over(dir.path(), "chains/example.yaml", store, (nodes, place), kills, failed);
 }
 
 /// When the first victim is killed (ms after the nodes start) and how long after each the next.
 const KILLS_MS: (u64, u64) = (1000, 500);
 
-/// [`killed_nodes_are_failed_over`] for `chain`, in `dir`, the victims killed at `kills_ms`. A chain other than the example's
+/// [`killed_nodes_are_failed_over`] for `chain`, in `dir`, the victims killed at `kills_ms`,
+/// and with `root_crash_ms` the root crashed too through a's endpoint that long after the
+/// first kill (the root's node keeping its log in the store). A chain other than the example's
 /// (whose output and decisions are those of one process with one worker) is judged by
 /// `verify` alone: with two instances of an NF that shares state, which instance handed out
 /// what depends on how their packets interleaved.
@@ -175,12 +177,13 @@ fn killed_nodes_of_chain_are_failed_over(
     chain: &str,
     store: &str,
     (nodes, place): (usize, &[(&str, &str)]),
-    (victims, kills_ms): (&[&str], (u64, u64)),
+    (victims, kills_ms, root_crash_ms): (&[&str], (u64, u64), Option<u64>),
     failed: &[&str],
 ) {
     let spread = spread_file_with(dir, nodes, place, "silence_ms: 200\n");
     let example = chain == "chains/example.yaml";
     let ft = ["--fault-tolerance", "--mode", "async", "--store", store, "-w", "1"];
+    let a_ctl = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").to_string();
     let mut survivors: Vec<(Node, PathBuf)> = Vec::new();
     let mut doomed = Vec::new();
     for i in 1..nodes {
@@ -197,20 +200,32 @@ fn killed_nodes_of_chain_are_failed_over(
     assert_eq!(doomed.len(), victims.len(), "every victim is a node without the root");
     doomed.sort_by_key(|(order, _)| *order);
     // Paced: the run takes about three seconds.
+    let ctl = a_ctl.clone();
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(kills_ms.0));
         let mut said = Vec::new();
-        for (_, mut child) in doomed {
+        for (i, (_, mut child)) in doomed.into_iter().enumerate() {
             child.kill();
+            let killed = Instant::now();
+            if let Some(after) = root_crash_ms.filter(|_| i == 0) {
+                std::thread::sleep(Duration::from_millis(after));
+                let (code, answer) =
+                    common::http(&ctl, "POST", "/api/v1/actions", Some(common::CONTROL_TOKEN), r#"{"crash_root": {}}"#);
+                said.push(format!("crash_root: {code} {answer}"));
+            }
             said.push(node_end(child, Duration::from_secs(5)).1);
-            std::thread::sleep(Duration::from_millis(kills_ms.1));
+            std::thread::sleep(Duration::from_millis(kills_ms.1).saturating_sub(killed.elapsed()));
         }
         said
     });
     let (out, a_json) = (dir.join("spread.pcap"), dir.join("a.json"));
     let rec = |n: &str| dir.join(format!("rec-{n}")).to_string_lossy().into_owned();
-    let a =
-        root_node_of(chain, &spread, &out, &a_json, &[&ft[..5], &["--pace", "0.05", "--record", &rec("a")]].concat());
+    let a_rec = rec("a");
+    let mut a_args: Vec<&str> = [&ft[..5], &["--pace", "0.05", "--record", &a_rec]].concat();
+    if root_crash_ms.is_some() {
+        a_args.extend(["--log", "store", "--control", &a_ctl, "--control-token", common::CONTROL_TOKEN]);
+    }
+    let a = root_node_of(chain, &spread, &out, &a_json, &a_args);
     let victims_said = killer.join().expect("killer");
     if !a.status.success() {
         // What the surviving nodes said tells whether they or the root's node gave up first.
@@ -237,6 +252,9 @@ fn killed_nodes_of_chain_are_failed_over(
     assert!(rep["failovers"][0]["replayed"].as_u64().expect("replayed") > 0, "{}", rep["failovers"]);
     let log = &rep["fault_tolerance"];
     assert_eq!((&log["deleted"], &log["left_in_log"]), (&log["logged"], &serde_json::json!(0)), "{log}");
+    let root_crashes = rep["root_crashes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(root_crashes.len(), usize::from(root_crash_ms.is_some()), "{root_crashes:?} {victims_said:?}");
+    assert!(root_crashes.iter().all(|c| c["lost"] == false), "{root_crashes:?}");
 
     // Decisions only the killed nodes made (before they died): in their journals alone.
     let lost = if example {
@@ -550,7 +568,7 @@ fn a_node_sharing_a_split_vertex_killed_mid_run_is_failed_over() {
         &chain,
         &store.url,
         (3, &place),
-        (&["c"], KILLS_MS),
+        (&["c"], KILLS_MS, None),
         &["nat", "lb"],
     );
 }
@@ -710,7 +728,7 @@ fn nodes_around_the_detector_killed(victims: &[&str], failed: &[&str]) {
         &chain.to_string_lossy(),
         &store.url,
         (3, &place),
-        (victims, KILLS_MS),
+        (victims, KILLS_MS, None),
         failed,
     );
 }
@@ -731,15 +749,15 @@ fn both_nats_and_the_lb_on_a_node_killed_mid_run_are_failed_over() {
         &chain,
         &store.url,
         (2, &place),
-        (&["b"], KILLS_MS),
+        (&["b"], KILLS_MS, None),
         &["nat", "nat", "lb"],
     );
 }
 
 /// Random placements of the two-NAT chain's instances over two or three nodes, and one or
-/// two of the nodes without the root killed (in a random order, at random moments), state in
-/// a served store:
-/// every packet left and the record verifies. 4 runs from seed 0, or
+/// two of the nodes without the root killed (in a random order, at random moments), in a third
+/// of the runs the root crashed too just after the first kill, state in a served store: every
+/// packet left and the record verifies. 4 runs from seed 0, or
 /// `SLUICE_SPREAD_RANDOM_RUNS` from `SLUICE_SPREAD_RANDOM_SEED` (a run prints its placement).
 #[test]
 fn random_placements_with_nodes_killed_are_failed_over() {
@@ -780,7 +798,10 @@ fn random_placement_killed(seed: u64) {
         .collect();
     // Within the paced run's three seconds, the last kill before its last half second.
     let kills_ms = (400 + 100 * draw(13) as u64, 50 + 50 * draw(12) as u64);
-    eprintln!("seed {seed}: {nodes} nodes, placed {place:?}, killed {victims:?} at {kills_ms:?} ms");
+    // In a third of the runs the root crashes too, before, while or after the root's node
+    // finds the first victim silent (the spread's silence is 200 ms).
+    let root_crash_ms = (draw(3) == 0).then(|| 40 * draw(10) as u64);
+    eprintln!("seed {seed}: {nodes} nodes, placed {place:?}, killed {victims:?} at {kills_ms:?} ms, root crash (ms after the first kill) {root_crash_ms:?}");
     // SLUICE_SPREAD_KEEP=1 keeps the run's files (reports, records, output) to look into.
     let temp = tempfile::tempdir().expect("temp dir");
     let (dir, _temp) = match std::env::var_os("SLUICE_SPREAD_KEEP") {
@@ -791,7 +812,8 @@ fn random_placement_killed(seed: u64) {
     let chain = two_nat_chain(&dir);
     let store = common::served_store();
     let chain = chain.to_string_lossy();
-    killed_nodes_of_chain_are_failed_over(&dir, &chain, &store.url, (nodes, &place), (&victims, kills_ms), &failed);
+    let kills = (&victims[..], kills_ms, root_crash_ms);
+    killed_nodes_of_chain_are_failed_over(&dir, &chain, &store.url, (nodes, &place), kills, &failed);
 }
 
 /// A node's control endpoint in a chain spread over nodes: each node shows the statistics of
@@ -931,8 +953,8 @@ fn an_instance_in_front_of_an_order_sensitive_one_on_its_node_crashed_there_is_r
 
 /// Random drills: the example chain or the two-NAT one over nodes a (the root's) and b, each
 /// instance placed on either at random (one at least on b), and one or two of b's instances
-/// crashed alone through b's endpoint, in a random order (with `SLUICE_DRILLS_ROOT=1`, in a
-/// third of the runs the root with the first, its log in the store): every run is failed over
+/// crashed alone through b's endpoint, in a random order (in a third of the runs the root with
+/// the first, its log in the store): every run is failed over
 /// on a and verifies. 3 runs from seed 0, or `SLUICE_DRILLS_RUNS` from `SLUICE_DRILLS_SEED` (a run
 /// prints what it does).
 #[test]
@@ -974,10 +996,8 @@ fn random_placements_with_instances_crashed_alone_on_another_node_are_failed_ove
         let place: Vec<(&str, &str)> = place.iter().map(|(u, n)| (u.as_str(), *n)).collect();
         let crashes: Vec<String> = crashes.iter().map(|u| name(u)).collect();
         let crashes: Vec<&str> = crashes.iter().map(String::as_str).collect();
-        // With SLUICE_DRILLS_ROOT=1, in a third of the runs the root fails with the first
-        // instance (its log in the store). Not by default: an open defect (docs/correctness.md,
-        // "A root crash just after another node's instance crash can hang a spread run").
-        let root_crash = draw(3) == 0 && std::env::var_os("SLUICE_DRILLS_ROOT").is_some();
+        // In a third of the runs the root fails with the first instance (its log in the store).
+        let root_crash = draw(3) == 0;
         eprintln!("seed {seed}: root crash {root_crash}");
         crashed_on_b_root_too(dir.path(), &chain, (&place, &crashes), root_crash);
     }
@@ -1067,8 +1087,16 @@ fn crashed_on_b_with(
         let again = format!(r#"{{"crash": {{{}}}}}"#, target(what));
         common::refused_actions(&b_ctl, &[(again.as_str(), 409, "runs on another node")]);
     }
-    let a = root.join().expect("the root's node");
-    assert!(a.status.success(), "{}", text(&a));
+    let a = root.join();
+    if !a.as_ref().is_ok_and(|a| a.status.success()) {
+        // What b held is half of the story.
+        let mut b = b;
+        b.kill();
+        let (_, b_err) = node_end(b, Duration::from_secs(5));
+        let a = a.as_ref().map_or_else(|_| "did not end in time (what it said is above)".into(), text);
+        panic!("the root's node: {a}\nnode b: {b_err}");
+    }
+    let a = a.expect("the root's node");
     let (ok, err) = node_end(b, Duration::from_secs(30));
     assert!(ok, "node b: {err}");
     let rep = json(&dir.join("a.json"));

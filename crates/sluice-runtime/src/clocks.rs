@@ -64,6 +64,13 @@ impl ClockTracker {
     pub(crate) fn finished(&self, c: Clock) -> bool {
         self.slot(c).is_none_or(|s| s.load(Ordering::Acquire) == 0)
     }
+    /// Whether admitted clock `c` is finished, read by one who knows its root admitted every
+    /// clock up to `last`: a clock a ring or more behind `last` is (the root admitted the one
+    /// that took its slot only after it finished), whatever its slot, which another clock may
+    /// use by now, says.
+    pub(crate) fn finished_by(&self, c: Clock, last: u64) -> bool {
+        c.seq() + self.span() <= last || self.finished(c)
+    }
 }
 
 #[cfg(test)]
@@ -83,5 +90,20 @@ mod tests {
         t.done(Clock::new(1, 3));
         assert!(t.finished(Clock::new(1, 3)));
         assert!(t.finished(Clock::new(7, 1)), "a root the tracker does not have holds nothing");
+    }
+
+    #[test]
+    fn a_clock_whose_slot_a_later_one_took_is_finished() {
+        let t = ClockTracker::new(4, 1);
+        let (c, later) = (Clock::new(0, 3), Clock::new(0, 7));
+        t.admit(c, 0);
+        assert!(!t.finished_by(c, 3) && !t.finished_by(c, 6), "in flight, its slot its own");
+        t.done(c);
+        t.admit(later, 0);
+        assert!(!t.finished(c), "the slot says what clock 7 does");
+        assert!(t.finished_by(c, 7), "a ring behind the last admitted: finished");
+        assert!(!t.finished_by(later, 7));
+        t.done(later);
+        assert!(t.finished_by(later, 7));
     }
 }

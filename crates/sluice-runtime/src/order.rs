@@ -172,9 +172,7 @@ impl<F: Fn(Clock) -> bool> EntryProgress for Here<'_, F> {
         self.roots.passed(r)
     }
     fn done(&self, c: Clock, last: u64) -> bool {
-        // Finished, or its slot reused by a clock a ring later (which the root admits only
-        // once this one finished).
-        c.seq() + self.clocks.span() <= last || self.clocks.finished(c) || (self.gone_by)(c)
+        self.clocks.finished_by(c, last) || (self.gone_by)(c)
     }
     fn entry(&self, c: Clock) -> u64 {
         self.clocks.entry(c)
@@ -267,6 +265,22 @@ impl FromRoot {
                 slot.fetch_max(seq, Ordering::AcqRel);
             }
         }
+    }
+
+    /// For a person: what the root's node said last, and per vertex which of the 64 clocks
+    /// from `below` on it said are done with.
+    pub(crate) fn describe(&self) -> String {
+        let below = self.below.load(Ordering::Acquire);
+        let mut s = format!("admitted {}, all before {below} finished", self.admitted.load(Ordering::Acquire));
+        for (v, ring) in self.done.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
+            let done = (below..below + 64)
+                .filter(|seq| {
+                    ring.get(*seq as usize % FROM_ROOT_RING).is_some_and(|x| x.load(Ordering::Acquire) == *seq)
+                })
+                .count();
+            s.push_str(&format!("; vertex {v}: {done} of the next 64 done"));
+        }
+        s
     }
 
     /// The view of vertex `v`'s instances.

@@ -601,6 +601,7 @@ pub(super) fn connect(
 /// On a node without the root: serves the links until the root's node says the run is over.
 pub(super) fn serve_part(shared: &Shared, link: &mut Link, stop: Option<&AtomicBool>) -> Result<(), RunError> {
     let mut idle = Idle::default();
+    let mut quiet = idle_link::Quiet::default();
     let served = (|| {
         while !link.ended {
             if shared.aborted.load(Ordering::Acquire) {
@@ -614,6 +615,7 @@ pub(super) fn serve_part(shared: &Shared, link: &mut Link, stop: Option<&AtomicB
             } else {
                 link.pause(shared, &mut idle);
             }
+            link.notice_quiet(shared, &mut quiet);
         }
         Ok(())
     })();

@@ -11,6 +11,7 @@
 //! costs latency, not correctness. The receiver keeps it in a [`FromRoot`].
 
 use super::Link;
+use crate::clocks::ClockTracker;
 use crate::exec::{RunError, Shared};
 use crate::order::FromRoot;
 use sluice_packet::{Clock, InstanceId, Meta};
@@ -55,6 +56,16 @@ impl Telling {
         Telling { vertices, below: 1, told: vec![Vec::new(); nodes], at: Instant::now(), notes: Vec::new() }
     }
 
+    /// Moves the oldest clock not known finished up past what finished, the root having
+    /// admitted every clock up to `admitted`. Not read from the slots alone: after a jump of
+    /// the oldest unfinished clock (the clocks a new root skips, a long replay ending) a later
+    /// clock may have taken a finished one's slot by now.
+    fn advance_below(&mut self, clocks: &ClockTracker, admitted: u64) {
+        while self.below <= admitted && clocks.finished_by(Clock::new(0, self.below), admitted) {
+            self.below += 1;
+        }
+    }
+
     /// Whether any other node hosts an order-sensitive instance.
     fn any(&self) -> bool {
         self.vertices.iter().any(|v| !v.is_empty())
@@ -80,7 +91,7 @@ impl Telling {
                 let mut bits = 0u64;
                 for i in 0..64u64.min(admitted + 1 - first) {
                     let c = Clock::new(0, first + i);
-                    if shared.clocks.finished(c) || shared.past_recovering(*v, c) {
+                    if shared.clocks.finished_by(c, admitted) || shared.past_recovering(*v, c) {
                         bits |= 1 << i;
                     }
                 }
@@ -114,10 +125,7 @@ impl Link {
         self.telling.at = Instant::now();
         // Read before the clocks: every clock up to it is admitted, so a free slot is finished.
         let admitted = shared.admissions.admitted.first().map_or(0, |a| a.load(Ordering::Acquire));
-        let t = &mut self.telling;
-        while t.below <= admitted && shared.clocks.finished(Clock::new(0, t.below)) {
-            t.below += 1;
-        }
+        self.telling.advance_below(&shared.clocks, admitted);
         for n in 0..self.telling.vertices.len() {
             if self.dead.get(n).copied().unwrap_or(true) {
                 continue;
@@ -146,5 +154,32 @@ pub(super) fn heard(from: Option<&FromRoot>, note: &WireNote) -> bool {
             true
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_unfinished_clock_told_passes_slots_later_clocks_took() {
+        // A ring of 4: clocks 1 to 4 finish, 5 (in clock 1's slot) and 6 are in flight, as
+        // when the root admits a ring's worth at once after a replay or a new root's skip.
+        let clocks = ClockTracker::new(4, 1);
+        for seq in 1..=4 {
+            clocks.admit(Clock::new(0, seq), 0);
+            clocks.done(Clock::new(0, seq));
+        }
+        clocks.admit(Clock::new(0, 5), 0);
+        clocks.admit(Clock::new(0, 6), 0);
+        let mut t = Telling { vertices: Vec::new(), below: 1, told: Vec::new(), at: Instant::now(), notes: Vec::new() };
+        t.advance_below(&clocks, 6);
+        assert_eq!(t.below, 5, "every clock before 5 finished");
+        clocks.done(Clock::new(0, 6));
+        t.advance_below(&clocks, 6);
+        assert_eq!(t.below, 5, "5 is still in flight");
+        clocks.done(Clock::new(0, 5));
+        t.advance_below(&clocks, 6);
+        assert_eq!(t.below, 7);
     }
 }
