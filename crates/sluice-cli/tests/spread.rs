@@ -926,7 +926,7 @@ fn instances_of_another_node_crashed_through_its_endpoint_are_replaced_on_the_ro
     // The LB first (slowed, so that its crash loses packets), then the detector in front of
     // it, whose replay then crosses to the LB's replacement on a.
     let dir = tempfile::tempdir().expect("temp dir");
-    crashed_on_b(dir.path(), "chains/example.yaml", &[("portscan", "b"), ("lb", "b")], &["lb", "portscan"]);
+    crashed_away(dir.path(), "chains/example.yaml", &[("portscan", "b"), ("lb", "b")], &["lb", "portscan"]);
 }
 
 /// [`instances_of_another_node_crashed_through_its_endpoint_are_replaced_on_the_root_node`]
@@ -937,7 +937,7 @@ fn an_instance_of_another_node_crashed_with_state_in_a_redis_cluster_is_replaced
     let dir = tempfile::tempdir().expect("temp dir");
     let store = common::redis_cluster_store("spread-drill");
     let place = [("nat", "b"), ("portscan", "b"), ("lb", "b")];
-    crashed_on_b_with(dir.path(), "chains/example.yaml", &store, (&place, &["nat", "portscan"]), false);
+    crashed_away_with(dir.path(), "chains/example.yaml", &store, (&place, &["nat", "portscan"]), false);
 }
 
 /// [`instances_of_another_node_crashed_through_its_endpoint_are_replaced_on_the_root_node`]
@@ -948,14 +948,26 @@ fn an_instance_in_front_of_an_order_sensitive_one_on_its_node_crashed_there_is_r
     let dir = tempfile::tempdir().expect("temp dir");
     let chain = two_nat_chain(dir.path());
     let place = [("nat/1", "b"), ("portscan", "b"), ("lb", "b")];
-    crashed_on_b(dir.path(), &chain.to_string_lossy(), &place, &["nat/1", "portscan"]);
+    crashed_away(dir.path(), &chain.to_string_lossy(), &place, &["nat/1", "portscan"]);
 }
 
-/// Random drills: the example chain or the two-NAT one over nodes a (the root's) and b, each
-/// instance placed on either at random (one at least on b), and one or two of b's instances
-/// crashed alone through b's endpoint, in a random order (in a third of the runs the root with
-/// the first, its log in the store): every run is failed over
-/// on a and verifies. 3 runs from seed 0, or `SLUICE_DRILLS_RUNS` from `SLUICE_DRILLS_SEED` (a run
+/// The failure of docs/correctness.md's "a root crash just after another node's instance
+/// crash hung a spread run", over three nodes: the second NAT on b crashes and the root with
+/// it, while the Trojan detector on c takes its input in entry order on the progress a tells
+/// it, through the replay and the new root's skipped clocks; then the LB on c crashes.
+#[test]
+fn a_root_crash_with_an_instance_of_one_node_leaves_an_order_sensitive_one_on_a_third_waiting_for_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let chain = two_nat_chain(dir.path());
+    let place = [("nat/1", "b"), ("lb", "c"), ("trojan", "c")];
+    crashed_away_root_too(dir.path(), &chain.to_string_lossy(), (&place, &["nat/1", "lb"]), true);
+}
+
+/// Random drills: the example chain or the two-NAT one over nodes a (the root's) and b, or a,
+/// b and c, each instance placed on one at random (one at least away from a), and one or two
+/// of the instances away from a crashed alone through their node's endpoint, in a random order
+/// (in a third of the runs the root with the first, its log in the store): every run is
+/// failed over on a and verifies. 3 runs from seed 0, or `SLUICE_DRILLS_RUNS` from `SLUICE_DRILLS_SEED` (a run
 /// prints what it does).
 #[test]
 fn random_placements_with_instances_crashed_alone_on_another_node_are_failed_over() {
@@ -998,42 +1010,55 @@ fn random_placements_with_instances_crashed_alone_on_another_node_are_failed_ove
         let crashes: Vec<&str> = crashes.iter().map(String::as_str).collect();
         // In a third of the runs the root fails with the first instance (its log in the store).
         let root_crash = draw(3) == 0;
-        eprintln!("seed {seed}: root crash {root_crash}");
-        crashed_on_b_root_too(dir.path(), &chain, (&place, &crashes), root_crash);
+        // In half the runs a third node, c, takes some of what was drawn for b.
+        let three = draw(2) == 0;
+        let place: Vec<(&str, &str)> =
+            place.iter().map(|(u, n)| (*u, if three && draw(2) == 0 { "c" } else { *n })).collect();
+        eprintln!("seed {seed}: root crash {root_crash}, placed {place:?}");
+        crashed_away_root_too(dir.path(), &chain, (&place, &crashes), root_crash);
     }
 }
 
-/// Runs `chain` over nodes a (the root's) and b with `place`, and crashes the instances
-/// `crashes` of b (`vertex` or `vertex/index`) one after the other through b's endpoint, the
-/// first one slowed beforehand; checks what the tests above say.
-fn crashed_on_b(dir: &Path, chain: &str, place: &[(&str, &str)], crashes: &[&str]) {
-    crashed_on_b_root_too(dir, chain, (place, crashes), false);
+/// Runs `chain` over nodes a (the root's) and b (and c, if `place` names it) with `place`, and
+/// crashes the instances `crashes` (`vertex` or `vertex/index`, away from a) one after the
+/// other through their node's endpoint, the first one slowed beforehand; checks what the
+/// tests above say.
+fn crashed_away(dir: &Path, chain: &str, place: &[(&str, &str)], crashes: &[&str]) {
+    crashed_away_root_too(dir, chain, (place, crashes), false);
 }
 
-/// [`crashed_on_b`], and with `root_crash` the root crashed too through a's endpoint, just
+/// [`crashed_away`], and with `root_crash` the root crashed too through a's endpoint, just
 /// after the first instance (the root's node keeping its log in the store).
-fn crashed_on_b_root_too(dir: &Path, chain: &str, (place, crashes): (&[(&str, &str)], &[&str]), root_crash: bool) {
+fn crashed_away_root_too(dir: &Path, chain: &str, (place, crashes): (&[(&str, &str)], &[&str]), root_crash: bool) {
     let store = common::served_store();
-    crashed_on_b_with(dir, chain, &store.url, (place, crashes), root_crash);
+    crashed_away_with(dir, chain, &store.url, (place, crashes), root_crash);
 }
 
-/// [`crashed_on_b`] with the state at `store`.
-fn crashed_on_b_with(
+/// [`crashed_away`] with the state at `store`. `place` may put units on a third node, c: each
+/// instance in `crashes` is then crashed through the endpoint of the node that hosts it.
+fn crashed_away_with(
     dir: &Path,
     chain: &str,
     store: &str,
     (place, crashes): (&[(&str, &str)], &[&str]),
     root_crash: bool,
 ) {
-    let spread = spread_file(dir, 2, place);
+    let nodes = if place.iter().any(|(_, n)| *n == "c") { 3 } else { 2 };
+    let spread = spread_file(dir, nodes, place);
     let free = || std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").to_string();
-    let (a_ctl, b_ctl) = (free(), free());
+    let a_ctl = free();
     let token = common::CONTROL_TOKEN;
     let ft = ["--fault-tolerance", "--mode", "async", "--store", store, "-w", "1"];
     let rec = |n: &str| dir.join(format!("rec-{n}")).to_string_lossy().into_owned();
-    let (rec_b, b_json) = (rec("b"), dir.join("b.json"));
-    let b_args: Vec<&str> = [&ft[..], &["--record", &rec_b, "--control", &b_ctl, "--control-token", token]].concat();
-    let b = start_node(chain, &spread, "b", &b_json, &b_args);
+    // The nodes without the root: name, control endpoint, report, process.
+    let mut others: Vec<(String, String, PathBuf, Node)> = Vec::new();
+    for i in 1..nodes {
+        let name = ((b'a' + i as u8) as char).to_string();
+        let (ctl, r, report) = (free(), rec(&name), dir.join(format!("{name}.json")));
+        let args: Vec<&str> = [&ft[..], &["--record", &r, "--control", &ctl, "--control-token", token]].concat();
+        let node = start_node(chain, &spread, &name, &report, &args);
+        others.push((name, ctl, report, node));
+    }
     let mut a_extra: Vec<String> =
         [&ft[..5], &["--pace", "0.05", "--record", &rec("a")]].concat().iter().map(|s| s.to_string()).collect();
     if root_crash {
@@ -1045,13 +1070,23 @@ fn crashed_on_b_with(
         let extra: Vec<&str> = a_extra.iter().map(String::as_str).collect();
         root_node_of(&c, &s, &out, &a_json, &extra)
     });
-    let act = |body: &str| {
-        let (code, answer) = common::http(&b_ctl, "POST", "/api/v1/actions", Some(token), body);
+    // The node hosting `what` (placed by its own name, or by its vertex's).
+    let node_of = |what: &str| {
+        let vertex = what.split_once('/').map_or(what, |(v, _)| v);
+        let placed = place.iter().find(|(u, _)| *u == what).or_else(|| place.iter().find(|(u, _)| *u == vertex));
+        placed.map_or("a", |(_, n)| *n).to_string()
+    };
+    let ctl_of = |what: &str| {
+        let n = node_of(what);
+        others.iter().find(|o| o.0 == n).map(|o| o.1.clone()).unwrap_or_else(|| panic!("{what} is not on another node"))
+    };
+    let act = |what: &str, body: &str| {
+        let (code, answer) = common::http(&ctl_of(what), "POST", "/api/v1/actions", Some(token), body);
         assert_eq!(code, 200, "{body}: {answer}");
     };
-    let on_b = |what: &str| {
+    let shown = |what: &str| {
         let (vertex, index) = what.split_once('/').unwrap_or((what, "0"));
-        let (_, body) = common::http(&b_ctl, "GET", "/api/v1/chain", Some(token), "");
+        let (_, body) = common::http(&ctl_of(what), "GET", "/api/v1/chain", Some(token), "");
         let v = serde_json::from_str::<serde_json::Value>(&body).unwrap_or_default();
         let vs = v["vertices"].as_array().cloned().unwrap_or_default();
         let i: usize = index.parse().expect("an index");
@@ -1062,43 +1097,66 @@ fn crashed_on_b_with(
         format!(r#""vertex": "{vertex}", "instance": {index}"#)
     };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while on_b(crashes[0])["packets_in"].as_u64().unwrap_or(0) == 0 {
-        assert!(Instant::now() < deadline, "{} on b never counted packets", crashes[0]);
+    while shown(crashes[0])["packets_in"].as_u64().unwrap_or(0) == 0 {
+        assert!(Instant::now() < deadline, "{} on {} never counted packets", crashes[0], node_of(crashes[0]));
         std::thread::sleep(Duration::from_millis(50));
     }
     // The first one slowed so that packets queue up at it: its crash loses them.
-    act(&format!(r#"{{"slow": {{{}, "delay_us": [300, 500]}}}}"#, target(crashes[0])));
+    act(crashes[0], &format!(r#"{{"slow": {{{}, "delay_us": [300, 500]}}}}"#, target(crashes[0])));
     for (i, what) in crashes.iter().enumerate() {
         std::thread::sleep(Duration::from_millis(300));
-        act(&format!(r#"{{"crash": {{{}}}}}"#, target(what)));
+        act(what, &format!(r#"{{"crash": {{{}}}}}"#, target(what)));
         if root_crash && i == 0 {
             // The root fails with the instance: its log, in the store, is read back by the new
             // root, which replays what the instance held.
             let (code, answer) = common::http(&a_ctl, "POST", "/api/v1/actions", Some(token), r#"{"crash_root": {}}"#);
             assert_eq!(code, 200, "{answer}");
         }
-        // Carried out at once: the instance is the root's node's from then on, on b's
+        // Carried out at once: the instance is the root's node's from then on, on its node's
         // endpoint too, which takes no second crash of it.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while on_b(what)["elsewhere"] != true {
-            assert!(Instant::now() < deadline, "the crashed {what} is still b's: {}", on_b(what));
+        while shown(what)["elsewhere"] != true {
+            assert!(Instant::now() < deadline, "the crashed {what} is still {}'s: {}", node_of(what), shown(what));
             std::thread::sleep(Duration::from_millis(20));
         }
         let again = format!(r#"{{"crash": {{{}}}}}"#, target(what));
-        common::refused_actions(&b_ctl, &[(again.as_str(), 409, "runs on another node")]);
+        common::refused_actions(&ctl_of(what), &[(again.as_str(), 409, "runs on another node")]);
     }
     let a = root.join();
     if !a.as_ref().is_ok_and(|a| a.status.success()) {
-        // What b held is half of the story.
-        let mut b = b;
-        b.kill();
-        let (_, b_err) = node_end(b, Duration::from_secs(5));
+        // What the other nodes held is half of the story.
+        let said: Vec<String> = others
+            .into_iter()
+            .map(|(name, _, _, mut node)| {
+                node.kill();
+                format!("node {name}: {}", node_end(node, Duration::from_secs(5)).1)
+            })
+            .collect();
         let a = a.as_ref().map_or_else(|_| "did not end in time (what it said is above)".into(), text);
-        panic!("the root's node: {a}\nnode b: {b_err}");
+        panic!("the root's node: {a}\n{}", said.join("\n"));
     }
     let a = a.expect("the root's node");
-    let (ok, err) = node_end(b, Duration::from_secs(30));
-    assert!(ok, "node b: {err}");
+    let crashed_on = |n: &str| crashes.iter().filter(|w| node_of(w) == n).count();
+    let mut parts = vec!["verify".to_string(), "--recorded".into(), rec("a")];
+    for (name, _, report, node) in others {
+        let (ok, err) = node_end(node, Duration::from_secs(30));
+        assert!(ok, "node {name}: {err}");
+        let n_rep = json(&report);
+        assert_eq!(clean_link(&n_rep, &name)["crashed_instances"], crashed_on(&name), "{}", n_rep["link"]);
+        let handed = n_rep["vertices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|v| v["instances"].as_array().cloned().unwrap_or_default())
+            .filter(|i| i["handed_over"] == true)
+            .count();
+        assert_eq!(
+            handed,
+            crashed_on(&name),
+            "{name}'s report shows its crashed instances, up to their crash: {n_rep}"
+        );
+        parts.extend(["--part".to_string(), rec(&name)]);
+    }
     let rep = json(&dir.join("a.json"));
     let failovers = rep["failovers"].as_array().cloned().unwrap_or_default();
     let got: Vec<String> =
@@ -1114,16 +1172,6 @@ fn crashed_on_b_with(
     assert_eq!(root_crashes.len(), usize::from(root_crash), "{root_crashes:?}");
     assert!(root_crashes.iter().all(|c| c["lost"] == false), "{root_crashes:?}");
     assert_eq!(clean_link(&rep, "a")["crashed_instances"], crashes.len(), "{}", rep["link"]);
-    let b_rep = json(&b_json);
-    assert_eq!(clean_link(&b_rep, "b")["crashed_instances"], crashes.len(), "{}", b_rep["link"]);
-    let handed = b_rep["vertices"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|v| v["instances"].as_array().cloned().unwrap_or_default())
-        .filter(|i| i["handed_over"] == true)
-        .count();
-    assert_eq!(handed, crashes.len(), "b's report shows the crashed instances, up to their crash: {b_rep}");
     if chain == "chains/example.yaml" {
         // One NAT: its ports do not depend on timing, so the output is the one-process output
         // byte for byte (with two, `verify` compares them up to the ports picked).
@@ -1135,7 +1183,8 @@ fn crashed_on_b_with(
             common::differing_output(dir, &one, &got, &want, &rep["failovers"]);
         }
     }
-    let v = sluice(&["verify", "--recorded", &rec("a"), "--part", &rec("b")]);
+    let args: Vec<&str> = parts.iter().map(String::as_str).collect();
+    let v = sluice(&args);
     if !text(&v).contains("chain output equivalence: EQUIVALENT") {
         let _ = std::fs::write(dir.join("a.stderr"), &a.stderr);
         panic!("{}\nrun kept in {}", text(&v), common::keep(dir));
