@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::nodes::{clean_link, json, node_end, root_node, root_node_of, start_node, wait_for_packets_at, Node};
+use common::nodes::{
+    clean_link, free_port, json, node_end, root_node, root_node_of, start_node, wait_for_packets_at, Node,
+};
 use common::{one_process, repo, sluice, sluice_within, sorted_frames, spread_file, spread_file_with, text};
 
 #[test]
@@ -183,7 +185,7 @@ fn killed_nodes_of_chain_are_failed_over(
     let spread = spread_file_with(dir, nodes, place, "silence_ms: 200\n");
     let example = chain == "chains/example.yaml";
     let ft = ["--fault-tolerance", "--mode", "async", "--store", store, "-w", "1"];
-    let a_ctl = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").to_string();
+    let a_ctl = free_port();
     let mut survivors: Vec<(Node, PathBuf)> = Vec::new();
     let mut doomed = Vec::new();
     for i in 1..nodes {
@@ -824,8 +826,7 @@ fn random_placement_killed(seed: u64) {
 fn each_node_shows_its_part_on_its_control_endpoint_and_refuses_live_changes() {
     let dir = tempfile::tempdir().expect("temp dir");
     let spread = spread_file(dir.path(), 2, &[("portscan", "b"), ("lb", "b")]);
-    let free = || std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").to_string();
-    let (a_ctl, b_ctl) = (free(), free());
+    let (a_ctl, b_ctl) = (free_port(), free_port());
     let token = common::CONTROL_TOKEN;
     let b = start_node(
         "chains/example.yaml",
@@ -1045,8 +1046,7 @@ fn crashed_away_with(
 ) {
     let nodes = if place.iter().any(|(_, n)| *n == "c") { 3 } else { 2 };
     let spread = spread_file(dir, nodes, place);
-    let free = || std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").to_string();
-    let a_ctl = free();
+    let a_ctl = free_port();
     let token = common::CONTROL_TOKEN;
     let ft = ["--fault-tolerance", "--mode", "async", "--store", store, "-w", "1"];
     let rec = |n: &str| dir.join(format!("rec-{n}")).to_string_lossy().into_owned();
@@ -1054,7 +1054,7 @@ fn crashed_away_with(
     let mut others: Vec<(String, String, PathBuf, Node)> = Vec::new();
     for i in 1..nodes {
         let name = ((b'a' + i as u8) as char).to_string();
-        let (ctl, r, report) = (free(), rec(&name), dir.join(format!("{name}.json")));
+        let (ctl, r, report) = (free_port(), rec(&name), dir.join(format!("{name}.json")));
         let args: Vec<&str> = [&ft[..], &["--record", &r, "--control", &ctl, "--control-token", token]].concat();
         let node = start_node(chain, &spread, &name, &report, &args);
         others.push((name, ctl, report, node));
@@ -1199,8 +1199,7 @@ fn crashed_away_with(
 fn instances_of_the_root_node_crashed_through_its_endpoint_are_failed_over() {
     let dir = tempfile::tempdir().expect("temp dir");
     let spread = spread_file(dir.path(), 2, &[("portscan", "b"), ("trojan", "b")]);
-    let free = || std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").to_string();
-    let (a_ctl, b_ctl) = (free(), free());
+    let (a_ctl, b_ctl) = (free_port(), free_port());
     let token = common::CONTROL_TOKEN;
     let store = common::served_store();
     let ft = ["--fault-tolerance", "--mode", "async", "--store", store.url.as_str(), "-w", "1"];

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::nodes::{json, node_end, root_node, start_node, wait_for_packets_at};
+use common::nodes::{free_port, json, node_end, root_node, start_node, wait_for_packets_at};
 use common::{one_process, sluice, sorted_frames, spread_file, text, CONTROL_TOKEN};
 
 /// What a drill does besides the root crashes.
@@ -21,10 +21,6 @@ struct Drill<'a> {
     /// An instance of node b (`VERTEX/INDEX`) slowed before the first root crash and crashed
     /// right after it, through b's endpoint.
     crash_on_b: Option<&'a str>,
-}
-
-fn free_port() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").to_string()
 }
 
 /// POSTs one action to the endpoint at `addr`; it must be taken.

@@ -7,6 +7,11 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
+/// A TCP port on loopback free now (for a node's control endpoint), as `127.0.0.1:PORT`.
+pub fn free_port() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").to_string()
+}
+
 /// Starts node `name` of a spread chain (not the root's): `sluice run ... --node NAME`.
 pub fn start_node(chain: &str, spread: &Path, name: &str, json: &Path, extra: &[&str]) -> Node {
     let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
