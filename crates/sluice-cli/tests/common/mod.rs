@@ -1,6 +1,7 @@
 //! What several integration tests share (each test crate uses some of it).
 #![allow(dead_code)]
 
+pub mod bridge;
 pub mod nodes;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -3,7 +3,7 @@
 
 use super::{repo, sluice_within};
 use std::io::{BufReader, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
@@ -128,4 +128,15 @@ pub fn wait_for_packets_at(addr: &str, vertex: &str) {
         assert!(std::time::Instant::now() < deadline, "{vertex} at {addr} never counted packets: {body}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The example chain with two NAT instances: packets of the two reach the portscan detector
+/// in any order, so it takes them in chain-entry order (CHC R4).
+pub fn two_nat_chain(dir: &Path) -> PathBuf {
+    let example = std::fs::read_to_string(super::repo("chains/example.yaml")).expect("example chain");
+    let chain = example.replacen("    type: nat\n", "    type: nat\n    instances: 2\n", 1);
+    assert_ne!(chain, example, "the NAT's line is where it was");
+    let path = dir.join("two-nats.yaml");
+    std::fs::write(&path, chain).expect("chain file");
+    path
 }
