@@ -292,13 +292,13 @@ pub fn nat_portscan_lb_chain(dir: &Path) -> std::path::PathBuf {
             "name: nat-portscan-lb
 vertices:
   nat:
-    pub type: nat
-    pub config: {{ external_ip: {NAT_IP}, internal: [\"{CLIENT_IP}/32\"] }}
+    type: nat
+    config: {{ external_ip: {NAT_IP}, internal: [\"{CLIENT_IP}/32\"] }}
   portscan:
-    pub type: portscan
+    type: portscan
   lb:
-    pub type: lb
-    pub config: {{ vips: [\"{VIP}:8080\"], backends: [\"{SERVER_IP}:8080\"] }}
+    type: lb
+    config: {{ vips: [\"{VIP}:8080\"], backends: [\"{SERVER_IP}:8080\"] }}
 edges:
   - {{ from: input, to: nat }}
   - {{ from: nat, to: portscan }}
