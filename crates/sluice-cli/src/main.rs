@@ -153,6 +153,12 @@ struct EngineArgs {
     /// `sluice store serve`). Default: the chain file's `state.store`, else embedded.
     #[arg(long)]
     store: Option<String>,
+    /// Empty the store before the run (what an earlier run left in it, under this URL's
+    /// `space=` or `prefix=`). Without it, a store that holds another run's state is refused:
+    /// a run numbers its packets from 1, and the store would take them for replays of that
+    /// run's.
+    #[arg(long)]
+    fresh_store: bool,
     /// Threads of the embedded store.
     #[arg(long, default_value_t = 1)]
     store_threads: usize,

@@ -11,7 +11,9 @@ use crate::{
 use anyhow::Context;
 use clap::Args;
 use sluice_io::{Precision, TraceReader};
-use sluice_runtime::{compile_with, run, Chain, DiscardSink, RunConfig, RunHooks, RunReport, Sink, Source};
+use sluice_runtime::{
+    compile_with, run, Chain, DiscardSink, RunConfig, RunHooks, RunReport, Sink, Source, StateConfig,
+};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -252,7 +254,8 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
             total.ok_or_else(|| fail(exit::INVALID)(anyhow::anyhow!("percent positions need a known input length")))
         }
     })?;
-    let state = state_for_run(state_config(&a.engine, &chain)?, cfg.fault_tolerance, takes_live_changes(&a, &cfg));
+    let state = claimed(state_config(&a.engine, &chain)?, &chain, a.engine.fresh_store)?;
+    let state = state_for_run(state, cfg.fault_tolerance, takes_live_changes(&a, &cfg));
     let mut plan =
         compile_with(&chain, &registry, &sample, &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     prepare_scaling(&a, &mut cfg, &mut plan);
@@ -293,6 +296,18 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `state` once the run has claimed its store (the root's node does, before anything runs:
+/// `sluice_runtime::store_claim`); emptied first with `fresh`. A store another run left its
+/// state in is refused (exit 1) with what that run was.
+fn claimed(state: StateConfig, chain: &Chain, fresh: bool) -> Result<StateConfig, Failure> {
+    if let StateConfig::Store { backend, .. } = &state {
+        let mark = sluice_runtime::store_claim::run_mark(&chain.name);
+        sluice_runtime::store_claim::claim_store(backend, &mark, fresh)
+            .map_err(|e| fail(exit::FAILED)(anyhow::Error::new(e)))?;
+    }
+    Ok(state)
+}
+
 /// A node without the root of a spread chain: its instances, fed by the other nodes, until
 /// the root's node ends the run.
 fn run_part(a: &RunArgs, chain: &Chain, cfg: &RunConfig) -> Result<(), Failure> {
@@ -301,6 +316,7 @@ fn run_part(a: &RunArgs, chain: &Chain, cfg: &RunConfig) -> Result<(), Failure> 
         (a.input.is_some() || a.gen.is_some() || a.from_geneve.is_some() || a.bridge.is_some(), "input"),
         (a.output.is_some() || a.to_geneve.is_some(), "output"),
         (a.faults.is_some(), "--faults"),
+        (a.engine.fresh_store, "--fresh-store"),
     ];
     if let Some((_, what)) = elsewhere.iter().find(|(given, _)| *given) {
         return Err(fail(exit::INVALID)(anyhow::anyhow!(
@@ -467,7 +483,8 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
             "a live bridge has no known length: place fault events with `at: {{ packet: N }}`, not percent"
         )))
     })?;
-    let state = state_for_run(state_config(&a.engine, &chain)?, cfg.fault_tolerance, takes_live_changes(a, &cfg));
+    let state = claimed(state_config(&a.engine, &chain)?, &chain, a.engine.fresh_store)?;
+    let state = state_for_run(state, cfg.fault_tolerance, takes_live_changes(a, &cfg));
     let mut plan = compile_with(&chain, &sluice_nfs::registry(), &[], &state)
         .map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     prepare_scaling(a, &mut cfg, &mut plan);

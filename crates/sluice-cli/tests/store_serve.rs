@@ -2,7 +2,8 @@
 //! processes over TCP (`--store sluice://HOST:PORT?token=T&space=S`). Every bundled fault
 //! schedule, store crashes included, stays equivalent with the store in another process, two
 //! runs at a time on one server in spaces of their own; bad tokens, bad URLs and a server that
-//! dies are clear errors.
+//! dies are clear errors; a store another run left its state in is refused unless emptied
+//! first (`--fresh-store`), served or on Redis.
 
 mod common;
 
@@ -133,4 +134,63 @@ fn a_wrong_token_a_bad_url_and_a_dead_server_are_clear_errors() {
     drop(killer.join());
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("store unavailable: store server 127.0.0.1:"), "{}", text(&o));
+}
+
+/// Both runs number their packets from 1, and the store keeps what each clock's updates did
+/// for replays: a run on a store another run left its state in would be answered as that
+/// run's replays (with two NATs sharing a port pool, a second trace got other ports than on
+/// an empty store). It is refused, naming the run that holds the store; `--fresh-store`
+/// empties the store first and gives what a run on an empty store gives.
+#[test]
+fn a_store_another_run_left_its_state_in_is_refused_unless_emptied_first() {
+    let server = serve("reused");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let chain = common::nodes::two_nat_chain(dir.path()).to_string_lossy().into_owned();
+    let trace = |seed: &str| {
+        let path = dir.path().join(format!("g{seed}.pcap")).to_string_lossy().into_owned();
+        let o = sluice(&["gen", "-w", "200x20", "--seed", seed, "-q", "-o", &path]);
+        assert!(o.status.success(), "{}", text(&o));
+        path
+    };
+    let (first, second) = (trace("1"), trace("2"));
+    let url = |space: &str| format!("sluice://{}?token={TOKEN}&space={space}", server.addr);
+    let run = |input: &str, space: &str, out: &str, extra: &[&str]| {
+        let out = dir.path().join(out).to_string_lossy().into_owned();
+        let args = ["run", "-c", &chain, "-i", input, "-w", "1", "-q", "--no-pin", "--fault-tolerance", "-o", &out];
+        (sluice(&[&args[..], &["--store", &url(space)], extra].concat()), out)
+    };
+    let (o, _) = run(&first, "used", "first.pcap", &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (o, _) = run(&second, "used", "refused.pcap", &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let why = text(&o);
+    assert!(why.contains("already holds the state of another run (chain `example`"), "{why}");
+    assert!(why.contains("--fresh-store"), "{why}");
+    let (o, emptied) = run(&second, "used", "emptied.pcap", &["--fresh-store"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (o, fresh) = run(&second, "unused", "fresh.pcap", &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let frames = |p: &str| common::sorted_frames(std::path::Path::new(p));
+    let (emptied, fresh) = (frames(&emptied), frames(&fresh));
+    assert!(!fresh.is_empty());
+    assert!(emptied == fresh, "an emptied store gives what an empty one gives");
+    // The same on Redis (the mark is written by its function's compare-and-set).
+    let redis = common::redis_store("claimed");
+    let on_redis = |input: &str, extra: &[&str]| {
+        sluice(
+            &[&["run", "-c", &chain, "-i", input, "-w", "1", "-q", "--no-pin", "--store", &redis][..], extra].concat(),
+        )
+    };
+    let o = on_redis(&first, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = on_redis(&second, &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("already holds the state of another run (chain `example`"), "{}", text(&o));
+    let o = on_redis(&second, &["--fresh-store"]);
+    assert!(o.status.success(), "{}", text(&o));
+    // Only the root's node claims the store: the option has no place on another node.
+    let spread = common::spread_file(dir.path(), 2, &[("lb", "b")]);
+    let o = sluice(&["run", "-c", &chain, "--spread", &spread.to_string_lossy(), "--node", "b", "--fresh-store"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--fresh-store belongs on the root's node"), "{}", text(&o));
 }

@@ -15,6 +15,7 @@ pub mod report;
 pub mod root_log;
 pub mod spec;
 pub mod spread;
+pub mod store_claim;
 
 pub use exec::{run, Overflow, RunConfig, RunError, RunHooks};
 pub use plan::{compile, compile_with, Plan, PlanError, StateConfig};
