@@ -17,7 +17,7 @@ Exit codes: 0 equivalent; 4 not equivalent; 1 run failed; 2 bad command line, ch
 pub struct VerifyArgs {
     /// Check a run of the threaded runtime recorded with `sluice run --record DIR` against the
     /// logical chain over the same input (no schedule, no engine run).
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["chain", "input", "faults", "store", "off", "log", "roots"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["chain", "input", "faults", "store", "fresh_store", "off", "log", "roots"])]
     recorded: Option<PathBuf>,
     /// With `--recorded` (the root's node's record): another node's part of the same run of a
     /// chain spread over several (`sluice run --spread S --node N --record DIR` on that node),
@@ -33,11 +33,15 @@ pub struct VerifyArgs {
     /// Fault schedule (YAML, see docs/faults.md).
     #[arg(long, short)]
     faults: Option<PathBuf>,
-    /// The physical chain's store: `embedded`, `redis://host:port[?prefix=P]` (the prefix
-    /// must be unused: the run starts from an empty store) or `sluice://host:port[?token=T]`
-    /// (a store `sluice store serve` serves, freshly started).
+    /// The physical chain's store: `embedded`, `redis://host:port[?prefix=P]` or
+    /// `sluice://host:port[?token=T&space=S]`. The run starts from an empty store: one
+    /// another run left its state in is refused (see --fresh-store).
     #[arg(long, default_value = "embedded")]
     store: String,
+    /// Delete whatever the store holds before the run (another run's state under the same
+    /// Redis prefix or served space).
+    #[arg(long)]
+    fresh_store: bool,
     /// Print the report as JSON on stdout (every difference with flow, NF and clock).
     #[arg(long)]
     json: bool,
@@ -255,6 +259,9 @@ pub fn cmd_verify(a: VerifyArgs) -> Result<(), Failure> {
         .with_context(|| format!("reading {}", input.display()))
         .map_err(fail(exit::BAD_INPUT))?;
     let backend = crate::store_cmd::open_store(&a.store, 1)?;
+    let mark = sluice_runtime::store_claim::run_mark(&chain.name);
+    sluice_runtime::store_claim::claim_store(&backend, &mark, a.fresh_store)
+        .map_err(|e| fail(exit::FAILED)(anyhow::Error::new(e)))?;
     let switches = Switches {
         clocks: !a.off.contains(&Mechanism::Clocks),
         duplicate_suppression: !a.off.contains(&Mechanism::Dedup),

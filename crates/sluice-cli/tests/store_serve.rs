@@ -194,3 +194,24 @@ fn a_store_another_run_left_its_state_in_is_refused_unless_emptied_first() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("--fresh-store belongs on the root's node"), "{}", text(&o));
 }
+
+/// `sluice verify` claims its physical chain's store as a run does: a second verification on
+/// the space the first one used is refused unless told to empty it, and is then equivalent.
+#[test]
+fn a_verification_on_a_store_another_run_left_its_state_in_is_refused_unless_emptied_first() {
+    let server = serve("verified");
+    let url = format!("sluice://{}?token={TOKEN}&space=verify", server.addr);
+    let verify = |extra: &[&str]| {
+        let args = ["verify", "-c", "chains/example.yaml", "-i", "traces/demo.pcap", "--limit", "3000"];
+        sluice(&[&args[..], &["--crash", "nat:0@40%", "--store", &url], extra].concat())
+    };
+    let o = verify(&[]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("EQUIVALENT"), "{}", text(&o));
+    let o = verify(&[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("already holds the state of another run (chain `example`"), "{}", text(&o));
+    let o = verify(&["--fresh-store"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("EQUIVALENT"), "{}", text(&o));
+}
