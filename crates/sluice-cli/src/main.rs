@@ -381,6 +381,7 @@ fn engine_config(e: &EngineArgs, live: bool) -> RunConfig {
         policies: Vec::new(),
         latency_timeline: None,
         part: None,
+        claim: None,
     }
 }
 

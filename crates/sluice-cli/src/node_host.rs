@@ -247,7 +247,7 @@ pub(crate) fn spread_of(placement: &Placement, nodes: &[NodeInfo], silence_ms: u
             _ => None,
         })
         .collect();
-    Ok(Some(Spread { nodes: addrs, root: root.clone(), place, vni: 1, silence_ms }))
+    Ok(Some(Spread { nodes: addrs, root: root.clone(), place, vni: 1, silence_ms, scalable: false }))
 }
 
 #[cfg(test)]

@@ -115,7 +115,9 @@ pub(crate) struct RunArgs {
     /// other address only when given). `GET /api/v1/chain` lists vertices and instances with
     /// live statistics, `GET /metrics` is Prometheus text; see `sluice ctl`. On a node of a
     /// spread chain (--spread): its own instances' statistics (the others' are their nodes'),
-    /// `slow` of its own instances; other live changes are refused.
+    /// `slow` and `crash` of its own instances, and on the root's node of a spread file with
+    /// `scalable: true` `scale`, `move` and `clone` of the vertices all on it; other live
+    /// changes are refused.
     #[arg(long, value_name = "ADDR", value_parser = control::parse_addr)]
     control: Option<std::net::SocketAddr>,
     /// The control endpoint's token (default: $SLUICE_CONTROL_TOKEN, else a random one printed
@@ -136,9 +138,10 @@ pub(crate) struct RunArgs {
     /// Run this process's part of a chain spread over several nodes (processes or machines): a
     /// YAML file with the nodes and the UDP address each listens on, the root's node, and
     /// which instances run where (`place: {firewall: b, nat/1: b}`; the rest stay with the
-    /// root). Give every node the same chain, options and file, and --node. The root's node
-    /// takes the input and writes the output; the others take neither and run until the
-    /// root's node ends the run. Packets cross in Geneve datagrams (docs/wire-format.md).
+    /// root; `scalable: true` lets the root's node scale the vertices all on it). Give every
+    /// node the same chain, options and file, and --node. The root's node takes the input and
+    /// writes the output; the others take neither and run until the root's node ends the run.
+    /// Packets cross in Geneve datagrams (docs/wire-format.md). See docs/deploy.md.
     #[arg(long, value_name = "FILE", requires = "node")]
     spread: Option<PathBuf>,
     /// With --spread: this process's node, by its name in the file.
@@ -254,7 +257,7 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
             total.ok_or_else(|| fail(exit::INVALID)(anyhow::anyhow!("percent positions need a known input length")))
         }
     })?;
-    let state = claimed(state_config(&a.engine, &chain)?, &chain, a.engine.fresh_store)?;
+    let state = claiming(state_config(&a.engine, &chain)?, &chain, a.engine.fresh_store, &mut cfg)?;
     let state = state_for_run(state, cfg.fault_tolerance, takes_live_changes(&a, &cfg));
     let mut plan =
         compile_with(&chain, &registry, &sample, &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
@@ -296,14 +299,18 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `state` once the run has claimed its store (the root's node does, before anything runs:
-/// `sluice_runtime::store_claim`); emptied first with `fresh`. A store another run left its
-/// state in is refused (exit 1) with what that run was.
-fn claimed(state: StateConfig, chain: &Chain, fresh: bool) -> Result<StateConfig, Failure> {
+/// The root's node's part in claiming the store (`sluice_runtime::store_claim`): emptied first
+/// with `fresh` (--fresh-store), and claimed by the run once its configuration is found good,
+/// before anything runs (a refused configuration leaves no mark). A store another run left its
+/// state in is then refused (exit 1) with what that run was.
+fn claiming(state: StateConfig, chain: &Chain, fresh: bool, cfg: &mut RunConfig) -> Result<StateConfig, Failure> {
     if let StateConfig::Store { backend, .. } = &state {
-        let mark = sluice_runtime::store_claim::run_mark(&chain.name);
-        sluice_runtime::store_claim::claim_store(backend, &mark, fresh)
-            .map_err(|e| fail(exit::FAILED)(anyhow::Error::new(e)))?;
+        if fresh {
+            backend
+                .wipe()
+                .map_err(|e| fail(exit::FAILED)(anyhow::anyhow!("emptying the store (--fresh-store): {e}")))?;
+        }
+        cfg.claim = Some(sluice_runtime::store_claim::run_mark(&chain.name));
     }
     Ok(state)
 }
@@ -324,8 +331,13 @@ fn run_part(a: &RunArgs, chain: &Chain, cfg: &RunConfig) -> Result<(), Failure> 
         )));
     }
     let registry = sluice_nfs::registry();
-    let state = state_for_run(state_config(&a.engine, chain)?, cfg.fault_tolerance, false);
-    let plan = compile_with(chain, &registry, &[], &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
+    let mut cfg = cfg.clone();
+    let state = state_for_run(state_config(&a.engine, chain)?, cfg.fault_tolerance, takes_live_changes(a, &cfg));
+    let mut plan =
+        compile_with(chain, &registry, &[], &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
+    // As on the root's node: the same places for added instances on every node.
+    prepare_scaling(a, &mut cfg, &mut plan);
+    let cfg = &cfg;
     if !a.quiet {
         eprintln!("node {node}: waiting for the root's node (Ctrl-C to stop)");
     }
@@ -455,11 +467,15 @@ pub(crate) fn stop_flag(duration: Option<f64>) -> Arc<AtomicBool> {
     stop
 }
 
-/// Whether the run's control endpoint may change the chain (scale it, move flows): in one
-/// process, yes; a node of a chain spread over nodes shows its part and changes nothing
-/// (every node must also compile the same plan, control endpoint or not).
+/// Whether the chain may be changed while it runs (scaled, flows moved): in one process, when
+/// it has a control endpoint; in a chain spread over nodes, when the spread file says
+/// `scalable: true` — the same on every node, which must compile the same plan, control
+/// endpoint or not (the root's node takes the changes).
 fn takes_live_changes(a: &RunArgs, cfg: &sluice_runtime::RunConfig) -> bool {
-    a.control.is_some() && cfg.part.is_none()
+    match &cfg.part {
+        None => a.control.is_some(),
+        Some(p) => p.spread.scalable,
+    }
 }
 
 /// A run with a control endpoint and a store can be scaled live; one with `scale` or `move`
@@ -483,7 +499,7 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
             "a live bridge has no known length: place fault events with `at: {{ packet: N }}`, not percent"
         )))
     })?;
-    let state = claimed(state_config(&a.engine, &chain)?, &chain, a.engine.fresh_store)?;
+    let state = claiming(state_config(&a.engine, &chain)?, &chain, a.engine.fresh_store, &mut cfg)?;
     let state = state_for_run(state, cfg.fault_tolerance, takes_live_changes(a, &cfg));
     let mut plan = compile_with(&chain, &sluice_nfs::registry(), &[], &state)
         .map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;

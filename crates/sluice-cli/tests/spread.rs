@@ -510,14 +510,18 @@ fn each_node_shows_its_part_on_its_control_endpoint_and_refuses_live_changes() {
     // Live changes: refused with the reason, on both nodes; a `slow` of another node's
     // instance is refused too, one of its own taken. A crash of b's instance: not on a (it
     // runs on b), not on b either here (the run keeps no log to replay).
+    // Scaling: on a, the spread file does not say `scalable: true`; b sends the asker to a.
     let spread_says = "a chain spread over nodes takes no live store crash";
-    for (addr, crash_says) in [(&a_ctl, "runs on another node"), (&b_ctl, "start it with --fault-tolerance")] {
+    for (addr, crash_says, scale_says) in [
+        (&a_ctl, "runs on another node", "does not say `scalable: true`"),
+        (&b_ctl, "start it with --fault-tolerance", "the root's node (`a`) changes a chain spread over nodes"),
+    ] {
         common::refused_actions(
             addr,
             &[
                 (r#"{"crash": {"vertex": "portscan", "instance": 0}}"#, 409, crash_says),
                 (r#"{"crash_store": {}}"#, 409, spread_says),
-                (r#"{"scale": {"vertex": "lb", "to": 2}}"#, 409, spread_says),
+                (r#"{"scale": {"vertex": "lb", "to": 2}}"#, 409, scale_says),
             ],
         );
     }

@@ -336,6 +336,13 @@ pub fn run(
         wake: wake::Wake::new(slot_count, workers),
         send_updates_first: can_fail_over && spread::may_fail_over(layout.as_ref()),
     });
+    if let Some(l) = layout.as_ref().filter(|l| l.has_root()) {
+        spread::check_planned_changes(l, &shared.vertices, &cfg.planned)?;
+    }
+    // The configuration is good: the store is this run's from here on.
+    if let (Some(mark), Some(backend)) = (&cfg.claim, &store) {
+        crate::store_claim::claim_store(backend, mark, false)?;
+    }
     let mut planned = config::planned_in_order(&shared, &cfg.planned, scalable)?.into_iter().peekable();
     // The admission count of the next planned event: one comparison per packet until then.
     let mut next_fault = planned.peek().map_or(u64::MAX, Planned::after);
@@ -356,7 +363,7 @@ pub fn run(
             "the run was not started to scale: give it a store (not local state) and a control endpoint, or `scale`/`move` faults".into()
         }));
         if let Some(l) = &layout {
-            spread::live_view(live, l, slot_count);
+            spread::live_view(live, l, (&shared.vertices, slot_count), scalable);
         }
     }
     let mut failover_side = failover::RootSide::default();

@@ -83,6 +83,9 @@ pub struct Live {
     change_asked: AtomicBool,
     /// Why this run cannot scale or move flows; `None` once it says it can.
     no_scaling: Mutex<Option<String>>,
+    /// Per vertex, why this run cannot change it though it scales others (a chain spread
+    /// over nodes); empty: none is held.
+    fixed: Mutex<Vec<Option<String>>>,
 }
 
 /// What one batch of an instance did.
@@ -126,6 +129,7 @@ impl Live {
             changes: Mutex::new(Vec::new()),
             change_asked: AtomicBool::new(false),
             no_scaling: Mutex::new(Some("the run has not started".into())),
+            fixed: Mutex::new(Vec::new()),
         }
     }
 
@@ -204,6 +208,9 @@ impl Live {
         if let Some(why) = self.no_scaling.lock().ok().and_then(|w| w.clone()) {
             return Err(LiveError::Refused(why));
         }
+        if let Some(why) = self.fixed.lock().ok().and_then(|f| f.get(v).cloned().flatten()) {
+            return Err(LiveError::Refused(why));
+        }
         if let Ok(mut c) = self.changes.lock() {
             c.push((v, change));
             self.change_asked.store(true, Ordering::Release);
@@ -215,6 +222,14 @@ impl Live {
     pub(crate) fn set_scaling(&self, why_not: Option<String>) {
         if let Ok(mut w) = self.no_scaling.lock() {
             *w = why_not;
+        }
+    }
+
+    /// The run scales, and says per vertex why it cannot change it (`None`: it can).
+    pub(crate) fn set_fixed(&self, why: Vec<Option<String>>) {
+        self.set_scaling(None);
+        if let Ok(mut f) = self.fixed.lock() {
+            *f = why;
         }
     }
 

@@ -13,6 +13,7 @@
 //!   a: 127.0.0.1:7001
 //!   b: 127.0.0.1:7002
 //! root: a
+//! scalable: true     # optional: the root's node may scale its own vertices live
 //! place:
 //!   firewall: b      # every instance of the firewall
 //!   nat/1: b         # instance 1 of the NAT (instances not named stay with the root)
@@ -44,6 +45,14 @@ pub struct Spread {
     /// run ends with an error.
     #[serde(default = "default_silence_ms")]
     pub silence_ms: u64,
+    /// The root's node may scale vertices out and in, move flows between instances and clone
+    /// stragglers while the chain runs (`scale`, `move` and `clone` faults, its control
+    /// endpoint): those vertices whose instances, and whose feeders' instances, all run on the
+    /// root's node; instances added run there too. Every node is given the same file, so every
+    /// node keeps places for added instances and takes order-sensitive NFs' input in entry
+    /// order, as a scaled chain needs (docs/decisions.md, "Changes on the root's node").
+    #[serde(default)]
+    pub scalable: bool,
 }
 
 fn default_vni() -> u32 {

@@ -89,6 +89,10 @@ pub struct RunConfig {
     /// run here, the others' queues go to their nodes; on the root's node the run reads the
     /// input and writes the output, elsewhere it serves until the root's node ends it.
     pub part: Option<Part>,
+    /// Claim the store for this run, with this mark, once its configuration is found good and
+    /// before anything runs ([`crate::store_claim`]; a store another run claimed is refused).
+    /// `None`: no claim (a node without the root, or a caller that sees to it).
+    pub claim: Option<String>,
 }
 
 /// Something planned at a point of a run's input.
@@ -157,6 +161,7 @@ impl Default for RunConfig {
             scalable: false,
             latency_timeline: None,
             part: None,
+            claim: None,
         }
     }
 }
@@ -176,6 +181,9 @@ pub enum RunError {
     /// Bad run parameters.
     #[error("run configuration: {0}")]
     Config(String),
+    /// The store could not be claimed for the run (another run's state is in it).
+    #[error(transparent)]
+    Claim(#[from] crate::store_claim::ClaimError),
 }
 
 /// Hooks the caller can give a run.
@@ -219,8 +227,13 @@ pub(super) fn check(cfg: &RunConfig, plan: &Plan, live: bool) -> Result<Checked,
     if inline {
         super::input::run_to_completion_allowed(cfg, live).map_err(RunError::Config)?;
     }
-    let scalable =
-        cfg.scalable || !cfg.policies.is_empty() || cfg.planned.iter().any(|p| matches!(p, Planned::Change(_)));
+    // A spread that says so is scalable on every node alike (places for added instances, entry
+    // order for order-sensitive NFs), whichever node takes the changes.
+    let spread_scalable = cfg.part.as_ref().is_some_and(|p| p.spread.scalable);
+    let scalable = cfg.scalable
+        || spread_scalable
+        || !cfg.policies.is_empty()
+        || cfg.planned.iter().any(|p| matches!(p, Planned::Change(_)));
     for (v, _) in &cfg.policies {
         if *v >= plan.vertices.len() {
             return Err(RunError::Config(format!("a policy for vertex {v}, which the chain does not have")));
@@ -270,20 +283,24 @@ pub(super) fn check(cfg: &RunConfig, plan: &Plan, live: bool) -> Result<Checked,
         ));
     }
     if cfg.part.is_some() {
-        spread_allowed(cfg, scalable).map_err(RunError::Config)?;
+        spread_allowed(cfg, scalable && !spread_scalable).map_err(RunError::Config)?;
     }
     Ok(Checked { inline, scalable, crashes_planned, can_fail_over, store_crashes })
 }
 
 /// What a chain over several nodes does not do yet (docs/decisions.md, "One chain across
-/// nodes": failover, scaling and several roots across nodes are the next steps).
-fn spread_allowed(cfg: &RunConfig, scalable: bool) -> Result<(), String> {
+/// nodes": several roots and changes across nodes are the next steps); `unannounced`: changes
+/// asked for in a spread that does not say `scalable: true`.
+fn spread_allowed(cfg: &RunConfig, unannounced: bool) -> Result<(), String> {
     let not_yet = |what: &str| Err(format!("a chain over several nodes does not yet take {what}"));
-    if !cfg.planned.is_empty() {
-        return not_yet("planned faults or changes (--faults)");
+    if cfg.planned.iter().any(|p| !matches!(p, Planned::Change(_))) {
+        return not_yet("planned faults (--faults) other than `scale`, `move` and `clone`");
     }
-    if scalable {
-        return not_yet("scaling or moves");
+    if !cfg.policies.is_empty() {
+        return not_yet("vertex managers (`policies` in --faults)");
+    }
+    if unannounced {
+        return Err("scaling, moves and clones in a chain over several nodes need `scalable: true` in the spread file (every node keeps places for the instances added)".into());
     }
     if cfg.roots > 1 {
         return not_yet("several roots");

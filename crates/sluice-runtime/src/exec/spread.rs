@@ -46,7 +46,7 @@ mod view;
 use in_order::{Received, Sent};
 use on_node::OnNode;
 use std::time::{Duration, Instant};
-pub(super) use view::live_view;
+pub(super) use view::{check_planned_changes, live_view};
 
 /// How long the root's node waits for every other node to answer before the run starts.
 pub(super) const HELLO_LIMIT: Duration = Duration::from_secs(30);
