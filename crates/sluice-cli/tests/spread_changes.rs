@@ -26,13 +26,13 @@ fn changes(report: &serde_json::Value) -> Vec<(String, String, u64, u64)> {
         .collect()
 }
 
-/// Runs the example chain over a (root, NAT) and b (the rest) with a `scalable` spread and
+/// Runs the example chain over a (the root's node) and b (what `place` puts there) with a `scalable` spread and
 /// state in a served store, a's extra options `a_extra` (with `act` called once traffic flows,
 /// given a's control endpoint when `a_extra` asks for one); checks both nodes ended cleanly,
 /// the record verifies and the output has as many packets as one process gives. Returns a's
 /// report.
-fn run_scaled(dir: &Path, a_extra: &[&str], act: impl FnOnce(&str)) -> serde_json::Value {
-    let spread = spread_file_with(dir, 2, &PLACE, "scalable: true\n");
+fn run_scaled(dir: &Path, place: &[(&str, &str)], a_extra: &[&str], act: impl FnOnce(&str)) -> serde_json::Value {
+    let spread = spread_file_with(dir, 2, place, "scalable: true\n");
     let store = common::served_store();
     let ft = ["--fault-tolerance", "--mode", "async", "--store", store.url.as_str(), "-w", "1"];
     let rec = |n: &str| dir.join(format!("rec-{n}")).to_string_lossy().into_owned();
@@ -97,7 +97,7 @@ fn the_root_node_scales_and_moves_its_vertex_by_the_schedule_while_packets_cross
         "events:\n  - at: { packet: 3000 }\n    scale: { vertex: nat, to: 2 }\n  - at: { packet: 6000 }\n    move: { vertex: nat, from: 0, to: 1 }\n  - at: { packet: 9000 }\n    scale: { vertex: nat, to: 3 }\n  - at: { packet: 14000 }\n    scale: { vertex: nat, to: 1 }\n",
     )
     .expect("faults file");
-    let rep = run_scaled(dir.path(), &["--faults", &faults.to_string_lossy()], |_| {});
+    let rep = run_scaled(dir.path(), &PLACE, &["--faults", &faults.to_string_lossy()], |_| {});
     let c = changes(&rep);
     let kinds: Vec<&str> = c.iter().map(|x| x.0.as_str()).collect();
     assert_eq!(kinds, ["scale_out", "move", "scale_out", "scale_in"], "{c:?}");
@@ -111,7 +111,7 @@ fn the_root_node_scales_and_moves_its_vertex_by_the_schedule_while_packets_cross
 #[test]
 fn the_root_node_scales_and_moves_its_vertex_when_asked_through_its_endpoint() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let rep = run_scaled(dir.path(), &["--pace", "0.05"], |ctl| {
+    let rep = run_scaled(dir.path(), &PLACE, &["--pace", "0.05"], |ctl| {
         let act = |body: &str| {
             let (code, answer) = common::http(ctl, "POST", "/api/v1/actions", Some(CONTROL_TOKEN), body);
             assert_eq!(code, 200, "{body}: {answer}");
@@ -140,8 +140,28 @@ fn the_root_node_scales_and_moves_its_vertex_when_asked_through_its_endpoint() {
     assert!(c.iter().all(|x| x.1 == "nat"), "{c:?}");
 }
 
+/// A vertex manager on the root's node: the portscan detector (behind the NAT, both on a),
+/// slowed by the schedule from 10 % to 50 % of the trace, builds a queue, and its policy adds
+/// instances while the queue is long and removes them once it is short; the LB and the Trojan
+/// detector run on b.
+#[test]
+fn a_vertex_manager_on_the_root_node_scales_its_straggling_vertex() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let faults = dir.path().join("managed.yaml");
+    std::fs::write(
+        &faults,
+        "seed: 1\nevents:\n  - at: { percent: 10 }\n    slow: { vertex: portscan, instance: 0, delay_us: [1, 3] }\n  - at: { percent: 50 }\n    slow: { vertex: portscan, instance: 0, delay_us: [0, 0] }\npolicies:\n  - { vertex: portscan, scale_out_above: { queue: 64 }, scale_in_below: { queue: 4 }, max_instances: 4, min_instances: 1 }\n",
+    )
+    .expect("faults file");
+    let rep = run_scaled(dir.path(), &[("lb", "b"), ("trojan", "b")], &["--faults", &faults.to_string_lossy()], |_| {});
+    let c = changes(&rep);
+    assert!(c.iter().any(|x| x.0 == "scale_out" && x.1 == "portscan"), "the manager never scaled out: {c:?}");
+    assert!(c.iter().all(|x| x.1 == "portscan" && (1..=4).contains(&x.2)), "{c:?}");
+}
+
 /// What cannot be changed is refused before anything runs, saying why: a vertex on another
-/// node, a vertex fed from another node, and any change in a spread without `scalable: true`.
+/// node, a vertex fed from another node (changes, slowdowns and vertex managers alike), and any
+/// change in a spread without `scalable: true`.
 #[test]
 fn changes_the_root_node_cannot_make_are_refused_with_the_reason() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -170,6 +190,28 @@ fn changes_the_root_node_cannot_make_are_refused_with_the_reason() {
         ("lb", "`portscan`, which sends packets to `lb`, has instances on node `b`"),
     ] {
         let o = run(&scalable, &faults(vertex, vertex));
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains(says), "{}", text(&o));
+    }
+    let on_b = |name: &str, body: &str| {
+        let path = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&path, body).expect("faults file");
+        path.to_string_lossy().into_owned()
+    };
+    for (faults, says) in [
+        (
+            on_b("policy", "policies:\n  - { vertex: portscan, scale_out_above: { queue: 64 }, max_instances: 2 }\n"),
+            "a vertex manager's policy: `portscan` has instances on node `b`",
+        ),
+        (
+            on_b(
+                "slow",
+                "events:\n  - at: { packet: 10 }\n    slow: { vertex: portscan, instance: 0, delay_us: [1, 2] }\n",
+            ),
+            "`portscan` has instances on node `b`, whose workers",
+        ),
+    ] {
+        let o = run(&scalable, &faults);
         assert_eq!(o.status.code(), Some(2), "{}", text(&o));
         assert!(text(&o).contains(says), "{}", text(&o));
     }

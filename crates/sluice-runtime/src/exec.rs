@@ -337,7 +337,7 @@ pub fn run(
         send_updates_first: can_fail_over && spread::may_fail_over(layout.as_ref()),
     });
     if let Some(l) = layout.as_ref().filter(|l| l.has_root()) {
-        spread::check_planned_changes(l, &shared.vertices, &cfg.planned)?;
+        spread::check_planned_changes(l, &shared.vertices, (&cfg.planned, &cfg.policies))?;
     }
     // The configuration is good: the store is this run's from here on.
     if let (Some(mark), Some(backend)) = (&cfg.claim, &store) {

@@ -290,16 +290,15 @@ pub(super) fn check(cfg: &RunConfig, plan: &Plan, live: bool) -> Result<Checked,
 
 /// What a chain over several nodes does not do yet (docs/decisions.md, "One chain across
 /// nodes": several roots and changes across nodes are the next steps); `unannounced`: changes
-/// asked for in a spread that does not say `scalable: true`.
+/// asked for in a spread that does not say `scalable: true`. Which vertices the root's node
+/// may change, slow and manage is checked once the layout is known
+/// (`spread::check_planned_changes`).
 fn spread_allowed(cfg: &RunConfig, unannounced: bool) -> Result<(), String> {
     let not_yet = |what: &str| Err(format!("a chain over several nodes does not yet take {what}"));
-    if cfg.planned.iter().any(|p| !matches!(p, Planned::Change(_))) {
-        return not_yet("planned faults (--faults) other than `scale`, `move` and `clone`");
+    if cfg.planned.iter().any(|p| !matches!(p, Planned::Change(_) | Planned::Slow(_))) {
+        return not_yet("planned faults (--faults) other than `scale`, `move`, `clone` and `slow`");
     }
-    if !cfg.policies.is_empty() {
-        return not_yet("vertex managers (`policies` in --faults)");
-    }
-    if unannounced {
+    if unannounced || (!cfg.policies.is_empty() && !cfg.part.as_ref().is_some_and(|p| p.spread.scalable)) {
         return Err("scaling, moves and clones in a chain over several nodes need `scalable: true` in the spread file (every node keeps places for the instances added)".into());
     }
     if cfg.roots > 1 {

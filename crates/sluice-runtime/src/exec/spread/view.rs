@@ -52,13 +52,7 @@ pub(in crate::exec) fn live_view(
 /// instances: both must happen on the root's node, so every instance of the vertex and of
 /// every vertex that sends to it must run there (the root itself sends to the entry's).
 pub(in crate::exec) fn fixed_vertices(layout: &Layout, vertices: &[VertexPlan]) -> Vec<Option<String>> {
-    let away = |vp: &VertexPlan| {
-        vp.instances
-            .iter()
-            .filter_map(|g| layout.node_of.get(*g))
-            .find(|n| **n != layout.root)
-            .map(|n| layout.names.get(*n).map_or("?", String::as_str).to_string())
-    };
+    let away = |vp: &VertexPlan| away(layout, vp);
     vertices
         .iter()
         .enumerate()
@@ -78,20 +72,47 @@ pub(in crate::exec) fn fixed_vertices(layout: &Layout, vertices: &[VertexPlan]) 
         .collect()
 }
 
-/// Refuses a planned change (`scale`, `move`, `clone` faults) of a vertex the root's node
-/// cannot change in this spread, saying why.
+/// A node other than the root's that hosts an instance of `vp`, by name.
+fn away(layout: &Layout, vp: &VertexPlan) -> Option<String> {
+    vp.instances
+        .iter()
+        .filter_map(|g| layout.node_of.get(*g))
+        .find(|n| **n != layout.root)
+        .map(|n| layout.names.get(*n).map_or("?", String::as_str).to_string())
+}
+
+/// Refuses what the root's node of a spread cannot do to a vertex it does not have whole,
+/// saying why: a planned change (`scale`, `move`, `clone` faults), a planned `slow` (applied
+/// by this node's workers) and a vertex manager's policy.
 pub(in crate::exec) fn check_planned_changes(
     layout: &Layout,
     vertices: &[VertexPlan],
-    planned: &[super::super::Planned],
+    (planned, policies): (&[super::super::Planned], &[(usize, sluice_chc::manager::ManagerPolicy)]),
 ) -> Result<(), super::RunError> {
+    use super::super::Planned;
     let fixed = fixed_vertices(layout, vertices);
+    let refuse = |v: usize, what: String| match fixed.get(v).cloned().flatten() {
+        Some(why) => Err(super::RunError::Config(format!("{what}: {why}"))),
+        None => Ok(()),
+    };
     for p in planned {
-        if let super::super::Planned::Change(r) = p {
-            if let Some(why) = fixed.get(r.vertex).cloned().flatten() {
-                return Err(super::RunError::Config(format!("a planned change at packet {}: {why}", r.after)));
+        match p {
+            Planned::Change(r) => refuse(r.vertex, format!("a planned change at packet {}", r.after))?,
+            Planned::Slow(s) => {
+                // Applied by this node's workers: its instances must be here.
+                if let Some(node) = vertices.get(s.vertex).and_then(|vp| away(layout, vp)) {
+                    let name = vertices.get(s.vertex).map_or("?", |vp| &*vp.name);
+                    return Err(super::RunError::Config(format!(
+                        "a planned slowdown at packet {}: `{name}` has instances on node `{node}`, whose workers this node's schedule does not reach",
+                        s.after
+                    )));
+                }
             }
+            _ => {}
         }
+    }
+    for (v, _) in policies {
+        refuse(*v, "a vertex manager's policy".into())?;
     }
     Ok(())
 }
