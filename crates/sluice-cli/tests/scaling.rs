@@ -7,17 +7,6 @@ mod common;
 
 use common::{recorded_run, sluice, text};
 
-/// The changes a run reports, as (kind, vertex, instances after, flows).
-fn changes(report: &serde_json::Value) -> Vec<(String, String, u64, u64)> {
-    let all = report["reconfigurations"].as_array().cloned().unwrap_or_default();
-    all.iter()
-        .map(|r| {
-            let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
-            (s("kind"), s("vertex"), r["instances"][1].as_u64().unwrap_or(0), r["flows"].as_u64().unwrap_or(0))
-        })
-        .collect()
-}
-
 /// Per instance of `vertex`: (packets in, retired).
 fn instances(report: &serde_json::Value, vertex: &str) -> Vec<(u64, bool)> {
     let vertices = report["vertices"].as_array().cloned().unwrap_or_default();
@@ -34,7 +23,7 @@ fn flows_move_between_instances_equivalently() {
         ("move-nat", "chains/nat.yaml", &["-w", "1", "--batch", "8"][..]),
     ] {
         let report = recorded_run(name, (chain, "traces/demo.pcap", "30000"), faults, extra);
-        let c = changes(&report);
+        let c = common::reconfigurations(&report);
         assert_eq!(c.len(), 2, "{name}: {c:?}");
         assert_eq!((c[0].0.as_str(), c[0].2), ("scale_out", 2), "{name}: {c:?}");
         assert_eq!(c[1].0, "move", "{name}: {c:?}");
@@ -50,7 +39,7 @@ fn vertices_scale_out_and_in_while_flows_move_and_an_instance_fails() {
     let faults = "faults/threaded/scale-and-move.yaml";
     for (name, extra) in [("scale-2w", &["-w", "2"][..]), ("scale-1w", &["-w", "1", "--batch", "8"][..])] {
         let report = recorded_run(name, ("chains/example.yaml", "traces/demo.pcap", "40000"), faults, extra);
-        let c = changes(&report);
+        let c = common::reconfigurations(&report);
         let kinds: Vec<&str> = c.iter().map(|x| x.0.as_str()).collect();
         let expected = ["scale_out", "scale_out", "scale_out", "move", "move", "scale_in", "scale_in", "move"];
         assert_eq!(kinds, expected, "{name}: {c:?}");
@@ -73,7 +62,7 @@ fn an_instance_left_alone_by_a_scale_in_caches_shared_state_again() {
     let faults = "faults/threaded/portscan-out-and-back.yaml";
     let chain = ("chains/nat-portscan.yaml", "traces/demo.pcap", "20000");
     let report = recorded_run("portscan-out-and-back", chain, faults, &["-w", "2", "--batch", "8"]);
-    let kinds: Vec<String> = changes(&report).into_iter().map(|c| c.0).collect();
+    let kinds: Vec<String> = common::reconfigurations(&report).into_iter().map(|c| c.0).collect();
     assert_eq!(kinds, ["scale_out", "scale_in"]);
     let vertices = report["vertices"].as_array().cloned().unwrap_or_default();
     let portscan = vertices.iter().find(|v| v["name"] == "portscan").cloned().unwrap_or_default();
@@ -93,7 +82,7 @@ fn a_moved_flows_timer_fires_at_its_new_instance() {
     for i in 0..8 {
         let name = format!("lb-timers-{i}");
         let report = recorded_run(&name, http, "faults/threaded/lb-scale-out-early.yaml", &["-w", "2", "--batch", "8"]);
-        assert_eq!(changes(&report).len(), 1, "{name}");
+        assert_eq!(common::reconfigurations(&report).len(), 1, "{name}");
     }
 }
 
@@ -103,7 +92,7 @@ fn vertex_managers_scale_a_straggling_vertex() {
     // while its queue is long and removes them once it is short; the LB scales by the schedule.
     let report =
         recorded_run("policy", ("chains/example.yaml", "traces/demo.pcap", "30000"), "faults/scale.yaml", &["-w", "2"]);
-    let c = changes(&report);
+    let c = common::reconfigurations(&report);
     let by_manager: Vec<_> = c.iter().filter(|x| x.1 == "portscan").collect();
     assert!(by_manager.iter().any(|x| x.0 == "scale_out"), "the manager never scaled out: {c:?}");
     assert!(by_manager.iter().all(|x| (1..=4).contains(&x.2)), "outside 1..=4 instances: {c:?}");
@@ -116,7 +105,7 @@ fn scaling_on_redis_is_equivalent() {
     let faults = "faults/threaded/scale-and-move.yaml";
     let report =
         recorded_run("scale-redis", ("chains/example.yaml", "traces/demo.pcap", "3000"), faults, &["--store", &store]);
-    assert_eq!(changes(&report).len(), 8, "{report}");
+    assert_eq!(common::reconfigurations(&report).len(), 8, "{report}");
 }
 
 #[test]
@@ -175,7 +164,7 @@ fn scale_and_move_through_the_control_endpoint(extra: &[&str]) {
     let out = child.wait_with_output().expect("sluice run ends");
     assert!(out.status.success(), "{}", text(&out));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");
-    let c = changes(&report);
+    let c = common::reconfigurations(&report);
     let kinds: Vec<&str> = c.iter().map(|x| x.0.as_str()).collect();
     assert_eq!(kinds, ["scale_out", "scale_out", "move", "scale_in"], "{c:?}");
     assert!(c[2].3 > 0, "no flow moved: {c:?}");

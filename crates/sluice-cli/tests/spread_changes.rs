@@ -15,17 +15,6 @@ use std::time::Duration;
 /// Every vertex but the NAT on b: the NAT's instances send every packet across.
 const PLACE: [(&str, &str); 3] = [("portscan", "b"), ("lb", "b"), ("trojan", "b")];
 
-/// The changes a report lists, as (kind, vertex, instances after, flows).
-fn changes(report: &serde_json::Value) -> Vec<(String, String, u64, u64)> {
-    let all = report["reconfigurations"].as_array().cloned().unwrap_or_default();
-    all.iter()
-        .map(|r| {
-            let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
-            (s("kind"), s("vertex"), r["instances"][1].as_u64().unwrap_or(0), r["flows"].as_u64().unwrap_or(0))
-        })
-        .collect()
-}
-
 /// Runs the example chain over a (the root's node) and b (what `place` puts there) with a `scalable` spread and
 /// state in a served store, a's extra options `a_extra` (with `act` called once traffic flows,
 /// given a's control endpoint when `a_extra` asks for one); checks both nodes ended cleanly,
@@ -98,7 +87,7 @@ fn the_root_node_scales_and_moves_its_vertex_by_the_schedule_while_packets_cross
     )
     .expect("faults file");
     let rep = run_scaled(dir.path(), &PLACE, &["--faults", &faults.to_string_lossy()], |_| {});
-    let c = changes(&rep);
+    let c = common::reconfigurations(&rep);
     let kinds: Vec<&str> = c.iter().map(|x| x.0.as_str()).collect();
     assert_eq!(kinds, ["scale_out", "move", "scale_out", "scale_in"], "{c:?}");
     assert!(c[1].3 > 0, "no flow moved: {c:?}");
@@ -134,7 +123,7 @@ fn the_root_node_scales_and_moves_its_vertex_when_asked_through_its_endpoint() {
         act(r#"{"slow": {"vertex": "nat", "instance": 0, "delay_us": [60, 90]}}"#);
         act(r#"{"clone": {"vertex": "nat", "instance": 0}}"#);
     });
-    let c = changes(&rep);
+    let c = common::reconfigurations(&rep);
     let kinds: Vec<&str> = c.iter().map(|x| x.0.as_str()).collect();
     assert_eq!(kinds[..4], ["scale_out", "move", "scale_in", "clone"], "{c:?}");
     assert!(c.iter().all(|x| x.1 == "nat"), "{c:?}");
@@ -154,7 +143,7 @@ fn a_vertex_manager_on_the_root_node_scales_its_straggling_vertex() {
     )
     .expect("faults file");
     let rep = run_scaled(dir.path(), &[("lb", "b"), ("trojan", "b")], &["--faults", &faults.to_string_lossy()], |_| {});
-    let c = changes(&rep);
+    let c = common::reconfigurations(&rep);
     assert!(c.iter().any(|x| x.0 == "scale_out" && x.1 == "portscan"), "the manager never scaled out: {c:?}");
     assert!(c.iter().all(|x| x.1 == "portscan" && (1..=4).contains(&x.2)), "{c:?}");
 }

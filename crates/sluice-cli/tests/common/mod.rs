@@ -404,3 +404,15 @@ pub fn spread_file_with(dir: &Path, nodes: usize, place: &[(&str, &str)], extra:
     std::fs::write(&path, yaml).expect("spread file");
     path
 }
+
+/// The changes (scaling, moves, clones) a run's JSON report lists, as (kind, vertex,
+/// instances after, flows).
+pub fn reconfigurations(report: &serde_json::Value) -> Vec<(String, String, u64, u64)> {
+    let all = report["reconfigurations"].as_array().cloned().unwrap_or_default();
+    all.iter()
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+            (s("kind"), s("vertex"), r["instances"][1].as_u64().unwrap_or(0), r["flows"].as_u64().unwrap_or(0))
+        })
+        .collect()
+}
