@@ -37,7 +37,7 @@ fn an_instance_of_another_node_crashed_with_state_in_a_redis_cluster_is_replaced
     let dir = tempfile::tempdir().expect("temp dir");
     let store = common::redis_cluster_store("spread-drill");
     let place = [("nat", "b"), ("portscan", "b"), ("lb", "b")];
-    crashed_away_with(dir.path(), "chains/example.yaml", &store, (&place, &["nat", "portscan"]), false);
+    crashed_away_with(dir.path(), "chains/example.yaml", &store, (&place, &["nat", "portscan"]), (false, None));
 }
 
 /// [`instances_of_another_node_crashed_through_its_endpoint_are_replaced_on_the_root_node`]
@@ -60,14 +60,15 @@ fn a_root_crash_with_an_instance_of_one_node_leaves_an_order_sensitive_one_on_a_
     let dir = tempfile::tempdir().expect("temp dir");
     let chain = two_nat_chain(dir.path());
     let place = [("nat/1", "b"), ("lb", "c"), ("trojan", "c")];
-    crashed_away_root_too(dir.path(), &chain.to_string_lossy(), (&place, &["nat/1", "lb"]), true);
+    crashed_away_root_too(dir.path(), &chain.to_string_lossy(), (&place, &["nat/1", "lb"]), (true, None));
 }
 
 /// Random drills: the example chain or the two-NAT one over nodes a (the root's) and b, or a,
 /// b and c, each instance placed on one at random (one at least away from a), and one or two
 /// of the instances away from a crashed alone through their node's endpoint, in a random order
-/// (in a third of the runs the root with the first, its log in the store): every run is
-/// failed over on a and verifies. 3 runs from seed 0, or `SLUICE_DRILLS_RUNS` from `SLUICE_DRILLS_SEED` (a run
+/// (in a third of the runs the root with the first, its log in the store; in half of them a
+/// vertex all on a scaled out, flows moved and scaled in meanwhile): every run is failed over
+/// on a and verifies. 3 runs from seed 0, or `SLUICE_DRILLS_RUNS` from `SLUICE_DRILLS_SEED` (a run
 /// prints what it does).
 #[test]
 fn random_placements_with_instances_crashed_alone_on_another_node_are_failed_over() {
@@ -114,8 +115,19 @@ fn random_placements_with_instances_crashed_alone_on_another_node_are_failed_ove
         let three = draw(2) == 0;
         let place: Vec<(&str, &str)> =
             place.iter().map(|(u, n)| (*u, if three && draw(2) == 0 { "c" } else { *n })).collect();
-        eprintln!("seed {seed}: root crash {root_crash}, placed {place:?}");
-        crashed_away_root_too(dir.path(), &chain, (&place, &crashes), root_crash);
+        // In half the runs a vertex all on a, fed from a, scales out by one instance before
+        // the first crash, moves flows after it and scales back in after the last one.
+        let whole_on_a = |v: &str| !place.iter().any(|(u, _)| *u == v || u.split('/').next() == Some(v));
+        let fed_from_a = |v: &str| match v {
+            "portscan" | "trojan" => whole_on_a("nat"),
+            "lb" => whole_on_a("portscan"),
+            _ => true,
+        };
+        let free: Vec<&str> =
+            ["nat", "portscan", "lb", "trojan"].into_iter().filter(|v| whole_on_a(v) && fed_from_a(v)).collect();
+        let scale = (draw(2) == 0 && !free.is_empty()).then(|| free[draw(free.len())]);
+        eprintln!("seed {seed}: root crash {root_crash}, placed {place:?}, scaled {scale:?}");
+        crashed_away_root_too(dir.path(), &chain, (&place, &crashes), (root_crash, scale));
     }
 }
 
@@ -124,14 +136,19 @@ fn random_placements_with_instances_crashed_alone_on_another_node_are_failed_ove
 /// other through their node's endpoint, the first one slowed beforehand; checks what the
 /// tests above say.
 fn crashed_away(dir: &Path, chain: &str, place: &[(&str, &str)], crashes: &[&str]) {
-    crashed_away_root_too(dir, chain, (place, crashes), false);
+    crashed_away_root_too(dir, chain, (place, crashes), (false, None));
 }
 
 /// [`crashed_away`], and with `root_crash` the root crashed too through a's endpoint, just
 /// after the first instance (the root's node keeping its log in the store).
-fn crashed_away_root_too(dir: &Path, chain: &str, (place, crashes): (&[(&str, &str)], &[&str]), root_crash: bool) {
+fn crashed_away_root_too(
+    dir: &Path,
+    chain: &str,
+    (place, crashes): (&[(&str, &str)], &[&str]),
+    (root_crash, scale): (bool, Option<&str>),
+) {
     let store = common::served_store();
-    crashed_away_with(dir, chain, &store.url, (place, crashes), root_crash);
+    crashed_away_with(dir, chain, &store.url, (place, crashes), (root_crash, scale));
 }
 
 /// [`crashed_away`] with the state at `store`. `place` may put units on a third node, c: each
@@ -141,10 +158,10 @@ fn crashed_away_with(
     chain: &str,
     store: &str,
     (place, crashes): (&[(&str, &str)], &[&str]),
-    root_crash: bool,
+    (root_crash, scale): (bool, Option<&str>),
 ) {
     let nodes = if place.iter().any(|(_, n)| *n == "c") { 3 } else { 2 };
-    let spread = spread_file(dir, nodes, place);
+    let spread = common::spread_file_with(dir, nodes, place, if scale.is_some() { "scalable: true\n" } else { "" });
     let a_ctl = free_port();
     let token = common::CONTROL_TOKEN;
     let ft = ["--fault-tolerance", "--mode", "async", "--store", store, "-w", "1"];
@@ -161,9 +178,16 @@ fn crashed_away_with(
     let mut a_extra: Vec<String> =
         [&ft[..5], &["--pace", "0.05", "--record", &rec("a")]].concat().iter().map(|s| s.to_string()).collect();
     if root_crash {
-        let ctl = ["--log", "store", "--control", &a_ctl, "--control-token", token];
-        a_extra.extend(ctl.iter().map(|s| s.to_string()));
+        a_extra.extend(["--log".to_string(), "store".into()]);
     }
+    if root_crash || scale.is_some() {
+        a_extra.extend(["--control", &a_ctl, "--control-token", token].iter().map(|s| s.to_string()));
+    }
+    // A change of a vertex all on a, asked of a's endpoint.
+    let change = |body: String| {
+        let (code, answer) = common::http(&a_ctl, "POST", "/api/v1/actions", Some(token), &body);
+        assert_eq!(code, 200, "{body}: {answer}");
+    };
     let (s, out, a_json, c) = (spread.clone(), dir.join("out.pcap"), dir.join("a.json"), chain.to_string());
     let root = std::thread::spawn(move || {
         let extra: Vec<&str> = a_extra.iter().map(String::as_str).collect();
@@ -202,9 +226,22 @@ fn crashed_away_with(
     }
     // The first one slowed so that packets queue up at it: its crash loses them.
     act(crashes[0], &format!(r#"{{"slow": {{{}, "delay_us": [300, 500]}}}}"#, target(crashes[0])));
+    if let Some(v) = scale {
+        change(format!(r#"{{"scale": {{"vertex": "{v}", "by": 1}}}}"#));
+    }
     for (i, what) in crashes.iter().enumerate() {
         std::thread::sleep(Duration::from_millis(300));
         act(what, &format!(r#"{{"crash": {{{}}}}}"#, target(what)));
+        if let Some(v) = scale {
+            // Flows move while the crashed instance's replacement is replayed to, then the
+            // vertex scales back in after the last crash.
+            let body = if i == 0 {
+                format!(r#"{{"move": {{"vertex": "{v}", "from": 0, "to": 1, "flows": 100}}}}"#)
+            } else {
+                format!(r#"{{"scale": {{"vertex": "{v}", "by": -1}}}}"#)
+            };
+            change(body);
+        }
         if root_crash && i == 0 {
             // The root fails with the instance: its log, in the store, is read back by the new
             // root, which replays what the instance held.
@@ -271,9 +308,14 @@ fn crashed_away_with(
     assert_eq!(root_crashes.len(), usize::from(root_crash), "{root_crashes:?}");
     assert!(root_crashes.iter().all(|c| c["lost"] == false), "{root_crashes:?}");
     assert_eq!(clean_link(&rep, "a")["crashed_instances"], crashes.len(), "{}", rep["link"]);
-    if chain == "chains/example.yaml" {
+    if let Some(v) = scale {
+        let c = common::reconfigurations(&rep);
+        assert_eq!(c.first().map(|x| (x.0.as_str(), x.1.as_str())), Some(("scale_out", v)), "{c:?}");
+    }
+    if chain == "chains/example.yaml" && scale.is_none() {
         // One NAT: its ports do not depend on timing, so the output is the one-process output
-        // byte for byte (with two, `verify` compares them up to the ports picked).
+        // byte for byte (with two, `verify` compares them up to the ports picked; a scaled
+        // vertex, too, may pick other ports or backends).
         let one = dir.join("one.pcap");
         one_process(&one, &[]);
         let (got, want) = (sorted_frames(&dir.join("out.pcap")), sorted_frames(&one));
