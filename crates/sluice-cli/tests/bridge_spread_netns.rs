@@ -1,8 +1,8 @@
 //! End to end over real Linux interfaces, a chain over several node processes: the NAT →
 //! portscan → LB chain bridges a client namespace to a server namespace while 20 parallel
 //! downloads of 8 MB run. Over two node processes (`--spread`, the NAT on the second): the
-//! downloads complete while the NAT's node is SIGKILLed and failed over to the bridge's node,
-//! or the node of the NAT and the LB; over three, with state in a Redis Cluster, while a Redis
+//! downloads complete while the LB on the bridge's node scales out and in and the NAT's node
+//! is SIGKILLed and failed over to the bridge's node, or the node of the NAT and the LB; over three, with state in a Redis Cluster, while a Redis
 //! primary is SIGKILLed, then the NAT's node and another primary together; over three `sluice
 //! node --run` processes placed by controllers on etcd, while the NAT's node and the leading
 //! controller are SIGKILLed together. Every transfer arrives intact, and the record of the
@@ -23,17 +23,35 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The NAT → portscan → LB chain over two node processes: the bridge, the root and the rest on
-/// node a, the NAT on node b, state in a store a third process serves. b is SIGKILLed while
-/// the downloads run; a finds it silent, replaces the NAT from the store and replays its log
-/// to it, and every download completes intact.
+/// node a, the NAT on node b, state in a store a third process serves, the spread `scalable`.
+/// While the downloads run, the LB (whole on a, fed from a) scales out through a's control
+/// endpoint and flows move to its new instance; then b is SIGKILLed: a finds it silent,
+/// replaces the NAT from the store and replays its log to it; then the LB scales back in.
+/// Every download completes intact and the record verifies.
 #[test]
-fn downloads_survive_the_nat_node_killed_mid_transfer() {
+fn downloads_survive_the_nat_node_killed_mid_transfer_while_the_lb_scales() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let store = common::served_store();
-    let run = spread_downloads(("k", Placing::File("{nat: b}")), (&store.url, 8), |pid| {
+    let ctl = common::nodes::free_port();
+    let act = |body: &str| {
+        let (code, answer) = common::http(&ctl, "POST", "/api/v1/actions", Some(common::CONTROL_TOKEN), body);
+        assert_eq!(code, 200, "{body}: {answer}");
+    };
+    let run = spread_downloads(("k", Placing::File("{nat: b}")), (&store.url, 8), Some(&ctl), |pid| {
+        act(r#"{"scale": {"vertex": "lb", "by": 1}}"#);
+        std::thread::sleep(Duration::from_millis(300));
+        act(r#"{"move": {"vertex": "lb", "from": 0, "to": 1, "flows": 5}}"#);
+        std::thread::sleep(Duration::from_millis(300));
         sh(&["kill", "-KILL", &pid("b")]);
+        std::thread::sleep(Duration::from_millis(1000));
+        act(r#"{"scale": {"vertex": "lb", "by": -1}}"#);
     });
     assert_eq!(run.failed_over, ["nat"], "{}", run.json["failovers"]);
+    let c = common::reconfigurations(&run.json);
+    let kinds: Vec<&str> = c.iter().map(|x| x.0.as_str()).collect();
+    assert_eq!(kinds, ["scale_out", "move", "scale_in"], "{c:?}");
+    assert!(c.iter().all(|x| x.1 == "lb"), "{c:?}");
+    assert!(c[1].3 > 0, "no flow moved to the LB's new instance: {c:?}");
     // The NAT's node died with its part of the record; its replacement on the root's node
     // redid what the log held, and the NAT's state is in the store the root's node reads.
     assert_equivalent(&run.records[0], &run.records[1..]);
@@ -46,7 +64,7 @@ fn downloads_survive_the_nat_node_killed_mid_transfer() {
 fn downloads_survive_the_node_of_the_nat_and_the_lb_killed_mid_transfer() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let store = common::served_store();
-    let run = spread_downloads(("w", Placing::File("{nat: b, lb: b, portscan: c}")), (&store.url, 8), |pid| {
+    let run = spread_downloads(("w", Placing::File("{nat: b, lb: b, portscan: c}")), (&store.url, 8), None, |pid| {
         sh(&["kill", "-KILL", &pid("b")]);
     });
     assert_eq!(run.failed_over, ["nat", "lb"], "{}", run.json["failovers"]);
@@ -63,7 +81,7 @@ fn downloads_survive_the_node_of_the_nat_and_the_lb_killed_mid_transfer() {
 fn downloads_survive_the_nat_node_and_the_leading_controller_killed_on_placed_nodes() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let store = common::served_store();
-    let run = spread_downloads(("h", Placing::Controllers), (&store.url, 8), |pid| {
+    let run = spread_downloads(("h", Placing::Controllers), (&store.url, 8), None, |pid| {
         sh(&["kill", "-KILL", &pid("nat"), &pid("leader")]);
     });
     assert!(run.on_victim.len() >= 2, "the NAT's node held the NAT alone: {:?}", run.on_victim);
@@ -91,7 +109,7 @@ fn downloads_survive_redis_primaries_and_the_nat_node_killed_mid_transfer() {
     // Downloads of 1 MB: NF state in Redis is far slower than in the embedded store (issue 14;
     // 250–420 packets a second through this chain here), and 2 MB took 110–150 s of the
     // downloads' 150.
-    let run = spread_downloads(("r", Placing::File("{nat: b, lb: c}")), (&store, 1), |pid| {
+    let run = spread_downloads(("r", Placing::File("{nat: b, lb: c}")), (&store, 1), None, |pid| {
         let first = redis.a_primary();
         let killed = Instant::now();
         redis.kill(first);
@@ -150,7 +168,8 @@ enum Placing<'a> {
 /// Runs the NAT → portscan → LB chain as node processes bridging namespaces `tag`: node a has
 /// the root and the bridge, b and c instances as `placing` puts them. State at `store`, fault
 /// tolerance, every node records. Starts 20 parallel downloads of `mb` MB, waits until the
-/// bridge has sent [`FAULTS_AFTER_PACKETS`], calls `faults` with a way to get a process's pid
+/// bridge has sent [`FAULTS_AFTER_PACKETS`] (with `a_control`, node a serves its control
+/// endpoint there and the spread says `scalable: true`), calls `faults` with a way to get a process's pid
 /// (a node's by name; with controllers, `nat` is the NAT's node and `leader` the leading
 /// controller), and checks that every download completed intact, that the nodes that lived
 /// ended well, that the NAT's node (b with a file) failed and nothing was lost between nodes,
@@ -158,6 +177,7 @@ enum Placing<'a> {
 fn spread_downloads(
     (tag, placing): (&str, Placing),
     (store, mb): (&str, usize),
+    a_control: Option<&str>,
     faults: impl FnOnce(&dyn Fn(&str) -> String),
 ) -> SpreadRun {
     let mut wire = Wire::new(tag);
@@ -170,8 +190,11 @@ fn spread_downloads(
     let report_s = report.to_string_lossy().into_owned();
     // A window the link's socket buffers hold whole (each datagram lost on the way stalls
     // the link until it is resent).
-    let bridge =
+    let mut bridge =
         format!("--bridge {},{} --window 1024 --duration 150 --latency-window 10 --json {report_s}", wire.m0, wire.m1);
+    if let Some(addr) = a_control {
+        bridge += &format!(" --control {addr} --control-token {}", common::CONTROL_TOKEN);
+    }
     let engine = |name: &str| {
         format!(
             "--chain {} --fault-tolerance --store {store} --workers 1 -q --record {}",
@@ -201,7 +224,9 @@ fn spread_downloads(
                 .map(|(i, n)| format!("{n}: {}", addr(i)))
                 .collect();
             let spread = dir.path().join("spread.yaml");
-            let yaml = format!("nodes: {{{}}}\nroot: a\nsilence_ms: 300\nplace: {place}\n", nodes.join(", "));
+            // With a's control endpoint, a's own vertices scale live.
+            let scalable = if a_control.is_some() { "scalable: true\n" } else { "" };
+            let yaml = format!("nodes: {{{}}}\nroot: a\nsilence_ms: 300\n{scalable}place: {place}\n", nodes.join(", "));
             std::fs::write(&spread, yaml).expect("spread file");
             drop(ports);
             let node = |name: &str, extra: &str| {
