@@ -57,7 +57,7 @@ fn two_nodes_killed_one_after_the_other_are_both_failed_over() {
 /// journals) passes `verify`.
 fn killed_nodes_are_failed_over(store: &str, nodes: usize, place: &[(&str, &str)], victims: &[&str], failed: &[&str]) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let kills = (victims, KILLS_MS, None);
+    let kills = (victims, KILLS_MS, (None, None));
     killed_nodes_of_chain_are_failed_over(dir.path(), "chains/example.yaml", store, (nodes, place), kills, failed);
 }
 
@@ -66,7 +66,9 @@ const KILLS_MS: (u64, u64) = (1000, 500);
 
 /// [`killed_nodes_are_failed_over`] for `chain`, in `dir`, the victims killed at `kills_ms`,
 /// and with `root_crash_ms` the root crashed too through a's endpoint that long after the
-/// first kill (the root's node keeping its log in the store). A chain other than the example's
+/// first kill (the root's node keeping its log in the store), and with `scale` that vertex
+/// (whole on a) scaled out before the first kill, flows moved after it and scaled in after the
+/// last, through a's endpoint (the spread `scalable`). A chain other than the example's
 /// (whose output and decisions are those of one process with one worker) is judged by
 /// `verify` alone: with two instances of an NF that shares state, which instance handed out
 /// what depends on how their packets interleaved.
@@ -75,10 +77,11 @@ fn killed_nodes_of_chain_are_failed_over(
     chain: &str,
     store: &str,
     (nodes, place): (usize, &[(&str, &str)]),
-    (victims, kills_ms, root_crash_ms): (&[&str], (u64, u64), Option<u64>),
+    (victims, kills_ms, (root_crash_ms, scale)): (&[&str], (u64, u64), (Option<u64>, Option<&str>)),
     failed: &[&str],
 ) {
-    let spread = spread_file_with(dir, nodes, place, "silence_ms: 200\n");
+    let extra = if scale.is_some() { "silence_ms: 200\nscalable: true\n" } else { "silence_ms: 200\n" };
+    let spread = spread_file_with(dir, nodes, place, extra);
     let example = chain == "chains/example.yaml";
     let ft = ["--fault-tolerance", "--mode", "async", "--store", store, "-w", "1"];
     let a_ctl = free_port();
@@ -99,19 +102,34 @@ fn killed_nodes_of_chain_are_failed_over(
     doomed.sort_by_key(|(order, _)| *order);
     // Paced: the run takes about three seconds.
     let ctl = a_ctl.clone();
+    let scaled = scale.map(str::to_string);
     let killer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(kills_ms.0));
+        let ask = |body: &str| {
+            let (code, answer) = common::http(&ctl, "POST", "/api/v1/actions", Some(common::CONTROL_TOKEN), body);
+            format!("{body}: {code} {answer}")
+        };
         let mut said = Vec::new();
+        // A vertex whole on a scales out halfway to the first kill, moves flows after it and
+        // scales back in after the last.
+        let change = |what: &str| scaled.as_ref().map(|v| ask(&what.replace("V", v)));
+        std::thread::sleep(Duration::from_millis(kills_ms.0 / 2));
+        said.extend(change(r#"{"scale": {"vertex": "V", "by": 1}}"#));
+        std::thread::sleep(Duration::from_millis(kills_ms.0 - kills_ms.0 / 2));
+        let last = doomed.len() - 1;
         for (i, (_, mut child)) in doomed.into_iter().enumerate() {
             child.kill();
             let killed = Instant::now();
             if let Some(after) = root_crash_ms.filter(|_| i == 0) {
                 std::thread::sleep(Duration::from_millis(after));
-                let (code, answer) =
-                    common::http(&ctl, "POST", "/api/v1/actions", Some(common::CONTROL_TOKEN), r#"{"crash_root": {}}"#);
-                said.push(format!("crash_root: {code} {answer}"));
+                said.push(ask(r#"{"crash_root": {}}"#));
+            }
+            if i == 0 {
+                said.extend(change(r#"{"move": {"vertex": "V", "from": 0, "to": 1, "flows": 100}}"#));
             }
             said.push(node_end(child, Duration::from_secs(5)).1);
+            if i == last {
+                said.extend(change(r#"{"scale": {"vertex": "V", "by": -1}}"#));
+            }
             std::thread::sleep(Duration::from_millis(kills_ms.1).saturating_sub(killed.elapsed()));
         }
         said
@@ -121,7 +139,10 @@ fn killed_nodes_of_chain_are_failed_over(
     let a_rec = rec("a");
     let mut a_args: Vec<&str> = [&ft[..5], &["--pace", "0.05", "--record", &a_rec]].concat();
     if root_crash_ms.is_some() {
-        a_args.extend(["--log", "store", "--control", &a_ctl, "--control-token", common::CONTROL_TOKEN]);
+        a_args.extend(["--log", "store"]);
+    }
+    if root_crash_ms.is_some() || scale.is_some() {
+        a_args.extend(["--control", &a_ctl, "--control-token", common::CONTROL_TOKEN]);
     }
     let a = root_node_of(chain, &spread, &out, &a_json, &a_args);
     let victims_said = killer.join().expect("killer");
@@ -153,6 +174,10 @@ fn killed_nodes_of_chain_are_failed_over(
     let root_crashes = rep["root_crashes"].as_array().cloned().unwrap_or_default();
     assert_eq!(root_crashes.len(), usize::from(root_crash_ms.is_some()), "{root_crashes:?} {victims_said:?}");
     assert!(root_crashes.iter().all(|c| c["lost"] == false), "{root_crashes:?}");
+    if let Some(v) = scale {
+        let c = common::reconfigurations(&rep);
+        assert_eq!(c.first().map(|x| (x.0.as_str(), x.1.as_str())), Some(("scale_out", v)), "{c:?} {victims_said:?}");
+    }
 
     // Decisions only the killed nodes made (before they died): in their journals alone.
     let lost = if example {
@@ -242,7 +267,7 @@ fn a_node_sharing_a_split_vertex_killed_mid_run_is_failed_over() {
         &chain,
         &store.url,
         (3, &place),
-        (&["c"], KILLS_MS, None),
+        (&["c"], KILLS_MS, (None, None)),
         &["nat", "lb"],
     );
 }
@@ -281,7 +306,7 @@ fn nodes_around_the_detector_killed(victims: &[&str], failed: &[&str]) {
         &chain.to_string_lossy(),
         &store.url,
         (3, &place),
-        (victims, KILLS_MS, None),
+        (victims, KILLS_MS, (None, None)),
         failed,
     );
 }
@@ -302,14 +327,15 @@ fn both_nats_and_the_lb_on_a_node_killed_mid_run_are_failed_over() {
         &chain,
         &store.url,
         (2, &place),
-        (&["b"], KILLS_MS, None),
+        (&["b"], KILLS_MS, (None, None)),
         &["nat", "nat", "lb"],
     );
 }
 
 /// Random placements of the two-NAT chain's instances over two or three nodes, and one or
 /// two of the nodes without the root killed (in a random order, at random moments), in a third
-/// of the runs the root crashed too just after the first kill, state in a served store: every
+/// of the runs the root crashed too just after the first kill, in half of them a vertex whole
+/// on a scaled out, flows moved and scaled back in meanwhile, state in a served store: every
 /// packet left and the record verifies. 4 runs from seed 0, or
 /// `SLUICE_SPREAD_RANDOM_RUNS` from `SLUICE_SPREAD_RANDOM_SEED` (a run prints its placement).
 #[test]
@@ -354,7 +380,17 @@ fn random_placement_killed(seed: u64) {
     // In a third of the runs the root crashes too, before, while or after the root's node
     // finds the first victim silent (the spread's silence is 200 ms).
     let root_crash_ms = (draw(3) == 0).then(|| 40 * draw(10) as u64);
-    eprintln!("seed {seed}: {nodes} nodes, placed {place:?}, killed {victims:?} at {kills_ms:?} ms, root crash (ms after the first kill) {root_crash_ms:?}");
+    // In half the runs a vertex whole on a and fed from a scales out and in meanwhile.
+    let whole_on_a = |v: &str| instances.iter().zip(&on).all(|((_, vertex), n)| *vertex != v || *n == "a");
+    let fed_from_a = |v: &str| match v {
+        "portscan" | "trojan" => whole_on_a("nat"),
+        "lb" => whole_on_a("portscan"),
+        _ => true,
+    };
+    let free: Vec<&str> =
+        ["nat", "portscan", "lb", "trojan"].into_iter().filter(|v| whole_on_a(v) && fed_from_a(v)).collect();
+    let scale = (draw(2) == 0 && !free.is_empty()).then(|| free[draw(free.len())]);
+    eprintln!("seed {seed}: {nodes} nodes, placed {place:?}, killed {victims:?} at {kills_ms:?} ms, root crash (ms after the first kill) {root_crash_ms:?}, scaled {scale:?}");
     // SLUICE_SPREAD_KEEP=1 keeps the run's files (reports, records, output) to look into.
     let temp = tempfile::tempdir().expect("temp dir");
     let (dir, _temp) = match std::env::var_os("SLUICE_SPREAD_KEEP") {
@@ -365,6 +401,6 @@ fn random_placement_killed(seed: u64) {
     let chain = two_nat_chain(&dir);
     let store = common::served_store();
     let chain = chain.to_string_lossy();
-    let kills = (&victims[..], kills_ms, root_crash_ms);
+    let kills = (&victims[..], kills_ms, (root_crash_ms, scale));
     killed_nodes_of_chain_are_failed_over(&dir, &chain, &store.url, (nodes, &place), kills, &failed);
 }
