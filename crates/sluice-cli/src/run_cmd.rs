@@ -131,7 +131,8 @@ pub(crate) struct RunArgs {
     /// the extra time per packet; a moved flow's packets wait at its new instance until the old
     /// one is done with it. A `run:` section is for `sluice verify` (the chain, input, limit and
     /// log come from this command line; its `roots` must match --roots). Turns on
-    /// --fault-tolerance; needs a store (not --mode local). On a live --bridge, events are placed
+    /// --fault-tolerance (not in a spread chain: give every node the same options); needs a
+    /// store (not --mode local). On a live --bridge, events are placed
     /// by packet (`at: { packet: N }`): a live input has no length for percent.
     #[arg(long, value_name = "FILE")]
     faults: Option<PathBuf>,
@@ -520,8 +521,9 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
     }
 }
 
-/// With `--faults`: the schedule's events and policies go into `cfg` (fault tolerance on);
-/// `count` gives the input's length for percent positions.
+/// With `--faults`: the schedule's events and policies go into `cfg` (fault tolerance on, but
+/// in a spread chain, where every node must be given the same options and the schedule takes
+/// no crash); `count` gives the input's length for percent positions.
 fn apply_faults(
     a: &RunArgs,
     chain: &Chain,
@@ -532,7 +534,7 @@ fn apply_faults(
     let faults = run_faults::faults(f, chain, a.engine.roots, count)?;
     cfg.planned = faults.planned;
     cfg.policies = faults.policies;
-    cfg.fault_tolerance = true;
+    cfg.fault_tolerance |= cfg.part.is_none();
     Ok(())
 }
 
