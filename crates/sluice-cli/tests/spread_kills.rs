@@ -61,6 +61,10 @@ fn killed_nodes_are_failed_over(store: &str, nodes: usize, place: &[(&str, &str)
     killed_nodes_of_chain_are_failed_over(dir.path(), "chains/example.yaml", store, (nodes, place), kills, failed);
 }
 
+/// The nodes killed, when (the first, ms after the nodes start; then between two), how long
+/// after the first the root crashes too, and the vertex scaled meanwhile.
+type Kills<'a> = (&'a [&'a str], (u64, u64), (Option<u64>, Option<&'a str>));
+
 /// When the first victim is killed (ms after the nodes start) and how long after each the next.
 const KILLS_MS: (u64, u64) = (1000, 500);
 
@@ -77,7 +81,7 @@ fn killed_nodes_of_chain_are_failed_over(
     chain: &str,
     store: &str,
     (nodes, place): (usize, &[(&str, &str)]),
-    (victims, kills_ms, (root_crash_ms, scale)): (&[&str], (u64, u64), (Option<u64>, Option<&str>)),
+    (victims, kills_ms, (root_crash_ms, scale)): Kills<'_>,
     failed: &[&str],
 ) {
     let extra = if scale.is_some() { "silence_ms: 200\nscalable: true\n" } else { "silence_ms: 200\n" };
