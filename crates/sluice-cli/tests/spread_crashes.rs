@@ -117,14 +117,7 @@ fn random_placements_with_instances_crashed_alone_on_another_node_are_failed_ove
             place.iter().map(|(u, n)| (*u, if three && draw(2) == 0 { "c" } else { *n })).collect();
         // In half the runs a vertex all on a, fed from a, scales out by one instance before
         // the first crash, moves flows after it and scales back in after the last one.
-        let whole_on_a = |v: &str| !place.iter().any(|(u, _)| *u == v || u.split('/').next() == Some(v));
-        let fed_from_a = |v: &str| match v {
-            "portscan" | "trojan" => whole_on_a("nat"),
-            "lb" => whole_on_a("portscan"),
-            _ => true,
-        };
-        let free: Vec<&str> =
-            ["nat", "portscan", "lb", "trojan"].into_iter().filter(|v| whole_on_a(v) && fed_from_a(v)).collect();
+        let free = common::nodes::changeable_on_a(&place);
         let scale = (draw(2) == 0 && !free.is_empty()).then(|| free[draw(free.len())]);
         eprintln!("seed {seed}: root crash {root_crash}, placed {place:?}, scaled {scale:?}");
         crashed_away_root_too(dir.path(), &chain, (&place, &crashes), (root_crash, scale));

@@ -385,14 +385,7 @@ fn random_placement_killed(seed: u64) {
     // finds the first victim silent (the spread's silence is 200 ms).
     let root_crash_ms = (draw(3) == 0).then(|| 40 * draw(10) as u64);
     // In half the runs a vertex whole on a and fed from a scales out and in meanwhile.
-    let whole_on_a = |v: &str| instances.iter().zip(&on).all(|((_, vertex), n)| *vertex != v || *n == "a");
-    let fed_from_a = |v: &str| match v {
-        "portscan" | "trojan" => whole_on_a("nat"),
-        "lb" => whole_on_a("portscan"),
-        _ => true,
-    };
-    let free: Vec<&str> =
-        ["nat", "portscan", "lb", "trojan"].into_iter().filter(|v| whole_on_a(v) && fed_from_a(v)).collect();
+    let free = common::nodes::changeable_on_a(&place);
     let scale = (draw(2) == 0 && !free.is_empty()).then(|| free[draw(free.len())]);
     eprintln!("seed {seed}: {nodes} nodes, placed {place:?}, killed {victims:?} at {kills_ms:?} ms, root crash (ms after the first kill) {root_crash_ms:?}, scaled {scale:?}");
     // SLUICE_SPREAD_KEEP=1 keeps the run's files (reports, records, output) to look into.

@@ -140,3 +140,16 @@ pub fn two_nat_chain(dir: &Path) -> PathBuf {
     std::fs::write(&path, chain).expect("chain file");
     path
 }
+
+/// The example chain's vertices (one NAT or two) that the root's node `a` may change live with
+/// `place` (units away from a, `vertex` or `vertex/index`): those whole on a whose feeders are
+/// whole on a too (docs/decisions.md, "Changes on the root's node").
+pub fn changeable_on_a(place: &[(&str, &str)]) -> Vec<&'static str> {
+    let whole_on_a = |v: &str| !place.iter().any(|(u, _)| *u == v || u.split('/').next() == Some(v));
+    let fed_from_a = |v: &str| match v {
+        "portscan" | "trojan" => whole_on_a("nat"),
+        "lb" => whole_on_a("portscan"),
+        _ => true,
+    };
+    ["nat", "portscan", "lb", "trojan"].into_iter().filter(|v| whole_on_a(v) && fed_from_a(v)).collect()
+}
