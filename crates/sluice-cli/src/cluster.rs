@@ -159,7 +159,7 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
         n @ ("scale" | "move" | "clone") => {
             return control::error(
                 StatusCode::NOT_IMPLEMENTED,
-                &format!("a chain spread over nodes runs with the spread it started with and takes no live changes yet (docs/decisions.md, \"Nodes hosting their units\"), so the controller cannot `{n}`"),
+                &format!("the controller cannot `{n}` yet: a hosted run keeps the placement it started with (docs/decisions.md, \"Nodes hosting their units\"); a chain run with `sluice run --spread` and `scalable: true` in its spread file takes `{n}` of the vertices whole on the root's node at that node's control endpoint"),
             )
         }
         n => {
