@@ -336,32 +336,18 @@ pub fn run(
         wake: wake::Wake::new(slot_count, workers),
         send_updates_first: can_fail_over && spread::may_fail_over(layout.as_ref()),
     });
-    if let Some(l) = layout.as_ref().filter(|l| l.has_root()) {
-        spread::check_planned_changes(l, &shared.vertices, (&cfg.planned, &cfg.policies))?;
-    }
+    let mut planned = config::planned_in_order(&shared, cfg, scalable, layout.as_ref())?.into_iter().peekable();
     // The configuration is good: the store is this run's from here on.
     if let (Some(mark), Some(backend)) = (&cfg.claim, &store) {
         crate::store_claim::claim_store(backend, mark, false)?;
     }
-    let mut planned = config::planned_in_order(&shared, &cfg.planned, scalable)?.into_iter().peekable();
     // The admission count of the next planned event: one comparison per packet until then.
     let mut next_fault = planned.peek().map_or(u64::MAX, Planned::after);
     let mut scaling_side = reconfig::RootSide::default();
     let mut reconfigurations = Vec::new();
     let managed = !cfg.policies.is_empty();
     if let Some(live) = &shared.live {
-        live.set_failover(match (cfg.fault_tolerance, can_fail_over) {
-            (_, true) => None,
-            (false, _) => Some("the run keeps no root log to replay: start it with --fault-tolerance".into()),
-            (true, false) => {
-                Some("the run keeps its state in the instances (local): a replacement needs a store".into())
-            }
-        });
-        live.set_root_crash((!cfg.fault_tolerance).then(|| crate::live::NO_ROOT_LOG.into()));
-        live.set_store_crash(why_no_store_crash);
-        live.set_scaling((!scalable).then(|| {
-            "the run was not started to scale: give it a store (not local state) and a control endpoint, or `scale`/`move` faults".into()
-        }));
+        config::tell_live(live, cfg, (can_fail_over, scalable, why_no_store_crash));
         if let Some(l) = &layout {
             spread::live_view(live, l, (&shared.vertices, slot_count), scalable);
         }

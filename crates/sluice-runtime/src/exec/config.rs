@@ -310,14 +310,38 @@ fn spread_allowed(cfg: &RunConfig, unannounced: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// `planned` in the order they apply (stable: events at one point keep their order), each
-/// checked against the chain.
+/// Tells `live` what the run can be asked to do (`None`) or why not: crash instances (it can
+/// fail over), crash the root, lose the store (`why_no_store_crash`), scale.
+pub(super) fn tell_live(
+    live: &crate::live::Live,
+    cfg: &RunConfig,
+    (can_fail_over, scalable, why_no_store_crash): (bool, bool, Option<String>),
+) {
+    live.set_failover(match (cfg.fault_tolerance, can_fail_over) {
+        (_, true) => None,
+        (false, _) => Some("the run keeps no root log to replay: start it with --fault-tolerance".into()),
+        (true, false) => Some("the run keeps its state in the instances (local): a replacement needs a store".into()),
+    });
+    live.set_root_crash((!cfg.fault_tolerance).then(|| crate::live::NO_ROOT_LOG.into()));
+    live.set_store_crash(why_no_store_crash);
+    live.set_scaling((!scalable).then(|| {
+        "the run was not started to scale: give it a store (not local state) and a control endpoint, or `scale`/`move` faults".into()
+    }));
+}
+
+/// `cfg.planned` in the order they apply (stable: events at one point keep their order), each
+/// checked against the chain (and, on a spread's root's node, with its policies, against what
+/// that node may change: `layout`).
 pub(super) fn planned_in_order(
     shared: &super::Shared,
-    planned: &[Planned],
+    cfg: &RunConfig,
     scalable: bool,
+    layout: Option<&crate::spread::Layout>,
 ) -> Result<Vec<Planned>, RunError> {
-    let mut planned = planned.to_vec();
+    if let Some(l) = layout.filter(|l| l.has_root()) {
+        super::spread::check_planned_changes(l, &shared.vertices, (&cfg.planned, &cfg.policies))?;
+    }
+    let mut planned = cfg.planned.to_vec();
     planned.sort_by_key(Planned::after);
     for p in &planned {
         match p {
