@@ -298,7 +298,7 @@ fn spread_allowed(cfg: &RunConfig, unannounced: bool) -> Result<(), String> {
     if cfg.planned.iter().any(|p| !matches!(p, Planned::Change(_) | Planned::Slow(_))) {
         return not_yet("planned faults (--faults) other than `scale`, `move`, `clone` and `slow`");
     }
-    if unannounced || (!cfg.policies.is_empty() && !cfg.part.as_ref().is_some_and(|p| p.spread.scalable)) {
+    if unannounced {
         return Err("scaling, moves and clones in a chain over several nodes need `scalable: true` in the spread file (every node keeps places for the instances added)".into());
     }
     if cfg.roots > 1 {

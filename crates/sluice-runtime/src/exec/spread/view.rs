@@ -52,16 +52,15 @@ pub(in crate::exec) fn live_view(
 /// instances: both must happen on the root's node, so every instance of the vertex and of
 /// every vertex that sends to it must run there (the root itself sends to the entry's).
 pub(in crate::exec) fn fixed_vertices(layout: &Layout, vertices: &[VertexPlan]) -> Vec<Option<String>> {
-    let away = |vp: &VertexPlan| away(layout, vp);
     vertices
         .iter()
         .enumerate()
         .map(|(v, vp)| {
-            if let Some(node) = away(vp) {
+            if let Some(node) = away(layout, vp) {
                 return Some(format!("`{}` has instances on node `{node}`: only vertices all on the root's node change live in a chain spread over nodes", vp.name));
             }
             vertices.iter().filter(|u| u.successors().contains(&v)).find_map(|u| {
-                away(u).map(|node| {
+                away(layout, u).map(|node| {
                     format!(
                         "`{}`, which sends packets to `{}`, has instances on node `{node}`: the split to `{}` would change on two nodes",
                         u.name, vp.name, vp.name
