@@ -88,13 +88,8 @@ fn run_scaled(
 #[test]
 fn the_root_node_scales_and_moves_its_vertex_by_the_schedule_while_packets_cross_to_another_node() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let faults = dir.path().join("changes.yaml");
-    std::fs::write(
-        &faults,
-        "events:\n  - at: { packet: 3000 }\n    scale: { vertex: nat, to: 2 }\n  - at: { packet: 6000 }\n    move: { vertex: nat, from: 0, to: 1 }\n  - at: { packet: 9000 }\n    scale: { vertex: nat, to: 3 }\n  - at: { packet: 14000 }\n    scale: { vertex: nat, to: 1 }\n",
-    )
-    .expect("faults file");
-    let rep = run_scaled(dir.path(), (&PLACE, false), &["--faults", &faults.to_string_lossy()], |_| {});
+    let faults = common::schedule(dir.path(), "changes.yaml", "events:\n  - at: { packet: 3000 }\n    scale: { vertex: nat, to: 2 }\n  - at: { packet: 6000 }\n    move: { vertex: nat, from: 0, to: 1 }\n  - at: { packet: 9000 }\n    scale: { vertex: nat, to: 3 }\n  - at: { packet: 14000 }\n    scale: { vertex: nat, to: 1 }\n");
+    let rep = run_scaled(dir.path(), (&PLACE, false), &["--faults", &faults], |_| {});
     let c = common::reconfigurations(&rep);
     let kinds: Vec<&str> = c.iter().map(|x| x.0.as_str()).collect();
     assert_eq!(kinds, ["scale_out", "move", "scale_out", "scale_in"], "{c:?}");
@@ -144,14 +139,9 @@ fn the_root_node_scales_and_moves_its_vertex_when_asked_through_its_endpoint() {
 #[test]
 fn a_vertex_manager_on_the_root_node_scales_its_straggling_vertex() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let faults = dir.path().join("managed.yaml");
-    std::fs::write(
-        &faults,
-        "seed: 1\nevents:\n  - at: { percent: 10 }\n    slow: { vertex: portscan, instance: 0, delay_us: [1, 3] }\n  - at: { percent: 50 }\n    slow: { vertex: portscan, instance: 0, delay_us: [0, 0] }\npolicies:\n  - { vertex: portscan, scale_out_above: { queue: 64 }, scale_in_below: { queue: 4 }, max_instances: 4, min_instances: 1 }\n",
-    )
-    .expect("faults file");
+    let faults = common::schedule(dir.path(), "managed.yaml", "seed: 1\nevents:\n  - at: { percent: 10 }\n    slow: { vertex: portscan, instance: 0, delay_us: [1, 3] }\n  - at: { percent: 50 }\n    slow: { vertex: portscan, instance: 0, delay_us: [0, 0] }\npolicies:\n  - { vertex: portscan, scale_out_above: { queue: 64 }, scale_in_below: { queue: 4 }, max_instances: 4, min_instances: 1 }\n");
     let place = [("lb", "b"), ("trojan", "b")];
-    let rep = run_scaled(dir.path(), (&place, true), &["--faults", &faults.to_string_lossy()], |_| {});
+    let rep = run_scaled(dir.path(), (&place, true), &["--faults", &faults], |_| {});
     let c = common::reconfigurations(&rep);
     assert!(c.iter().any(|x| x.0 == "scale_out" && x.1 == "portscan"), "the manager never scaled out: {c:?}");
     assert!(c.iter().all(|x| x.1 == "portscan" && (1..=4).contains(&x.2)), "{c:?}");
@@ -164,14 +154,12 @@ fn a_vertex_manager_on_the_root_node_scales_its_straggling_vertex() {
 fn changes_the_root_node_cannot_make_are_refused_with_the_reason() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = common::served_store();
-    let faults = |name: &str, vertex: &str| {
-        let path = dir.path().join(format!("{name}.yaml"));
-        std::fs::write(
-            &path,
-            format!("events:\n  - at: {{ packet: 100 }}\n    scale: {{ vertex: {vertex}, to: 2 }}\n"),
+    let schedule_file = |name: &str, body: &str| common::schedule(dir.path(), &format!("{name}.yaml"), body);
+    let faults = |vertex: &str| {
+        schedule_file(
+            vertex,
+            &format!("events:\n  - at: {{ packet: 100 }}\n    scale: {{ vertex: {vertex}, to: 2 }}\n"),
         )
-        .expect("faults file");
-        path.to_string_lossy().into_owned()
     };
     let run = |spread: &Path, faults: &str| {
         let out = dir.path().join("out.pcap");
@@ -187,22 +175,20 @@ fn changes_the_root_node_cannot_make_are_refused_with_the_reason() {
         ("portscan", "`portscan` has instances on node `b`"),
         ("lb", "`portscan`, which sends packets to `lb`, has instances on node `b`"),
     ] {
-        let o = run(&scalable, &faults(vertex, vertex));
+        let o = run(&scalable, &faults(vertex));
         assert_eq!(o.status.code(), Some(2), "{}", text(&o));
         assert!(text(&o).contains(says), "{}", text(&o));
     }
-    let on_b = |name: &str, body: &str| {
-        let path = dir.path().join(format!("{name}.yaml"));
-        std::fs::write(&path, body).expect("faults file");
-        path.to_string_lossy().into_owned()
-    };
     for (faults, says) in [
         (
-            on_b("policy", "policies:\n  - { vertex: portscan, scale_out_above: { queue: 64 }, max_instances: 2 }\n"),
+            schedule_file(
+                "policy",
+                "policies:\n  - { vertex: portscan, scale_out_above: { queue: 64 }, max_instances: 2 }\n",
+            ),
             "a vertex manager's policy: `portscan` has instances on node `b`",
         ),
         (
-            on_b(
+            schedule_file(
                 "slow",
                 "events:\n  - at: { packet: 10 }\n    slow: { vertex: portscan, instance: 0, delay_us: [1, 2] }\n",
             ),
@@ -214,7 +200,7 @@ fn changes_the_root_node_cannot_make_are_refused_with_the_reason() {
         assert!(text(&o).contains(says), "{}", text(&o));
     }
     let fixed = spread_file_with(dir.path(), 2, &[("portscan", "b")], "");
-    let o = run(&fixed, &faults("nat", "nat"));
+    let o = run(&fixed, &faults("nat"));
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("`scalable: true` in the spread file"), "{}", text(&o));
 }
