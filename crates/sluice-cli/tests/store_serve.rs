@@ -214,4 +214,12 @@ fn a_verification_on_a_store_another_run_left_its_state_in_is_refused_unless_emp
     let o = verify(&["--fresh-store"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("EQUIVALENT"), "{}", text(&o));
+    // The store crashing before the engine's first checkpoint keeps the claim: its rebuild
+    // starts from the store as the verification began, not from nothing.
+    let o = verify(&["--fresh-store", "--crash-store", "1%"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("EQUIVALENT"), "{}", text(&o));
+    let o = verify(&[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("already holds the state of another run (chain `example`"), "{}", text(&o));
 }

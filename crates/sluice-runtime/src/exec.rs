@@ -341,6 +341,14 @@ pub fn run(
     if let (Some(mark), Some(backend)) = (&cfg.claim, &store) {
         crate::store_claim::claim_store(backend, mark, false)?;
     }
+    // A run that may lose its store rebuilds it from its last checkpoint: the first is the
+    // store as the run starts (its claim with it), not nothing.
+    let first_checkpoint = match (&shared.store_crash, &store) {
+        (Some(_), Some(backend)) => {
+            backend.checkpoint().map_err(|e| RunError::Store(format!("the run's first checkpoint: {e}")))?
+        }
+        _ => sluice_store::Checkpoint::default(),
+    };
     // The admission count of the next planned event: one comparison per packet until then.
     let mut next_fault = planned.peek().map_or(u64::MAX, Planned::after);
     let mut scaling_side = reconfig::RootSide::default();
@@ -438,7 +446,7 @@ pub fn run(
     let mut root_crash_due: Option<u64> = None;
     // The packet count the last store crash was asked at.
     let mut store_crash_at = 0u64;
-    let mut checkpoints = store_crash::Checkpoints::new(cfg.checkpoint_every);
+    let mut checkpoints = store_crash::Checkpoints::new(cfg.checkpoint_every, first_checkpoint);
     let mut source_done = false;
     let mut last_progress = Instant::now();
     // The oldest unfinished clock as last seen, and since when it has not moved.

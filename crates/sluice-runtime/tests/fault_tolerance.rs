@@ -110,3 +110,34 @@ fn the_root_log_empties_with_redis() {
     assert!(ft.commits > 0, "Redis acknowledged updates through the log: {ft:?}");
     assert_eq!(waiting_commits(&r), 0);
 }
+
+/// A run's claim on its store (the mark that makes a second run on it refused) survives the
+/// store crashing, also before the first checkpoint: a rebuild from no checkpoint at all must
+/// not hand the next run a store that looks like no run's.
+#[test]
+fn a_store_rebuilt_before_any_checkpoint_still_holds_the_runs_claim() {
+    let pkts = trace("echo-connections.pcap");
+    for checkpoint_every in [None, Some(std::time::Duration::from_millis(1))] {
+        let backend: Arc<dyn sluice_store::Backend> = Arc::new(EmbeddedStore::start(2).expect("store"));
+        let state = StateConfig::Store { backend: backend.clone(), client: ClientConfig::default() };
+        let plan = compile_with(&example_chain(), &sluice_nfs::registry(), &pkts, &state).expect("plan");
+        let cfg = RunConfig {
+            workers: 2,
+            pin: false,
+            fault_tolerance: true,
+            checkpoint_every,
+            planned: vec![sluice_runtime::exec::Planned::CrashStore(20)],
+            claim: Some("the first run".into()),
+            ..RunConfig::default()
+        };
+        let mut sink = CollectSink::default();
+        let r = run(plan, &cfg, &mut MemorySource::new(&pkts), &mut sink, RunHooks::default()).expect("run");
+        assert!(r.balanced(), "{:?}", r.dropped);
+        assert_eq!(r.store_crashes.len(), 1, "the store crashed and was rebuilt once");
+        let again = sluice_runtime::store_claim::claim_store(&backend, "a second run", false);
+        match again {
+            Err(sluice_runtime::store_claim::ClaimError::Taken(by)) => assert_eq!(by, "the first run"),
+            other => panic!("checkpoints {checkpoint_every:?}: a second run's claim gave {other:?}"),
+        }
+    }
+}

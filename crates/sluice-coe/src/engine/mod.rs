@@ -380,6 +380,13 @@ impl<'a> Engine<'a> {
     /// Runs `packets` through the physical chain with `faults` (absolute packet counts, sorted).
     pub fn run(mut self, packets: &[Packet], faults: &[(u64, FaultEvent)]) -> Result<EngineReport, EngineError> {
         self.report.observed.inputs = packets.len() as u64;
+        // A store crash rebuilds from the last checkpoint: the first is the store as the run
+        // starts (with the claim of whoever runs it), not nothing.
+        if self.checkpoint.is_none()
+            && faults.iter().any(|(_, f)| matches!(f.action, crate::schedule::Action::CrashStore))
+        {
+            self.checkpoint = Some(self.backend.checkpoint().map_err(store_err)?);
+        }
         let mut next_input = 0usize;
         let mut next_fault = 0usize;
         let mut events = 0u64;

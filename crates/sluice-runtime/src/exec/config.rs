@@ -181,6 +181,9 @@ pub enum RunError {
     /// Bad run parameters.
     #[error("run configuration: {0}")]
     Config(String),
+    /// The state store failed before the run began (its first checkpoint).
+    #[error("state store: {0}")]
+    Store(String),
     /// The store could not be claimed for the run (another run's state is in it).
     #[error(transparent)]
     Claim(#[from] crate::store_claim::ClaimError),

@@ -319,9 +319,9 @@ pub(super) struct Checkpoints {
 const HELD_AT_MOST_ONE_IN: u32 = 10;
 
 impl Checkpoints {
-    /// Checkpoints every `every` (none: never).
-    pub(super) fn new(every: Option<Duration>) -> Checkpoints {
-        let (last, last_taken) = (Instant::now(), Checkpoint::default());
+    /// Checkpoints every `every` (none: never), the last so far `first`.
+    pub(super) fn new(every: Option<Duration>, first: Checkpoint) -> Checkpoints {
+        let (last, last_taken) = (Instant::now(), first);
         Checkpoints { every, last, taking: None, last_taken, logs_lost_seen: 0, crash_due: false, held: Duration::ZERO }
     }
 
@@ -505,7 +505,7 @@ mod tests {
     #[test]
     fn periodic_checkpoints_take_at_most_a_tenth_of_the_time() {
         let every = Duration::from_millis(150);
-        let mut c = Checkpoints::new(Some(every));
+        let mut c = Checkpoints::new(Some(every), Checkpoint::default());
         assert_eq!(c.interval(every), every, "short checkpoints keep the period asked for");
         c.held = Duration::from_millis(10);
         assert_eq!(c.interval(every), every);
