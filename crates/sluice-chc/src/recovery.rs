@@ -77,6 +77,34 @@ pub fn without_baseline_duplicates(logs: &mut [RecoveryLog], cp: &Checkpoint) {
     }
 }
 
+/// A store rebuild as the core plans it: what the new store starts from and re-executes, and
+/// the marks of the updates whose packets are still in flight ([`in_flight_marks`]). The
+/// driver carries it out with `sluice_store::recovery::rebuild`.
+pub struct StoreRebuild {
+    /// Values, TS vector and updates to re-execute; its per-clock log only for packets still
+    /// in flight.
+    pub plan: RebuildPlan,
+    /// The in-flight updates' tags, for the rebuilt store's per-clock log.
+    pub marks: Vec<Request>,
+}
+
+/// Plans the rebuild of a crashed store from `checkpoint`, the instances' `logs` and
+/// `per_flow` copies ([`rebuild_plan`]), keeping only what packets still in the root's log
+/// (`in_log`) need of the per-clock log.
+pub fn plan_store_rebuild(
+    checkpoint: &Checkpoint,
+    logs: &mut [RecoveryLog],
+    per_flow: Vec<(StoreKey, Option<Value>)>,
+    decls: &[Vec<StateDecl>],
+    entry_time: &dyn Fn(Clock) -> u64,
+    in_log: &dyn Fn(Clock) -> bool,
+) -> StoreRebuild {
+    let mut plan = rebuild_plan(checkpoint, logs, per_flow, decls, entry_time);
+    plan.log.retain(|l| in_log(l.clock));
+    let marks = in_flight_marks(logs, in_log);
+    StoreRebuild { plan, marks }
+}
+
 /// The requests that tell a rebuilt store which updates of packets still in the root's log
 /// (`in_log`) it holds: their tags go into its per-clock log (as no-op updates of a scratch
 /// value), so a later replay of those packets is recognised as a duplicate rather than applied

@@ -273,6 +273,34 @@ fn merge(
     out
 }
 
+/// The client the in-flight marks of a [`rebuild`] are sent as (no NF instance's).
+const MARKS_CLIENT: InstanceId = InstanceId(u32::MAX - 1);
+
+/// A crashed store rebuilt in place, the one way every driver does it: `backend` is emptied,
+/// each vertex's custom operations registered again (re-executed updates may use them),
+/// `plan` applied with `timers` ([`apply`]), and `marks` — the updates of packets still in
+/// flight, as the core plans them — executed and acknowledged before this returns, so a replay
+/// of those packets is recognised as one.
+pub fn rebuild<'a>(
+    backend: &dyn Backend,
+    plan: &RebuildPlan,
+    timers: &[(StoreKey, u64, InstanceId)],
+    custom_ops: impl IntoIterator<Item = (u16, &'a [sluice_state::CustomOp])>,
+    marks: Vec<Request>,
+) -> Result<RebuildStats, StoreError> {
+    backend.wipe()?;
+    for (vertex, ops) in custom_ops {
+        backend.register_custom_ops(vertex, ops)?;
+    }
+    let stats = apply(backend, plan, timers)?;
+    if !marks.is_empty() {
+        let mut r = Replayer { conn: backend.connect(MARKS_CLIENT)?, next_batch: 1, replies: Replies::default() };
+        r.conn.send(1, marks.into())?;
+        r.wait_acks(&[1])?;
+    }
+    Ok(stats)
+}
+
 /// One instance's connection to the rebuilt store.
 struct Replayer {
     conn: Box<dyn Connection>,

@@ -7,14 +7,14 @@ use crate::root_log::StoreLog;
 use crate::schedule::{Action, ScaleTo};
 use sluice_chc::failover::{instance_failed, Loss};
 use sluice_chc::gate::Decided;
-use sluice_chc::recovery::{in_flight_marks, rebuild_plan};
+use sluice_chc::recovery::plan_store_rebuild;
 use sluice_chc::NodeId;
 use sluice_nf::Instance;
 use sluice_packet::InstanceId;
 use sluice_runtime::plan::{build_instance, Target};
 use sluice_store::recovery::{ReadRecord, RecoveryLog};
 use std::collections::{BTreeMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 impl Engine<'_> {
     /// Applies the faults of one point, in schedule order, except that failures at one point
@@ -364,16 +364,13 @@ impl Engine<'_> {
         let multi_root = self.root.roots() > 1;
         let root = &self.root;
         let entry_time = |c| if multi_root { root.entry_time(c) } else { 0 };
-        let mut plan = rebuild_plan(&checkpoint, &mut logs, per_flow, &decls, &entry_time);
-        // The checkpoint's per-clock log, for packets still in flight: their replay (to an
-        // instance that failed after the checkpoint) is answered from it, not applied twice.
-        plan.log.retain(|l| self.root.is_logged(l.clock));
-        self.backend.wipe().map_err(store_err)?;
-        // Custom operations first: re-executed updates may use them.
-        self.reregister_custom_ops()?;
-        timers.sort();
-        let stats = sluice_store::recovery::apply(self.backend.as_ref(), &plan, &timers).map_err(store_err)?;
-        self.mark_in_flight(&logs)?;
+        let rebuild = plan_store_rebuild(&checkpoint, &mut logs, per_flow, &decls, &entry_time, &|c| root.is_logged(c));
+        // Each vertex's custom operations, once.
+        let mut seen = HashSet::new();
+        let ops =
+            self.nodes.iter().filter(|n| seen.insert(n.vertex)).map(|n| (n.vertex as u16, n.inst.nf().custom_ops()));
+        let stats = sluice_store::recovery::rebuild(self.backend.as_ref(), &rebuild.plan, &timers, ops, rebuild.marks)
+            .map_err(store_err)?;
         for n in self.nodes.iter_mut().filter(|n| n.alive) {
             let conn = self.backend.connect(n.inst.id()).map_err(store_err)?;
             if let Some(c) = client(&mut n.inst) {
@@ -415,34 +412,5 @@ impl Engine<'_> {
             written += 1;
         }
         Ok(written)
-    }
-
-    /// Sends the core's in-flight marks to the rebuilt store and waits for them.
-    fn mark_in_flight(&self, logs: &[RecoveryLog]) -> Result<(), EngineError> {
-        let reqs = in_flight_marks(logs, |c| self.root.is_logged(c));
-        if reqs.is_empty() {
-            return Ok(());
-        }
-        let mut conn = self.backend.connect(InstanceId(u32::MAX - 1)).map_err(store_err)?;
-        conn.send(1, reqs.into()).map_err(store_err)?;
-        let mut replies = sluice_store::Replies::default();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !replies.acked.contains(&1) {
-            if Instant::now() >= deadline {
-                return Err(EngineError::Store("rebuilt store did not acknowledge the in-flight marks".into()));
-            }
-            conn.wait(&mut replies, Duration::from_millis(100)).map_err(store_err)?;
-        }
-        Ok(())
-    }
-
-    fn reregister_custom_ops(&mut self) -> Result<(), EngineError> {
-        let mut done = HashSet::new();
-        for n in &self.nodes {
-            if done.insert(n.vertex) {
-                self.backend.register_custom_ops(n.vertex as u16, n.inst.nf().custom_ops()).map_err(store_err)?;
-            }
-        }
-        Ok(())
     }
 }

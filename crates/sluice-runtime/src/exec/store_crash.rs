@@ -22,7 +22,7 @@
 use super::roots::RootState;
 use super::worker::Slot;
 use super::{RunError, Shared};
-use sluice_chc::recovery::{in_flight_marks, rebuild_plan};
+use sluice_chc::recovery::plan_store_rebuild;
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::{CustomOp, StateDecl, Value};
 use sluice_store::recovery::{ReadRecord, RecoveryLog};
@@ -473,28 +473,10 @@ fn rebuild(sc: &StoreCrash, checkpoint: &Checkpoint, is_logged: &dyn Fn(Clock) -
     let decls: Vec<Vec<StateDecl>> =
         (0..last).map(|v| vertices.get(&(v as u16)).map(|(_, d)| d.clone()).unwrap_or_default()).collect();
     // One root: entry order is clock order.
-    let mut plan = rebuild_plan(checkpoint, &mut logs, per_flow, &decls, &|_| 0);
-    plan.log.retain(|l| is_logged(l.clock));
-    sc.backend.wipe().map_err(|e| format!("wiping the store: {e}"))?;
-    // Custom operations first: re-executed updates may use them.
-    for (v, (ops, _)) in &vertices {
-        sc.backend.register_custom_ops(*v, ops).map_err(|e| format!("custom operations: {e}"))?;
-    }
-    timers.sort();
-    let stats = sluice_store::recovery::apply(sc.backend.as_ref(), &plan, &timers).map_err(|e| e.to_string())?;
-    let marks = in_flight_marks(&logs, is_logged);
-    if !marks.is_empty() {
-        let mut conn = sc.backend.connect(InstanceId(u32::MAX - 1)).map_err(|e| e.to_string())?;
-        conn.send(1, marks.into()).map_err(|e| e.to_string())?;
-        let mut replies = sluice_store::Replies::default();
-        let deadline = Instant::now() + PAUSE_LIMIT;
-        while !replies.acked.contains(&1) {
-            if Instant::now() >= deadline {
-                return Err("the rebuilt store did not acknowledge the in-flight marks".into());
-            }
-            conn.wait(&mut replies, Duration::from_millis(100)).map_err(|e| e.to_string())?;
-        }
-    }
+    let rebuild = plan_store_rebuild(checkpoint, &mut logs, per_flow, &decls, &|_| 0, is_logged);
+    let ops = vertices.iter().map(|(v, (ops, _))| (*v, ops.as_slice()));
+    let stats = sluice_store::recovery::rebuild(sc.backend.as_ref(), &rebuild.plan, &timers, ops, rebuild.marks)
+        .map_err(|e| e.to_string())?;
     Ok(format!("{stats:?}"))
 }
 
