@@ -20,7 +20,7 @@ pub fn is_per_flow(decls: &[Vec<StateDecl>], key: &StoreKey) -> bool {
     decls
         .get(usize::from(key.vertex))
         .and_then(|d| d.get(usize::from(key.object)))
-        .is_some_and(|d| d.scope.is_per_flow() && d.pattern != sluice_state::AccessPattern::WriteMostly)
+        .is_some_and(StateDecl::held_by_its_flows_instance)
 }
 
 /// The rebuild plan: shared state from the checkpoint and the write-ahead logs (TS selection);

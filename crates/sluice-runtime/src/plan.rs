@@ -5,7 +5,7 @@ use crate::filter::CompiledFilter;
 use crate::spec::Chain;
 use sluice_nf::{BuildCtx, Instance, LabelTable, NetworkFunction, NfError, NfRegistry};
 use sluice_packet::{Clock, HeaderField, InstanceId, Packet};
-use sluice_state::{AccessPattern, LocalState, ObjectId, StateDecl, StateHandle};
+use sluice_state::{LocalState, ObjectId, StateDecl, StateHandle};
 use sluice_store::{Backend, ClientConfig, Mode, StoreClient};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
@@ -656,10 +656,8 @@ fn state_handle(
             let mut c = StoreClient::new(conn, id, id.vertex(), nf.state_objects(), nf.custom_ops(), client.clone());
             // A single instance is the only user of its vertex's shared objects, so it may
             // cache them (CHC Table 1: "cache while no other instance uses it").
-            for (o, d) in nf.state_objects().iter().enumerate() {
-                if d.pattern != AccessPattern::WriteMostly && !d.scope.is_per_flow() {
-                    c.set_exclusive(ObjectId(o as u16), instances == 1);
-                }
+            for o in sluice_state::cached_while_alone(nf.state_objects()) {
+                c.set_exclusive(o, instances == 1);
             }
             Box::new(c)
         }

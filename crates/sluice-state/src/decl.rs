@@ -70,6 +70,24 @@ impl StateDecl {
         self.allocation = true;
         self
     }
+
+    /// Per-flow and not write-mostly: the instance that has the flow keeps the value (cached,
+    /// written through with fault tolerance), so after a store crash its copy, not the store's
+    /// log, is the truth.
+    pub fn held_by_its_flows_instance(&self) -> bool {
+        self.scope.is_per_flow() && self.pattern != AccessPattern::WriteMostly
+    }
+
+    /// Shared across flows and not write-mostly: cached by its vertex's instance while that is
+    /// the vertex's only one (CHC Table 1: "cache while no other instance uses it").
+    pub fn cached_while_alone(&self) -> bool {
+        !self.scope.is_per_flow() && self.pattern != AccessPattern::WriteMostly
+    }
+}
+
+/// The objects of `decls` that [`StateDecl::cached_while_alone`].
+pub fn cached_while_alone(decls: &[StateDecl]) -> impl Iterator<Item = ObjectId> + '_ {
+    decls.iter().enumerate().filter(|(_, d)| d.cached_while_alone()).map(|(o, _)| ObjectId(o as u16))
 }
 
 /// Index of a state object in its NF's declaration list.

@@ -13,7 +13,7 @@ mod local;
 pub mod ops;
 mod value;
 
-pub use decl::{AccessPattern, CustomOp, CustomOpFn, ObjectId, Scope, StateDecl};
+pub use decl::{cached_while_alone, AccessPattern, CustomOp, CustomOpFn, ObjectId, Scope, StateDecl};
 pub use handle::{StateError, StateHandle, TimerFired};
 pub use local::{LocalState, Timers};
 pub use value::{StateKey, StateOp, Value};

@@ -322,13 +322,7 @@ impl Engine<'_> {
     /// reads; when one is left it caches again, from what the store holds.
     pub(super) fn refresh_sharing(&mut self, v: usize) -> Result<(), EngineError> {
         let Some(vx) = self.vertices.get(v) else { return Ok(()) };
-        let shared: Vec<sluice_state::ObjectId> = vx
-            .decls
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| !d.scope.is_per_flow() && d.pattern != sluice_state::AccessPattern::WriteMostly)
-            .map(|(o, _)| sluice_state::ObjectId(o as u16))
-            .collect();
+        let shared: Vec<sluice_state::ObjectId> = sluice_state::cached_while_alone(&vx.decls).collect();
         if shared.is_empty() {
             return Ok(());
         }

@@ -8,7 +8,7 @@ use super::super::{Outgoing, Shared};
 use super::Scaling;
 use crate::plan::split_key_of_state;
 use sluice_packet::{Clock, Packet};
-use sluice_state::{AccessPattern, ObjectId, StateKey};
+use sluice_state::{ObjectId, StateKey};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
@@ -267,7 +267,5 @@ fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, change: u64) {
 /// The objects shared across flows that `slot`'s instance caches while it is its vertex's
 /// only instance.
 fn cacheable_shared_objects(slot: &mut Slot) -> Vec<ObjectId> {
-    let decls = slot.inst.nf().state_objects().iter().enumerate();
-    let shared = decls.filter(|(_, d)| d.pattern != AccessPattern::WriteMostly && !d.scope.is_per_flow());
-    shared.map(|(o, _)| ObjectId(o as u16)).collect()
+    sluice_state::cached_while_alone(slot.inst.nf().state_objects()).collect()
 }
