@@ -11,6 +11,7 @@
 //! The log shares the store's fate: a store instance that fails loses the entries written
 //! since its last checkpoint (CHC's store is not replicated either), see docs/correctness.md.
 
+use sluice_chc::root::{Reload, Root};
 use sluice_packet::{Clock, InstanceId, Meta, Packet};
 use sluice_state::{StateKey, StateOp, Value};
 use sluice_store::{Backend, Connection, Replies, Request, StoreKey, StoreOp};
@@ -155,6 +156,45 @@ impl StoreLog {
                 .wait(&mut self.replies, Duration::from_millis(100))
                 .map_err(|e| RootLogError::Store(e.to_string()))?;
         }
+    }
+
+    /// A new root takes over (CHC's root recovery, the log in the store): the store's entries
+    /// of the roots `mine` covers replace what `root` logs ([`Root::reload`]), and those the
+    /// old root had deleted (their deletes not sent yet) are deleted again.
+    pub fn read_back(
+        &mut self,
+        backend: &Arc<dyn Backend>,
+        root: &mut Root,
+        mine: impl Fn(Clock) -> bool,
+    ) -> Result<Reload, RootLogError> {
+        let stored: BTreeMap<Clock, (u64, Packet)> =
+            Self::read(backend)?.into_iter().filter(|(c, _)| mine(*c)).map(|(c, l)| (c, (l.input, l.packet))).collect();
+        let r = root.reload(stored);
+        for c in &r.stale {
+            self.delete(*c);
+        }
+        self.sync()?;
+        Ok(r)
+    }
+
+    /// The store was rebuilt from its checkpoint, which lacks the entries written since: the
+    /// entries of `root`'s log that `mine` covers and the store lost are written back (so a
+    /// later root crash reads a whole log back). How many.
+    pub fn write_back(
+        &mut self,
+        backend: &Arc<dyn Backend>,
+        root: &Root,
+        mine: impl Fn(Clock) -> bool,
+    ) -> Result<u64, RootLogError> {
+        let stored = Self::read(backend)?;
+        let missing: Vec<(u64, &Packet)> = root
+            .log_entries()
+            .filter(|(c, _, _)| mine(*c) && !stored.contains_key(c))
+            .map(|(_, i, p)| (i, p))
+            .collect();
+        let n = missing.len() as u64;
+        self.write_all(missing)?;
+        Ok(n)
     }
 
     /// Reads the whole log back from the store (what a new root does), by clock.

@@ -273,6 +273,18 @@ fn merge(
     out
 }
 
+/// What one NF instance hands over for a store rebuild
+/// ([`crate::StoreClient::hand_over_for_rebuild`]).
+#[derive(Debug, Clone)]
+pub struct ForRebuild {
+    /// Its write-ahead log and reads since the checkpoint.
+    pub log: RecoveryLog,
+    /// Its per-flow copies (`None`: known deleted).
+    pub per_flow: Vec<(StoreKey, Option<Value>)>,
+    /// The timers it has armed: key, deadline, and the instance itself.
+    pub timers: Vec<(StoreKey, u64, InstanceId)>,
+}
+
 /// The client the in-flight marks of a [`rebuild`] are sent as (no NF instance's).
 const MARKS_CLIENT: InstanceId = InstanceId(u32::MAX - 1);
 

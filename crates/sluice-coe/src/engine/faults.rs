@@ -3,7 +3,6 @@
 //! contains, where moves continue); the driver builds instances and talks to the store.
 
 use super::{client, store_err, Engine, EngineError, Episode, LogPlace, Node};
-use crate::root_log::StoreLog;
 use crate::schedule::{Action, ScaleTo};
 use sluice_chc::failover::{instance_failed, Loss};
 use sluice_chc::gate::Decided;
@@ -12,8 +11,7 @@ use sluice_chc::NodeId;
 use sluice_nf::Instance;
 use sluice_packet::InstanceId;
 use sluice_runtime::plan::{build_instance, Target};
-use sluice_store::recovery::{ReadRecord, RecoveryLog};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::time::Instant;
 
 impl Engine<'_> {
@@ -314,16 +312,7 @@ impl Engine<'_> {
     fn reload_log(&mut self, who: &str) -> Result<String, EngineError> {
         self.sync_deletes();
         let Some(sl) = &mut self.store_log else { return Ok(String::new()) };
-        let stored: BTreeMap<_, _> = StoreLog::read(&self.backend)
-            .map_err(store_err)?
-            .into_iter()
-            .map(|(c, l)| (c, (l.input, l.packet)))
-            .collect();
-        let r = self.root.reload(stored);
-        for c in &r.stale {
-            sl.delete(*c);
-        }
-        sl.sync().map_err(store_err)?;
+        let r = sl.read_back(&self.backend, &mut self.root, |_| true).map_err(store_err)?;
         Ok(format!(
             "{who} read {} logged packet(s) back from the store ({} lost, {} already done)",
             r.kept,
@@ -339,24 +328,11 @@ impl Engine<'_> {
         let mut timers = Vec::new();
         for n in self.nodes.iter_mut().filter(|n| n.alive) {
             if let Some(c) = client(&mut n.inst) {
-                // A connection that applies batches on a thread of its own (Redis) stops
-                // first: a batch still on its way would otherwise land in the rebuilt store
-                // besides being re-executed from the log (the threaded runtime does the same).
-                c.suspend().map_err(store_err)?;
-                let reads =
-                    c.reads().iter().map(|r| ReadRecord { key: r.key, value: r.value.clone(), ts: r.ts.clone() });
-                let wal: Vec<_> = c.wal().iter().cloned().collect();
-                // Every instance flushed before the checkpoint: what it logged before is in it.
-                let after_checkpoint = Some(wal.len().saturating_sub(c.wal_since_checkpoint()));
-                logs.push(RecoveryLog { instance: c.id(), wal, reads: reads.collect(), after_checkpoint });
-                per_flow.extend(c.per_flow_values());
-                // The timers the instance has armed: the rebuilt store's copy (what a
-                // replacement adopts) comes from them, not from the checkpoint, which misses
-                // every timer armed since.
-                let id = c.id();
-                timers.extend(c.armed_timers().into_iter().map(|(o, key, deadline)| {
-                    (sluice_store::StoreKey { vertex: id.vertex(), object: o.0, key }, deadline, id)
-                }));
+                let (given, stopped) = c.hand_over_for_rebuild();
+                stopped.map_err(store_err)?;
+                logs.push(given.log);
+                per_flow.extend(given.per_flow);
+                timers.extend(given.timers);
             }
         }
         let checkpoint = self.checkpoint.clone().unwrap_or_default();
@@ -402,15 +378,7 @@ impl Engine<'_> {
     /// later instance failure can still be replayed. Returns how many entries were written.
     fn write_log_back(&mut self) -> Result<u64, EngineError> {
         let Some(sl) = &mut self.store_log else { return Ok(0) };
-        let stored = StoreLog::read(&self.backend).map_err(store_err)?;
-        let mut written = 0;
-        for (clock, input, pkt) in self.root.log_entries() {
-            if stored.contains_key(&clock) || self.roots_failing.contains(&clock.root()) {
-                continue;
-            }
-            sl.write(input, pkt).map_err(store_err)?;
-            written += 1;
-        }
-        Ok(written)
+        let failing = &self.roots_failing;
+        sl.write_back(&self.backend, &self.root, |c| !failing.contains(&c.root())).map_err(store_err)
     }
 }

@@ -21,7 +21,6 @@ use sluice_chc::gate::Decided;
 use sluice_chc::root::{Admission, Root, RootConfig};
 use sluice_packet::{Clock, InstanceId, Meta, Packet};
 use sluice_store::Backend;
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// What a worker tells the root about copies and commits.
@@ -134,17 +133,7 @@ impl RootLog {
         let Some((sl, backend)) = &mut self.store else { return Ok(report) };
         // Only this root's entries: the store holds every root's log.
         let id = self.id;
-        let stored: BTreeMap<Clock, (u64, Packet)> = StoreLog::read(backend)?
-            .into_iter()
-            .filter(|(c, _)| c.root() == id)
-            .map(|(c, l)| (c, (l.input, l.packet)))
-            .collect();
-        let r = self.root.reload(stored);
-        for c in &r.stale {
-            sl.delete(*c);
-        }
-        sl.sync()?;
-        report.read_back = r.kept;
+        report.read_back = sl.read_back(backend, &mut self.root, |c| c.root() == id)?.kept;
         Ok(report)
     }
 
@@ -155,12 +144,7 @@ impl RootLog {
         let Some((sl, backend)) = &mut self.store else { return Ok(0) };
         sl.reconnect(backend)?;
         let id = self.id;
-        let stored: BTreeMap<Clock, _> = StoreLog::read(backend)?.into_iter().filter(|(c, _)| c.root() == id).collect();
-        let missing: Vec<(u64, &Packet)> =
-            self.root.log_entries().filter(|(c, _, _)| !stored.contains_key(c)).map(|(_, i, p)| (i, p)).collect();
-        let n = missing.len() as u64;
-        sl.write_all(missing)?;
-        Ok(n)
+        sl.write_back(backend, &self.root, |c| c.root() == id)
     }
 
     /// Entries the log can still take.

@@ -23,10 +23,10 @@ use super::roots::RootState;
 use super::worker::Slot;
 use super::{RunError, Shared};
 use sluice_chc::recovery::plan_store_rebuild;
-use sluice_packet::{Clock, InstanceId};
-use sluice_state::{CustomOp, StateDecl, Value};
-use sluice_store::recovery::{ReadRecord, RecoveryLog};
-use sluice_store::{Backend, Checkpoint, StoreKey};
+use sluice_packet::Clock;
+use sluice_state::{CustomOp, StateDecl};
+use sluice_store::recovery::ForRebuild;
+use sluice_store::{Backend, Checkpoint};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -34,9 +34,7 @@ use std::time::{Duration, Instant};
 
 /// What one instance hands over for the rebuild.
 struct Handed {
-    log: RecoveryLog,
-    per_flow: Vec<(StoreKey, Option<Value>)>,
-    timers: Vec<(StoreKey, u64, InstanceId)>,
+    given: ForRebuild,
     vertex: u16,
     ops: Vec<CustomOp>,
     decls: Vec<StateDecl>,
@@ -208,21 +206,8 @@ fn hand_over(sc: &StoreCrash, slots: &mut [Slot]) {
         let ops = slot.inst.nf().custom_ops().to_vec();
         let decls = slot.inst.nf().state_objects().to_vec();
         let Some(c) = client(slot) else { continue };
-        // A connection that applies batches on a thread of its own (Redis) stops first: the
-        // rebuild must see everything this instance's connection will ever apply.
-        let stopped = c.suspend();
-        let reads = c.reads().iter().map(|r| ReadRecord { key: r.key, value: r.value.clone(), ts: r.ts.clone() });
-        let wal: Vec<_> = c.wal().iter().cloned().collect();
-        // Every instance flushed before the checkpoint: what it logged before is in it.
-        let after_checkpoint = Some(wal.len().saturating_sub(c.wal_since_checkpoint()));
-        let log = RecoveryLog { instance: c.id(), wal, reads: reads.collect(), after_checkpoint };
-        let id = c.id();
-        let timers = c
-            .armed_timers()
-            .into_iter()
-            .map(|(o, key, deadline)| (StoreKey { vertex: id.vertex(), object: o.0, key }, deadline, id))
-            .collect();
-        handed.push(Handed { log, per_flow: c.per_flow_values(), timers, vertex, ops, decls });
+        let (given, stopped) = c.hand_over_for_rebuild();
+        handed.push(Handed { given, vertex, ops, decls });
         if let Err(e) = stopped {
             slot.errors.push(format!("stopping the store connection for the rebuild: {e}"));
         }
@@ -338,8 +323,8 @@ impl Checkpoints {
     ) -> Result<Option<Rebuilt>, String> {
         // A failed instance's write-ahead log died with it: a checkpoint at once makes a store
         // rebuild independent of it (what it committed is in the store now; what it had not,
-        // its clocks still logged, the replay redoes). The engine checkpoints once the replay
-        // has drained, which in threads leaves a window where the store failing would lose it.
+        // its clocks still logged, the replay redoes), as the engine does when it fails an
+        // instance over.
         let lost = std::mem::replace(&mut self.logs_lost_seen, failover.logs_lost) != failover.logs_lost;
         if shared.store_crash.is_none() {
             self.in_background(backend, report)?;
@@ -464,9 +449,9 @@ fn rebuild(sc: &StoreCrash, checkpoint: &Checkpoint, is_logged: &dyn Fn(Clock) -
     let mut timers = Vec::new();
     let mut vertices: BTreeMap<u16, (Vec<CustomOp>, Vec<StateDecl>)> = BTreeMap::new();
     for h in handed {
-        logs.push(h.log);
-        per_flow.extend(h.per_flow);
-        timers.extend(h.timers);
+        logs.push(h.given.log);
+        per_flow.extend(h.given.per_flow);
+        timers.extend(h.given.timers);
         vertices.entry(h.vertex).or_insert((h.ops, h.decls));
     }
     let last = vertices.keys().next_back().map_or(0, |v| usize::from(*v) + 1);

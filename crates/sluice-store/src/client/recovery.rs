@@ -3,6 +3,7 @@
 //! a store rebuild or a new connection do with them.
 
 use super::*;
+use crate::recovery::{ForRebuild, ReadRecord, RecoveryLog};
 
 impl StoreClient {
     /// Starts (or stops) collecting the per-flow keys this instance writes through, for a
@@ -265,6 +266,30 @@ impl StoreClient {
         self.conn.halt(&mut self.replies).map_err(backend)?;
         self.settle_responses();
         Ok(())
+    }
+
+    /// What a store rebuild needs of this instance, once its connection is stopped
+    /// ([`StoreClient::suspend`]): its write-ahead log and reads since the checkpoint, its
+    /// per-flow copies, and the timers it has armed (the rebuilt store's copy comes from them,
+    /// not from the checkpoint, which misses every timer armed since). The suspension's error,
+    /// if it failed, comes beside it (a driver may rebuild all the same, or give up).
+    pub fn hand_over_for_rebuild(&mut self) -> (ForRebuild, Result<(), StateError>) {
+        // A connection that applies batches on a thread of its own (Redis) stops first: a
+        // batch still on its way would otherwise land in the rebuilt store besides being
+        // re-executed from the log.
+        let stopped = self.suspend();
+        let reads = self.reads.iter().map(|r| ReadRecord { key: r.key, value: r.value.clone(), ts: r.ts.clone() });
+        let wal: Vec<_> = self.wal.iter().cloned().collect();
+        // Every instance flushed before the checkpoint: what it logged before is in it.
+        let after_checkpoint = Some(wal.len().saturating_sub(self.wal_since_checkpoint));
+        let log = RecoveryLog { instance: self.id, wal, reads: reads.collect(), after_checkpoint };
+        let (id, vertex) = (self.id, self.id.vertex());
+        let timers = self
+            .armed_timers()
+            .into_iter()
+            .map(|(o, key, deadline)| (StoreKey { vertex, object: o.0, key }, deadline, id))
+            .collect();
+        (ForRebuild { log, per_flow: self.per_flow_values(), timers }, stopped)
     }
 
     /// Continues over a new connection (the store instance was replaced): batches not yet
