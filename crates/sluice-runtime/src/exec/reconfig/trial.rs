@@ -4,7 +4,9 @@
 
 use super::{At, RootSide, Shared};
 use crate::report::{ReconfigReport, TrialReport};
+use sluice_chc::manager::{keep_clone, InstanceLoad};
 use sluice_chc::NodeId;
+use std::sync::atomic::Ordering;
 
 /// A straggler's clone on trial: it serves the straggler's flows from change `change` on; once it
 /// has processed [`TRIAL_PACKETS`], the faster of the two keeps them.
@@ -65,7 +67,15 @@ impl RootSide {
             }
             let t = self.trials.remove(i);
             let during = ns_per_packet(shared, t.clone, t.clone_from.unwrap_or_default());
-            let clone_kept = during <= t.before || t.before == 0.0;
+            // The core's verdict, as the engine's: the lower time per packet, then the smaller
+            // backlog (the straggler's now is what it left queued when the clone took over).
+            let load = |g: usize, ns_per_packet: f64| InstanceLoad {
+                node: NodeId(g),
+                backlog: sc.queue_packets.get(g).map_or(0, |q| q.load(Ordering::Relaxed).max(0) as u64),
+                ns_per_packet,
+                cloning: true,
+            };
+            let clone_kept = keep_clone(&load(t.straggler, t.before), &load(t.clone, during));
             if let Some(r) = reports.get_mut(t.report) {
                 r.trial = Some(TrialReport { straggler_ns: t.before, clone_ns: during, clone_kept });
             }
