@@ -330,23 +330,24 @@ impl Checkpoints {
             self.in_background(backend, report)?;
             return Ok(None);
         }
-        if let Some(every) = self.every {
-            if lost || checkpoint_due(shared) || self.last.elapsed() >= self.interval(every) {
-                let started = Instant::now();
-                // A run that may lose its store takes checkpoints its instances' logs agree
-                // with: they hold still and flush.
-                match checkpoint(shared, workers) {
-                    Ok(cp) => {
-                        self.held = started.elapsed();
-                        counted(report, (cp.values.len() as u64, cp.ts.len() as u64, self.held.as_secs_f64()));
-                        self.last_taken = cp;
-                    }
-                    // The instances' logs still hold everything since the last one taken.
-                    Err(e) => not_taken(report, &e),
+        // Periodic checkpoints may be off; the two a rebuild cannot do without are not: after a
+        // write-ahead log died with its instance, and before one overflows.
+        let periodic = self.every.is_some_and(|every| self.last.elapsed() >= self.interval(every));
+        if lost || checkpoint_due(shared) || periodic {
+            let started = Instant::now();
+            // A run that may lose its store takes checkpoints its instances' logs agree
+            // with: they hold still and flush.
+            match checkpoint(shared, workers) {
+                Ok(cp) => {
+                    self.held = started.elapsed();
+                    counted(report, (cp.values.len() as u64, cp.ts.len() as u64, self.held.as_secs_f64()));
+                    self.last_taken = cp;
                 }
-                // The interval runs from the end of one checkpoint to the start of the next.
-                self.last = Instant::now();
+                // The instances' logs still hold everything since the last one taken.
+                Err(e) => not_taken(report, &e),
             }
+            // The interval runs from the end of one checkpoint to the start of the next.
+            self.last = Instant::now();
         }
         // After the checkpoint a failure just taken in calls for, and not while a crash asked
         // for is still to be taken in: a store failing with an NF instance, before anyone
