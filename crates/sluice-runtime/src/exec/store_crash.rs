@@ -304,7 +304,8 @@ pub(super) struct Checkpoints {
 const HELD_AT_MOST_ONE_IN: u32 = 10;
 
 impl Checkpoints {
-    /// Checkpoints every `every` (none: never), the last so far `first`.
+    /// Checkpoints every `every` (none: only those a rebuild needs, [`Checkpoints::turn`]), the
+    /// last so far `first`.
     pub(super) fn new(every: Option<Duration>, first: Checkpoint) -> Checkpoints {
         let (last, last_taken) = (Instant::now(), first);
         Checkpoints { every, last, taking: None, last_taken, logs_lost_seen: 0, crash_due: false, held: Duration::ZERO }
@@ -459,9 +460,9 @@ fn rebuild(sc: &StoreCrash, checkpoint: &Checkpoint, is_logged: &dyn Fn(Clock) -
     let decls: Vec<Vec<StateDecl>> =
         (0..last).map(|v| vertices.get(&(v as u16)).map(|(_, d)| d.clone()).unwrap_or_default()).collect();
     // One root: entry order is clock order.
-    let rebuild = plan_store_rebuild(checkpoint, &mut logs, per_flow, &decls, &|_| 0, is_logged);
+    let planned = plan_store_rebuild(checkpoint, &mut logs, per_flow, &decls, &|_| 0, is_logged);
     let ops = vertices.iter().map(|(v, (ops, _))| (*v, ops.as_slice()));
-    let stats = sluice_store::recovery::rebuild(sc.backend.as_ref(), &rebuild.plan, &timers, ops, rebuild.marks)
+    let stats = sluice_store::recovery::rebuild(sc.backend.as_ref(), &planned.plan, &timers, ops, planned.marks)
         .map_err(|e| e.to_string())?;
     Ok(format!("{stats:?}"))
 }
