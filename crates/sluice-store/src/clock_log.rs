@@ -196,6 +196,19 @@ struct Ring {
 }
 
 impl Ring {
+    /// Keeps `was` (of update `seq` of sequence number `at`) if it says anything, chained to
+    /// its key's newest: its number for [`Logged::was`], or [`NO_WAS`].
+    fn keep_was(&mut self, at: u64, seq: u32, was: Was) -> u64 {
+        if let Was::Unknown = was {
+            return NO_WAS;
+        }
+        let n = self.was_gone + self.was.len() as u64;
+        let prev = was.key().and_then(|k| self.newest.insert(*k, n)).unwrap_or(NO_WAS);
+        self.was.push_back((at, was));
+        self.was_prev.push_back((seq, prev));
+        n
+    }
+
     fn was(&self, n: u64) -> Option<&Was> {
         let i = usize::try_from(n.checked_sub(self.was_gone)?).ok()?;
         self.was.get(i).map(|(_, w)| w)
@@ -211,6 +224,16 @@ pub(crate) struct ClockLog {
     /// logged again after it was forgotten, as in the Redis store), or too far from the ring's
     /// clocks to stretch it that far. Empty in a running chain.
     stray: HashMap<(Clock, u16, u32), (Kept, Was)>,
+}
+
+/// Where an update goes in the log ([`ClockLog::place_in_ring`]).
+enum Place {
+    /// It is logged already.
+    Logged,
+    /// Ring `.0`, position `.1`: a slot it holds, or the next after its last.
+    Ring(usize, usize),
+    /// Not the usual case: the general path decides.
+    Elsewhere,
 }
 
 /// How far a ring stretches to take a clock before or after the ones it holds; beyond, the
@@ -248,16 +271,77 @@ impl ClockLog {
 
     /// [`ClockLog::insert`], with what the update changed.
     pub(crate) fn insert_was(&mut self, clock: Clock, vertex: u16, seq: u32, result: Kept, was: Was) -> bool {
-        if self.contains(clock, vertex, seq) {
-            return false;
+        match self.place_in_ring(clock, vertex, seq) {
+            Place::Logged => false,
+            Place::Ring(r, i) => {
+                self.push_in_ring((r, i), |ring| ring.keep_was(clock.seq(), seq, was), (vertex, seq, result));
+                true
+            }
+            Place::Elsewhere if self.contains(clock, vertex, seq) => false,
+            Place::Elsewhere => {
+                self.insert_absent(clock, vertex, seq, result, was);
+                true
+            }
         }
-        self.insert_absent(clock, vertex, seq, result, was);
-        true
+    }
+
+    /// [`ClockLog::insert_was`] for an update whose earlier value no replay reads (a counter's
+    /// increment): whether it is new. Fault tolerance pays this per increment.
+    pub(crate) fn insert_result(&mut self, clock: Clock, vertex: u16, seq: u32, result: Kept) -> bool {
+        match self.place_in_ring(clock, vertex, seq) {
+            Place::Logged => false,
+            Place::Ring(r, i) => {
+                self.push_in_ring((r, i), |_| NO_WAS, (vertex, seq, result));
+                true
+            }
+            Place::Elsewhere => self.insert_was(clock, vertex, seq, result, Was::Unknown),
+        }
+    }
+
+    /// Where update `seq` of `clock` at `vertex` goes, with one look at the clock's slot in the
+    /// usual case: a clock the ring holds, or the next one after it, with no strays.
+    #[inline]
+    fn place_in_ring(&self, clock: Clock, vertex: u16, seq: u32) -> Place {
+        let at = clock.seq();
+        let r = usize::from(clock.root());
+        let Some(ring) = self.rings.get(r) else { return Place::Elsewhere };
+        if !self.stray.is_empty() || at <= ring.forgotten || at < ring.base || ring.slots.is_empty() {
+            return Place::Elsewhere;
+        }
+        let Ok(i) = usize::try_from(at - ring.base) else { return Place::Elsewhere };
+        match ring.slots.get(i) {
+            Some(slot) if slot.iter().any(|l| l.vertex == vertex && l.seq == seq) => Place::Logged,
+            Some(_) => Place::Ring(r, i),
+            None if i == ring.slots.len() => Place::Ring(r, i),
+            None => Place::Elsewhere,
+        }
+    }
+
+    /// Logs an update at ring `r`'s position `i` ([`ClockLog::place_in_ring`]); `was` keeps
+    /// what it changed and says where.
+    #[inline]
+    fn push_in_ring(
+        &mut self,
+        (r, i): (usize, usize),
+        was: impl FnOnce(&mut Ring) -> u64,
+        (vertex, seq, result): (u16, u32, Kept),
+    ) {
+        let Some(ring) = self.rings.get_mut(r) else { return };
+        let was = was(ring);
+        let logged = Logged { vertex, seq, result, was };
+        match ring.slots.get_mut(i) {
+            Some(slot) => slot.push(logged),
+            None => {
+                let mut slot = Slot::new();
+                slot.push(logged);
+                ring.slots.push_back(slot);
+            }
+        }
     }
 
     /// Logs the result of update `seq` of `clock` at `vertex`, which the caller knows is not
     /// logged (it just looked).
-    pub(crate) fn insert_absent(&mut self, clock: Clock, vertex: u16, seq: u32, result: Kept, was: Was) {
+    fn insert_absent(&mut self, clock: Clock, vertex: u16, seq: u32, result: Kept, was: Was) {
         let r = usize::from(clock.root());
         if self.rings.len() <= r {
             self.rings.resize_with(r + 1, Ring::default);
@@ -282,17 +366,8 @@ impl ClockLog {
         if i >= ring.slots.len() {
             ring.slots.resize_with(i.saturating_add(1), Slot::new);
         }
+        let was = ring.keep_was(at, seq, was);
         let Some(slot) = ring.slots.get_mut(i) else { return };
-        let was = match was {
-            Was::Unknown => NO_WAS,
-            w => {
-                let n = ring.was_gone + ring.was.len() as u64;
-                let prev = w.key().and_then(|k| ring.newest.insert(*k, n)).unwrap_or(NO_WAS);
-                ring.was.push_back((at, w));
-                ring.was_prev.push_back((seq, prev));
-                n
-            }
-        };
         slot.push(Logged { vertex, seq, result, was });
     }
 
@@ -456,6 +531,14 @@ mod tests {
         assert_eq!(log.get(c, 2, 0), Some(&Kept::Nothing));
         assert!(!log.contains(c, 2, 1) && !log.contains(Clock::new(0, 8), 1, 0));
         assert!(!log.contains(Clock::new(1, 7), 1, 0), "another root's clock 7 is another clock");
+        // The next clock goes at the ring's end, one further away leaves holes, an older one
+        // goes in front; each is found once and kept once.
+        for (seq, v) in [(8u64, 80), (11, 110), (5, 50)] {
+            let c = Clock::new(0, seq);
+            assert!(log.insert(c, 1, 0, int(v)) && !log.insert(c, 1, 0, int(0)));
+            assert_eq!(log.get(c, 1, 0), Some(&int(v)));
+        }
+        assert!(!log.contains(Clock::new(0, 9), 1, 0) && !log.contains(Clock::new(0, 6), 1, 0));
     }
 
     #[test]

@@ -275,13 +275,12 @@ impl Shard {
         if let (true, Some(mut now)) = (growing, int_now) {
             let mut last = None;
             for (tag, d) in incrs {
-                if self.log.contains(tag.clock, key.vertex, tag.seq) {
-                    continue;
-                }
                 let v = now.map_or(*d, |i: i64| i.wrapping_add(*d));
-                now = Some(v);
-                self.log.insert_absent(tag.clock, key.vertex, tag.seq, Kept::Int(v), Was::Unknown);
-                last = Some(tag.clock);
+                // Logged only if new (one lookup): a logged tag's increment was applied before.
+                if self.log.insert_result(tag.clock, key.vertex, tag.seq, Kept::Int(v)) {
+                    now = Some(v);
+                    last = Some(tag.clock);
+                }
             }
             if let Some(v) = now {
                 entry.value = Some(Value::Int(v));
