@@ -20,6 +20,7 @@ impl Bits {
         (seq / 64, 1u64 << (seq % 64))
     }
 
+    #[inline]
     fn insert(&mut self, seq: u64) -> bool {
         let (w, bit) = Self::word(seq);
         if self.words.is_empty() {
@@ -30,7 +31,12 @@ impl Bits {
             self.base -= 1;
         }
         let i = (w - self.base) as usize;
-        if i >= self.words.len() {
+        if i == self.words.len() {
+            // The next word: the usual way the set grows.
+            self.words.push_back(bit);
+            return true;
+        }
+        if i > self.words.len() {
             self.words.resize(i + 1, 0);
         }
         let Some(word) = self.words.get_mut(i) else { return true };
@@ -85,6 +91,7 @@ pub struct ClockSet {
 
 impl ClockSet {
     /// Adds `clock`; whether it was not in the set.
+    #[inline]
     pub fn insert(&mut self, clock: Clock) -> bool {
         let r = usize::from(clock.root());
         if self.roots.len() <= r {

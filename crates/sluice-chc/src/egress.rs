@@ -31,6 +31,13 @@ impl Egress {
         self.left.remove(clock);
     }
 
+    /// The root of `clock` has deleted every clock of its own before `clock` (the oldest it
+    /// still logs, or the one after its last): none of them can come again. One call where
+    /// a driver would otherwise [`Egress::forget`] every deleted clock.
+    pub fn forget_below(&mut self, clock: Clock) {
+        self.left.remove_below(clock);
+    }
+
     /// Copies dropped as duplicates.
     pub fn dropped(&self) -> u64 {
         self.dropped
@@ -51,5 +58,17 @@ mod tests {
         assert_eq!(e.dropped(), 1);
         e.forget(c);
         assert!(e.pass(c), "forgotten once the root deleted it");
+    }
+
+    #[test]
+    fn forgetting_below_a_clock_forgets_its_roots_older_clocks_only() {
+        let mut e = Egress::default();
+        for c in [Clock::new(0, 5), Clock::new(0, 70), Clock::new(0, 71), Clock::new(1, 3)] {
+            assert!(e.pass(c));
+        }
+        e.forget_below(Clock::new(0, 71));
+        assert!(e.pass(Clock::new(0, 5)) && e.pass(Clock::new(0, 70)), "older clocks forgotten");
+        assert!(!e.pass(Clock::new(0, 71)), "the clock itself is still remembered");
+        assert!(!e.pass(Clock::new(1, 3)), "another root's clocks are not comparable");
     }
 }

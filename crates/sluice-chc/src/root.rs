@@ -239,16 +239,19 @@ impl Root {
 
     /// A copy is done (dropped, consumed, suppressed, or it left and [`Root::copy_left`] was
     /// not used): fold its XOR vector in, delete the entry if nothing else is pending.
+    #[inline]
     pub fn copy_finished(&mut self, copy: &impl AsRef<Meta>) {
         self.finish_copy(copy.as_ref(), false);
     }
 
     /// A copy left the chain and the root heard of it.
+    #[inline]
     pub fn copy_left(&mut self, copy: &impl AsRef<Meta>) {
         self.finish_copy(copy.as_ref(), true);
     }
 
     /// A copy is done (`left`: it left the chain): one lookup of its entry per packet and copy.
+    #[inline]
     fn finish_copy(&mut self, meta: &Meta, left: bool) {
         // A replay applied every update along its path with blocking, tagged operations:
         // whatever the lost copy left uncommitted is committed once its last copy is gone.
@@ -332,6 +335,7 @@ impl Root {
     }
 
     /// An instance reports that the store acknowledged updates made for `clock`.
+    #[inline]
     pub fn commit(&mut self, clock: Clock, xor: u64) {
         let xor_check = self.cfg.xor_check;
         let Some(e) = self.log.get_mut(&clock) else { return };
@@ -341,6 +345,7 @@ impl Root {
         }
     }
 
+    #[inline]
     fn delete(&mut self, clock: Clock) {
         if let Some(e) = self.log.remove(&clock) {
             // As many as the log can hold: entries come and go in bursts of up to a window,
@@ -501,6 +506,12 @@ impl Root {
     /// together with the component that held its packets' log (docs/correctness.md).
     pub fn lost_with_log(&self, clock: Clock) -> bool {
         self.unlogged.contains(&clock)
+    }
+
+    /// Whether any entry was lost while its packet was in flight ([`Root::lost_with_log`]):
+    /// copies of clocks below the oldest logged one may still be on their way.
+    pub fn lost_any_with_log(&self) -> bool {
+        !self.unlogged.is_empty()
     }
 
     /// The log, in clock order: (clock, input packet number, packet as the root logged it).

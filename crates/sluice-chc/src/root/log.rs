@@ -1,37 +1,38 @@
-//! The root's packet log: a slab of entries under one ring of slot numbers per root, indexed by
-//! sequence number. Every packet is logged, looked up as its copies finish and its commits
-//! arrive, and deleted — a handful of lookups per packet, which the ring answers with a
-//! subtraction (no hashing, no tree walk). A root stamps sequence numbers in order and entries
+//! The root's packet log: one ring of entries per root, indexed by sequence number. Every
+//! packet is logged, looked up as its copies finish and its commits arrive, and deleted — a
+//! handful of lookups per packet, which the ring answers with a subtraction (no hashing, no
+//! tree walk, no second indirection). A root stamps sequence numbers in order and entries
 //! mostly go in order, so the ring stays about as long as the log; a hole (an entry deleted
-//! before older ones) costs four bytes until the older ones go. The slab reuses its slots, so a
-//! running log allocates nothing per packet for itself, and entries never move.
+//! before older ones) costs an empty entry until the older ones go. The rings keep their
+//! memory as entries come and go, so a running log allocates nothing per packet for itself.
 
 use sluice_packet::Clock;
 use std::collections::VecDeque;
 
-/// No entry in this ring position.
-const HOLE: u32 = u32::MAX;
-
-/// One root's clocks: slot numbers by sequence number, starting at `base`.
-#[derive(Debug, Clone, Default)]
-struct Ring {
+/// One root's entries, by sequence number, starting at `base`. Neither end is a hole.
+#[derive(Debug, Clone)]
+struct Ring<E> {
     base: u64,
-    slots: VecDeque<u32>,
+    slots: VecDeque<Option<E>>,
+}
+
+impl<E> Default for Ring<E> {
+    fn default() -> Self {
+        Ring { base: 0, slots: VecDeque::new() }
+    }
 }
 
 /// Entries by clock; iterated in clock order.
 #[derive(Debug, Clone)]
 pub(super) struct PacketLog<E> {
     /// By root id.
-    rings: Vec<Ring>,
-    entries: Vec<Option<E>>,
-    free: Vec<u32>,
+    rings: Vec<Ring<E>>,
     len: usize,
 }
 
 impl<E> Default for PacketLog<E> {
     fn default() -> Self {
-        PacketLog { rings: Vec::new(), entries: Vec::new(), free: Vec::new(), len: 0 }
+        PacketLog { rings: Vec::new(), len: 0 }
     }
 }
 
@@ -41,6 +42,7 @@ impl<E> PacketLog<E> {
     }
 
     /// The ring position of `clock`, if the ring covers it.
+    #[inline]
     fn position(&self, clock: &Clock) -> Option<(usize, usize)> {
         let r = usize::from(clock.root());
         let ring = self.rings.get(r)?;
@@ -48,31 +50,9 @@ impl<E> PacketLog<E> {
         (i < ring.slots.len()).then_some((r, i))
     }
 
-    fn slot(&self, clock: &Clock) -> Option<u32> {
-        let (r, i) = self.position(clock)?;
-        self.rings.get(r)?.slots.get(i).copied().filter(|s| *s != HOLE)
-    }
-
     /// Logs `entry` under `clock`, replacing an entry already there.
+    #[inline]
     pub(super) fn insert(&mut self, clock: Clock, entry: E) {
-        if let Some(s) = self.slot(&clock) {
-            if let Some(e) = self.entries.get_mut(s as usize) {
-                *e = Some(entry);
-            }
-            return;
-        }
-        let s = match self.free.pop() {
-            Some(s) => {
-                if let Some(e) = self.entries.get_mut(s as usize) {
-                    *e = Some(entry);
-                }
-                s
-            }
-            None => {
-                self.entries.push(Some(entry));
-                (self.entries.len() - 1) as u32
-            }
-        };
         let r = usize::from(clock.root());
         if self.rings.len() <= r {
             self.rings.resize_with(r + 1, Ring::default);
@@ -82,66 +62,72 @@ impl<E> PacketLog<E> {
         if ring.slots.is_empty() {
             ring.base = seq;
         }
-        // Grow the ring to cover `seq`, at the back (the usual case) or the front.
+        // Grow the ring to cover `seq`: at the back (the usual case, once per packet: the
+        // root's next clock) or the front.
+        if Some(seq) == ring.base.checked_add(ring.slots.len() as u64) {
+            ring.slots.push_back(Some(entry));
+            self.len += 1;
+            return;
+        }
         while seq < ring.base {
-            ring.slots.push_front(HOLE);
+            ring.slots.push_front(None);
             ring.base -= 1;
         }
         let i = (seq - ring.base) as usize;
-        if i == ring.slots.len() {
-            // The next clock of the root: the usual case.
-            ring.slots.push_back(s);
-        } else {
-            if i > ring.slots.len() {
-                ring.slots.resize(i + 1, HOLE);
-            }
-            if let Some(x) = ring.slots.get_mut(i) {
-                *x = s;
+        if i >= ring.slots.len() {
+            ring.slots.resize_with(i + 1, || None);
+        }
+        if let Some(slot) = ring.slots.get_mut(i) {
+            if slot.replace(entry).is_none() {
+                self.len += 1;
             }
         }
-        self.len += 1;
     }
 
+    #[inline]
     pub(super) fn get(&self, clock: &Clock) -> Option<&E> {
-        let s = self.slot(clock)?;
-        self.entries.get(s as usize)?.as_ref()
+        let (r, i) = self.position(clock)?;
+        self.rings.get(r)?.slots.get(i)?.as_ref()
     }
 
+    #[inline]
     pub(super) fn get_mut(&mut self, clock: &Clock) -> Option<&mut E> {
-        let s = self.slot(clock)?;
-        self.entries.get_mut(s as usize)?.as_mut()
+        let (r, i) = self.position(clock)?;
+        self.rings.get_mut(r)?.slots.get_mut(i)?.as_mut()
     }
 
     pub(super) fn contains_key(&self, clock: &Clock) -> bool {
-        self.slot(clock).is_some()
+        self.get(clock).is_some()
     }
 
+    #[inline]
     pub(super) fn remove(&mut self, clock: &Clock) -> Option<E> {
         let (r, i) = self.position(clock)?;
         let ring = self.rings.get_mut(r)?;
-        let s = std::mem::replace(ring.slots.get_mut(i)?, HOLE);
-        if s == HOLE {
-            return None;
-        }
-        // The front moves past the holes the removal leaves there.
-        while ring.slots.front() == Some(&HOLE) {
-            ring.slots.pop_front();
-            ring.base += 1;
-        }
-        while ring.slots.back() == Some(&HOLE) {
-            ring.slots.pop_back();
-        }
+        let entry = ring.slots.get_mut(i)?.take()?;
         self.len -= 1;
-        self.free.push(s);
-        self.entries.get_mut(s as usize)?.take()
+        // An end moves past the holes the removal leaves there (entries mostly go in order:
+        // the front).
+        if i == 0 {
+            while ring.slots.front().is_some_and(Option::is_none) {
+                ring.slots.pop_front();
+                ring.base += 1;
+            }
+        }
+        if i + 1 >= ring.slots.len() {
+            while ring.slots.back().is_some_and(Option::is_none) {
+                ring.slots.pop_back();
+            }
+        }
+        Some(entry)
     }
 
     /// (clock, entry) in clock order.
     pub(super) fn iter(&self) -> impl Iterator<Item = (Clock, &E)> + '_ {
         self.rings.iter().enumerate().flat_map(move |(r, ring)| {
-            ring.slots.iter().enumerate().filter(|(_, s)| **s != HOLE).filter_map(move |(i, s)| {
+            ring.slots.iter().enumerate().filter_map(move |(i, e)| {
                 let clock = Clock::new(u8::try_from(r).ok()?, ring.base + i as u64);
-                Some((clock, self.entries.get(*s as usize)?.as_ref()?))
+                Some((clock, e.as_ref()?))
             })
         })
     }
@@ -169,7 +155,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn entries_come_back_in_clock_order_and_slots_are_reused() {
+    fn entries_come_back_in_clock_order_and_the_ring_follows_them() {
         let mut log = PacketLog::default();
         for seq in [3u64, 1, 2] {
             log.insert(Clock::new(0, seq), seq * 10);
@@ -178,7 +164,7 @@ mod tests {
         assert_eq!(log.remove(&Clock::new(0, 1)), Some(10));
         assert_eq!(log.remove(&Clock::new(0, 1)), None);
         log.insert(Clock::new(0, 4), 40);
-        assert_eq!(log.entries.len(), 3, "the freed slot was reused");
+        assert_eq!((log.rings[0].base, log.rings[0].slots.len()), (2, 3), "the ring moved past the deleted front");
         if let Some(e) = log.get_mut(&Clock::new(0, 2)) {
             *e += 1;
         }
@@ -210,5 +196,26 @@ mod tests {
         log.retain(|c, _| c.root() == 1);
         assert_eq!(log.keys().collect::<Vec<_>>(), vec![Clock::new(1, 5), Clock::new(1, 6)]);
         assert!(log.get(&Clock::new(0, 9)).is_none() && log.get(&Clock::new(7, 1)).is_none());
+    }
+
+    #[test]
+    fn the_back_closes_past_holes_and_the_next_clock_after_a_gap_still_goes_in_its_place() {
+        let mut log = PacketLog::default();
+        for seq in 1..=5u64 {
+            log.insert(Clock::new(0, seq), seq);
+        }
+        log.remove(&Clock::new(0, 4));
+        assert_eq!(log.rings[0].slots.len(), 5, "a hole in the middle stays");
+        log.remove(&Clock::new(0, 5));
+        assert_eq!((log.rings[0].base, log.rings[0].slots.len()), (1, 3), "the back closes past the hole");
+        // The root's next clock is 6: past the ring's end, with a gap the ring fills with a hole.
+        log.insert(Clock::new(0, 6), 6);
+        log.insert(Clock::new(0, 7), 7);
+        assert_eq!(log.values().copied().collect::<Vec<_>>(), vec![1, 2, 3, 6, 7]);
+        assert!(log.get(&Clock::new(0, 5)).is_none() && log.get(&Clock::new(0, 4)).is_none());
+        for seq in [1u64, 2, 3, 6, 7] {
+            assert_eq!(log.remove(&Clock::new(0, seq)), Some(seq));
+        }
+        assert_eq!((log.len(), log.rings[0].slots.len()), (0, 0));
     }
 }

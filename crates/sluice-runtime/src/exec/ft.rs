@@ -212,17 +212,36 @@ impl RootLog {
     /// Forgets the deleted entries at the egress (no copy of them can come again); the oldest
     /// clock still logged, below which the store's per-clock logs can go.
     pub(super) fn sync_deletes(&mut self, egress: &Mutex<Egress>) -> Option<Clock> {
-        if self.root.has_deleted() {
-            let mut egress = egress.lock().unwrap_or_else(PoisonError::into_inner);
-            let mut store = self.store.as_mut().map(|(sl, _)| sl);
-            self.root.drain_deleted(|c| {
-                egress.forget(c);
-                // Sent with the next write: a delete lost with the root is found again by the next.
-                if let Some(sl) = store.as_mut() {
-                    sl.delete(c);
-                }
-            });
+        if !self.root.has_deleted() {
+            return self.oldest_logged();
         }
+        // A root that lost entries with its log may still see copies of clocks below its
+        // oldest entry: the egress forgets deleted clocks one by one then.
+        let each = self.root.lost_any_with_log();
+        let mut egress = egress.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut store = self.store.as_mut().map(|(sl, _)| sl);
+        self.root.drain_deleted(|c| {
+            if each {
+                egress.forget(c);
+            }
+            // Sent with the next write: a delete lost with the root is found again by the next.
+            if let Some(sl) = store.as_mut() {
+                sl.delete(c);
+            }
+        });
+        let oldest = self.oldest_logged();
+        if !each {
+            // Everything of this root's below its oldest entry at once, rather than each
+            // deleted clock (a clock-set update a packet): a clock deleted before older ones
+            // is remembered until they go, which only costs its bit meanwhile.
+            let next = Clock::new(self.id, self.root.last_clock().seq().saturating_add(1));
+            egress.forget_below(oldest.unwrap_or(next));
+        }
+        oldest
+    }
+
+    /// The oldest clock of this root still logged (`None`: none is).
+    fn oldest_logged(&mut self) -> Option<Clock> {
         let last = self.root.last_clock().seq();
         while self.oldest <= last && !self.root.is_logged(Clock::new(self.id, self.oldest)) {
             self.oldest += 1;
