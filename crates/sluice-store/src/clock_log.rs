@@ -277,11 +277,7 @@ impl ClockLog {
                 self.push_in_ring((r, i), |ring| ring.keep_was(clock.seq(), seq, was), (vertex, seq, result));
                 true
             }
-            Place::Elsewhere if self.contains(clock, vertex, seq) => false,
-            Place::Elsewhere => {
-                self.insert_absent(clock, vertex, seq, result, was);
-                true
-            }
+            Place::Elsewhere => self.insert_elsewhere(clock, vertex, seq, result, was),
         }
     }
 
@@ -294,8 +290,18 @@ impl ClockLog {
                 self.push_in_ring((r, i), |_| NO_WAS, (vertex, seq, result));
                 true
             }
-            Place::Elsewhere => self.insert_was(clock, vertex, seq, result, Was::Unknown),
+            Place::Elsewhere => self.insert_elsewhere(clock, vertex, seq, result, Was::Unknown),
         }
+    }
+
+    /// The general path of [`ClockLog::insert_was`], where [`ClockLog::place_in_ring`] could
+    /// not place the update: whether it is new.
+    fn insert_elsewhere(&mut self, clock: Clock, vertex: u16, seq: u32, result: Kept, was: Was) -> bool {
+        if self.contains(clock, vertex, seq) {
+            return false;
+        }
+        self.insert_absent(clock, vertex, seq, result, was);
+        true
     }
 
     /// Where update `seq` of `clock` at `vertex` goes, with one look at the clock's slot in the

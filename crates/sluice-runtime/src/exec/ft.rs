@@ -234,8 +234,8 @@ impl RootLog {
             // Everything of this root's below its oldest entry at once, rather than each
             // deleted clock (a clock-set update a packet): a clock deleted before older ones
             // is remembered until they go, which only costs its bit meanwhile.
-            let next = Clock::new(self.id, self.root.last_clock().seq().saturating_add(1));
-            egress.forget_below(oldest.unwrap_or(next));
+            let next = || Clock::new(self.id, self.root.last_clock().seq().saturating_add(1));
+            egress.forget_below(oldest.unwrap_or_else(next));
         }
         oldest
     }
