@@ -38,10 +38,6 @@ impl Default for RootConfig {
     }
 }
 
-/// Most buffers of deleted entries kept for reuse, whatever the log's capacity (a log that
-/// shrinks frees the rest).
-const SPARE_BUFFERS: usize = 1 << 16;
-
 /// A root's logical clock: the last sequence number stamped and the last one persisted.
 #[derive(Debug, Clone, Copy, Default)]
 struct RootClock {
@@ -149,9 +145,6 @@ pub struct Root {
     replays_to: AHashMap<InstanceId, BTreeMap<Clock, u32>>,
     last_clock: Clock,
     deleted: Vec<Clock>,
-    /// Buffers of deleted entries, for the next entries' copies: a running log allocates
-    /// nothing per packet.
-    spare: Vec<Packet>,
     /// Clocks whose entries a root lost with its log while they were still in flight: no
     /// replay can bring them back.
     unlogged: AHashSet<Clock>,
@@ -170,7 +163,6 @@ impl Root {
             replays_to: AHashMap::new(),
             last_clock: Clock::default(),
             deleted: Vec::new(),
-            spare: Vec::new(),
             unlogged: AHashSet::new(),
             stats: RootStats::default(),
         }
@@ -211,12 +203,16 @@ impl Root {
             self.clock_input.insert(clock, (input, pkt.meta.ts_ns));
         }
         self.stats.admitted += 1;
-        let packet = match self.spare.pop() {
-            Some(spare) => pkt.copy_onto(spare),
-            None => pkt.clone(),
-        };
-        let entry = LogEntry { input, packet, refs: 1, xor: 0, replayed: false, left: false };
-        self.log.insert(clock, entry);
+        // The slot's dead entry lends its packet buffer: nothing allocated, nothing moved.
+        self.log.insert_with(clock, |slot| match slot {
+            Some(e) => {
+                e.packet.copy_from(pkt);
+                (e.input, e.refs, e.xor, e.replayed, e.left) = (input, 1, 0, false, false);
+            }
+            None => {
+                *slot = Some(LogEntry { input, packet: pkt.clone(), refs: 1, xor: 0, replayed: false, left: false })
+            }
+        });
         self.stats.log_peak = self.stats.log_peak.max(self.log.len() as u64);
         Admission::Admitted { clock, persist }
     }
@@ -347,12 +343,7 @@ impl Root {
 
     #[inline]
     fn delete(&mut self, clock: Clock) {
-        if let Some(e) = self.log.remove(&clock) {
-            // As many as the log can hold: entries come and go in bursts of up to a window,
-            // and a cap below it sends most of a burst back to the allocator.
-            if self.spare.len() < SPARE_BUFFERS.min(self.cfg.log_capacity) {
-                self.spare.push(e.packet);
-            }
+        if self.log.remove(&clock) {
             self.deleted.push(clock);
             self.stats.deleted += 1;
         }

@@ -10,9 +10,11 @@ mod flow;
 mod headers;
 mod meta;
 mod packet;
+mod seq_ring;
 
 pub use checksum::{checksum_adjust, checksum_adjust_u16};
 pub use flow::{hash_ip, FiveTuple, FlowKey, Fnv1a, HeaderField, Proto};
 pub use headers::{Headers, ParseStatus, TcpFlags, L3, L4};
 pub use meta::{Clock, InstanceId, LabelId, Labels, Meta, MetaFlags, MAX_LABELS};
 pub use packet::{warm, Batch, Packet, PacketBody, PacketPool, RewriteError, MAX_FRAME};
+pub use seq_ring::SeqRing;

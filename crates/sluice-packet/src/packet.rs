@@ -135,12 +135,19 @@ impl Packet {
     /// A copy of this packet (bytes, headers and metadata) in `spare`, a packet done with whose
     /// buffers are reused; the headers are copied, not parsed again.
     pub fn copy_onto(&self, mut spare: Packet) -> Packet {
-        let body = &mut *spare.body;
-        body.data.clear();
-        body.data.extend_from_slice(&self.data);
-        body.headers = self.headers;
-        body.meta = self.meta;
+        spare.copy_from(self);
         spare
+    }
+
+    /// Makes this packet a copy of `other` (bytes, headers and metadata) in its own buffers;
+    /// the headers are copied, not parsed again.
+    #[inline]
+    pub fn copy_from(&mut self, other: &Packet) {
+        let body = &mut *self.body;
+        body.data.clear();
+        body.data.extend_from_slice(&other.data);
+        body.headers = other.headers;
+        body.meta = other.meta;
     }
 
     /// Rewrites the source address and port (the ICMP echo identifier for ICMP echo), keeping

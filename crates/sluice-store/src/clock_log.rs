@@ -12,7 +12,7 @@
 //! forgotten lie next to each other in memory.
 
 use crate::wire::{Found, StoreKey};
-use sluice_packet::{Clock, InstanceId};
+use sluice_packet::{Clock, InstanceId, SeqRing};
 use sluice_state::Value;
 use smallvec::SmallVec;
 use std::collections::{HashMap, VecDeque};
@@ -176,11 +176,11 @@ const NO_WAS: u64 = u64::MAX;
 /// One clock's updates: two in place (a NAT's two counters), more on the heap.
 type Slot = SmallVec<[Logged; 2]>;
 
-/// One root's clocks: the updates of sequence number `base + i` in `slots[i]`.
+/// One root's clocks: the updates of each sequence number in its slot. A slot the window
+/// leaves is emptied in place, for the clock that takes it next.
 #[derive(Default)]
 struct Ring {
-    base: u64,
-    slots: VecDeque<Slot>,
+    slots: SeqRing<Slot>,
     /// Every clock of this root up to here is done: nothing of it can come again.
     forgotten: u64,
     /// The `Was` of logged updates that have one, with their clocks, in the order logged:
@@ -230,8 +230,8 @@ pub(crate) struct ClockLog {
 enum Place {
     /// It is logged already.
     Logged,
-    /// Ring `.0`, position `.1`: a slot it holds, or the next after its last.
-    Ring(usize, usize),
+    /// Ring `.0`, sequence number `.1`: a slot it holds, or the next after its last.
+    Ring(usize, u64),
     /// Not the usual case: the general path decides.
     Elsewhere,
 }
@@ -242,9 +242,7 @@ const MAX_STRETCH: u64 = 1 << 20;
 
 impl ClockLog {
     fn slot(&self, clock: Clock) -> Option<&Slot> {
-        let ring = self.rings.get(usize::from(clock.root()))?;
-        let i = usize::try_from(clock.seq().checked_sub(ring.base)?).ok()?;
-        ring.slots.get(i)
+        self.rings.get(usize::from(clock.root()))?.slots.get(clock.seq())
     }
 
     /// The result logged for update `seq` of `clock` at `vertex`, if it was applied.
@@ -311,37 +309,30 @@ impl ClockLog {
         let at = clock.seq();
         let r = usize::from(clock.root());
         let Some(ring) = self.rings.get(r) else { return Place::Elsewhere };
-        if !self.stray.is_empty() || at <= ring.forgotten || at < ring.base || ring.slots.is_empty() {
+        if !self.stray.is_empty() || at <= ring.forgotten || ring.slots.span() == 0 {
             return Place::Elsewhere;
         }
-        let Ok(i) = usize::try_from(at - ring.base) else { return Place::Elsewhere };
-        match ring.slots.get(i) {
+        match ring.slots.get(at) {
             Some(slot) if slot.iter().any(|l| l.vertex == vertex && l.seq == seq) => Place::Logged,
-            Some(_) => Place::Ring(r, i),
-            None if i == ring.slots.len() => Place::Ring(r, i),
+            Some(_) => Place::Ring(r, at),
+            None if at == ring.slots.end() => Place::Ring(r, at),
             None => Place::Elsewhere,
         }
     }
 
-    /// Logs an update at ring `r`'s position `i` ([`ClockLog::place_in_ring`]); `was` keeps
-    /// what it changed and says where.
+    /// Logs an update at ring `r`'s sequence number `at` ([`ClockLog::place_in_ring`]); `was`
+    /// keeps what it changed and says where.
     #[inline]
     fn push_in_ring(
         &mut self,
-        (r, i): (usize, usize),
+        (r, at): (usize, u64),
         was: impl FnOnce(&mut Ring) -> u64,
         (vertex, seq, result): (u16, u32, Kept),
     ) {
         let Some(ring) = self.rings.get_mut(r) else { return };
         let was = was(ring);
-        let logged = Logged { vertex, seq, result, was };
-        match ring.slots.get_mut(i) {
-            Some(slot) => slot.push(logged),
-            None => {
-                let mut slot = Slot::new();
-                slot.push(logged);
-                ring.slots.push_back(slot);
-            }
+        if let Some(slot) = ring.slots.cover(at) {
+            slot.push(Logged { vertex, seq, result, was });
         }
     }
 
@@ -354,27 +345,20 @@ impl ClockLog {
         }
         let Some(ring) = self.rings.get_mut(r) else { return };
         let at = clock.seq();
-        if ring.slots.is_empty() && at > ring.forgotten {
-            ring.base = at;
-        }
-        let end = ring.base + ring.slots.len() as u64;
-        if at <= ring.forgotten || at.saturating_add(MAX_STRETCH) < ring.base || at > end.saturating_add(MAX_STRETCH) {
+        let (base, end) = match ring.slots.span() {
+            0 => (at, at),
+            _ => (ring.slots.base(), ring.slots.end()),
+        };
+        if at <= ring.forgotten || at.saturating_add(MAX_STRETCH) < base || at > end.saturating_add(MAX_STRETCH) {
             self.stray.insert((clock, vertex, seq), (result, was));
             return;
         }
-        // Grow the ring to cover `at`: at the back (the usual case) or the front (an older
-        // clock's update arriving after a younger one's).
-        while at < ring.base {
-            ring.slots.push_front(Slot::new());
-            ring.base -= 1;
-        }
-        let i = usize::try_from(at - ring.base).unwrap_or(usize::MAX);
-        if i >= ring.slots.len() {
-            ring.slots.resize_with(i.saturating_add(1), Slot::new);
-        }
         let was = ring.keep_was(at, seq, was);
-        let Some(slot) = ring.slots.get_mut(i) else { return };
-        slot.push(Logged { vertex, seq, result, was });
+        // The window stretches to cover `at`: at the back (the usual case) or the front (an
+        // older clock's update arriving after a younger one's).
+        if let Some(slot) = ring.slots.cover(at) {
+            slot.push(Logged { vertex, seq, result, was });
+        }
     }
 
     /// Value `key` as a replayed packet of `clock` reads it at position `seq` among its updates
@@ -421,11 +405,11 @@ impl ClockLog {
     pub(crate) fn forget(&mut self, upto: Clock) {
         let Some(ring) = self.rings.get_mut(usize::from(upto.root())) else { return };
         ring.forgotten = ring.forgotten.max(upto.seq());
-        while ring.base <= ring.forgotten {
-            if ring.slots.pop_front().is_none() {
-                break;
+        while ring.slots.span() > 0 && ring.slots.base() <= ring.forgotten {
+            // Emptied in place: the slot's room is the next clock's.
+            if let Some(slot) = ring.slots.pop_front() {
+                slot.clear();
             }
-            ring.base += 1;
         }
         while ring.was.front().is_some_and(|(c, _)| *c <= ring.forgotten) {
             let gone = ring.was_gone;
@@ -454,8 +438,8 @@ impl ClockLog {
     pub(crate) fn iter(&self) -> impl Iterator<Item = (Clock, u16, u32, &Kept, &Was)> + '_ {
         let ringed = self.rings.iter().enumerate().flat_map(|(r, ring)| {
             let root = u8::try_from(r).unwrap_or(u8::MAX);
-            ring.slots.iter().enumerate().flat_map(move |(i, slot)| {
-                let clock = Clock::new(root, ring.base + i as u64);
+            ring.slots.iter().flat_map(move |(at, slot)| {
+                let clock = Clock::new(root, at);
                 slot.iter().map(move |l| (clock, l.vertex, l.seq, &l.result, ring.was(l.was).unwrap_or(&Was::Unknown)))
             })
         });
@@ -575,7 +559,7 @@ mod tests {
         assert!(log.insert(far, 0, 0, Kept::Nothing) && log.contains(far, 0, 0));
         assert!(log.insert(Clock::new(0, 6), 0, 1, int(6)));
         assert!(log.contains(Clock::new(0, 6), 0, 1));
-        assert_eq!(log.rings[0].slots.len(), 4, "the ring holds 6 to 9 only");
+        assert_eq!(log.rings[0].slots.span(), 4, "the ring holds 6 to 9 only");
         assert_eq!(log.iter().count(), 5);
         log.forget(Clock::new(0, 100));
         assert!(!log.contains(Clock::new(0, 4), 0, 0) && log.contains(far, 0, 0));

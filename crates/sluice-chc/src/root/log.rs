@@ -1,24 +1,48 @@
-//! The root's packet log: one ring of entries per root, indexed by sequence number. Every
+//! The root's packet log: one ring of slots per root, indexed by sequence number. Every
 //! packet is logged, looked up as its copies finish and its commits arrive, and deleted — a
-//! handful of lookups per packet, which the ring answers with a subtraction (no hashing, no
-//! tree walk, no second indirection). A root stamps sequence numbers in order and entries
-//! mostly go in order, so the ring stays about as long as the log; a hole (an entry deleted
-//! before older ones) costs an empty entry until the older ones go. The rings keep their
-//! memory as entries come and go, so a running log allocates nothing per packet for itself.
+//! handful of lookups per packet, which the ring answers with a mask (no hashing, no tree walk,
+//! no second indirection). A slot keeps its entry after the delete, marked dead, so the next
+//! entry in that slot copies its packet into the same buffer: a running log allocates nothing
+//! per packet and moves no entry in or out. A root stamps sequence numbers in order and entries
+//! mostly go in order, so the window of live slots stays about as long as the log; a hole (an
+//! entry deleted before older ones) costs a dead slot until the older ones go, and a window
+//! longer than the ring doubles it.
 
-use sluice_packet::Clock;
-use std::collections::VecDeque;
+use sluice_packet::{Clock, SeqRing};
 
-/// One root's entries, by sequence number, starting at `base`. Neither end is a hole.
+/// One slot: an entry, live or kept dead for its buffers.
 #[derive(Debug, Clone)]
-struct Ring<E> {
-    base: u64,
-    slots: VecDeque<Option<E>>,
+struct Slot<E> {
+    live: bool,
+    entry: Option<E>,
 }
 
-impl<E> Default for Ring<E> {
+impl<E> Default for Slot<E> {
     fn default() -> Self {
-        Ring { base: 0, slots: VecDeque::new() }
+        Slot { live: false, entry: None }
+    }
+}
+
+/// One root's entries by sequence number. Neither end of the window is dead; no slot outside
+/// it is live.
+type Ring<E> = SeqRing<Slot<E>>;
+
+fn live<E>(slot: Option<&Slot<E>>) -> bool {
+    slot.is_some_and(|s| s.live)
+}
+
+/// Moves the window's front past dead slots.
+#[inline]
+fn trim_front<E>(ring: &mut Ring<E>) {
+    while ring.span() > 0 && !live(ring.front()) {
+        ring.pop_front();
+    }
+}
+
+/// Moves the window's back past dead slots.
+fn trim_back<E>(ring: &mut Ring<E>) {
+    while ring.span() > 0 && !live(ring.back()) {
+        ring.pop_back();
     }
 }
 
@@ -41,93 +65,86 @@ impl<E> PacketLog<E> {
         self.len
     }
 
-    /// The ring position of `clock`, if the ring covers it.
+    /// Logs an entry under `clock`: `fill` is given the slot's entry — a dead one whose
+    /// buffers it reuses, the live one it replaces, or none — and must leave one there.
     #[inline]
-    fn position(&self, clock: &Clock) -> Option<(usize, usize)> {
-        let r = usize::from(clock.root());
-        let ring = self.rings.get(r)?;
-        let i = usize::try_from(clock.seq().checked_sub(ring.base)?).ok()?;
-        (i < ring.slots.len()).then_some((r, i))
-    }
-
-    /// Logs `entry` under `clock`, replacing an entry already there.
-    #[inline]
-    pub(super) fn insert(&mut self, clock: Clock, entry: E) {
+    pub(super) fn insert_with(&mut self, clock: Clock, fill: impl FnOnce(&mut Option<E>)) {
         let r = usize::from(clock.root());
         if self.rings.len() <= r {
             self.rings.resize_with(r + 1, Ring::default);
         }
         let Some(ring) = self.rings.get_mut(r) else { return };
-        let seq = clock.seq();
-        if ring.slots.is_empty() {
-            ring.base = seq;
+        let Some(slot) = ring.cover(clock.seq()) else { return };
+        fill(&mut slot.entry);
+        let live = slot.entry.is_some();
+        let was = std::mem::replace(&mut slot.live, live);
+        match (was, live) {
+            (false, true) => self.len += 1,
+            (true, false) => self.len -= 1,
+            _ => {}
         }
-        // Grow the ring to cover `seq`: at the back (the usual case, once per packet: the
-        // root's next clock) or the front.
-        if Some(seq) == ring.base.checked_add(ring.slots.len() as u64) {
-            ring.slots.push_back(Some(entry));
-            self.len += 1;
-            return;
+        if !live {
+            trim_front(ring);
+            trim_back(ring);
         }
-        while seq < ring.base {
-            ring.slots.push_front(None);
-            ring.base -= 1;
-        }
-        let i = (seq - ring.base) as usize;
-        if i >= ring.slots.len() {
-            ring.slots.resize_with(i + 1, || None);
-        }
-        if let Some(slot) = ring.slots.get_mut(i) {
-            if slot.replace(entry).is_none() {
-                self.len += 1;
-            }
-        }
+    }
+
+    /// Logs `entry` under `clock`, replacing an entry already there.
+    pub(super) fn insert(&mut self, clock: Clock, entry: E) {
+        self.insert_with(clock, |slot| *slot = Some(entry));
     }
 
     #[inline]
     pub(super) fn get(&self, clock: &Clock) -> Option<&E> {
-        let (r, i) = self.position(clock)?;
-        self.rings.get(r)?.slots.get(i)?.as_ref()
+        let slot = self.rings.get(usize::from(clock.root()))?.get(clock.seq())?;
+        if slot.live {
+            slot.entry.as_ref()
+        } else {
+            None
+        }
     }
 
     #[inline]
     pub(super) fn get_mut(&mut self, clock: &Clock) -> Option<&mut E> {
-        let (r, i) = self.position(clock)?;
-        self.rings.get_mut(r)?.slots.get_mut(i)?.as_mut()
+        let slot = self.rings.get_mut(usize::from(clock.root()))?.get_mut(clock.seq())?;
+        if slot.live {
+            slot.entry.as_mut()
+        } else {
+            None
+        }
     }
 
     pub(super) fn contains_key(&self, clock: &Clock) -> bool {
         self.get(clock).is_some()
     }
 
+    /// Deletes the entry under `clock` (its slot keeps it, dead, for the buffers); whether
+    /// there was one.
     #[inline]
-    pub(super) fn remove(&mut self, clock: &Clock) -> Option<E> {
-        let (r, i) = self.position(clock)?;
-        let ring = self.rings.get_mut(r)?;
-        let entry = ring.slots.get_mut(i)?.take()?;
+    pub(super) fn remove(&mut self, clock: &Clock) -> bool {
+        let Some(ring) = self.rings.get_mut(usize::from(clock.root())) else { return false };
+        let seq = clock.seq();
+        let Some(slot) = ring.get_mut(seq) else { return false };
+        if !std::mem::replace(&mut slot.live, false) {
+            return false;
+        }
         self.len -= 1;
-        // An end moves past the holes the removal leaves there (entries mostly go in order:
-        // the front).
-        if i == 0 {
-            while ring.slots.front().is_some_and(Option::is_none) {
-                ring.slots.pop_front();
-                ring.base += 1;
-            }
+        // An end moves past the dead slots there (entries mostly go in order: the front).
+        if seq == ring.base() {
+            trim_front(ring);
+        } else if seq + 1 == ring.end() {
+            trim_back(ring);
         }
-        if i + 1 >= ring.slots.len() {
-            while ring.slots.back().is_some_and(Option::is_none) {
-                ring.slots.pop_back();
-            }
-        }
-        Some(entry)
+        true
     }
 
     /// (clock, entry) in clock order.
     pub(super) fn iter(&self) -> impl Iterator<Item = (Clock, &E)> + '_ {
         self.rings.iter().enumerate().flat_map(move |(r, ring)| {
-            ring.slots.iter().enumerate().filter_map(move |(i, e)| {
-                let clock = Clock::new(u8::try_from(r).ok()?, ring.base + i as u64);
-                Some((clock, e.as_ref()?))
+            let root = u8::try_from(r).ok();
+            ring.iter().filter_map(move |(seq, slot)| {
+                let entry = slot.entry.as_ref().filter(|_| slot.live)?;
+                Some((Clock::new(root?, seq), entry))
             })
         })
     }
@@ -161,10 +178,10 @@ mod tests {
             log.insert(Clock::new(0, seq), seq * 10);
         }
         assert_eq!(log.values().copied().collect::<Vec<_>>(), vec![10, 20, 30]);
-        assert_eq!(log.remove(&Clock::new(0, 1)), Some(10));
-        assert_eq!(log.remove(&Clock::new(0, 1)), None);
+        assert!(log.remove(&Clock::new(0, 1)));
+        assert!(!log.remove(&Clock::new(0, 1)));
         log.insert(Clock::new(0, 4), 40);
-        assert_eq!((log.rings[0].base, log.rings[0].slots.len()), (2, 3), "the ring moved past the deleted front");
+        assert_eq!((log.rings[0].base(), log.rings[0].span()), (2, 3), "the ring moved past the deleted front");
         if let Some(e) = log.get_mut(&Clock::new(0, 2)) {
             *e += 1;
         }
@@ -186,9 +203,9 @@ mod tests {
         assert_eq!(order, vec![(0, 7), (0, 8), (0, 9), (1, 5), (1, 6)]);
         // A hole in the middle, then the front goes: the ring shrinks past both.
         log.remove(&Clock::new(0, 8));
-        assert_eq!(log.rings[0].slots.len(), 3);
+        assert_eq!(log.rings[0].span(), 3);
         log.remove(&Clock::new(0, 7));
-        assert_eq!((log.rings[0].base, log.rings[0].slots.len()), (9, 1));
+        assert_eq!((log.rings[0].base(), log.rings[0].span()), (9, 1));
         // An older clock logged again (a log read back) extends the ring at the front.
         log.insert(Clock::new(0, 2), (0, 2));
         assert_eq!(log.keys().filter(|c| c.root() == 0).map(|c| c.seq()).collect::<Vec<_>>(), vec![2, 9]);
@@ -205,17 +222,63 @@ mod tests {
             log.insert(Clock::new(0, seq), seq);
         }
         log.remove(&Clock::new(0, 4));
-        assert_eq!(log.rings[0].slots.len(), 5, "a hole in the middle stays");
+        assert_eq!(log.rings[0].span(), 5, "a hole in the middle stays");
         log.remove(&Clock::new(0, 5));
-        assert_eq!((log.rings[0].base, log.rings[0].slots.len()), (1, 3), "the back closes past the hole");
+        assert_eq!((log.rings[0].base(), log.rings[0].span()), (1, 3), "the back closes past the hole");
         // The root's next clock is 6: past the ring's end, with a gap the ring fills with a hole.
         log.insert(Clock::new(0, 6), 6);
         log.insert(Clock::new(0, 7), 7);
         assert_eq!(log.values().copied().collect::<Vec<_>>(), vec![1, 2, 3, 6, 7]);
         assert!(log.get(&Clock::new(0, 5)).is_none() && log.get(&Clock::new(0, 4)).is_none());
         for seq in [1u64, 2, 3, 6, 7] {
-            assert_eq!(log.remove(&Clock::new(0, seq)), Some(seq));
+            assert_eq!(log.get(&Clock::new(0, seq)), Some(&seq));
+            assert!(log.remove(&Clock::new(0, seq)));
         }
-        assert_eq!((log.len(), log.rings[0].slots.len()), (0, 0));
+        assert_eq!((log.len(), log.rings[0].span()), (0, 0));
+    }
+
+    #[test]
+    fn a_window_longer_than_the_ring_doubles_it_and_every_entry_keeps_its_place() {
+        let mut log = PacketLog::default();
+        // One old entry held while 40 newer ones come and most go: the window outgrows the
+        // first ring (16 slots) twice.
+        log.insert(Clock::new(0, 1), 1u64);
+        for seq in 2..=41u64 {
+            log.insert(Clock::new(0, seq), seq);
+            if seq % 3 != 0 {
+                log.remove(&Clock::new(0, seq));
+            }
+        }
+        let expected: Vec<u64> = std::iter::once(1).chain((2..=41).filter(|s| s % 3 == 0)).collect();
+        assert_eq!(log.values().copied().collect::<Vec<_>>(), expected);
+        assert_eq!(log.len(), expected.len());
+        assert!(log.rings[0].capacity() >= 64 && log.rings[0].capacity().is_power_of_two());
+        // An older clock in front of the window (a log read back) grows it at the front.
+        log.insert(Clock::new(0, 0), 0);
+        assert_eq!(log.keys().next(), Some(Clock::new(0, 0)));
+        for c in log.keys().collect::<Vec<_>>() {
+            assert!(log.remove(&c));
+        }
+        assert_eq!((log.len(), log.rings[0].span()), (0, 0));
+    }
+
+    #[test]
+    fn a_dead_slot_lends_its_entry_to_the_next_one_in_it() {
+        let mut log = PacketLog::default();
+        log.insert(Clock::new(0, 1), vec![1u8; 8]);
+        assert!(log.remove(&Clock::new(0, 1)));
+        assert!(log.get(&Clock::new(0, 1)).is_none(), "dead");
+        // The ring's 16 slots: sequence number 17 takes slot 1 again, and finds its entry.
+        let mut lent = None;
+        log.insert_with(Clock::new(0, 17), |slot| {
+            lent = slot.as_ref().map(Vec::len);
+            if let Some(v) = slot {
+                v.clear();
+                v.push(17);
+            }
+        });
+        assert_eq!(lent, Some(8));
+        assert_eq!(log.get(&Clock::new(0, 17)), Some(&vec![17u8]));
+        assert_eq!(log.len(), 1);
     }
 }
