@@ -4,15 +4,14 @@
 //! order and forget them as the root deletes its log entries, so a few words cover them and a
 //! lookup is a subtraction and a mask.
 
-use sluice_packet::Clock;
-use std::collections::VecDeque;
+use sluice_packet::{Clock, SeqRing};
 
-/// One root's sequence numbers, a bit each, from word `base` on. Zero words at either end are
-/// dropped: a clear bit and a word not kept mean the same (not in the set).
+/// One root's sequence numbers, a bit each, in words of 64 indexed by `seq / 64`. Zero words at
+/// either end of the window are dropped, and words outside it are zero: a clear bit and a word
+/// not kept mean the same (not in the set).
 #[derive(Debug, Clone, Default)]
 struct Bits {
-    base: u64,
-    words: VecDeque<u64>,
+    words: SeqRing<u64>,
 }
 
 impl Bits {
@@ -23,23 +22,7 @@ impl Bits {
     #[inline]
     fn insert(&mut self, seq: u64) -> bool {
         let (w, bit) = Self::word(seq);
-        if self.words.is_empty() {
-            self.base = w;
-        }
-        while w < self.base {
-            self.words.push_front(0);
-            self.base -= 1;
-        }
-        let i = (w - self.base) as usize;
-        if i == self.words.len() {
-            // The next word: the usual way the set grows.
-            self.words.push_back(bit);
-            return true;
-        }
-        if i > self.words.len() {
-            self.words.resize(i + 1, 0);
-        }
-        let Some(word) = self.words.get_mut(i) else { return true };
+        let Some(word) = self.words.cover(w) else { return true };
         let new = *word & bit == 0;
         *word |= bit;
         new
@@ -47,13 +30,12 @@ impl Bits {
 
     fn contains(&self, seq: u64) -> bool {
         let (w, bit) = Self::word(seq);
-        w.checked_sub(self.base).and_then(|i| self.words.get(i as usize)).is_some_and(|word| word & bit != 0)
+        self.words.get(w).is_some_and(|word| word & bit != 0)
     }
 
     fn trim(&mut self) {
         while self.words.front() == Some(&0) {
             self.words.pop_front();
-            self.base += 1;
         }
         while self.words.back() == Some(&0) {
             self.words.pop_back();
@@ -62,23 +44,28 @@ impl Bits {
 
     fn remove(&mut self, seq: u64) {
         let (w, bit) = Self::word(seq);
-        let Some(word) = w.checked_sub(self.base).and_then(|i| self.words.get_mut(i as usize)) else { return };
+        let Some(word) = self.words.get_mut(w) else { return };
         *word &= !bit;
         self.trim();
     }
 
     fn remove_below(&mut self, seq: u64) {
         let (w, bit) = Self::word(seq);
-        while self.base < w && !self.words.is_empty() {
-            self.words.pop_front();
-            self.base += 1;
-        }
-        if self.base == w {
-            if let Some(word) = self.words.front_mut() {
-                *word &= !(bit - 1);
+        while self.words.span() > 0 && self.words.base() < w {
+            // Zeroed as it leaves the window: words outside it are zero.
+            if let Some(word) = self.words.pop_front() {
+                *word = 0;
             }
         }
+        if let Some(word) = self.words.get_mut(w) {
+            *word &= !(bit - 1);
+        }
         self.trim();
+    }
+
+    /// (word index, word) over the window, zero words included.
+    fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.words.iter().map(|(w, word)| (w, *word))
     }
 }
 
@@ -115,11 +102,10 @@ impl ClockSet {
     /// Adds every clock of `other`.
     pub fn union_with(&mut self, other: &ClockSet) {
         for (r, b) in other.roots.iter().enumerate() {
-            for (i, word) in b.words.iter().enumerate() {
+            for (w, word) in b.iter() {
                 for bit in 0..64 {
                     if word & (1u64 << bit) != 0 {
-                        let seq = (b.base + i as u64) * 64 + bit;
-                        self.insert(Clock::new(r as u8, seq));
+                        self.insert(Clock::new(r as u8, w * 64 + bit));
                     }
                 }
             }
@@ -137,11 +123,7 @@ impl ClockSet {
     /// sequence number a multiple of 64) and the word, bit `i` for clock `first + i`.
     pub fn words(&self) -> impl Iterator<Item = (Clock, u64)> + '_ {
         self.roots.iter().enumerate().flat_map(|(r, b)| {
-            b.words
-                .iter()
-                .enumerate()
-                .filter(|(_, w)| **w != 0)
-                .map(move |(i, w)| (Clock::new(r as u8, (b.base + i as u64) * 64), *w))
+            b.iter().filter(|(_, word)| *word != 0).map(move |(w, word)| (Clock::new(r as u8, w * 64), word))
         })
     }
 

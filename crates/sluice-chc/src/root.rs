@@ -38,6 +38,10 @@ impl Default for RootConfig {
     }
 }
 
+/// Most buffers of deleted entries kept for reuse, whatever the log's capacity (a log that
+/// shrinks frees the rest).
+const SPARE_BUFFERS: usize = 1 << 16;
+
 /// A root's logical clock: the last sequence number stamped and the last one persisted.
 #[derive(Debug, Clone, Copy, Default)]
 struct RootClock {
@@ -145,6 +149,9 @@ pub struct Root {
     replays_to: AHashMap<InstanceId, BTreeMap<Clock, u32>>,
     last_clock: Clock,
     deleted: Vec<Clock>,
+    /// Buffers of deleted entries, for the next entries' copies, last freed first: a running
+    /// log allocates nothing per packet, and copies into a buffer still in the cache.
+    spare: Vec<Packet>,
     /// Clocks whose entries a root lost with its log while they were still in flight: no
     /// replay can bring them back.
     unlogged: AHashSet<Clock>,
@@ -163,6 +170,7 @@ impl Root {
             replays_to: AHashMap::new(),
             last_clock: Clock::default(),
             deleted: Vec::new(),
+            spare: Vec::new(),
             unlogged: AHashSet::new(),
             stats: RootStats::default(),
         }
@@ -203,16 +211,12 @@ impl Root {
             self.clock_input.insert(clock, (input, pkt.meta.ts_ns));
         }
         self.stats.admitted += 1;
-        // The slot's dead entry lends its packet buffer: nothing allocated, nothing moved.
-        self.log.insert_with(clock, |slot| match slot {
-            Some(e) => {
-                e.packet.copy_from(pkt);
-                (e.input, e.refs, e.xor, e.replayed, e.left) = (input, 1, 0, false, false);
-            }
-            None => {
-                *slot = Some(LogEntry { input, packet: pkt.clone(), refs: 1, xor: 0, replayed: false, left: false })
-            }
-        });
+        // The buffer freed last: the one most likely still in the cache.
+        let packet = match self.spare.pop() {
+            Some(spare) => pkt.copy_onto(spare),
+            None => pkt.clone(),
+        };
+        self.log.insert(clock, LogEntry { input, packet, refs: 1, xor: 0, replayed: false, left: false });
         self.stats.log_peak = self.stats.log_peak.max(self.log.len() as u64);
         Admission::Admitted { clock, persist }
     }
@@ -343,7 +347,12 @@ impl Root {
 
     #[inline]
     fn delete(&mut self, clock: Clock) {
-        if self.log.remove(&clock) {
+        if let Some(e) = self.log.remove(&clock) {
+            // As many as the log can hold: entries come and go in bursts of up to a window,
+            // and a cap below it sends most of a burst back to the allocator.
+            if self.spare.len() < SPARE_BUFFERS.min(self.cfg.log_capacity) {
+                self.spare.push(e.packet);
+            }
             self.deleted.push(clock);
             self.stats.deleted += 1;
         }

@@ -1,34 +1,20 @@
 //! The root's packet log: one ring of slots per root, indexed by sequence number. Every
 //! packet is logged, looked up as its copies finish and its commits arrive, and deleted — a
 //! handful of lookups per packet, which the ring answers with a mask (no hashing, no tree walk,
-//! no second indirection). A slot keeps its entry after the delete, marked dead, so the next
-//! entry in that slot copies its packet into the same buffer: a running log allocates nothing
-//! per packet and moves no entry in or out. A root stamps sequence numbers in order and entries
-//! mostly go in order, so the window of live slots stays about as long as the log; a hole (an
-//! entry deleted before older ones) costs a dead slot until the older ones go, and a window
-//! longer than the ring doubles it.
+//! no second indirection; [`SeqRing`]). A root stamps sequence numbers in order and entries
+//! mostly go in order, so the window of slots stays about as long as the log; a hole (an
+//! entry deleted before older ones) costs an empty slot until the older ones go, and a window
+//! longer than the ring doubles it. The packets' buffers are the root's, not the slots': a
+//! deleted entry's buffer is the next entry's copy (see `Root::admit`).
 
 use sluice_packet::{Clock, SeqRing};
 
-/// One slot: an entry, live or kept dead for its buffers.
-#[derive(Debug, Clone)]
-struct Slot<E> {
-    live: bool,
-    entry: Option<E>,
-}
+/// One root's entries by sequence number (a slot without one is a hole). Neither end of the
+/// window is a hole; no slot outside it holds an entry.
+type Ring<E> = SeqRing<Option<E>>;
 
-impl<E> Default for Slot<E> {
-    fn default() -> Self {
-        Slot { live: false, entry: None }
-    }
-}
-
-/// One root's entries by sequence number. Neither end of the window is dead; no slot outside
-/// it is live.
-type Ring<E> = SeqRing<Slot<E>>;
-
-fn live<E>(slot: Option<&Slot<E>>) -> bool {
-    slot.is_some_and(|s| s.live)
+fn live<E>(slot: Option<&Option<E>>) -> bool {
+    slot.is_some_and(Option::is_some)
 }
 
 /// Moves the window's front past dead slots.
@@ -65,69 +51,39 @@ impl<E> PacketLog<E> {
         self.len
     }
 
-    /// Logs an entry under `clock`: `fill` is given the slot's entry — a dead one whose
-    /// buffers it reuses, the live one it replaces, or none — and must leave one there.
+    /// Logs `entry` under `clock`, replacing an entry already there.
     #[inline]
-    pub(super) fn insert_with(&mut self, clock: Clock, fill: impl FnOnce(&mut Option<E>)) {
+    pub(super) fn insert(&mut self, clock: Clock, entry: E) {
         let r = usize::from(clock.root());
         if self.rings.len() <= r {
             self.rings.resize_with(r + 1, Ring::default);
         }
-        let Some(ring) = self.rings.get_mut(r) else { return };
-        let Some(slot) = ring.cover(clock.seq()) else { return };
-        fill(&mut slot.entry);
-        let live = slot.entry.is_some();
-        let was = std::mem::replace(&mut slot.live, live);
-        match (was, live) {
-            (false, true) => self.len += 1,
-            (true, false) => self.len -= 1,
-            _ => {}
+        let Some(slot) = self.rings.get_mut(r).and_then(|ring| ring.cover(clock.seq())) else { return };
+        if slot.replace(entry).is_none() {
+            self.len += 1;
         }
-        if !live {
-            trim_front(ring);
-            trim_back(ring);
-        }
-    }
-
-    /// Logs `entry` under `clock`, replacing an entry already there.
-    pub(super) fn insert(&mut self, clock: Clock, entry: E) {
-        self.insert_with(clock, |slot| *slot = Some(entry));
     }
 
     #[inline]
     pub(super) fn get(&self, clock: &Clock) -> Option<&E> {
-        let slot = self.rings.get(usize::from(clock.root()))?.get(clock.seq())?;
-        if slot.live {
-            slot.entry.as_ref()
-        } else {
-            None
-        }
+        self.rings.get(usize::from(clock.root()))?.get(clock.seq())?.as_ref()
     }
 
     #[inline]
     pub(super) fn get_mut(&mut self, clock: &Clock) -> Option<&mut E> {
-        let slot = self.rings.get_mut(usize::from(clock.root()))?.get_mut(clock.seq())?;
-        if slot.live {
-            slot.entry.as_mut()
-        } else {
-            None
-        }
+        self.rings.get_mut(usize::from(clock.root()))?.get_mut(clock.seq())?.as_mut()
     }
 
     pub(super) fn contains_key(&self, clock: &Clock) -> bool {
         self.get(clock).is_some()
     }
 
-    /// Deletes the entry under `clock` (its slot keeps it, dead, for the buffers); whether
-    /// there was one.
+    /// Takes the entry under `clock` out of the log.
     #[inline]
-    pub(super) fn remove(&mut self, clock: &Clock) -> bool {
-        let Some(ring) = self.rings.get_mut(usize::from(clock.root())) else { return false };
+    pub(super) fn remove(&mut self, clock: &Clock) -> Option<E> {
+        let ring = self.rings.get_mut(usize::from(clock.root()))?;
         let seq = clock.seq();
-        let Some(slot) = ring.get_mut(seq) else { return false };
-        if !std::mem::replace(&mut slot.live, false) {
-            return false;
-        }
+        let entry = ring.get_mut(seq)?.take()?;
         self.len -= 1;
         // An end moves past the dead slots there (entries mostly go in order: the front).
         if seq == ring.base() {
@@ -135,17 +91,14 @@ impl<E> PacketLog<E> {
         } else if seq + 1 == ring.end() {
             trim_back(ring);
         }
-        true
+        Some(entry)
     }
 
     /// (clock, entry) in clock order.
     pub(super) fn iter(&self) -> impl Iterator<Item = (Clock, &E)> + '_ {
         self.rings.iter().enumerate().flat_map(move |(r, ring)| {
             let root = u8::try_from(r).ok();
-            ring.iter().filter_map(move |(seq, slot)| {
-                let entry = slot.entry.as_ref().filter(|_| slot.live)?;
-                Some((Clock::new(root?, seq), entry))
-            })
+            ring.iter().filter_map(move |(seq, slot)| Some((Clock::new(root?, seq), slot.as_ref()?)))
         })
     }
 
@@ -178,8 +131,8 @@ mod tests {
             log.insert(Clock::new(0, seq), seq * 10);
         }
         assert_eq!(log.values().copied().collect::<Vec<_>>(), vec![10, 20, 30]);
-        assert!(log.remove(&Clock::new(0, 1)));
-        assert!(!log.remove(&Clock::new(0, 1)));
+        assert_eq!(log.remove(&Clock::new(0, 1)), Some(10));
+        assert_eq!(log.remove(&Clock::new(0, 1)), None);
         log.insert(Clock::new(0, 4), 40);
         assert_eq!((log.rings[0].base(), log.rings[0].span()), (2, 3), "the ring moved past the deleted front");
         if let Some(e) = log.get_mut(&Clock::new(0, 2)) {
@@ -231,8 +184,7 @@ mod tests {
         assert_eq!(log.values().copied().collect::<Vec<_>>(), vec![1, 2, 3, 6, 7]);
         assert!(log.get(&Clock::new(0, 5)).is_none() && log.get(&Clock::new(0, 4)).is_none());
         for seq in [1u64, 2, 3, 6, 7] {
-            assert_eq!(log.get(&Clock::new(0, seq)), Some(&seq));
-            assert!(log.remove(&Clock::new(0, seq)));
+            assert_eq!(log.remove(&Clock::new(0, seq)), Some(seq));
         }
         assert_eq!((log.len(), log.rings[0].span()), (0, 0));
     }
@@ -257,28 +209,8 @@ mod tests {
         log.insert(Clock::new(0, 0), 0);
         assert_eq!(log.keys().next(), Some(Clock::new(0, 0)));
         for c in log.keys().collect::<Vec<_>>() {
-            assert!(log.remove(&c));
+            assert!(log.remove(&c).is_some());
         }
         assert_eq!((log.len(), log.rings[0].span()), (0, 0));
-    }
-
-    #[test]
-    fn a_dead_slot_lends_its_entry_to_the_next_one_in_it() {
-        let mut log = PacketLog::default();
-        log.insert(Clock::new(0, 1), vec![1u8; 8]);
-        assert!(log.remove(&Clock::new(0, 1)));
-        assert!(log.get(&Clock::new(0, 1)).is_none(), "dead");
-        // The ring's 16 slots: sequence number 17 takes slot 1 again, and finds its entry.
-        let mut lent = None;
-        log.insert_with(Clock::new(0, 17), |slot| {
-            lent = slot.as_ref().map(Vec::len);
-            if let Some(v) = slot {
-                v.clear();
-                v.push(17);
-            }
-        });
-        assert_eq!(lent, Some(8));
-        assert_eq!(log.get(&Clock::new(0, 17)), Some(&vec![17u8]));
-        assert_eq!(log.len(), 1);
     }
 }

@@ -246,25 +246,23 @@ fn a_long_running_root_forgets_inputs_with_their_entries_and_counts_deletes() {
 fn a_burst_of_a_whole_log_reuses_every_buffer() {
     let cap = 3_000;
     let mut r = root(cap);
-    // The log's ring (4,096 slots for 3,000 entries) has had a buffer in every slot once the
-    // clocks went all the way round it: from then on every copy goes into one of those.
-    let mut buffers = std::collections::HashSet::new();
+    let mut buffers = Vec::new();
     // Kept to the end, so that no address a test copy had comes back from the allocator.
     let mut kept = Vec::new();
-    for round in 0..3u64 {
+    for round in 0..2u64 {
         let copies: Vec<Packet> = (0..cap as u64).map(|i| admit(&mut r, round * 10_000 + i)).collect();
-        let now: Vec<usize> = r.log_entries().map(|(_, _, p)| p.data().as_ptr() as usize).collect();
-        if round == 2 {
-            assert!(now.iter().all(|b| buffers.contains(b)), "the third burst copied into the buffers left before");
+        let mut now: Vec<usize> = r.log_entries().map(|(_, _, p)| p.data().as_ptr() as usize).collect();
+        now.sort_unstable();
+        if round == 1 {
+            assert_eq!(now, buffers, "the second burst copied into the buffers the first left");
         }
-        buffers.extend(now);
+        buffers = now;
         for p in &copies {
             r.copy_finished(p);
         }
         assert_eq!(r.logged(), 0);
         kept.push(copies);
     }
-    assert!(buffers.len() <= 4_096, "one buffer a slot: {}", buffers.len());
 }
 
 #[test]
