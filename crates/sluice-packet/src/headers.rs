@@ -130,6 +130,22 @@ fn offset_in(base: &[u8], part: &[u8]) -> u16 {
 impl Headers {
     /// Parses an Ethernet frame (optionally 802.1Q tagged).
     pub fn parse(frame: &[u8]) -> Headers {
+        let mut h = Headers::default();
+        h.parse_into(frame);
+        h
+    }
+
+    /// [`Headers::parse`] into `self`, written in place (a pooled packet's headers: the
+    /// struct is about 130 bytes, and moving it out of a return value costs as much as the
+    /// common case's parse).
+    pub fn parse_into(&mut self, frame: &[u8]) {
+        if !parse_plain_ipv4(frame, self) {
+            *self = Headers::parse_sliced(frame);
+        }
+    }
+
+    /// [`Headers::parse`] through etherparse: every frame the common case does not take.
+    fn parse_sliced(frame: &[u8]) -> Headers {
         let sliced = match SlicedPacket::from_ethernet(frame) {
             Ok(s) => s,
             Err(e) => return Headers { status: classify(&e), ..Headers::default() },
@@ -213,6 +229,78 @@ impl Headers {
     }
 }
 
+/// The common case read straight from the bytes: untagged Ethernet, IPv4 without a fragment
+/// and TCP or UDP, every length consistent. Anything else (VLAN tags, IPv6, ICMP, fragments,
+/// IP options carrying an authentication header, a length that does not add up) is `None` and
+/// goes to etherparse, which reports what is wrong. Where it answers, the answer is exactly
+/// etherparse's (tested against it on generated and real frames): this path exists because
+/// slicing with etherparse and copying its result cost about 500 instructions a packet, a
+/// quarter of a pass-through chain's work (docs/benchmarks.md, "Headers read in one pass").
+/// Writes the headers into `h` and says whether it did (`false`: `h` holds anything).
+#[inline]
+fn parse_plain_ipv4(frame: &[u8], h: &mut Headers) -> bool {
+    plain_ipv4(frame, h).is_some()
+}
+
+#[inline(always)]
+fn plain_ipv4(frame: &[u8], h: &mut Headers) -> Option<()> {
+    const ETH: usize = 14;
+    let byte = |i: usize| frame.get(i).copied();
+    let be16 = |i: usize| Some(u16::from_be_bytes([byte(i)?, byte(i + 1)?]));
+    let be32 = |i: usize| Some(u32::from_be_bytes(frame.get(i..i + 4)?.try_into().ok()?));
+    if be16(12)? != 0x0800 {
+        return None;
+    }
+    let vihl = byte(ETH)?;
+    let ihl = usize::from(vihl & 0x0f) * 4;
+    let total = usize::from(be16(ETH + 2)?);
+    // Version 4, a header of 20 bytes or more inside the total length, the total inside the
+    // frame, and no fragment (more-fragments bit or an offset).
+    if vihl >> 4 != 4 || ihl < 20 || total < ihl || frame.len() < ETH + total || be16(ETH + 6)? & 0x3fff != 0 {
+        return None;
+    }
+    let src = std::net::Ipv4Addr::from(be32(ETH + 12)?);
+    let dst = std::net::Ipv4Addr::from(be32(ETH + 16)?);
+    let l4 = ETH + ihl;
+    let ip_payload = total - ihl;
+    let proto = byte(ETH + 9)?;
+    *h = Headers { l3: L3::V4, l3_off: ETH as u16, l4_off: l4 as u16, ..Headers::default() };
+    let (sport, dport) = (be16(l4)?, be16(l4 + 2)?);
+    let (payload_off, payload_len) = match proto {
+        6 => {
+            let doff = usize::from(byte(l4 + 12)? & 0xf0) >> 2;
+            if ip_payload < 20 || doff < 20 || doff > ip_payload {
+                return None;
+            }
+            h.l4 = L4::Tcp;
+            h.tcp_flags = TcpFlags(byte(l4 + 13)?);
+            h.tcp_seq = be32(l4 + 4)?;
+            h.tcp_ack = be32(l4 + 8)?;
+            (l4 + doff, ip_payload - doff)
+        }
+        17 => {
+            // A length of 0 means "to the end of the IP payload", as in etherparse.
+            let len = match usize::from(be16(l4 + 4)?) {
+                0 => ip_payload,
+                n => n,
+            };
+            if ip_payload < 8 || len < 8 || len > ip_payload {
+                return None;
+            }
+            h.l4 = L4::Udp;
+            (l4 + 8, len - 8)
+        }
+        _ => return None,
+    };
+    // Frames are at most MAX_FRAME bytes, so offsets and lengths fit in 16 bits.
+    h.payload_off = u16::try_from(payload_off).ok()?;
+    h.payload_len = u16::try_from(payload_len).ok()?;
+    let tuple = FiveTuple { src: IpAddr::V4(src), dst: IpAddr::V4(dst), sport, dport, proto: Proto(proto) };
+    h.tuple = Some(tuple);
+    h.flow = Some(FlowKey::from(tuple));
+    Some(())
+}
+
 fn echo_id(icmp: &[u8]) -> u16 {
     match icmp.get(4..6) {
         Some(b) => u16::from_be_bytes([b[0], b[1]]),
@@ -261,6 +349,132 @@ mod tests {
             assert_eq!(h.l4, L4::None, "{frag:#x}");
             let t = h.tuple.map(|t| (t.proto, t.sport, t.dport));
             assert_eq!(t, Some((Proto::UDP, 0, 0)), "{frag:#x}");
+        }
+    }
+
+    /// Every frame of the bundled and shared traces (classic pcap, little-endian, Ethernet).
+    fn trace_frames() -> Vec<Vec<u8>> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut paths: Vec<_> = ["traces", "../shared/traces"]
+            .iter()
+            .filter_map(|d| std::fs::read_dir(root.join(d)).ok())
+            .flatten()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "pcap"))
+            .collect();
+        paths.sort();
+        assert!(paths.len() >= 5, "traces found: {paths:?}");
+        let mut out = Vec::new();
+        for path in paths {
+            let data = std::fs::read(&path).unwrap();
+            if data.get(..4) != Some(&[0xd4, 0xc3, 0xb2, 0xa1][..])
+                && data.get(..4) != Some(&[0x4d, 0x3c, 0xb2, 0xa1][..])
+            {
+                continue;
+            }
+            let mut off = 24;
+            while let Some(h) = data.get(off..off + 16) {
+                let cap = u32::from_le_bytes([h[8], h[9], h[10], h[11]]) as usize;
+                let Some(f) = data.get(off + 16..off + 16 + cap) else { break };
+                out.push(f.to_vec());
+                off += 16 + cap;
+            }
+        }
+        out
+    }
+
+    /// A TCP (or UDP) frame over IPv4 from etherparse's builder.
+    fn built(udp: bool, payload: &[u8]) -> Vec<u8> {
+        let b = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]).ipv4(
+            [10, 0, 0, 1],
+            [192, 0, 2, 7],
+            64,
+        );
+        let mut f = Vec::new();
+        if udp {
+            let b = b.udp(5353, 53);
+            f.reserve(b.size(payload.len()));
+            b.write(&mut f, payload).unwrap();
+        } else {
+            let b = b.tcp(40000, 80, 7, 1024).syn().ack(99);
+            f.reserve(b.size(payload.len()));
+            b.write(&mut f, payload).unwrap();
+        }
+        f
+    }
+
+    /// The direct path's answer, where it gives one, is etherparse's.
+    fn same_as_sliced(frame: &[u8]) -> bool {
+        direct(frame).is_none_or(|h| h == Headers::parse_sliced(frame))
+    }
+
+    /// The direct path's answer, if it gives one.
+    fn direct(frame: &[u8]) -> Option<Headers> {
+        let mut h = Headers { status: ParseStatus::Malformed, ..Headers::default() };
+        parse_plain_ipv4(frame, &mut h).then_some(h)
+    }
+
+    #[test]
+    fn plain_tcp_and_udp_take_the_direct_path_with_etherparse_s_answer() {
+        for udp in [false, true] {
+            for payload in [&b""[..], b"hello", &[7u8; 1400][..]] {
+                let mut f = built(udp, payload);
+                let answer = direct(&f).expect("a plain frame takes the direct path");
+                assert_eq!(answer, Headers::parse_sliced(&f));
+                assert_eq!((answer.l4 == L4::Udp, usize::from(answer.payload_len)), (udp, payload.len()));
+                // Ethernet padding after the IP packet is not payload.
+                f.extend_from_slice(&[0; 6]);
+                assert_eq!(direct(&f), Some(answer));
+                assert_eq!(Headers::parse_sliced(&f), answer);
+            }
+        }
+        // What it leaves to etherparse: fragments, ICMP, IPv6, VLAN tags.
+        assert_eq!(direct(&udp_fragment(0x2000)), None);
+        assert!(direct(&udp_fragment(0)).is_some());
+        let icmp = {
+            let b =
+                etherparse::PacketBuilder::ethernet2([2; 6], [3; 6]).ipv4([1; 4], [2; 4], 9).icmpv4_echo_request(1, 2);
+            let mut f = Vec::new();
+            b.write(&mut f, b"x").unwrap();
+            f
+        };
+        assert_eq!(direct(&icmp), None);
+        assert_eq!(Headers::parse(&icmp).l4, L4::Icmp);
+    }
+
+    #[test]
+    fn every_frame_of_the_traces_parses_as_etherparse_parses_it() {
+        let frames = trace_frames();
+        let taken = frames.iter().filter(|f| direct(f).is_some()).count();
+        for (i, f) in frames.iter().enumerate() {
+            assert!(same_as_sliced(f), "frame {i}: {:?} vs {:?}", direct(f), Headers::parse_sliced(f));
+        }
+        // The traces are mostly plain TCP and UDP over IPv4: the direct path is the common one.
+        assert!(taken * 2 > frames.len(), "{taken} of {} frames took the direct path", frames.len());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2048))]
+
+        /// Header bytes overwritten (lengths, version, flags, data offset, protocol, ...), the
+        /// frame cut or grown: the direct path answers as etherparse does or leaves it.
+        #[test]
+        fn damaged_frames_parse_as_etherparse_parses_them(
+            udp in proptest::prelude::any::<bool>(),
+            len in 0usize..80,
+            edits in proptest::collection::vec((0usize..60, proptest::prelude::any::<u8>()), 0..4),
+            cut in 0usize..140,
+            grow in 0usize..8,
+        ) {
+            let mut f = built(udp, &vec![0xab; len]);
+            for (at, v) in edits {
+                if let Some(b) = f.get_mut(at) {
+                    *b = v;
+                }
+            }
+            f.truncate(cut.max(14));
+            f.extend(std::iter::repeat_n(0u8, grow));
+            proptest::prop_assert!(same_as_sliced(&f));
         }
     }
 }

@@ -309,7 +309,8 @@ impl PacketPool {
             Some(mut body) => {
                 body.data.clear();
                 body.data.extend_from_slice(frame);
-                body.headers = Headers::parse(&body.data);
+                let PacketBody { data, headers, .. } = &mut *body;
+                headers.parse_into(data);
                 body.meta = meta;
                 Packet { body }
             }
