@@ -123,6 +123,16 @@ struct PcapIn {
     reader: BufReader<DynRead>,
     big_endian: bool,
     nano: bool,
+    /// Bytes of the reader's buffer the record handed out last still occupies: it was lent
+    /// straight from the buffer, and is consumed when the next record is asked for.
+    lent: usize,
+}
+
+/// Where a record's bytes are: in the reader's buffer (this range of it), or copied into
+/// [`TraceReader`]'s own buffer (a record that straddles two reads).
+enum Bytes {
+    Lent(std::ops::Range<usize>),
+    Copied,
 }
 
 struct NgIn {
@@ -194,8 +204,7 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 fn u32_at(b: &[u8], off: usize, big: bool) -> Option<u32> {
-    let s = b.get(off..off.checked_add(4)?)?;
-    let a = [*s.first()?, *s.get(1)?, *s.get(2)?, *s.get(3)?];
+    let a: [u8; 4] = b.get(off..off.checked_add(4)?)?.try_into().ok()?;
     Some(if big { u32::from_be_bytes(a) } else { u32::from_le_bytes(a) })
 }
 
@@ -293,6 +302,7 @@ impl TraceReader {
                 reader: BufReader::with_capacity(READ_BUF, boxed),
                 big_endian,
                 nano: format == TraceFormat::PcapNano,
+                lent: 0,
             })
         };
         Ok(TraceReader { path, format, inner, buf: Vec::with_capacity(2048), records: 0, done: false })
@@ -322,12 +332,18 @@ impl TraceReader {
         let record = self.records + 1;
         let res = match &mut self.inner {
             Inner::Pcap(p) => next_pcap(p, &mut self.buf, &self.path, record),
-            Inner::Ng(ng) => next_ng(ng, &mut self.buf, &self.path, record),
+            Inner::Ng(ng) => {
+                next_ng(ng, &mut self.buf, &self.path, record).map(|r| r.map(|(t, o)| (t, o, Bytes::Copied)))
+            }
         };
         match res {
-            Ok(Some((ts_ns, orig_len))) => {
+            Ok(Some((ts_ns, orig_len, bytes))) => {
                 self.records = record;
-                Ok(Some(TraceRecord { ts_ns, data: &self.buf, orig_len }))
+                let data = match (bytes, &self.inner) {
+                    (Bytes::Lent(range), Inner::Pcap(p)) => p.reader.buffer().get(range).unwrap_or_default(),
+                    _ => &self.buf[..],
+                };
+                Ok(Some(TraceRecord { ts_ns, data, orig_len }))
             }
             Ok(None) => {
                 self.done = true;
@@ -347,7 +363,25 @@ impl TraceReader {
     }
 }
 
-fn next_pcap(p: &mut PcapIn, buf: &mut Vec<u8>, path: &Path, record: u64) -> Result<Option<(u64, u32)>, IoError> {
+fn next_pcap(
+    p: &mut PcapIn,
+    buf: &mut Vec<u8>,
+    path: &Path,
+    record: u64,
+) -> Result<Option<(u64, u32, Bytes)>, IoError> {
+    use std::io::BufRead;
+    p.reader.consume(std::mem::take(&mut p.lent));
+    // The common case: the whole record is in the reader's buffer, and its bytes are lent from
+    // there (no copy, no zeroing). One record per buffer refill takes the copying path below.
+    let buffered = p.reader.buffer();
+    if let Some(hdr) = buffered.get(..16) {
+        let (ts_ns, caplen, orig_len) = record_header(p, hdr, path, record)?;
+        let end = 16 + caplen;
+        if buffered.len() >= end {
+            p.lent = end;
+            return Ok(Some((ts_ns, orig_len, Bytes::Lent(16..end))));
+        }
+    }
     let read_err = |source| IoError::Read { path: path.to_path_buf(), record, source };
     let mut hdr = [0u8; 16];
     let n = read_full(&mut p.reader, &mut hdr).map_err(read_err)?;
@@ -361,7 +395,22 @@ fn next_pcap(p: &mut PcapIn, buf: &mut Vec<u8>, path: &Path, record: u64) -> Res
             detail: format!("record header has {n} of 16 bytes"),
         });
     }
-    let field = |off| u32_at(&hdr, off, p.big_endian).unwrap_or(0);
+    let (ts_ns, caplen, orig_len) = record_header(p, &hdr, path, record)?;
+    buf.resize(caplen, 0);
+    let got = read_full(&mut p.reader, buf).map_err(read_err)?;
+    if got < caplen {
+        return Err(IoError::TruncatedRecord {
+            path: path.to_path_buf(),
+            record,
+            detail: format!("packet data has {got} of {caplen} bytes"),
+        });
+    }
+    Ok(Some((ts_ns, orig_len, Bytes::Copied)))
+}
+
+/// A pcap record header's capture time (ns), captured length and length on the wire.
+fn record_header(p: &PcapIn, hdr: &[u8], path: &Path, record: u64) -> Result<(u64, usize, u32), IoError> {
+    let field = |off| u32_at(hdr, off, p.big_endian).unwrap_or(0);
     let (sec, frac, caplen, orig_len) = (field(0), field(4), field(8), field(12));
     let caplen_usize = usize::try_from(caplen).unwrap_or(usize::MAX);
     if caplen_usize > MAX_FRAME {
@@ -372,19 +421,9 @@ fn next_pcap(p: &mut PcapIn, buf: &mut Vec<u8>, path: &Path, record: u64) -> Res
             max: MAX_FRAME,
         });
     }
-    buf.resize(caplen_usize, 0);
-    let got = read_full(&mut p.reader, buf).map_err(read_err)?;
-    if got < caplen_usize {
-        return Err(IoError::TruncatedRecord {
-            path: path.to_path_buf(),
-            record,
-            detail: format!("packet data has {got} of {caplen} bytes"),
-        });
-    }
     let frac_ns = if p.nano { u64::from(frac) } else { u64::from(frac) * 1_000 };
     // Cannot overflow: u32::MAX * 1e9 + u32::MAX * 1e3 < u64::MAX.
-    let ts_ns = u64::from(sec) * NS_PER_SEC + frac_ns;
-    Ok(Some((ts_ns, orig_len)))
+    Ok((u64::from(sec) * NS_PER_SEC + frac_ns, caplen_usize, orig_len))
 }
 
 fn map_ng_err(e: PcapError, path: &Path, record: u64) -> IoError {
