@@ -125,6 +125,9 @@ impl Instance {
         if now_ns > self.now_ns {
             self.now_ns = now_ns;
         }
+        if !self.state.may_fire(now_ns) {
+            return;
+        }
         self.fired.clear();
         self.state.timers(true);
         match &self.timer_filter {

@@ -105,6 +105,13 @@ pub trait StateHandle: Send {
     /// their numbers, or the store answers one from the log of another.
     fn timers(&mut self, _firing: bool) {}
 
+    /// Whether asking for the timers due at `now_ns` ([`StateHandle::expired`]) may find any
+    /// or has other work to do; `false` only when it certainly would not, so that an instance
+    /// skips the asking (once per packet). By default, always `true`.
+    fn may_fire(&self, _now_ns: u64) -> bool {
+        true
+    }
+
     /// Between `timers(true)` and `timers(false)`: the handler of `timer` runs now, and the
     /// updates until the next call are that timer's. A backend that tags updates numbers a
     /// timer's by the timer, so that an instance firing other timers at this packet than

@@ -160,10 +160,20 @@ impl Timers {
         self.compact_if_stale();
     }
 
+    /// Whether [`Timers::expired_where`] at `now_ns` would fire a timer or tidy the heap.
+    pub fn may_fire(&self, now_ns: u64) -> bool {
+        matches!(self.heap.peek(), Some(Reverse((deadline, ..))) if *deadline <= now_ns) || self.stale()
+    }
+
+    /// The heap is mostly entries of cancelled and re-armed timers.
+    fn stale(&self) -> bool {
+        self.heap.len() > 1024 && self.heap.len() > 4 * self.armed.len()
+    }
+
     /// Cancelled and re-armed entries would otherwise pile up in the heap: when mostly stale,
     /// rebuilds it from the armed timers (a scan and a heapify, no lookups).
     fn compact_if_stale(&mut self) {
-        if self.heap.len() > 1024 && self.heap.len() > 4 * self.armed.len() {
+        if self.stale() {
             let mut v = std::mem::take(&mut self.heap).into_vec();
             v.clear();
             for (&(o, k), a) in self.armed.iter_mut() {
@@ -175,19 +185,41 @@ impl Timers {
     }
 }
 
-/// Local-memory state of one NF instance: one hash map per declared object, and timers driven
-/// by packet time.
+/// Local-memory state of one NF instance: per declared object, a hash map of its keyed values
+/// and, apart, its value under [`StateKey::Unit`] (a global object's only one: a counter
+/// updated by every packet is read and written in place, with no hashing or probing); and
+/// timers driven by packet time.
 pub struct LocalState {
-    objects: Vec<Map<StateKey, Value>>,
+    objects: Vec<Object>,
     custom: Vec<CustomOp>,
     timers: Timers,
+}
+
+/// One declared object's values.
+#[derive(Default)]
+struct Object {
+    unit: Option<Value>,
+    keyed: Map<StateKey, Value>,
+}
+
+impl Object {
+    fn len(&self) -> usize {
+        self.keyed.len() + usize::from(self.unit.is_some())
+    }
+
+    fn get_mut(&mut self, key: &StateKey) -> Option<&mut Value> {
+        match key {
+            StateKey::Unit => self.unit.as_mut(),
+            key => self.keyed.get_mut(key),
+        }
+    }
 }
 
 impl LocalState {
     /// Local state for an NF with these declarations and custom operations.
     pub fn new(decls: &[StateDecl], custom: &[CustomOp]) -> LocalState {
         LocalState {
-            objects: decls.iter().map(|_| Map::default()).collect(),
+            objects: decls.iter().map(|_| Object::default()).collect(),
             custom: custom.to_vec(),
             timers: Timers::default(),
         }
@@ -195,12 +227,12 @@ impl LocalState {
 
     /// Number of values held in object `obj`.
     pub fn len(&self, obj: ObjectId) -> usize {
-        self.objects.get(usize::from(obj.0)).map_or(0, |m| m.len())
+        self.objects.get(usize::from(obj.0)).map_or(0, Object::len)
     }
 
     /// Whether no object holds any value.
     pub fn is_empty(&self) -> bool {
-        self.objects.iter().all(|m| m.is_empty())
+        self.objects.iter().all(|m| m.len() == 0)
     }
 
     /// Number of armed timers.
@@ -214,7 +246,10 @@ impl LocalState {
             .objects
             .iter()
             .enumerate()
-            .flat_map(|(i, m)| m.iter().map(move |(k, v)| (ObjectId(i as u16), *k, v.clone())))
+            .flat_map(|(i, m)| {
+                let unit = m.unit.iter().map(|v| (StateKey::Unit, v));
+                unit.chain(m.keyed.iter().map(|(k, v)| (*k, v))).map(move |(k, v)| (ObjectId(i as u16), k, v.clone()))
+            })
             .collect();
         v.sort_by_key(|x| (x.0, x.1));
         v
@@ -227,7 +262,11 @@ impl StateHandle for LocalState {
     }
 
     fn exec(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
-        let map = self.objects.get_mut(usize::from(obj.0)).ok_or(StateError::UnknownObject(obj))?;
+        let object = self.objects.get_mut(usize::from(obj.0)).ok_or(StateError::UnknownObject(obj))?;
+        if let StateKey::Unit = key {
+            return apply(&mut object.unit, op, &self.custom);
+        }
+        let map = &mut object.keyed;
         match op {
             StateOp::Get => Ok(map.get(key).cloned()),
             StateOp::Set(v) => {
@@ -259,8 +298,25 @@ impl StateHandle for LocalState {
         }
     }
 
+    /// A counter's increment, the most frequent update (a NAT counts every packet twice), in
+    /// place and without a result to make and drop; anything else as [`StateHandle::exec`].
+    fn exec_nb(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<(), StateError> {
+        if let StateOp::Incr(d) = op {
+            let object = self.objects.get_mut(usize::from(obj.0)).ok_or(StateError::UnknownObject(obj))?;
+            if let Some(Value::Int(i)) = object.get_mut(key) {
+                *i = i.wrapping_add(d);
+                return Ok(());
+            }
+        }
+        self.exec(obj, key, op).map(|_| ())
+    }
+
     fn set_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
         self.timers.set(obj, key, deadline_ns);
+    }
+
+    fn may_fire(&self, now_ns: u64) -> bool {
+        self.timers.may_fire(now_ns)
     }
 
     fn cancel_timer(&mut self, obj: ObjectId, key: &StateKey) {
@@ -303,11 +359,40 @@ mod tests {
         let k = StateKey::Unit;
         assert_eq!(s.incr(ObjectId(0), &k, 3).ok(), Some(3));
         assert_eq!(s.incr(ObjectId(0), &k, 3).ok(), Some(6));
+        // The unit value is kept apart from the keyed ones, and counted and listed with them.
+        s.set(ObjectId(0), &StateKey::Id(1), Value::Int(1)).unwrap();
+        assert_eq!(s.len(ObjectId(0)), 2);
+        assert_eq!(
+            s.snapshot(),
+            vec![(ObjectId(0), StateKey::Unit, Value::Int(6)), (ObjectId(0), StateKey::Id(1), Value::Int(1))]
+        );
+        assert_eq!(s.delete(ObjectId(0), &k).ok(), Some(Some(Value::Int(6))));
+        assert_eq!(s.get(ObjectId(0), &k).ok(), Some(None));
+        assert_eq!(s.delete(ObjectId(0), &StateKey::Id(1)).ok(), Some(Some(Value::Int(1))));
+        assert!(s.is_empty());
         assert!(s.get(ObjectId(2), &k).is_err());
         s.set(ObjectId(1), &StateKey::Id(4), Value::Int(9)).ok();
         assert_eq!(s.len(ObjectId(1)), 1);
         assert_eq!(s.delete(ObjectId(1), &StateKey::Id(4)).ok(), Some(Some(Value::Int(9))));
         assert_eq!(s.len(ObjectId(1)), 0);
+    }
+
+    #[test]
+    fn non_blocking_increments_do_what_increments_do() {
+        let mut s = state();
+        let (o, k) = (ObjectId(1), StateKey::Id(1));
+        s.incr_nb(o, &k, 5).unwrap();
+        s.incr_nb(o, &k, -2).unwrap();
+        assert_eq!(s.get(o, &k).ok(), Some(Some(Value::Int(3))));
+        s.set(o, &k, Value::Int(i64::MAX)).unwrap();
+        s.incr_nb(o, &k, 1).unwrap();
+        assert_eq!(s.get(o, &k).ok(), Some(Some(Value::Int(i64::MIN))), "wraps as `incr` does");
+        s.set(o, &k, Value::Float(0.5)).unwrap();
+        s.incr_nb(o, &k, 1).unwrap();
+        assert_eq!(s.get(o, &k).ok(), Some(Some(Value::Float(1.5))));
+        s.set(o, &k, Value::Ints(vec![1])).unwrap();
+        assert!(matches!(s.incr_nb(o, &k, 1), Err(StateError::WrongType { .. })));
+        assert!(matches!(s.incr_nb(ObjectId(9), &k, 1), Err(StateError::UnknownObject(_))));
     }
 
     #[test]
