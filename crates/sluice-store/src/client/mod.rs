@@ -86,6 +86,11 @@ pub struct ClientConfig {
     /// float counter gets the sum in one addition). Also off to show what duplicate
     /// suppression prevents: the store then applies every copy of a duplicated update.
     pub dedupe: bool,
+    /// Each packet's updates are folded into its XOR vector and reported as commits once the
+    /// store has them (the default): what the root's log waits for before it forgets a packet.
+    /// Off where no root keeps a log (`StateConfig::without_duplicates` in `sluice-runtime`),
+    /// so that nothing is computed, gathered and handed over per packet for nobody.
+    pub commits: bool,
     /// Non-deterministic values an NF draws ([`StateHandle::record`]: random numbers, the
     /// wall clock) are recorded in the store under the packet's clock, so that a replay or a
     /// clone draws the same ones. Costs a round trip per draw; only the fault-tolerant
@@ -109,6 +114,7 @@ impl Default for ClientConfig {
             fresh: true,
             write_through: false,
             dedupe: true,
+            commits: true,
             record_nondeterminism: false,
         }
     }
@@ -390,7 +396,9 @@ impl StoreClient {
 
     /// Folds `(this instance, obj)` into the current packet's XOR vector, once per object.
     fn note_update(&mut self, obj: ObjectId) {
-        let id = xor_id(self.id, obj);
+        if !self.cfg.commits {
+            return;
+        }
         if obj.0 < 64 {
             let bit = 1u64 << obj.0;
             if self.touched & bit != 0 {
@@ -398,7 +406,7 @@ impl StoreClient {
             }
             self.touched |= bit;
         }
-        self.xor ^= id;
+        self.xor ^= xor_id(self.id, obj);
     }
 
     /// The number [`StoreClient::next_tag`] gives the next update.
