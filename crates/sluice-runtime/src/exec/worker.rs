@@ -415,7 +415,9 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
         // wait for earlier clocks that the recovery holds. What it held comes back through here
         // once the replay is done.
         let recovering = slot.recovery.is_some();
-        if slot.order.is_none() && !recovering {
+        // (Only a run that can scale or move flows has anything to wait for: the look is
+        // skipped, call and all, in every other.)
+        if slot.order.is_none() && !recovering && shared.scaling.is_some() {
             match reconfig::waits(shared, slot, out, pkt) {
                 Ok(p) => pkt = p,
                 Err(n) => {
