@@ -25,7 +25,7 @@ pub fn checksum_adjust_u16(csum: u16, old: u16, new: u16) -> u16 {
     fold(u64::from(!csum) + u64::from(!old) + u64::from(new))
 }
 
-fn fold(mut sum: u64) -> u16 {
+pub(crate) fn fold(mut sum: u64) -> u16 {
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
