@@ -54,7 +54,9 @@ prefix="$PWD/target/peers/click-${rev:0:7}"
 click="$prefix/bin/click"
 if [ ! -x "$click" ]; then
   for tool in g++ make; do
-    command -v "$tool" >/dev/null || { sudo apt-get update -qq && sudo apt-get install -y -qq g++ make; break; }
+    command -v "$tool" >/dev/null || {
+      sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+      $sudo apt-get update -qq && $sudo apt-get install -y -qq g++ make; break; }
   done
   build="$PWD/target/peers/click-build-${rev:0:7}"
   rm -rf "$build" && mkdir -p "$build"
