@@ -383,25 +383,6 @@ mod tests {
         out
     }
 
-    /// A TCP (or UDP) frame over IPv4 from etherparse's builder.
-    fn built(udp: bool, payload: &[u8]) -> Vec<u8> {
-        let b = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]).ipv4(
-            [10, 0, 0, 1],
-            [192, 0, 2, 7],
-            64,
-        );
-        let mut f = Vec::new();
-        if udp {
-            let b = b.udp(5353, 53);
-            f.reserve(b.size(payload.len()));
-            b.write(&mut f, payload).unwrap();
-        } else {
-            let b = b.tcp(40000, 80, 7, 1024).syn().ack(99);
-            f.reserve(b.size(payload.len()));
-            b.write(&mut f, payload).unwrap();
-        }
-        f
-    }
 
     /// The direct path's answer, where it gives one, is etherparse's.
     fn same_as_sliced(frame: &[u8]) -> bool {
@@ -418,7 +399,7 @@ mod tests {
     fn plain_tcp_and_udp_take_the_direct_path_with_etherparse_s_answer() {
         for udp in [false, true] {
             for payload in [&b""[..], b"hello", &[7u8; 1400][..]] {
-                let mut f = built(udp, payload);
+                let mut f = crate::test_frame(udp, payload);
                 let answer = direct(&f).expect("a plain frame takes the direct path");
                 assert_eq!(answer, Headers::parse_sliced(&f));
                 assert_eq!((answer.l4 == L4::Udp, usize::from(answer.payload_len)), (udp, payload.len()));
@@ -466,7 +447,7 @@ mod tests {
             cut in 0usize..140,
             grow in 0usize..8,
         ) {
-            let mut f = built(udp, &vec![0xab; len]);
+            let mut f = crate::test_frame(udp, &vec![0xab; len]);
             for (at, v) in edits {
                 if let Some(b) = f.get_mut(at) {
                     *b = v;

@@ -441,19 +441,9 @@ mod tests {
 
     /// An IPv4 TCP or UDP frame (UDP with its checksum, or with none: zero).
     fn frame(udp: bool, udp_csum: bool, payload: &[u8]) -> Packet {
-        let b = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]).ipv4(
-            [10, 1, 2, 3],
-            [192, 0, 2, 9],
-            64,
-        );
-        let mut f = Vec::new();
-        if udp {
-            b.udp(4000, 53).write(&mut f, payload).unwrap();
-            if !udp_csum {
-                f[14 + 20 + 6..14 + 20 + 8].copy_from_slice(&[0, 0]);
-            }
-        } else {
-            b.tcp(40000, 443, 1, 900).ack(5).write(&mut f, payload).unwrap();
+        let mut f = crate::test_frame(udp, payload);
+        if udp && !udp_csum {
+            f[14 + 20 + 6..14 + 20 + 8].copy_from_slice(&[0, 0]);
         }
         Packet::new(f, Meta::default())
     }
