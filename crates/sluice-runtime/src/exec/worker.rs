@@ -6,7 +6,7 @@ use super::reconfig::{self, Moving};
 use super::{Note, Outgoing, Shared};
 use crate::live::{BatchCounts, Live};
 use crate::order::InOrder;
-use crate::plan::direction;
+use crate::plan::{direction, Target};
 use crossbeam_queue::ArrayQueue;
 use sluice_chc::clockset::ClockSet;
 use sluice_nf::{Event, Instance, Verdict};
@@ -403,6 +403,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     out.hold = shared.send_updates_first;
     slot.inst.begin_batch();
     let slow = shared.live.as_ref().and_then(|l| l.slow(slot.global));
+    let only_to = single_destination(shared, slot);
     // The root wrote these bodies on another core: fetch them all at once.
     sluice_packet::warm(&batch);
     for mut pkt in batch.drain(..) {
@@ -455,6 +456,12 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             // The replay's copy reached its target: downstream it is a packet like any other.
             pkt.meta.flags.insert(MetaFlags::REACHED);
             out.note(shared, Note::Reached(pkt.meta));
+        }
+        if let (Some(d), Verdict::Forward, None) = (only_to, &verdict, pkt.meta.replay_target()) {
+            // Where `hand_on` would send it, without asking again per packet.
+            out.push(shared, d, pkt);
+            slot.stats.forwarded += 1;
+            continue;
         }
         let clock = pkt.meta.clock;
         if let Some(p) = slot.passing.as_mut() {
@@ -526,6 +533,31 @@ pub(super) fn hand_on(
         None => Some(pkt),
     };
     unrouted.map(|p| (p, Ended::Dropped("no-route")))
+}
+
+/// Where every packet `slot`'s NF forwards goes, when that is one place whatever the packet:
+/// the vertex's default output has one edge, without a filter or mirrors, to the chain's exit
+/// or to a vertex of one instance, in a run that neither scales (the allocation could change)
+/// nor keeps a record of what passes (`passing`). `hand_on` would find the same place for each
+/// packet; asked once a batch, it is not asked per packet.
+fn single_destination(shared: &Shared, slot: &Slot) -> Option<usize> {
+    if shared.scaling.is_some() || slot.passing.is_some() {
+        return None;
+    }
+    let vp = shared.vertices.get(slot.vertex)?;
+    let [by_output] = vp.routes.as_slice() else { return None };
+    let routes = by_output.first()?;
+    let [route] = routes.main.as_slice() else { return None };
+    if vp.off_path || !routes.mirrors.is_empty() || route.filter.is_some() {
+        return None;
+    }
+    match route.to {
+        Target::Output => Some(shared.queues.len()),
+        Target::Vertex(w) => match shared.vertices.get(w)?.instances.as_slice() {
+            [only] => Some(*only),
+            _ => None,
+        },
+    }
 }
 
 /// How a copy ends at an instance.
