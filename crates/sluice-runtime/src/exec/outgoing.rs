@@ -219,6 +219,25 @@ impl Outgoing {
     }
 }
 
+/// Where every packet `routes` takes goes, when that is one place whatever the packet: one
+/// edge without a filter and no mirrors, to the chain's exit or to a vertex of one instance,
+/// in a run whose allocation cannot change (no scaling). [`Outgoing::route`] would find the
+/// same place for each packet (a replay copy aside, which may go nowhere); asked once a
+/// batch, the hot paths push there directly.
+pub(super) fn single_destination(shared: &Shared, routes: &Routes) -> Option<usize> {
+    let [route] = routes.main.as_slice() else { return None };
+    if shared.scaling.is_some() || !routes.mirrors.is_empty() || route.filter.is_some() {
+        return None;
+    }
+    match route.to {
+        Target::Output => Some(shared.queues.len()),
+        Target::Vertex(w) => match shared.vertices.get(w)?.instances.as_slice() {
+            [only] => Some(*only),
+            _ => None,
+        },
+    }
+}
+
 /// Pushes a stalled item onto its queue; the item back if the queue is full.
 fn try_push(shared: &Shared, item: Stalled) -> Result<(), Stalled> {
     match item {

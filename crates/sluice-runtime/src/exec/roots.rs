@@ -11,7 +11,7 @@
 //! notes about its own clocks (`Shared::notes` has a queue per root).
 
 use super::ft::{Note, RootLog};
-use super::outgoing::Outgoing;
+use super::outgoing::{single_destination, Outgoing};
 use super::{Overflow, RunError, Shared};
 use crate::filter::CompiledFilter;
 use crate::plan::{direction, Routes};
@@ -219,10 +219,18 @@ impl RootState {
             // With the log in the store, a packet enters the chain once the store has it.
             l.persist(stamped.iter().map(|p| (p.meta.clock.seq(), p))).map_err(|e| RunError::Worker(e.to_string()))?;
         }
+        let only_to = match entry {
+            [routes] => single_destination(shared, routes),
+            _ => None,
+        };
         for pkt in stamped.drain(..) {
             if traffic.is_some_and(|f| !f.matches(&pkt)) {
                 self.bypassed += 1;
                 out.push(shared, shared.queues.len(), pkt);
+                continue;
+            }
+            if let (Some(d), None) = (only_to, pkt.meta.replay_target()) {
+                out.push(shared, d, pkt);
                 continue;
             }
             let Some(routes) = entry.get(direction(&pkt, entry.len())) else { continue };

@@ -1,12 +1,13 @@
 //! The worker threads: each runs its instances to completion over batches from their queues.
 
 use super::failover::{self, Admit, Recovery};
+use super::outgoing::single_destination;
 use super::passing::{self, Passing};
 use super::reconfig::{self, Moving};
 use super::{Note, Outgoing, Shared};
 use crate::live::{BatchCounts, Live};
 use crate::order::InOrder;
-use crate::plan::{direction, Target};
+use crate::plan::direction;
 use crossbeam_queue::ArrayQueue;
 use sluice_chc::clockset::ClockSet;
 use sluice_nf::{Event, Instance, Verdict};
@@ -403,7 +404,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     out.hold = shared.send_updates_first;
     slot.inst.begin_batch();
     let slow = shared.live.as_ref().and_then(|l| l.slow(slot.global));
-    let only_to = single_destination(shared, slot);
+    let only_to = forward_to(shared, slot);
     // The root wrote these bodies on another core: fetch them all at once.
     sluice_packet::warm(&batch);
     for mut pkt in batch.drain(..) {
@@ -535,29 +536,16 @@ pub(super) fn hand_on(
     unrouted.map(|p| (p, Ended::Dropped("no-route")))
 }
 
-/// Where every packet `slot`'s NF forwards goes, when that is one place whatever the packet:
-/// the vertex's default output has one edge, without a filter or mirrors, to the chain's exit
-/// or to a vertex of one instance, in a run that neither scales (the allocation could change)
-/// nor keeps a record of what passes (`passing`). `hand_on` would find the same place for each
-/// packet; asked once a batch, it is not asked per packet.
-fn single_destination(shared: &Shared, slot: &Slot) -> Option<usize> {
-    if shared.scaling.is_some() || slot.passing.is_some() {
-        return None;
-    }
+/// Where every packet `slot`'s NF forwards on its default output goes, when that is one place
+/// whatever the packet ([`single_destination`]), in a run that keeps no record of what passes
+/// (`passing`).
+fn forward_to(shared: &Shared, slot: &Slot) -> Option<usize> {
     let vp = shared.vertices.get(slot.vertex)?;
     let [by_output] = vp.routes.as_slice() else { return None };
-    let routes = by_output.first()?;
-    let [route] = routes.main.as_slice() else { return None };
-    if vp.off_path || !routes.mirrors.is_empty() || route.filter.is_some() {
+    if slot.passing.is_some() || vp.off_path {
         return None;
     }
-    match route.to {
-        Target::Output => Some(shared.queues.len()),
-        Target::Vertex(w) => match shared.vertices.get(w)?.instances.as_slice() {
-            [only] => Some(*only),
-            _ => None,
-        },
-    }
+    single_destination(shared, by_output.first()?)
 }
 
 /// How a copy ends at an instance.
