@@ -383,7 +383,6 @@ mod tests {
         out
     }
 
-
     /// The direct path's answer, where it gives one, is etherparse's.
     fn same_as_sliced(frame: &[u8]) -> bool {
         direct(frame).is_none_or(|h| h == Headers::parse_sliced(frame))
