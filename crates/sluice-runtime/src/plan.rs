@@ -354,9 +354,9 @@ impl StateConfig {
     /// The same, for a run in which no packet is processed twice — no root's log to replay
     /// from, no clone beside a straggler, no live control that could make one: updates travel
     /// without exactly-once tags, so the store keeps no per-clock log of them, and a counter's
-    /// increments of one batch travel as one (`ClientConfig::dedupe`), and no XOR vectors or
-    /// commits are made for a log that does not exist (`ClientConfig::commits`). The NAT alone goes at
-    /// 0.62 of local state instead of 0.34 (docs/benchmarks.md).
+    /// increments of one batch travel as one (`ClientConfig::dedupe`); no XOR vectors or
+    /// commits are made for a log that does not exist (`ClientConfig::commits`). The NAT
+    /// alone went at 0.62 of local state instead of 0.34 (docs/benchmarks.md).
     pub fn without_duplicates(self) -> StateConfig {
         match self {
             StateConfig::Store { backend, client } => {
