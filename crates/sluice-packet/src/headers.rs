@@ -139,7 +139,7 @@ impl Headers {
     /// struct is about 130 bytes, and moving it out of a return value costs as much as the
     /// common case's parse).
     pub fn parse_into(&mut self, frame: &[u8]) {
-        if !parse_plain_ipv4(frame, self) {
+        if parse_plain_ipv4(frame, self).is_none() {
             *self = Headers::parse_sliced(frame);
         }
     }
@@ -236,14 +236,10 @@ impl Headers {
 /// etherparse's (tested against it on generated and real frames): this path exists because
 /// slicing with etherparse and copying its result cost about 500 instructions a packet, a
 /// quarter of a pass-through chain's work (docs/benchmarks.md, "Headers read in one pass").
-/// Writes the headers into `h` and says whether it did (`false`: `h` holds anything).
+///
+/// Writes the headers into `h` where it can (`None`: `h` holds anything).
 #[inline]
-fn parse_plain_ipv4(frame: &[u8], h: &mut Headers) -> bool {
-    plain_ipv4(frame, h).is_some()
-}
-
-#[inline(always)]
-fn plain_ipv4(frame: &[u8], h: &mut Headers) -> Option<()> {
+fn parse_plain_ipv4(frame: &[u8], h: &mut Headers) -> Option<()> {
     const ETH: usize = 14;
     let byte = |i: usize| frame.get(i).copied();
     let be16 = |i: usize| Some(u16::from_be_bytes([byte(i)?, byte(i + 1)?]));
@@ -391,7 +387,7 @@ mod tests {
     /// The direct path's answer, if it gives one.
     fn direct(frame: &[u8]) -> Option<Headers> {
         let mut h = Headers { status: ParseStatus::Malformed, ..Headers::default() };
-        parse_plain_ipv4(frame, &mut h).then_some(h)
+        parse_plain_ipv4(frame, &mut h).map(|()| h)
     }
 
     #[test]

@@ -178,6 +178,9 @@ impl Packet {
         let addr_off = l3 + if end == End::Src { 12 } else { 16 };
         let port_off = l4 + if end == End::Src { 0 } else { 2 };
         let l4_csum = l4 + if udp { 6 } else { 16 };
+        if self.headers.tuple.is_none() {
+            return Err(RewriteError::NotIp);
+        }
         let new = u32::from(ip);
         let old = u32::from_be_bytes(
             self.data.get(addr_off..addr_off + 4).and_then(|b| b.try_into().ok()).ok_or(RewriteError::Truncated)?,
