@@ -5,7 +5,9 @@ use crate::flow::{FiveTuple, FlowKey};
 use crate::headers::{Headers, L3, L4};
 use crate::meta::Meta;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+
+mod pool;
+pub use pool::PacketPool;
 
 /// Largest frame Sluice accepts (a full IPv4/IPv6 packet plus Ethernet and VLAN headers).
 pub const MAX_FRAME: usize = 65_535 + 18;
@@ -322,102 +324,6 @@ pub fn warm(batch: &[Packet]) {
     std::hint::black_box(x);
 }
 
-/// The pool's spare bodies: boxes, not bodies, because a packet takes a body's allocation over
-/// as it is, by pointer.
-#[allow(clippy::vec_box)]
-type Spares = Vec<Box<PacketBody>>;
-
-/// A bounded pool of packet buffers shared by the threads of a run, so that steady-state packet
-/// handling allocates nothing: sinks give buffers back, sources take them.
-///
-/// Last in, first out: the body given back last (by a sink, just read, still in this core's
-/// cache) is the next one taken, where a first-in-first-out pool handed out the body unused for
-/// longest — with a window of 65,536 packets, one cold in every cache.
-#[derive(Clone)]
-pub struct PacketPool {
-    free: Arc<Mutex<Spares>>,
-    limit: usize,
-    buf_capacity: usize,
-}
-
-impl PacketPool {
-    /// A pool holding up to `buffers` spare buffers of `buf_capacity` bytes.
-    pub fn new(buffers: usize, buf_capacity: usize) -> PacketPool {
-        let limit = buffers.max(1);
-        PacketPool { free: Arc::new(Mutex::new(Vec::new())), limit, buf_capacity }
-    }
-
-    fn free(&self) -> std::sync::MutexGuard<'_, Spares> {
-        // A panic elsewhere while the lock was held leaves a valid stack of bodies.
-        self.free.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// A packet holding a copy of `frame`, in a recycled buffer when one is free.
-    pub fn packet(&self, frame: &[u8], meta: Meta) -> Packet {
-        let spare = self.free().pop();
-        match spare {
-            Some(mut body) => {
-                body.data.clear();
-                body.data.extend_from_slice(frame);
-                let PacketBody { data, headers, .. } = &mut *body;
-                headers.parse_into(data);
-                body.meta = meta;
-                Packet { body }
-            }
-            None => {
-                let mut buf = Vec::with_capacity(self.buf_capacity.max(frame.len()));
-                buf.extend_from_slice(frame);
-                Packet::new(buf, meta)
-            }
-        }
-    }
-
-    /// A copy of `pkt` (bytes, headers and metadata) in a recycled buffer; the headers are
-    /// copied, not parsed again.
-    pub fn copy_of(&self, pkt: &Packet) -> Packet {
-        let spare = self.free().pop();
-        self.copy_into(pkt, spare)
-    }
-
-    /// A copy of `pkt` in `spare`, or in a new buffer.
-    fn copy_into(&self, pkt: &Packet, spare: Option<Box<PacketBody>>) -> Packet {
-        match spare {
-            Some(body) => pkt.copy_onto(Packet { body }),
-            None => {
-                let mut buf = Vec::with_capacity(self.buf_capacity.max(pkt.len()));
-                buf.extend_from_slice(pkt.data());
-                Packet { body: Box::new(PacketBody { data: buf, headers: pkt.headers, meta: pkt.meta }) }
-            }
-        }
-    }
-
-    /// Appends a copy of each of `pkts` to `out`, taking the pool's lock once for them all
-    /// (a source that copies per packet would take it per packet, against the sinks giving
-    /// buffers back on other threads).
-    pub fn copy_all(&self, pkts: &[Packet], out: &mut Batch) {
-        let mut free = self.free();
-        for pkt in pkts {
-            out.push(self.copy_into(pkt, free.pop()));
-        }
-    }
-
-    /// Returns a packet's buffers to the pool (dropped when the pool is full).
-    pub fn recycle(&self, pkt: Packet) {
-        let mut free = self.free();
-        if free.len() < self.limit {
-            free.push(pkt.body);
-        }
-    }
-
-    /// Returns every packet of `batch` to the pool, leaving the batch empty.
-    pub fn recycle_batch(&self, batch: &mut Batch) {
-        let mut free = self.free();
-        let room = self.limit.saturating_sub(free.len());
-        free.extend(batch.drain(..).take(room).map(|p| p.body));
-        batch.clear();
-    }
-}
-
 /// The root's bookkeeping and reports about a copy need only its metadata.
 impl AsRef<Meta> for Packet {
     fn as_ref(&self) -> &Meta {
@@ -428,12 +334,6 @@ impl AsRef<Meta> for Packet {
 impl AsRef<Meta> for Meta {
     fn as_ref(&self) -> &Meta {
         self
-    }
-}
-
-impl std::fmt::Debug for PacketPool {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PacketPool").field("free", &self.free().len()).finish()
     }
 }
 
