@@ -508,3 +508,76 @@ fn take_over_or_load(store: &EmbeddedStore, r: &mut StoreClient, (first, v): (In
         r.load_flows(values);
     }
 }
+
+/// An async client flushes what changed, not what was only tested: deleting or popping an
+/// absent value and a compare-and-set that fails leave nothing to write, while real changes
+/// (a delete of a present value included) still reach the store.
+#[test]
+fn updates_that_change_nothing_are_not_flushed() {
+    let store = EmbeddedStore::start(1).expect("start store");
+    let v = 1203;
+    let decls = [StateDecl::new("flows", Scope::per_flow(), AccessPattern::ReadWriteOften)];
+    let id = InstanceId::new(v, 0);
+    let cfg = ClientConfig { mode: Mode::Async, flush_every: 1, ..ClientConfig::default() };
+    let mut c = StoreClient::new(store.connect(id).expect("connect"), id, v, &decls, &[], cfg);
+    let base = fresh_base();
+    let key = |i: u64| StateKey::Id(base + i);
+    let obj = ObjectId(0);
+    c.begin_batch();
+    c.begin_packet(&Meta { clock: Clock::new(1, base + 1), ..Meta::default() });
+    for i in 0..50 {
+        assert_eq!(c.delete(obj, &key(i)).expect("delete"), None);
+        assert_eq!(c.exec(obj, &key(i), StateOp::Pop).expect("pop"), None);
+    }
+    c.set(obj, &key(100), Value::Int(7)).expect("set");
+    c.end_batch();
+    c.flush().expect("flush");
+    assert_eq!(c.stats().flushed, 1, "only the set was written ({:?})", c.stats());
+    assert_eq!(read(&store, StoreKey { vertex: v, object: 0, key: key(100) }), Some(Value::Int(7)));
+
+    c.begin_batch();
+    c.begin_packet(&Meta { clock: Clock::new(1, base + 2), ..Meta::default() });
+    let cas = StateOp::CompareAndSet { expect: None, new: Value::Int(8) };
+    assert_eq!(c.exec(obj, &key(100), cas).expect("cas"), Some(Value::Int(7)), "found another value");
+    c.end_batch();
+    c.flush().expect("flush");
+    assert_eq!(c.stats().flushed, 1, "a failed compare-and-set writes nothing ({:?})", c.stats());
+
+    c.begin_batch();
+    c.begin_packet(&Meta { clock: Clock::new(1, base + 3), ..Meta::default() });
+    assert_eq!(c.delete(obj, &key(100)).expect("delete"), Some(Value::Int(7)));
+    assert_eq!(c.delete(obj, &key(100)).expect("delete again"), None);
+    c.end_batch();
+    c.flush().expect("flush");
+    assert_eq!(c.stats().flushed, 2, "the delete of a present value is written ({:?})", c.stats());
+    assert_eq!(read(&store, StoreKey { vertex: v, object: 0, key: key(100) }), None);
+}
+
+/// The store keeps copies of an instance's timers for a replacement to adopt, so only when
+/// writing through (fault tolerance): every batch's changes then. Writing back, it gets none,
+/// flush or no flush — an idle timer re-armed by every packet of a flow cost a request a packet.
+#[test]
+fn timer_copies_only_where_a_replacement_may_adopt_them() {
+    let store = EmbeddedStore::start(1).expect("start store");
+    let decls = [StateDecl::new("flows", Scope::per_flow(), AccessPattern::ReadWriteOften)];
+    for (v, write_through) in [(1204, false), (1205, true)] {
+        let id = InstanceId::new(v, 0);
+        let cfg = ClientConfig { mode: Mode::Async, flush_every: 2, write_through, ..ClientConfig::default() };
+        let mut c = StoreClient::new(store.connect(id).expect("connect"), id, v, &decls, &[], cfg);
+        let base = fresh_base();
+        let key = StateKey::Id(base);
+        for batch in 1..=3u64 {
+            c.begin_batch();
+            c.begin_packet(&Meta { clock: Clock::new(1, base + batch), ts_ns: batch, ..Meta::default() });
+            c.set_timer(ObjectId(0), &key, 1_000 + batch);
+            c.end_batch();
+            if batch == 3 {
+                c.flush().expect("flush");
+            }
+            // The store's shard takes the scan after the batch just sent.
+            let got: Vec<u64> = store.timers_of(id).expect("timers_of").iter().map(|(_, d)| *d).collect();
+            let want = if write_through { vec![1_000 + batch] } else { Vec::new() };
+            assert_eq!(got, want, "batch {batch}, writing {}", if write_through { "through" } else { "back" });
+        }
+    }
+}

@@ -106,15 +106,15 @@ impl StateHandle for StoreClient {
     }
 
     fn set_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
-        // Fired here, at the same packet as with local state; the store keeps a copy (sent once
-        // per batch) so that a replacement instance is told if this one is gone.
+        // Fired here, at the same packet as with local state; with fault tolerance the store
+        // keeps a copy (sent once per batch) so that a replacement is told if this one is gone.
         self.timers_of_object(obj, |t| t.set(obj, key, deadline_ns));
-        self.timer_changes.insert((obj, *key), Some(deadline_ns));
+        self.note_timer_change(obj, key, Some(deadline_ns));
     }
 
     fn cancel_timer(&mut self, obj: ObjectId, key: &StateKey) {
         if self.timers_of_object(obj, |t| t.cancel(obj, key)) {
-            self.timer_changes.insert((obj, *key), None);
+            self.note_timer_change(obj, key, None);
         }
     }
 
@@ -144,7 +144,7 @@ impl StateHandle for StoreClient {
             if from_table {
                 // Taken from the vertex's table, so fired once in this process; the store's
                 // copy is cancelled with the batch (a replacement must not adopt it again).
-                self.timer_changes.insert((f.object, f.key), None);
+                self.note_timer_change(f.object, &f.key, None);
                 out.push(f);
                 continue;
             }
@@ -166,7 +166,7 @@ impl StateHandle for StoreClient {
                 }
                 continue;
             }
-            self.timer_changes.insert((f.object, f.key), None);
+            self.note_timer_change(f.object, &f.key, None);
             out.push(f);
         }
     }
@@ -181,20 +181,7 @@ impl StateHandle for StoreClient {
         if self.cfg.flush_every > 0 && self.batches.is_multiple_of(self.cfg.flush_every) {
             self.flush_dirty();
         }
-        // Taken out while its changes are queued, and put back with its room for the next batch.
-        let mut changes = std::mem::take(&mut self.timer_changes);
-        if let Some(twin) = &mut self.twin_timer_changes {
-            twin.extend(changes.iter().map(|((obj, key), change)| (*obj, *key, *change)));
-        }
-        for ((obj, key), change) in changes.drain() {
-            let skey = self.key(obj, &key);
-            let op = match change {
-                Some(deadline_ns) => StoreOp::SetTimer { deadline_ns },
-                None => StoreOp::CancelTimer,
-            };
-            self.queue_nb(skey, op, None);
-        }
-        self.timer_changes = changes;
+        self.queue_timer_changes();
         if self.now_ns > self.reported_ns {
             self.reported_ns = self.now_ns;
             let key = StoreKey { vertex: self.vertex, object: 0, key: StateKey::Unit };

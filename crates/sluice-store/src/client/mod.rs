@@ -620,6 +620,42 @@ impl StoreClient {
         Ok(r)
     }
 
+    /// Whether the store keeps copies of this instance's timers: for a replacement to adopt
+    /// (fault tolerance, which writes through) and for a straggler's clone to share. Nothing
+    /// else reads them — flows moved between instances take their timers from the instance
+    /// that gives them up — so a run writing back sends none: the idle timer an LB or a NAT
+    /// re-arms with every packet cost a request a packet when flows interleave (half of what
+    /// the example chain sent its store).
+    fn copies_timers(&self) -> bool {
+        self.cfg.write_through || self.twin_timer_changes.is_some()
+    }
+
+    /// Records a timer armed (`Some(deadline)`) or cancelled for the store's copy, sent with
+    /// the batch, if the store keeps copies ([`StoreClient::copies_timers`]).
+    pub(super) fn note_timer_change(&mut self, obj: ObjectId, key: &StateKey, change: Option<u64>) {
+        if self.copies_timers() {
+            self.timer_changes.insert((obj, *key), change);
+        }
+    }
+
+    /// Queues the timers armed and cancelled since the last call, one request per key.
+    fn queue_timer_changes(&mut self) {
+        // Taken out while its changes are queued, and put back with its room for the next batch.
+        let mut changes = std::mem::take(&mut self.timer_changes);
+        if let Some(twin) = &mut self.twin_timer_changes {
+            twin.extend(changes.iter().map(|((obj, key), change)| (*obj, *key, *change)));
+        }
+        for ((obj, key), change) in changes.drain() {
+            let skey = self.key(obj, &key);
+            let op = match change {
+                Some(deadline_ns) => StoreOp::SetTimer { deadline_ns },
+                None => StoreOp::CancelTimer,
+            };
+            self.queue_nb(skey, op, None);
+        }
+        self.timer_changes = changes;
+    }
+
     fn flush_dirty(&mut self) {
         // The list's buffer is kept for the next batch: a flush allocates nothing for itself.
         let mut dirty = std::mem::take(&mut self.dirty);
@@ -685,10 +721,26 @@ fn strategy(d: &StateDecl, cfg: &ClientConfig) -> Strategy {
 /// Applies `op` to a cached value; its result, and whether the value became dirty (an update
 /// recorded for the next flush that was not pending already).
 fn apply_cached(entry: &mut Cached, op: StateOp, custom: &[CustomOp]) -> Result<(Option<Value>, bool), StateError> {
+    if changes_nothing(&op, entry.value.as_ref()) {
+        // Nothing for the next flush to write (and an entry not dirty says what the store has).
+        return apply(&mut entry.value, op, custom).map(|r| (r, false));
+    }
     let recorded = op.is_update().then(|| op.clone());
     let r = apply(&mut entry.value, op, custom)?;
     let dirtied = recorded.is_some_and(|op| entry.record(&op));
     Ok((r, dirtied))
+}
+
+/// Whether `op` leaves a value that is `value` as it is, whatever it returns: a delete or pop of
+/// an absent value, a compare-and-set that finds another. NFs use these to test state on every
+/// packet (the portscan detector deletes a flow's pending attempt on each non-SYN packet); as
+/// updates, each made its key dirty and cost a write to the store at the next flush.
+fn changes_nothing(op: &StateOp, value: Option<&Value>) -> bool {
+    match op {
+        StateOp::Delete | StateOp::Pop | StateOp::PopN(_) => value.is_none(),
+        StateOp::CompareAndSet { expect, .. } => value != expect.as_ref(),
+        _ => false,
+    }
 }
 
 #[cfg(test)]

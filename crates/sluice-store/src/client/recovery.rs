@@ -143,7 +143,7 @@ impl StoreClient {
     pub fn take_over_timers(&mut self, timers: &[(ObjectId, StateKey, u64)]) {
         for (o, k, d) in timers {
             self.timers_of_object(*o, |t| t.set(*o, k, *d));
-            self.timer_changes.insert((*o, *k), Some(*d));
+            self.note_timer_change(*o, k, Some(*d));
         }
     }
 
