@@ -37,6 +37,12 @@ pub trait Connection: Send {
     fn wait(&mut self, out: &mut Replies, timeout: Duration) -> Result<(), StoreError>;
     /// Appends notifications that have arrived, without waiting.
     fn notifications(&mut self, out: &mut Vec<Notification>) -> Result<(), StoreError>;
+    /// Tells the connection whether a batch without a call in it may wait a little for the
+    /// store (applied at the store's next turn rather than with a wakeup of its own): true for
+    /// a client that waits for nothing but calls' answers and, through
+    /// [`Connection::wait`], acknowledgements — a run without the root's log. Ignored by
+    /// default.
+    fn allow_lazy_batches(&mut self, _lazy: bool) {}
     /// Asks the connection to unpark `thread` whenever replies or notifications arrive, for a
     /// caller that waits on several sources at once (a store server waits on its socket too)
     /// and therefore parks itself instead of calling [`Connection::wait`]. Returns whether the

@@ -581,3 +581,41 @@ fn timer_copies_only_where_a_replacement_may_adopt_them() {
         }
     }
 }
+
+/// Batches allowed to wait for a napping shard (a run without the root's log) are all applied
+/// and acknowledged without any wait to hurry them: sent while the shard is busy, napping and
+/// asleep; and a wait for them wakes it.
+#[test]
+fn lazy_batches_are_applied_without_a_wakeup() {
+    let store = EmbeddedStore::start(2).expect("start store");
+    let v = 1206;
+    let id = InstanceId::new(v, 0);
+    let mut c = store.connect(id).expect("connect");
+    c.allow_lazy_batches(true);
+    let base = fresh_base();
+    let key = StoreKey { vertex: v, object: 0, key: StateKey::Id(base) };
+    let mut r = Replies::default();
+    for n in 1..=60u64 {
+        let req = Request { id: n, client: id, tag: None, key, op: StoreOp::State(StateOp::Incr(1)), reply: false };
+        c.send(n, vec![req].into()).expect("send");
+        // Busy (back to back), napping (idle under 2 ms) and asleep (idle longer).
+        std::thread::sleep(Duration::from_micros([0, 300, 3_000][n as usize % 3]));
+        if n % 20 == 0 {
+            // Polls only: nothing here wakes a shard.
+            let start = std::time::Instant::now();
+            while r.acked.len() < n as usize && start.elapsed() < Duration::from_secs(5) {
+                c.poll(&mut r).expect("poll");
+                std::thread::yield_now();
+            }
+            assert_eq!(r.acked.len(), n as usize, "acknowledged by batch {n}");
+        }
+    }
+    assert_eq!(read(&store, key), Some(Value::Int(60)));
+    let req = Request { id: 61, client: id, tag: None, key, op: StoreOp::State(StateOp::Incr(1)), reply: false };
+    c.send(61, vec![req].into()).expect("send");
+    let start = std::time::Instant::now();
+    while !r.acked.contains(&61) {
+        c.wait(&mut r, Duration::from_secs(1)).expect("wait");
+        assert!(start.elapsed() < Duration::from_secs(5), "a wait gets the acknowledgement");
+    }
+}

@@ -326,6 +326,8 @@ impl StoreClient {
         cfg: ClientConfig,
     ) -> StoreClient {
         let strategies: Vec<Strategy> = decls.iter().map(|d| strategy(d, &cfg)).collect();
+        let mut conn = conn;
+        conn.allow_lazy_batches(lazy_batches(&cfg));
         StoreClient {
             conn,
             id,
@@ -620,6 +622,11 @@ impl StoreClient {
         Ok(r)
     }
 
+    /// See [`lazy_batches`].
+    fn lazy_batches(&self) -> bool {
+        lazy_batches(&self.cfg)
+    }
+
     /// Whether the store keeps copies of this instance's timers: for a replacement to adopt
     /// (fault tolerance, which writes through) and for a straggler's clone to share. Nothing
     /// else reads them — flows moved between instances take their timers from the instance
@@ -729,6 +736,14 @@ fn apply_cached(entry: &mut Cached, op: StateOp, custom: &[CustomOp]) -> Result<
     let r = apply(&mut entry.value, op, custom)?;
     let dirtied = recorded.is_some_and(|op| entry.record(&op));
     Ok((r, dirtied))
+}
+
+/// Whether a client's batches without a call may wait a little for the store
+/// ([`Connection::allow_lazy_batches`]): without the root's log (no tags, no commits, nothing
+/// written through) nothing waits for their acknowledgement but the client's own waits, which
+/// wake the store.
+fn lazy_batches(cfg: &ClientConfig) -> bool {
+    !cfg.write_through && !cfg.dedupe && !cfg.commits
 }
 
 /// Whether `op` leaves a value that is `value` as it is, whatever it returns: a delete or pop of

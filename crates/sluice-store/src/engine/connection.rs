@@ -8,6 +8,10 @@ pub(super) struct EmbeddedConnection {
     pub(super) queues: Arc<ClientQueues>,
     /// Shard acknowledgements still missing, by batch.
     pub(super) parts: Map<u64, usize>,
+    /// A waker is set ([`Connection::set_waker`]): the caller parks rather than waits here.
+    pub(super) waker_set: bool,
+    /// Batches without a call may wait for a napping shard ([`Connection::allow_lazy_batches`]).
+    pub(super) lazy: bool,
 }
 
 impl Connection for EmbeddedConnection {
@@ -17,8 +21,13 @@ impl Connection for EmbeddedConnection {
         }
         let n = self.inner.shards.len();
         self.parts.insert(number, n);
+        // A batch nobody will wait for may wait for a napping shard: not a call's answer, nor
+        // any batch of a client that did not say so (with the root's log, packets stay logged
+        // until their updates are acknowledged: a paced chain's window waited), nor one of a
+        // caller that parks instead of waiting here (a store server).
+        let urgent = !self.lazy || self.waker_set || batch.iter().any(|r| r.reply);
         for s in 0..n {
-            self.inner.post(s, Msg::Batch(batch.clone(), number, self.queues.clone()));
+            self.inner.post_to(s, Msg::Batch(batch.clone(), number, self.queues.clone()), urgent);
         }
         Ok(())
     }
@@ -47,6 +56,7 @@ impl Connection for EmbeddedConnection {
         if out.responses.len() + out.acked.len() > start {
             return Ok(());
         }
+        self.inner.hurry();
         let deadline = Instant::now() + timeout;
         if let Ok(mut w) = self.queues.waiter.lock() {
             *w = Some(std::thread::current());
@@ -73,10 +83,15 @@ impl Connection for EmbeddedConnection {
         Ok(())
     }
 
+    fn allow_lazy_batches(&mut self, lazy: bool) {
+        self.lazy = lazy;
+    }
+
     fn set_waker(&mut self, thread: std::thread::Thread) -> bool {
         if let Ok(mut w) = self.queues.waiter.lock() {
             *w = Some(thread);
             self.queues.waiting.store(true, Ordering::Release);
+            self.waker_set = true;
             return true;
         }
         false

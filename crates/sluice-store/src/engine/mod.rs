@@ -31,6 +31,14 @@ const STAY_AWAKE: Duration = Duration::from_micros(5);
 /// The same after answering a blocking request: its client is likely to send another soon, and
 /// a wakeup costs tens of microseconds.
 const STAY_AWAKE_AFTER_CALL: Duration = Duration::from_micros(200);
+/// How long a shard sleeps at a time, timed, while clients keep it busy (it heard from one
+/// within [`BUSY_FOR`]). Meanwhile clients post batches nobody waits for without waking it: a
+/// wakeup a batch, a system call on the packet thread, was a tenth of a run-to-completion
+/// chain's time with the store on its own thread. What waits for the store wakes it
+/// ([`Inner::hurry`]).
+const NAP: Duration = Duration::from_micros(50);
+/// A shard idle for less than this since its last request naps ([`NAP`]) rather than sleeps.
+const BUSY_FOR: Duration = Duration::from_millis(2);
 /// How long a question to every shard (checkpoint, scan, restore, wipe) waits for the answers.
 const SHARD_ANSWER_LIMIT: Duration = Duration::from_secs(10);
 
@@ -134,8 +142,21 @@ fn apply_batch(
     }
 }
 
+/// Whether a shard naps, and whether it should: shared by the shard and its clients.
+#[derive(Default)]
+struct Doze {
+    /// The shard sleeps for [`NAP`] at most: a post nobody waits for need not wake it.
+    napping: AtomicBool,
+    /// Some client posted a batch nobody waits for since the shard last slept long. Only
+    /// then does the shard nap: otherwise every post wakes it anyway, and waking itself
+    /// every [`NAP`] would only take time from the threads that post (a paced chain with
+    /// fault tolerance was slower by a tenth).
+    lazy_posts: AtomicBool,
+}
+
 fn shard_loop(
     queue: Arc<ArrayQueue<Msg>>,
+    doze: Arc<Doze>,
     stop: Arc<AtomicBool>,
     me: usize,
     shards: usize,
@@ -159,7 +180,13 @@ fn shard_loop(
             } else if since.elapsed() < stay {
                 // Yield rather than spin: a client may be waiting on this very core.
                 std::thread::yield_now();
+            } else if since.elapsed() < BUSY_FOR && doze.lazy_posts.load(Ordering::Acquire) {
+                // Back soon by itself: clients need not wake it for what nobody waits for.
+                doze.napping.store(true, Ordering::Release);
+                std::thread::park_timeout(NAP);
+                doze.napping.store(false, Ordering::Release);
             } else {
+                doze.lazy_posts.store(false, Ordering::Release);
                 // Clients unpark the thread when they post; the timeout only bounds a lost wakeup.
                 std::thread::park_timeout(Duration::from_millis(1));
             }
@@ -306,6 +333,7 @@ fn shard_loop(
 
 struct ShardHandle {
     queue: Arc<ArrayQueue<Msg>>,
+    doze: Arc<Doze>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -370,7 +398,22 @@ impl Inner {
         Ok(all)
     }
 
-    fn post(&self, shard: usize, mut msg: Msg) {
+    fn post(&self, shard: usize, msg: Msg) {
+        self.post_to(shard, msg, true);
+    }
+
+    /// Wakes every napping shard: a client is about to wait for an answer or acknowledgement.
+    pub(super) fn hurry(&self) {
+        for s in &self.shards {
+            if let (true, Some(t)) = (s.doze.napping.load(Ordering::Acquire), &s.thread) {
+                t.thread().unpark();
+            }
+        }
+    }
+
+    /// Queues `msg` for `shard`, and wakes it unless it naps and the message is not `urgent`
+    /// (nobody waits for it: it is taken at the end of the nap).
+    pub(super) fn post_to(&self, shard: usize, mut msg: Msg, urgent: bool) {
         let Some(s) = self.shards.get(shard) else { return };
         loop {
             match s.queue.push(msg) {
@@ -381,7 +424,10 @@ impl Inner {
                 }
             }
         }
-        if let Some(t) = &s.thread {
+        if !urgent && !s.doze.lazy_posts.load(Ordering::Relaxed) {
+            s.doze.lazy_posts.store(true, Ordering::Release);
+        }
+        if let (true, Some(t)) = (urgent || !s.doze.napping.load(Ordering::Acquire), &s.thread) {
             t.thread().unpark();
         }
     }
@@ -415,12 +461,13 @@ impl EmbeddedStore {
         let n = threads.max(1);
         for i in 0..n {
             let queue = Arc::new(ArrayQueue::new(1 << 16));
-            let (q, s, h) = (queue.clone(), stop.clone(), hasher.clone());
+            let doze = Arc::new(Doze::default());
+            let (q, z, s, h) = (queue.clone(), doze.clone(), stop.clone(), hasher.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("sluice-store-{i}"))
-                .spawn(move || shard_loop(q, s, i, n, h))
+                .spawn(move || shard_loop(q, z, s, i, n, h))
                 .map_err(|e| StoreError::Unavailable(format!("cannot start store thread: {e}")))?;
-            shards.push(ShardHandle { queue, thread: Some(thread) });
+            shards.push(ShardHandle { queue, doze, thread: Some(thread) });
         }
         Ok(EmbeddedStore { inner: Arc::new(Inner { shards, hasher, stop }) })
     }
@@ -447,7 +494,13 @@ impl Backend for EmbeddedStore {
             waiter: Mutex::new(None),
             waiting: AtomicBool::new(false),
         });
-        Ok(Box::new(EmbeddedConnection { inner: self.inner.clone(), queues, parts: Map::default() }))
+        Ok(Box::new(EmbeddedConnection {
+            inner: self.inner.clone(),
+            queues,
+            parts: Map::default(),
+            waker_set: false,
+            lazy: false,
+        }))
     }
 
     fn checkpoint(&self) -> Result<Checkpoint, StoreError> {
