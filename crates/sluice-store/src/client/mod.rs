@@ -318,7 +318,7 @@ pub struct StoreClient {
 impl StoreClient {
     /// A client for instance `id` of `vertex`, whose NF declared `decls` and `custom` ops.
     pub fn new(
-        conn: Box<dyn Connection>,
+        mut conn: Box<dyn Connection>,
         id: InstanceId,
         vertex: u16,
         decls: &[StateDecl],
@@ -326,7 +326,6 @@ impl StoreClient {
         cfg: ClientConfig,
     ) -> StoreClient {
         let strategies: Vec<Strategy> = decls.iter().map(|d| strategy(d, &cfg)).collect();
-        let mut conn = conn;
         conn.allow_lazy_batches(lazy_batches(&cfg));
         StoreClient {
             conn,
@@ -620,11 +619,6 @@ impl StoreClient {
         self.log_update(tag, skey, &op);
         self.queue_nb(skey, outcome.unwrap_or(StoreOp::State(op)), Some(tag));
         Ok(r)
-    }
-
-    /// See [`lazy_batches`].
-    fn lazy_batches(&self) -> bool {
-        lazy_batches(&self.cfg)
     }
 
     /// Whether the store keeps copies of this instance's timers: for a replacement to adopt

@@ -297,7 +297,7 @@ impl StoreClient {
     /// tags make them apply once even if the rebuilt store re-executed them already.
     pub fn reconnect(&mut self, conn: Box<dyn Connection>) -> Result<(), StateError> {
         self.conn = conn;
-        self.conn.allow_lazy_batches(self.lazy_batches());
+        self.conn.allow_lazy_batches(super::lazy_batches(&self.cfg));
         self.replies = Replies::default();
         let old: Vec<_> = self.inflight.drain(..).collect();
         let mut renumber = Map::default();
