@@ -102,7 +102,8 @@ pub(crate) fn metrics_route<C: Collector + Clone>(collector: C) -> Router {
 }
 
 /// A controller's API: the cluster's status, drain or undrain a node (`{"drain": {"node":
-/// "a"}}`), crash drills of a node, an instance or the root, straight from and to etcd.
+/// "a"}}`), crash drills of a node, an instance or the root, straight from and to etcd; and
+/// `scale`, `move` and `clone`, asked of the root's node's run and answered with its answer.
 fn controller_api(etcd: Etcd, cluster: String) -> Router {
     let (e2, c2) = (etcd.clone(), cluster.clone());
     Router::new()
@@ -134,41 +135,42 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
         Ok(v) => v,
         Err(e) => return control::error(StatusCode::BAD_REQUEST, &format!("malformed JSON: {e}")),
     };
-    let usage = "send one action: {\"drain\": {\"node\": N}}, {\"undrain\": {\"node\": N}}, {\"crash_node\": {\"node\": N}}, {\"crash\": {\"vertex\": V, \"instance\": I}} or {\"crash_root\": {}}";
+    let usage = "send one action: {\"drain\": {\"node\": N}}, {\"undrain\": {\"node\": N}}, {\"crash_node\": {\"node\": N}}, {\"crash\": {\"vertex\": V, \"instance\": I}}, {\"crash_root\": {}}, {\"scale\": {\"vertex\": V, \"to\": N}}, {\"move\": {\"vertex\": V, \"from\": I, \"to\": J}} or {\"clone\": {\"vertex\": V, \"instance\": I}}";
     let Some((name, args)) = v.as_object().filter(|o| o.len() == 1).and_then(|o| o.iter().next()) else {
         return control::error(StatusCode::BAD_REQUEST, usage);
     };
-    let action = match name.as_str() {
-        "drain" => NodeAction::Drain,
-        "undrain" => NodeAction::Undrain,
-        "crash_node" => NodeAction::Crash,
-        "crash" => {
-            let (Some(vertex), Some(index)) =
-                (args["vertex"].as_str(), args["instance"].as_u64().and_then(|i| u16::try_from(i).ok()))
-            else {
-                return control::error(StatusCode::BAD_REQUEST, usage);
-            };
-            return unit_crash(etcd, cluster, Unit::Instance { vertex: vertex.to_string(), index }).await;
-        }
-        "crash_root" => {
-            let Some(root) = control::root_to_crash(args) else {
-                return control::error(StatusCode::BAD_REQUEST, control::CRASH_ROOT_USAGE);
-            };
-            return unit_crash(etcd, cluster, Unit::Root(root.into())).await;
-        }
-        n @ ("scale" | "move" | "clone") => {
-            return control::error(
-                StatusCode::NOT_IMPLEMENTED,
-                &format!("the controller cannot `{n}` yet: a hosted run keeps the placement it started with (docs/decisions.md, \"Nodes hosting their units\"); a chain run with `sluice run --spread` and `scalable: true` in its spread file takes `{n}` of the vertices whole on the root's node at that node's control endpoint"),
-            )
-        }
-        n => {
-            return control::error(
+    let action =
+        match name.as_str() {
+            "drain" => NodeAction::Drain,
+            "undrain" => NodeAction::Undrain,
+            "crash_node" => NodeAction::Crash,
+            "crash" => {
+                let (Some(vertex), Some(index)) =
+                    (args["vertex"].as_str(), args["instance"].as_u64().and_then(|i| u16::try_from(i).ok()))
+                else {
+                    return control::error(StatusCode::BAD_REQUEST, usage);
+                };
+                return unit_crash(etcd, cluster, Unit::Instance { vertex: vertex.to_string(), index }).await;
+            }
+            "crash_root" => {
+                let Some(root) = control::root_to_crash(args) else {
+                    return control::error(StatusCode::BAD_REQUEST, control::CRASH_ROOT_USAGE);
+                };
+                return unit_crash(etcd, cluster, Unit::Root(root.into())).await;
+            }
+            "scale" | "move" | "clone" => {
+                if control::change_of(name, args).is_none() {
+                    return control::error(StatusCode::BAD_REQUEST, control::CHANGE_USAGE);
+                }
+                return root_node_change(etcd, cluster, v.clone()).await;
+            }
+            n => return control::error(
                 StatusCode::BAD_REQUEST,
-                &format!("unknown action `{n}` (known: drain, undrain, crash_node, crash, crash_root)"),
-            )
-        }
-    };
+                &format!(
+                    "unknown action `{n}` (known: drain, undrain, crash_node, crash, crash_root, scale, move, clone)"
+                ),
+            ),
+        };
     let Some(node) = args["node"].as_str().map(str::to_string) else {
         return control::error(StatusCode::BAD_REQUEST, usage);
     };
@@ -187,6 +189,50 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
     match done {
         Ok(Ok(true)) => Json(serde_json::json!({ "applied": { name.as_str(): { "node": node } } })).into_response(),
         Ok(Ok(false)) => control::error(StatusCode::NOT_FOUND, &format!("no live node `{node}`")),
+        Ok(Err(e @ ClusterError::BadName { .. })) => control::error(StatusCode::BAD_REQUEST, &e.to_string()),
+        Ok(Err(e)) => control::error(StatusCode::BAD_GATEWAY, &format!("etcd: {e}")),
+        Err(e) => control::error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+/// How long the controller's API waits for the root's node to answer a live change (the node
+/// looks every 200 ms; etcd may be slow for a moment).
+const CHANGE_PATIENCE: Duration = Duration::from_secs(10);
+
+/// A live change (`scale`, `move`, `clone`) of the hosted run, asked of the node the placement
+/// gives the root ([`sluice_cluster::ask_change`]) and answered with what that node's run
+/// answers: applied, or refused with the reason (a vertex not whole on the root's node, a run
+/// started without `--scalable`).
+async fn root_node_change(etcd: Etcd, cluster: String, action: serde_json::Value) -> Response {
+    let done = tokio::task::spawn_blocking(move || {
+        let placement = sluice_cluster::stored_placement(&etcd, &cluster)?;
+        let Some(node) = placement.get(&Unit::Root(0)).cloned() else {
+            return Ok(Err("no node hosts the root: the chain is not placed yet".to_string()));
+        };
+        let Some(id) = sluice_cluster::ask_change(&etcd, &cluster, &node, &action)? else {
+            return Ok(Err(format!("the root's node `{node}` is not live")));
+        };
+        let answer = sluice_cluster::wait_for_answer(&etcd, &cluster, &node, &id, CHANGE_PATIENCE)?;
+        if answer.is_none() && !sluice_cluster::node_is_live(&etcd, &cluster, &node)? {
+            return Ok(Err(format!("the root's node `{node}` left (its run ended) before it answered")));
+        }
+        Ok::<_, ClusterError>(Ok((node, answer)))
+    })
+    .await;
+    match done {
+        Ok(Ok(Ok((node, Some(answer))))) => {
+            let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
+            let mut body = answer.body;
+            if let Some(o) = body.as_object_mut() {
+                o.insert("node".into(), node.into());
+            }
+            (status, Json(body)).into_response()
+        }
+        Ok(Ok(Ok((node, None)))) => control::error(
+            StatusCode::GATEWAY_TIMEOUT,
+            &format!("the root's node `{node}` did not answer within {} s", CHANGE_PATIENCE.as_secs()),
+        ),
+        Ok(Ok(Err(why))) => control::error(StatusCode::NOT_FOUND, &why),
         Ok(Err(e @ ClusterError::BadName { .. })) => control::error(StatusCode::BAD_REQUEST, &e.to_string()),
         Ok(Err(e)) => control::error(StatusCode::BAD_GATEWAY, &format!("etcd: {e}")),
         Err(e) => control::error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),

@@ -104,30 +104,60 @@ fn prometheus_texts(collectors: Vec<Box<dyn Collector>>) -> Response {
 }
 
 async fn action(State(cx): State<Ctx>, body: String) -> Response {
-    let v: serde_json::Value = match serde_json::from_str(&body) {
-        Ok(v) => v,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("malformed JSON: {e}")),
+    let (status, body) = match serde_json::from_str(&body) {
+        Ok(v) => apply_action(&cx.live, &v),
+        Err(e) => refusal(StatusCode::BAD_REQUEST, &format!("malformed JSON: {e}")),
     };
+    (status, Json(body)).into_response()
+}
+
+/// An action's outcome: the status and the JSON body a run's control endpoint answers.
+pub(crate) type Outcome = (StatusCode, serde_json::Value);
+
+fn refusal(status: StatusCode, msg: &str) -> Outcome {
+    (status, serde_json::json!({ "error": msg }))
+}
+
+fn applied(action: &str, args: serde_json::Value) -> Outcome {
+    (StatusCode::OK, serde_json::json!({ "applied": { action: args } }))
+}
+
+/// The status of a run's refusal: 409 for what the run cannot do now, 400 for a change that
+/// cannot be made, 404 for what it does not have.
+fn live_refusal(e: &sluice_runtime::live::LiveError) -> Outcome {
+    use sluice_runtime::live::LiveError;
+    let status = match e {
+        LiveError::Refused(_) => StatusCode::CONFLICT,
+        LiveError::BadChange(_) | LiveError::BadDelay { .. } => StatusCode::BAD_REQUEST,
+        LiveError::NoVertex(_) | LiveError::NoInstance { .. } | LiveError::NoRoot(_) => StatusCode::NOT_FOUND,
+    };
+    refusal(status, &e.to_string())
+}
+
+/// Applies one action (`{"scale": {...}}`, ...) to the run `live` drives: what its control
+/// endpoint does with a request, and what a hosting node does with a change the controller
+/// asks of its run (`node_cmd.rs`).
+pub(crate) fn apply_action(live: &Live, v: &serde_json::Value) -> Outcome {
     let Some((name, args)) = v.as_object().filter(|o| o.len() == 1).and_then(|o| o.iter().next()) else {
-        return error(
+        return refusal(
             StatusCode::BAD_REQUEST,
             "send one action: {\"slow\": {\"vertex\": V, \"instance\": I, \"delay_us\": [MIN, MAX]}}",
         );
     };
     match name.as_str() {
-        "slow" => slow(&cx, args),
-        "crash" => crash(&cx, args),
-        "scale" | "move" | "clone" => change(&cx, name, args),
-        "crash_root" => crash_root(&cx, args),
-        "crash_store" => crash_store(&cx, args),
-        n => error(
+        "slow" => slow(live, args),
+        "crash" => crash(live, args),
+        "scale" | "move" | "clone" => change(live, name, args),
+        "crash_root" => crash_root(live, args),
+        "crash_store" => crash_store(live, args),
+        n => refusal(
             StatusCode::BAD_REQUEST,
             &format!("unknown action `{n}` (known: slow, crash, crash_root, crash_store, scale, move, clone)"),
         ),
     }
 }
 
-fn slow(cx: &Ctx, args: &serde_json::Value) -> Response {
+fn slow(live: &Live, args: &serde_json::Value) -> Outcome {
     let vertex = args["vertex"].as_str();
     let instance = args["instance"].as_u64().and_then(|i| u16::try_from(i).ok());
     let delay = args["delay_us"].as_array().and_then(|d| match d.as_slice() {
@@ -135,31 +165,28 @@ fn slow(cx: &Ctx, args: &serde_json::Value) -> Response {
         _ => None,
     });
     let (Some(vertex), Some(instance), Some((min, max))) = (vertex, instance, delay) else {
-        return error(
+        return refusal(
             StatusCode::BAD_REQUEST,
             "slow needs vertex (a name), instance (a number) and delay_us ([MIN, MAX] µs)",
         );
     };
-    match cx.live.set_slow(vertex, instance, min, max) {
-        Ok(()) => Json(serde_json::json!({ "applied": { "slow": { "vertex": vertex, "instance": instance, "delay_us": [min, max] } } }))
-            .into_response(),
-        Err(e @ sluice_runtime::live::LiveError::BadDelay { .. }) => error(StatusCode::BAD_REQUEST, &e.to_string()),
-        Err(e @ sluice_runtime::live::LiveError::Refused(_)) => error(StatusCode::CONFLICT, &e.to_string()),
-        Err(e) => error(StatusCode::NOT_FOUND, &e.to_string()),
+    match live.set_slow(vertex, instance, min, max) {
+        Ok(()) => {
+            applied("slow", serde_json::json!({ "vertex": vertex, "instance": instance, "delay_us": [min, max] }))
+        }
+        Err(e) => live_refusal(&e),
     }
 }
 
-fn crash(cx: &Ctx, args: &serde_json::Value) -> Response {
+fn crash(live: &Live, args: &serde_json::Value) -> Outcome {
     let vertex = args["vertex"].as_str();
     let instance = args["instance"].as_u64().and_then(|i| u16::try_from(i).ok());
     let (Some(vertex), Some(instance)) = (vertex, instance) else {
-        return error(StatusCode::BAD_REQUEST, "crash needs vertex (a name) and instance (a number)");
+        return refusal(StatusCode::BAD_REQUEST, "crash needs vertex (a name) and instance (a number)");
     };
-    match cx.live.request_crash(vertex, instance) {
-        Ok(()) => Json(serde_json::json!({ "applied": { "crash": { "vertex": vertex, "instance": instance } } }))
-            .into_response(),
-        Err(e @ sluice_runtime::live::LiveError::Refused(_)) => error(StatusCode::CONFLICT, &e.to_string()),
-        Err(e) => error(StatusCode::NOT_FOUND, &e.to_string()),
+    match live.request_crash(vertex, instance) {
+        Ok(()) => applied("crash", serde_json::json!({ "vertex": vertex, "instance": instance })),
+        Err(e) => live_refusal(&e),
     }
 }
 
@@ -178,31 +205,34 @@ pub(crate) fn root_to_crash(args: &serde_json::Value) -> Option<u8> {
 }
 
 /// A `crash_root` action: `{}` or `{"root": 0}`.
-fn crash_root(cx: &Ctx, args: &serde_json::Value) -> Response {
-    let Some(root) = root_to_crash(args) else { return error(StatusCode::BAD_REQUEST, CRASH_ROOT_USAGE) };
-    match cx.live.request_root_crash(root) {
-        Ok(()) => Json(serde_json::json!({ "applied": { "crash_root": { "root": root } } })).into_response(),
-        Err(e @ sluice_runtime::live::LiveError::Refused(_)) => error(StatusCode::CONFLICT, &e.to_string()),
-        Err(e) => error(StatusCode::NOT_FOUND, &e.to_string()),
+fn crash_root(live: &Live, args: &serde_json::Value) -> Outcome {
+    let Some(root) = root_to_crash(args) else { return refusal(StatusCode::BAD_REQUEST, CRASH_ROOT_USAGE) };
+    match live.request_root_crash(root) {
+        Ok(()) => applied("crash_root", serde_json::json!({ "root": root })),
+        Err(e) => live_refusal(&e),
     }
 }
 
 /// A `crash_store` action: `{}`.
-fn crash_store(cx: &Ctx, args: &serde_json::Value) -> Response {
+fn crash_store(live: &Live, args: &serde_json::Value) -> Outcome {
     if !args.as_object().is_some_and(|o| o.is_empty()) && !args.is_null() {
-        return error(StatusCode::BAD_REQUEST, "crash_store takes {}");
+        return refusal(StatusCode::BAD_REQUEST, "crash_store takes {}");
     }
-    match cx.live.request_store_crash() {
-        Ok(()) => Json(serde_json::json!({ "applied": { "crash_store": {} } })).into_response(),
-        Err(e) => error(StatusCode::CONFLICT, &e.to_string()),
+    match live.request_store_crash() {
+        Ok(()) => applied("crash_store", serde_json::json!({})),
+        Err(e) => refusal(StatusCode::CONFLICT, &e.to_string()),
     }
 }
 
-/// A `scale` (`to` or `by`), `move` (`from`, `to`, optional `flows`) or `clone` (`instance`)
-/// action.
-fn change(cx: &Ctx, name: &str, args: &serde_json::Value) -> Response {
+/// What a `scale`, `move` or `clone` action takes.
+pub(crate) const CHANGE_USAGE: &str = "scale needs vertex (a name) and to (a count) or by (a signed count); move needs vertex, from and to (instance indices) and optionally flows; clone needs vertex and instance";
+
+/// The vertex and change of a `scale` (`to` or `by`), `move` (`from`, `to`, optional `flows`)
+/// or `clone` (`instance`) action; `None` if its arguments are not those (the endpoint of a
+/// run and a controller's take the same).
+pub(crate) fn change_of(name: &str, args: &serde_json::Value) -> Option<(String, sluice_runtime::exec::Change)> {
     use sluice_runtime::exec::Change;
-    let vertex = args["vertex"].as_str();
+    let vertex = args["vertex"].as_str()?;
     let num = |k: &str| args[k].as_u64().and_then(|i| u16::try_from(i).ok());
     let change = match (name, args["to"].as_u64(), args["by"].as_i64()) {
         ("scale", Some(_), None) => num("to").map(Change::ScaleTo),
@@ -212,18 +242,16 @@ fn change(cx: &Ctx, name: &str, args: &serde_json::Value) -> Response {
         }
         ("clone", _, _) => num("instance").map(|instance| Change::Clone { instance }),
         _ => None,
-    };
-    let (Some(vertex), Some(change)) = (vertex, change) else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "scale needs vertex (a name) and to (a count) or by (a signed count); move needs vertex, from and to (instance indices) and optionally flows; clone needs vertex and instance",
-        );
-    };
-    match cx.live.request_change(vertex, change) {
-        Ok(()) => Json(serde_json::json!({ "applied": { name: args } })).into_response(),
-        Err(e @ sluice_runtime::live::LiveError::Refused(_)) => error(StatusCode::CONFLICT, &e.to_string()),
-        Err(e @ sluice_runtime::live::LiveError::BadChange(_)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
-        Err(e) => error(StatusCode::NOT_FOUND, &e.to_string()),
+    }?;
+    Some((vertex.to_string(), change))
+}
+
+/// A `scale`, `move` or `clone` action.
+fn change(live: &Live, name: &str, args: &serde_json::Value) -> Outcome {
+    let Some((vertex, change)) = change_of(name, args) else { return refusal(StatusCode::BAD_REQUEST, CHANGE_USAGE) };
+    match live.request_change(&vertex, change) {
+        Ok(()) => applied(name, args.clone()),
+        Err(e) => live_refusal(&e),
     }
 }
 
@@ -435,7 +463,7 @@ enum CtlCommand {
         spec: String,
     },
     /// Clone a straggler: a new instance takes its flows on trial and the faster of the two
-    /// keeps them (the run needs a store).
+    /// keeps them (the run needs a store). Against a controller: as `scale`.
     Clone {
         /// `VERTEX:INSTANCE`.
         spec: String,
@@ -450,13 +478,15 @@ enum CtlCommand {
     /// --fault-tolerance, a store and checkpoints).
     CrashStore,
     /// Scale a vertex: `VERTEX=N` instances, or `VERTEX+N` / `VERTEX-N` (the run needs a
-    /// store; new flows spread over the instances, a removed instance's flows move).
+    /// store; new flows spread over the instances, a removed instance's flows move). Against a
+    /// controller: the root's node's run applies it, to a vertex whose instances and feeders
+    /// all run on that node (nodes started with `--scalable`), and answers what it did.
     Scale {
         /// `VERTEX=N`, `VERTEX+N` or `VERTEX-N`.
         spec: String,
     },
     /// Move flows between two instances of a vertex: `VERTEX:FROM>TO`, at most `--flows`
-    /// (default all of FROM's); loss-free and in order.
+    /// (default all of FROM's); loss-free and in order. Against a controller: as `scale`.
     Move {
         /// `VERTEX:FROM>TO` (instance indices, as `list` shows them).
         spec: String,

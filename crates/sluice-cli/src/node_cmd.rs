@@ -240,7 +240,7 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
     };
     let mut membership = join().map_err(|e| fail(join_code(&e))(e.into()))?;
     say("joined", &a.id, None);
-    watch_for_crash_drill(etcd.clone(), cluster.clone(), a.id.clone(), host.as_ref().map(Host::live));
+    watch_for_asks(etcd.clone(), cluster.clone(), a.id.clone(), host.as_ref().map(Host::live));
     let mut units: Option<Vec<Unit>> = None;
     let mut pause = Duration::from_millis(100);
     let mut ended = None;
@@ -328,19 +328,25 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
     ended.unwrap_or(Ok(()))
 }
 
-/// How often a node looks for a crash drill asked of it.
+/// How often a node looks for a crash drill or a live change asked of it.
 const CRASH_CHECK_EVERY: Duration = Duration::from_millis(200);
 
-/// Looks for a crash drill asked of `node`, on a thread of its own (an etcd that answers
-/// slowly or not at all delays only this look, not the node's other work): of the whole node,
-/// or of one unit (an instance, the root) of the run it hosts (`live`, once that runs).
-fn watch_for_crash_drill(etcd: Etcd, cluster: String, node: String, live: Option<Arc<OnceLock<Arc<Live>>>>) {
+/// Looks for what is asked of `node` through etcd, on a thread of its own (an etcd that
+/// answers slowly or not at all delays only this look, not the node's other work): a crash
+/// drill of the whole node, or of one unit (an instance, the root) of the run it hosts
+/// (`live`, once that runs); and live changes (scale, move, clone) of that run, each answered
+/// with what the run's control endpoint would answer.
+fn watch_for_asks(etcd: Etcd, cluster: String, node: String, live: Option<Arc<OnceLock<Arc<Live>>>>) {
     std::thread::spawn(move || loop {
         std::thread::sleep(CRASH_CHECK_EVERY);
         if crash_asked(&etcd, &cluster, &node).unwrap_or(false) {
             crash_drill(&node);
         }
-        let Some(run) = live.as_ref().and_then(|l| l.get()) else { continue };
+        let run = live.as_ref().and_then(|l| l.get());
+        if let Err(e) = answer_changes(&etcd, &cluster, &node, run.map(|r| &**r), live.is_some()) {
+            tracing::debug!(node, error = %e, "reading the live changes asked");
+        }
+        let Some(run) = run else { continue };
         let asked = match sluice_cluster::take_unit_crashes(&etcd, &cluster, &node) {
             Ok(a) => a,
             Err(e) => {
@@ -359,6 +365,39 @@ fn watch_for_crash_drill(etcd: Etcd, cluster: String, node: String, live: Option
             }
         }
     });
+}
+
+/// Applies the live changes asked of this node ([`sluice_cluster::ask_change`]) to its run and
+/// answers each; without a run (`hosts`: whether the node was started with `--run`) each is
+/// refused, saying why.
+fn answer_changes(
+    etcd: &Etcd,
+    cluster: &str,
+    node: &str,
+    run: Option<&Live>,
+    hosts: bool,
+) -> Result<(), sluice_cluster::ClusterError> {
+    for asked in sluice_cluster::take_changes(etcd, cluster, node)? {
+        let (status, body) = match run {
+            Some(live) => crate::control::apply_action(live, &asked.action),
+            None => {
+                let why = if hosts {
+                    format!("node `{node}` has not started its part of the chain yet (the placement settles first)")
+                } else {
+                    format!("node `{node}` hosts no run (started without --run)")
+                };
+                (axum::http::StatusCode::CONFLICT, serde_json::json!({ "error": why }))
+            }
+        };
+        if status.is_success() {
+            tracing::info!(node, action = %asked.action, "live change applied");
+        } else {
+            tracing::warn!(node, action = %asked.action, answer = %body, "live change refused");
+        }
+        let answer = sluice_cluster::ChangeAnswer { status: status.as_u16(), body };
+        sluice_cluster::answer_change(etcd, cluster, node, &asked.id, &answer)?;
+    }
+    Ok(())
 }
 
 /// A crash drill was asked (`sluice ctl crash-node`, [`sluice_cluster::ask_crash`]): the process

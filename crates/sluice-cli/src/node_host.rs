@@ -44,6 +44,12 @@ pub(crate) struct HostArgs {
     /// (the spread's `silence_ms`; every node must be given the same).
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     silence_ms: u64,
+    /// With --run: the run can scale, move flows and clone instances of the vertices whole on
+    /// the root's node while it runs (`sluice ctl scale|move|clone` against the controller or
+    /// the root's node's --control): the spread's `scalable: true`. Every node must be given
+    /// the same (it changes the plan each node compiles; a node given another is refused).
+    #[arg(long, requires = "run")]
+    scalable: bool,
     /// With --run: milliseconds the placement must stay unchanged before the run starts.
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     settle_ms: u64,
@@ -65,6 +71,7 @@ pub(crate) struct Host {
     run: Vec<String>,
     root_run: Vec<String>,
     silence_ms: u64,
+    scalable: bool,
     settle: Duration,
     state: State,
     /// The run's live handle once it runs (crash drills of one instance reach it so).
@@ -99,6 +106,7 @@ impl Host {
             run,
             root_run,
             silence_ms: a.silence_ms,
+            scalable: a.scalable,
             settle: Duration::from_millis(a.settle_ms),
             state: State::Waiting { seen: None, since: Instant::now() },
             live: Arc::default(),
@@ -157,7 +165,7 @@ impl Host {
         let read = stored_placement(etcd, &self.cluster).and_then(|p| Ok((p, nodes(etcd, &self.cluster)?.0)));
         match read {
             Ok((placement, registered)) => {
-                let spread = spread_of(&placement, &registered, self.silence_ms)
+                let spread = spread_of(&placement, &registered, self.silence_ms, self.scalable)
                     .map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?;
                 // In the controller's order (units sorted), as the node's assignment lists them.
                 let mine = placement.iter().filter(|(_, n)| **n == self.id).map(|(u, _)| u.clone()).collect();
@@ -223,8 +231,13 @@ impl Host {
 
 /// The spread of `placement` over the registered `nodes`: `None` while it is incomplete (no
 /// root placed yet, or a node with units no longer registered: the controller will place its
-/// units again), an error when it cannot be run.
-pub(crate) fn spread_of(placement: &Placement, nodes: &[NodeInfo], silence_ms: u64) -> Result<Option<Spread>, String> {
+/// units again), an error when it cannot be run. `silence_ms` and `scalable` are the spread's.
+pub(crate) fn spread_of(
+    placement: &Placement,
+    nodes: &[NodeInfo],
+    silence_ms: u64,
+    scalable: bool,
+) -> Result<Option<Spread>, String> {
     if let Some(Unit::Root(n)) = placement.keys().find(|u| matches!(u, Unit::Root(n) if *n > 0)) {
         return Err(format!(
             "the controller places root {n}: a chain spread over nodes has one root (run the controller with --roots 1)"
@@ -247,7 +260,7 @@ pub(crate) fn spread_of(placement: &Placement, nodes: &[NodeInfo], silence_ms: u
             _ => None,
         })
         .collect();
-    Ok(Some(Spread { nodes: addrs, root: root.clone(), place, vni: 1, silence_ms, scalable: false }))
+    Ok(Some(Spread { nodes: addrs, root: root.clone(), place, vni: 1, silence_ms, scalable }))
 }
 
 #[cfg(test)]
@@ -270,13 +283,14 @@ mod tests {
         p.insert(instance("nat", 0), "b".into());
         p.insert(instance("nat", 1), "a".into());
         p.insert(instance("lb", 0), "b".into());
-        let s = spread_of(&p, &nodes, 300).expect("runnable").expect("complete");
+        let s = spread_of(&p, &nodes, 300, false).expect("runnable").expect("complete");
         // Node c hosts nothing: it is not part of the run.
         assert_eq!(s.nodes.keys().collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(s.root, "a");
         let place: Vec<(&str, &str)> = s.place.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         assert_eq!(place, [("lb/0", "b"), ("nat/0", "b")], "instances on the root's node are not named");
-        assert_eq!(s.silence_ms, 300);
+        assert_eq!((s.silence_ms, s.scalable), (300, false));
+        assert!(spread_of(&p, &nodes, 300, true).expect("runnable").expect("complete").scalable);
         // The file a node writes reads back as the same spread.
         let yaml = serde_yaml::to_string(&s).expect("yaml");
         assert_eq!(Spread::from_yaml(&yaml).expect("valid"), s);
@@ -287,17 +301,17 @@ mod tests {
         let nodes = [node("a", "127.0.0.1:7001")];
         let mut p = Placement::new();
         p.insert(instance("nat", 0), "a".into());
-        assert_eq!(spread_of(&p, &nodes, 1000), Ok(None), "no root placed yet");
+        assert_eq!(spread_of(&p, &nodes, 1000, false), Ok(None), "no root placed yet");
         p.insert(Unit::Root(0), "a".into());
         p.insert(instance("lb", 0), "gone".into());
-        assert_eq!(spread_of(&p, &nodes, 1000), Ok(None), "a node with units is no longer registered");
+        assert_eq!(spread_of(&p, &nodes, 1000, false), Ok(None), "a node with units is no longer registered");
         p.remove(&instance("lb", 0));
-        assert!(spread_of(&p, &nodes, 1000).expect("runnable").is_some());
+        assert!(spread_of(&p, &nodes, 1000, false).expect("runnable").is_some());
         let bad = [node("a", "localhost:7001")];
-        let e = spread_of(&p, &bad, 1000).expect_err("not an IP address");
+        let e = spread_of(&p, &bad, 1000, false).expect_err("not an IP address");
         assert!(e.contains("--addr"), "{e}");
         p.insert(Unit::Root(1), "a".into());
-        let e = spread_of(&p, &nodes, 1000).expect_err("two roots");
+        let e = spread_of(&p, &nodes, 1000, false).expect_err("two roots");
         assert!(e.contains("--roots 1"), "{e}");
     }
 }

@@ -362,7 +362,9 @@ fn node_and_controller_serve_metrics_and_the_controller_an_api_behind_a_token() 
         ("{\"drain\": {\"node\": \"zz\"}}", 404, "no live node `zz`"),
         ("{\"drain\": {}}", 400, "send one action"),
         ("{\"reboot\": {}}", 400, "unknown action `reboot`"),
-        ("{\"scale\": {\"vertex\": \"nat\", \"by\": 1}}", 501, "cannot `scale`"),
+        // Asked of the root's node, which runs no chain here (no --run): it says so.
+        ("{\"scale\": {\"vertex\": \"nat\", \"by\": 1}}", 409, "node `a` hosts no run"),
+        ("{\"move\": {\"vertex\": \"nat\", \"from\": 0}}", 400, "move needs vertex, from and to"),
         ("{\"crash\": {\"vertex\": \"nat\", \"instance\": 9}}", 404, "no live node hosts nat:9"),
         ("{\"crash\": {\"vertex\": \"nat\"}}", 400, "send one action"),
         ("{\"crash_root\": {\"root\": 4}}", 404, "no live node hosts root 4"),

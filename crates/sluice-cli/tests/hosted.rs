@@ -295,11 +295,12 @@ fn the_nat_node_and_the_leading_controller_killed_together_lose_nothing() {
 
 #[test]
 fn bad_hosting_options_are_refused_before_joining() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--run=-c chains/example.yaml --spread s.yaml"], "comes from the placement"),
         (&["--run=-c chains/example.yaml --no-such-option"], "--no-such-option"),
         (&["--root-run=-i traces/demo.pcap"], "--run"),
         (&["--run=-c chains/example.yaml", "--silence-ms", "5"], "--silence-ms"),
+        (&["--scalable"], "--run"),
     ];
     for (extra, says) in cases {
         // No etcd at this endpoint: the options are refused before the node tries to join.
@@ -309,4 +310,147 @@ fn bad_hosting_options_are_refused_before_joining() {
         assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", text(&o));
         assert!(text(&o).contains(says), "{extra:?} should mention {says}: {}", text(&o));
     }
+}
+
+/// The example chain with its vertices listed so that the controller places the NAT on the
+/// root's node `a` (roles root and nf) and the portscan and Trojan detectors on `b`, the LB on
+/// `a` behind the detector on `b` (placement goes in listed order to the least loaded node).
+const NAT_ON_THE_ROOT_NODE: &str = "name: example
+vertices:
+  portscan:
+    type: portscan
+  lb:
+    type: lb
+    config:
+      backends: [10.1.0.1, 10.1.0.2, 10.1.0.3, 10.1.0.4]
+  trojan:
+    type: trojan
+  nat:
+    type: nat
+    config:
+      external_ip: 198.51.100.1
+      internal: [\"10.0.0.0/8\"]
+edges:
+  - { from: input, to: nat }
+  - { from: nat, to: portscan }
+  - { from: nat, to: trojan, mirror: true }
+  - { from: portscan, to: lb }
+  - { from: lb, to: output }
+";
+
+/// Live changes through the controller's API while a hosted run (`sluice node --scalable`)
+/// carries paced traffic: the NAT, whole on the root's node, scales out, has flows moved,
+/// scales back in (through `sluice ctl`) and is cloned; changes of vertices on, or fed from,
+/// the other node are refused with the reason, bad requests with a 4xx, changing nothing. The
+/// output has the one-process output's packets and the record verifies.
+#[test]
+fn the_controller_scales_moves_and_clones_a_vertex_whole_on_the_root_node_while_it_runs() {
+    // SLUICE_HOSTED_KEEP=1 keeps the run's files (logs, reports, records, output).
+    let temp = tempfile::tempdir().expect("temp dir");
+    let (dir, _temp) = match std::env::var_os("SLUICE_HOSTED_KEEP") {
+        Some(_) => (temp.keep(), None),
+        None => (temp.path().to_path_buf(), Some(temp)),
+    };
+    let dir = dir.as_path();
+    eprintln!("files in {}", dir.display());
+    let d = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    std::fs::write(dir.join("chain.yaml"), NAT_ON_THE_ROOT_NODE).expect("chain file");
+    let etcd = LocalEtcd::start(&dir.join("etcd")).unwrap_or_else(|e| panic!("{e}"));
+    let endpoint = etcd.endpoint().to_string();
+    let store = common::served_store();
+    let engine =
+        format!("-c {} --fault-tolerance --mode async --store {} -w 1 -q --no-pin", d("chain.yaml"), store.url);
+    let run = |n: &str| format!("{engine} --record {} --json {}", d(&format!("rec-{n}")), d(&format!("{n}.json")));
+    // About 13 s of traffic (`--pace 0.1` gives 1.3 s): every change below is asked while it
+    // flows, each answered within about 200 ms.
+    let root_run = format!("-i traces/demo.pcap -o {} --pace 0.01", d("out.pcap"));
+    let start = |id: &str, roles: &str| {
+        node(&endpoint, (id, roles, &["--scalable"]), (&run(id), &root_run), &dir.join(format!("{id}.log")))
+    };
+    let (mut a, a_out) = start("a", "root,nf");
+    let (mut b, b_out) = start("b", "nf");
+    let limit = Duration::from_secs(30);
+    for lines in [&a_out, &b_out] {
+        next_event(lines, "joined", limit);
+    }
+    let api = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").to_string();
+    let _controller = Proc(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .current_dir(repo(""))
+            .args(["controller", "--chain", &d("chain.yaml"), "--name", "c1", "--control", &api])
+            .args(["--control-token", common::CONTROL_TOKEN])
+            .args(cluster_args(&endpoint))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("controller"),
+    );
+    let runs: Vec<serde_json::Value> = [&a_out, &b_out].iter().map(|rx| next_event(rx, "run", limit)).collect();
+    let spread = &runs[0]["spread"];
+    assert_eq!(spread["scalable"], true, "{spread}");
+    let place = spread["place"].as_object().expect("place");
+    assert_eq!((place.get("nat/0"), &place["portscan/0"]), (None, &serde_json::json!("b")), "the NAT on a: {spread}");
+    std::thread::sleep(Duration::from_millis(800));
+
+    let ask = |body: &str| common::http(&api, "POST", "/api/v1/actions", Some(common::CONTROL_TOKEN), body);
+    let applied = |body: &str| {
+        let (code, answer) = ask(body);
+        assert_eq!(code, 200, "{body}: {answer}");
+        let v: serde_json::Value = serde_json::from_str(&answer).expect("JSON");
+        assert_eq!(v["node"], "a", "the root's node applied it: {answer}");
+        assert!(v["applied"].is_object(), "{answer}");
+    };
+    let pause = || std::thread::sleep(Duration::from_millis(300));
+    applied(r#"{"scale": {"vertex": "nat", "to": 2}}"#);
+    pause();
+    applied(r#"{"move": {"vertex": "nat", "from": 0, "to": 1, "flows": 200}}"#);
+    for (body, code, says) in [
+        (r#"{"scale": {"vertex": "portscan", "by": 1}}"#, 409, "`portscan` has instances on node `b`"),
+        (
+            r#"{"scale": {"vertex": "lb", "to": 2}}"#,
+            409,
+            "`portscan`, which sends packets to `lb`, has instances on node `b`",
+        ),
+        (r#"{"scale": {"vertex": "nope", "to": 2}}"#, 404, "no vertex `nope`"),
+        (r#"{"move": {"vertex": "nat", "from": 0, "to": 7}}"#, 404, "has no instance 7"),
+        (r#"{"scale": {"vertex": "nat"}}"#, 400, "scale needs vertex"),
+        (r#"{"scale": {"vertex": "nat", "to": 0}}"#, 400, "at least one instance"),
+        ("{not json", 400, "malformed JSON"),
+    ] {
+        let (c, answer) = ask(body);
+        assert_eq!(c, code, "{body}: {answer}");
+        assert!(answer.contains(says), "{body}: {answer} should say {says}");
+    }
+    let (c, _) =
+        common::http(&api, "POST", "/api/v1/actions", Some("wrong"), r#"{"scale": {"vertex": "nat", "to": 3}}"#);
+    assert_eq!(c, 401, "a wrong token changes nothing");
+    pause();
+    let ctl = sluice(&["ctl", "--control", &api, "--token", common::CONTROL_TOKEN, "scale", "nat=1"]);
+    assert!(ctl.status.success() && text(&ctl).contains("applied"), "{}", text(&ctl));
+    pause();
+    applied(r#"{"clone": {"vertex": "nat", "instance": 0}}"#);
+
+    for (lines, p) in [(&a_out, &mut a), (&b_out, &mut b)] {
+        let ended = next_event(lines, "run-ended", Duration::from_secs(120));
+        assert_eq!(ended["ok"], true, "{ended}\n{}", lines.said());
+        assert!(common::ended_within(&mut p.0, limit).success(), "{}", lines.said());
+    }
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d("a.json")).expect("a's report")).expect("JSON");
+    let c = common::reconfigurations(&report);
+    let kinds: Vec<&str> = c.iter().map(|x| x.0.as_str()).collect();
+    assert_eq!(kinds[..4], ["scale_out", "move", "scale_in", "clone"], "{c:?}");
+    assert!(c.iter().all(|x| x.1 == "nat"), "only the NAT changed: {c:?}");
+    assert!(c[1].3 > 0, "no flow moved: {c:?}");
+    let log = &report["fault_tolerance"];
+    assert_eq!((&log["deleted"], &log["left_in_log"]), (&log["logged"], &serde_json::json!(0)), "{log}");
+
+    // Two NAT instances pick ports in another order than one: `verify` compares the output up
+    // to the ports picked, and the count here.
+    let one = d("one.pcap");
+    let o = sluice(&["run", "-c", &d("chain.yaml"), "-i", "traces/demo.pcap", "-w", "1", "-q", "--no-pin", "-o", &one]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(sorted_frames(Path::new(&d("out.pcap"))).len(), sorted_frames(Path::new(&one)).len());
+    let v = sluice(&["verify", "--recorded", &d("rec-a"), "--part", &d("rec-b")]);
+    assert!(text(&v).contains("chain output equivalence: EQUIVALENT"), "{}", text(&v));
 }

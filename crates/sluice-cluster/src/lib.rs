@@ -11,12 +11,17 @@
 //! | `/sluice/C/leader/<role>` | the leader's name | the leader's |
 //! | `/sluice/C/assign/<node>` | the units placed on the node, JSON | none |
 //! | `/sluice/C/drain/<node>` | present while the node is drained | none |
+//! | `/sluice/C/crash/<node>` | a crash drill of the whole node, asked | the node's |
+//! | `/sluice/C/crash-unit/<node>/<unit>` | a crash drill of one unit, asked | the node's |
+//! | `/sluice/C/change/<node>/<id>` | a live change of the node's run, asked ([`changes`]) | the node's |
+//! | `/sluice/C/change-answer/<node>/<id>` | the node's answer to it | the node's |
 //!
 //! Where the controller puts roots and instances is [`placement`], a pure function.
 //!
 //! Everything here blocks (threads, no async runtime): the callers are a node's control thread
 //! and the controller's loop, neither on the packet path.
 
+pub mod changes;
 pub mod controller;
 pub mod election;
 pub mod etcd;
@@ -24,6 +29,7 @@ pub mod local;
 pub mod membership;
 pub mod placement;
 
+pub use changes::{answer_change, ask_change, node_is_live, take_changes, wait_for_answer, AskedChange, ChangeAnswer};
 pub use controller::{
     assignment, assignment_at, drain, drained, stored_placement, undrain, watch_assignment, AssignmentWatch,
     Controller, ControllerStats,

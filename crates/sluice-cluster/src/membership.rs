@@ -125,6 +125,14 @@ pub fn nodes(etcd: &Etcd, cluster: &str) -> Result<(Vec<NodeInfo>, i64), Cluster
     Ok((nodes, revision))
 }
 
+/// The lease of live node `node`'s registration (requests asked of the node are put under it,
+/// so that they go with the node), or `None` if no such node is live.
+pub(crate) fn lease_of(etcd: &Etcd, cluster: &str, node: &str) -> Result<Option<i64>, ClusterError> {
+    let key = format!("{}{node}", prefix(cluster));
+    let (kvs, _) = etcd.get_prefix(&key)?;
+    Ok(kvs.iter().find(|kv| kv.key == key).map(|kv| kv.lease))
+}
+
 fn crash_key(cluster: &str, node: &str) -> String {
     format!("/sluice/{cluster}/crash/{node}")
 }
@@ -136,9 +144,7 @@ fn crash_key(cluster: &str, node: &str) -> String {
 pub fn ask_crash(etcd: &Etcd, cluster: &str, node: &str) -> Result<bool, ClusterError> {
     check_name("cluster name", cluster)?;
     check_name("node id", node)?;
-    let key = format!("{}{node}", prefix(cluster));
-    let (kvs, _) = etcd.get_prefix(&key)?;
-    let Some(lease) = kvs.iter().find(|kv| kv.key == key).map(|kv| kv.lease) else { return Ok(false) };
+    let Some(lease) = lease_of(etcd, cluster, node)? else { return Ok(false) };
     etcd.put(&crash_key(cluster, node), b"crash", lease)?;
     tracing::warn!(node, cluster, "crash drill asked");
     Ok(true)
@@ -173,9 +179,7 @@ pub fn ask_unit_crash(etcd: &Etcd, cluster: &str, unit: &crate::Unit) -> Result<
     };
     let placement = crate::controller::stored_placement(etcd, cluster)?;
     let Some(node) = placement.get(unit) else { return Ok(None) };
-    let key = format!("{}{node}", prefix(cluster));
-    let (kvs, _) = etcd.get_prefix(&key)?;
-    let Some(lease) = kvs.iter().find(|kv| kv.key == key).map(|kv| kv.lease) else { return Ok(None) };
+    let Some(lease) = lease_of(etcd, cluster, node)? else { return Ok(None) };
     let asked = format!("{}{name}", unit_crash_prefix(cluster, node));
     let value =
         serde_json::to_vec(unit).map_err(|e| ClusterError::BadRecord { key: asked.clone(), detail: e.to_string() })?;

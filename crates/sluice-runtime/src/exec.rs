@@ -700,6 +700,9 @@ pub fn run(
         }
     })();
     shared.input_done.store(true, Ordering::Release);
+    if let Some(live) = &shared.live {
+        live.input_ended();
+    }
     if result.is_err() {
         // The workers stop where they are: what is in flight may wait for something that will
         // not happen now (a replay, a change settling), and the output is discarded anyway.

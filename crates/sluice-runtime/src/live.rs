@@ -218,6 +218,17 @@ impl Live {
         Ok(())
     }
 
+    /// The run's input has ended: the root takes no more changes or crashes, so those asked
+    /// from now on are refused rather than accepted and never carried out.
+    pub(crate) fn input_ended(&self) {
+        let why = || Some("the run's input has ended: it takes no more changes".to_string());
+        for m in [&self.no_failover, &self.no_root_crash, &self.no_store_crash, &self.no_scaling] {
+            if let Ok(mut w) = m.lock() {
+                *w = why();
+            }
+        }
+    }
+
     /// The run says whether it can scale and move flows (`None`) or why not.
     pub(crate) fn set_scaling(&self, why_not: Option<String>) {
         if let Ok(mut w) = self.no_scaling.lock() {

@@ -302,7 +302,7 @@ fn spread_allowed(cfg: &RunConfig, unannounced: bool) -> Result<(), String> {
         return not_yet("planned faults (--faults) other than `scale`, `move`, `clone` and `slow`");
     }
     if unannounced {
-        return Err("scaling, moves and clones in a chain over several nodes need `scalable: true` in the spread file (every node keeps places for the instances added)".into());
+        return Err("scaling, moves and clones in a chain over several nodes need `scalable: true` in the spread file (in a hosted run: `sluice node --scalable` on every node), so that every node keeps places for the instances added".into());
     }
     if cfg.roots > 1 {
         return not_yet("several roots");

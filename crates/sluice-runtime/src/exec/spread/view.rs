@@ -36,7 +36,7 @@ pub(in crate::exec) fn live_view(
         )));
     } else if !scalable {
         live.set_scaling(Some(
-            "the chain's spread file does not say `scalable: true`: every node must keep places for the instances added"
+            "the chain's spread file does not say `scalable: true` (in a hosted run: `sluice node --scalable` on every node): every node must keep places for the instances added"
                 .into(),
         ));
     } else {
