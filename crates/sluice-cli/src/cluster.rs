@@ -139,38 +139,39 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
     let Some((name, args)) = v.as_object().filter(|o| o.len() == 1).and_then(|o| o.iter().next()) else {
         return control::error(StatusCode::BAD_REQUEST, usage);
     };
-    let action =
-        match name.as_str() {
-            "drain" => NodeAction::Drain,
-            "undrain" => NodeAction::Undrain,
-            "crash_node" => NodeAction::Crash,
-            "crash" => {
-                let (Some(vertex), Some(index)) =
-                    (args["vertex"].as_str(), args["instance"].as_u64().and_then(|i| u16::try_from(i).ok()))
-                else {
-                    return control::error(StatusCode::BAD_REQUEST, usage);
-                };
-                return unit_crash(etcd, cluster, Unit::Instance { vertex: vertex.to_string(), index }).await;
+    let action = match name.as_str() {
+        "drain" => NodeAction::Drain,
+        "undrain" => NodeAction::Undrain,
+        "crash_node" => NodeAction::Crash,
+        "crash" => {
+            let (Some(vertex), Some(index)) =
+                (args["vertex"].as_str(), args["instance"].as_u64().and_then(|i| u16::try_from(i).ok()))
+            else {
+                return control::error(StatusCode::BAD_REQUEST, usage);
+            };
+            return unit_crash(etcd, cluster, Unit::Instance { vertex: vertex.to_string(), index }).await;
+        }
+        "crash_root" => {
+            let Some(root) = control::root_to_crash(args) else {
+                return control::error(StatusCode::BAD_REQUEST, control::CRASH_ROOT_USAGE);
+            };
+            return unit_crash(etcd, cluster, Unit::Root(root.into())).await;
+        }
+        "scale" | "move" | "clone" => {
+            if control::change_of(name, args).is_none() {
+                return control::error(StatusCode::BAD_REQUEST, control::CHANGE_USAGE);
             }
-            "crash_root" => {
-                let Some(root) = control::root_to_crash(args) else {
-                    return control::error(StatusCode::BAD_REQUEST, control::CRASH_ROOT_USAGE);
-                };
-                return unit_crash(etcd, cluster, Unit::Root(root.into())).await;
-            }
-            "scale" | "move" | "clone" => {
-                if control::change_of(name, args).is_none() {
-                    return control::error(StatusCode::BAD_REQUEST, control::CHANGE_USAGE);
-                }
-                return root_node_change(etcd, cluster, v.clone()).await;
-            }
-            n => return control::error(
+            return root_node_change(etcd, cluster, v.clone()).await;
+        }
+        n => {
+            return control::error(
                 StatusCode::BAD_REQUEST,
                 &format!(
                     "unknown action `{n}` (known: drain, undrain, crash_node, crash, crash_root, scale, move, clone)"
                 ),
-            ),
-        };
+            )
+        }
+    };
     let Some(node) = args["node"].as_str().map(str::to_string) else {
         return control::error(StatusCode::BAD_REQUEST, usage);
     };

@@ -750,15 +750,7 @@ pub fn run(
     if let (Some(live), Some(ft)) = (&shared.live, &report.fault_tolerance) {
         live.root_log(ft.clone());
     }
-    for r in &mut all_roots {
-        report.bypassed += r.bypassed;
-        for (reason, n) in std::mem::take(&mut r.drops) {
-            *root_drops.entry(reason).or_default() += n;
-        }
-    }
-    for (r, n) in root_drops {
-        report.dropped.insert(format!("root: {r}"), n);
-    }
+    roots::drops_into(&mut report, &mut all_roots, root_drops);
     slots.sort_by_key(|(_, s)| s.global);
     if let Some(mut rec) = recording {
         // What timers fired at the end carry: the last clock stamped (with several roots, the

@@ -505,6 +505,24 @@ pub(super) fn other_root(
     Ok(state)
 }
 
+/// Adds what the roots bypassed and dropped (by reason, with the drops counted on the root
+/// thread, `counted`) to the run's report.
+pub(super) fn drops_into(
+    report: &mut crate::report::RunReport,
+    roots: &mut [RootState],
+    mut counted: std::collections::BTreeMap<&'static str, u64>,
+) {
+    for r in roots {
+        report.bypassed += r.bypassed;
+        for (reason, n) in std::mem::take(&mut r.drops) {
+            *counted.entry(reason).or_default() += n;
+        }
+    }
+    for (r, n) in counted {
+        report.dropped.insert(format!("root: {r}"), n);
+    }
+}
+
 /// What the roots' logs did over the run, added up (`None` without fault tolerance); the
 /// duplicates are the egress's.
 pub(super) fn log_report(roots: &[RootState], egress: &Mutex<Egress>) -> Option<FaultToleranceReport> {
