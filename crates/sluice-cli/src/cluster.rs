@@ -200,28 +200,45 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
 /// looks every 200 ms; etcd may be slow for a moment).
 const CHANGE_PATIENCE: Duration = Duration::from_secs(10);
 
+/// Why no node answered a live change, as the API's status and the reason.
+type NoAnswer = (StatusCode, String);
+
 /// A live change (`scale`, `move`, `clone`) of the hosted run, asked of the node the placement
-/// gives the root ([`sluice_cluster::ask_change`]) and answered with what that node's run
-/// answers: applied, or refused with the reason (a vertex not whole on the root's node, a run
-/// started without `--scalable`).
+/// gives the root ([`sluice_cluster::ask_change`]): that node's answer, `Err` with the reason
+/// when none came (no root placed, its node gone or silent). Blocks for up to
+/// [`CHANGE_PATIENCE`]: the controller's API and `sluice cluster` both call it.
+fn ask_root_node(
+    etcd: &Etcd,
+    cluster: &str,
+    action: &serde_json::Value,
+) -> Result<Result<(String, sluice_cluster::ChangeAnswer), NoAnswer>, ClusterError> {
+    let placement = sluice_cluster::stored_placement(etcd, cluster)?;
+    let Some(node) = placement.get(&Unit::Root(0)).cloned() else {
+        return Ok(Err((StatusCode::NOT_FOUND, "no node hosts the root: the chain is not placed yet".into())));
+    };
+    let Some(id) = sluice_cluster::ask_change(etcd, cluster, &node, action)? else {
+        return Ok(Err((StatusCode::NOT_FOUND, format!("the root's node `{node}` is not live"))));
+    };
+    match sluice_cluster::wait_for_answer(etcd, cluster, &node, &id, CHANGE_PATIENCE)? {
+        Some(answer) => Ok(Ok((node, answer))),
+        None if !sluice_cluster::node_is_live(etcd, cluster, &node)? => Ok(Err((
+            StatusCode::NOT_FOUND,
+            format!("the root's node `{node}` left (its run ended) before it answered"),
+        ))),
+        None => Ok(Err((
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("the root's node `{node}` did not answer within {} s", CHANGE_PATIENCE.as_secs()),
+        ))),
+    }
+}
+
+/// The controller's API for a live change: what the root's node's run answered ([`ask_root_node`]):
+/// applied, or refused with the reason (a vertex not whole on the root's node, a run started
+/// without `--scalable`), with the node named.
 async fn root_node_change(etcd: Etcd, cluster: String, action: serde_json::Value) -> Response {
-    let done = tokio::task::spawn_blocking(move || {
-        let placement = sluice_cluster::stored_placement(&etcd, &cluster)?;
-        let Some(node) = placement.get(&Unit::Root(0)).cloned() else {
-            return Ok(Err("no node hosts the root: the chain is not placed yet".to_string()));
-        };
-        let Some(id) = sluice_cluster::ask_change(&etcd, &cluster, &node, &action)? else {
-            return Ok(Err(format!("the root's node `{node}` is not live")));
-        };
-        let answer = sluice_cluster::wait_for_answer(&etcd, &cluster, &node, &id, CHANGE_PATIENCE)?;
-        if answer.is_none() && !sluice_cluster::node_is_live(&etcd, &cluster, &node)? {
-            return Ok(Err(format!("the root's node `{node}` left (its run ended) before it answered")));
-        }
-        Ok::<_, ClusterError>(Ok((node, answer)))
-    })
-    .await;
+    let done = tokio::task::spawn_blocking(move || ask_root_node(&etcd, &cluster, &action)).await;
     match done {
-        Ok(Ok(Ok((node, Some(answer))))) => {
+        Ok(Ok(Ok((node, answer)))) => {
             let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
             let mut body = answer.body;
             if let Some(o) = body.as_object_mut() {
@@ -229,11 +246,7 @@ async fn root_node_change(etcd: Etcd, cluster: String, action: serde_json::Value
             }
             (status, Json(body)).into_response()
         }
-        Ok(Ok(Ok((node, None)))) => control::error(
-            StatusCode::GATEWAY_TIMEOUT,
-            &format!("the root's node `{node}` did not answer within {} s", CHANGE_PATIENCE.as_secs()),
-        ),
-        Ok(Ok(Err(why))) => control::error(StatusCode::NOT_FOUND, &why),
+        Ok(Ok(Err((status, why)))) => control::error(status, &why),
         Ok(Err(e @ ClusterError::BadName { .. })) => control::error(StatusCode::BAD_REQUEST, &e.to_string()),
         Ok(Err(e)) => control::error(StatusCode::BAD_GATEWAY, &format!("etcd: {e}")),
         Err(e) => control::error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
@@ -439,6 +452,28 @@ enum ClusterCommand {
     /// there and resumes the clock, reading the log back with `--log store` (the run needs
     /// --fault-tolerance).
     CrashRoot,
+    /// Scale a vertex of the hosted run: `VERTEX=N`, `VERTEX+N` or `VERTEX-N`. Asked of the
+    /// root's node, whose run applies it to a vertex whose instances and feeders all run there
+    /// (nodes started with --scalable) or says why not; waits up to 10 s for its answer.
+    Scale {
+        /// `VERTEX=N`, `VERTEX+N` or `VERTEX-N`.
+        spec: String,
+    },
+    /// Move flows between two instances of a vertex of the hosted run: `VERTEX:FROM>TO`, at
+    /// most `--flows` (default all of FROM's); asked of the root's node as `scale` is.
+    Move {
+        /// `VERTEX:FROM>TO` (instance indices).
+        spec: String,
+        /// Move at most this many flows.
+        #[arg(long)]
+        flows: Option<u64>,
+    },
+    /// Clone an instance of the hosted run (`VERTEX:INSTANCE`): the clone takes its flows on
+    /// trial and the faster keeps them; asked of the root's node as `scale` is.
+    Clone {
+        /// `VERTEX:INSTANCE`.
+        spec: String,
+    },
 }
 
 /// Acting on one node: from `sluice cluster` (through etcd) or `sluice ctl` (through a
@@ -591,6 +626,9 @@ pub fn cmd_cluster(a: ClusterCmdArgs) -> Result<(), Failure> {
             };
             eprintln!("node `{node}` asked to crash the root: its run does within 200 ms");
         }
+        ClusterCommand::Scale { spec } => live_change(&etcd, cluster, control::scale_request(&spec))?,
+        ClusterCommand::Move { spec, flows } => live_change(&etcd, cluster, control::move_request(&spec, flows))?,
+        ClusterCommand::Clone { spec } => live_change(&etcd, cluster, control::instance_request("clone", &spec))?,
         ClusterCommand::Status { json } => {
             let status = cluster_status(&etcd, cluster).map_err(io)?;
             if json {
@@ -601,6 +639,29 @@ pub fn cmd_cluster(a: ClusterCmdArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// `sluice cluster scale|move|clone`: the change asked of the root's node, its answer printed
+/// (JSON on stdout when applied; a refusal is an error with the node's reason).
+fn live_change(etcd: &Etcd, cluster: &str, action: Result<serde_json::Value, String>) -> Result<(), Failure> {
+    let action = action.map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?;
+    let asked = ask_root_node(etcd, cluster, &action).map_err(|e| match e {
+        ClusterError::BadName { .. } => fail(exit::INVALID)(e.into()),
+        e => fail(exit::FAILED)(e.into()),
+    })?;
+    match asked {
+        Ok((node, answer)) if (200..300).contains(&answer.status) => {
+            println!("{}", answer.body);
+            eprintln!("node `{node}` applied it");
+            Ok(())
+        }
+        Ok((node, answer)) => {
+            let why = answer.body["error"].as_str().map_or_else(|| answer.body.to_string(), str::to_string);
+            let code = if answer.status == 400 { exit::INVALID } else { exit::FAILED };
+            Err(fail(code)(anyhow::anyhow!("node `{node}` refused it ({}): {why}", answer.status)))
+        }
+        Err((_, why)) => Err(fail(exit::FAILED)(anyhow::anyhow!(why))),
+    }
 }
 
 fn unit_text(u: &Unit) -> String {

@@ -522,7 +522,7 @@ fn slow_request(spec: &str) -> Result<serde_json::Value, String> {
 }
 
 /// Parses `V:I` into the JSON of action `kind` (`crash`, `clone`) on that instance.
-fn instance_request(kind: &str, spec: &str) -> Result<serde_json::Value, String> {
+pub(crate) fn instance_request(kind: &str, spec: &str) -> Result<serde_json::Value, String> {
     let bad = || format!("`{spec}` is not VERTEX:INSTANCE");
     let (vertex, instance) = spec.split_once(':').ok_or_else(bad)?;
     let instance: u16 = instance.parse().map_err(|_| bad())?;
@@ -530,7 +530,7 @@ fn instance_request(kind: &str, spec: &str) -> Result<serde_json::Value, String>
 }
 
 /// Parses `V=N`, `V+N` or `V-N` into a scale action's JSON.
-fn scale_request(spec: &str) -> Result<serde_json::Value, String> {
+pub(crate) fn scale_request(spec: &str) -> Result<serde_json::Value, String> {
     let bad = || format!("`{spec}` is not VERTEX=N, VERTEX+N or VERTEX-N");
     let at = spec.find(['=', '+', '-']).ok_or_else(bad)?;
     let (vertex, rest) = spec.split_at(at);
@@ -546,7 +546,7 @@ fn scale_request(spec: &str) -> Result<serde_json::Value, String> {
 }
 
 /// Parses `V:FROM>TO` into a move action's JSON.
-fn move_request(spec: &str, flows: Option<u64>) -> Result<serde_json::Value, String> {
+pub(crate) fn move_request(spec: &str, flows: Option<u64>) -> Result<serde_json::Value, String> {
     let bad = || format!("`{spec}` is not VERTEX:FROM>TO");
     let (vertex, pair) = spec.split_once(':').ok_or_else(bad)?;
     let (from, to) = pair.split_once('>').ok_or_else(bad)?;

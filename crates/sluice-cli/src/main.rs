@@ -109,7 +109,7 @@ enum Command {
     /// the chain once the placement settles (docs/deploy.md).
     Node(node_cmd::NodeArgs),
     /// A cluster's state in etcd: status (leader, nodes, units), drain or undrain a node, crash
-    /// a node, an instance or the root as a drill.
+    /// a node, an instance or the root as a drill, scale, move or clone in the hosted run.
     Cluster(cluster::ClusterCmdArgs),
     /// Serve a state store to the NF instances of other processes (`store serve`).
     Store(store_cmd::StoreArgs),

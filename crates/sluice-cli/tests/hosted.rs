@@ -340,7 +340,7 @@ edges:
 
 /// Live changes through the controller's API while a hosted run (`sluice node --scalable`)
 /// carries paced traffic: the NAT, whole on the root's node, scales out, has flows moved,
-/// scales back in (through `sluice ctl`) and is cloned; changes of vertices on, or fed from,
+/// scales back in (through `sluice ctl`) and is cloned (through `sluice cluster`); changes of vertices on, or fed from,
 /// the other node are refused with the reason, bad requests with a 4xx, changing nothing. The
 /// output has the one-process output's packets and the record verifies.
 #[test]
@@ -428,7 +428,15 @@ fn the_controller_scales_moves_and_clones_a_vertex_whole_on_the_root_node_while_
     let ctl = sluice(&["ctl", "--control", &api, "--token", common::CONTROL_TOKEN, "scale", "nat=1"]);
     assert!(ctl.status.success() && text(&ctl).contains("applied"), "{}", text(&ctl));
     pause();
-    applied(r#"{"clone": {"vertex": "nat", "instance": 0}}"#);
+    // Straight through etcd, without the controller's endpoint: the same answers.
+    let cluster = |args: &[&str]| sluice(&[&["cluster", "--etcd", &endpoint, "--cluster", "hosted"], args].concat());
+    let refused = cluster(&["scale", "lb=2"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert!(text(&refused).contains("node `a` refused it (409): `portscan`, which sends"), "{}", text(&refused));
+    let bad = cluster(&["scale", "lb"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+    let cloned = cluster(&["clone", "nat:0"]);
+    assert!(cloned.status.success() && text(&cloned).contains("\"clone\""), "{}", text(&cloned));
 
     for (lines, p) in [(&a_out, &mut a), (&b_out, &mut b)] {
         let ended = next_event(lines, "run-ended", Duration::from_secs(120));
