@@ -553,6 +553,43 @@ fn updates_that_change_nothing_are_not_flushed() {
     assert_eq!(read(&store, StoreKey { vertex: v, object: 0, key: key(100) }), None);
 }
 
+/// A client that owns its flows from their first packet knows a value it has not written is
+/// absent without asking: reads, deletes and pops of such values leave no entry in its cache
+/// (a detector tests a flow it does not track on every packet; entries for all of them
+/// filled the cache and slowed every lookup), and what it has written is still there.
+#[test]
+fn a_fresh_client_keeps_no_entries_for_values_it_only_finds_absent() {
+    let store = EmbeddedStore::start(1).expect("start store");
+    let v = 1204;
+    let decls = [StateDecl::new("flows", Scope::per_flow(), AccessPattern::ReadWriteOften)];
+    let id = InstanceId::new(v, 0);
+    let cfg = ClientConfig { mode: Mode::Async, ..ClientConfig::default() };
+    let mut c = StoreClient::new(store.connect(id).expect("connect"), id, v, &decls, &[], cfg);
+    let base = fresh_base();
+    let key = |i: u64| StateKey::Id(base + i);
+    let obj = ObjectId(0);
+    c.begin_batch();
+    c.begin_packet(&Meta { clock: Clock::new(1, base + 1), ..Meta::default() });
+    for i in 0..50 {
+        assert_eq!(c.get(obj, &key(i)).expect("get"), None);
+        assert_eq!(c.delete(obj, &key(i)).expect("delete"), None);
+        assert_eq!(c.exec(obj, &key(i), StateOp::Pop).expect("pop"), None);
+    }
+    c.set(obj, &key(100), Value::Int(7)).expect("set");
+    assert_eq!(c.exec(obj, &key(100), StateOp::Incr(1)).expect("incr"), Some(Value::Int(8)));
+    c.end_batch();
+    let held = c.per_flow_values();
+    let want = vec![(StoreKey { vertex: v, object: 0, key: key(100) }, Some(Value::Int(8)))];
+    assert_eq!(held, want, "only the value written");
+    assert_eq!(c.stats().round_trips, 0, "nothing was asked of the store");
+    // Deleted once held, it stays known absent: a rebuilt store must learn of the delete.
+    c.begin_batch();
+    c.begin_packet(&Meta { clock: Clock::new(1, base + 2), ..Meta::default() });
+    assert_eq!(c.delete(obj, &key(100)).expect("delete"), Some(Value::Int(8)));
+    c.end_batch();
+    assert_eq!(c.per_flow_values(), vec![(StoreKey { vertex: v, object: 0, key: key(100) }, None)]);
+}
+
 /// The store keeps copies of an instance's timers for a replacement to adopt, so only when
 /// writing through (fault tolerance): every batch's changes then. Writing back, it gets none,
 /// flush or no flush — an idle timer re-armed by every packet of a flow cost a request a packet.

@@ -489,7 +489,14 @@ impl StoreClient {
         let sole_user = self.exclusive_from_start.get(idx).copied().unwrap_or(false);
         let value = if self.cfg.fresh && ((per_flow && !self.moved_in) || sole_user) {
             // A flow this instance has owned from its first packet, or an object nobody else
-            // has used: the store has nothing this cache does not.
+            // has used: the store has nothing this cache does not. An operation that leaves
+            // the value absent needs no entry: knowing it is absent costs nothing here, and
+            // entries for every key an NF only looks at (a detector's per-packet test of a
+            // flow it does not track) would fill the cache, and every lookup's memory.
+            if op == StateOp::Get || changes_nothing(&op, None) {
+                let mut absent = None;
+                return apply(&mut absent, op, &self.custom);
+            }
             None
         } else {
             // First touch of this value here: its state may already exist (moved flow,
