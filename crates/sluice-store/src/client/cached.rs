@@ -19,21 +19,22 @@ impl Cached {
         Cached { value, dirty: false, list_ops: None }
     }
 
-    /// Records an update for the next flush.
-    pub(super) fn record(&mut self, op: &StateOp) -> bool {
+    /// Records an update for the next flush: `list_op` is the update if it was a push or a
+    /// pop (what a list's flush sends), `None` for any other update (the whole value is written).
+    pub(super) fn record(&mut self, list_op: Option<StateOp>) -> bool {
         let was_dirty = self.dirty;
-        let list_op = matches!(op, StateOp::Pop | StateOp::PopN(_) | StateOp::Push(_));
         let is_list = matches!(self.value, Some(Value::List(_)));
-        if list_op && is_list && (!was_dirty || self.list_ops.is_some()) {
-            let ops = self.list_ops.get_or_insert_with(Vec::new);
-            match (ops.last_mut(), op) {
-                // Consecutive pops travel as one pop-n.
-                (Some(StateOp::PopN(n)), StateOp::Pop) => *n = n.saturating_add(1),
-                (_, StateOp::Pop) => ops.push(StateOp::PopN(1)),
-                (_, op) => ops.push(op.clone()),
+        match list_op {
+            Some(op) if is_list && (!was_dirty || self.list_ops.is_some()) => {
+                let ops = self.list_ops.get_or_insert_with(Vec::new);
+                match (ops.last_mut(), op) {
+                    // Consecutive pops travel as one pop-n.
+                    (Some(StateOp::PopN(n)), StateOp::Pop) => *n = n.saturating_add(1),
+                    (_, StateOp::Pop) => ops.push(StateOp::PopN(1)),
+                    (_, op) => ops.push(op),
+                }
             }
-        } else {
-            self.list_ops = None;
+            _ => self.list_ops = None,
         }
         self.dirty = true;
         !was_dirty

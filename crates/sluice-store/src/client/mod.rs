@@ -733,9 +733,13 @@ fn apply_cached(entry: &mut Cached, op: StateOp, custom: &[CustomOp]) -> Result<
         // Nothing for the next flush to write (and an entry not dirty says what the store has).
         return apply(&mut entry.value, op, custom).map(|r| (r, false));
     }
-    let recorded = op.is_update().then(|| op.clone());
+    let update = op.is_update();
+    // Only a push or a pop is kept for the flush (a list's flush sends them, not the list);
+    // any other update is sent as the value, so it is not copied (a copy of a record of
+    // integers is an allocation).
+    let list_op = matches!(op, StateOp::Pop | StateOp::PopN(_) | StateOp::Push(_)).then(|| op.clone());
     let r = apply(&mut entry.value, op, custom)?;
-    let dirtied = recorded.is_some_and(|op| entry.record(&op));
+    let dirtied = update && entry.record(list_op);
     Ok((r, dirtied))
 }
 
