@@ -648,6 +648,10 @@ impl StoreClient {
 
     /// Queues the timers armed and cancelled since the last call, one request per key.
     fn queue_timer_changes(&mut self) {
+        if self.timer_changes.is_empty() {
+            // Always, where the store keeps no copies: not even an empty map made per batch.
+            return;
+        }
         // Taken out while its changes are queued, and put back with its room for the next batch.
         let mut changes = std::mem::take(&mut self.timer_changes);
         if let Some(twin) = &mut self.twin_timer_changes {
