@@ -71,7 +71,8 @@ impl LifeArgs {
 pub struct ControlArgs {
     /// Serve a control endpoint: PORT (on 127.0.0.1) or HOST:PORT (any other address only when
     /// given). `GET /metrics` is Prometheus text; a controller also answers `GET
-    /// /api/v1/cluster` and `POST /api/v1/actions` (see `sluice ctl`).
+    /// /api/v1/cluster`, `GET /api/v1/chain` (the hosted run's live view, from the root's
+    /// node) and `POST /api/v1/actions` (see `sluice ctl`).
     #[arg(long, value_name = "ADDR", value_parser = control::parse_addr)]
     control: Option<SocketAddr>,
     /// The endpoint's token (default: $SLUICE_CONTROL_TOKEN, else a random one printed on
@@ -103,9 +104,11 @@ pub(crate) fn metrics_route<C: Collector + Clone>(collector: C) -> Router {
 
 /// A controller's API: the cluster's status, drain or undrain a node (`{"drain": {"node":
 /// "a"}}`), crash drills of a node, an instance or the root, straight from and to etcd; and
-/// `scale`, `move` and `clone`, asked of the root's node's run and answered with its answer.
+/// `scale`, `move` and `clone` and the run's live view (`GET /api/v1/chain`), asked of the
+/// root's node's run and answered with its answer.
 fn controller_api(etcd: Etcd, cluster: String) -> Router {
     let (e2, c2) = (etcd.clone(), cluster.clone());
+    let (e3, c3) = (etcd.clone(), cluster.clone());
     Router::new()
         .route(
             "/api/v1/cluster",
@@ -118,6 +121,13 @@ fn controller_api(etcd: Etcd, cluster: String) -> Router {
                         Err(e) => control::error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
                     }
                 }
+            }),
+        )
+        .route(
+            "/api/v1/chain",
+            get(move || {
+                let (etcd, cluster) = (e3.clone(), c3.clone());
+                async move { root_node_answer(etcd, cluster, serde_json::json!({ "view": {} })).await }
             }),
         )
         .route(
@@ -161,7 +171,7 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
             if control::change_of(name, args).is_none() {
                 return control::error(StatusCode::BAD_REQUEST, control::CHANGE_USAGE);
             }
-            return root_node_change(etcd, cluster, v.clone()).await;
+            return root_node_answer(etcd, cluster, v.clone()).await;
         }
         n => {
             return control::error(
@@ -196,30 +206,30 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
     }
 }
 
-/// How long the controller's API waits for the root's node to answer a live change (the node
+/// How long the controller's API waits for the root's node to answer a request (the node
 /// looks every 200 ms; etcd may be slow for a moment).
-const CHANGE_PATIENCE: Duration = Duration::from_secs(10);
+const ANSWER_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Why no node answered a live change, as the API's status and the reason.
 type NoAnswer = (StatusCode, String);
 
-/// A live change (`scale`, `move`, `clone`) of the hosted run, asked of the node the placement
-/// gives the root ([`sluice_cluster::ask_change`]): that node's answer, `Err` with the reason
+/// A request of the hosted run (a live change, the live view), asked of the node the placement
+/// gives the root ([`sluice_cluster::ask_run`]): that node's answer, `Err` with the reason
 /// when none came (no root placed, its node gone or silent). Blocks for up to
-/// [`CHANGE_PATIENCE`]: the controller's API and `sluice cluster` both call it.
+/// [`ANSWER_PATIENCE`]: the controller's API and `sluice cluster` both call it.
 fn ask_root_node(
     etcd: &Etcd,
     cluster: &str,
     action: &serde_json::Value,
-) -> Result<Result<(String, sluice_cluster::ChangeAnswer), NoAnswer>, ClusterError> {
+) -> Result<Result<(String, sluice_cluster::RunAnswer), NoAnswer>, ClusterError> {
     let placement = sluice_cluster::stored_placement(etcd, cluster)?;
     let Some(node) = placement.get(&Unit::Root(0)).cloned() else {
         return Ok(Err((StatusCode::NOT_FOUND, "no node hosts the root: the chain is not placed yet".into())));
     };
-    let Some(id) = sluice_cluster::ask_change(etcd, cluster, &node, action)? else {
+    let Some(id) = sluice_cluster::ask_run(etcd, cluster, &node, action)? else {
         return Ok(Err((StatusCode::NOT_FOUND, format!("the root's node `{node}` is not live"))));
     };
-    match sluice_cluster::wait_for_answer(etcd, cluster, &node, &id, CHANGE_PATIENCE)? {
+    match sluice_cluster::wait_for_answer(etcd, cluster, &node, &id, ANSWER_PATIENCE)? {
         Some(answer) => Ok(Ok((node, answer))),
         None if !sluice_cluster::node_is_live(etcd, cluster, &node)? => Ok(Err((
             StatusCode::NOT_FOUND,
@@ -227,15 +237,16 @@ fn ask_root_node(
         ))),
         None => Ok(Err((
             StatusCode::GATEWAY_TIMEOUT,
-            format!("the root's node `{node}` did not answer within {} s", CHANGE_PATIENCE.as_secs()),
+            format!("the root's node `{node}` did not answer within {} s", ANSWER_PATIENCE.as_secs()),
         ))),
     }
 }
 
-/// The controller's API for a live change: what the root's node's run answered ([`ask_root_node`]):
-/// applied, or refused with the reason (a vertex not whole on the root's node, a run started
-/// without `--scalable`), with the node named.
-async fn root_node_change(etcd: Etcd, cluster: String, action: serde_json::Value) -> Response {
+/// The controller's API for a request of the hosted run (a live change, the live view): what
+/// the root's node's run answered ([`ask_root_node`]) — applied, or refused with the reason (a
+/// vertex not whole on the root's node, a run started without `--scalable`) — with the node
+/// named.
+async fn root_node_answer(etcd: Etcd, cluster: String, action: serde_json::Value) -> Response {
     let done = tokio::task::spawn_blocking(move || ask_root_node(&etcd, &cluster, &action)).await;
     match done {
         Ok(Ok(Ok((node, answer)))) => {

@@ -442,7 +442,8 @@ pub struct CtlArgs {
 
 #[derive(Subcommand)]
 enum CtlCommand {
-    /// The chain's vertices and instances with live statistics.
+    /// The chain's vertices and instances with live statistics. Against a controller: the
+    /// hosted run's, as the root's node has them (other nodes' instances "on another node").
     List {
         /// Print the JSON as the endpoint returns it.
         #[arg(long)]

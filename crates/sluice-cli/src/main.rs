@@ -100,7 +100,7 @@ enum Command {
     /// Look at a running chain through its control endpoint (`sluice run --control`): its
     /// vertices and instances with live statistics, or its Prometheus metrics; or at a cluster
     /// through its controller's (`sluice controller --control`): nodes, drain, undrain, crash
-    /// drills, and scale, move and clone of a hosted run.
+    /// drills, and the live view, scale, move and clone of a hosted run.
     Ctl(control::CtlArgs),
     /// Place a chain's roots and NF instances on the live nodes of a cluster (etcd): campaign
     /// for leadership, then keep the assignments in step as nodes join, leave or die.

@@ -343,7 +343,7 @@ fn watch_for_asks(etcd: Etcd, cluster: String, node: String, live: Option<Arc<On
             crash_drill(&node);
         }
         let run = live.as_ref().and_then(|l| l.get());
-        if let Err(e) = answer_changes(&etcd, &cluster, &node, run.map(|r| &**r), live.is_some()) {
+        if let Err(e) = answer_run_requests(&etcd, &cluster, &node, run.map(|r| &**r), live.is_some()) {
             tracing::debug!(node, error = %e, "reading the live changes asked");
         }
         let Some(run) = run else { continue };
@@ -367,18 +367,25 @@ fn watch_for_asks(etcd: Etcd, cluster: String, node: String, live: Option<Arc<On
     });
 }
 
-/// Applies the live changes asked of this node ([`sluice_cluster::ask_change`]) to its run and
-/// answers each; without a run (`hosts`: whether the node was started with `--run`) each is
-/// refused, saying why.
-fn answer_changes(
+/// Applies the requests asked of this node ([`sluice_cluster::ask_run`]) to its run and
+/// answers each: a `{"view": {}}` with the run's live statistics (what its endpoint's `GET
+/// /api/v1/chain` gives), any other as its endpoint answers the action; without a run
+/// (`hosts`: whether the node was started with `--run`) each is refused, saying why.
+fn answer_run_requests(
     etcd: &Etcd,
     cluster: &str,
     node: &str,
     run: Option<&Live>,
     hosts: bool,
 ) -> Result<(), sluice_cluster::ClusterError> {
-    for asked in sluice_cluster::take_changes(etcd, cluster, node)? {
+    for asked in sluice_cluster::take_run_requests(etcd, cluster, node)? {
         let (status, body) = match run {
+            Some(live) if asked.action.get("view").is_some() => match serde_json::to_value(live.snapshot()) {
+                Ok(view) => (axum::http::StatusCode::OK, view),
+                Err(e) => {
+                    (axum::http::StatusCode::INTERNAL_SERVER_ERROR, serde_json::json!({ "error": e.to_string() }))
+                }
+            },
             Some(live) => crate::control::apply_action(live, &asked.action),
             None => {
                 let why = if hosts {
@@ -389,13 +396,13 @@ fn answer_changes(
                 (axum::http::StatusCode::CONFLICT, serde_json::json!({ "error": why }))
             }
         };
-        if status.is_success() {
+        if !status.is_success() {
+            tracing::warn!(node, action = %asked.action, answer = %body, "request of the run refused");
+        } else if asked.action.get("view").is_none() {
             tracing::info!(node, action = %asked.action, "live change applied");
-        } else {
-            tracing::warn!(node, action = %asked.action, answer = %body, "live change refused");
         }
-        let answer = sluice_cluster::ChangeAnswer { status: status.as_u16(), body };
-        sluice_cluster::answer_change(etcd, cluster, node, &asked.id, &answer)?;
+        let answer = sluice_cluster::RunAnswer { status: status.as_u16(), body };
+        sluice_cluster::answer_run_request(etcd, cluster, node, &asked.id, &answer)?;
     }
     Ok(())
 }

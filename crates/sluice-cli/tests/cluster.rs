@@ -327,9 +327,13 @@ fn node_and_controller_serve_metrics_and_the_controller_an_api_behind_a_token() 
         assert_eq!(status, 401, "{body}");
         assert!(body.contains("missing token"), "{body}");
         assert_eq!(get(port, "/metrics", Some("wrong")).0, 401);
-        let (status, body) = get(port, "/api/v1/chain", Some("m3trics"));
-        assert_eq!(status, 404, "{body}");
     }
+    let (code, body) = get(node_port, "/api/v1/chain", Some("m3trics"));
+    assert_eq!(code, 404, "a node's own endpoint has no chain: {body}");
+    // The controller asks the root's node for its run's view; this one runs none.
+    let (code, body) = get(ctl_port, "/api/v1/chain", Some("m3trics"));
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("node `a` hosts no run"), "{body}");
     assert_eq!(get(node_port, "/api/v1/cluster", Some("m3trics")).0, 404, "a node has no cluster API");
 
     // The controller's API: the status as `sluice cluster status` has it, through `sluice ctl`.

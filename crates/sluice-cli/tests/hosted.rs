@@ -339,8 +339,9 @@ edges:
 ";
 
 /// Live changes through the controller's API while a hosted run (`sluice node --scalable`)
-/// carries paced traffic: the NAT, whole on the root's node, scales out, has flows moved,
-/// scales back in (through `sluice ctl`) and is cloned (through `sluice cluster`); changes of vertices on, or fed from,
+/// carries paced traffic: the NAT, whole on the root's node, scales out (and `sluice ctl list`
+/// through the controller shows it), has flows moved, scales back in (through `sluice ctl`)
+/// and is cloned (through `sluice cluster`); changes of vertices on, or fed from,
 /// the other node are refused with the reason, bad requests with a 4xx, changing nothing. The
 /// output has the one-process output's packets and the record verifies.
 #[test]
@@ -403,7 +404,27 @@ fn the_controller_scales_moves_and_clones_a_vertex_whole_on_the_root_node_while_
     };
     let pause = || std::thread::sleep(Duration::from_millis(300));
     applied(r#"{"scale": {"vertex": "nat", "to": 2}}"#);
-    pause();
+    // The controller shows the run's live view, as the root's node has it: the NAT's second
+    // instance serving there, the detector on the other node.
+    let deadline = Instant::now() + limit;
+    loop {
+        let list = sluice(&["ctl", "--control", &api, "--token", common::CONTROL_TOKEN, "list", "--json"]);
+        assert!(list.status.success(), "{}", text(&list));
+        let view: serde_json::Value = serde_json::from_slice(&list.stdout).expect("the view as JSON");
+        assert_eq!(view["node"], "a", "{view}");
+        let vertex = |n: &str| view["vertices"].as_array().into_iter().flatten().find(|v| v["name"] == n).cloned();
+        let nat = vertex("nat").expect("the NAT listed");
+        let serving = nat["instances"].as_array().into_iter().flatten().filter(|i| i["retired"] == false).count();
+        if serving == 2 {
+            let portscan = vertex("portscan").expect("the detector listed");
+            assert_eq!(portscan["instances"][0]["elsewhere"], true, "{portscan}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the NAT never showed two instances: {nat}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let listed = sluice(&["ctl", "--control", &api, "--token", common::CONTROL_TOKEN, "list"]);
+    assert!(text(&listed).contains("on another node"), "{}", text(&listed));
     applied(r#"{"move": {"vertex": "nat", "from": 0, "to": 1, "flows": 200}}"#);
     for (body, code, says) in [
         (r#"{"scale": {"vertex": "portscan", "by": 1}}"#, 409, "`portscan` has instances on node `b`"),

@@ -13,23 +13,22 @@
 //! | `/sluice/C/drain/<node>` | present while the node is drained | none |
 //! | `/sluice/C/crash/<node>` | a crash drill of the whole node, asked | the node's |
 //! | `/sluice/C/crash-unit/<node>/<unit>` | a crash drill of one unit, asked | the node's |
-//! | `/sluice/C/change/<node>/<id>` | a live change of the node's run, asked ([`changes`]) | the node's |
-//! | `/sluice/C/change-answer/<node>/<id>` | the node's answer to it | the node's |
+//! | `/sluice/C/ask/<node>/<id>` | a request of the node's run (a live change, its live view) ([`run_requests`]) | the node's |
+//! | `/sluice/C/answer/<node>/<id>` | the node's answer to it | the node's |
 //!
 //! Where the controller puts roots and instances is [`placement`], a pure function.
 //!
 //! Everything here blocks (threads, no async runtime): the callers are a node's control thread
 //! and the controller's loop, neither on the packet path.
 
-pub mod changes;
 pub mod controller;
 pub mod election;
 pub mod etcd;
 pub mod local;
 pub mod membership;
 pub mod placement;
+pub mod run_requests;
 
-pub use changes::{answer_change, ask_change, node_is_live, take_changes, wait_for_answer, AskedChange, ChangeAnswer};
 pub use controller::{
     assignment, assignment_at, drain, drained, stored_placement, undrain, watch_assignment, AssignmentWatch,
     Controller, ControllerStats,
@@ -42,6 +41,9 @@ pub use membership::{
     NodeWatch,
 };
 pub use placement::{place, Demand, Placement, PlacementError, Unit};
+pub use run_requests::{
+    answer_run_request, ask_run, node_is_live, take_run_requests, wait_for_answer, RunAnswer, RunRequest,
+};
 
 /// What went wrong with the cluster's state.
 #[derive(Debug, thiserror::Error)]

@@ -2,9 +2,9 @@
 //! `scripts/test-all.sh`), started here on loopback ports of its own and stopped by its process.
 
 use sluice_cluster::{
-    answer_change, ask_change, ask_crash, ask_unit_crash, assignment, campaign, crash_asked, leader, nodes,
-    stored_placement, take_changes, take_unit_crashes, wait_for_answer, watch_nodes, ChangeAnswer, Controller, Demand,
-    Etcd, EtcdError, LocalEtcd, Membership, NodeChange, NodeInfo, Unit,
+    answer_run_request, ask_crash, ask_run, ask_unit_crash, assignment, campaign, crash_asked, leader, nodes,
+    stored_placement, take_run_requests, take_unit_crashes, wait_for_answer, watch_nodes, Controller, Demand, Etcd,
+    EtcdError, LocalEtcd, Membership, NodeChange, NodeInfo, RunAnswer, Unit,
 };
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
@@ -116,23 +116,23 @@ fn a_live_change_is_asked_of_a_live_node_taken_once_in_order_and_answered() {
     let server = start_etcd();
     let etcd = client_of(&server);
     let scale = serde_json::json!({ "scale": { "vertex": "nat", "to": 2 } });
-    assert_eq!(ask_change(&etcd, "c1", "a", &scale).expect("ask"), None, "no live node `a` yet");
+    assert_eq!(ask_run(&etcd, "c1", "a", &scale).expect("ask"), None, "no live node `a` yet");
     let a = Membership::join(&etcd, "c1", &node("a"), Duration::from_secs(5)).expect("join a");
     let ab = Membership::join(&etcd, "c1", &node("ab"), Duration::from_secs(5)).expect("join ab");
     let moved = serde_json::json!({ "move": { "vertex": "nat", "from": 0, "to": 1 } });
-    let first = ask_change(&etcd, "c1", "a", &scale).expect("ask").expect("a is live");
-    let second = ask_change(&etcd, "c1", "a", &moved).expect("ask").expect("a is live");
+    let first = ask_run(&etcd, "c1", "a", &scale).expect("ask").expect("a is live");
+    let second = ask_run(&etcd, "c1", "a", &moved).expect("ask").expect("a is live");
     assert_ne!(first, second);
     // Nothing for another node with the same prefix, nor in another cluster.
-    assert!(take_changes(&etcd, "c1", "ab").expect("take").is_empty());
-    assert!(take_changes(&etcd, "c2", "a").expect("take").is_empty());
-    let taken = take_changes(&etcd, "c1", "a").expect("take");
+    assert!(take_run_requests(&etcd, "c1", "ab").expect("take").is_empty());
+    assert!(take_run_requests(&etcd, "c2", "a").expect("take").is_empty());
+    let taken = take_run_requests(&etcd, "c1", "a").expect("take");
     let got: Vec<(&str, &serde_json::Value)> = taken.iter().map(|c| (c.id.as_str(), &c.action)).collect();
     assert_eq!(got, [(first.as_str(), &scale), (second.as_str(), &moved)], "in the order asked");
-    assert!(take_changes(&etcd, "c1", "a").expect("take").is_empty(), "each is taken once");
+    assert!(take_run_requests(&etcd, "c1", "a").expect("take").is_empty(), "each is taken once");
     // The answer reaches the asker once; none comes for the other request.
-    let answer = ChangeAnswer { status: 409, body: serde_json::json!({ "error": "why" }) };
-    answer_change(&etcd, "c1", "a", &first, &answer).expect("answer");
+    let answer = RunAnswer { status: 409, body: serde_json::json!({ "error": "why" }) };
+    answer_run_request(&etcd, "c1", "a", &first, &answer).expect("answer");
     let short = Duration::from_millis(200);
     assert_eq!(wait_for_answer(&etcd, "c1", "a", &first, short).expect("wait"), Some(answer));
     assert_eq!(wait_for_answer(&etcd, "c1", "a", &first, short).expect("wait"), None, "read once");
@@ -144,16 +144,16 @@ fn a_live_change_is_asked_of_a_live_node_taken_once_in_order_and_answered() {
         let (kvs, _) = etcd.get_prefix("/sluice/c1/nodes/a").expect("get");
         kvs.iter().find(|kv| kv.key == "/sluice/c1/nodes/a").map(|kv| kv.lease).expect("a's lease")
     };
-    etcd.put("/sluice/c1/change/a/bad", b"{not json", lease).expect("put");
-    assert!(take_changes(&etcd, "c1", "a").expect("take").is_empty());
+    etcd.put("/sluice/c1/ask/a/bad", b"{not json", lease).expect("put");
+    assert!(take_run_requests(&etcd, "c1", "a").expect("take").is_empty());
     let bad = wait_for_answer(&etcd, "c1", "a", "bad", short).expect("wait").expect("answered");
     assert_eq!(bad.status, 400, "{bad:?}");
     // Requests go with the node's lease.
-    ask_change(&etcd, "c1", "a", &scale).expect("ask").expect("a is live");
+    ask_run(&etcd, "c1", "a", &scale).expect("ask").expect("a is live");
     a.leave().expect("leave");
     let again = Membership::join(&etcd, "c1", &node("a"), Duration::from_secs(5)).expect("join a again");
-    assert!(take_changes(&etcd, "c1", "a").expect("take").is_empty(), "nothing stale for a new `a`");
-    assert!(ask_change(&etcd, "c1", "a b", &scale).is_err(), "a bad node id is refused");
+    assert!(take_run_requests(&etcd, "c1", "a").expect("take").is_empty(), "nothing stale for a new `a`");
+    assert!(ask_run(&etcd, "c1", "a b", &scale).is_err(), "a bad node id is refused");
     again.leave().expect("leave");
     ab.leave().expect("leave");
 }

@@ -1,14 +1,15 @@
-//! Live changes of a hosted run (scale a vertex, move flows, clone an instance) asked through
-//! etcd of the node that runs the chain's root, and that node's answer.
+//! Requests of a hosted run asked through etcd of the node that runs it — live changes (scale
+//! a vertex, move flows, clone an instance) and its live view — and that node's answers.
 //!
-//! A controller does not reach into a node's run: it puts the change, as the JSON action a
-//! run's control endpoint takes, under the root's node's lease, and waits for the node's
-//! answer. The node's drill thread takes each request once, applies it to its run (which
-//! refuses what it cannot do, saying why) and answers with the status and body its own
-//! endpoint would have given. Why the root's node: it applies every change a spread run can
-//! take (vertices whole on that node) and refuses the others with the node in the way.
-//! Requests and answers live under the node's lease, so both go with the node: a node started
-//! again under the same id finds nothing stale.
+//! A controller does not reach into a node's run: it puts the request, as the JSON action a
+//! run's control endpoint takes (`{"scale": {...}}`, or `{"view": {}}` for the run's live
+//! statistics), under the node's lease, and waits for the answer. The node's drill thread
+//! takes each request once, applies it to its run (which refuses what it cannot do, saying
+//! why) and answers with the status and body its own endpoint would have given. Changes go to
+//! the root's node: it applies every change a spread run can take (vertices whole on that
+//! node) and refuses the others with the node in the way. Requests and answers live under the
+//! node's lease, so both go with the node: a node started again under the same id finds
+//! nothing stale.
 
 use crate::etcd::Etcd;
 use crate::membership::lease_of;
@@ -20,26 +21,26 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const ANSWER_POLL: Duration = Duration::from_millis(50);
 
 fn asked_prefix(cluster: &str, node: &str) -> String {
-    format!("/sluice/{cluster}/change/{node}/")
+    format!("/sluice/{cluster}/ask/{node}/")
 }
 
 fn answer_key(cluster: &str, node: &str, id: &str) -> String {
-    format!("/sluice/{cluster}/change-answer/{node}/{id}")
+    format!("/sluice/{cluster}/answer/{node}/{id}")
 }
 
-/// A change asked of a node's run.
+/// A request asked of a node's run.
 #[derive(Debug, Clone, PartialEq)]
-pub struct AskedChange {
+pub struct RunRequest {
     /// The request's id (what the answer is filed under).
     pub id: String,
-    /// The action, as a run's control endpoint takes it (`{"scale": {...}}`).
+    /// The action, as a run's control endpoint takes it (`{"scale": {...}}`, `{"view": {}}`).
     pub action: serde_json::Value,
 }
 
-/// A node's answer to a change: the HTTP status and JSON body its run's control endpoint gives
-/// the same action.
+/// A node's answer to a request: the HTTP status and JSON body its run's control endpoint
+/// gives the same action.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct ChangeAnswer {
+pub struct RunAnswer {
     /// The status (200 applied, 4xx refused).
     pub status: u16,
     /// The body (`{"applied": ...}` or `{"error": "..."}`).
@@ -55,7 +56,7 @@ fn request_id() -> String {
 
 /// Asks live node `node` to apply `action` to its run. The request's id, or `None` if no such
 /// node is live.
-pub fn ask_change(
+pub fn ask_run(
     etcd: &Etcd,
     cluster: &str,
     node: &str,
@@ -69,13 +70,13 @@ pub fn ask_change(
     let value =
         serde_json::to_vec(action).map_err(|e| ClusterError::BadRecord { key: key.clone(), detail: e.to_string() })?;
     etcd.put(&key, &value, lease)?;
-    tracing::info!(node, cluster, %action, "live change asked");
+    tracing::info!(node, cluster, %action, "request of a run asked");
     Ok(Some(id))
 }
 
-/// The changes asked of `node` ([`ask_change`]), each taken once (its request is deleted), in
+/// The requests asked of `node` ([`ask_run`]), each taken once (its request is deleted), in
 /// the order asked. A request that does not parse is answered 400 and left out.
-pub fn take_changes(etcd: &Etcd, cluster: &str, node: &str) -> Result<Vec<AskedChange>, ClusterError> {
+pub fn take_run_requests(etcd: &Etcd, cluster: &str, node: &str) -> Result<Vec<RunRequest>, ClusterError> {
     check_name("cluster name", cluster)?;
     check_name("node id", node)?;
     let prefix = asked_prefix(cluster, node);
@@ -87,10 +88,10 @@ pub fn take_changes(etcd: &Etcd, cluster: &str, node: &str) -> Result<Vec<AskedC
         etcd.delete(&kv.key)?;
         let id = kv.key[prefix.len()..].to_string();
         match serde_json::from_slice(&kv.value) {
-            Ok(action) => asked.push(AskedChange { id, action }),
+            Ok(action) => asked.push(RunRequest { id, action }),
             Err(e) => {
                 let body = serde_json::json!({ "error": format!("the request is not JSON: {e}") });
-                answer_change(etcd, cluster, node, &id, &ChangeAnswer { status: 400, body })?;
+                answer_run_request(etcd, cluster, node, &id, &RunAnswer { status: 400, body })?;
             }
         }
     }
@@ -99,12 +100,12 @@ pub fn take_changes(etcd: &Etcd, cluster: &str, node: &str) -> Result<Vec<AskedC
 
 /// Files `node`'s answer to request `id`, under the node's lease (nothing, if the node is no
 /// longer registered: the asker times out).
-pub fn answer_change(
+pub fn answer_run_request(
     etcd: &Etcd,
     cluster: &str,
     node: &str,
     id: &str,
-    answer: &ChangeAnswer,
+    answer: &RunAnswer,
 ) -> Result<(), ClusterError> {
     let Some(lease) = lease_of(etcd, cluster, node)? else { return Ok(()) };
     let key = answer_key(cluster, node, id);
@@ -122,7 +123,7 @@ pub fn wait_for_answer(
     node: &str,
     id: &str,
     patience: Duration,
-) -> Result<Option<ChangeAnswer>, ClusterError> {
+) -> Result<Option<RunAnswer>, ClusterError> {
     let key = answer_key(cluster, node, id);
     let deadline = Instant::now() + patience;
     loop {
