@@ -463,28 +463,8 @@ enum ClusterCommand {
     /// there and resumes the clock, reading the log back with `--log store` (the run needs
     /// --fault-tolerance).
     CrashRoot,
-    /// Scale a vertex of the hosted run: `VERTEX=N`, `VERTEX+N` or `VERTEX-N`. Asked of the
-    /// root's node, whose run applies it to a vertex whose instances and feeders all run there
-    /// (nodes started with --scalable) or says why not; waits up to 10 s for its answer.
-    Scale {
-        /// `VERTEX=N`, `VERTEX+N` or `VERTEX-N`.
-        spec: String,
-    },
-    /// Move flows between two instances of a vertex of the hosted run: `VERTEX:FROM>TO`, at
-    /// most `--flows` (default all of FROM's); asked of the root's node as `scale` is.
-    Move {
-        /// `VERTEX:FROM>TO` (instance indices).
-        spec: String,
-        /// Move at most this many flows.
-        #[arg(long)]
-        flows: Option<u64>,
-    },
-    /// Clone an instance of the hosted run (`VERTEX:INSTANCE`): the clone takes its flows on
-    /// trial and the faster keeps them; asked of the root's node as `scale` is.
-    Clone {
-        /// `VERTEX:INSTANCE`.
-        spec: String,
-    },
+    #[command(flatten)]
+    Change(control::RunChange),
 }
 
 /// Acting on one node: from `sluice cluster` (through etcd) or `sluice ctl` (through a
@@ -637,9 +617,7 @@ pub fn cmd_cluster(a: ClusterCmdArgs) -> Result<(), Failure> {
             };
             eprintln!("node `{node}` asked to crash the root: its run does within 200 ms");
         }
-        ClusterCommand::Scale { spec } => live_change(&etcd, cluster, control::scale_request(&spec))?,
-        ClusterCommand::Move { spec, flows } => live_change(&etcd, cluster, control::move_request(&spec, flows))?,
-        ClusterCommand::Clone { spec } => live_change(&etcd, cluster, control::instance_request("clone", &spec))?,
+        ClusterCommand::Change(c) => live_change(&etcd, cluster, c.action())?,
         ClusterCommand::Status { json } => {
             let status = cluster_status(&etcd, cluster).map_err(io)?;
             if json {

@@ -463,12 +463,6 @@ enum CtlCommand {
         /// `VERTEX:INSTANCE`.
         spec: String,
     },
-    /// Clone a straggler: a new instance takes its flows on trial and the faster of the two
-    /// keeps them (the run needs a store). Against a controller: as `scale`.
-    Clone {
-        /// `VERTEX:INSTANCE`.
-        spec: String,
-    },
     /// Crash the root: a new one takes over and resumes the clock; with `--log store` it reads
     /// the log back, else the log is lost (the run needs --fault-tolerance; a chain spread over
     /// nodes: ask the root's node). Against a controller: the node hosting the root crashes it
@@ -478,23 +472,8 @@ enum CtlCommand {
     /// the instances' write-ahead logs while the chain holds still (the run needs
     /// --fault-tolerance, a store and checkpoints).
     CrashStore,
-    /// Scale a vertex: `VERTEX=N` instances, or `VERTEX+N` / `VERTEX-N` (the run needs a
-    /// store; new flows spread over the instances, a removed instance's flows move). Against a
-    /// controller: the root's node's run applies it, to a vertex whose instances and feeders
-    /// all run on that node (nodes started with `--scalable`), and answers what it did.
-    Scale {
-        /// `VERTEX=N`, `VERTEX+N` or `VERTEX-N`.
-        spec: String,
-    },
-    /// Move flows between two instances of a vertex: `VERTEX:FROM>TO`, at most `--flows`
-    /// (default all of FROM's); loss-free and in order. Against a controller: as `scale`.
-    Move {
-        /// `VERTEX:FROM>TO` (instance indices, as `list` shows them).
-        spec: String,
-        /// Move at most this many flows.
-        #[arg(long)]
-        flows: Option<u64>,
-    },
+    #[command(flatten)]
+    Change(RunChange),
     /// (A controller's endpoint) the leading controller, the nodes and the units each holds.
     Nodes {
         /// Print the JSON as the endpoint returns it.
@@ -522,8 +501,51 @@ fn slow_request(spec: &str) -> Result<serde_json::Value, String> {
     Ok(serde_json::json!({ "slow": { "vertex": vertex, "instance": instance, "delay_us": [min, max] } }))
 }
 
+/// A live change of a run: from `sluice ctl` (a run's endpoint, or a controller's) or `sluice
+/// cluster` (through etcd); the last two ask the root's node of a hosted run.
+#[derive(clap::Subcommand)]
+pub(crate) enum RunChange {
+    /// Clone a straggler: a new instance takes its flows on trial and the faster of the two
+    /// keeps them (the run needs a store). Through a controller or `sluice cluster`: as
+    /// `scale`.
+    Clone {
+        /// `VERTEX:INSTANCE`.
+        spec: String,
+    },
+    /// Scale a vertex: `VERTEX=N` instances, or `VERTEX+N` / `VERTEX-N` (the run needs a
+    /// store; new flows spread over the instances, a removed instance's flows move). Through a
+    /// controller or `sluice cluster`: the root's node's run applies it, to a vertex whose
+    /// instances and feeders all run on that node (nodes started with `--scalable`), and
+    /// answers what it did (waited for up to 10 s).
+    Scale {
+        /// `VERTEX=N`, `VERTEX+N` or `VERTEX-N`.
+        spec: String,
+    },
+    /// Move flows between two instances of a vertex: `VERTEX:FROM>TO`, at most `--flows`
+    /// (default all of FROM's); loss-free and in order. Through a controller or `sluice
+    /// cluster`: as `scale`.
+    Move {
+        /// `VERTEX:FROM>TO` (instance indices, as `list` shows them).
+        spec: String,
+        /// Move at most this many flows.
+        #[arg(long)]
+        flows: Option<u64>,
+    },
+}
+
+impl RunChange {
+    /// The action as a run's (or a controller's) endpoint takes it, or why the spec is bad.
+    pub(crate) fn action(&self) -> Result<serde_json::Value, String> {
+        match self {
+            RunChange::Clone { spec } => instance_request("clone", spec),
+            RunChange::Scale { spec } => scale_request(spec),
+            RunChange::Move { spec, flows } => move_request(spec, *flows),
+        }
+    }
+}
+
 /// Parses `V:I` into the JSON of action `kind` (`crash`, `clone`) on that instance.
-pub(crate) fn instance_request(kind: &str, spec: &str) -> Result<serde_json::Value, String> {
+fn instance_request(kind: &str, spec: &str) -> Result<serde_json::Value, String> {
     let bad = || format!("`{spec}` is not VERTEX:INSTANCE");
     let (vertex, instance) = spec.split_once(':').ok_or_else(bad)?;
     let instance: u16 = instance.parse().map_err(|_| bad())?;
@@ -531,7 +553,7 @@ pub(crate) fn instance_request(kind: &str, spec: &str) -> Result<serde_json::Val
 }
 
 /// Parses `V=N`, `V+N` or `V-N` into a scale action's JSON.
-pub(crate) fn scale_request(spec: &str) -> Result<serde_json::Value, String> {
+fn scale_request(spec: &str) -> Result<serde_json::Value, String> {
     let bad = || format!("`{spec}` is not VERTEX=N, VERTEX+N or VERTEX-N");
     let at = spec.find(['=', '+', '-']).ok_or_else(bad)?;
     let (vertex, rest) = spec.split_at(at);
@@ -547,7 +569,7 @@ pub(crate) fn scale_request(spec: &str) -> Result<serde_json::Value, String> {
 }
 
 /// Parses `V:FROM>TO` into a move action's JSON.
-pub(crate) fn move_request(spec: &str, flows: Option<u64>) -> Result<serde_json::Value, String> {
+fn move_request(spec: &str, flows: Option<u64>) -> Result<serde_json::Value, String> {
     let bad = || format!("`{spec}` is not VERTEX:FROM>TO");
     let (vertex, pair) = spec.split_once(':').ok_or_else(bad)?;
     let (from, to) = pair.split_once('>').ok_or_else(bad)?;
@@ -570,11 +592,9 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
         CtlCommand::Metrics => "/metrics",
         CtlCommand::Slow { .. }
         | CtlCommand::Crash { .. }
-        | CtlCommand::Clone { .. }
         | CtlCommand::CrashRoot
         | CtlCommand::CrashStore
-        | CtlCommand::Scale { .. }
-        | CtlCommand::Move { .. }
+        | CtlCommand::Change(_)
         | CtlCommand::Node(_) => "/api/v1/actions",
     };
     let url = format!("http://{}{path}", a.control);
@@ -585,13 +605,7 @@ pub fn cmd_ctl(a: CtlArgs) -> Result<(), Failure> {
         CtlCommand::Crash { spec } => {
             Some(instance_request("crash", spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?)
         }
-        CtlCommand::Clone { spec } => {
-            Some(instance_request("clone", spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?)
-        }
-        CtlCommand::Scale { spec } => Some(scale_request(spec).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?),
-        CtlCommand::Move { spec, flows } => {
-            Some(move_request(spec, *flows).map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?)
-        }
+        CtlCommand::Change(c) => Some(c.action().map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?),
         CtlCommand::CrashRoot => Some(serde_json::json!({ "crash_root": {} })),
         CtlCommand::CrashStore => Some(serde_json::json!({ "crash_store": {} })),
         CtlCommand::Node(d) => Some(d.action()),
