@@ -512,15 +512,21 @@ fn take_over_or_load(store: &EmbeddedStore, r: &mut StoreClient, (first, v): (In
 /// An async client flushes what changed, not what was only tested: deleting or popping an
 /// absent value and a compare-and-set that fails leave nothing to write, while real changes
 /// (a delete of a present value included) still reach the store.
-#[test]
-fn updates_that_change_nothing_are_not_flushed() {
+/// A fresh store, a client of vertex `v` (async, `cfg`'s other settings) with one per-flow
+/// object, and a base for keys and clocks no other test uses.
+fn per_flow_client(v: u16, cfg: ClientConfig) -> (EmbeddedStore, StoreClient, u64) {
     let store = EmbeddedStore::start(1).expect("start store");
-    let v = 1203;
     let decls = [StateDecl::new("flows", Scope::per_flow(), AccessPattern::ReadWriteOften)];
     let id = InstanceId::new(v, 0);
-    let cfg = ClientConfig { mode: Mode::Async, flush_every: 1, ..ClientConfig::default() };
-    let mut c = StoreClient::new(store.connect(id).expect("connect"), id, v, &decls, &[], cfg);
-    let base = fresh_base();
+    let cfg = ClientConfig { mode: Mode::Async, ..cfg };
+    let c = StoreClient::new(store.connect(id).expect("connect"), id, v, &decls, &[], cfg);
+    (store, c, fresh_base())
+}
+
+#[test]
+fn updates_that_change_nothing_are_not_flushed() {
+    let v = 1203;
+    let (store, mut c, base) = per_flow_client(v, ClientConfig { flush_every: 1, ..ClientConfig::default() });
     let key = |i: u64| StateKey::Id(base + i);
     let obj = ObjectId(0);
     c.begin_batch();
@@ -559,13 +565,8 @@ fn updates_that_change_nothing_are_not_flushed() {
 /// filled the cache and slowed every lookup), and what it has written is still there.
 #[test]
 fn a_fresh_client_keeps_no_entries_for_values_it_only_finds_absent() {
-    let store = EmbeddedStore::start(1).expect("start store");
     let v = 1204;
-    let decls = [StateDecl::new("flows", Scope::per_flow(), AccessPattern::ReadWriteOften)];
-    let id = InstanceId::new(v, 0);
-    let cfg = ClientConfig { mode: Mode::Async, ..ClientConfig::default() };
-    let mut c = StoreClient::new(store.connect(id).expect("connect"), id, v, &decls, &[], cfg);
-    let base = fresh_base();
+    let (_store, mut c, base) = per_flow_client(v, ClientConfig::default());
     let key = |i: u64| StateKey::Id(base + i);
     let obj = ObjectId(0);
     c.begin_batch();
