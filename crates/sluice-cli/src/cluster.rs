@@ -127,7 +127,7 @@ fn controller_api(etcd: Etcd, cluster: String) -> Router {
             "/api/v1/chain",
             get(move || {
                 let (etcd, cluster) = (e3.clone(), c3.clone());
-                async move { root_node_answer(etcd, cluster, serde_json::json!({ "view": {} })).await }
+                async move { node_answer(etcd, cluster, Unit::Root(0), serde_json::json!({ "view": {} })).await }
             }),
         )
         .route(
@@ -159,19 +159,20 @@ async fn cluster_action(etcd: Etcd, cluster: String, body: &str) -> Response {
             else {
                 return control::error(StatusCode::BAD_REQUEST, usage);
             };
-            return unit_crash(etcd, cluster, Unit::Instance { vertex: vertex.to_string(), index }).await;
+            let unit = Unit::Instance { vertex: vertex.to_string(), index };
+            return node_answer(etcd, cluster, unit, v.clone()).await;
         }
         "crash_root" => {
             let Some(root) = control::root_to_crash(args) else {
                 return control::error(StatusCode::BAD_REQUEST, control::CRASH_ROOT_USAGE);
             };
-            return unit_crash(etcd, cluster, Unit::Root(root.into())).await;
+            return node_answer(etcd, cluster, Unit::Root(root.into()), v.clone()).await;
         }
         "scale" | "move" | "clone" => {
             if control::change_of(name, args).is_none() {
                 return control::error(StatusCode::BAD_REQUEST, control::CHANGE_USAGE);
             }
-            return root_node_answer(etcd, cluster, v.clone()).await;
+            return node_answer(etcd, cluster, Unit::Root(0), v.clone()).await;
         }
         n => {
             return control::error(
@@ -213,41 +214,42 @@ const ANSWER_PATIENCE: Duration = Duration::from_secs(10);
 /// Why no node answered a live change, as the API's status and the reason.
 type NoAnswer = (StatusCode, String);
 
-/// A request of the hosted run (a live change, the live view), asked of the node the placement
-/// gives the root ([`sluice_cluster::ask_run`]): that node's answer, `Err` with the reason
-/// when none came (no root placed, its node gone or silent). Blocks for up to
-/// [`ANSWER_PATIENCE`]: the controller's API and `sluice cluster` both call it.
-fn ask_root_node(
+/// A request of the hosted run (a crash drill of `unit`; with root 0, a live change or the
+/// live view), asked of the node the placement gives `unit` ([`sluice_cluster::ask_unit`]):
+/// that node's answer, `Err` with the reason when none came (the unit placed on no live node,
+/// the node gone or silent). Blocks for up to [`ANSWER_PATIENCE`]: the controller's API and
+/// `sluice cluster` both call it.
+fn ask_node_of(
     etcd: &Etcd,
     cluster: &str,
+    unit: &Unit,
     action: &serde_json::Value,
 ) -> Result<Result<(String, sluice_cluster::RunAnswer), NoAnswer>, ClusterError> {
-    let placement = sluice_cluster::stored_placement(etcd, cluster)?;
-    let Some(node) = placement.get(&Unit::Root(0)).cloned() else {
-        return Ok(Err((StatusCode::NOT_FOUND, "no node hosts the root: the chain is not placed yet".into())));
-    };
-    let Some(id) = sluice_cluster::ask_run(etcd, cluster, &node, action)? else {
-        return Ok(Err((StatusCode::NOT_FOUND, format!("the root's node `{node}` is not live"))));
+    let Some((node, id)) = sluice_cluster::ask_unit(etcd, cluster, unit, action)? else {
+        let what = match unit {
+            Unit::Root(n) => format!("root {n}"),
+            Unit::Instance { vertex, index } => format!("{vertex}:{index}"),
+        };
+        return Ok(Err((StatusCode::NOT_FOUND, format!("no live node hosts {what}"))));
     };
     match sluice_cluster::wait_for_answer(etcd, cluster, &node, &id, ANSWER_PATIENCE)? {
         Some(answer) => Ok(Ok((node, answer))),
-        None if !sluice_cluster::node_is_live(etcd, cluster, &node)? => Ok(Err((
-            StatusCode::NOT_FOUND,
-            format!("the root's node `{node}` left (its run ended) before it answered"),
-        ))),
+        None if !sluice_cluster::node_is_live(etcd, cluster, &node)? => {
+            Ok(Err((StatusCode::NOT_FOUND, format!("node `{node}` left (its run ended) before it answered"))))
+        }
         None => Ok(Err((
             StatusCode::GATEWAY_TIMEOUT,
-            format!("the root's node `{node}` did not answer within {} s", ANSWER_PATIENCE.as_secs()),
+            format!("node `{node}` did not answer within {} s", ANSWER_PATIENCE.as_secs()),
         ))),
     }
 }
 
-/// The controller's API for a request of the hosted run (a live change, the live view): what
-/// the root's node's run answered ([`ask_root_node`]) — applied, or refused with the reason (a
-/// vertex not whole on the root's node, a run started without `--scalable`) — with the node
-/// named.
-async fn root_node_answer(etcd: Etcd, cluster: String, action: serde_json::Value) -> Response {
-    let done = tokio::task::spawn_blocking(move || ask_root_node(&etcd, &cluster, &action)).await;
+/// The controller's API for a request of the hosted run: what the run of the node the
+/// placement gives `unit` answered ([`ask_node_of`]) — applied, or refused with the reason (a
+/// vertex not whole on the root's node, a run started without `--scalable` or without fault
+/// tolerance) — with the node named.
+async fn node_answer(etcd: Etcd, cluster: String, unit: Unit, action: serde_json::Value) -> Response {
+    let done = tokio::task::spawn_blocking(move || ask_node_of(&etcd, &cluster, &unit, &action)).await;
     match done {
         Ok(Ok(Ok((node, answer)))) => {
             let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -258,31 +260,6 @@ async fn root_node_answer(etcd: Etcd, cluster: String, action: serde_json::Value
             (status, Json(body)).into_response()
         }
         Ok(Ok(Err((status, why)))) => control::error(status, &why),
-        Ok(Err(e @ ClusterError::BadName { .. })) => control::error(StatusCode::BAD_REQUEST, &e.to_string()),
-        Ok(Err(e)) => control::error(StatusCode::BAD_GATEWAY, &format!("etcd: {e}")),
-        Err(e) => control::error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    }
-}
-
-/// A crash drill of one unit, asked of the node the placement gives it
-/// ([`sluice_cluster::ask_unit_crash`]): that node's run carries it out; the chain replaces an
-/// instance on the root's node, and a new root takes over from a crashed one on its node.
-async fn unit_crash(etcd: Etcd, cluster: String, unit: Unit) -> Response {
-    let u = unit.clone();
-    let done = tokio::task::spawn_blocking(move || sluice_cluster::ask_unit_crash(&etcd, &cluster, &u)).await;
-    // The action as it was asked, and the unit as errors name it.
-    let (action, mut args, what) = match &unit {
-        Unit::Instance { vertex, index } => {
-            ("crash", serde_json::json!({ "vertex": vertex, "instance": index }), format!("{vertex}:{index}"))
-        }
-        Unit::Root(n) => ("crash_root", serde_json::json!({ "root": n }), format!("root {n}")),
-    };
-    match done {
-        Ok(Ok(Some(node))) => {
-            args["node"] = node.into();
-            Json(serde_json::json!({ "applied": { action: args } })).into_response()
-        }
-        Ok(Ok(None)) => control::error(StatusCode::NOT_FOUND, &format!("no live node hosts {what}")),
         Ok(Err(e @ ClusterError::BadName { .. })) => control::error(StatusCode::BAD_REQUEST, &e.to_string()),
         Ok(Err(e)) => control::error(StatusCode::BAD_GATEWAY, &format!("etcd: {e}")),
         Err(e) => control::error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
@@ -606,18 +583,19 @@ pub fn cmd_cluster(a: ClusterCmdArgs) -> Result<(), Failure> {
             let (vertex, index) = instance.split_once(':').ok_or_else(bad)?;
             let index: u16 = index.parse().map_err(|_| bad())?;
             let unit = Unit::Instance { vertex: vertex.to_string(), index };
-            let Some(node) = sluice_cluster::ask_unit_crash(&etcd, cluster, &unit).map_err(io)? else {
-                return Err(fail(exit::INVALID)(anyhow::anyhow!("no live node hosts {vertex}:{index}")));
-            };
-            eprintln!("node `{node}` asked to crash {vertex}:{index}: its run does within 200 ms");
+            let action = serde_json::json!({ "crash": { "vertex": vertex, "instance": index } });
+            let node = ask_and_report(&etcd, cluster, &unit, Ok(action))?;
+            eprintln!("node `{node}` asked to crash {vertex}:{index}: its run took it");
         }
         ClusterCommand::CrashRoot => {
-            let Some(node) = sluice_cluster::ask_unit_crash(&etcd, cluster, &Unit::Root(0)).map_err(io)? else {
-                return Err(fail(exit::INVALID)(anyhow::anyhow!("no live node hosts the root")));
-            };
-            eprintln!("node `{node}` asked to crash the root: its run does within 200 ms");
+            let action = serde_json::json!({ "crash_root": {} });
+            let node = ask_and_report(&etcd, cluster, &Unit::Root(0), Ok(action))?;
+            eprintln!("node `{node}` asked to crash the root: its run took it");
         }
-        ClusterCommand::Change(c) => live_change(&etcd, cluster, c.action())?,
+        ClusterCommand::Change(c) => {
+            let node = ask_and_report(&etcd, cluster, &Unit::Root(0), c.action())?;
+            eprintln!("node `{node}` applied it");
+        }
         ClusterCommand::Status { json } => {
             let status = cluster_status(&etcd, cluster).map_err(io)?;
             if json {
@@ -630,26 +608,34 @@ pub fn cmd_cluster(a: ClusterCmdArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `sluice cluster scale|move|clone`: the change asked of the root's node, its answer printed
-/// (JSON on stdout when applied; a refusal is an error with the node's reason).
-fn live_change(etcd: &Etcd, cluster: &str, action: Result<serde_json::Value, String>) -> Result<(), Failure> {
+/// `sluice cluster crash|crash-root|scale|move|clone`: `action` asked of the run of the node
+/// the placement gives `unit` ([`ask_node_of`]), its answer printed (JSON on stdout when
+/// applied; a refusal is an error with the node's reason). The node that applied it.
+fn ask_and_report(
+    etcd: &Etcd,
+    cluster: &str,
+    unit: &Unit,
+    action: Result<serde_json::Value, String>,
+) -> Result<String, Failure> {
     let action = action.map_err(|e| fail(exit::INVALID)(anyhow::anyhow!(e)))?;
-    let asked = ask_root_node(etcd, cluster, &action).map_err(|e| match e {
+    let asked = ask_node_of(etcd, cluster, unit, &action).map_err(|e| match e {
         ClusterError::BadName { .. } => fail(exit::INVALID)(e.into()),
         e => fail(exit::FAILED)(e.into()),
     })?;
     match asked {
         Ok((node, answer)) if (200..300).contains(&answer.status) => {
             println!("{}", answer.body);
-            eprintln!("node `{node}` applied it");
-            Ok(())
+            Ok(node)
         }
         Ok((node, answer)) => {
             let why = answer.body["error"].as_str().map_or_else(|| answer.body.to_string(), str::to_string);
             let code = if answer.status == 400 { exit::INVALID } else { exit::FAILED };
             Err(fail(code)(anyhow::anyhow!("node `{node}` refused it ({}): {why}", answer.status)))
         }
-        Err((_, why)) => Err(fail(exit::FAILED)(anyhow::anyhow!(why))),
+        Err((status, why)) => {
+            let code = if status == StatusCode::NOT_FOUND { exit::INVALID } else { exit::FAILED };
+            Err(fail(code)(anyhow::anyhow!(why)))
+        }
     }
 }
 

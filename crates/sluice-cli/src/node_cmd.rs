@@ -328,14 +328,14 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
     ended.unwrap_or(Ok(()))
 }
 
-/// How often a node looks for a crash drill or a live change asked of it.
+/// How often a node looks for a crash drill or a request of its run asked of it.
 const CRASH_CHECK_EVERY: Duration = Duration::from_millis(200);
 
 /// Looks for what is asked of `node` through etcd, on a thread of its own (an etcd that
 /// answers slowly or not at all delays only this look, not the node's other work): a crash
-/// drill of the whole node, or of one unit (an instance, the root) of the run it hosts
-/// (`live`, once that runs); and live changes (scale, move, clone) of that run, each answered
-/// with what the run's control endpoint would answer.
+/// drill of the whole node; and requests of the run it hosts (`live`, once that runs) — a
+/// crash drill of one of its units, a live change, its view — each answered with what the
+/// run's control endpoint would answer.
 fn watch_for_asks(etcd: Etcd, cluster: String, node: String, live: Option<Arc<OnceLock<Arc<Live>>>>) {
     std::thread::spawn(move || loop {
         std::thread::sleep(CRASH_CHECK_EVERY);
@@ -344,25 +344,7 @@ fn watch_for_asks(etcd: Etcd, cluster: String, node: String, live: Option<Arc<On
         }
         let run = live.as_ref().and_then(|l| l.get());
         if let Err(e) = answer_run_requests(&etcd, &cluster, &node, run.map(|r| &**r), live.is_some()) {
-            tracing::debug!(node, error = %e, "reading the live changes asked");
-        }
-        let Some(run) = run else { continue };
-        let asked = match sluice_cluster::take_unit_crashes(&etcd, &cluster, &node) {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::debug!(node, error = %e, "reading the crash drills of units asked");
-                continue;
-            }
-        };
-        for unit in asked {
-            let done = match &unit {
-                Unit::Instance { vertex, index } => run.request_crash(vertex, *index),
-                Unit::Root(n) => run.request_root_crash(u8::try_from(*n).unwrap_or(u8::MAX)),
-            };
-            match done {
-                Ok(()) => tracing::warn!(node, unit = ?unit, "crash drill: this unit crashes"),
-                Err(e) => tracing::warn!(node, unit = ?unit, error = %e, "crash drill of a unit refused"),
-            }
+            tracing::debug!(node, error = %e, "reading the requests of the run asked");
         }
     });
 }
@@ -399,7 +381,7 @@ fn answer_run_requests(
         if !status.is_success() {
             tracing::warn!(node, action = %asked.action, answer = %body, "request of the run refused");
         } else if asked.action.get("view").is_none() {
-            tracing::info!(node, action = %asked.action, "live change applied");
+            tracing::warn!(node, action = %asked.action, "request of the run applied");
         }
         let answer = sluice_cluster::RunAnswer { status: status.as_u16(), body };
         sluice_cluster::answer_run_request(etcd, cluster, node, &asked.id, &answer)?;

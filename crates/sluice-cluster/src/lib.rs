@@ -12,8 +12,7 @@
 //! | `/sluice/C/assign/<node>` | the units placed on the node, JSON | none |
 //! | `/sluice/C/drain/<node>` | present while the node is drained | none |
 //! | `/sluice/C/crash/<node>` | a crash drill of the whole node, asked | the node's |
-//! | `/sluice/C/crash-unit/<node>/<unit>` | a crash drill of one unit, asked | the node's |
-//! | `/sluice/C/ask/<node>/<id>` | a request of the node's run (a live change, its live view) ([`run_requests`]) | the node's |
+//! | `/sluice/C/ask/<node>/<id>` | a request of the node's run (a crash drill of one unit, a live change, its live view) ([`run_requests`]) | the node's |
 //! | `/sluice/C/answer/<node>/<id>` | the node's answer to it | the node's |
 //!
 //! Where the controller puts roots and instances is [`placement`], a pure function.
@@ -36,13 +35,10 @@ pub use controller::{
 pub use election::{campaign, leader, Leadership};
 pub use etcd::{Etcd, EtcdError, KeyValue, Watch, WatchEvent};
 pub use local::{LocalEtcd, LocalEtcdError};
-pub use membership::{
-    ask_crash, ask_unit_crash, crash_asked, nodes, take_unit_crashes, watch_nodes, Membership, NodeChange, NodeInfo,
-    NodeWatch,
-};
+pub use membership::{ask_crash, crash_asked, nodes, watch_nodes, Membership, NodeChange, NodeInfo, NodeWatch};
 pub use placement::{place, Demand, Placement, PlacementError, Unit};
 pub use run_requests::{
-    answer_run_request, ask_run, node_is_live, take_run_requests, wait_for_answer, RunAnswer, RunRequest,
+    answer_run_request, ask_run, ask_unit, node_is_live, take_run_requests, wait_for_answer, RunAnswer, RunRequest,
 };
 
 /// What went wrong with the cluster's state.

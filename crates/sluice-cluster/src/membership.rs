@@ -159,52 +159,6 @@ pub fn crash_asked(etcd: &Etcd, cluster: &str, node: &str) -> Result<bool, Clust
     Ok(kvs.iter().any(|kv| kv.key == key))
 }
 
-fn unit_crash_prefix(cluster: &str, node: &str) -> String {
-    format!("/sluice/{cluster}/crash-unit/{node}/")
-}
-
-/// Asks the node that hosts `unit` (as the stored placement says) to crash it alone, as a drill
-/// (`sluice cluster crash` and `crash-root`, a controller's `crash` and `crash_root` actions):
-/// that node's run carries the crash out; the chain fails an instance over, and a new root takes
-/// over from a crashed one on its node. The request is attached to the node's lease, as
-/// [`ask_crash`]'s. The node asked, or `None` if no live node hosts the unit.
-pub fn ask_unit_crash(etcd: &Etcd, cluster: &str, unit: &crate::Unit) -> Result<Option<String>, ClusterError> {
-    check_name("cluster name", cluster)?;
-    let name = match unit {
-        crate::Unit::Root(n) => format!("root/{n}"),
-        crate::Unit::Instance { vertex, index } => {
-            check_name("vertex name", vertex)?;
-            format!("nf/{vertex}/{index}")
-        }
-    };
-    let placement = crate::controller::stored_placement(etcd, cluster)?;
-    let Some(node) = placement.get(unit) else { return Ok(None) };
-    let Some(lease) = lease_of(etcd, cluster, node)? else { return Ok(None) };
-    let asked = format!("{}{name}", unit_crash_prefix(cluster, node));
-    let value =
-        serde_json::to_vec(unit).map_err(|e| ClusterError::BadRecord { key: asked.clone(), detail: e.to_string() })?;
-    etcd.put(&asked, &value, lease)?;
-    tracing::warn!(node = %node, cluster, unit = %name, "crash drill asked");
-    Ok(Some(node.clone()))
-}
-
-/// The crashes of units asked of `node` ([`ask_unit_crash`]), each taken once (its request is
-/// deleted). A request that does not parse is deleted and left out.
-pub fn take_unit_crashes(etcd: &Etcd, cluster: &str, node: &str) -> Result<Vec<crate::Unit>, ClusterError> {
-    check_name("cluster name", cluster)?;
-    check_name("node id", node)?;
-    let (kvs, _) = etcd.get_prefix(&unit_crash_prefix(cluster, node))?;
-    let mut asked = Vec::new();
-    for kv in kvs {
-        match serde_json::from_slice(&kv.value) {
-            Ok(unit) => asked.push(unit),
-            Err(e) => tracing::warn!(key = %kv.key, error = %e, "a crash drill request that does not parse, dropped"),
-        }
-        etcd.delete(&kv.key)?;
-    }
-    Ok(asked)
-}
-
 /// Watches `cluster`'s membership from revision `from` (the one [`nodes`] returned, plus one,
 /// to miss nothing in between).
 pub fn watch_nodes(etcd: &Etcd, cluster: &str, from: i64) -> Result<NodeWatch, ClusterError> {

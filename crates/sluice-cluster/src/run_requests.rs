@@ -74,6 +74,24 @@ pub fn ask_run(
     Ok(Some(id))
 }
 
+/// Asks the node the stored placement gives `unit` to apply `action` to its run (a crash drill
+/// of that instance or root, or, asked of root 0's node, a live change or the view). The node
+/// and the request's id, or `None` if the placement gives the unit to no live node.
+pub fn ask_unit(
+    etcd: &Etcd,
+    cluster: &str,
+    unit: &crate::Unit,
+    action: &serde_json::Value,
+) -> Result<Option<(String, String)>, ClusterError> {
+    check_name("cluster name", cluster)?;
+    if let crate::Unit::Instance { vertex, .. } = unit {
+        check_name("vertex name", vertex)?;
+    }
+    let placement = crate::controller::stored_placement(etcd, cluster)?;
+    let Some(node) = placement.get(unit) else { return Ok(None) };
+    Ok(ask_run(etcd, cluster, node, action)?.map(|id| (node.clone(), id)))
+}
+
 /// The requests asked of `node` ([`ask_run`]), each taken once (its request is deleted), in
 /// the order asked. A request that does not parse is answered 400 and left out.
 pub fn take_run_requests(etcd: &Etcd, cluster: &str, node: &str) -> Result<Vec<RunRequest>, ClusterError> {

@@ -2,9 +2,9 @@
 //! `scripts/test-all.sh`), started here on loopback ports of its own and stopped by its process.
 
 use sluice_cluster::{
-    answer_run_request, ask_crash, ask_run, ask_unit_crash, assignment, campaign, crash_asked, leader, nodes,
-    stored_placement, take_run_requests, take_unit_crashes, wait_for_answer, watch_nodes, Controller, Demand, Etcd,
-    EtcdError, LocalEtcd, Membership, NodeChange, NodeInfo, RunAnswer, Unit,
+    answer_run_request, ask_crash, ask_run, ask_unit, assignment, campaign, crash_asked, leader, nodes,
+    stored_placement, take_run_requests, wait_for_answer, watch_nodes, Controller, Demand, Etcd, EtcdError, LocalEtcd,
+    Membership, NodeChange, NodeInfo, RunAnswer, Unit,
 };
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
@@ -301,22 +301,27 @@ fn the_controller_places_units_replaces_a_departed_node_s_and_a_new_leader_moves
         p.len() == 4 && p.values().any(|n| n == "b")
     });
     assert!(assignment(&etcd, "ctl", "a").expect("a's units").contains(&Unit::Root(0)), "only a hosts roots");
-    // A crash drill of one instance, or of the root, is asked of the node the placement gives
-    // it, taken once.
+    // A request of one instance (a crash drill), or of the root, is asked of the node the
+    // placement gives it, taken once.
     let fw = Unit::Instance { vertex: "fw".into(), index: 0 };
     let fw_on = stored_placement(&etcd, "ctl").expect("placement")[&fw].clone();
-    assert_eq!(ask_unit_crash(&etcd, "ctl", &fw).expect("ask"), Some(fw_on.clone()));
+    let crash = serde_json::json!({ "crash": { "vertex": "fw", "instance": 0 } });
+    let (node, id) = ask_unit(&etcd, "ctl", &fw, &crash).expect("ask").expect("placed on a live node");
+    assert_eq!(node, fw_on);
     let other = if fw_on == "a" { "b" } else { "a" };
-    assert!(take_unit_crashes(&etcd, "ctl", other).expect("take").is_empty(), "asked of {fw_on} only");
-    assert_eq!(take_unit_crashes(&etcd, "ctl", &fw_on).expect("take"), vec![fw.clone()]);
-    assert!(take_unit_crashes(&etcd, "ctl", &fw_on).expect("take").is_empty(), "taken once");
-    assert_eq!(ask_unit_crash(&etcd, "ctl", &Unit::Root(0)).expect("ask"), Some("a".to_string()), "the root is on a");
-    assert_eq!(take_unit_crashes(&etcd, "ctl", "a").expect("take"), vec![Unit::Root(0)]);
+    assert!(take_run_requests(&etcd, "ctl", other).expect("take").is_empty(), "asked of {fw_on} only");
+    let taken = take_run_requests(&etcd, "ctl", &fw_on).expect("take");
+    assert_eq!(taken.iter().map(|r| (&r.id, &r.action)).collect::<Vec<_>>(), [(&id, &crash)]);
+    assert!(take_run_requests(&etcd, "ctl", &fw_on).expect("take").is_empty(), "taken once");
+    let root = serde_json::json!({ "crash_root": {} });
+    let (node, _) = ask_unit(&etcd, "ctl", &Unit::Root(0), &root).expect("ask").expect("placed");
+    assert_eq!(node, "a", "the root is on a");
+    assert_eq!(take_run_requests(&etcd, "ctl", "a").expect("take").len(), 1);
     let unplaced = Unit::Instance { vertex: "fw".into(), index: 7 };
-    assert_eq!(ask_unit_crash(&etcd, "ctl", &unplaced).expect("ask"), None, "no such instance placed");
-    assert_eq!(ask_unit_crash(&etcd, "ctl", &Unit::Root(3)).expect("ask"), None, "no such root placed");
+    assert_eq!(ask_unit(&etcd, "ctl", &unplaced, &crash).expect("ask"), None, "no such instance placed");
+    assert_eq!(ask_unit(&etcd, "ctl", &Unit::Root(3), &root).expect("ask"), None, "no such root placed");
     let bad = Unit::Instance { vertex: "f w".into(), index: 0 };
-    assert!(ask_unit_crash(&etcd, "ctl", &bad).is_err(), "a bad vertex name is refused");
+    assert!(ask_unit(&etcd, "ctl", &bad, &crash).is_err(), "a bad vertex name is refused");
     // b leaves: its units go to a.
     mb.leave().expect("b leaves");
     eventually("everything on a", || {
