@@ -1,15 +1,16 @@
-//! Requests of a hosted run asked through etcd of the node that runs it — live changes (scale
-//! a vertex, move flows, clone an instance) and its live view — and that node's answers.
+//! Requests of a hosted run asked through etcd of the node that runs the unit concerned — a
+//! crash drill of an instance or of the root, a live change (scale a vertex, move flows, clone
+//! an instance), the run's live view — and that node's answers.
 //!
 //! A controller does not reach into a node's run: it puts the request, as the JSON action a
-//! run's control endpoint takes (`{"scale": {...}}`, or `{"view": {}}` for the run's live
-//! statistics), under the node's lease, and waits for the answer. The node's drill thread
-//! takes each request once, applies it to its run (which refuses what it cannot do, saying
-//! why) and answers with the status and body its own endpoint would have given. Changes go to
-//! the root's node: it applies every change a spread run can take (vertices whole on that
-//! node) and refuses the others with the node in the way. Requests and answers live under the
-//! node's lease, so both go with the node: a node started again under the same id finds
-//! nothing stale.
+//! run's control endpoint takes (`{"crash": {...}}`, `{"scale": {...}}`, or `{"view": {}}` for
+//! the run's live statistics), under the node's lease, and waits for the answer. The node's
+//! drill thread takes each request once, applies it to its run (which refuses what it cannot
+//! do, saying why) and answers with the status and body its own endpoint would have given.
+//! Changes and views go to the root's node: it applies every change a spread run can take
+//! (vertices whole on that node) and refuses the others with the node in the way. Requests and
+//! answers live under the node's lease, so both go with the node: a node started again under
+//! the same id finds nothing stale.
 
 use crate::etcd::Etcd;
 use crate::membership::lease_of;
@@ -104,7 +105,8 @@ pub fn take_run_requests(etcd: &Etcd, cluster: &str, node: &str) -> Result<Vec<R
     let mut asked = Vec::new();
     for kv in kvs {
         etcd.delete(&kv.key)?;
-        let id = kv.key[prefix.len()..].to_string();
+        // Every key listed under the prefix starts with it; another is not a request.
+        let Some(id) = kv.key.strip_prefix(&prefix).map(str::to_string) else { continue };
         match serde_json::from_slice(&kv.value) {
             Ok(action) => asked.push(RunRequest { id, action }),
             Err(e) => {
