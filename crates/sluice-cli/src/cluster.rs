@@ -585,16 +585,16 @@ pub fn cmd_cluster(a: ClusterCmdArgs) -> Result<(), Failure> {
             let unit = Unit::Instance { vertex: vertex.to_string(), index };
             let action = serde_json::json!({ "crash": { "vertex": vertex, "instance": index } });
             let node = ask_and_report(&etcd, cluster, &unit, Ok(action))?;
-            eprintln!("node `{node}` asked to crash {vertex}:{index}: its run took it");
+            eprintln!("node `{node}` crashed {vertex}:{index}: its run fails it over");
         }
         ClusterCommand::CrashRoot => {
             let action = serde_json::json!({ "crash_root": {} });
             let node = ask_and_report(&etcd, cluster, &Unit::Root(0), Ok(action))?;
-            eprintln!("node `{node}` asked to crash the root: its run took it");
+            eprintln!("node `{node}` crashed the root: a new root took over");
         }
         ClusterCommand::Change(c) => {
             let node = ask_and_report(&etcd, cluster, &Unit::Root(0), c.action())?;
-            eprintln!("node `{node}` applied it");
+            eprintln!("node `{node}` made the change");
         }
         ClusterCommand::Status { json } => {
             let status = cluster_status(&etcd, cluster).map_err(io)?;

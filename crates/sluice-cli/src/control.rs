@@ -24,7 +24,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use sluice_runtime::live::{Live, LiveSnapshot};
+use sluice_runtime::live::{Done, Live, LiveError, LiveSnapshot};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::sync::Arc;
 
@@ -104,8 +104,12 @@ fn prometheus_texts(collectors: Vec<Box<dyn Collector>>) -> Response {
 }
 
 async fn action(State(cx): State<Ctx>, body: String) -> Response {
-    let (status, body) = match serde_json::from_str(&body) {
-        Ok(v) => apply_action(&cx.live, &v),
+    let (status, body) = match serde_json::from_str::<serde_json::Value>(&body) {
+        // The answer waits for the run's root to act (at most `live::PATIENCE`): off the
+        // threads that serve other requests.
+        Ok(v) => tokio::task::spawn_blocking(move || apply_action(&cx.live, &v))
+            .await
+            .unwrap_or_else(|_| refusal(StatusCode::INTERNAL_SERVER_ERROR, "the action failed")),
         Err(e) => refusal(StatusCode::BAD_REQUEST, &format!("malformed JSON: {e}")),
     };
     (status, Json(body)).into_response()
@@ -122,11 +126,27 @@ fn applied(action: &str, args: serde_json::Value) -> Outcome {
     (StatusCode::OK, serde_json::json!({ "applied": { action: args } }))
 }
 
+/// The outcome of an action the root carries out: applied, with where in the run and what it
+/// changed (`at_packet`, `change`), or refused.
+fn answered(action: &str, args: serde_json::Value, r: Result<Done, LiveError>) -> Outcome {
+    match r {
+        Ok(done) => {
+            let (status, mut body) = applied(action, args);
+            if let (Some(map), Ok(serde_json::Value::Object(done))) = (body.as_object_mut(), serde_json::to_value(done))
+            {
+                map.extend(done.into_iter().filter(|(_, v)| !v.is_null()));
+            }
+            (status, body)
+        }
+        Err(e) => live_refusal(&e),
+    }
+}
+
 /// The status of a run's refusal: 409 for what the run cannot do now, 400 for a change that
 /// cannot be made, 404 for what it does not have.
-fn live_refusal(e: &sluice_runtime::live::LiveError) -> Outcome {
-    use sluice_runtime::live::LiveError;
+fn live_refusal(e: &LiveError) -> Outcome {
     let status = match e {
+        LiveError::NotTaken(_) => StatusCode::SERVICE_UNAVAILABLE,
         LiveError::Refused(_) => StatusCode::CONFLICT,
         LiveError::BadChange(_) | LiveError::BadDelay { .. } => StatusCode::BAD_REQUEST,
         LiveError::NoVertex(_) | LiveError::NoInstance { .. } | LiveError::NoRoot(_) => StatusCode::NOT_FOUND,
@@ -184,10 +204,8 @@ fn crash(live: &Live, args: &serde_json::Value) -> Outcome {
     let (Some(vertex), Some(instance)) = (vertex, instance) else {
         return refusal(StatusCode::BAD_REQUEST, "crash needs vertex (a name) and instance (a number)");
     };
-    match live.request_crash(vertex, instance) {
-        Ok(()) => applied("crash", serde_json::json!({ "vertex": vertex, "instance": instance })),
-        Err(e) => live_refusal(&e),
-    }
+    let r = live.request_crash(vertex, instance);
+    answered("crash", serde_json::json!({ "vertex": vertex, "instance": instance }), r)
 }
 
 /// What a `crash_root` action takes.
@@ -207,10 +225,7 @@ pub(crate) fn root_to_crash(args: &serde_json::Value) -> Option<u8> {
 /// A `crash_root` action: `{}` or `{"root": 0}`.
 fn crash_root(live: &Live, args: &serde_json::Value) -> Outcome {
     let Some(root) = root_to_crash(args) else { return refusal(StatusCode::BAD_REQUEST, CRASH_ROOT_USAGE) };
-    match live.request_root_crash(root) {
-        Ok(()) => applied("crash_root", serde_json::json!({ "root": root })),
-        Err(e) => live_refusal(&e),
-    }
+    answered("crash_root", serde_json::json!({ "root": root }), live.request_root_crash(root))
 }
 
 /// A `crash_store` action: `{}`.
@@ -218,10 +233,7 @@ fn crash_store(live: &Live, args: &serde_json::Value) -> Outcome {
     if !args.as_object().is_some_and(|o| o.is_empty()) && !args.is_null() {
         return refusal(StatusCode::BAD_REQUEST, "crash_store takes {}");
     }
-    match live.request_store_crash() {
-        Ok(()) => applied("crash_store", serde_json::json!({})),
-        Err(e) => refusal(StatusCode::CONFLICT, &e.to_string()),
-    }
+    answered("crash_store", serde_json::json!({}), live.request_store_crash())
 }
 
 /// What a `scale`, `move` or `clone` action takes.
@@ -249,10 +261,7 @@ pub(crate) fn change_of(name: &str, args: &serde_json::Value) -> Option<(String,
 /// A `scale`, `move` or `clone` action.
 fn change(live: &Live, name: &str, args: &serde_json::Value) -> Outcome {
     let Some((vertex, change)) = change_of(name, args) else { return refusal(StatusCode::BAD_REQUEST, CHANGE_USAGE) };
-    match live.request_change(&vertex, change) {
-        Ok(()) => applied(name, args.clone()),
-        Err(e) => live_refusal(&e),
-    }
+    answered(name, args.clone(), live.request_change(&vertex, change))
 }
 
 async fn not_found() -> Response {

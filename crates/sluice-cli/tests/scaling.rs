@@ -143,7 +143,11 @@ fn scale_and_move_through_the_control_endpoint(extra: &[&str]) {
     let ctl = |args: &[&str]| common::ctl(&addr, args);
     let pause = || std::thread::sleep(std::time::Duration::from_millis(400));
     pause();
-    ctl(&["scale", "lb=3"]);
+    // Answered once the root has made the change: where in the run, and what it did.
+    let answer: serde_json::Value = serde_json::from_str(&ctl(&["scale", "lb=3"])).expect("JSON answer");
+    assert!(answer["at_packet"].as_u64().is_some(), "{answer}");
+    assert_eq!(answer["change"]["kind"], "scale_out", "{answer}");
+    assert_eq!(answer["change"]["instances"], serde_json::json!([1, 3]), "{answer}");
     ctl(&["scale", "nat+1"]);
     pause();
     ctl(&["move", "nat:0>1", "--flows", "100"]);
@@ -155,6 +159,9 @@ fn scale_and_move_through_the_control_endpoint(extra: &[&str]) {
             (r#"{"move": {"vertex": "nat", "from": 0, "to": 9}}"#, 404, "no instance 9"),
             (r#"{"move": {"vertex": "nat", "from": 1, "to": 1}}"#, 400, "two instances"),
             (r#"{"scale": {"vertex": "lb"}}"#, 400, "scale needs"),
+            // Beyond the instance indices kept: refused by the root, not answered "applied"
+            // and dropped (as it was), and no instance added without flows.
+            (r#"{"scale": {"vertex": "lb", "to": 70}}"#, 409, "can add 61 more instances, not 67"),
         ],
     );
     pause();

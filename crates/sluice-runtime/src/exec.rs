@@ -444,6 +444,7 @@ pub fn run(
     let mut stamped: Batch = Vec::with_capacity(cfg.batch);
     // Root 0's crash, asked at this many packets admitted.
     let mut root_crash_due: Option<u64> = None;
+    let mut held_crashes = crate::live::HeldCrashes::default();
     // The packet count the last store crash was asked at.
     let mut store_crash_at = 0u64;
     let mut checkpoints = store_crash::Checkpoints::new(cfg.checkpoint_every, first_checkpoint);
@@ -482,10 +483,11 @@ pub fn run(
         }
         // What found a queue full goes first; meanwhile no new input is admitted.
         let stalled = root.retry(&shared) || split.push(&shared);
-        if shared.live.as_ref().is_some_and(|l| l.take_root_crash()) {
+        let (root_crash_asked, store_crash_asked) = held_crashes.take(shared.live.as_deref());
+        if root_crash_asked {
             root_crash_due = Some(seq);
         }
-        if shared.live.as_ref().is_some_and(|l| l.take_store_crash()) {
+        if store_crash_asked {
             (checkpoints.crash_due, store_crash_at) = (true, seq);
         }
         if let Some(at) = root_crash_due.filter(|_| !stalled) {
@@ -499,6 +501,7 @@ pub fn run(
                 // in-flight ring's span would put two clocks on one slot.
                 r0.seq = c.resumed_at;
                 report.root_crashes.push(c);
+                held_crashes.root_done(at);
             }
         }
         let (seq, now_ms) = (r0.seq, t0.elapsed().as_secs_f64() * 1e3);
@@ -545,6 +548,7 @@ pub fn run(
                 tracing::info!(at_packet, paused_ms = r.paused_ms, %detail, "the store failed and was rebuilt");
                 let at_ms = t0.elapsed().as_secs_f64() * 1e3;
                 report.store_crashes.push(StoreCrashReport { at_packet, at_ms, paused_ms: r.paused_ms, detail });
+                held_crashes.store_done(at_packet);
             }
         }
         if source_done {

@@ -8,9 +8,13 @@ use crate::exec::Change;
 use crate::plan::Plan;
 use crate::report::FaultToleranceReport;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
+
+mod asks;
+pub(crate) use asks::{Asks, Reply};
+pub use asks::{Done, PATIENCE};
 
 /// A global index kept for an instance scaling may add (not shown).
 const SPARE: u8 = 0;
@@ -62,25 +66,21 @@ pub struct Live {
     /// The root's packet log, once the run keeps one (`RunConfig::fault_tolerance`).
     root_log: Mutex<Option<FaultToleranceReport>>,
     /// Crashes asked for ([`Live::request_crash`]) the root has not taken yet: (vertex, index).
-    crashes: Mutex<Vec<(usize, u16)>>,
-    /// Whether `crashes` may hold something (the root looks at the mutex only then).
-    crash_asked: AtomicBool,
+    crashes: Asks<(usize, u16)>,
     /// Why this run cannot crash instances; `None` once it says it can.
     no_failover: Mutex<Option<String>>,
     /// A root crash asked for ([`Live::request_root_crash`]) the root has not taken yet.
-    root_crash_asked: AtomicBool,
+    root_crashes: Asks<()>,
     /// Why the root of this run cannot fail here (it keeps no log and clock to recover, or it
     /// runs on another node); `None` once it says it can.
     no_root_crash: Mutex<Option<String>>,
     /// A store crash asked for ([`Live::request_store_crash`]) the root has not taken yet.
-    store_crash_asked: AtomicBool,
+    store_crashes: Asks<()>,
     /// Why this run cannot lose its store; `None` once it says it can.
     no_store_crash: Mutex<Option<String>>,
     /// Scaling and moves asked for ([`Live::request_change`]) the root has not taken yet:
     /// (vertex, change; a move names instances by index).
-    changes: Mutex<Vec<(usize, Change)>>,
-    /// Whether `changes` may hold something.
-    change_asked: AtomicBool,
+    changes: Asks<(usize, Change)>,
     /// Why this run cannot scale or move flows; `None` once it says it can.
     no_scaling: Mutex<Option<String>>,
     /// Per vertex, why this run cannot change it though it scales others (a chain spread
@@ -119,23 +119,21 @@ impl Live {
             root_dropped: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             root_log: Mutex::new(None),
-            crashes: Mutex::new(Vec::new()),
-            crash_asked: AtomicBool::new(false),
+            crashes: Asks::default(),
             no_failover: Mutex::new(Some("the run has not started".into())),
-            root_crash_asked: AtomicBool::new(false),
+            root_crashes: Asks::default(),
             no_root_crash: Mutex::new(Some("the run has not started".into())),
-            store_crash_asked: AtomicBool::new(false),
+            store_crashes: Asks::default(),
             no_store_crash: Mutex::new(Some("the run has not started".into())),
-            changes: Mutex::new(Vec::new()),
-            change_asked: AtomicBool::new(false),
+            changes: Asks::default(),
             no_scaling: Mutex::new(Some("the run has not started".into())),
             fixed: Mutex::new(Vec::new()),
         }
     }
 
     /// Crashes instance `index` of `vertex` (it is replaced and the root replays to it), as a
-    /// `crash` fault does.
-    pub fn request_crash(&self, vertex: &str, index: u16) -> Result<(), LiveError> {
+    /// `crash` fault does; returns once the run has asked the instance to fail (or refused).
+    pub fn request_crash(&self, vertex: &str, index: u16) -> Result<Done, LiveError> {
         let v =
             self.vertices.iter().position(|(n, _)| n == vertex).ok_or_else(|| LiveError::NoVertex(vertex.into()))?;
         if !self.known(v, index) {
@@ -149,16 +147,12 @@ impl Live {
         if let Some(why) = self.no_failover.lock().ok().and_then(|w| w.clone()) {
             return Err(LiveError::Refused(why));
         }
-        if let Ok(mut c) = self.crashes.lock() {
-            c.push((v, index));
-            self.crash_asked.store(true, Ordering::Release);
-        }
-        Ok(())
+        self.crashes.ask((v, index))
     }
 
     /// Crashes root `root` (a threaded run has one, root 0): a new root takes over, as a
-    /// `crash_root` fault does.
-    pub fn request_root_crash(&self, root: u8) -> Result<(), LiveError> {
+    /// `crash_root` fault does; returns once the root has failed (or the run refused).
+    pub fn request_root_crash(&self, root: u8) -> Result<Done, LiveError> {
         if root != 0 {
             return Err(LiveError::NoRoot(root));
         }
@@ -166,26 +160,24 @@ impl Live {
         if let Some(why) = why_not {
             return Err(LiveError::Refused(why));
         }
-        self.root_crash_asked.store(true, Ordering::Release);
-        Ok(())
+        self.root_crashes.ask(())
     }
 
     /// Makes the state store fail: it loses everything and is rebuilt from its last checkpoint
     /// and the instances' write-ahead logs while the chain holds still, as a `crash_store`
-    /// fault does.
-    pub fn request_store_crash(&self) -> Result<(), LiveError> {
+    /// fault does; returns once the run has taken the crash (or refused).
+    pub fn request_store_crash(&self) -> Result<Done, LiveError> {
         let why_not = self.no_store_crash.lock().map(|w| w.clone()).unwrap_or_else(|_| Some("unknown".into()));
         if let Some(why) = why_not {
             return Err(LiveError::Refused(why));
         }
-        self.store_crash_asked.store(true, Ordering::Release);
-        Ok(())
+        self.store_crashes.ask(())
     }
 
     /// Scales a vertex, moves flows between two of its instances or clones one (instances named
     /// by index), as a `scale`, `move` or `clone` fault does; the root applies it from the next
-    /// packet it admits.
-    pub fn request_change(&self, vertex: &str, change: Change) -> Result<(), LiveError> {
+    /// packet it admits, and this returns then with what it did (or why it could not).
+    pub fn request_change(&self, vertex: &str, change: Change) -> Result<Done, LiveError> {
         let v =
             self.vertices.iter().position(|(n, _)| n == vertex).ok_or_else(|| LiveError::NoVertex(vertex.into()))?;
         match change {
@@ -211,22 +203,23 @@ impl Live {
         if let Some(why) = self.fixed.lock().ok().and_then(|f| f.get(v).cloned().flatten()) {
             return Err(LiveError::Refused(why));
         }
-        if let Ok(mut c) = self.changes.lock() {
-            c.push((v, change));
-            self.change_asked.store(true, Ordering::Release);
-        }
-        Ok(())
+        self.changes.ask((v, change))
     }
 
     /// The run's input has ended: the root takes no more changes or crashes, so those asked
     /// from now on are refused rather than accepted and never carried out.
     pub(crate) fn input_ended(&self) {
-        let why = || Some("the run's input has ended: it takes no more changes".to_string());
+        let why = "the run's input has ended: it takes no more changes";
         for m in [&self.no_failover, &self.no_root_crash, &self.no_store_crash, &self.no_scaling] {
             if let Ok(mut w) = m.lock() {
-                *w = why();
+                *w = Some(why.into());
             }
         }
+        // Asked before and not taken: refused now, not left unanswered.
+        self.crashes.close(why);
+        self.root_crashes.close(why);
+        self.store_crashes.close(why);
+        self.changes.close(why);
     }
 
     /// The run says whether it can scale and move flows (`None`) or why not.
@@ -244,12 +237,9 @@ impl Live {
         }
     }
 
-    /// Changes asked for since the last call.
-    pub(crate) fn take_changes(&self) -> Vec<(usize, Change)> {
-        if !self.change_asked.swap(false, Ordering::AcqRel) {
-            return Vec::new();
-        }
-        self.changes.lock().map(|mut c| std::mem::take(&mut *c)).unwrap_or_default()
+    /// Changes asked for since the last call, each to be answered.
+    pub(crate) fn take_changes(&self) -> Vec<((usize, Change), Reply)> {
+        self.changes.take()
     }
 
     /// Whether instance `index` of vertex `v` serves flows now, here or (a chain spread over
@@ -313,22 +303,9 @@ impl Live {
         }
     }
 
-    /// Whether a store crash was asked for since the last call.
-    pub(crate) fn take_store_crash(&self) -> bool {
-        self.store_crash_asked.swap(false, Ordering::AcqRel)
-    }
-
-    /// Whether a root crash was asked for since the last call.
-    pub(crate) fn take_root_crash(&self) -> bool {
-        self.root_crash_asked.swap(false, Ordering::AcqRel)
-    }
-
-    /// Crashes asked for since the last call: (vertex, index).
-    pub(crate) fn take_crashes(&self) -> Vec<(usize, u16)> {
-        if !self.crash_asked.swap(false, Ordering::AcqRel) {
-            return Vec::new();
-        }
-        self.crashes.lock().map(|mut c| std::mem::take(&mut *c)).unwrap_or_default()
+    /// Crashes asked for since the last call: (vertex, index), each to be answered.
+    pub(crate) fn take_crashes(&self) -> Vec<((usize, u16), Reply)> {
+        self.crashes.take()
     }
 
     /// Instance `global`'s packets taken in and time spent on them, ns, so far.
@@ -524,6 +501,41 @@ pub struct LiveInstance {
     pub state: BTreeMap<String, u64>,
 }
 
+/// Root and store crashes asked through a control endpoint, held by the root until carried
+/// out, then answered.
+#[derive(Debug, Default)]
+pub(crate) struct HeldCrashes {
+    root: Vec<Reply>,
+    store: Vec<Reply>,
+}
+
+impl HeldCrashes {
+    /// Takes what `live` was asked since the last look: whether a root crash and whether a
+    /// store crash were asked.
+    pub(crate) fn take(&mut self, live: Option<&Live>) -> (bool, bool) {
+        let Some(live) = live else { return (false, false) };
+        let (root, store) = (live.root_crashes.take(), live.store_crashes.take());
+        let asked = (!root.is_empty(), !store.is_empty());
+        self.root.extend(root.into_iter().map(|((), r)| r));
+        self.store.extend(store.into_iter().map(|((), r)| r));
+        asked
+    }
+
+    /// The root failed at packet `at`.
+    pub(crate) fn root_done(&mut self, at: u64) {
+        for r in self.root.drain(..) {
+            r.done(Done { at_packet: Some(at), change: None });
+        }
+    }
+
+    /// The store failed (asked at packet `at`) and was rebuilt.
+    pub(crate) fn store_done(&mut self, at: u64) {
+        for r in self.store.drain(..) {
+            r.done(Done { at_packet: Some(at), change: None });
+        }
+    }
+}
+
 /// Why a control action on a running chain was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LiveError {
@@ -547,6 +559,9 @@ pub enum LiveError {
     /// A change that cannot be made (why).
     #[error("{0}")]
     BadChange(String),
+    /// The run did not take the request in this many seconds; it was withdrawn, nothing done.
+    #[error("the run did not take it in {0} s (busy or stalled); withdrawn, nothing was done")]
+    NotTaken(u64),
     /// A delay range upside down.
     #[error("delay {min_us}-{max_us} µs: the first must not exceed the second")]
     BadDelay {

@@ -154,7 +154,7 @@ fn live_statistics_match_the_report_and_slow_instances_take_longer() {
     assert!(b0.busy_s >= b0.packets_in as f64 * 20e-6, "{} packets in {} s", b0.packets_in, b0.busy_s);
     assert_eq!(b0.slow_us, Some((20, 20)));
     // A run whose input has ended takes no more changes: they are refused, not left untaken.
-    let ended = |r: Result<(), LiveError>| matches!(r, Err(LiveError::Refused(why)) if why.contains("input has ended"));
+    let ended = |r: Result<sluice_runtime::live::Done, LiveError>| matches!(r, Err(LiveError::Refused(why)) if why.contains("input has ended"));
     assert!(ended(live.request_crash("b", 0)));
     assert!(ended(live.request_change("b", sluice_runtime::exec::Change::ScaleTo(2))));
     assert!(ended(live.request_root_crash(0)));

@@ -15,6 +15,7 @@
 use super::alloc::{Allocation, Cut};
 use super::worker::Slot;
 use super::Shared;
+use crate::live::Done;
 use crate::plan::Rebuilder;
 use crate::report::ReconfigReport;
 pub(super) use instance::{is_waiting, publish_flows, take_settled, turn, waits, Moving};
@@ -279,6 +280,17 @@ impl RootSide {
         let (kind, moved, givers) = match (target, r.change) {
             (Some(0), _) => return Err(format!("`{}` cannot scale to no instance", vp.name)),
             (Some(t), _) if t > n => {
+                // All or nothing: instances added and then left without flows would serve none.
+                let next = self.next_index.get(v).copied().unwrap_or(0);
+                let kept = vp.instances.len() + vp.spares.len();
+                if usize::from(next) + (t - n) > kept {
+                    let left = kept.saturating_sub(usize::from(next));
+                    return Err(format!(
+                        "`{}` can add {left} more instances, not {} (at most {kept} indices are kept for scaling)",
+                        vp.name,
+                        t - n
+                    ));
+                }
                 let mut added = Vec::new();
                 for _ in n..t {
                     added.push(NodeId(self.add_instance(shared, v, t as u16)?));
@@ -393,32 +405,28 @@ impl RootSide {
     }
 
     /// Applies the changes asked through the control endpoint since the last look, from `at` on
-    /// (the endpoint names instances by index, a change by position).
+    /// (the endpoint names instances by index, a change by position), and answers each.
     pub(super) fn take_live(&mut self, shared: &Shared, at: At, reports: &mut Vec<ReconfigReport>) {
         let Some(live) = shared.live.as_ref().filter(|_| shared.scaling.is_some()) else { return };
-        for (vertex, change) in live.take_changes() {
+        for ((vertex, change), reply) in live.take_changes() {
+            let by_position = |index: u16| {
+                shared.position(vertex, index).ok_or_else(|| format!("instance {index} no longer serves flows"))
+            };
             let change = match change {
                 Change::Move { from, to, flows } => {
-                    match (shared.position(vertex, from), shared.position(vertex, to)) {
-                        (Some(from), Some(to)) => Change::Move { from, to, flows },
-                        _ => {
-                            tracing::warn!(vertex, from, to, "move asked of an instance no longer serving: ignored");
-                            continue;
-                        }
-                    }
+                    by_position(from).and_then(|from| Ok(Change::Move { from, to: by_position(to)?, flows }))
                 }
-                Change::Clone { instance } => match shared.position(vertex, instance) {
-                    Some(instance) => Change::Clone { instance },
-                    None => {
-                        tracing::warn!(vertex, instance, "clone asked of an instance no longer serving: ignored");
-                        continue;
-                    }
-                },
-                c => c,
+                Change::Clone { instance } => by_position(instance).map(|instance| Change::Clone { instance }),
+                c => Ok(c),
             };
-            let r = Reconfig { after: at.packet, vertex, change };
-            if let Err(e) = self.apply(shared, &r, at, reports) {
-                tracing::warn!(vertex, error = %e, "change asked through the control endpoint not made");
+            let made = reports.len();
+            let r = change.map(|change| Reconfig { after: at.packet, vertex, change });
+            match r.and_then(|r| self.apply(shared, &r, at, reports)) {
+                Ok(()) => reply.done(Done { at_packet: Some(at.packet), change: reports.get(made).cloned() }),
+                Err(e) => {
+                    tracing::warn!(vertex, error = %e, "change asked through the control endpoint not made");
+                    reply.refused(e);
+                }
             }
         }
     }

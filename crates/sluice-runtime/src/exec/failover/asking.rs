@@ -8,6 +8,7 @@
 
 use super::{Crash, RootSide};
 use crate::exec::Shared;
+use crate::live::Done;
 use crate::report::FailoverReport;
 use std::sync::atomic::Ordering;
 
@@ -16,10 +17,14 @@ impl RootSide {
     /// `at.0` (`at.1` ms into the run); the endpoint names instances by index.
     pub(in crate::exec) fn take_live(&mut self, shared: &Shared, at: (u64, f64), reports: &mut Vec<FailoverReport>) {
         let Some(live) = shared.live.as_ref().filter(|_| shared.failover.is_some()) else { return };
-        for (vertex, index) in live.take_crashes() {
+        for ((vertex, index), reply) in live.take_crashes() {
             let c = Crash { after: at.0, vertex, index };
-            if let Some(g) = shared.serving(vertex, index) {
-                self.ask(shared, (&c, g, at.1), reports);
+            match shared.serving(vertex, index) {
+                Some(g) => {
+                    self.ask(shared, (&c, g, at.1), reports);
+                    reply.done(Done { at_packet: Some(at.0), change: None });
+                }
+                None => reply.refused(format!("instance {index} no longer serves flows")),
             }
         }
     }

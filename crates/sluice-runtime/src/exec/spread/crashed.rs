@@ -28,17 +28,14 @@ impl Link {
         if self.layout.has_root() {
             return;
         }
-        for (vertex, index) in live.take_crashes() {
+        for ((vertex, index), reply) in live.take_crashes() {
             match shared.serving(vertex, index).filter(|g| self.layout.here(*g)) {
                 Some(g) => {
                     fo.ask_crash(g);
                     shared.wake.queued(g);
+                    reply.done(crate::live::Done::default());
                 }
-                None => tracing::warn!(
-                    vertex,
-                    index,
-                    "a crash asked for an instance this node no longer runs: nothing crashed"
-                ),
+                None => reply.refused(format!("this node no longer runs instance {index}: nothing crashed")),
             }
         }
     }
