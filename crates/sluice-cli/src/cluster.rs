@@ -484,7 +484,12 @@ struct NodeStatus {
     addr: String,
     roles: Vec<String>,
     drained: bool,
+    /// What the controller placed on it.
     units: Vec<Unit>,
+    /// What its hosted run serves now (scaling and failovers change it); absent for a node
+    /// hosting no run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    running: Option<Vec<Unit>>,
 }
 
 /// A unit still assigned to a node that is gone (the controller has not re-placed it yet).
@@ -510,12 +515,14 @@ fn cluster_status(etcd: &Etcd, cluster: &str) -> Result<ClusterStatus, ClusterEr
     let (live, _) = sluice_cluster::nodes(etcd, cluster)?;
     let drained_nodes = sluice_cluster::drained(etcd, cluster)?;
     let placement = sluice_cluster::stored_placement(etcd, cluster)?;
+    let mut running = sluice_cluster::running(etcd, cluster)?;
     let units_of = |id: &str| placement.iter().filter(|(_, n)| *n == id).map(|(u, _)| u.clone()).collect();
     let mut nodes: Vec<NodeStatus> = live
         .into_iter()
         .map(|n| NodeStatus {
             drained: drained_nodes.contains(&n.id),
             units: units_of(&n.id),
+            running: running.remove(&n.id),
             id: n.id,
             addr: n.addr,
             roles: n.roles,
@@ -539,14 +546,24 @@ pub(crate) fn status_text(s: &ClusterStatus) -> String {
         s.leader.as_deref().map_or("(none leading)".to_string(), |l| format!("`{l}` leads"))
     );
     for n in &s.nodes {
-        let units: Vec<String> = n.units.iter().map(unit_text).collect();
+        let list = |units: &[Unit]| {
+            let texts: Vec<String> = units.iter().map(unit_text).collect();
+            if texts.is_empty() {
+                "-".to_string()
+            } else {
+                texts.join(" ")
+            }
+        };
+        // What the run serves now, where it differs from what was placed.
+        let now = n.running.as_deref().filter(|r| *r != n.units.as_slice());
         out.push_str(&format!(
-            "  {:<12} {:<21} {:<8}{} {}\n",
+            "  {:<12} {:<21} {:<8}{} {}{}\n",
             n.id,
             n.addr,
             n.roles.join(","),
             if n.drained { " drained" } else { "" },
-            if units.is_empty() { "-".to_string() } else { units.join(" ") }
+            list(&n.units),
+            now.map_or(String::new(), |r| format!(" (its run serves now: {})", list(r)))
         ));
     }
     for x in &s.stranded {

@@ -60,8 +60,15 @@ enum State {
     /// Waiting for a placement that gives this node units and stays unchanged for the
     /// settle time: the last spread seen (with this node's units in it), and since when.
     Waiting { seen: Option<(Spread, Vec<Unit>)>, since: Instant },
-    /// The node's part runs on its own thread, with the units it started with.
-    Running { thread: JoinHandle<Result<(), Failure>>, units: Vec<Unit>, file: PathBuf, changed: bool },
+    /// The node's part runs on its own thread, with the units it started with; `filed`: what
+    /// it serves now as last filed in etcd.
+    Running {
+        thread: JoinHandle<Result<(), Failure>>,
+        units: Vec<Unit>,
+        file: PathBuf,
+        changed: bool,
+        filed: Option<Vec<Unit>>,
+    },
 }
 
 /// The hosting of a node's units (see the module's documentation).
@@ -76,6 +83,16 @@ pub(crate) struct Host {
     state: State,
     /// The run's live handle once it runs (crash drills of one instance reach it so).
     live: Arc<OnceLock<Arc<Live>>>,
+}
+
+/// What a node's run serves now: the roots it started with (a run's roots stay where they
+/// started) and the instances serving flows here, in the placement's order.
+fn serving_now(live: &Live, started: &[Unit]) -> Vec<Unit> {
+    let roots = started.iter().filter(|u| matches!(u, Unit::Root(_))).cloned();
+    let instances = live.serving_here().into_iter().map(|(v, index)| Unit::Instance { vertex: v.to_string(), index });
+    let mut units: Vec<Unit> = roots.chain(instances).collect();
+    units.sort();
+    units
 }
 
 /// Options given as one string, split at spaces.
@@ -133,10 +150,20 @@ impl Host {
                 }
                 None
             }
-            State::Running { thread, units: started, changed, .. } => {
+            State::Running { thread, units: started, changed, filed, .. } => {
                 if !*changed && started.as_slice() != units {
                     *changed = true;
                     tracing::warn!(node = %self.id, "the placement changed during the run; the run keeps the spread it started with (it fails a dead node over to the root's node itself)");
+                }
+                if let Some(live) = self.live.get() {
+                    let now = serving_now(live, started);
+                    if filed.as_ref() != Some(&now) {
+                        match sluice_cluster::publish_running(etcd, &self.cluster, &self.id, &now) {
+                            Ok(_) => *filed = Some(now),
+                            // Filed again on the next tick.
+                            Err(e) => tracing::debug!(node = %self.id, error = %e, "cannot file what the run serves"),
+                        }
+                    }
                 }
                 thread.is_finished().then(|| self.end())
             }
@@ -205,7 +232,7 @@ impl Host {
             .name(format!("node-{}", self.id))
             .spawn(move || cmd_run(args))
             .map_err(|e| fail(exit::FAILED)(e.into()))?;
-        self.state = State::Running { thread, units, file, changed: false };
+        self.state = State::Running { thread, units, file, changed: false, filed: None };
         Ok(())
     }
 

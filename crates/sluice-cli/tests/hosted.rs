@@ -425,6 +425,30 @@ fn the_controller_scales_moves_and_clones_a_vertex_whole_on_the_root_node_while_
     }
     let listed = sluice(&["ctl", "--control", &api, "--token", common::CONTROL_TOKEN, "list"]);
     assert!(text(&listed).contains("on another node"), "{}", text(&listed));
+    // The cluster's status shows what a's run serves now next to what was placed on it.
+    let nat1 = serde_json::json!({ "instance": { "vertex": "nat", "index": 1 } });
+    loop {
+        let nodes = sluice(&["ctl", "--control", &api, "--token", common::CONTROL_TOKEN, "nodes", "--json"]);
+        assert!(nodes.status.success(), "{}", text(&nodes));
+        let status: serde_json::Value = serde_json::from_slice(&nodes.stdout).expect("the status as JSON");
+        let a = status["nodes"].as_array().into_iter().flatten().find(|n| n["id"] == "a").expect("node a");
+        let has = |field: &str| a[field].as_array().is_some_and(|u| u.contains(&nat1));
+        assert!(!has("units"), "the placement keeps what the run started with: {a}");
+        if has("running") {
+            let b = status["nodes"].as_array().into_iter().flatten().find(|n| n["id"] == "b").expect("node b");
+            assert_eq!(b["running"], b["units"], "b's run serves what was placed on it: {b}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "a's run never said it serves nat:1: {a}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let nodes = sluice(&["ctl", "--control", &api, "--token", common::CONTROL_TOKEN, "nodes"]);
+    let line = text(&nodes).lines().find(|l| l.trim_start().starts_with("a ")).map(str::to_string);
+    assert!(
+        line.as_deref().is_some_and(|l| l.contains("(its run serves now: root0") && l.ends_with("nat:0 nat:1)")),
+        "{}",
+        text(&nodes)
+    );
     applied(r#"{"move": {"vertex": "nat", "from": 0, "to": 1, "flows": 200}}"#);
     for (body, code, says) in [
         (r#"{"scale": {"vertex": "portscan", "by": 1}}"#, 409, "`portscan` has instances on node `b`"),

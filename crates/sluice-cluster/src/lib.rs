@@ -27,6 +27,7 @@ pub mod local;
 pub mod membership;
 pub mod placement;
 pub mod run_requests;
+pub mod running;
 
 pub use controller::{
     assignment, assignment_at, drain, drained, stored_placement, undrain, watch_assignment, AssignmentWatch,
@@ -40,6 +41,7 @@ pub use placement::{place, Demand, Placement, PlacementError, Unit};
 pub use run_requests::{
     answer_run_request, ask_run, ask_unit, node_is_live, take_run_requests, wait_for_answer, RunAnswer, RunRequest,
 };
+pub use running::{publish_running, running};
 
 /// What went wrong with the cluster's state.
 #[derive(Debug, thiserror::Error)]

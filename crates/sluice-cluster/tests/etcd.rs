@@ -3,8 +3,8 @@
 
 use sluice_cluster::{
     answer_run_request, ask_crash, ask_run, ask_unit, assignment, campaign, crash_asked, leader, nodes,
-    stored_placement, take_run_requests, wait_for_answer, watch_nodes, Controller, Demand, Etcd, EtcdError, LocalEtcd,
-    Membership, NodeChange, NodeInfo, RunAnswer, Unit,
+    publish_running, running, stored_placement, take_run_requests, wait_for_answer, watch_nodes, Controller, Demand,
+    Etcd, EtcdError, LocalEtcd, Membership, NodeChange, NodeInfo, RunAnswer, Unit,
 };
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
@@ -156,6 +156,30 @@ fn a_live_change_is_asked_of_a_live_node_taken_once_in_order_and_answered() {
     assert!(ask_run(&etcd, "c1", "a b", &scale).is_err(), "a bad node id is refused");
     again.leave().expect("leave");
     ab.leave().expect("leave");
+}
+
+#[test]
+fn what_a_node_runs_now_is_filed_under_its_lease() {
+    let server = start_etcd();
+    let etcd = client_of(&server);
+    let nat = |index| Unit::Instance { vertex: "nat".into(), index };
+    assert!(!publish_running(&etcd, "c1", "a", &[nat(0)]).expect("publish"), "no live node `a` yet");
+    assert!(running(&etcd, "c1").expect("running").is_empty());
+    let a = Membership::join(&etcd, "c1", &node("a"), Duration::from_secs(5)).expect("join a");
+    let b = Membership::join(&etcd, "c1", &node("b"), Duration::from_secs(5)).expect("join b");
+    assert!(publish_running(&etcd, "c1", "a", &[Unit::Root(0), nat(0)]).expect("publish"));
+    assert!(publish_running(&etcd, "c1", "b", &[]).expect("publish"));
+    // A scale-out: the latest list holds.
+    assert!(publish_running(&etcd, "c1", "a", &[Unit::Root(0), nat(0), nat(1)]).expect("publish"));
+    let now = running(&etcd, "c1").expect("running");
+    assert_eq!(now.get("a"), Some(&vec![Unit::Root(0), nat(0), nat(1)]));
+    assert_eq!(now.get("b"), Some(&Vec::new()));
+    assert!(running(&etcd, "c2").expect("running").is_empty(), "another cluster's are apart");
+    a.leave().expect("leave");
+    let now = running(&etcd, "c1").expect("running");
+    assert_eq!(now.keys().collect::<Vec<_>>(), ["b"], "a's record went with its lease");
+    assert!(publish_running(&etcd, "c1", "a b", &[]).is_err(), "a bad node id is refused");
+    b.leave().expect("leave");
 }
 
 /// Run by `a_killed_node_leaves_when_its_lease_expires` as a separate process, which it then

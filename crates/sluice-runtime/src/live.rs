@@ -242,6 +242,17 @@ impl Live {
         self.changes.take()
     }
 
+    /// The instances that serve flows in this process now, as (vertex, index): those it
+    /// started with or scaling added, less those retired, failed over elsewhere or running on
+    /// another node.
+    pub fn serving_here(&self) -> Vec<(&str, u16)> {
+        self.instances
+            .iter()
+            .filter(|i| i.status.load(Ordering::Relaxed) == SERVING)
+            .filter_map(|i| Some((self.vertices.get(i.vertex)?.0.as_str(), i.index)))
+            .collect()
+    }
+
     /// Whether instance `index` of vertex `v` serves flows now, here or (a chain spread over
     /// nodes) on another node: what a change may name.
     fn known(&self, v: usize, index: u16) -> bool {
