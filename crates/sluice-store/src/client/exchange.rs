@@ -65,7 +65,12 @@ impl StoreClient {
 
     /// Queues a non-blocking request; it is sent with the batch and retransmitted until acked.
     pub(super) fn queue_nb(&mut self, key: StoreKey, op: StoreOp, tag: Option<OpTag>) {
-        self.emit_increments(Some(&key));
+        // Increments of this value collected so far go first. Most requests queued here are
+        // of other objects (a flow's value written through): a look, not a rebuild of the lists.
+        let counted = |k: &StoreKey| k.object == key.object && *k == key;
+        if self.sums.iter().any(|(k, _)| counted(k)) || self.increments.iter().any(|(k, _)| counted(k)) {
+            self.emit_increments(Some(&key));
+        }
         let r = self.request(key, op, tag, false);
         self.pending.push(r);
     }
