@@ -160,14 +160,17 @@ impl Shard {
         op: StoreOp,
         was: Option<&mut Was>,
     ) -> Result<(Option<Value>, Option<TsVector>), String> {
+        if let StoreOp::State(StateOp::Get) = op {
+            // A read leaves no entry behind for a value that does not exist.
+            let (v, shared) = self.entries.get(&key).map_or((None, true), |e| (e.value.clone(), e.owner.is_none()));
+            let ts = if shared { Some(self.ts_vector()) } else { None };
+            return Ok((v, ts));
+        }
         let entry = self.entries.entry(key).or_default();
+        // Done once the entry is let go of (they need the whole shard).
+        let mut tell_subscribers = false;
+        let mut handover = None;
         let out = match op {
-            StoreOp::State(StateOp::Get) => {
-                let v = entry.value.clone();
-                let shared = entry.owner.is_none();
-                let ts = if shared { Some(self.ts_vector()) } else { None };
-                return Ok((v, ts));
-            }
             StoreOp::State(op) => {
                 if let Some(owner) = entry.owner {
                     if owner != client {
@@ -179,9 +182,7 @@ impl Shard {
                 }
                 let custom = self.custom.get(&key.vertex).map(Vec::as_slice).unwrap_or(&[]);
                 let r = apply(&mut entry.value, op, custom).map_err(|e| e.to_string())?;
-                if !entry.subscribers.is_empty() {
-                    self.tell_subscribers(key, client);
-                }
+                tell_subscribers = !entry.subscribers.is_empty();
                 r
             }
             StoreOp::Write { value, result } => {
@@ -194,9 +195,7 @@ impl Shard {
                     *w = Was::of(key, &entry.value);
                 }
                 entry.value = value;
-                if !entry.subscribers.is_empty() {
-                    self.tell_subscribers(key, client);
-                }
+                tell_subscribers = !entry.subscribers.is_empty();
                 result
             }
             StoreOp::Subscribe => {
@@ -240,16 +239,21 @@ impl Shard {
             StoreOp::Release => {
                 if entry.owner == Some(client) {
                     entry.owner = entry.claimant.take();
-                    if let Some(next) = entry.owner {
-                        self.notify(next, Notification::Handover { key });
-                    }
+                    handover = entry.owner;
                 }
                 None
             }
             StoreOp::ForgetClock(_) | StoreOp::AdvanceTime(_) | StoreOp::IncrMany(_) => None,
         };
-        if self.entries.get(&key).is_some_and(Entry::is_empty) {
+        // One lookup for the common case: the entry is still there, and kept.
+        if entry.is_empty() {
             self.entries.remove(&key);
+        }
+        if tell_subscribers {
+            self.tell_subscribers(key, client);
+        }
+        if let Some(next) = handover {
+            self.notify(next, Notification::Handover { key });
         }
         Ok((out, None))
     }
@@ -384,6 +388,21 @@ mod tests {
         let r = call(shard, StateOp::Get, Some((clock, seq)));
         assert!(!r.replayed, "a read is never answered from the per-clock log: {r:?}");
         r.result
+    }
+
+    /// Reads and updates that leave a value absent leave no entry behind (a detector reads
+    /// and deletes absent values on most packets; each used to leave or make one).
+    #[test]
+    fn what_leaves_a_value_absent_leaves_no_entry() {
+        let mut shard = Shard::new();
+        assert_eq!(call(&mut shard, StateOp::Get, None).result, Ok(None));
+        assert_eq!(call(&mut shard, StateOp::Delete, None).result, Ok(None));
+        assert!(shard.entries.is_empty(), "a read or a delete of nothing made an entry");
+        call(&mut shard, StateOp::Set(Value::Int(3)), None);
+        assert_eq!(call(&mut shard, StateOp::Get, None).result, Ok(Some(Value::Int(3))));
+        assert_eq!(shard.entries.len(), 1);
+        assert_eq!(call(&mut shard, StateOp::Delete, None).result, Ok(Some(Value::Int(3))));
+        assert!(shard.entries.is_empty(), "the deleted value's entry went with it");
     }
 
     /// A balancer's connection opened by clock 10, changed by clock 12 and closed by 15, all
