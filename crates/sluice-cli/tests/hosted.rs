@@ -180,14 +180,16 @@ fn hosted_run(victims: &[Victim]) {
     if victims.contains(&Victim::NatInstanceDrill) {
         let asked = sluice(&["cluster", "--etcd", &endpoint, "--cluster", "hosted", "crash", "nat:0"]);
         assert!(asked.status.success(), "{}", text(&asked));
-        assert!(text(&asked).contains(&format!("node `{nat_node}` asked to crash nat:0")), "{}", text(&asked));
+        assert!(text(&asked).contains(&format!("node `{nat_node}` crashed nat:0")), "{}", text(&asked));
         let unknown = sluice(&["cluster", "--etcd", &endpoint, "--cluster", "hosted", "crash", "nat:5"]);
         assert!(!unknown.status.success() && text(&unknown).contains("no live node hosts nat:5"), "{}", text(&unknown));
     }
     if victims.contains(&Victim::RootDrill) {
         let asked = sluice(&["cluster", "--etcd", &endpoint, "--cluster", "hosted", "crash-root"]);
         assert!(asked.status.success(), "{}", text(&asked));
-        assert!(text(&asked).contains("node `a` asked to crash the root"), "{}", text(&asked));
+        assert!(text(&asked).contains("node `a` crashed the root"), "{}", text(&asked));
+        // Answered once the root had failed: where in the run.
+        assert!(text(&asked).contains("\"at_packet\":"), "{}", text(&asked));
     }
     if victims.contains(&Victim::Leader) {
         let i = if first == "c1" { 0 } else { 1 };
