@@ -421,7 +421,8 @@ pub struct ClusterCmdArgs {
 
 #[derive(clap::Subcommand)]
 enum ClusterCommand {
-    /// The leading controller, the nodes (drained or not) and the units each holds.
+    /// The leading controller, the nodes (drained or not), the units placed on each and, where
+    /// it differs, what the run a node hosts serves now (a live scale-out adds instances).
     Status {
         /// JSON instead of text.
         #[arg(long)]

@@ -436,7 +436,7 @@ impl Collector for LiveCollector {
 /// `sluice ctl`.
 #[derive(Args)]
 #[command(
-    after_help = "The token comes from --token or SLUICE_CONTROL_TOKEN (the one `sluice run --control` or `sluice controller --control` printed or was given).\nExit codes: 0 success; 1 the endpoint could not be reached or refused the request; 2 bad command line."
+    after_help = "The token comes from --token or SLUICE_CONTROL_TOKEN (the one `sluice run --control` or `sluice controller --control` printed or was given).\nAn action is answered once the run has carried it out: the JSON answer holds `applied`, `at_packet` (packets the root had admitted when it acted) and, for scale, move and clone, `change` (its entry of the run's report); a refusal says why (409 the run cannot do it now, 503 the run did not take it within 5 s and nothing was done).\nExit codes: 0 success; 1 the endpoint could not be reached or refused the request; 2 bad command line."
 )]
 pub struct CtlArgs {
     /// The control endpoint: PORT (on 127.0.0.1) or HOST:PORT.
@@ -483,7 +483,8 @@ enum CtlCommand {
     CrashStore,
     #[command(flatten)]
     Change(RunChange),
-    /// (A controller's endpoint) the leading controller, the nodes and the units each holds.
+    /// (A controller's endpoint) the leading controller, the nodes, the units placed on each and,
+    /// where it differs, what the run a node hosts serves now.
     Nodes {
         /// Print the JSON as the endpoint returns it.
         #[arg(long)]
