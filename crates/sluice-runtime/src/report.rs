@@ -4,6 +4,7 @@
 use sluice_nf::Event;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 /// Counters of one NF instance.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -345,6 +346,10 @@ pub struct RunReport {
     /// With `RunConfig::latency_timeline`: latency per window of egress time, in order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub latency_timeline: Vec<LatencyWindow>,
+    /// With `RunConfig::latency_timeline`: each packet's (egress time, latency), ns, in egress
+    /// order, and the width of the windows ([`RunReport::around`]).
+    #[serde(skip)]
+    pub latency_samples: Option<(Vec<(u64, u64)>, Duration)>,
     /// Checkpoints of the state store.
     pub checkpoints: CheckpointReport,
     /// The root's packet log, with `RunConfig::fault_tolerance`.
@@ -377,13 +382,23 @@ impl RunReport {
         self.packets_in == self.packets_out + self.dropped_total
     }
 
-    /// Takes in the run's latency per window, and with it each failover's time from the
-    /// failure to latency back to normal.
-    pub fn set_latency_timeline(&mut self, timeline: Vec<LatencyWindow>) {
-        for f in &mut self.failovers {
-            f.latency_normal_ms = crate::disruption::back_to_normal(&timeline, f.failed_ms).back_to_normal_ms;
+    /// Takes in each packet's latency (in egress order) and the width of the run's latency
+    /// windows: the latency per window, and each failover's time from the failure to latency
+    /// back to normal.
+    pub fn set_latency_samples(&mut self, samples: Vec<(u64, u64)>, width: Duration) {
+        self.latency_timeline = crate::disruption::latency_windows(&samples, width);
+        self.latency_samples = Some((samples, width));
+        for f in 0..self.failovers.len() {
+            self.failovers[f].latency_normal_ms =
+                self.around(self.failovers[f].failed_ms).and_then(|a| a.back_to_normal_ms);
         }
-        self.latency_timeline = timeline;
+    }
+
+    /// Latency around a disruption at `at_ms` (ms since the run started), from each packet's
+    /// latency; `None` without them (`RunConfig::latency_timeline`).
+    pub fn around(&self, at_ms: f64) -> Option<crate::disruption::Around> {
+        let (samples, width) = self.latency_samples.as_ref()?;
+        Some(crate::disruption::back_to_normal(samples, *width, at_ms))
     }
 }
 

@@ -13,7 +13,7 @@ use crate::bench::common::{example_chain, repeat_interleaved, single_nf_chain, S
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 use sluice_packet::Packet;
-use sluice_runtime::disruption::{back_to_normal, Around};
+use sluice_runtime::disruption::Around;
 use sluice_runtime::exec::{Crash, Planned};
 use sluice_runtime::RunReport;
 use sluice_runtime::{compile_with, run, Chain, DiscardSink, MemorySource, Overflow, RunConfig, RunHooks, StateConfig};
@@ -105,7 +105,7 @@ fn run_one(
     let f = report.failovers.first().ok_or_else(|| anyhow!("{}: no failover happened", c.name))?;
     Ok(FailoverSample {
         recovery_ms: f.recovery_ms,
-        latency: back_to_normal(&report.latency_timeline, f.asked_ms),
+        latency: report.around(f.asked_ms).ok_or_else(|| anyhow!("the run kept no latency timeline"))?,
         lost: f.lost,
         replayed: f.replayed,
         packets_in: report.packets_in,

@@ -15,7 +15,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 use sluice_io::{GenConfig, Workload};
 use sluice_packet::Packet;
-use sluice_runtime::disruption::{back_to_normal, Around};
+use sluice_runtime::disruption::Around;
 use sluice_runtime::exec::{Change, Planned, Reconfig};
 use sluice_runtime::Chain;
 
@@ -106,7 +106,7 @@ fn run_one(
         flows_moved: m.flows,
         pause_ms: m.settle_ms,
         drain_ms: m.drain_ms,
-        latency: back_to_normal(&report.latency_timeline, m.at_ms),
+        latency: report.around(m.at_ms).ok_or_else(|| anyhow!("the run kept no latency timeline"))?,
         packets_in: report.packets_in,
         packets_out: report.packets_out,
     })

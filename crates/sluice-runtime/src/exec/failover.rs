@@ -370,13 +370,24 @@ pub(super) fn turn(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool
     did
 }
 
+/// How long after its replacement serves a failed instance is freed: freeing its caches and
+/// log takes 1–4 ms of a core, which, on two cores, the packets queued during the recovery
+/// waited for (the example chain's first normal latency window came ~0.4 ms later with the
+/// instance freed at once; docs/benchmarks.md, "Latency back to normal, measured from where
+/// it is").
+const FREE_FAILED_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Frees failed instances on a thread of its own (their caches and logs may take
-/// milliseconds), or here if no thread can be started.
+/// milliseconds), once the recovery's queue has had time to drain ([`FREE_FAILED_AFTER`]),
+/// or here if no thread can be started.
 fn free_failed(failed: Vec<sluice_nf::Instance>) {
     if failed.is_empty() {
         return;
     }
-    let freeing = std::thread::Builder::new().name("sluice-free-failed".into()).spawn(move || drop(failed));
+    let freeing = std::thread::Builder::new().name("sluice-free-failed".into()).spawn(move || {
+        std::thread::sleep(FREE_FAILED_AFTER);
+        drop(failed)
+    });
     if let Err(e) = freeing {
         tracing::debug!(error = %e, "freeing failed instances on this thread");
     }

@@ -28,33 +28,10 @@ impl Latencies {
     /// Into `report`: the percentiles, and the latency per window of `width` if given.
     pub(super) fn into_report(self, report: &mut RunReport, width: Option<Duration>) {
         if let (Some(t), Some(width)) = (self.timeline, width) {
-            report.set_latency_timeline(latency_windows(t, width));
+            report.set_latency_samples(t, width);
         }
         report.latency_us = crate::report::Latency::of_ns(&self.hist);
     }
-}
-
-/// Latency per window of `width`, from (egress time, latency) pairs in ns, in egress order.
-fn latency_windows(samples: Vec<(u64, u64)>, width: Duration) -> Vec<crate::report::LatencyWindow> {
-    let width = (width.as_nanos() as u64).max(1);
-    let mut out = Vec::new();
-    let mut rest = samples.as_slice();
-    while let Some(&(first, _)) = rest.first() {
-        let start = first / width * width;
-        let n = rest.iter().take_while(|(t, _)| *t < start + width).count();
-        let (window, tail) = rest.split_at(n);
-        rest = tail;
-        let mut lat: Vec<u64> = window.iter().map(|(_, l)| *l).collect();
-        lat.sort_unstable();
-        let at = |q: f64| lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1))).copied();
-        out.push(crate::report::LatencyWindow {
-            start_ms: start as f64 / 1e6,
-            packets: lat.len() as u64,
-            p50_us: at(0.5).unwrap_or(0) as f64 / 1e3,
-            p99_us: at(0.99).unwrap_or(0) as f64 / 1e3,
-        });
-    }
-    out
 }
 
 pub(super) fn drain_sink(
