@@ -331,17 +331,23 @@ pub fn cmd_node(a: NodeArgs) -> Result<(), Failure> {
 /// How often a node looks for a crash drill or a request of its run asked of it.
 const CRASH_CHECK_EVERY: Duration = Duration::from_millis(200);
 
-/// Looks for what is asked of `node` through etcd, on a thread of its own (an etcd that
-/// answers slowly or not at all delays only this look, not the node's other work): a crash
-/// drill of the whole node; and requests of the run it hosts (`live`, once that runs) — a
+/// Looks for what is asked of `node` through etcd, on threads of their own (an etcd that
+/// answers slowly or not at all delays only these looks, not the node's other work): a crash
+/// drill of the whole node on one; requests of the run it hosts (`live`, once that runs) — a
 /// crash drill of one of its units, a live change, its view — each answered with what the
-/// run's control endpoint would answer.
+/// run's control endpoint would answer, on the other. Apart, because the run answers a change
+/// only once it has made it (up to `live::PATIENCE`): a drill of the whole node asked
+/// meanwhile must not wait for that.
 fn watch_for_asks(etcd: Etcd, cluster: String, node: String, live: Option<Arc<OnceLock<Arc<Live>>>>) {
+    let (drill_etcd, drill_cluster, drill_node) = (etcd.clone(), cluster.clone(), node.clone());
     std::thread::spawn(move || loop {
         std::thread::sleep(CRASH_CHECK_EVERY);
-        if crash_asked(&etcd, &cluster, &node).unwrap_or(false) {
-            crash_drill(&node);
+        if crash_asked(&drill_etcd, &drill_cluster, &drill_node).unwrap_or(false) {
+            crash_drill(&drill_node);
         }
+    });
+    std::thread::spawn(move || loop {
+        std::thread::sleep(CRASH_CHECK_EVERY);
         let run = live.as_ref().and_then(|l| l.get());
         if let Err(e) = answer_run_requests(&etcd, &cluster, &node, run.map(|r| &**r), live.is_some()) {
             tracing::debug!(node, error = %e, "reading the requests of the run asked");
