@@ -26,8 +26,10 @@ pub type Handover = (NodeId, Vec<(NodeId, Vec<u64>)>);
 pub struct Splitter {
     /// Active instances in slot order (the hash spreads over these).
     members: Vec<NodeId>,
-    /// Flows assigned elsewhere than the hash says.
-    pins: HashMap<u64, NodeId>,
+    /// Flows assigned elsewhere than the hash says. Looked up for every packet routed to a
+    /// scaled vertex and for every value and timer a move's giver holds: hashed with ahash, not
+    /// std's SipHash (the keys are hashes already).
+    pins: HashMap<u64, NodeId, ahash::RandomState>,
     /// Straggler -> its clone on trial.
     clones: Vec<(NodeId, NodeId)>,
 }
@@ -176,7 +178,7 @@ impl Splitter {
     /// A new root learns the flow allocation from the instances: every flow an instance has
     /// received is pinned to it. Returns how many flows were learnt.
     pub fn relearn<'a>(&mut self, flows_of: impl Fn(NodeId) -> Option<&'a HashSet<u64>>) -> u64 {
-        let mut pins = HashMap::new();
+        let mut pins = HashMap::default();
         for &m in &self.members {
             for k in flows_of(m).into_iter().flatten() {
                 pins.insert(*k, m);

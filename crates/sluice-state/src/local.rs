@@ -92,6 +92,23 @@ impl Timers {
         v
     }
 
+    /// Disarms the timers whose key `take` selects and returns them as `(object, key,
+    /// deadline_ns)` in the order they would have fired here (deadline, then arming order), so
+    /// that whoever arms them next in that order fires ties as this table would have. One
+    /// pass over the armed timers; their heap entries are left to be skipped when they surface.
+    pub fn take_where(&mut self, take: impl Fn(&StateKey) -> bool) -> Vec<(ObjectId, StateKey, u64)> {
+        let mut taken: Vec<(u64, u64, ObjectId, StateKey)> = Vec::new();
+        self.armed.retain(|(o, k), a| {
+            if take(k) {
+                taken.push((a.deadline, a.seq, *o, *k));
+                return false;
+            }
+            true
+        });
+        taken.sort_unstable_by_key(|&(deadline, seq, ..)| (deadline, seq));
+        taken.into_iter().map(|(deadline, _, o, k)| (o, k, deadline)).collect()
+    }
+
     /// Number of armed timers.
     pub fn len(&self) -> usize {
         self.armed.len()
@@ -342,6 +359,35 @@ impl StateHandle for LocalState {
 mod tests {
     use super::*;
     use crate::decl::{AccessPattern, Scope};
+
+    #[test]
+    fn timers_taken_come_in_firing_order_and_leave_the_rest_armed() {
+        let mut t = Timers::default();
+        let k = |i: u64| StateKey::Id(i);
+        // Armed in the order 5, 1, 7, 3; 1 re-armed later to the same deadline as 5.
+        t.set(ObjectId(0), &k(5), 300);
+        t.set(ObjectId(0), &k(1), 100);
+        t.set(ObjectId(1), &k(7), 200);
+        t.set(ObjectId(0), &k(3), 50);
+        t.set(ObjectId(0), &k(1), 300);
+        let above_two = |key: &StateKey| matches!(key, StateKey::Id(i) if *i > 2);
+        let taken = t.take_where(above_two);
+        // By deadline (1, re-armed to 5's deadline, is not taken).
+        assert_eq!(taken, vec![(ObjectId(0), k(3), 50), (ObjectId(1), k(7), 200), (ObjectId(0), k(5), 300)]);
+        assert_eq!(t.len(), 1, "only 1 stays armed");
+        assert!(t.is_armed(ObjectId(0), &k(1)));
+        // The taken ones never fire here; the one left fires at its re-armed deadline.
+        let mut fired = Vec::new();
+        t.expired(1_000, 10, &mut fired);
+        assert_eq!(fired.iter().map(|f| f.key).collect::<Vec<_>>(), vec![k(1)]);
+        // Ties keep the order they were armed in.
+        let mut t = Timers::default();
+        for i in [9, 4, 6] {
+            t.set(ObjectId(0), &k(i), 10);
+        }
+        let order: Vec<StateKey> = t.take_where(|_| true).into_iter().map(|(_, key, _)| key).collect();
+        assert_eq!(order, vec![k(9), k(4), k(6)]);
+    }
 
     fn state() -> LocalState {
         LocalState::new(

@@ -52,16 +52,16 @@ impl StoreClient {
     /// its copies of their per-flow values are dropped, so a stale copy can never come back (a
     /// store rebuild takes per-flow state from the instances' copies), and their timers are
     /// returned for the new instance, cancelled here without telling the store (the new
-    /// instance re-arms them). Call it after a flush.
+    /// instance re-arms them, in the order returned: the order they would have fired here,
+    /// [`Timers::take_where`](sluice_state::Timers::take_where)). Call it after a flush.
     pub fn hand_over(&mut self, moved: impl Fn(&StateKey) -> bool) -> Vec<(ObjectId, StateKey, u64)> {
         for (o, cache) in self.caches.iter_mut().enumerate() {
             if matches!(self.strategies.get(o), Some(Strategy::Owned | Strategy::WriteThrough)) {
                 cache.retain(|k, e| e.dirty || !moved(k));
             }
         }
-        let timers: Vec<_> = self.timers.armed().into_iter().filter(|(_, k, _)| moved(k)).collect();
+        let timers = self.timers.take_where(&moved);
         for (o, k, _) in &timers {
-            self.timers.cancel(*o, k);
             self.timer_changes.remove(&(*o, *k));
         }
         timers

@@ -245,15 +245,24 @@ fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, change: u64) {
         }
         // One pass drops the copies of every flow given up (those keyed by another flow than
         // the packet's too: the predicate names no flow this instance keeps); what remains is
-        // its own, so `forget_foreign` only has to stop taking a missing value to be absent.
+        // its own, so all that is left is to stop taking a missing value to be absent (a
+        // second pass over the caches that removed nothing took 0.5 ms of a 4,000-flow move).
         let t = c.hand_over(gives_up);
-        c.forget_foreign(|_| false);
+        c.look_up_missing_values();
         t
     });
+    // Grouped by the instance that takes them, in the order given (each list locked once).
+    let mut to_each: Vec<(usize, Vec<(ObjectId, StateKey, u64)>)> = Vec::new();
     for (o, k, deadline) in timers.unwrap_or_default() {
-        let to = split_key_of_state(&k, &vp.split).and_then(|sk| after.owner(sk)).or(first);
-        if let Some(mut t) = to.and_then(|g| sc.timers.get(g)).and_then(|t| t.lock().ok()) {
-            t.push((o, k, deadline));
+        let Some(to) = split_key_of_state(&k, &vp.split).and_then(|sk| after.owner(sk)).or(first) else { continue };
+        match to_each.iter_mut().find(|(g, _)| *g == to) {
+            Some((_, list)) => list.push((o, k, deadline)),
+            None => to_each.push((to, vec![(o, k, deadline)])),
+        }
+    }
+    for (to, list) in to_each {
+        if let Some(mut t) = sc.timers.get(to).and_then(|t| t.lock().ok()) {
+            t.extend(list);
         }
     }
     if gives_nothing {
