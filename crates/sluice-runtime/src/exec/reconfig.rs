@@ -68,7 +68,7 @@ pub enum Change {
 }
 
 /// A timer handed from an instance that gave a flow up: (object, key, deadline).
-type Timer = (ObjectId, StateKey, u64);
+pub(super) type Timer = (ObjectId, StateKey, u64);
 
 /// What the root and the workers share for scaling and moves.
 pub(super) struct Scaling {

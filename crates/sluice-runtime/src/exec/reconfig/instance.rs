@@ -252,7 +252,7 @@ fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, change: u64) {
         t
     });
     // Grouped by the instance that takes them, in the order given (each list locked once).
-    let mut to_each: Vec<(usize, Vec<(ObjectId, StateKey, u64)>)> = Vec::new();
+    let mut to_each: Vec<(usize, Vec<super::Timer>)> = Vec::new();
     for (o, k, deadline) in timers.unwrap_or_default() {
         let Some(to) = split_key_of_state(&k, &vp.split).and_then(|sk| after.owner(sk)).or(first) else { continue };
         match to_each.iter_mut().find(|(g, _)| *g == to) {
