@@ -69,7 +69,8 @@ pub(crate) struct RunArgs {
     duration: Option<f64>,
     /// Report root-to-sink latency per window of this many ms as well (`latency_timeline` in
     /// --json), and for each failover the time from the failure until latency was back to
-    /// normal (five windows in a row within twice the p99 before it).
+    /// normal (five windows in a row within twice the p99 before it, starting anywhere after the
+    /// failure, not only on the grid of windows).
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=60_000))]
     latency_window: Option<u64>,
     /// Generate the input instead: long, short, mixed, demo or FLOWSxPACKETS.
