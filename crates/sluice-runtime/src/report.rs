@@ -388,9 +388,10 @@ impl RunReport {
     pub fn set_latency_samples(&mut self, samples: Vec<(u64, u64)>, width: Duration) {
         self.latency_timeline = crate::disruption::latency_windows(&samples, width);
         self.latency_samples = Some((samples, width));
-        for f in 0..self.failovers.len() {
-            self.failovers[f].latency_normal_ms =
-                self.around(self.failovers[f].failed_ms).and_then(|a| a.back_to_normal_ms);
+        let normal: Vec<Option<f64>> =
+            self.failovers.iter().map(|f| self.around(f.failed_ms).and_then(|a| a.back_to_normal_ms)).collect();
+        for (f, normal) in self.failovers.iter_mut().zip(normal) {
+            f.latency_normal_ms = normal;
         }
     }
 
