@@ -67,12 +67,17 @@ pub fn latency_windows(samples: &LatencySamples, width: Duration) -> Vec<Latency
 /// latency is back to normal, and the peak p99 after it.
 pub fn back_to_normal(samples: &LatencySamples, width: Duration, at_ms: f64) -> Around {
     let grid = latency_windows(samples, width);
-    let mut before: Vec<f64> =
-        grid.iter().filter(|w| w.start_ms >= at_ms / 10.0 && w.start_ms + 1.0 <= at_ms).map(|w| w.p99_us).collect();
+    let width_ms = width_ns(width) as f64 / 1e6;
+    // Windows that ended before the disruption (the run's first tenth left out as warm-up).
+    let mut before: Vec<f64> = grid
+        .iter()
+        .filter(|w| w.start_ms >= at_ms / 10.0 && w.start_ms + width_ms <= at_ms)
+        .map(|w| w.p99_us)
+        .collect();
     before.sort_by(f64::total_cmp);
     let baseline = median(&before);
     let limit_ns = ((2.0 * baseline).min(baseline + 20.0) * 1e3) as u64;
-    let peak = grid.iter().filter(|w| w.start_ms + 1.0 > at_ms).map(|w| w.p99_us).fold(0.0, f64::max);
+    let peak = grid.iter().filter(|w| w.start_ms + width_ms > at_ms).map(|w| w.p99_us).fold(0.0, f64::max);
 
     let at_ns = (at_ms.max(0.0) * 1e6) as u64;
     let windows = Windows::new(samples, width_ns(width), limit_ns);
@@ -220,6 +225,17 @@ mod tests {
             .map(|&(ms, us)| (ms * MS + 1, us * US))
             .collect();
         assert_eq!(around(&s, 6.0).baseline_p99_us, 25.0, "windows 2..5: 10, 20, 30, 40");
+    }
+
+    #[test]
+    fn the_baseline_leaves_out_a_wide_window_the_disruption_falls_in() {
+        // 10 ms windows; the disruption at 25 ms falls in the window [20, 30), whose late
+        // packets must not count as "before".
+        let mut s = steady(0, 25, 10);
+        s.extend(steady(25, 30, 900));
+        let a = back_to_normal(&s, Duration::from_millis(10), 25.0);
+        assert_eq!(a.baseline_p99_us, 10.0, "window [10, 20) only");
+        assert_eq!(a.peak_p99_us, 900.0, "the window the disruption fell in is after it");
     }
 
     #[test]
