@@ -121,13 +121,20 @@ impl Instance {
     /// until the old instance finished with the flow, reach the new instance after later ones):
     /// such a packet must still find the state a timer removes only after its time, as in the
     /// logical NF.
+    #[inline]
     pub fn advance_time(&mut self, now_ns: u64, clock: sluice_packet::Clock) {
         if now_ns > self.now_ns {
             self.now_ns = now_ns;
         }
-        if !self.state.may_fire(now_ns) {
-            return;
+        if self.state.may_fire(now_ns) {
+            self.fire_due(now_ns, clock);
         }
+    }
+
+    /// Fires the timers due by `now_ns` (out of line: most packets find none due, and the
+    /// per-packet path should not carry this frame).
+    #[inline(never)]
+    fn fire_due(&mut self, now_ns: u64, clock: sluice_packet::Clock) {
         self.fired.clear();
         self.state.timers(true);
         match &self.timer_filter {

@@ -504,24 +504,25 @@ pub fn run(
                 held_crashes.root_done(at);
             }
         }
-        let (seq, now_ms) = (r0.seq, t0.elapsed().as_secs_f64() * 1e3);
+        let (seq, now) = (r0.seq, Instant::now()); // one clock read (~20 ns) for the turn
+        let now_ms = now.duration_since(t0).as_secs_f64() * 1e3;
         if root_crash_due.is_none() {
             failover_side.ask_held(&shared, now_ms, &mut failovers);
         }
         failover_side.take_live(&shared, (seq, now_ms), &mut failovers);
         failover_side.take_elsewhere(&shared, (seq, now_ms), &mut failovers);
-        let at = reconfig::At::now((if roots > 1 { split.entered() } else { seq }, seq, split.last_entry), t0);
+        let at = reconfig::At::with_ms((if roots > 1 { split.entered() } else { seq }, seq, split.last_entry), now_ms);
         scaling_side.take_live(&shared, at, &mut reconfigurations);
         scaling_side.judge_trials(&shared, at, &mut reconfigurations);
         r0.advance_low(&shared);
         let low = r0.low;
         scaling_side.serve(&shared, low, &mut reconfigurations);
         if low != low_seen || (shared.in_flight.load(Ordering::Acquire) == 0 && !source_done) {
-            (low_seen, quiet_since) = (low, Instant::now());
-        } else if quiet_since.elapsed() >= waiting::NOTICE_AFTER {
+            (low_seen, quiet_since) = (low, now);
+        } else if now.saturating_duration_since(quiet_since) >= waiting::NOTICE_AFTER {
             // Nothing finished for a while: say what the run waits for (a run that never ends
             // is a bug; this is where to start looking), and ask the workers what they hold.
-            quiet_since = Instant::now();
+            quiet_since = now;
             let what = if source_done {
                 "the input is done; the run waits for these"
             } else {

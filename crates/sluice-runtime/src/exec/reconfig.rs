@@ -171,8 +171,13 @@ pub(super) struct At {
 
 impl At {
     /// Now, for a run that began at `t0`: (`packet`, `root0`, `entry`).
-    pub(super) fn now((packet, root0, entry): (u64, u64, u64), t0: Instant) -> At {
-        At { packet, root0, entry, ms: t0.elapsed().as_secs_f64() * 1e3 }
+    pub(super) fn now(counts: (u64, u64, u64), t0: Instant) -> At {
+        At::with_ms(counts, t0.elapsed().as_secs_f64() * 1e3)
+    }
+
+    /// [`At::now`] with the time already read: `ms` into the run.
+    pub(super) fn with_ms((packet, root0, entry): (u64, u64, u64), ms: f64) -> At {
+        At { packet, root0, entry, ms }
     }
 
     /// Where a change made now takes effect.

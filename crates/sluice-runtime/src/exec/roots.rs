@@ -160,7 +160,7 @@ impl RootState {
         window_room.min(span_room).min(log_room)
     }
 
-    /// Stamps, logs and counts in flight a packet handed to this root (its entry time, in
+    /// Stamps and logs a packet handed to this root (its entry time, in
     /// `ingress_ns`, stamped by the reading thread); `None` if it dropped it (`over`: past the
     /// window with `overflow: drop`; or the log was full).
     pub(super) fn admit(&mut self, shared: &Shared, mut pkt: Packet, over: bool) -> Option<Packet> {
@@ -202,12 +202,13 @@ impl RootState {
             rec.push(Some(pkt.meta.clock));
             self.last_ts = self.last_ts.max(pkt.meta.ts_ns);
         }
-        shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        // Counted in flight by `enter`, for the whole batch at once.
         Some(pkt)
     }
 
-    /// Sends what this root admitted into the chain: past it if the traffic filter says so,
-    /// else along the entry routes; a packet no route takes is done here.
+    /// Counts in flight and sends what this root admitted into the chain: past it if the
+    /// traffic filter says so, else along the entry routes; a packet no route takes is done
+    /// here.
     pub(super) fn enter(
         &mut self,
         shared: &Shared,
@@ -215,6 +216,9 @@ impl RootState {
         (entry, traffic): (&[Routes], Option<&CompiledFilter>),
         stamped: &mut Batch,
     ) -> Result<(), RunError> {
+        // In flight before any of them can be seen (and finish) downstream: one atomic add a
+        // batch, not one a packet (it was 4 % of a pass-through's time).
+        shared.in_flight.fetch_add(stamped.len(), Ordering::AcqRel);
         if let Some(l) = self.log.as_mut() {
             // With the log in the store, a packet enters the chain once the store has it.
             l.persist(stamped.iter().map(|p| (p.meta.clock.seq(), p))).map_err(|e| RunError::Worker(e.to_string()))?;
@@ -230,7 +234,7 @@ impl RootState {
                 continue;
             }
             if let (Some(d), None) = (only_to, pkt.meta.replay_target()) {
-                out.push(shared, d, pkt);
+                out.push_in_run(shared, d, pkt);
                 continue;
             }
             let Some(routes) = entry.get(direction(&pkt, entry.len())) else { continue };

@@ -460,7 +460,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
         }
         if let (Some(d), Verdict::Forward, None) = (only_to, &verdict, pkt.meta.replay_target()) {
             // Where `hand_on` would send it, without asking again per packet.
-            out.push(shared, d, pkt);
+            out.push_in_run(shared, d, pkt);
             slot.stats.forwarded += 1;
             continue;
         }
