@@ -516,10 +516,13 @@ impl Backend for EmbeddedStore {
                 }
             }
         }
-        all.values.sort_by_key(|v| v.0);
-        all.ts.sort();
-        all.timers.sort();
-        all.log.sort_by_key(|l| (l.part, l.clock, l.vertex, l.seq));
+        // Unstable sorts: the keys are unique (a value per key, a timer per key, a log entry per
+        // tag and part), so the order is the same, without a stable sort's copies of every
+        // element (a checkpoint of 20,000 values spent most of its time in them).
+        all.values.sort_unstable_by_key(|v| v.0);
+        all.ts.sort_unstable();
+        all.timers.sort_unstable();
+        all.log.sort_unstable_by_key(|l| (l.part, l.clock, l.vertex, l.seq));
         Ok(all)
     }
 
