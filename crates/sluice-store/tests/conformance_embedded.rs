@@ -657,3 +657,31 @@ fn lazy_batches_are_applied_without_a_wakeup() {
         assert!(start.elapsed() < Duration::from_secs(5), "a wait gets the acknowledgement");
     }
 }
+
+/// The client says "nothing to fire" only when asking would find nothing: no timer due, its
+/// time not moved (an instance then skips the asking, once a packet); and a timer due, or a
+/// time past its own, is asked for.
+#[test]
+fn the_client_asks_for_timers_only_when_one_may_fire() {
+    let store = EmbeddedStore::start(1).expect("start store");
+    let decls = [StateDecl::new("flows", Scope::per_flow(), AccessPattern::ReadWriteOften)];
+    let id = InstanceId::new(3, 0);
+    let conn = store.connect(id).expect("connect");
+    let mut c =
+        StoreClient::new(conn, id, 3, &decls, &[], ClientConfig { mode: Mode::Async, ..ClientConfig::default() });
+    let key = StateKey::Unit;
+    let at = |ts_ns: u64| Meta { clock: Clock::new(0, ts_ns), ts_ns, ..Meta::default() };
+    c.begin_batch();
+    c.begin_packet(&at(100));
+    assert!(!c.may_fire(100), "nothing armed, time not moved");
+    assert!(c.may_fire(101), "a time past the client's own moves it");
+    c.set_timer(ObjectId(0), &key, 150);
+    assert!(!c.may_fire(100), "armed, not due");
+    c.begin_packet(&at(150));
+    assert!(c.may_fire(150), "due");
+    let mut fired = Vec::new();
+    c.expired(150, 8, &mut fired);
+    assert_eq!(fired.len(), 1);
+    assert!(!c.may_fire(150), "fired: nothing left");
+    c.end_batch();
+}

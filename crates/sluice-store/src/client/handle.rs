@@ -118,6 +118,14 @@ impl StateHandle for StoreClient {
         }
     }
 
+    fn may_fire(&self, now_ns: u64) -> bool {
+        // `expired_where` would also move this client's time forward: asked past the packet's
+        // own time (the run's last look at its timers), it is asked.
+        now_ns > self.now_ns
+            || self.timers.may_fire(now_ns)
+            || self.vertex_timers.as_ref().is_some_and(|t| t.may_be_due(now_ns))
+    }
+
     fn expired(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>) {
         self.expired_where(now_ns, max, out, &|_, _| true);
     }
