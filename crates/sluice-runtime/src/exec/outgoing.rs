@@ -130,12 +130,18 @@ impl Outgoing {
         }
         buf.push(pkt);
         if buf.len() >= shared.batch {
-            if self.hold {
-                let full = std::mem::take(buf);
-                self.held.push((dest, full));
-            } else {
-                self.flush_one(shared, dest);
-            }
+            self.full(shared, dest);
+        }
+    }
+
+    /// `dest`'s buffer is full: pushed at once, or, while an instance's updates are not sent
+    /// yet ([`Outgoing::hold`]), kept aside until [`Outgoing::flush`].
+    fn full(&mut self, shared: &Shared, dest: usize) {
+        if !self.hold {
+            self.flush_one(shared, dest);
+        } else if let Some(buf) = self.bufs.get_mut(dest) {
+            let full = std::mem::take(buf);
+            self.held.push((dest, full));
         }
     }
 
@@ -183,12 +189,7 @@ impl Outgoing {
         std::mem::swap(buf, &mut self.run.1);
         self.filled.push(dest);
         if buf.len() >= shared.batch {
-            if self.hold {
-                let full = std::mem::take(buf);
-                self.held.push((dest, full));
-            } else {
-                self.flush_one(shared, dest);
-            }
+            self.full(shared, dest);
         }
     }
 
