@@ -151,14 +151,14 @@ impl Outgoing {
     /// their sending order.
     #[inline]
     pub(super) fn push_in_run(&mut self, shared: &Shared, dest: usize, pkt: Packet) {
+        if self.run.0 != dest {
+            self.end_run(shared);
+        }
         if self.run.1.is_empty() {
             self.run.0 = dest;
             if self.run.1.capacity() == 0 {
                 self.run.1 = shared.empty_batch();
             }
-        } else if self.run.0 != dest {
-            self.end_run(shared);
-            self.run.0 = dest;
         }
         self.run.1.push(pkt);
         if self.run.1.len() >= shared.batch {
