@@ -2,13 +2,25 @@
 //! and NF unit tests drive NFs through this one type, so both see the same semantics.
 
 use crate::{Event, LabelTable, NetworkFunction, NfContext, Verdict};
-use sluice_packet::{InstanceId, Packet};
-use sluice_state::{ObjectId, StateHandle, StateKey, TimerFired};
+use sluice_packet::{Clock, InstanceId, Meta, Packet};
+use sluice_state::{DueTimers, ObjectId, StateError, StateHandle, StateKey, TimerFired};
 use std::sync::Arc;
 
 /// How many timers may fire before one packet; the rest fire before the next ones, so a burst
 /// of expiries cannot stall the data path.
-const TIMERS_PER_PACKET: usize = 64;
+pub const TIMERS_PER_PACKET: usize = 64;
+
+/// What [`Instance::fire_for`] did.
+#[derive(Debug)]
+pub struct FiredFor {
+    /// How many timers fired.
+    pub fired: usize,
+    /// The XOR of the ids of what they updated, for the packet to carry (the commits are the
+    /// firing instance's to report).
+    pub xor: u64,
+    /// Whether the store has their updates.
+    pub stored: Result<(), StateError>,
+}
 
 /// An NF instance with its state.
 pub struct Instance {
@@ -21,12 +33,16 @@ pub struct Instance {
     fired: Vec<TimerFired>,
     now_ns: u64,
     timer_filter: Option<TimerFilter>,
+    /// How many timers may fire before the next packet ([`TIMERS_PER_PACKET`] unless other
+    /// instances fired some of them on its behalf, [`Instance::limit_timers`]).
+    budget: usize,
 }
 
 /// Which of an instance's due timers fire before a packet with this clock (the others stay
 /// armed): while flows move away from it, the timers of flows that are another instance's at
-/// that clock wait to be handed over.
-pub type TimerFilter = Box<dyn Fn(ObjectId, &StateKey, sluice_packet::Clock) -> bool + Send>;
+/// that clock wait to be handed over; with one table of timers for every instance of an
+/// order-sensitive vertex, a flow's timers are its serving instance's.
+pub type TimerFilter = Box<dyn Fn(ObjectId, &StateKey, Clock) -> bool + Send>;
 
 impl Instance {
     /// An instance of `nf` named `vertex`, with state behind `state`.
@@ -37,12 +53,65 @@ impl Instance {
         id: InstanceId,
         labels: Arc<LabelTable>,
     ) -> Instance {
-        Instance { nf, state, vertex, id, labels, events: Vec::new(), fired: Vec::new(), now_ns: 0, timer_filter: None }
+        Instance {
+            nf,
+            state,
+            vertex,
+            id,
+            labels,
+            events: Vec::new(),
+            fired: Vec::new(),
+            now_ns: 0,
+            timer_filter: None,
+            budget: TIMERS_PER_PACKET,
+        }
     }
 
     /// Sets which due timers fire from now on ([`TimerFilter`]; `None`: all).
     pub fn set_timer_filter(&mut self, filter: Option<TimerFilter>) {
         self.timer_filter = filter;
+    }
+
+    /// Whether a [`TimerFilter`] is set.
+    pub fn has_timer_filter(&self) -> bool {
+        self.timer_filter.is_some()
+    }
+
+    /// Before the next packet at most `max` timers fire here (others fired the rest of the
+    /// packet's [`TIMERS_PER_PACKET`] on its behalf).
+    pub fn limit_timers(&mut self, max: usize) {
+        self.budget = max.min(TIMERS_PER_PACKET);
+    }
+
+    /// Of the first `max` timers due before the packet of `clock` at time `now_ns`: whether
+    /// the first is this instance's to fire, and whether one is another instance's
+    /// ([`StateHandle::due_where`], by the [`TimerFilter`]).
+    pub fn due_timers(&mut self, now_ns: u64, clock: Clock, max: usize) -> DueTimers {
+        match &self.timer_filter {
+            Some(f) => self.state.due_where(now_ns, max, &|o, k| f(o, k, clock)),
+            None => self.state.due_where(now_ns, max, &|_, _| true),
+        }
+    }
+
+    /// Fires, on behalf of the packet of `clock` at time `now_ns` that another instance (or
+    /// this one) is about to process, at most `max` of the timers due by then — those that
+    /// come, in firing order, before the first that is not this instance's — and waits until
+    /// the store has their updates, so that the packet can go on as if they had fired here
+    /// before it.
+    pub fn fire_for(&mut self, now_ns: u64, clock: Clock, max: usize) -> FiredFor {
+        let mut meta = Meta { clock, ts_ns: now_ns, ..Meta::default() };
+        self.state.begin_batch();
+        self.state.begin_packet(&meta);
+        if now_ns > self.now_ns {
+            self.now_ns = now_ns;
+        }
+        self.budget = max.min(TIMERS_PER_PACKET);
+        let fired = if self.state.may_fire(now_ns) { self.fire_due(now_ns, clock) } else { 0 };
+        self.budget = TIMERS_PER_PACKET;
+        self.state.end_packet(&mut meta);
+        self.state.end_batch();
+        let stored = self.state.flush();
+        FiredFor { fired, xor: meta.xor, stored }
     }
 
     /// The NF.
@@ -82,6 +151,7 @@ impl Instance {
         // the packet's begin/end like the NF's own operations.
         self.state.begin_packet(&pkt.meta);
         self.advance_time(pkt.meta.ts_ns, pkt.meta.clock);
+        self.budget = TIMERS_PER_PACKET;
         if !pkt.hdr().is_ip() {
             self.state.end_packet(&mut pkt.meta);
             return Verdict::Forward;
@@ -122,7 +192,7 @@ impl Instance {
     /// such a packet must still find the state a timer removes only after its time, as in the
     /// logical NF.
     #[inline]
-    pub fn advance_time(&mut self, now_ns: u64, clock: sluice_packet::Clock) {
+    pub fn advance_time(&mut self, now_ns: u64, clock: Clock) {
         if now_ns > self.now_ns {
             self.now_ns = now_ns;
         }
@@ -131,15 +201,16 @@ impl Instance {
         }
     }
 
-    /// Fires the timers due by `now_ns` (out of line: most packets find none due, and the
-    /// per-packet path should not carry this frame).
+    /// Fires the timers due by `now_ns`, at most the budget; how many (out of line: most
+    /// packets find none due, and the per-packet path should not carry this frame).
     #[inline(never)]
-    fn fire_due(&mut self, now_ns: u64, clock: sluice_packet::Clock) {
+    fn fire_due(&mut self, now_ns: u64, clock: Clock) -> usize {
         self.fired.clear();
         self.state.timers(true);
+        let max = self.budget;
         match &self.timer_filter {
-            Some(f) => self.state.expired_where(now_ns, TIMERS_PER_PACKET, &mut self.fired, &|o, k| f(o, k, clock)),
-            None => self.state.expired(now_ns, TIMERS_PER_PACKET, &mut self.fired),
+            Some(f) => self.state.expired_where(now_ns, max, &mut self.fired, &|o, k| f(o, k, clock)),
+            None => self.state.expired(now_ns, max, &mut self.fired),
         }
         let fired = std::mem::take(&mut self.fired);
         for f in &fired {
@@ -149,8 +220,10 @@ impl Instance {
             ctx.now_ns = now_ns;
             self.nf.on_timer(*f, &mut ctx);
         }
+        let n = fired.len();
         self.fired = fired;
         self.state.timers(false);
+        n
     }
 
     /// Events emitted so far.

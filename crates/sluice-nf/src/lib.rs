@@ -14,7 +14,7 @@ mod registry;
 
 pub use context::NfContext;
 pub use event::Event;
-pub use instance::{Instance, TimerFilter};
+pub use instance::{FiredFor, Instance, TimerFilter, TIMERS_PER_PACKET};
 pub use registry::{BuildCtx, LabelTable, NfBuilder, NfError, NfRegistry};
 pub use sluice_state::{
     AccessPattern, CustomOp, ObjectId, Scope, StateDecl, StateError, StateHandle, StateKey, StateOp, TimerFired, Value,

@@ -39,6 +39,7 @@ mod alloc;
 mod config;
 mod failover;
 mod finish;
+mod flow_timers;
 mod ft;
 mod idle;
 mod input;
@@ -269,8 +270,12 @@ pub fn run(
     }
     if scalable || vertices.iter().any(|v| v.instances.len() > 1) {
         // Several instances of a vertex: a timer on a key they share fires wherever the first
-        // packet past its deadline goes.
-        rebuilder.share_vertex_timers(vertices.len());
+        // packet past its deadline goes. At an order-sensitive vertex every timer fires before
+        // the first packet past its deadline, in deadline order, by the instance serving its
+        // flow (`flow_timers.rs`; within one process: a spread run's instances on other nodes
+        // keep their own).
+        let flows_too: Vec<bool> = ordered.iter().map(|o| *o && layout.is_none()).collect();
+        rebuilder.share_vertex_timers(&flows_too);
         for (_, inst) in &mut instances {
             rebuilder.attach_vertex_timers(inst);
         }

@@ -197,9 +197,17 @@ impl Rebuilder {
     /// keep the timers on their shared keys in one table per vertex, so that a timer fires
     /// before the first packet past its deadline whichever instance of the vertex gets it
     /// ([`StoreClient::share_vertex_timers`]): for runs whose vertices have, or may get,
-    /// several instances.
-    pub fn share_vertex_timers(&mut self, vertices: usize) {
-        self.vertex_timers = Some((0..vertices).map(|_| sluice_store::VertexTimers::default()).collect());
+    /// several instances. A vertex whose `flows_too` is set keeps its per-flow timers there
+    /// too ([`sluice_store::VertexTimerTable::with_flow_timers`]): an order-sensitive one.
+    pub fn share_vertex_timers(&mut self, flows_too: &[bool]) {
+        let table = |all: bool| {
+            Arc::new(if all {
+                sluice_store::VertexTimerTable::with_flow_timers()
+            } else {
+                sluice_store::VertexTimerTable::default()
+            })
+        };
+        self.vertex_timers = Some(flows_too.iter().map(|all| table(*all)).collect());
     }
 
     /// Puts `inst`'s timers on shared keys into its vertex's table, if the run shares them.

@@ -38,6 +38,15 @@ pub struct TimerFired {
     pub key: StateKey,
 }
 
+/// What [`StateHandle::due_where`] sees among the timers due before a packet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DueTimers {
+    /// The first due timer is one the asker may fire.
+    pub first_fireable: bool,
+    /// One of them (within the look's limit) is another instance's to fire.
+    pub foreign: bool,
+}
+
 /// Access to an NF instance's state. One handle per instance; it is driven by the runtime's
 /// worker, so it needs no locks. The typed helpers are thin wrappers over [`StateHandle::exec`]
 /// and [`StateHandle::exec_nb`], the two calls a backend implements.
@@ -82,6 +91,15 @@ pub trait StateHandle: Send {
         _fire: &dyn Fn(ObjectId, &StateKey) -> bool,
     ) {
         self.expired(now_ns, max, out);
+    }
+
+    /// Looks, without firing anything, at the first `max` timers due at `now_ns` in the order
+    /// they would fire: whether the first is one `fire` accepts, and whether any is one it
+    /// does not. A backend whose timers some other instance fires in turn (the per-flow timers
+    /// of an order-sensitive vertex with several instances, kept in one table for all of them)
+    /// says so; by default every timer due here is this instance's, and nothing is said.
+    fn due_where(&mut self, _now_ns: u64, _max: usize, _fire: &dyn Fn(ObjectId, &StateKey) -> bool) -> DueTimers {
+        DueTimers::default()
     }
 
     /// Called by the runtime before an instance processes a batch.

@@ -14,6 +14,6 @@ pub mod ops;
 mod value;
 
 pub use decl::{cached_while_alone, AccessPattern, CustomOp, CustomOpFn, ObjectId, Scope, StateDecl};
-pub use handle::{StateError, StateHandle, TimerFired};
+pub use handle::{DueTimers, StateError, StateHandle, TimerFired};
 pub use local::{LocalState, Timers};
 pub use value::{StateKey, StateOp, Value};

@@ -177,6 +177,32 @@ impl Timers {
         self.compact_if_stale();
     }
 
+    /// The first `max` timers due at `now_ns`, in the order they would fire, left armed.
+    pub fn due(&mut self, now_ns: u64, max: usize) -> Vec<(ObjectId, StateKey)> {
+        let (mut due, mut looked) = (Vec::new(), Vec::new());
+        while due.len() < max {
+            match self.heap.peek() {
+                Some(Reverse((deadline, ..))) if *deadline <= now_ns => {}
+                _ => break,
+            }
+            let Some(Reverse((deadline, seq, object, key))) = self.heap.pop() else { break };
+            let Some(a) = self.armed.get_mut(&(object, key)) else { continue };
+            if a.queued != seq {
+                continue; // superseded
+            }
+            if (a.seq, a.deadline) != (seq, deadline) {
+                // Re-armed later since this entry was queued: it takes its place now.
+                a.queued = a.seq;
+                self.heap.push(Reverse((a.deadline, a.seq, object, key)));
+                continue;
+            }
+            due.push((object, key));
+            looked.push(Reverse((deadline, seq, object, key)));
+        }
+        self.heap.extend(looked);
+        due
+    }
+
     /// Whether [`Timers::expired_where`] at `now_ns` would fire a timer or tidy the heap.
     pub fn may_fire(&self, now_ns: u64) -> bool {
         matches!(self.heap.peek(), Some(Reverse((deadline, ..))) if *deadline <= now_ns) || self.stale()
@@ -387,6 +413,25 @@ mod tests {
         }
         let order: Vec<StateKey> = t.take_where(|_| true).into_iter().map(|(_, key, _)| key).collect();
         assert_eq!(order, vec![k(9), k(4), k(6)]);
+    }
+
+    #[test]
+    fn a_look_at_the_due_timers_sees_them_in_firing_order_and_fires_none() {
+        let mut t = Timers::default();
+        let k = |i: u64| StateKey::Id(i);
+        t.set(ObjectId(0), &k(1), 300);
+        t.set(ObjectId(0), &k(2), 100);
+        t.set(ObjectId(0), &k(3), 100);
+        t.set(ObjectId(0), &k(4), 900);
+        // 1 re-armed earlier, 2 cancelled: the heap holds stale entries for both.
+        t.set(ObjectId(0), &k(1), 50);
+        t.cancel(ObjectId(0), &k(2));
+        assert_eq!(t.due(500, 10), vec![(ObjectId(0), k(1)), (ObjectId(0), k(3))]);
+        assert_eq!(t.due(500, 1), vec![(ObjectId(0), k(1))], "no more than asked for");
+        assert!(t.due(49, 10).is_empty());
+        let mut fired = Vec::new();
+        t.expired(1_000, 10, &mut fired);
+        assert_eq!(fired.iter().map(|f| f.key).collect::<Vec<_>>(), vec![k(1), k(3), k(4)], "all still armed");
     }
 
     fn state() -> LocalState {

@@ -12,7 +12,9 @@ pub mod recovery;
 pub mod wire;
 
 pub use backend::{Backend, Connection, StoreError, Takeover, TakeoverParts};
-pub use client::{ClientConfig, ClientStats, Mode, StoreClient, VertexTimerTable, VertexTimers, NONDET_OBJECT};
+pub use client::{
+    Answer, Ask, ClientConfig, ClientStats, Mode, StoreClient, VertexTimerTable, VertexTimers, NONDET_OBJECT,
+};
 pub use engine::EmbeddedStore;
 pub use wire::{
     timer_update_seq, Checkpoint, Found, LoggedResult, Notification, OpTag, Replies, Request, Response, StoreKey,

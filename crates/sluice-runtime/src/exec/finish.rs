@@ -68,6 +68,9 @@ fn end_instances(
 ) -> Result<(), RunError> {
     let vertices = &shared.vertices;
     let name = |v: usize| vertices.get(v).map_or_else(|| "?".to_string(), |vp| vp.name.to_string());
+    // An order-sensitive vertex's instances fire their timers in turn (all of them live in
+    // one table); the others each fire their own below.
+    super::flow_timers::fire_at_end(shared, slots, (last_ts, rec.end));
     for (_, s) in slots.iter_mut().filter(|(_, s)| s.ran_here(shared)) {
         let vertex = name(s.vertex);
         rec.drops.extend(s.stats.drops.drain(..).map(|(clock, reason)| DropRecord {
@@ -79,9 +82,11 @@ fn end_instances(
             // Crashed here: its drops until then are this node's, its state its replacement's.
             continue;
         }
-        s.inst.begin_batch();
-        s.inst.advance_time(last_ts, rec.end);
-        s.inst.end_batch();
+        if s.flow_timers.is_none() {
+            s.inst.begin_batch();
+            s.inst.advance_time(last_ts, rec.end);
+            s.inst.end_batch();
+        }
         s.inst.state().flush().map_err(|e| RunError::Worker(format!("flushing state: {e}")))?;
         // The run's log is closed: the end's timers are not packets it waits for.
         let mut commits = Vec::new();

@@ -25,7 +25,7 @@ use sluice_packet::Clock;
 use sluice_state::{ObjectId, StateKey};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use trial::{ns_per_packet, Trial};
 
@@ -72,7 +72,8 @@ pub(super) type Timer = (ObjectId, StateKey, u64);
 
 /// What the root and the workers share for scaling and moves.
 pub(super) struct Scaling {
-    pub(super) alloc: Allocation,
+    /// Shared with the timer filters of order-sensitive instances (`flow_timers.rs`).
+    pub(super) alloc: Arc<Allocation>,
     /// Per slot (global index): the change (its number) whose settling the root asked of it
     /// (0: none yet), and the last it settled.
     asked: Vec<AtomicU64>,
@@ -103,7 +104,7 @@ impl Scaling {
         rebuilder: Rebuilder,
     ) -> Scaling {
         Scaling {
-            alloc: Allocation::new(vertices),
+            alloc: Arc::new(Allocation::new(vertices)),
             asked: (0..slots).map(|_| AtomicU64::new(0)).collect(),
             done: (0..slots).map(|_| AtomicU64::new(0)).collect(),
             timers: (0..slots).map(|_| Mutex::new(Vec::new())).collect(),

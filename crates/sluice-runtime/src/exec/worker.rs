@@ -1,6 +1,7 @@
 //! The worker threads: each runs its instances to completion over batches from their queues.
 
 use super::failover::{self, Admit, Recovery};
+use super::flow_timers;
 use super::outgoing::single_destination;
 use super::passing::{self, Passing};
 use super::reconfig::{self, Moving};
@@ -100,6 +101,9 @@ pub(super) struct Slot {
     /// Crashed on this node, a node without the root: the root's node runs its replacement
     /// (`failover/handover.rs`); the slot keeps what it did before, for the report.
     pub(super) handed_over: bool,
+    /// An order-sensitive vertex's table of every timer, per-flow ones too, which its
+    /// instances fire in turn (`flow_timers.rs`).
+    pub(super) flow_timers: Option<sluice_store::VertexTimers>,
 }
 
 impl Slot {
@@ -111,7 +115,7 @@ impl Slot {
     }
 
     /// The slot of instance `inst` of vertex `vertex`, global index `global`, in `shared`'s run.
-    pub(super) fn new(shared: &Shared, global: usize, vertex: usize, inst: sluice_nf::Instance) -> Slot {
+    pub(super) fn new(shared: &Shared, global: usize, vertex: usize, mut inst: sluice_nf::Instance) -> Slot {
         let order = shared.ordered.get(vertex).copied().unwrap_or(false).then(|| InOrder::new(shared.roots));
         let seen = shared.failover.is_some().then(ClockSet::default);
         // Only a vertex that leads to others sees replays pass through.
@@ -119,6 +123,8 @@ impl Slot {
         let passing = (seen.is_some() && leads_on).then(Passing::default);
         let moving = shared.scaling.is_some().then(Moving::default);
         let stats = InstanceStats { vertex, ..InstanceStats::default() };
+        let flow_timers = crate::plan::store_client(&mut inst)
+            .and_then(|c| c.vertex_timer_table().filter(|t| t.holds_flow_timers()).cloned());
         Slot {
             global,
             vertex,
@@ -133,6 +139,7 @@ impl Slot {
             errors: Vec::new(),
             failed: Vec::new(),
             handed_over: false,
+            flow_timers,
         }
     }
 }
@@ -227,6 +234,7 @@ impl Turns {
                 continue;
             }
             did |= reconfig::turn(shared, slot, out);
+            did |= flow_timers::fire_asked(shared, slot, out);
             did |= serve(shared, slot, out);
         }
         out.flush(shared);
@@ -285,7 +293,7 @@ fn describe(shared: &Shared, slot: &Slot) {
 
 /// Passes the commits `slot`'s store client has heard of to the root's log, or, without a log,
 /// lets them go (they would pile up in the client).
-fn report_commits(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) {
+pub(super) fn report_commits(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) {
     let mut scratch = std::mem::take(&mut out.commits);
     slot.inst.state().take_commits(&mut scratch);
     for (clock, xor) in scratch.drain(..) {
@@ -407,10 +415,22 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     let only_to = forward_to(shared, slot);
     // The root wrote these bodies on another core: fetch them all at once.
     sluice_packet::warm(&batch);
-    for mut pkt in batch.drain(..) {
+    let mut packets = batch.drain(..);
+    while let Some(mut pkt) = packets.next() {
         if slot.seen.is_some() && passing::passes(slot, &pkt) {
             finished += usize::from(passing::pass_on(shared, slot, pkt, out));
             continue;
+        }
+        if let flow_timers::Before::Wait = flow_timers::before_packet(shared, slot, &mut pkt, out) {
+            // Another instance fires a timer due before it first: it and what came after it
+            // wait, in entry order, for their turn again.
+            for p in std::iter::once(pkt).chain(packets.by_ref()) {
+                if let Some(dup) = slot.order.as_mut().and_then(|o| o.hold(p)) {
+                    end_copy(shared, &mut slot.stats, out, dup, Ended::Duplicate);
+                    finished += 1;
+                }
+            }
+            break;
         }
         // A recovering replacement holds everything first, a copy of its replay counted as
         // arrived: were the copy to wait for a change of the allocation here, the change would
@@ -479,6 +499,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             finished += passing::release(shared, slot, clock, out);
         }
     }
+    drop(packets);
     slot.inst.end_batch();
     out.hold = false;
     if slot.recovery.is_some() {

@@ -179,6 +179,10 @@ impl StateHandle for StoreClient {
         }
     }
 
+    fn due_where(&mut self, now_ns: u64, max: usize, fire: &dyn Fn(ObjectId, &StateKey) -> bool) -> DueTimers {
+        self.due_in_table(now_ns, max, fire)
+    }
+
     fn begin_batch(&mut self) {
         self.batch_start = Instant::now();
         let _ = self.absorb();

@@ -23,14 +23,14 @@ mod recovery;
 mod replay_history;
 mod vertex_timers;
 use cached::Cached;
-pub use vertex_timers::VertexTimerTable;
+pub use vertex_timers::{Answer, Ask, VertexTimerTable};
 
 use crate::backend::{Connection, StoreError};
 use crate::wire::{Notification, OpTag, Replies, Request, Response, StoreKey, StoreOp, TsVector};
 use sluice_packet::{Clock, InstanceId, Meta};
 use sluice_state::{
-    ops::apply, AccessPattern, CustomOp, ObjectId, StateDecl, StateError, StateHandle, StateKey, StateOp, TimerFired,
-    Timers, Value,
+    ops::apply, AccessPattern, CustomOp, DueTimers, ObjectId, StateDecl, StateError, StateHandle, StateKey, StateOp,
+    TimerFired, Timers, Value,
 };
 use std::collections::VecDeque;
 use std::sync::Arc;

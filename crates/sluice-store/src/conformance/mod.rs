@@ -55,8 +55,9 @@ pub use ownership::{owner_writes_logged, ownership_handover};
 pub use semantics::{ops_semantics, value_and_key_fidelity};
 pub use support::{fresh_base, least_loaded_incr, Rng, BASE_STRIDE, CUSTOM_OPS};
 pub use timers::{
-    a_shared_timer_due_in_its_batch_fires, only_the_current_timer_expires,
-    shared_key_timers_fire_at_any_instance_of_the_vertex, timers_fire_once, twins_share_timers,
+    a_shared_timer_due_in_its_batch_fires, flow_timers_fire_in_turn_at_an_order_sensitive_vertex,
+    only_the_current_timer_expires, shared_key_timers_fire_at_any_instance_of_the_vertex, timers_fire_once,
+    twins_share_timers,
 };
 
 use crate::backend::Backend;
@@ -107,7 +108,8 @@ macro_rules! conformance_tests {
                     callbacks_raw, callbacks_client, ownership_handover, timers_fire_once,
                     only_the_current_timer_expires, twins_share_timers,
                     a_shared_timer_due_in_its_batch_fires,
-                    shared_key_timers_fire_at_any_instance_of_the_vertex, checkpoint_restore,
+                    shared_key_timers_fire_at_any_instance_of_the_vertex,
+                    flow_timers_fire_in_turn_at_an_order_sensitive_vertex, checkpoint_restore,
                     ts_vector_on_reads, client_modes_agree, reconnected_instance_notified,
                     checkpoint_timers, wipe_empties_store, tagged_reads_not_logged,
                     recorded_values_repeat, owner_writes_logged, timer_updates_leave_a_packets_tags,
@@ -149,6 +151,10 @@ pub fn all() -> Vec<(&'static str, Check)> {
         ("twins_share_timers", twins_share_timers),
         ("a_shared_timer_due_in_its_batch_fires", a_shared_timer_due_in_its_batch_fires),
         ("shared_key_timers_fire_at_any_instance_of_the_vertex", shared_key_timers_fire_at_any_instance_of_the_vertex),
+        (
+            "flow_timers_fire_in_turn_at_an_order_sensitive_vertex",
+            flow_timers_fire_in_turn_at_an_order_sensitive_vertex,
+        ),
         ("checkpoint_restore", checkpoint_restore),
         ("ts_vector_on_reads", ts_vector_on_reads),
         ("client_modes_agree", client_modes_agree),

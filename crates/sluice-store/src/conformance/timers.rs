@@ -264,3 +264,69 @@ pub fn shared_key_timers_fire_at_any_instance_of_the_vertex(b: &dyn Backend) -> 
     let at_x = fire(&mut x, t0 + 300);
     ensure(at_x == vec![(flows, flow)], || format!("the arming instance fired {at_x:?}, not its per-flow timer alone"))
 }
+
+/// At an order-sensitive vertex every timer lives in one table
+/// ([`crate::VertexTimerTable::with_flow_timers`]) and fires in deadline order: a flow's
+/// timer by the instance serving the flow, a shared key's by anyone. An instance about to
+/// process a packet sees when a timer due before it is another's (it waits); each instance
+/// fires only the timers at the head that are its own, up to the first that is not. (Per-flow
+/// timers in each instance's own wheel fired at that instance's next packet, after packets of
+/// other flows past their deadline: the portscan detector counted a failed attempt late.)
+pub fn flow_timers_fire_in_turn_at_an_order_sensitive_vertex(b: &dyn Backend) -> Result<(), String> {
+    let v = 1034;
+    let base = fresh_base();
+    let t0 = packet_time_base(base);
+    let decls = [
+        StateDecl::new("hosts", Scope::fields(&[sluice_packet::HeaderField::SrcIp]), AccessPattern::ReadWriteOften),
+        StateDecl::new("flows", Scope::per_flow(), AccessPattern::ReadWriteOften),
+    ];
+    let (hosts, flows) = (ObjectId(0), ObjectId(1));
+    let (host, flow_x, flow_y) = (StateKey::Id(base), StateKey::Id(base + 1), StateKey::Id(base + 2));
+    let cfg = ClientConfig { write_through: true, ..ClientConfig::default() };
+    let mut x = open_client(b, InstanceId::new(v, 0), &decls, &[], cfg.clone())?;
+    let mut y = open_client(b, InstanceId::new(v, 1), &decls, &[], cfg)?;
+    let table = std::sync::Arc::new(crate::VertexTimerTable::with_flow_timers());
+    x.share_vertex_timers(table.clone());
+    y.share_vertex_timers(table.clone());
+    for c in [&mut x, &mut y] {
+        c.set_exclusive(hosts, false);
+    }
+    // Flow x is x's, flow y is y's.
+    let of_x = move |_: ObjectId, k: &StateKey| *k != flow_y;
+    let of_y = move |_: ObjectId, k: &StateKey| *k == flow_y;
+    x.begin_batch();
+    x.set_timer(flows, &flow_x, t0 + 100);
+    x.set_timer(hosts, &host, t0 + 120);
+    x.end_batch();
+    y.begin_batch();
+    y.set_timer(flows, &flow_y, t0 + 150);
+    y.end_batch();
+    let fire = |c: &mut StoreClient, at: u64, mine: &dyn Fn(ObjectId, &StateKey) -> bool| {
+        c.begin_batch();
+        let mut out = Vec::new();
+        c.expired_where(at, 16, &mut out, mine);
+        c.end_batch();
+        out.into_iter().map(|f| (f.object, f.key)).collect::<Vec<_>>()
+    };
+    // y's packet at t0 + 200: flow x's timer comes first, and is x's.
+    let due = y.due_where(t0 + 200, 16, &of_y);
+    ensure(!due.first_fireable && due.foreign, || format!("y saw {due:?} before its packet"))?;
+    let at_y = fire(&mut y, t0 + 200, &of_y);
+    ensure(at_y.is_empty(), || format!("y fired {at_y:?} ahead of x's flow's timer"))?;
+    ensure(table.with(|t| t.len()) == 3, || "a timer was lost".to_string())?;
+    // x fires its flow's timer and the host's, and stops at y's flow.
+    let due = x.due_where(t0 + 200, 16, &of_x);
+    ensure(due.first_fireable && due.foreign, || format!("x saw {due:?}"))?;
+    let at_x = fire(&mut x, t0 + 200, &of_x);
+    ensure(at_x == vec![(flows, flow_x), (hosts, host)], || format!("x fired {at_x:?}"))?;
+    // Only y's own is left: y goes on and fires it.
+    let due = y.due_where(t0 + 200, 16, &of_y);
+    ensure(due.first_fireable && !due.foreign, || format!("y saw {due:?} once x had fired"))?;
+    let at_y = fire(&mut y, t0 + 200, &of_y);
+    ensure(at_y == vec![(flows, flow_y)], || format!("y fired {at_y:?}"))?;
+    // A timer armed while x's (a per-flow one) lands in the table, not x's own wheel.
+    x.begin_batch();
+    x.set_timer(flows, &flow_x, t0 + 500);
+    x.end_batch();
+    ensure(table.with(|t| t.is_armed(flows, &flow_x)), || "a per-flow timer was not in the table".to_string())
+}

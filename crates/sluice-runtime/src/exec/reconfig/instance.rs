@@ -195,6 +195,12 @@ pub(in crate::exec) fn take_settled(shared: &Shared, slot: &mut Slot, out: &mut 
 /// a moved flow's timer is the new instance's to fire from the move on, once handed over.
 /// Otherwise every due timer fires.
 fn set_timer_filter(shared: &Shared, sc: &Scaling, slot: &mut Slot) {
+    if slot.flow_timers.is_some() {
+        // Its timers are in the vertex's table, fired by the flows' instances in turn; the
+        // filter reads the allocation as it is at each firing.
+        super::super::flow_timers::set_owner_filter(shared, slot);
+        return;
+    }
     let epoch = sc.alloc.current(slot.vertex).filter(|e| e.changing());
     let split = shared.vertices.get(slot.vertex).map(|v| v.split.clone()).unwrap_or_default();
     let me = slot.global;
