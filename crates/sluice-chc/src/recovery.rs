@@ -8,7 +8,7 @@ use sluice_state::{StateDecl, StateKey, StateOp, Value};
 use sluice_store::client::WalEntry;
 use sluice_store::recovery::{plan_in_order, RebuildPlan, RecoveryLog};
 use sluice_store::{Checkpoint, Request, StoreKey, StoreOp, NONDET_OBJECT};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// The object index of the scratch value in-flight marks update (beyond any NF's objects, so it
 /// is never part of the chain's state).
@@ -21,6 +21,16 @@ pub fn is_per_flow(decls: &[Vec<StateDecl>], key: &StoreKey) -> bool {
         .get(usize::from(key.vertex))
         .and_then(|d| d.get(usize::from(key.object)))
         .is_some_and(StateDecl::held_by_its_flows_instance)
+}
+
+/// When each clock's packet entered the chain, as the instances' write-ahead logs say (every
+/// entry carries its packet's entry time): the `entry_time` [`rebuild_plan`] orders several
+/// instances' updates by, for a driver that keeps no entry times of finished packets (a
+/// threaded run). A clock no entry names entered at 0.
+pub fn entry_times(logs: &[RecoveryLog]) -> impl Fn(Clock) -> u64 {
+    let times: HashMap<Clock, u64> =
+        logs.iter().flat_map(|l| l.wal.iter().map(|e| (e.tag.clock, e.entry_ns))).collect();
+    move |c| times.get(&c).copied().unwrap_or(0)
 }
 
 /// The rebuild plan: shared state from the checkpoint and the write-ahead logs (TS selection);

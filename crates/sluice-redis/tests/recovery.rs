@@ -40,7 +40,7 @@ impl Raw {
     }
 
     fn update(&mut self, wal: &mut Vec<WalEntry>, key: StoreKey, clock: u64, d: i64) {
-        let e = WalEntry { tag: OpTag { clock: Clock::new(1, clock), seq: 0 }, key, op: StateOp::Incr(d) };
+        let e = WalEntry { tag: OpTag { clock: Clock::new(1, clock), seq: 0 }, key, op: StateOp::Incr(d), entry_ns: 0 };
         let r = self.call(key, StoreOp::State(e.op.clone()), Some(e.tag));
         assert!(r.result.is_ok(), "{r:?}");
         wal.push(e);

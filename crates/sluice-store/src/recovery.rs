@@ -417,7 +417,7 @@ mod tests {
     }
 
     fn upd(clock: u64, k: StoreKey, d: i64) -> WalEntry {
-        WalEntry { tag: OpTag { clock: c(clock), seq: 0 }, key: k, op: StateOp::Incr(d) }
+        WalEntry { tag: OpTag { clock: c(clock), seq: 0 }, key: k, op: StateOp::Incr(d), entry_ns: 0 }
     }
 
     fn read(k: StoreKey, v: i64, ts: &[(InstanceId, u64)]) -> ReadRecord {

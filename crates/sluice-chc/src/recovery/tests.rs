@@ -9,7 +9,12 @@ fn key(object: u16, k: u64) -> StoreKey {
 }
 
 fn entry(object: u16, clock: u64) -> WalEntry {
-    WalEntry { tag: OpTag { clock: Clock::new(0, clock), seq: 0 }, key: key(object, 1), op: StateOp::Incr(1) }
+    WalEntry {
+        tag: OpTag { clock: Clock::new(0, clock), seq: 0 },
+        key: key(object, 1),
+        op: StateOp::Incr(1),
+        entry_ns: 0,
+    }
 }
 
 fn log(instance: u32, wal: Vec<WalEntry>) -> RecoveryLog {
@@ -71,4 +76,27 @@ fn per_flow_updates_no_instance_holds_a_copy_of_are_reexecuted() {
     let mut logs = vec![log(1, vec![WalEntry { key: key(0, 7), ..entry(0, 3) }])];
     let p = rebuild_plan(&Checkpoint::default(), &mut logs, Vec::new(), &decls, &|_| 0);
     assert_eq!(p.replay.len(), 1, "the flow moved away from its writer: its log rebuilds it");
+}
+
+#[test]
+fn several_instances_updates_are_reexecuted_in_the_order_their_packets_entered() {
+    // Two roots: root 1's clock 1 entered before root 0's clock 5, which the clocks' own
+    // order (root by root) would put first. Two instances set one shared value without
+    // waiting (non-blocking `set`s do not commute).
+    let set = |root: u8, seq: u64, entry_ns: u64, v: i64| WalEntry {
+        tag: OpTag { clock: Clock::new(root, seq), seq: 0 },
+        key: key(0, 1),
+        op: StateOp::Set(Value::Int(v)),
+        entry_ns,
+    };
+    let decls = vec![vec![StateDecl::new("shared", Scope::global(), AccessPattern::WriteMostly)]];
+    let mut logs = vec![log(1, vec![set(0, 5, 200, 50)]), log(2, vec![set(1, 1, 100, 11)])];
+    let by_entry = entry_times(&logs);
+    assert_eq!((by_entry(Clock::new(0, 5)), by_entry(Clock::new(1, 1)), by_entry(Clock::new(0, 9))), (200, 100, 0));
+    let p = rebuild_plan(&Checkpoint::default(), &mut logs, Vec::new(), &decls, &by_entry);
+    let order: Vec<Clock> = p.replay.iter().map(|(_, e)| e.tag.clock).collect();
+    assert_eq!(order, vec![Clock::new(1, 1), Clock::new(0, 5)], "the last set to enter is the last applied");
+    let by_clock = rebuild_plan(&Checkpoint::default(), &mut logs, Vec::new(), &decls, &|_| 0);
+    let order: Vec<Clock> = by_clock.replay.iter().map(|(_, e)| e.tag.clock).collect();
+    assert_eq!(order, vec![Clock::new(0, 5), Clock::new(1, 1)], "without entry times, root by root");
 }

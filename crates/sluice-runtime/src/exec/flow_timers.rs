@@ -18,9 +18,9 @@ use super::worker::{report_commits, Slot};
 use super::{Outgoing, Shared};
 use crate::plan::split_key_of_state;
 use sluice_nf::{TimerFilter, TIMERS_PER_PACKET};
-use sluice_packet::{Clock, Packet};
+use sluice_packet::{Clock, Meta, Packet};
 use sluice_state::StateKey;
-use sluice_store::{Answer, VertexTimers};
+use sluice_store::{Answer, Ask, VertexTimers};
 
 /// What the packet about to be processed does.
 pub(super) enum Before {
@@ -85,7 +85,7 @@ pub(super) fn before_packet(shared: &Shared, slot: &mut Slot, pkt: &mut Packet, 
     }
     let Some(table) = table_and_filter(shared, slot) else { return Before::Go };
     loop {
-        let ask = table.ask_about(now, clock, TIMERS_PER_PACKET, slot.global);
+        let ask = table.ask_about(&pkt.meta, TIMERS_PER_PACKET, slot.global);
         let due = slot.inst.due_timers(now, clock, ask.budget);
         if !due.foreign {
             break;
@@ -95,7 +95,7 @@ pub(super) fn before_packet(shared: &Shared, slot: &mut Slot, pkt: &mut Packet, 
             wake_siblings(shared, slot);
             return Before::Wait;
         }
-        if fire_on_behalf(shared, slot, &table, (now, clock, ask.budget), out) == 0 {
+        if fire_on_behalf(shared, slot, &table, &ask, out) == 0 {
             return Before::Wait;
         }
     }
@@ -122,24 +122,19 @@ pub(super) fn fire_asked(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -
     if !slot.inst.due_timers(ask.now_ns, ask.clock, ask.budget).first_fireable {
         return false;
     }
-    let fired = fire_on_behalf(shared, slot, &table, (ask.now_ns, ask.clock, ask.budget), out);
+    let fired = fire_on_behalf(shared, slot, &table, &ask, out);
     shared.wake.queued(ask.asker);
     fired > 0
 }
 
-/// Fires `slot`'s part of the timers due before the packet of `clock` at `now`; how many
-/// fired.
-fn fire_on_behalf(
-    shared: &Shared,
-    slot: &mut Slot,
-    table: &VertexTimers,
-    (now, clock, budget): (u64, Clock, usize),
-    out: &mut Outgoing,
-) -> usize {
+/// Fires `slot`'s part of the timers due before the packet `ask` is about; how many fired.
+fn fire_on_behalf(shared: &Shared, slot: &mut Slot, table: &VertexTimers, ask: &Ask, out: &mut Outgoing) -> usize {
+    let clock = ask.clock;
     if !table.begin_firing(clock) {
         return 0;
     }
-    let done = slot.inst.fire_for(now, clock, budget);
+    let packet = Meta { clock, ts_ns: ask.now_ns, ingress_ns: ask.entry_ns, ..Meta::default() };
+    let done = slot.inst.fire_for(&packet, ask.budget);
     // Fired, whatever the store said: the packet carries what they updated.
     table.fired_for(clock, done.fired, done.xor);
     report_commits(shared, slot, out);
@@ -181,7 +176,8 @@ pub(super) fn fire_at_end(shared: &Shared, slots: &mut [(usize, Slot)], (now, cl
                 {
                     continue;
                 }
-                let fired = slot.inst.fire_for(now, clock, budget).fired;
+                let end = Meta { clock, ts_ns: now, ..Meta::default() };
+                let fired = slot.inst.fire_for(&end, budget).fired;
                 budget = budget.saturating_sub(fired);
                 fired_any |= fired > 0;
             }

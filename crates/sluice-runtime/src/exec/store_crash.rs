@@ -22,7 +22,7 @@
 use super::roots::RootState;
 use super::worker::Slot;
 use super::{RunError, Shared};
-use sluice_chc::recovery::plan_store_rebuild;
+use sluice_chc::recovery::{entry_times, plan_store_rebuild};
 use sluice_packet::Clock;
 use sluice_state::{CustomOp, StateDecl};
 use sluice_store::recovery::ForRebuild;
@@ -459,8 +459,10 @@ fn rebuild(sc: &StoreCrash, checkpoint: &Checkpoint, is_logged: &dyn Fn(Clock) -
     let last = vertices.keys().next_back().map_or(0, |v| usize::from(*v) + 1);
     let decls: Vec<Vec<StateDecl>> =
         (0..last).map(|v| vertices.get(&(v as u16)).map(|(_, d)| d.clone()).unwrap_or_default()).collect();
-    // One root: entry order is clock order.
-    let planned = plan_store_rebuild(checkpoint, &mut logs, per_flow, &decls, &|_| 0, is_logged);
+    // Across instances, updates are re-executed in the order their packets entered the chain
+    // (with several roots, not the clocks' order), which the write-ahead logs' entries carry.
+    let entry_time = entry_times(&logs);
+    let planned = plan_store_rebuild(checkpoint, &mut logs, per_flow, &decls, &entry_time, is_logged);
     let ops = vertices.iter().map(|(v, (ops, _))| (*v, ops.as_slice()));
     let stats = sluice_store::recovery::rebuild(sc.backend.as_ref(), &planned.plan, &timers, ops, planned.marks)
         .map_err(|e| e.to_string())?;

@@ -221,6 +221,7 @@ impl StateHandle for StoreClient {
 
     fn begin_packet(&mut self, meta: &Meta) {
         self.clock = meta.clock;
+        self.entry_ns = meta.ingress_ns;
         self.moved_in = meta.flags.contains(sluice_packet::MetaFlags::FIRST);
         self.replaying = meta.flags.contains(sluice_packet::MetaFlags::REPLAYED);
         if !self.replaying {

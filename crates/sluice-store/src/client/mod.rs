@@ -185,6 +185,10 @@ pub struct WalEntry {
     pub key: StoreKey,
     /// The operation.
     pub op: StateOp,
+    /// When its packet entered the chain (`Meta::ingress_ns`, unique and in input order): a
+    /// store rebuild re-executes the updates of several instances in this order, which with
+    /// several roots (independent clocks) is not the clocks' order.
+    pub entry_ns: u64,
 }
 
 /// The last value read from the store with the TS vector it came with.
@@ -264,6 +268,8 @@ pub struct StoreClient {
     notes: Vec<Notification>,
     next_id: u64,
     clock: Clock,
+    /// The current packet's entry time (its write-ahead log entries carry it).
+    entry_ns: u64,
     /// The current packet starts a flow moved here: look its per-flow state up.
     moved_in: bool,
     seq: u32,
@@ -355,6 +361,7 @@ impl StoreClient {
             notes: Vec::new(),
             next_id: 1,
             clock: Clock::default(),
+            entry_ns: 0,
             moved_in: false,
             seq: 0,
             firing_timers: false,
@@ -470,7 +477,7 @@ impl StoreClient {
         if self.wal.len() >= self.cfg.wal_capacity {
             self.wal.pop_front();
         }
-        self.wal.push_back(WalEntry { tag, key, op: op.clone() });
+        self.wal.push_back(WalEntry { tag, key, op: op.clone(), entry_ns: self.entry_ns });
         self.wal_since_checkpoint += 1;
     }
 

@@ -32,6 +32,9 @@ pub struct Ask {
     pub now_ns: u64,
     /// The packet's clock: the firings' updates are tagged with it.
     pub clock: Clock,
+    /// The packet's entry time (`Meta::ingress_ns`): the firings' write-ahead log entries
+    /// carry it.
+    pub entry_ns: u64,
     /// How many more timers may fire before the packet (one instance fires at most a fixed
     /// number before a packet; the instances together fire no more).
     pub budget: usize,
@@ -102,8 +105,9 @@ impl VertexTimerTable {
     }
 
     /// What is known of the question about clock `clock`: the one asked, or a fresh one.
-    pub fn ask_about(&self, now_ns: u64, clock: Clock, budget: usize, asker: usize) -> Ask {
-        let fresh = Ask { now_ns, clock, budget, xor: 0, asker, firing: 0 };
+    pub fn ask_about(&self, meta: &Meta, budget: usize, asker: usize) -> Ask {
+        let (now_ns, clock, entry_ns) = (meta.ts_ns, meta.clock, meta.ingress_ns);
+        let fresh = Ask { now_ns, clock, entry_ns, budget, xor: 0, asker, firing: 0 };
         self.asked().filter(|a| a.clock == clock).unwrap_or(fresh)
     }
 
@@ -277,7 +281,8 @@ mod tests {
         let t = VertexTimerTable::with_flow_timers();
         let c = |seq| Clock::new(0, seq);
         assert!(t.asked().is_none() && t.holds_flow_timers());
-        let a = t.ask_about(500, c(7), 64, 3);
+        let meta = |seq| Meta { clock: c(seq), ts_ns: 500, ..Meta::default() };
+        let a = t.ask_about(&meta(7), 64, 3);
         assert_eq!((a.budget, a.xor), (64, 0));
         assert!(!t.begin_firing(c(7)), "not asked yet");
         t.ask(a);
@@ -286,7 +291,7 @@ mod tests {
         t.fired_for(c(7), 2, 0b01);
         t.fired_for(c(8), 5, 0b10);
         // Asked again about the same packet: the question stays as it was.
-        t.ask(t.ask_about(500, c(7), 64, 3));
+        t.ask(t.ask_about(&meta(7), 64, 3));
         assert_eq!(t.asked().map(|a| (a.budget, a.xor, a.asker, a.firing)), Some((62, 0b01, 3, 0)));
         assert!(t.begin_firing(c(7)));
         t.fired_for(c(7), 1, 0b11);
