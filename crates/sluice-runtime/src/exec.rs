@@ -238,8 +238,7 @@ pub fn run(
     }
     // Packets of different roots overtake each other everywhere in the chain.
     let ordered = crate::order::needs_entry_order(&plan, scalable, roots);
-    // Only order-sensitive instances, and the settling of changes with several roots
-    // (`reconfig::past_cut`), read the last admitted clock: nobody else pays for it.
+    // Read only by order-sensitive instances and by settling with several roots (`past_cut`).
     let publish_admissions = ordered.iter().any(|o| *o) || (roots > 1 && scalable);
     // A slowdown is applied through the live record workers read once per batch; a clone's
     // trial compares the instances' busy times there.
@@ -269,13 +268,9 @@ pub fn run(
         }
     }
     if scalable || vertices.iter().any(|v| v.instances.len() > 1) {
-        // Several instances of a vertex: a timer on a key they share fires wherever the first
-        // packet past its deadline goes. At an order-sensitive vertex every timer fires before
-        // the first packet past its deadline, in deadline order, by the instance serving its
-        // flow (`flow_timers.rs`; within one process: a spread run's instances on other nodes
-        // keep their own).
-        let flows_too: Vec<bool> = ordered.iter().map(|o| *o && layout.is_none()).collect();
-        rebuilder.share_vertex_timers(&flows_too);
+        // A timer on a shared key fires wherever the first packet past its deadline goes; at
+        // an order-sensitive vertex every timer does (`flow_timers.rs`; not across processes).
+        rebuilder.share_vertex_timers(&ordered.iter().map(|o| *o && layout.is_none()).collect::<Vec<_>>());
         for (_, inst) in &mut instances {
             rebuilder.attach_vertex_timers(inst);
         }

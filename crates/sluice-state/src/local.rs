@@ -149,21 +149,7 @@ impl Timers {
         let mut n = 0;
         let mut kept = Vec::new();
         while n < max {
-            match self.heap.peek() {
-                Some(Reverse((deadline, ..))) if *deadline <= now_ns => {}
-                _ => break,
-            }
-            let Some(Reverse((deadline, seq, object, key))) = self.heap.pop() else { break };
-            let Some(a) = self.armed.get_mut(&(object, key)) else { continue };
-            if a.queued != seq {
-                continue; // superseded
-            }
-            if (a.seq, a.deadline) != (seq, deadline) {
-                // Re-armed later since this entry was queued: it takes its place now.
-                a.queued = a.seq;
-                self.heap.push(Reverse((a.deadline, a.seq, object, key)));
-                continue;
-            }
+            let Some((deadline, seq, object, key)) = self.pop_due(now_ns) else { break };
             if !fire(object, &key) {
                 kept.push(Reverse((deadline, seq, object, key)));
                 continue;
@@ -181,11 +167,24 @@ impl Timers {
     pub fn due(&mut self, now_ns: u64, max: usize) -> Vec<(ObjectId, StateKey)> {
         let (mut due, mut looked) = (Vec::new(), Vec::new());
         while due.len() < max {
+            let Some(entry) = self.pop_due(now_ns) else { break };
+            due.push((entry.2, entry.3));
+            looked.push(Reverse(entry));
+        }
+        self.heap.extend(looked);
+        due
+    }
+
+    /// Takes the heap's next entry due at `now_ns` that is its timer's current one, skipping
+    /// (and dropping) entries of cancelled timers and moving re-armed ones to their new place;
+    /// the timer stays armed.
+    fn pop_due(&mut self, now_ns: u64) -> Option<(u64, u64, ObjectId, StateKey)> {
+        loop {
             match self.heap.peek() {
                 Some(Reverse((deadline, ..))) if *deadline <= now_ns => {}
-                _ => break,
+                _ => return None,
             }
-            let Some(Reverse((deadline, seq, object, key))) = self.heap.pop() else { break };
+            let Reverse((deadline, seq, object, key)) = self.heap.pop()?;
             let Some(a) = self.armed.get_mut(&(object, key)) else { continue };
             if a.queued != seq {
                 continue; // superseded
@@ -196,11 +195,8 @@ impl Timers {
                 self.heap.push(Reverse((a.deadline, a.seq, object, key)));
                 continue;
             }
-            due.push((object, key));
-            looked.push(Reverse((deadline, seq, object, key)));
+            return Some((deadline, seq, object, key));
         }
-        self.heap.extend(looked);
-        due
     }
 
     /// Whether [`Timers::expired_where`] at `now_ns` would fire a timer or tidy the heap.

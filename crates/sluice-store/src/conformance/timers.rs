@@ -218,6 +218,51 @@ pub fn a_shared_timer_due_in_its_batch_fires(b: &dyn Backend) -> Result<(), Stri
     ensure(fired.is_empty(), || format!("the timer fired again: {fired:?}"))
 }
 
+/// The shared (per source host) object of [`two_instances_sharing_a_table`]'s vertex.
+const HOSTS: ObjectId = ObjectId(0);
+/// Its per-flow object.
+const FLOWS: ObjectId = ObjectId(1);
+
+/// Two instances of vertex `v` (objects [`HOSTS`], [`FLOWS`]) whose timers live in `table`,
+/// each knowing the other uses the hosts.
+fn two_instances_sharing_a_table(
+    b: &dyn Backend,
+    v: u16,
+    table: crate::VertexTimers,
+) -> Result<(StoreClient, StoreClient), String> {
+    let decls = [
+        StateDecl::new("hosts", Scope::fields(&[sluice_packet::HeaderField::SrcIp]), AccessPattern::ReadWriteOften),
+        StateDecl::new("flows", Scope::per_flow(), AccessPattern::ReadWriteOften),
+    ];
+    let cfg = ClientConfig { write_through: true, ..ClientConfig::default() };
+    let mut x = open_client(b, InstanceId::new(v, 0), &decls, &[], cfg.clone())?;
+    let mut y = open_client(b, InstanceId::new(v, 1), &decls, &[], cfg)?;
+    x.share_vertex_timers(table.clone());
+    y.share_vertex_timers(table);
+    for c in [&mut x, &mut y] {
+        c.set_exclusive(HOSTS, false);
+    }
+    Ok((x, y))
+}
+
+/// Arms `timers` (object, key, deadline) at `c`, in a batch of their own.
+fn arm(c: &mut StoreClient, timers: &[(ObjectId, StateKey, u64)]) {
+    c.begin_batch();
+    for (o, k, d) in timers {
+        c.set_timer(*o, k, *d);
+    }
+    c.end_batch();
+}
+
+/// The timers due at `at` that `mine` lets `c` fire, fired in a batch of their own.
+fn fire_due(c: &mut StoreClient, at: u64, mine: &dyn Fn(ObjectId, &StateKey) -> bool) -> Vec<(ObjectId, StateKey)> {
+    c.begin_batch();
+    let mut out = Vec::new();
+    c.expired_where(at, 16, &mut out, mine);
+    c.end_batch();
+    out.into_iter().map(|f| (f.object, f.key)).collect()
+}
+
 /// Two instances of a vertex share its keys' timers through one table
 /// (`share_vertex_timers`): a timer one arms on a shared key fires at the other, before its
 /// next packet past the deadline, once, in deadline order with that instance's own timers; a
@@ -225,43 +270,18 @@ pub fn a_shared_timer_due_in_its_batch_fires(b: &dyn Backend) -> Result<(), Stri
 /// expiry fired it only on its own next packet past the deadline, so a sibling that got the
 /// first such packet found the record the logical NF had deleted.)
 pub fn shared_key_timers_fire_at_any_instance_of_the_vertex(b: &dyn Backend) -> Result<(), String> {
-    let v = 1033;
     let base = fresh_base();
     let t0 = packet_time_base(base);
-    let decls = [
-        StateDecl::new("hosts", Scope::fields(&[sluice_packet::HeaderField::SrcIp]), AccessPattern::ReadWriteOften),
-        StateDecl::new("flows", Scope::per_flow(), AccessPattern::ReadWriteOften),
-    ];
-    let (hosts, flows) = (ObjectId(0), ObjectId(1));
+    let (hosts, flows) = (HOSTS, FLOWS);
     let (host, flow) = (StateKey::Id(base), StateKey::Id(base + 1));
-    let cfg = ClientConfig { write_through: true, ..ClientConfig::default() };
-    let mut x = open_client(b, InstanceId::new(v, 0), &decls, &[], cfg.clone())?;
-    let mut y = open_client(b, InstanceId::new(v, 1), &decls, &[], cfg)?;
-    let table = crate::VertexTimers::default();
-    x.share_vertex_timers(table.clone());
-    y.share_vertex_timers(table);
-    for c in [&mut x, &mut y] {
-        c.set_exclusive(hosts, false);
-    }
-    let fire = |c: &mut StoreClient, at: u64| -> Vec<(ObjectId, StateKey)> {
-        c.begin_batch();
-        let mut out = Vec::new();
-        c.expired(at, 16, &mut out);
-        c.end_batch();
-        out.into_iter().map(|f| (f.object, f.key)).collect()
-    };
-    x.begin_batch();
-    x.set_timer(hosts, &host, t0 + 100);
-    x.set_timer(flows, &flow, t0 + 100);
-    x.end_batch();
-    y.begin_batch();
-    y.set_timer(flows, &flow, t0 + 150);
-    y.end_batch();
-    let at_y = fire(&mut y, t0 + 200);
+    let (mut x, mut y) = two_instances_sharing_a_table(b, 1033, crate::VertexTimers::default())?;
+    arm(&mut x, &[(hosts, host, t0 + 100), (flows, flow, t0 + 100)]);
+    arm(&mut y, &[(flows, flow, t0 + 150)]);
+    let at_y = fire_due(&mut y, t0 + 200, &|_, _| true);
     ensure(at_y == vec![(hosts, host), (flows, flow)], || {
         format!("the sibling fired {at_y:?}, not the shared timer and then its own, in deadline order")
     })?;
-    let at_x = fire(&mut x, t0 + 300);
+    let at_x = fire_due(&mut x, t0 + 300, &|_, _| true);
     ensure(at_x == vec![(flows, flow)], || format!("the arming instance fired {at_x:?}, not its per-flow timer alone"))
 }
 
@@ -273,60 +293,34 @@ pub fn shared_key_timers_fire_at_any_instance_of_the_vertex(b: &dyn Backend) -> 
 /// timers in each instance's own wheel fired at that instance's next packet, after packets of
 /// other flows past their deadline: the portscan detector counted a failed attempt late.)
 pub fn flow_timers_fire_in_turn_at_an_order_sensitive_vertex(b: &dyn Backend) -> Result<(), String> {
-    let v = 1034;
     let base = fresh_base();
     let t0 = packet_time_base(base);
-    let decls = [
-        StateDecl::new("hosts", Scope::fields(&[sluice_packet::HeaderField::SrcIp]), AccessPattern::ReadWriteOften),
-        StateDecl::new("flows", Scope::per_flow(), AccessPattern::ReadWriteOften),
-    ];
-    let (hosts, flows) = (ObjectId(0), ObjectId(1));
+    let (hosts, flows) = (HOSTS, FLOWS);
     let (host, flow_x, flow_y) = (StateKey::Id(base), StateKey::Id(base + 1), StateKey::Id(base + 2));
-    let cfg = ClientConfig { write_through: true, ..ClientConfig::default() };
-    let mut x = open_client(b, InstanceId::new(v, 0), &decls, &[], cfg.clone())?;
-    let mut y = open_client(b, InstanceId::new(v, 1), &decls, &[], cfg)?;
     let table = std::sync::Arc::new(crate::VertexTimerTable::with_flow_timers());
-    x.share_vertex_timers(table.clone());
-    y.share_vertex_timers(table.clone());
-    for c in [&mut x, &mut y] {
-        c.set_exclusive(hosts, false);
-    }
+    let (mut x, mut y) = two_instances_sharing_a_table(b, 1034, table.clone())?;
     // Flow x is x's, flow y is y's.
     let of_x = move |_: ObjectId, k: &StateKey| *k != flow_y;
     let of_y = move |_: ObjectId, k: &StateKey| *k == flow_y;
-    x.begin_batch();
-    x.set_timer(flows, &flow_x, t0 + 100);
-    x.set_timer(hosts, &host, t0 + 120);
-    x.end_batch();
-    y.begin_batch();
-    y.set_timer(flows, &flow_y, t0 + 150);
-    y.end_batch();
-    let fire = |c: &mut StoreClient, at: u64, mine: &dyn Fn(ObjectId, &StateKey) -> bool| {
-        c.begin_batch();
-        let mut out = Vec::new();
-        c.expired_where(at, 16, &mut out, mine);
-        c.end_batch();
-        out.into_iter().map(|f| (f.object, f.key)).collect::<Vec<_>>()
-    };
+    arm(&mut x, &[(flows, flow_x, t0 + 100), (hosts, host, t0 + 120)]);
+    arm(&mut y, &[(flows, flow_y, t0 + 150)]);
     // y's packet at t0 + 200: flow x's timer comes first, and is x's.
     let due = y.due_where(t0 + 200, 16, &of_y);
     ensure(!due.first_fireable && due.foreign, || format!("y saw {due:?} before its packet"))?;
-    let at_y = fire(&mut y, t0 + 200, &of_y);
+    let at_y = fire_due(&mut y, t0 + 200, &of_y);
     ensure(at_y.is_empty(), || format!("y fired {at_y:?} ahead of x's flow's timer"))?;
     ensure(table.with(|t| t.len()) == 3, || "a timer was lost".to_string())?;
     // x fires its flow's timer and the host's, and stops at y's flow.
     let due = x.due_where(t0 + 200, 16, &of_x);
     ensure(due.first_fireable && due.foreign, || format!("x saw {due:?}"))?;
-    let at_x = fire(&mut x, t0 + 200, &of_x);
+    let at_x = fire_due(&mut x, t0 + 200, &of_x);
     ensure(at_x == vec![(flows, flow_x), (hosts, host)], || format!("x fired {at_x:?}"))?;
     // Only y's own is left: y goes on and fires it.
     let due = y.due_where(t0 + 200, 16, &of_y);
     ensure(due.first_fireable && !due.foreign, || format!("y saw {due:?} once x had fired"))?;
-    let at_y = fire(&mut y, t0 + 200, &of_y);
+    let at_y = fire_due(&mut y, t0 + 200, &of_y);
     ensure(at_y == vec![(flows, flow_y)], || format!("y fired {at_y:?}"))?;
     // A timer armed while x's (a per-flow one) lands in the table, not x's own wheel.
-    x.begin_batch();
-    x.set_timer(flows, &flow_x, t0 + 500);
-    x.end_batch();
+    arm(&mut x, &[(flows, flow_x, t0 + 500)]);
     ensure(table.with(|t| t.is_armed(flows, &flow_x)), || "a per-flow timer was not in the table".to_string())
 }
