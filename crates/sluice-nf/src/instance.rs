@@ -94,10 +94,10 @@ impl Instance {
     }
 
     /// Fires, on behalf of the packet `packet` describes (its clock, time and entry time) that
-    /// another instance (or this one) is about to process, at most `max` of the timers due by then — those that
-    /// come, in firing order, before the first that is not this instance's — and waits until
-    /// the store has their updates, so that the packet can go on as if they had fired here
-    /// before it.
+    /// another instance (or this one) is about to process, at most `max` of the timers due by
+    /// then — those that come, in firing order, before the first that is not this instance's —
+    /// and waits until the store has their updates, so that the packet can go on as if they
+    /// had fired here before it.
     pub fn fire_for(&mut self, packet: &Meta, max: usize) -> FiredFor {
         let (now_ns, clock) = (packet.ts_ns, packet.clock);
         let mut meta = Meta { clock, ts_ns: now_ns, ingress_ns: packet.ingress_ns, ..Meta::default() };
