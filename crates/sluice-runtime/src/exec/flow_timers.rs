@@ -43,7 +43,12 @@ fn owner_filter(shared: &Shared, slot: &Slot) -> Option<TimerFilter> {
             let alloc = sc.alloc.clone();
             Box::new(move |_, key: &StateKey, clock: Clock| {
                 let Some(sk) = split_key_of_state(key, &split) else { return true };
-                let at = (clock, clocks.entry(clock));
+                // A clock no longer in flight (the run's end) is after every change made.
+                let entry = match clocks.entry(clock) {
+                    0 => u64::MAX,
+                    e => e,
+                };
+                let at = (clock, entry);
                 alloc.current(v).is_some_and(|e| e.pick(sk, at) == Some(me) && !e.waits(sk, at))
             })
         }
