@@ -124,7 +124,7 @@ pub(super) fn fire_asked(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -
         return false;
     }
     let Some(table) = table_and_filter(shared, slot) else { return false };
-    if !slot.inst.due_timers(ask.now_ns, ask.clock, ask.budget).first_fireable {
+    if !slot.inst.due_timers(ask.packet.ts_ns, ask.packet.clock, ask.budget).first_fireable {
         return false;
     }
     let fired = fire_on_behalf(shared, slot, &table, &ask, out);
@@ -134,12 +134,11 @@ pub(super) fn fire_asked(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -
 
 /// Fires `slot`'s part of the timers due before the packet `ask` is about; how many fired.
 fn fire_on_behalf(shared: &Shared, slot: &mut Slot, table: &VertexTimers, ask: &Ask, out: &mut Outgoing) -> usize {
-    let clock = ask.clock;
+    let clock = ask.packet.clock;
     if !table.begin_firing(clock) {
         return 0;
     }
-    let packet = Meta { clock, ts_ns: ask.now_ns, ingress_ns: ask.entry_ns, ..Meta::default() };
-    let done = slot.inst.fire_for(&packet, ask.budget);
+    let done = slot.inst.fire_for(&ask.packet, ask.budget);
     // Fired, whatever the store said: the packet carries what they updated.
     table.fired_for(clock, done.fired, done.xor);
     report_commits(shared, slot, out);

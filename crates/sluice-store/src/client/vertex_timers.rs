@@ -28,13 +28,10 @@ pub struct VertexTimerTable {
 /// order, so their instances fire them, each in turn, on the packet's behalf.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ask {
-    /// The packet's time: the timers' handlers see it as theirs.
-    pub now_ns: u64,
-    /// The packet's clock: the firings' updates are tagged with it.
-    pub clock: Clock,
-    /// The packet's entry time (`Meta::ingress_ns`): the firings' write-ahead log entries
-    /// carry it.
-    pub entry_ns: u64,
+    /// The packet, as far as its timers need it: its time (the handlers see it as theirs), its
+    /// clock (the firings' updates are tagged with it) and its entry time (their write-ahead
+    /// log entries carry it).
+    pub packet: Meta,
     /// How many more timers may fire before the packet (one instance fires at most a fixed
     /// number before a packet; the instances together fire no more).
     pub budget: usize,
@@ -106,16 +103,16 @@ impl VertexTimerTable {
 
     /// What is known of the question about clock `clock`: the one asked, or a fresh one.
     pub fn ask_about(&self, meta: &Meta, budget: usize, asker: usize) -> Ask {
-        let (now_ns, clock, entry_ns) = (meta.ts_ns, meta.clock, meta.ingress_ns);
-        let fresh = Ask { now_ns, clock, entry_ns, budget, xor: 0, asker, firing: 0 };
-        self.asked().filter(|a| a.clock == clock).unwrap_or(fresh)
+        let packet = Meta { clock: meta.clock, ts_ns: meta.ts_ns, ingress_ns: meta.ingress_ns, ..Meta::default() };
+        let fresh = Ask { packet, budget, xor: 0, asker, firing: 0 };
+        self.asked().filter(|a| a.packet.clock == meta.clock).unwrap_or(fresh)
     }
 
-    /// Asks for the timers due before the packet of `ask.clock` (again: a question about the
+    /// Asks for the timers due before the packet of `ask` (again: a question about the
     /// same clock stays as it is).
     pub fn ask(&self, ask: Ask) {
         self.asked_mut(|a| {
-            if a.is_none_or(|a| a.clock != ask.clock) {
+            if a.is_none_or(|a| a.packet.clock != ask.packet.clock) {
                 *a = Some(ask);
             }
         });
@@ -124,7 +121,7 @@ impl VertexTimerTable {
     /// An instance starts firing on behalf of the packet of `clock` (before it takes any
     /// timer from the table); whether that packet is the one asked about.
     pub fn begin_firing(&self, clock: Clock) -> bool {
-        self.asked_mut(|a| match a.as_mut().filter(|a| a.clock == clock) {
+        self.asked_mut(|a| match a.as_mut().filter(|a| a.packet.clock == clock) {
             Some(a) => {
                 a.firing += 1;
                 true
@@ -137,7 +134,7 @@ impl VertexTimerTable {
     /// their updates' ids XORed into `xor`.
     pub fn fired_for(&self, clock: Clock, fired: usize, xor: u64) {
         self.asked_mut(|a| {
-            if let Some(a) = a.as_mut().filter(|a| a.clock == clock) {
+            if let Some(a) = a.as_mut().filter(|a| a.packet.clock == clock) {
                 a.budget = a.budget.saturating_sub(fired);
                 a.xor ^= xor;
                 a.firing = a.firing.saturating_sub(1);
@@ -153,8 +150,8 @@ impl VertexTimerTable {
             return Answer::NotAsked;
         }
         self.asked_mut(|a| match *a {
-            Some(x) if x.clock == clock && x.firing > 0 => Answer::Firing,
-            Some(x) if x.clock == clock => {
+            Some(x) if x.packet.clock == clock && x.firing > 0 => Answer::Firing,
+            Some(x) if x.packet.clock == clock => {
                 *a = None;
                 Answer::Answered(x)
             }
