@@ -36,6 +36,8 @@ pub struct Instance {
     /// How many timers may fire before the next packet ([`TIMERS_PER_PACKET`] unless other
     /// instances fired some of them on its behalf, [`Instance::limit_timers`]).
     budget: usize,
+    /// The state handle's [`StateHandle::brackets_packets`], asked once.
+    brackets: bool,
 }
 
 /// Which of an instance's due timers fire before a packet with this clock (the others stay
@@ -55,6 +57,7 @@ impl Instance {
     ) -> Instance {
         Instance {
             nf,
+            brackets: state.brackets_packets(),
             state,
             vertex,
             id,
@@ -150,18 +153,22 @@ impl Instance {
     pub fn process(&mut self, pkt: &mut Packet) -> Verdict {
         // Timer work done on behalf of this packet belongs to its clock, so it is bracketed by
         // the packet's begin/end like the NF's own operations.
-        self.state.begin_packet(&pkt.meta);
+        if self.brackets {
+            self.state.begin_packet(&pkt.meta);
+        }
         self.advance_time(pkt.meta.ts_ns, pkt.meta.clock);
         self.budget = TIMERS_PER_PACKET;
-        if !pkt.hdr().is_ip() {
+        let v = if pkt.hdr().is_ip() {
+            let mut ctx = NfContext::new(self.state.as_mut(), &self.vertex, self.id, &self.labels, &mut self.events);
+            ctx.clock = pkt.meta.clock;
+            ctx.now_ns = pkt.meta.ts_ns;
+            self.nf.process(pkt, &mut ctx)
+        } else {
+            Verdict::Forward
+        };
+        if self.brackets {
             self.state.end_packet(&mut pkt.meta);
-            return Verdict::Forward;
         }
-        let mut ctx = NfContext::new(self.state.as_mut(), &self.vertex, self.id, &self.labels, &mut self.events);
-        ctx.clock = pkt.meta.clock;
-        ctx.now_ns = pkt.meta.ts_ns;
-        let v = self.nf.process(pkt, &mut ctx);
-        self.state.end_packet(&mut pkt.meta);
         v
     }
 
@@ -260,6 +267,49 @@ mod tests {
             let now = ctx.now_ns;
             ctx.emit("expired", now, "");
         }
+    }
+
+    /// Local state that marks every packet it saw out in its XOR vector, as a store client
+    /// records its updates there (`brackets_packets` left at its default).
+    struct Marking(LocalState);
+
+    impl StateHandle for Marking {
+        fn exec(
+            &mut self,
+            obj: ObjectId,
+            key: &StateKey,
+            op: sluice_state::StateOp,
+        ) -> Result<Option<sluice_state::Value>, StateError> {
+            self.0.exec(obj, key, op)
+        }
+        fn set_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
+            self.0.set_timer(obj, key, deadline_ns);
+        }
+        fn cancel_timer(&mut self, obj: ObjectId, key: &StateKey) {
+            self.0.cancel_timer(obj, key);
+        }
+        fn expired(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>) {
+            self.0.expired(now_ns, max, out);
+        }
+        fn end_packet(&mut self, meta: &mut sluice_packet::Meta) {
+            meta.xor ^= 1;
+        }
+    }
+
+    #[test]
+    fn a_packet_is_bracketed_unless_its_state_needs_no_brackets() {
+        let instance = |state: Box<dyn StateHandle>| {
+            let nf = Box::new(Expiring(Vec::new()));
+            Instance::new(nf, state, "v".into(), InstanceId::new(0, 0), Arc::default())
+        };
+        let mut pkt = Packet::new(vec![0; 60], sluice_packet::Meta::default());
+        let mut marking = instance(Box::new(Marking(LocalState::new(&[], &[]))));
+        assert_eq!(marking.process(&mut pkt), crate::Verdict::Forward);
+        assert_eq!(pkt.meta.xor, 1, "a handle that keeps the default brackets every packet");
+        assert!(!LocalState::new(&[], &[]).brackets_packets(), "local state needs none");
+        let mut local = instance(Box::new(LocalState::new(&[], &[])));
+        assert_eq!(local.process(&mut pkt), crate::Verdict::Forward);
+        assert_eq!(pkt.meta.xor, 1);
     }
 
     #[test]

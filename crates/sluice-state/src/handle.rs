@@ -109,6 +109,13 @@ pub trait StateHandle: Send {
     /// send them here.
     fn end_batch(&mut self) {}
 
+    /// Whether [`StateHandle::begin_packet`] and [`StateHandle::end_packet`] do anything here. A
+    /// handle that keeps both as the no-ops they are by default may say `false`, and an instance
+    /// then skips the two calls a packet.
+    fn brackets_packets(&self) -> bool {
+        true
+    }
+
     /// Called before each packet with its metadata (its clock keys logs and replays).
     fn begin_packet(&mut self, _meta: &Meta) {}
 

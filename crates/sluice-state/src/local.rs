@@ -358,6 +358,11 @@ impl StateHandle for LocalState {
         self.timers.may_fire(now_ns)
     }
 
+    /// No clocks, tags or XOR vectors in local state: nothing to do around a packet.
+    fn brackets_packets(&self) -> bool {
+        false
+    }
+
     fn cancel_timer(&mut self, obj: ObjectId, key: &StateKey) {
         self.timers.cancel(obj, key);
     }

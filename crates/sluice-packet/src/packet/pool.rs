@@ -67,6 +67,19 @@ impl Drop for ThreadCache {
     }
 }
 
+/// A spare body from a thread's cache, refilled with up to [`CHUNK`] from the shared stack
+/// when empty.
+#[allow(clippy::vec_box)]
+#[inline]
+fn pop_spare(spares: &mut Spares, shared: &Shared) -> Option<Box<PacketBody>> {
+    if spares.is_empty() {
+        let mut free = shared.free();
+        let from = free.len().saturating_sub(CHUNK);
+        spares.extend(free.drain(from..));
+    }
+    spares.pop()
+}
+
 thread_local! {
     static CACHE: RefCell<ThreadCache> =
         const { RefCell::new(ThreadCache { pool: Weak::new(), spares: Vec::new() }) };
@@ -111,15 +124,7 @@ impl PacketPool {
 
     /// A spare body, from this thread's cache (refilled from the shared stack when empty).
     fn take(&self) -> Option<Box<PacketBody>> {
-        self.with_cache(|spares, shared| {
-            if spares.is_empty() {
-                let mut free = shared.free();
-                let from = free.len().saturating_sub(CHUNK);
-                spares.extend(free.drain(from..));
-            }
-            spares.pop()
-        })
-        .unwrap_or_else(|| self.shared.free().pop())
+        self.with_cache(pop_spare).unwrap_or_else(|| self.shared.free().pop())
     }
 
     /// Keeps `body` in this thread's cache, spilling the cache's oldest [`CHUNK`] to the shared
@@ -173,10 +178,19 @@ impl PacketPool {
         }
     }
 
-    /// Appends a copy of each of `pkts` to `out`.
+    /// Appends a copy of each of `pkts` to `out`: the spares for all of them taken in one
+    /// visit to this thread's cache (a source's batch), not one a packet.
     pub fn copy_all(&self, pkts: &[Packet], out: &mut Batch) {
-        for pkt in pkts {
-            out.push(self.copy_of(pkt));
+        out.reserve(pkts.len());
+        let copied = self.with_cache(|spares, shared| {
+            for pkt in pkts {
+                out.push(self.copy_into(pkt, pop_spare(spares, shared)));
+            }
+        });
+        if copied.is_none() {
+            for pkt in pkts {
+                out.push(self.copy_of(pkt));
+            }
         }
     }
 

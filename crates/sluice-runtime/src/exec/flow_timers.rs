@@ -82,7 +82,18 @@ fn table_and_filter(shared: &Shared, slot: &mut Slot) -> Option<VertexTimers> {
 /// Before `slot`'s instance processes `pkt`: fires, on the packet's behalf, the timers due
 /// that come first and are its own, and says whether the packet waits for another instance
 /// to fire one of its flows'. When it goes on, it carries what the others' firings updated.
+#[inline]
 pub(super) fn before_packet(shared: &Shared, slot: &mut Slot, pkt: &mut Packet, out: &mut Outgoing) -> Before {
+    // Most instances keep no such table: a test in line, the rest out of it.
+    if slot.flow_timers.is_none() {
+        return Before::Go;
+    }
+    before_packet_with_table(shared, slot, pkt, out)
+}
+
+/// [`before_packet`] at an instance whose vertex keeps its flows' timers in a table.
+#[inline(never)]
+fn before_packet_with_table(shared: &Shared, slot: &mut Slot, pkt: &mut Packet, out: &mut Outgoing) -> Before {
     let Some(table) = slot.flow_timers.as_ref() else { return Before::Go };
     let (now, clock) = (pkt.meta.ts_ns, pkt.meta.clock);
     if !table.may_be_due(now) && table.asked().is_none() {

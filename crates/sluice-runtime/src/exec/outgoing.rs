@@ -151,6 +151,18 @@ impl Outgoing {
     /// their sending order.
     #[inline]
     pub(super) fn push_in_run(&mut self, shared: &Shared, dest: usize, pkt: Packet) {
+        // Most packets: one more in a run that goes on (a test and a store, inlined where the
+        // packets are made; the run's start and end out of line).
+        if self.run.0 == dest && !self.run.1.is_empty() && self.run.1.len() + 1 < shared.batch {
+            self.run.1.push(pkt);
+            return;
+        }
+        self.push_starting_or_ending_run(shared, dest, pkt);
+    }
+
+    /// [`Outgoing::push_in_run`] for a packet that starts a run or ends one.
+    #[inline(never)]
+    fn push_starting_or_ending_run(&mut self, shared: &Shared, dest: usize, pkt: Packet) {
         if self.run.0 != dest {
             self.end_run(shared);
         }

@@ -163,7 +163,19 @@ impl RootState {
     /// Stamps and logs a packet handed to this root (its entry time, in
     /// `ingress_ns`, stamped by the reading thread); `None` if it dropped it (`over`: past the
     /// window with `overflow: drop`; or the log was full).
+    #[inline]
     pub(super) fn admit(&mut self, shared: &Shared, mut pkt: Packet, over: bool) -> Option<Packet> {
+        if over || self.log.is_some() {
+            return self.admit_logged_or_over(shared, pkt, over);
+        }
+        // Without a log nothing refuses a packet within the window: stamped in line.
+        self.stamp(shared, &mut pkt);
+        Some(pkt)
+    }
+
+    /// [`RootState::admit`] for a packet past the window or a root with a log (out of line).
+    #[inline(never)]
+    fn admit_logged_or_over(&mut self, shared: &Shared, mut pkt: Packet, over: bool) -> Option<Packet> {
         let now_ns = pkt.meta.ingress_ns;
         let refused = if over {
             Some("window-full")
@@ -189,9 +201,19 @@ impl RootState {
             shared.pool.recycle(pkt);
             return None;
         }
+        // As the reading thread stamped it, whatever the log's admission did to the metadata.
+        pkt.meta.ingress_ns = now_ns;
+        self.stamp(shared, &mut pkt);
+        Some(pkt)
+    }
+
+    /// Gives an admitted packet the root's next clock and tells the run's clock ring of it
+    /// (with its entry time, stamped by the reading thread in `ingress_ns`).
+    #[inline]
+    fn stamp(&mut self, shared: &Shared, pkt: &mut Packet) {
+        let now_ns = pkt.meta.ingress_ns;
         self.seq += 1;
         pkt.meta.clock = Clock::new(self.id, self.seq);
-        pkt.meta.ingress_ns = now_ns;
         shared.clocks.admit(pkt.meta.clock, now_ns);
         if shared.publish_admissions {
             if let Some(a) = shared.admissions.admitted.get(usize::from(self.id)) {
@@ -203,7 +225,6 @@ impl RootState {
             self.last_ts = self.last_ts.max(pkt.meta.ts_ns);
         }
         // Counted in flight by `enter`, for the whole batch at once.
-        Some(pkt)
     }
 
     /// Counts in flight and sends what this root admitted into the chain: past it if the

@@ -54,54 +54,26 @@ impl StateHandle for StoreClient {
     }
 
     fn exec_nb(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<(), StateError> {
-        // (A shared write-through object while exclusive is covered by `caches_now`.)
-        let write_through = self.strategies.get(usize::from(obj.0)) == Some(&Strategy::WriteThrough);
-        if self.caches_now(obj) || self.cfg.mode != Mode::Async || write_through || self.replaying {
-            return self.exec(obj, key, op).map(|_| ());
+        if let StateOp::Incr(d) = op {
+            return self.incr_nb(obj, key, d);
         }
-        let idx = usize::from(obj.0);
-        if self.strategies.get(idx) == Some(&Strategy::Callbacks) {
-            if let Some(c) = self.caches.get_mut(idx) {
-                c.remove(key);
-            }
+        self.exec_nb_other(obj, key, op)
+    }
+
+    /// A counter's increment (a NAT counts every packet twice): collected for the batch in a
+    /// short path of its own, without an operation to build and drop; anything it cannot
+    /// collect goes the general way.
+    #[inline]
+    fn incr_nb(&mut self, obj: ObjectId, key: &StateKey, delta: i64) -> Result<(), StateError> {
+        if !self.collects_increments(obj) {
+            return self.incr_nb_other(obj, key, delta);
         }
         let tag = self.next_tag();
         if self.cfg.wal_capacity > 0 {
-            self.log_update(tag, self.key(obj, key), &op);
+            self.log_update(tag, self.key(obj, key), &StateOp::Incr(delta));
         }
         self.note_update(obj);
-        // A counter's running sum or tagged increments are found by object and key in place:
-        // the key (up to 40 bytes) is copied only for a counter's first increment of a batch.
-        let same = |k: &StoreKey| k.object == obj.0 && k.key == *key;
-        if let (StateOp::Incr(d), false) = (&op, self.cfg.dedupe) {
-            // Nothing to tell apart: one increment per counter per batch.
-            let d = *d;
-            match self.sums.iter_mut().find(|(k, _)| same(k)) {
-                Some((_, sum)) => *sum = sum.wrapping_add(d),
-                None => {
-                    let skey = self.key(obj, key);
-                    self.sums.push((skey, d));
-                }
-            }
-            return Ok(());
-        }
-        if let (StateOp::Incr(d), true) = (&op, self.cfg.dedupe) {
-            let d = *d;
-            // Counters: one request per value per batch, each increment still tagged.
-            match self.increments.iter_mut().find(|(k, _)| same(k)) {
-                Some((_, v)) => v.push((tag, d)),
-                None => {
-                    // Sized for a batch's increments of one counter, so it rarely grows.
-                    let mut v = Vec::with_capacity(self.increment_room);
-                    v.push((tag, d));
-                    let skey = self.key(obj, key);
-                    self.increments.push((skey, v));
-                }
-            }
-            return Ok(());
-        }
-        let skey = self.key(obj, key);
-        self.queue_nb(skey, StoreOp::State(op), Some(tag));
+        self.collect_increment(obj, key, (tag, delta));
         Ok(())
     }
 

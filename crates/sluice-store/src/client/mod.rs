@@ -21,6 +21,7 @@ mod exchange;
 mod handle;
 mod recovery;
 mod replay_history;
+mod updates;
 mod vertex_timers;
 use cached::Cached;
 pub use vertex_timers::{Answer, Ask, VertexTimerTable};
@@ -403,6 +404,7 @@ impl StoreClient {
     }
 
     /// Folds `(this instance, obj)` into the current packet's XOR vector, once per object.
+    #[inline]
     fn note_update(&mut self, obj: ObjectId) {
         if !self.cfg.commits {
             return;
@@ -427,6 +429,7 @@ impl StoreClient {
         }
     }
 
+    #[inline]
     fn next_tag(&mut self) -> OpTag {
         self.stats.updates += 1;
         let seq = if self.firing_timers {
@@ -450,26 +453,9 @@ impl StoreClient {
         Request { id, client: self.id, tag, key, op, reply }
     }
 
-    /// Turns collected increments into requests (for one value, or all).
-    fn emit_increments(&mut self, only: Option<&StoreKey>) {
-        let wanted = |k: &StoreKey| only.is_none_or(|o| o == k);
-        // Taken out while requests are made (they number themselves), then put back with
-        // their buffers.
-        let mut sums = std::mem::take(&mut self.sums);
-        for (key, sum) in sums.extract_if(.., |(k, _)| wanted(k)) {
-            let r = self.request(key, StoreOp::State(StateOp::Incr(sum)), None, false);
-            self.pending.push(r);
-        }
-        self.sums = sums;
-        let mut increments = std::mem::take(&mut self.increments);
-        for (key, incrs) in increments.extract_if(.., |(k, _)| wanted(k)) {
-            self.increment_room = self.increment_room.max(incrs.len()).min(MAX_INCREMENT_ROOM);
-            let r = self.request(key, StoreOp::IncrMany(incrs), None, false);
-            self.pending.push(r);
-        }
-        self.increments = increments;
-    }
-
+    /// Keeps a copy of a tagged update for a store rebuild (only runs that may lose their store
+    /// keep a write-ahead log: out of line, off the others' per-update path).
+    #[inline(never)]
     fn log_update(&mut self, tag: OpTag, key: StoreKey, op: &StateOp) {
         if self.cfg.wal_capacity == 0 {
             return;
@@ -485,8 +471,13 @@ impl StoreClient {
         let idx = usize::from(obj.0);
         // A hit (most operations): one lookup, and the key is not copied.
         if let Some(entry) = self.caches.get_mut(idx).and_then(|c| c.get_mut(key)) {
-            let (r, dirtied) = apply_cached(entry, op, &self.custom)?;
             self.stats.cache_hits += 1;
+            if op == StateOp::Get {
+                // The most frequent operation of all (a NAT's per-packet look at its
+                // connection): a copy of the value, without the general update path.
+                return Ok(entry.value.clone());
+            }
+            let (r, dirtied) = apply_cached(entry, op, &self.custom)?;
             if dirtied {
                 self.dirty.push((obj, *key));
             }
@@ -641,12 +632,14 @@ impl StoreClient {
     /// that gives them up — so a run writing back sends none: the idle timer an LB or a NAT
     /// re-arms with every packet cost a request a packet when flows interleave (half of what
     /// the example chain sent its store).
+    #[inline]
     fn copies_timers(&self) -> bool {
         self.cfg.write_through || self.twin_timer_changes.is_some()
     }
 
     /// Records a timer armed (`Some(deadline)`) or cancelled for the store's copy, sent with
     /// the batch, if the store keeps copies ([`StoreClient::copies_timers`]).
+    #[inline]
     pub(super) fn note_timer_change(&mut self, obj: ObjectId, key: &StateKey, change: Option<u64>) {
         if self.copies_timers() {
             self.timer_changes.insert((obj, *key), change);

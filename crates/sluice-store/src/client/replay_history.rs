@@ -60,10 +60,19 @@ impl ReplayHistory {
     }
 
     /// The replay is over (a live packet): what comes later is read from the store, for good.
+    #[inline]
     pub(super) fn end(&mut self) {
         if !self.ended {
-            *self = ReplayHistory { ended: true, ..ReplayHistory::default() };
+            self.end_now();
         }
+    }
+
+    /// [`ReplayHistory::end`]'s work, done once: out of line, so that the call made before
+    /// every live packet is a test of one flag.
+    #[cold]
+    #[inline(never)]
+    fn end_now(&mut self) {
+        *self = ReplayHistory { ended: true, ..ReplayHistory::default() };
     }
 
     /// `key` as the store would answer a replayed packet's read at (`clock`, `seq`): before
