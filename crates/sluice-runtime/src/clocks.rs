@@ -14,6 +14,8 @@ pub(crate) struct ClockTracker {
     /// different roots for order-sensitive instances).
     entries: Vec<AtomicU64>,
     mask: u64,
+    /// Only one thread changes the counts ([`ClockTracker::changed_by_one_thread`]).
+    one_writer: bool,
 }
 
 impl ClockTracker {
@@ -22,7 +24,16 @@ impl ClockTracker {
         let n = span.next_power_of_two().max(2);
         let total = n * usize::from(roots.max(1));
         let entries = if roots > 1 { (0..total).map(|_| AtomicU64::new(0)).collect() } else { Vec::new() };
-        ClockTracker { slots: (0..total).map(|_| AtomicU32::new(0)).collect(), entries, mask: n as u64 - 1 }
+        let slots = (0..total).map(|_| AtomicU32::new(0)).collect();
+        ClockTracker { slots, entries, mask: n as u64 - 1, one_writer: false }
+    }
+
+    /// Says that one thread alone admits, copies and finishes clocks (a run to completion: the
+    /// root thread runs the instances and the sink): counts then change by a load and a store,
+    /// not by a locked read-modify-write a copy. Other threads may still read them.
+    pub(crate) fn changed_by_one_thread(mut self, one: bool) -> ClockTracker {
+        self.one_writer = one;
+        self
     }
     fn index(&self, c: Clock) -> usize {
         (u64::from(c.root()) * self.span() + (c.seq() & self.mask)) as usize
@@ -49,12 +60,20 @@ impl ClockTracker {
     }
     pub(crate) fn copy(&self, c: Clock) {
         if let Some(s) = self.slot(c) {
-            s.fetch_add(1, Ordering::AcqRel);
+            if self.one_writer {
+                s.store(s.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
+            } else {
+                s.fetch_add(1, Ordering::AcqRel);
+            }
         }
     }
     pub(crate) fn done(&self, c: Clock) {
         if let Some(s) = self.slot(c) {
-            s.fetch_sub(1, Ordering::AcqRel);
+            if self.one_writer {
+                s.store(s.load(Ordering::Relaxed).wrapping_sub(1), Ordering::Release);
+            } else {
+                s.fetch_sub(1, Ordering::AcqRel);
+            }
         }
     }
     /// Copies of clock `c` in flight (or held, for a count of held copies).
@@ -90,6 +109,27 @@ mod tests {
         t.done(Clock::new(1, 3));
         assert!(t.finished(Clock::new(1, 3)));
         assert!(t.finished(Clock::new(7, 1)), "a root the tracker does not have holds nothing");
+    }
+
+    #[test]
+    fn one_thread_changing_the_counts_counts_as_many_do() {
+        let (many, one) = (ClockTracker::new(8, 1), ClockTracker::new(8, 1).changed_by_one_thread(true));
+        let steps: [(u64, i8); 9] = [(1, 0), (2, 0), (1, 1), (1, 1), (2, -1), (1, -1), (3, 0), (1, -1), (1, -1)];
+        for (seq, step) in steps {
+            for t in [&many, &one] {
+                let c = Clock::new(0, seq);
+                match step {
+                    0 => t.admit(c, 0),
+                    1 => t.copy(c),
+                    _ => t.done(c),
+                }
+            }
+            for seq in 1..=3 {
+                let c = Clock::new(0, seq);
+                assert_eq!((one.count(c), one.finished(c)), (many.count(c), many.finished(c)), "clock {seq}");
+            }
+        }
+        assert!(one.finished(Clock::new(0, 1)) && one.finished(Clock::new(0, 2)) && !one.finished(Clock::new(0, 3)));
     }
 
     #[test]

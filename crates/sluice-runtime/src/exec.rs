@@ -294,7 +294,7 @@ pub fn run(
     let shared = Arc::new(Shared {
         queues: (0..slot_count).map(|_| OnceLock::new()).collect(),
         queue_cap: cap,
-        clocks: Arc::new(ClockTracker::new(cfg.window, roots)),
+        clocks: Arc::new(ClockTracker::new(cfg.window, roots).changed_by_one_thread(inline)),
         roots,
         root_inputs: (0..roots).map(|r| ArrayQueue::new(if r == 0 { 1 } else { ROOT_INPUT_BATCHES })).collect(),
         handed: CachePadded::new(AtomicUsize::new(0)),
