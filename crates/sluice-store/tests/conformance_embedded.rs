@@ -685,3 +685,37 @@ fn the_client_asks_for_timers_only_when_one_may_fire() {
     assert!(!c.may_fire(150), "fired: nothing left");
     c.end_batch();
 }
+
+/// Where nothing waits for the store (no fault tolerance), a batch's requests may wait for
+/// the next batch's (a counter's sums added up across them): nothing is lost — the next batch
+/// after a pause sends them, and so does a flush.
+#[test]
+fn batches_nobody_waits_for_go_together_and_none_is_lost() {
+    let store = EmbeddedStore::start(1).expect("start store");
+    let decls = [StateDecl::new("packets", Scope::global(), AccessPattern::WriteMostly)];
+    let (obj, key) = (ObjectId(0), StateKey::Unit);
+    let client = |index| {
+        let id = InstanceId::new(3, index);
+        let conn = store.connect(id).expect("connect");
+        let mode = if index == 0 { Mode::Async } else { Mode::External };
+        StoreClient::new(conn, id, 3, &decls, &[], ClientConfig { mode, ..ClientConfig::default() })
+    };
+    let (mut counting, mut reading) = (client(0), client(1));
+    let batch = |c: &mut StoreClient, n: i64| {
+        c.begin_batch();
+        for _ in 0..n {
+            c.incr_nb(obj, &key, 1).expect("incr_nb");
+        }
+        c.end_batch();
+    };
+    batch(&mut counting, 3);
+    batch(&mut counting, 4);
+    // Long past any wait: the next batch sends everything before it, with its own.
+    std::thread::sleep(Duration::from_millis(5));
+    batch(&mut counting, 2);
+    // One shard takes its clients' messages in the order they came: the read follows them.
+    assert_eq!(reading.get(obj, &key).expect("get"), Some(Value::Int(9)));
+    batch(&mut counting, 5);
+    counting.flush().expect("flush");
+    assert_eq!(reading.get(obj, &key).expect("get"), Some(Value::Int(14)), "a flush sends what waits");
+}

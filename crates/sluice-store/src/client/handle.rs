@@ -166,12 +166,16 @@ impl StateHandle for StoreClient {
             self.flush_dirty();
         }
         self.queue_timer_changes();
+        if self.defers_batch() {
+            return;
+        }
         if self.now_ns > self.reported_ns {
             self.reported_ns = self.now_ns;
             let key = StoreKey { vertex: self.vertex, object: 0, key: StateKey::Unit };
             let r = self.request(key, StoreOp::AdvanceTime(self.now_ns), None, false);
             self.pending.push(r);
         }
+        self.last_sent_at = self.batch_start;
         let _ = self.send_pending();
         if !self.batch_xors.is_empty() {
             // Every update of this batch's packets has been sent by now, at the latest in the

@@ -235,6 +235,8 @@ pub struct StoreClient {
     dirty: Vec<(ObjectId, StateKey)>,
     /// When the current batch started (one clock read per batch, not per request).
     batch_start: Instant,
+    /// When the batch whose requests were last sent began ([`StoreClient::defers_batch`]).
+    last_sent_at: Instant,
     /// When unacknowledged requests were last checked for retransmission.
     last_resend_check: Instant,
     timers: Timers,
@@ -344,6 +346,7 @@ impl StoreClient {
             caches: decls.iter().map(|_| Map::default()).collect(),
             dirty: Vec::new(),
             batch_start: Instant::now(),
+            last_sent_at: Instant::now(),
             last_resend_check: Instant::now(),
             strategies,
             cfg,
@@ -637,6 +640,15 @@ impl StoreClient {
         self.cfg.write_through || self.twin_timer_changes.is_some()
     }
 
+    /// Whether this batch's requests wait for the next batch's: only where nothing waits for
+    /// their acknowledgement ([`lazy_batches`]), and for at most [`DEFER_FOR`] since the last
+    /// batch sent, so that several batches go as one (a counter's sums added up across them,
+    /// one message and one acknowledgement for the shard) while a quiet input still sends at
+    /// once. Every wait for the store (a call, a flush) sends what is pending first.
+    fn defers_batch(&self) -> bool {
+        lazy_batches(&self.cfg) && self.batch_start.saturating_duration_since(self.last_sent_at) < DEFER_FOR
+    }
+
     /// Records a timer armed (`Some(deadline)`) or cancelled for the store's copy, sent with
     /// the batch, if the store keeps copies ([`StoreClient::copies_timers`]).
     #[inline]
@@ -746,6 +758,10 @@ fn apply_cached(entry: &mut Cached, op: StateOp, custom: &[CustomOp]) -> Result<
     let dirtied = update && entry.record(list_op);
     Ok((r, dirtied))
 }
+
+/// How long a client whose batches nobody waits for keeps their requests before sending them
+/// ([`StoreClient::defers_batch`]).
+const DEFER_FOR: Duration = Duration::from_micros(400);
 
 /// Whether a client's batches without a call may wait a little for the store
 /// ([`Connection::allow_lazy_batches`]): without the root's log (no tags, no commits, nothing
