@@ -59,21 +59,19 @@ impl ClockTracker {
         self.entries.get(self.index(c)).map_or(0, |e| e.load(Ordering::Acquire))
     }
     pub(crate) fn copy(&self, c: Clock) {
-        if let Some(s) = self.slot(c) {
-            if self.one_writer {
-                s.store(s.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
-            } else {
-                s.fetch_add(1, Ordering::AcqRel);
-            }
-        }
+        self.add(c, 1);
     }
     pub(crate) fn done(&self, c: Clock) {
-        if let Some(s) = self.slot(c) {
-            if self.one_writer {
-                s.store(s.load(Ordering::Relaxed).wrapping_sub(1), Ordering::Release);
-            } else {
-                s.fetch_sub(1, Ordering::AcqRel);
-            }
+        self.add(c, u32::MAX);
+    }
+    /// Adds `by` to clock `c`'s count, wrapping (`u32::MAX` takes one away).
+    #[inline]
+    fn add(&self, c: Clock, by: u32) {
+        let Some(s) = self.slot(c) else { return };
+        if self.one_writer {
+            s.store(s.load(Ordering::Relaxed).wrapping_add(by), Ordering::Release);
+        } else {
+            s.fetch_add(by, Ordering::AcqRel);
         }
     }
     /// Copies of clock `c` in flight (or held, for a count of held copies).

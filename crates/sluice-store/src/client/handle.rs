@@ -68,11 +68,7 @@ impl StateHandle for StoreClient {
         if !self.collects_increments(obj) {
             return self.incr_nb_other(obj, key, delta);
         }
-        let tag = self.next_tag();
-        if self.cfg.wal_capacity > 0 {
-            self.log_update(tag, self.key(obj, key), &StateOp::Incr(delta));
-        }
-        self.note_update(obj);
+        let tag = self.tag_update(obj, key, || StateOp::Incr(delta));
         self.collect_increment(obj, key, (tag, delta));
         Ok(())
     }

@@ -26,6 +26,19 @@ impl StoreClient {
         }
     }
 
+    /// Numbers a non-blocking update `op` of `obj`'s `key` (its tag), keeps it in the
+    /// write-ahead log where there is one, and folds it into the packet's XOR vector.
+    #[inline]
+    pub(super) fn tag_update(&mut self, obj: ObjectId, key: &StateKey, op: impl FnOnce() -> StateOp) -> OpTag {
+        let tag = self.next_tag();
+        if self.cfg.wal_capacity > 0 {
+            // (Made only here: most runs keep no such log.)
+            self.log_update(tag, self.key(obj, key), &op());
+        }
+        self.note_update(obj);
+        tag
+    }
+
     /// Collects a tagged increment of `obj`'s `key` for the batch: without tags (no duplicates
     /// to tell apart) into the counter's sum, else into its list of increments, one request
     /// per counter either way. The key (up to 40 bytes) is copied only for a counter's first
@@ -84,11 +97,7 @@ impl StoreClient {
                 c.remove(key);
             }
         }
-        let tag = self.next_tag();
-        if self.cfg.wal_capacity > 0 {
-            self.log_update(tag, self.key(obj, key), &op);
-        }
-        self.note_update(obj);
+        let tag = self.tag_update(obj, key, || op.clone());
         if let StateOp::Incr(d) = op {
             self.collect_increment(obj, key, (tag, d));
             return Ok(());
