@@ -38,6 +38,8 @@ pub struct Instance {
     budget: usize,
     /// The state handle's [`StateHandle::brackets_packets`], asked once.
     brackets: bool,
+    /// The state handle's [`StateHandle::ends_packets`] where it brackets packets, asked once.
+    ends: bool,
 }
 
 /// Which of an instance's due timers fire before a packet with this clock (the others stay
@@ -58,6 +60,7 @@ impl Instance {
         Instance {
             nf,
             brackets: state.brackets_packets(),
+            ends: state.brackets_packets() && state.ends_packets(),
             state,
             vertex,
             id,
@@ -166,7 +169,7 @@ impl Instance {
         } else {
             Verdict::Forward
         };
-        if self.brackets {
+        if self.ends {
             self.state.end_packet(&mut pkt.meta);
         }
         v

@@ -116,6 +116,13 @@ pub trait StateHandle: Send {
         true
     }
 
+    /// Whether [`StateHandle::end_packet`] does anything here, where packets are bracketed: a
+    /// handle whose packets never carry anything into their metadata may say `false`, and an
+    /// instance then skips that call a packet.
+    fn ends_packets(&self) -> bool {
+        self.brackets_packets()
+    }
+
     /// Called before each packet with its metadata (its clock keys logs and replays).
     fn begin_packet(&mut self, _meta: &Meta) {}
 

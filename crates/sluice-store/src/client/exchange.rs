@@ -144,6 +144,11 @@ impl StoreClient {
     }
 
     pub(super) fn absorb(&mut self) -> Result<(), StateError> {
+        self.absorb_at(Instant::now())
+    }
+
+    /// [`StoreClient::absorb`] at `now` (a batch's start reads the clock once for both).
+    pub(super) fn absorb_at(&mut self, now: Instant) -> Result<(), StateError> {
         self.conn.poll(&mut self.replies).map_err(backend)?;
         self.settle_responses();
         self.conn.notifications(&mut self.notes).map_err(backend)?;
@@ -161,7 +166,6 @@ impl StoreClient {
         }
         // Retransmit what has not been acknowledged in time (applied once, by tag). Checked a
         // few times per timeout, not per batch.
-        let now = Instant::now();
         if self.inflight.is_empty() || now.duration_since(self.last_resend_check) < self.cfg.retransmit_after / 4 {
             return Ok(());
         }

@@ -53,6 +53,30 @@ impl StateHandle for StoreClient {
         self.remote(obj, key, op)
     }
 
+    /// A read. Of a per-flow value cached here, outside a replay (a NAT's or an LB's look at a
+    /// connection, every packet): a copy at once, without an operation to build, match and drop.
+    #[inline]
+    fn get(&mut self, obj: ObjectId, key: &StateKey) -> Result<Option<Value>, StateError> {
+        let idx = usize::from(obj.0);
+        let strategy = self.strategies.get(idx).copied();
+        if !self.replaying && matches!(strategy, Some(Strategy::Owned | Strategy::WriteThrough)) {
+            if let Some(e) = self.caches.get(idx).and_then(|c| c.get(key)) {
+                self.stats.cache_hits += 1;
+                // Most such values are integers (a connection's port and flags): copied in line.
+                return Ok(match &e.value {
+                    Some(Value::Int(i)) => Some(Value::Int(*i)),
+                    v => v.clone(),
+                });
+            }
+            if strategy == Some(Strategy::Owned) && self.cfg.fresh && !self.moved_in {
+                // A flow owned here from its first packet: absent here is absent (as `local`
+                // answers it, without an entry).
+                return Ok(None);
+            }
+        }
+        self.exec(obj, key, StateOp::Get)
+    }
+
     fn exec_nb(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<(), StateError> {
         if let StateOp::Incr(d) = op {
             return self.incr_nb(obj, key, d);
@@ -153,7 +177,7 @@ impl StateHandle for StoreClient {
 
     fn begin_batch(&mut self) {
         self.batch_start = Instant::now();
-        let _ = self.absorb();
+        let _ = self.absorb_at(self.batch_start);
     }
 
     fn end_batch(&mut self) {
@@ -192,18 +216,20 @@ impl StateHandle for StoreClient {
     }
 
     fn begin_packet(&mut self, meta: &Meta) {
-        self.clock = meta.clock;
-        self.entry_ns = meta.ingress_ns;
         self.moved_in = meta.flags.contains(sluice_packet::MetaFlags::FIRST);
         self.replaying = meta.flags.contains(sluice_packet::MetaFlags::REPLAYED);
-        if !self.replaying {
-            self.replay_history.end();
-        }
-        self.seq = 0;
-        self.firing = (None, 0);
-        self.xor = 0;
-        self.touched = 0;
         self.now_ns = self.now_ns.max(meta.ts_ns);
+        if self.numbers_updates() {
+            self.clock = meta.clock;
+            self.entry_ns = meta.ingress_ns;
+            if !self.replaying {
+                self.replay_history.end();
+            }
+            self.seq = 0;
+            self.firing = (None, 0);
+            self.xor = 0;
+            self.touched = 0;
+        }
     }
 
     fn timers(&mut self, firing: bool) {
@@ -215,6 +241,11 @@ impl StateHandle for StoreClient {
         self.firing = (Some((timer.object, timer.key)), 0);
     }
 
+    /// Only a client that reports commits carries anything into a packet's metadata (its XOR).
+    fn ends_packets(&self) -> bool {
+        self.cfg.commits
+    }
+
     fn end_packet(&mut self, meta: &mut Meta) {
         meta.xor ^= self.xor;
         if self.xor != 0 {
@@ -224,6 +255,10 @@ impl StateHandle for StoreClient {
     }
 
     fn take_commits(&mut self, out: &mut Vec<(Clock, u64)>) {
+        if !self.cfg.commits {
+            // None are made: nothing to take in for them (the batch's start takes in the rest).
+            return;
+        }
         let _ = self.absorb();
         self.stats.commits_taken += self.committed.len() as u64;
         out.append(&mut self.committed);

@@ -690,7 +690,7 @@ impl StoreClient {
             }
             e.dirty = false;
             let (list, single) = match (e.list_ops.take(), &e.value) {
-                (Some(ops), _) => (ops, None),
+                (Some(ops), _) => (*ops, None),
                 (None, Some(v)) => (Vec::new(), Some(StateOp::Set(v.clone()))),
                 (None, None) => (Vec::new(), Some(StateOp::Delete)),
             };

@@ -26,6 +26,14 @@ impl StoreClient {
         }
     }
 
+    /// Whether a packet's updates are numbered for anything: tags for the store (duplicates to
+    /// tell apart), the write-ahead log, commits in the packet's XOR, or a replay's history.
+    /// A client of a plain run does none of these, and a packet's start sets only what it reads.
+    #[inline]
+    pub(super) fn numbers_updates(&self) -> bool {
+        self.cfg.dedupe || self.cfg.commits || self.cfg.write_through || self.cfg.wal_capacity > 0
+    }
+
     /// Numbers a non-blocking update `op` of `obj`'s `key` (its tag), keeps it in the
     /// write-ahead log where there is one, and folds it into the packet's XOR vector.
     #[inline]
