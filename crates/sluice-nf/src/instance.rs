@@ -273,8 +273,9 @@ mod tests {
     }
 
     /// Local state that marks every packet it saw out in its XOR vector, as a store client
-    /// records its updates there (`brackets_packets` left at its default).
-    struct Marking(LocalState);
+    /// records its updates there (`brackets_packets` left at its default), and says whether
+    /// packets need ending (`ends_packets`).
+    struct Marking(LocalState, bool);
 
     impl StateHandle for Marking {
         fn exec(
@@ -294,6 +295,9 @@ mod tests {
         fn expired(&mut self, now_ns: u64, max: usize, out: &mut Vec<TimerFired>) {
             self.0.expired(now_ns, max, out);
         }
+        fn ends_packets(&self) -> bool {
+            self.1
+        }
         fn end_packet(&mut self, meta: &mut sluice_packet::Meta) {
             meta.xor ^= 1;
         }
@@ -306,13 +310,23 @@ mod tests {
             Instance::new(nf, state, "v".into(), InstanceId::new(0, 0), Arc::default())
         };
         let mut pkt = Packet::new(vec![0; 60], sluice_packet::Meta::default());
-        let mut marking = instance(Box::new(Marking(LocalState::new(&[], &[]))));
+        let mut marking = instance(Box::new(Marking(LocalState::new(&[], &[]), true)));
         assert_eq!(marking.process(&mut pkt), crate::Verdict::Forward);
         assert_eq!(pkt.meta.xor, 1, "a handle that keeps the default brackets every packet");
         assert!(!LocalState::new(&[], &[]).brackets_packets(), "local state needs none");
         let mut local = instance(Box::new(LocalState::new(&[], &[])));
         assert_eq!(local.process(&mut pkt), crate::Verdict::Forward);
         assert_eq!(pkt.meta.xor, 1);
+    }
+
+    #[test]
+    fn a_packet_is_not_ended_where_its_state_carries_nothing_out() {
+        let nf = Box::new(Expiring(Vec::new()));
+        let state = Box::new(Marking(LocalState::new(&[], &[]), false));
+        let mut inst = Instance::new(nf, state, "v".into(), InstanceId::new(0, 0), Arc::default());
+        let mut pkt = Packet::new(vec![0; 60], sluice_packet::Meta::default());
+        assert_eq!(inst.process(&mut pkt), crate::Verdict::Forward);
+        assert_eq!(pkt.meta.xor, 0, "end_packet was called");
     }
 
     #[test]

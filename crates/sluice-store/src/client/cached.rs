@@ -21,6 +21,16 @@ impl Cached {
         Cached { value, dirty: false, list_ops: None }
     }
 
+    /// A copy of the value for a read: an integer (most cached values: a connection's port and
+    /// flags) in line, without a call.
+    #[inline]
+    pub(super) fn read(&self) -> Option<Value> {
+        match &self.value {
+            Some(Value::Int(i)) => Some(Value::Int(*i)),
+            v => v.clone(),
+        }
+    }
+
     /// Records an update for the next flush: `list_op` is the update if it was a push or a
     /// pop (what a list's flush sends), `None` for any other update (the whole value is written).
     pub(super) fn record(&mut self, list_op: Option<StateOp>) -> bool {

@@ -62,11 +62,7 @@ impl StateHandle for StoreClient {
         if !self.replaying && matches!(strategy, Some(Strategy::Owned | Strategy::WriteThrough)) {
             if let Some(e) = self.caches.get(idx).and_then(|c| c.get(key)) {
                 self.stats.cache_hits += 1;
-                // Most such values are integers (a connection's port and flags): copied in line.
-                return Ok(match &e.value {
-                    Some(Value::Int(i)) => Some(Value::Int(*i)),
-                    v => v.clone(),
-                });
+                return Ok(e.read());
             }
             if strategy == Some(Strategy::Owned) && self.cfg.fresh && !self.moved_in {
                 // A flow owned here from its first packet: absent here is absent (as `local`

@@ -478,7 +478,7 @@ impl StoreClient {
             if op == StateOp::Get {
                 // The most frequent operation of all (a NAT's per-packet look at its
                 // connection): a copy of the value, without the general update path.
-                return Ok(entry.value.clone());
+                return Ok(entry.read());
             }
             let (r, dirtied) = apply_cached(entry, op, &self.custom)?;
             if dirtied {
