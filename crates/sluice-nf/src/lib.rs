@@ -82,7 +82,9 @@ pub trait NetworkFunction: Send + Sync {
     /// allocations), and take packets as they arrive. An NF whose decisions depend on the order
     /// of packets of *different* flows (the portscan detector's walk over a host's connection
     /// outcomes) asks for [`InputOrder::Clock`]: the framework then hands it packets in
-    /// chain-entry order (logical clocks), whatever reordered flows in front of it.
+    /// chain-entry order (logical clocks), whatever reordered flows in front of it. An NF whose
+    /// per-connection state depends on the order of the connection's two directions asks for
+    /// [`InputOrder::Connection`].
     fn input_order(&self) -> InputOrder {
         InputOrder::Arrival
     }
@@ -100,6 +102,13 @@ pub enum InputOrder {
     /// Arrival order; only each flow's packets keep their order.
     #[default]
     Arrival,
+    /// Chain-entry order between the two directions of a connection: an NF whose per-connection
+    /// state follows both sides (FINs from each, a timer set by the packet that closed it).
+    /// Where the two directions reach the vertex by different ways (a chain with
+    /// `reverse_edges` whose reverse path meets the vertex elsewhere, a vertex fed from several
+    /// places), the framework hands it packets in chain-entry order; elsewhere arrival order is
+    /// that order already.
+    Connection,
     /// Chain-entry order across flows (logical clocks; with several roots, entry time).
     Clock,
 }

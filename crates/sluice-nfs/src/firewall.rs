@@ -75,8 +75,8 @@
 use crate::util::{parse_config, Cidr, NS_PER_S};
 use serde::Deserialize;
 use sluice_nf::{
-    AccessPattern, BuildCtx, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl, StateError, StateKey,
-    TimerFired, Value, Verdict,
+    AccessPattern, BuildCtx, InputOrder, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl, StateError,
+    StateKey, TimerFired, Value, Verdict,
 };
 use sluice_packet::{FiveTuple, FlowKey, Packet, Proto, L4};
 
@@ -451,6 +451,11 @@ impl FirewallNf {
 }
 
 impl NetworkFunction for FirewallNf {
+    /// Both directions of a connection in entry order: the TCP state machine follows both sides of a connection.
+    fn input_order(&self) -> InputOrder {
+        InputOrder::Connection
+    }
+
     fn kind(&self) -> &'static str {
         "firewall"
     }

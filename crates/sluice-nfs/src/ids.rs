@@ -83,8 +83,8 @@ use aho_corasick::dfa::DFA;
 use aho_corasick::{Anchored, MatchKind, StartKind};
 use serde::Deserialize;
 use sluice_nf::{
-    AccessPattern, BuildCtx, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl, StateKey, TimerFired,
-    Value, Verdict,
+    AccessPattern, BuildCtx, InputOrder, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl, StateKey,
+    TimerFired, Value, Verdict,
 };
 use sluice_packet::{FiveTuple, Packet, Proto, L4};
 use std::collections::HashMap;
@@ -566,6 +566,11 @@ fn store_segments(segs: &[Segment], key: &StateKey, ctx: &mut NfContext<'_>) {
 }
 
 impl NetworkFunction for Ids {
+    /// Both directions of a connection in entry order: a stream closes on the FINs of both sides.
+    fn input_order(&self) -> InputOrder {
+        InputOrder::Connection
+    }
+
     fn kind(&self) -> &'static str {
         "ids"
     }

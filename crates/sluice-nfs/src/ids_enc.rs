@@ -25,8 +25,8 @@ use crate::util::parse_config;
 use serde::Deserialize;
 use sluice_embark::keyword::{EncKeywordRules, KeywordMatcher, StreamMatch, TokenRecord, TOKEN_PROTO};
 use sluice_nf::{
-    AccessPattern, BuildCtx, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl, StateKey, TimerFired,
-    Value, Verdict,
+    AccessPattern, BuildCtx, InputOrder, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl, StateKey,
+    TimerFired, Value, Verdict,
 };
 use sluice_packet::{FiveTuple, Packet, Proto, L4};
 
@@ -170,6 +170,11 @@ impl EncIds {
 }
 
 impl NetworkFunction for EncIds {
+    /// Both directions of a connection in entry order: a connection's verdict and its end follow both sides.
+    fn input_order(&self) -> InputOrder {
+        InputOrder::Connection
+    }
+
     fn kind(&self) -> &'static str {
         "ids"
     }

@@ -82,8 +82,8 @@
 use crate::util::{parse_config, parse_endpoint, Cidr, NS_PER_S};
 use serde::Deserialize;
 use sluice_nf::{
-    AccessPattern, BuildCtx, CustomOp, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl, StateError,
-    StateKey, TimerFired, Value, Verdict,
+    AccessPattern, BuildCtx, CustomOp, InputOrder, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl,
+    StateError, StateKey, TimerFired, Value, Verdict,
 };
 use sluice_packet::{FiveTuple, FlowKey, Packet, Proto, RewriteError};
 use std::net::IpAddr;
@@ -566,6 +566,11 @@ fn op_close(slot: &mut Option<Value>, _arg: &Value) -> Result<Option<Value>, Sta
 }
 
 impl NetworkFunction for LbNf {
+    /// Both directions of a connection in entry order: a connection closes on the FINs of both sides and lingers from the second.
+    fn input_order(&self) -> InputOrder {
+        InputOrder::Connection
+    }
+
     fn kind(&self) -> &'static str {
         "lb"
     }

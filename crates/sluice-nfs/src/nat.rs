@@ -111,8 +111,8 @@
 use crate::util::{parse_cidrs, parse_config, Cidr, NS_PER_S};
 use serde::Deserialize;
 use sluice_nf::{
-    AccessPattern, BuildCtx, CustomOp, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl, StateError,
-    StateKey, StateOp, TimerFired, Value, Verdict,
+    AccessPattern, BuildCtx, CustomOp, InputOrder, NetworkFunction, NfContext, NfError, ObjectId, Scope, StateDecl,
+    StateError, StateKey, StateOp, TimerFired, Value, Verdict,
 };
 use sluice_packet::{FiveTuple, HeaderField, Packet, Proto, RewriteError, L4};
 use std::net::IpAddr;
@@ -612,6 +612,11 @@ fn pool_give_back(slot: &mut Option<Value>, arg: &Value) -> Result<Option<Value>
 }
 
 impl NetworkFunction for NatNf {
+    /// Both directions of a connection in entry order: a connection's timeout follows the FINs and RSTs of both sides.
+    fn input_order(&self) -> InputOrder {
+        InputOrder::Connection
+    }
+
     fn kind(&self) -> &'static str {
         "nat"
     }

@@ -15,7 +15,7 @@
 //! close the circle.
 
 use crate::clocks::ClockTracker;
-use crate::plan::{Plan, Target};
+use crate::plan::{Plan, Routes};
 use sluice_chc::order::OrderKey;
 use sluice_packet::{Clock, Meta, Packet};
 use std::collections::BTreeMap;
@@ -82,9 +82,12 @@ impl InOrder {
         }
     }
 
-    /// Whether it holds a packet of `meta`'s clock, waiting for its turn.
-    pub(crate) fn holds(&self, meta: &Meta) -> bool {
-        self.held.contains_key(&self.key(meta))
+    /// Whether it holds a live packet of `meta`'s clock (not a replay's copy): one that never
+    /// went past this vertex, so that every instance after it processes it as new when it goes.
+    /// A replay's copy held here goes on after it as a copy the instances after it that
+    /// processed its clock drop as a duplicate.
+    pub(crate) fn holds_live(&self, meta: &Meta) -> bool {
+        self.held.get(&self.key(meta)).is_some_and(|p| !p.meta.flags.contains(sluice_packet::MetaFlags::REPLAYED))
     }
 
     /// Whether it holds a packet that comes before `meta`'s clock in entry order.
@@ -314,46 +317,31 @@ impl EntryProgress for RootSays<'_> {
 }
 
 /// Which vertices of `plan` must take their input in entry order: those of an NF that needs it
-/// (`InputOrder::Clock`) when packets can overtake each other on the way to it — some vertex
-/// has several instances (or may have, `scalable`), or it is fed by more than one vertex (or
-/// the root and a vertex), or several roots feed the chain. Otherwise arrival order is entry
-/// order already and holding would only wait. With several `roots`, which split the input by
-/// source address, the two directions of a connection enter at different roots and would
-/// overtake each other at the first vertex: every vertex the roots feed merges them in entry
-/// order, whatever its NF; past it, a flow's packets keep that order.
+/// across flows (`InputOrder::Clock`) when packets can overtake each other on the way to it —
+/// some vertex has several instances (or may have, `scalable`), or packets reach it by more
+/// than one way ([`Plan::merged_on_the_way`]) — and those of an NF that needs it between a
+/// connection's two directions (`InputOrder::Connection`) when they may reach it by different
+/// ways. Otherwise arrival order is entry order already and holding would only wait. With
+/// several `roots`, which split the input by source address, the two directions of a
+/// connection enter at different roots and would overtake each other at the first vertex:
+/// every vertex the roots feed merges them in entry order, whatever its NF; past it, a flow's
+/// packets keep that order.
 pub(crate) fn needs_entry_order(plan: &Plan, scalable: bool, roots: u8) -> Vec<bool> {
     let scaled = scalable || roots > 1 || plan.vertices.iter().any(|v| v.instances.len() > 1);
-    let targets = |routes: &[&crate::plan::Routes]| {
-        let mut to: Vec<usize> = routes
-            .iter()
-            .flat_map(|r| r.main.iter().chain(&r.mirrors))
-            .filter_map(|r| match r.to {
-                Target::Vertex(w) => Some(w),
-                Target::Output => None,
-            })
-            .collect();
-        to.sort_unstable();
-        to.dedup();
-        to
-    };
-    let mut feeders: Vec<usize> = vec![0; plan.vertices.len()];
-    let vertices = plan.vertices.iter().map(|v| v.routes.iter().flatten().collect::<Vec<_>>());
-    for routes in vertices.chain(std::iter::once(plan.entry.iter().collect())) {
-        for w in targets(&routes) {
-            if let Some(n) = feeders.get_mut(w) {
-                *n += 1;
-            }
-        }
-    }
+    let merged = plan.merged_on_the_way();
     let mut ordered = vec![false; plan.vertices.len()];
     for (v, inst) in &plan.instances {
+        let merged = merged.get(*v).copied().unwrap_or(true);
         if let Some(o) = ordered.get_mut(*v) {
-            *o = inst.nf().input_order() == sluice_nf::InputOrder::Clock
-                && (scaled || feeders.get(*v).is_some_and(|n| *n > 1));
+            *o = match inst.nf().input_order() {
+                sluice_nf::InputOrder::Clock => scaled || merged,
+                sluice_nf::InputOrder::Connection => merged,
+                sluice_nf::InputOrder::Arrival => false,
+            };
         }
     }
     if roots > 1 {
-        for w in targets(&plan.entry.iter().collect::<Vec<_>>()) {
+        for w in plan.entry.iter().flat_map(Routes::vertices) {
             if let Some(o) = ordered.get_mut(w) {
                 *o = true;
             }
@@ -373,6 +361,59 @@ mod tests {
 
     fn seqs(v: &[Packet]) -> Vec<u64> {
         v.iter().map(|p| p.meta.clock.seq()).collect()
+    }
+
+    /// The bridge's chain: the client's packets cross the NAT first, the server's the balancer.
+    const BOTH_WAYS: &str = "name: both-ways
+vertices:
+  nat: { type: nat, config: { external_ip: 198.51.100.1, internal: [\"10.0.0.0/8\"] } }
+  portscan: { type: portscan }
+  lb: { type: lb }
+edges:
+  - { from: input, to: nat }
+  - { from: nat, to: portscan }
+  - { from: portscan, to: lb }
+  - { from: lb, to: output }
+reverse_edges:
+  - { from: input, to: lb }
+  - { from: lb, to: portscan }
+  - { from: portscan, to: nat }
+  - { from: nat, to: output }
+";
+
+    fn ordered(text: &str, scalable: bool) -> Vec<bool> {
+        let chain = crate::Chain::parse(text, std::path::Path::new("t.yaml")).unwrap_or_else(|e| panic!("{e}"));
+        let plan = crate::compile(&chain, &sluice_nfs::registry(), &[]).unwrap_or_else(|e| panic!("{e}"));
+        needs_entry_order(&plan, scalable, 1)
+    }
+
+    #[test]
+    fn connection_ordered_nfs_hold_where_the_two_directions_meet() {
+        assert_eq!(plan_merges(BOTH_WAYS), vec![true, true, true]);
+        // NAT and balancer follow both sides of a connection, the detector orders across flows.
+        assert_eq!(ordered(BOTH_WAYS, false), vec![true, true, true]);
+        // One way through: arrival order is entry order for all but a detector that may scale.
+        let one_way = BOTH_WAYS.split("reverse_edges").next().unwrap_or_default();
+        assert_eq!(plan_merges(one_way), vec![false, false, false]);
+        assert_eq!(ordered(one_way, false), vec![false, false, false]);
+        assert_eq!(ordered(one_way, true), vec![false, true, false]);
+    }
+
+    fn plan_merges(text: &str) -> Vec<bool> {
+        let chain = crate::Chain::parse(text, std::path::Path::new("t.yaml")).unwrap_or_else(|e| panic!("{e}"));
+        crate::compile(&chain, &sluice_nfs::registry(), &[]).unwrap_or_else(|e| panic!("{e}")).merged_on_the_way()
+    }
+
+    #[test]
+    fn only_a_live_packet_held_carries_its_clock_on() {
+        let mut o = InOrder::new(1);
+        o.hold(pkt(2));
+        let mut replayed = pkt(3);
+        replayed.meta.flags.insert(sluice_packet::MetaFlags::REPLAYED);
+        o.hold(replayed);
+        assert!(o.holds_live(&pkt(2).meta));
+        assert!(!o.holds_live(&pkt(3).meta), "a replay's copy is dropped after here where its clock went by");
+        assert!(!o.holds_live(&pkt(4).meta), "nothing of clock 4 is held");
     }
 
     #[test]

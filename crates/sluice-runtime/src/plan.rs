@@ -55,6 +55,13 @@ impl Routes {
     pub fn mirror_targets<'a>(&'a self, pkt: &'a Packet) -> impl Iterator<Item = Target> + 'a {
         self.mirrors.iter().filter(move |r| r.takes(pkt)).map(|r| r.to)
     }
+    /// The vertices its edges (main and mirror) lead to.
+    pub fn vertices(&self) -> impl Iterator<Item = usize> + '_ {
+        self.main.iter().chain(&self.mirrors).filter_map(|r| match r.to {
+            Target::Vertex(w) => Some(w),
+            Target::Output => None,
+        })
+    }
 }
 
 /// A vertex of the physical graph.
@@ -88,16 +95,7 @@ impl VertexPlan {
 
     /// The vertices its routes lead to (main and mirror edges, both directions, every output).
     pub fn successors(&self) -> Vec<usize> {
-        let mut next: Vec<usize> = self
-            .routes
-            .iter()
-            .flatten()
-            .flat_map(|r| r.main.iter().chain(r.mirrors.iter()))
-            .filter_map(|r| match r.to {
-                Target::Vertex(w) => Some(w),
-                Target::Output => None,
-            })
-            .collect();
+        let mut next: Vec<usize> = self.routes.iter().flatten().flat_map(Routes::vertices).collect();
         next.sort_unstable();
         next.dedup();
         next
@@ -127,6 +125,38 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Per vertex: whether its packets may reach it by more than one way — it, or a vertex in
+    /// front of it, is fed from several places (the root and a vertex, as where a chain's
+    /// `reverse_edges` meet its `edges`; two vertices). Packets entered in one order may then
+    /// arrive in another: a connection's reply overtakes the packet before it, which crosses
+    /// a slower vertex first.
+    pub fn merged_on_the_way(&self) -> Vec<bool> {
+        let n = self.vertices.len();
+        let mut fed_by: Vec<Vec<Option<usize>>> = vec![Vec::new(); n];
+        let from_root = self.entry.iter().flat_map(Routes::vertices).map(|w| (None, w));
+        let from_vertices =
+            self.vertices.iter().enumerate().flat_map(|(v, vp)| vp.successors().into_iter().map(move |w| (Some(v), w)));
+        for (from, w) in from_root.chain(from_vertices) {
+            if let Some(f) = fed_by.get_mut(w) {
+                if !f.contains(&from) {
+                    f.push(from);
+                }
+            }
+        }
+        let mut merged: Vec<bool> = fed_by.iter().map(|f| f.len() > 1).collect();
+        // Past a merge every vertex is merged too: at most one pass per vertex to settle.
+        for _ in 0..n {
+            let next: Vec<bool> = (0..n)
+                .map(|w| merged[w] || fed_by[w].iter().flatten().any(|&v| merged.get(v).copied().unwrap_or(false)))
+                .collect();
+            if next == merged {
+                break;
+            }
+            merged = next;
+        }
+        merged
+    }
+
     /// Keeps global indices for instances added while the chain runs, so that every vertex
     /// can have had `per_vertex` instances in all (indices are never reused: an instance
     /// removed by scaling in keeps its index). Queues and statistics of a spare exist only

@@ -206,11 +206,23 @@ pub fn assert_equivalent(record: &Path, parts: &[std::path::PathBuf]) {
     if !verified.status.success() {
         // Kept for a look: the temporary directory goes with the test.
         let kept = std::env::temp_dir().join(format!("sluice-failed-bridge-record-{}", std::process::id()));
-        let copied = Command::new("cp").arg("-r").arg(record).arg(&kept).status().is_ok_and(|s| s.success());
-        let at = if copied { format!(" (record kept in {})", kept.display()) } else { String::new() };
+        // With the other nodes' parts and journals: verify needs them all to look again.
+        let copied = std::fs::create_dir_all(&kept).is_ok()
+            && std::iter::once(record)
+                .chain(parts.iter().map(|p| p.as_path()))
+                .all(|r| Command::new("cp").arg("-r").arg(r).arg(&kept).status().is_ok_and(|s| s.success()));
+        let at = if copied { format!(" (records kept in {})", kept.display()) } else { String::new() };
         panic!("the recorded bridge run is not equivalent{at}: {said}");
     }
     assert!(said.contains("EQUIVALENT"), "{said}");
+    // What was compared and excused, for a look at a passing run too (`--nocapture`).
+    eprintln!(
+        "{}",
+        said.lines()
+            .filter(|l| l.starts_with("outputs:") || l.starts_with("decisions:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 pub fn mac_of(ns: &str, dev: &str) -> String {

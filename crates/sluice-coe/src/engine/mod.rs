@@ -185,7 +185,8 @@ struct Vertex {
     reaches: Vec<bool>,
     /// During a clone trial: per flow, when the last of its packets processed here leaves.
     flow_out: HashMap<u64, u64>,
-    /// The NF needs chain-entry order across flows (`InputOrder::Clock`).
+    /// The vertex takes its input in chain-entry order (`InputOrder::Clock`, or
+    /// `InputOrder::Connection` where a connection's two directions meet).
     ordered: bool,
     /// The vertices that lead to this one (itself excluded).
     upstream: Vec<usize>,
@@ -313,6 +314,7 @@ impl<'a> Engine<'a> {
         for (v, vx) in vertices.iter_mut().enumerate() {
             vx.upstream = (0..reach.len()).filter(|&u| u != v && reach[u].get(v) == Some(&true)).collect();
         }
+        let merged = plan.merged_on_the_way();
         let mut nodes = Vec::new();
         let mut members: Vec<Vec<NodeId>> = vec![Vec::new(); vertices.len()];
         for (vi, mut inst) in plan.instances {
@@ -320,7 +322,13 @@ impl<'a> Engine<'a> {
                 if v.decls.is_empty() {
                     v.decls = inst.nf().state_objects().to_vec();
                 }
-                v.ordered = inst.nf().input_order() == sluice_nf::InputOrder::Clock;
+                // Every vertex may scale here: an NF that needs entry order across flows always
+                // holds; one that needs it between a connection's directions where they meet.
+                v.ordered = match inst.nf().input_order() {
+                    sluice_nf::InputOrder::Clock => true,
+                    sluice_nf::InputOrder::Connection => merged.get(vi).copied().unwrap_or(true),
+                    sluice_nf::InputOrder::Arrival => false,
+                };
             }
             if let Some(m) = members.get_mut(vi) {
                 m.push(NodeId(nodes.len()));

@@ -89,14 +89,18 @@ pub(super) fn pass_on(shared: &Shared, slot: &mut Slot, pkt: Packet, out: &mut O
     // went past this instance, so the replacement further down did not lose it and gets it
     // when it goes. Waiting for it instead would tie the recovery to what the packet waits
     // for — an earlier clock the recovering replacement holds, say (a NAT recovering on a
-    // bridge whose reverse path crosses an order-sensitive detector before it).
+    // bridge whose reverse path crosses an order-sensitive detector before it). Not where
+    // the copy waiting here is a replay's (this instance's own replacement replay): after
+    // it, instances that processed the clock drop it as a duplicate, and the replacement
+    // further down would never get the clock (a balancer and a NAT on a node that died,
+    // the balancer holding its replay in entry order): such a copy waits for its processing.
     // Processed here or by a predecessor on a node that failed, whose record died with it.
     let gone_by = super::failover::processed_before(slot, pkt.meta.clock);
     // A packet of a clock gone by that waits here ends as a duplicate when its turn comes: it
     // carries nothing on, so the copy may not end on its account.
     let waiting_here = !gone_by
         && (super::reconfig::is_waiting(slot, pkt.meta.clock)
-            || slot.order.as_ref().is_some_and(|o| o.holds(&pkt.meta)));
+            || slot.order.as_ref().is_some_and(|o| o.holds_live(&pkt.meta)));
     let Some(passing) = slot.passing.as_mut() else {
         // A vertex that leads nowhere: no replay passes through it (`Outgoing::route`).
         end_copy(shared, &mut slot.stats, out, pkt, Ended::Decided);

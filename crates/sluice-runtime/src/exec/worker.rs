@@ -371,13 +371,17 @@ fn hold_in_order(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
                 continue;
             }
         };
-        let clock = p.meta.clock;
+        let meta = p.meta;
         let Some(order) = slot.order.as_mut() else { continue };
         if let Some(dup) = order.hold(p) {
             end_copy(shared, &mut slot.stats, out, dup, Ended::Duplicate);
             ended += 1;
         }
-        ended += passing::end_awaiting(shared, slot, clock, out);
+        // Replay copies passing through end where the clock's live packet waits (it carries
+        // their clock on); where a replay's own copy waits, they wait for its processing.
+        if order.holds_live(&meta) {
+            ended += passing::end_awaiting(shared, slot, meta.clock, out);
+        }
     }
     shared.give_back(batch);
     reconfig::publish_flows(shared, slot);
