@@ -11,7 +11,7 @@
 
 use crate::compare::{compare, CompareOptions, Comparison};
 use crate::observed::{Decision, Observed, OutputRecord, StateEntry};
-use crate::reference::{drop_decision, run_reference, run_reference_closed_loop};
+use crate::reference::{drop_decision, run_reference_admitted, run_reference_closed_loop};
 use sluice_nf::{Event, NfRegistry};
 use sluice_packet::{Clock, Packet};
 use sluice_runtime::record::Recording;
@@ -387,7 +387,7 @@ pub fn verify_recorded(
     let reference = if record.closed_loop {
         run_reference_closed_loop(chain, registry, inputs, &recorded)?
     } else {
-        run_reference(chain, registry, inputs)?
+        run_reference_admitted(chain, registry, inputs, &recorded.root_dropped)?
     };
     let comparison = compare(&reference, &recorded, opts);
     Ok(RecordedVerdict {

@@ -9,13 +9,26 @@ use sluice_packet::{Clock, Packet, ParseStatus};
 use sluice_runtime::plan::{direction, Routes, Target};
 use sluice_runtime::{compile, Chain, PlanError};
 use sluice_state::LocalState;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 /// Runs the logical chain of `chain` over `packets` (already parsed; malformed and truncated
 /// frames are dropped at the root as the physical chain does).
 pub fn run_reference(chain: &Chain, registry: &NfRegistry, packets: &[Packet]) -> Result<Observed, PlanError> {
-    run(chain, registry, packets, None)
+    run(chain, registry, packets, None, &HashSet::new())
+}
+
+/// Runs the logical chain over the input of a recorded run without the packets its root did
+/// not admit (`dropped`, by input index): those never entered the physical chain, so the
+/// logical one does not see them either — they change no state and decide nothing, and the
+/// final states compare. They are listed in the result's `root_dropped`.
+pub fn run_reference_admitted(
+    chain: &Chain,
+    registry: &NfRegistry,
+    packets: &[Packet],
+    dropped: &[u64],
+) -> Result<Observed, PlanError> {
+    run(chain, registry, packets, None, &dropped.iter().copied().collect())
 }
 
 /// Runs the logical chain over the input of a **closed-loop** run — a live bridge, whose
@@ -25,14 +38,17 @@ pub fn run_reference(chain: &Chain, registry: &NfRegistry, packets: &[Packet]) -
 /// logical NAT gave that port to, not its own. So an input addressed to an endpoint the
 /// physical chain sent from, or coming from one it sent to, gets the logical run's counterpart,
 /// as learned from the two runs' outputs for the same earlier input (the latest binding wins:
-/// ports are reused). Where both chains chose alike nothing changes. (docs/decisions.md, "Verifying a live run".)
+/// ports are reused). Where both chains chose alike nothing changes. The packets the physical
+/// root did not admit are left out, as in [`run_reference_admitted`]. (docs/decisions.md,
+/// "Verifying a live run".)
 pub fn run_reference_closed_loop(
     chain: &Chain,
     registry: &NfRegistry,
     packets: &[Packet],
     physical: &Observed,
 ) -> Result<Observed, PlanError> {
-    run(chain, registry, packets, Some(Echoes::new(physical)))
+    let dropped = physical.root_dropped.iter().copied().collect();
+    run(chain, registry, packets, Some(Echoes::new(physical)), &dropped)
 }
 
 /// An endpoint as a translation keys it: address, port, IP protocol.
@@ -106,6 +122,7 @@ fn run(
     registry: &NfRegistry,
     packets: &[Packet],
     mut echoes: Option<Echoes<'_>>,
+    not_admitted: &HashSet<u64>,
 ) -> Result<Observed, PlanError> {
     let mut logical = chain.clone();
     for (_, v) in &mut logical.vertices {
@@ -119,7 +136,9 @@ fn run(
     let mut seq = 0u64;
     for (input, original) in packets.iter().enumerate() {
         let input = input as u64;
-        if matches!(original.hdr().status, ParseStatus::Truncated | ParseStatus::Malformed) {
+        if not_admitted.contains(&input)
+            || matches!(original.hdr().status, ParseStatus::Truncated | ParseStatus::Malformed)
+        {
             obs.root_dropped.push(input);
             continue;
         }

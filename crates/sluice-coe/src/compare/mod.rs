@@ -23,8 +23,10 @@
 //!   number of inputs) are compared without their input index; decisions caused by root-dropped
 //!   inputs are excused.
 //! * **Final state**, entry by entry, with endpoint-bearing keys and values renamed. It is not
-//!   compared at all when the physical root dropped inputs: the state then legitimately lacks
-//!   their updates and there is no reference to hold it against ([`CompareStats::state_compared`]).
+//!   compared at all when the physical root dropped inputs the reference processed: the state
+//!   then legitimately lacks their updates and there is no reference to hold it against
+//!   ([`CompareStats::state_compared`]). A recorded run's reference leaves out what its root
+//!   dropped (`reference::run_reference_admitted`), so its state is always compared.
 
 mod decisions;
 mod frames;
@@ -276,7 +278,10 @@ pub fn compare(reference: &Observed, physical: &Observed, opts: &CompareOptions)
     let mapping = renaming.finish();
     sink.stats.renamed_endpoints = mapping.renamed;
     compare_decisions(reference, physical, &dropped, &mapping, &mut sink);
-    if physical.root_dropped.is_empty() {
+    // Inputs the physical root dropped changed its state nowhere: comparable only with a
+    // reference that left them out too (a recorded run's; the engine's reference runs first).
+    let skipped: HashSet<u64> = reference.root_dropped.iter().copied().collect();
+    if physical.root_dropped.iter().all(|i| skipped.contains(i)) {
         sink.stats.state_compared = true;
         compare_state(&reference.state, &physical.state, &mapping, opts.float_tolerance, &mut sink);
     }

@@ -215,6 +215,22 @@ fn root_dropped_inputs_are_excused() {
     assert!(c.summary().contains("not compared"));
 }
 
+/// A reference that left out what the root dropped (a recorded run's) holds the state the
+/// physical run should have: compared, and a difference found.
+#[test]
+fn state_is_compared_when_the_reference_left_out_what_the_root_dropped() {
+    let mut r = two_flows();
+    r.state = vec![entry(0, StateKey::Unit, Value::Int(3))];
+    r.root_dropped = vec![1];
+    let mut p = r.clone();
+    p.state = vec![entry(0, StateKey::Unit, Value::Int(4))];
+    let c = cmp(&r, &p);
+    assert!(c.stats.state_compared, "{}", c.summary());
+    assert!(!c.equivalent, "the physical run's extra update is a difference");
+    p.state = r.state.clone();
+    assert!(cmp(&r, &p).equivalent);
+}
+
 #[test]
 fn decisions_missing_and_extra() {
     let mut r = two_flows();
