@@ -381,10 +381,17 @@ reverse_edges:
   - { from: nat, to: output }
 ";
 
-    fn ordered(text: &str, scalable: bool) -> Vec<bool> {
+    fn plan(text: &str) -> Plan {
         let chain = crate::Chain::parse(text, std::path::Path::new("t.yaml")).unwrap_or_else(|e| panic!("{e}"));
-        let plan = crate::compile(&chain, &sluice_nfs::registry(), &[]).unwrap_or_else(|e| panic!("{e}"));
-        needs_entry_order(&plan, scalable, 1)
+        crate::compile(&chain, &sluice_nfs::registry(), &[]).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn ordered(text: &str, scalable: bool) -> Vec<bool> {
+        needs_entry_order(&plan(text), scalable, 1)
+    }
+
+    fn plan_merges(text: &str) -> Vec<bool> {
+        plan(text).merged_on_the_way()
     }
 
     #[test]
@@ -397,11 +404,6 @@ reverse_edges:
         assert_eq!(plan_merges(one_way), vec![false, false, false]);
         assert_eq!(ordered(one_way, false), vec![false, false, false]);
         assert_eq!(ordered(one_way, true), vec![false, true, false]);
-    }
-
-    fn plan_merges(text: &str) -> Vec<bool> {
-        let chain = crate::Chain::parse(text, std::path::Path::new("t.yaml")).unwrap_or_else(|e| panic!("{e}"));
-        crate::compile(&chain, &sluice_nfs::registry(), &[]).unwrap_or_else(|e| panic!("{e}")).merged_on_the_way()
     }
 
     #[test]
