@@ -94,8 +94,9 @@ fn segment(secs: f64, from_client: bool, flags: &str) -> sluice_packet::Packet {
 /// lingers 10 s from that packet's time. With the NAT slowed, the client's FIN (1.0 s) reaches
 /// the balancer after the server's (1.5 s): arrival order would close the connection at 1.0 s
 /// and drop its mapping before the server's segment at 11.2 s, which the logical balancer
-/// (mapping until 11.5 s) still rewrites. Found as a renaming conflict in a bridge run whose
-/// NAT failed over while replies kept reaching the balancer.
+/// (mapping until 11.5 s) still rewrites. The likely mechanism of a renaming conflict in a
+/// bridge run whose NAT failed over while replies kept reaching the balancer (not reproduced
+/// there; docs/decisions.md).
 #[test]
 fn a_balancer_sees_both_directions_of_a_connection_in_entry_order() {
     let c = chain(NAT_LB_BOTH_WAYS);

@@ -451,7 +451,8 @@ impl FirewallNf {
 }
 
 impl NetworkFunction for FirewallNf {
-    /// Both directions of a connection in entry order: the TCP state machine follows both sides of a connection.
+    /// Both directions of a connection in entry order: the TCP state machine follows both sides of
+    /// a connection.
     fn input_order(&self) -> InputOrder {
         InputOrder::Connection
     }

@@ -170,7 +170,8 @@ impl EncIds {
 }
 
 impl NetworkFunction for EncIds {
-    /// Both directions of a connection in entry order: a connection's verdict and its end follow both sides.
+    /// Both directions of a connection in entry order: a connection's verdict and its end follow
+    /// both sides.
     fn input_order(&self) -> InputOrder {
         InputOrder::Connection
     }

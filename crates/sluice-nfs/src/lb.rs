@@ -566,7 +566,8 @@ fn op_close(slot: &mut Option<Value>, _arg: &Value) -> Result<Option<Value>, Sta
 }
 
 impl NetworkFunction for LbNf {
-    /// Both directions of a connection in entry order: a connection closes on the FINs of both sides and lingers from the second.
+    /// Both directions of a connection in entry order: a connection closes on the FINs of both
+    /// sides and lingers from the second.
     fn input_order(&self) -> InputOrder {
         InputOrder::Connection
     }

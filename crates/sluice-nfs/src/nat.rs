@@ -612,7 +612,8 @@ fn pool_give_back(slot: &mut Option<Value>, arg: &Value) -> Result<Option<Value>
 }
 
 impl NetworkFunction for NatNf {
-    /// Both directions of a connection in entry order: a connection's timeout follows the FINs and RSTs of both sides.
+    /// Both directions of a connection in entry order: a connection's timeout follows the FINs and
+    /// RSTs of both sides.
     fn input_order(&self) -> InputOrder {
         InputOrder::Connection
     }
