@@ -190,7 +190,7 @@ impl Backend for RedisBackend {
             tracing::info!(
                 vertex = owner.vertex(),
                 index = owner.index(),
-                updates = applied,
+                operations = applied,
                 "finished a batch its failed instance left half applied"
             );
         }

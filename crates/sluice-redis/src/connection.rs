@@ -76,14 +76,14 @@ pub(crate) struct RedisConnection {
 /// and its replacement, running the same packets again, would read what the first calls
 /// wrote and take another path than the one that needs the rest (a NAT finding its forward
 /// mapping and never writing the reverse one). So before such a batch changes anything, its
-/// tagged updates are stored on one node, as this client's *intent*, atomically with the
+/// tagged updates and timer mirrors are stored on one node, as this client's *intent*, atomically with the
 /// first call; once every call is done the intent is cleared, and only then is the batch
 /// acknowledged (its clocks cannot be forgotten before, so running the intent again applies
 /// nothing twice). A replacement finishes what it finds ([`RedisConnection::roll_forward`]).
 /// docs/decisions.md, "A batch that spans Redis nodes: intent and roll-forward".
 #[derive(Debug)]
 enum IntentStep {
-    /// Store this encoding of the batch's tagged updates with its first call.
+    /// Store this encoding of the batch's tagged updates and timer mirrors with its first call.
     Store(Vec<u8>),
     /// Clear the stored intent (the batch is applied).
     Clear,
@@ -99,16 +99,21 @@ impl IntentStep {
     }
 }
 
-/// The encoding of a batch's tagged updates, as its intent, if the batch needs one: two or
-/// more of them (one update alone cannot be half applied) and more than one call to apply it
-/// (more than one node, more operations than one call takes, or an operation only the client
-/// can apply). Untagged updates (timers, packet time) are not part of it: running them again
-/// would not be exactly once.
+/// The encoding of a batch's tagged updates and timer mirrors, as its intent, if the batch
+/// needs one: two or more of them (one alone cannot be half applied) and more than one call to
+/// apply it (more than one node, more operations than one call takes, or an operation only the
+/// client can apply). A timer mirror (`SetTimer`, `CancelTimer`: the client's own timers as
+/// its batch left them) is idempotent, and nothing of its client comes after the intent, so
+/// running one again is harmless; leaving it out lost the timer of a packet whose updates
+/// were applied — its replacement counts the packet processed and never arms it again. A
+/// timer expiry (`ExpireTimer`, a question whose answer the client acts on) and packet time
+/// are not part of it.
 fn intent_of(batch: &[Request], ops: &[Op], shared: &Shared) -> Result<Option<Vec<u8>>, StoreError> {
     let tagged = |r: &&Request| match &r.op {
         StoreOp::State(op) => r.tag.is_some() && op.is_update(),
         StoreOp::Write { .. } => r.tag.is_some(),
         StoreOp::IncrMany(_) => true,
+        StoreOp::SetTimer { .. } | StoreOp::CancelTimer => true,
         _ => false,
     };
     if batch.iter().filter(tagged).nth(1).is_none() {
@@ -493,7 +498,8 @@ impl RedisConnection {
 
     /// Finishes the batch this client's failed predecessor (same id) left half applied, if
     /// its intent is still stored: applies its tagged updates again (those applied before are
-    /// answered from the per-clock log) and clears it. Returns how many updates it held.
+    /// answered from the per-clock log) and its timer mirrors, and clears it. Returns how many
+    /// operations it held.
     pub(crate) fn roll_forward(&mut self) -> Result<usize, StoreError> {
         let key = format!("{{{}:{}}}I", self.shared.cfg.prefix, self.intent_bucket);
         let get = redis::cmd("HGET").arg(&key).arg(self.client_arg.as_slice()).clone();

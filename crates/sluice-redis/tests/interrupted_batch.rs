@@ -31,18 +31,47 @@ fn key(i: u64) -> StoreKey {
     StoreKey { vertex: 3, object: 0, key: StateKey::Id(i) }
 }
 
-/// The batch: one tagged increment of every key (one packet's updates).
+/// Deadline of the timer the batch arms on key `i`.
+fn timer_deadline(i: u64) -> u64 {
+    1_000_000 + i
+}
+
+/// The batch: one tagged increment of every key (one packet's updates), then a timer armed on
+/// every key, untagged, as a client mirrors the timers its packets armed at the end of a batch.
 fn batch() -> Vec<Request> {
-    (0..KEYS)
-        .map(|i| Request {
-            id: i,
-            client: CLIENT,
-            tag: Some(OpTag { clock: Clock::new(0, 1), seq: i as u32 }),
-            key: key(i),
-            op: StoreOp::State(StateOp::Incr(1)),
-            reply: false,
+    let updates = (0..KEYS).map(|i| Request {
+        id: i,
+        client: CLIENT,
+        tag: Some(OpTag { clock: Clock::new(0, 1), seq: i as u32 }),
+        key: key(i),
+        op: StoreOp::State(StateOp::Incr(1)),
+        reply: false,
+    });
+    let timers = (0..KEYS).map(|i| Request {
+        id: KEYS + i,
+        client: CLIENT,
+        tag: None,
+        key: key(i),
+        op: StoreOp::SetTimer { deadline_ns: timer_deadline(i) },
+        reply: false,
+    });
+    updates.chain(timers).collect()
+}
+
+/// The timers the store holds for the test's client, by key index, sorted.
+fn timers(backend: &dyn Backend) -> Vec<(u64, u64)> {
+    let cp = backend.checkpoint().expect("a checkpoint");
+    let mut mine: Vec<(u64, u64)> = cp
+        .timers
+        .into_iter()
+        .filter(|(k, _, owner)| *owner == CLIENT && k.vertex == 3)
+        .filter_map(|(k, d, _)| match k.key {
+            StateKey::Id(i) => Some((i, d)),
+            _ => None,
         })
-        .collect()
+        .collect();
+    mine.sort_unstable();
+    mine
 }
 
 /// The `host:port` of every node of the development cluster.
@@ -201,19 +230,27 @@ fn a_batch_left_half_applied_is_finished_by_the_replacement() {
         get(reader.as_mut(), n, k)
     };
     let before: Vec<Option<Value>> = (0..KEYS).map(|i| read(key(i))).collect();
+    let armed_before = timers(&store.backend);
     for (i, v) in before.iter().enumerate() {
+        let armed = armed_before.iter().any(|(k, _)| *k == i as u64);
         if placed[i] == intent_node {
             assert_eq!(*v, Some(Value::Int(1)), "key {i}, on the intent's node, was applied with the intent");
         } else if placed[i] == stopped {
             assert_eq!(*v, None, "key {i}, on the paused node, was not applied: the batch is half applied");
+            assert!(!armed, "key {i}'s timer, on the paused node, was not armed");
         }
     }
 
     let finished = store.backend.finish_interrupted_batch(CLIENT).expect("finish the batch");
-    assert_eq!(finished, KEYS as usize, "the intent held the batch's updates");
+    assert_eq!(finished, 2 * KEYS as usize, "the intent held the batch's updates and timers");
     for i in 0..KEYS {
         assert_eq!(read(key(i)), Some(Value::Int(1)), "key {i}: applied once");
     }
+    // The timers too: the packets whose updates were applied count as processed, and their
+    // replacement would never arm them again (docs/decisions.md, "A batch that spans Redis
+    // nodes").
+    let every: Vec<(u64, u64)> = (0..KEYS).map(|i| (i, timer_deadline(i))).collect();
+    assert_eq!(timers(&store.backend), every, "every timer of the batch is armed");
     assert_eq!(store.backend.finish_interrupted_batch(CLIENT).expect("look again"), 0, "the intent is cleared");
     // The replacement running the packet again: every update is answered from the log.
     let mut again = store.backend.connect(CLIENT).expect("the replacement's connection");
@@ -221,4 +258,5 @@ fn a_batch_left_half_applied_is_finished_by_the_replacement() {
     for i in 0..KEYS {
         assert_eq!(read(key(i)), Some(Value::Int(1)), "key {i}: still applied once");
     }
+    assert_eq!(timers(&store.backend), every, "the timers as the batch left them");
 }

@@ -137,9 +137,9 @@ pub trait Backend: Send + Sync {
     /// Finishes a batch of failed instance `owner` that the store applied only in part, for a
     /// backend that can apply a batch non-atomically (Redis Cluster: one call per node). Its
     /// replacement would otherwise read some of the batch's updates and not others. Called
-    /// first in [`Backend::takeover`]; returns how many tagged updates were applied again
-    /// (those applied before are answered from the per-clock log). The default has none: a
-    /// store that applies each batch atomically.
+    /// first in [`Backend::takeover`]; returns how many operations were applied again: tagged
+    /// updates (those applied before are answered from the per-clock log) and timer mirrors
+    /// (idempotent). The default has none: a store that applies each batch atomically.
     fn finish_interrupted_batch(&self, owner: InstanceId) -> Result<usize, StoreError> {
         let _ = owner;
         Ok(0)
