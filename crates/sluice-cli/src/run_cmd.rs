@@ -260,7 +260,7 @@ pub(crate) fn cmd_run(a: RunArgs) -> Result<(), Failure> {
         }
     })?;
     let state = claiming(state_config(&a.engine, &chain)?, &chain, a.engine.fresh_store, &mut cfg)?;
-    let state = state_for_run(state, cfg.fault_tolerance, takes_live_changes(&a, &cfg));
+    let state = state_for_run(state, &cfg, takes_live_changes(&a, &cfg));
     let mut plan =
         compile_with(&chain, &registry, &sample, &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     prepare_scaling(&a, &mut cfg, &mut plan);
@@ -334,7 +334,7 @@ fn run_part(a: &RunArgs, chain: &Chain, cfg: &RunConfig) -> Result<(), Failure> 
     }
     let registry = sluice_nfs::registry();
     let mut cfg = cfg.clone();
-    let state = state_for_run(state_config(&a.engine, chain)?, cfg.fault_tolerance, takes_live_changes(a, &cfg));
+    let state = state_for_run(state_config(&a.engine, chain)?, &cfg, takes_live_changes(a, &cfg));
     let mut plan =
         compile_with(chain, &registry, &[], &state).map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     // As on the root's node: the same places for added instances on every node.
@@ -502,7 +502,7 @@ fn run_bridge(a: &RunArgs, chain: Chain, cfg: &sluice_runtime::RunConfig, ifs: &
         )))
     })?;
     let state = claiming(state_config(&a.engine, &chain)?, &chain, a.engine.fresh_store, &mut cfg)?;
-    let state = state_for_run(state, cfg.fault_tolerance, takes_live_changes(a, &cfg));
+    let state = state_for_run(state, &cfg, takes_live_changes(a, &cfg));
     let mut plan = compile_with(&chain, &sluice_nfs::registry(), &[], &state)
         .map_err(|e| fail(exit::INVALID)(anyhow::Error::new(e)))?;
     prepare_scaling(a, &mut cfg, &mut plan);

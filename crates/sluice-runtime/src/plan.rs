@@ -389,6 +389,19 @@ impl StateConfig {
         }
     }
 
+    /// The same, for the instances of a chain spread over nodes (with fault tolerance): a
+    /// packet an instance processes without updating anything is marked processed in the store
+    /// (`ClientConfig::mark_processed`), since a replacement on another node learns what its
+    /// predecessor did from the store alone.
+    pub fn across_nodes(self) -> StateConfig {
+        match self {
+            StateConfig::Store { backend, client } => {
+                StateConfig::Store { backend, client: ClientConfig { mark_processed: true, ..client } }
+            }
+            StateConfig::Local => StateConfig::Local,
+        }
+    }
+
     /// The same, for a run in which no packet is processed twice — no root's log to replay
     /// from, no clone beside a straggler, no live control that could make one: updates travel
     /// without exactly-once tags, so the store keeps no per-clock log of them, and a counter's

@@ -14,6 +14,7 @@ pub mod wire;
 pub use backend::{Backend, Connection, StoreError, Takeover, TakeoverParts};
 pub use client::{
     Answer, Ask, ClientConfig, ClientStats, Mode, StoreClient, VertexTimerTable, VertexTimers, NONDET_OBJECT,
+    PROCESSED_OBJECT,
 };
 pub use engine::EmbeddedStore;
 pub use wire::{

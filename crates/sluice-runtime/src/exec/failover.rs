@@ -510,7 +510,8 @@ fn take_lost(shared: &Shared, fo: &Failover, slot: &mut Slot) -> (Vec<Meta>, Clo
 }
 
 /// The clocks an instance that ran on a failed node processed, as far as its replacement must
-/// not process them again: those whose updates of the vertex's state the store holds and of
+/// not process them again: those whose updates of the vertex's state (or, for a packet that
+/// updated nothing, its processed mark: `ClientConfig::mark_processed`) the store holds and of
 /// which no copy was lost with the node. Its other clocks it processes again (CHC's replay),
 /// the store answering updates it had applied from its per-clock log. Why both: a clock whose
 /// updates are applied read state those updates changed if run again, and an NF may then take

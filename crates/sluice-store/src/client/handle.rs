@@ -182,6 +182,7 @@ impl StateHandle for StoreClient {
             self.flush_dirty();
         }
         self.queue_timer_changes();
+        self.queue_processed_marks();
         if self.defers_batch() {
             return;
         }
@@ -247,6 +248,8 @@ impl StateHandle for StoreClient {
         if self.xor != 0 {
             self.stats.commits_made += 1;
             self.batch_xors.push((self.clock, self.xor));
+        } else if self.cfg.mark_processed {
+            self.unmarked.push(self.clock);
         }
     }
 

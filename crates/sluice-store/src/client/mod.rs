@@ -97,11 +97,28 @@ pub struct ClientConfig {
     /// clone draws the same ones. Costs a round trip per draw; only the fault-tolerant
     /// executor, which replays, turns it on.
     pub record_nondeterminism: bool,
+    /// Every packet the instance processes without updating anything leaves a mark in the
+    /// store's per-clock log (one non-blocking request per such packet, sent with its batch),
+    /// so that [`Backend::clocks_updated_by`](crate::Backend::clocks_updated_by) lists it as
+    /// processed. For an instance that a replacement on another node may take over: the
+    /// replacement learns what its predecessor processed from the store alone, and a packet
+    /// that only read state, run again there against state later packets changed, could take
+    /// another path (docs/decisions.md, "What a replacement of another node's instance skips").
+    pub mark_processed: bool,
 }
 
 /// The object index under which [`StateHandle::record`] records values (no NF declares that
 /// many objects; the value itself is never written, only the per-clock log entry).
 pub const NONDET_OBJECT: u16 = u16::MAX - 1;
+
+/// The object index under which a packet processed without updates is marked
+/// ([`ClientConfig::mark_processed`]); like [`NONDET_OBJECT`], only the per-clock log entry is
+/// kept, never a value.
+pub const PROCESSED_OBJECT: u16 = u16::MAX - 2;
+
+/// The update number of a processed mark: below [`crate::TIMER_UPDATE`], above any count of a
+/// packet's own updates.
+pub const PROCESSED_MARK_SEQ: u32 = crate::TIMER_UPDATE - 1;
 
 impl Default for ClientConfig {
     fn default() -> Self {
@@ -117,6 +134,7 @@ impl Default for ClientConfig {
             dedupe: true,
             commits: true,
             record_nondeterminism: false,
+            mark_processed: false,
         }
     }
 }
@@ -308,6 +326,9 @@ pub struct StoreClient {
     /// Per packet of the current batch: its clock and the XOR of the ids this instance folded
     /// into its vector.
     batch_xors: Vec<(Clock, u64)>,
+    /// The clocks of the current batch's packets that updated nothing, to be marked processed
+    /// ([`ClientConfig::mark_processed`]).
+    unmarked: Vec<Clock>,
     /// Such entries waiting for the batch that carried their updates to be acknowledged.
     uncommitted: VecDeque<(u64, Vec<(Clock, u64)>)>,
     /// Emptied such lists, for the next batches (no allocation per batch).
@@ -382,6 +403,7 @@ impl StoreClient {
             replaying: false,
             replay_history: replay_history::ReplayHistory::default(),
             batch_xors: Vec::new(),
+            unmarked: Vec::new(),
             uncommitted: VecDeque::new(),
             xor_spares: Vec::new(),
             committed: Vec::new(),
@@ -678,6 +700,22 @@ impl StoreClient {
             self.queue_nb(skey, op, None);
         }
         self.timer_changes = changes;
+    }
+
+    /// Queues a mark in the per-clock log for each packet of the batch that updated nothing
+    /// ([`ClientConfig::mark_processed`]): a tagged record, applied once like any update.
+    fn queue_processed_marks(&mut self) {
+        if self.unmarked.is_empty() {
+            return;
+        }
+        let key = StoreKey { vertex: self.vertex, object: PROCESSED_OBJECT, key: StateKey::Unit };
+        let mut unmarked = std::mem::take(&mut self.unmarked);
+        for clock in unmarked.drain(..) {
+            let tag = OpTag { clock, seq: PROCESSED_MARK_SEQ };
+            self.queue_nb(key, StoreOp::State(StateOp::Record(Value::Int(0))), Some(tag));
+        }
+        // Its room is kept for the next batch.
+        self.unmarked = unmarked;
     }
 
     fn flush_dirty(&mut self) {

@@ -214,6 +214,59 @@ pub fn recorded_values_repeat(b: &dyn Backend) -> Result<(), String> {
     Ok(())
 }
 
+/// A client that marks what it processed (`ClientConfig::mark_processed`, an instance a
+/// replacement on another node may take over) leaves every packet that updated nothing in the
+/// per-clock log, so `clocks_updated_by` lists it with those that did; the mark is applied once
+/// however often the packet is processed, writes no value (the store's state is the NF's alone)
+/// and goes with `ForgetClock` like an update. Without the switch such a packet leaves nothing.
+pub fn packets_without_updates_are_marked_processed(b: &dyn Backend) -> Result<(), String> {
+    let v = 1026;
+    let base = fresh_base();
+    let decls = [StateDecl::new("x", Scope::per_flow(), AccessPattern::ReadHeavy)];
+    let x = sluice_state::ObjectId(0);
+    let cfg = ClientConfig { mode: Mode::Async, write_through: true, mark_processed: true, ..Default::default() };
+    let mut c = open_client(b, InstanceId::new(v, 0), &decls, &[], cfg.clone())?;
+    // Packet 1 writes; packets 2 and 3 only read; packet 2 comes again (a replay).
+    let process = |c: &mut StoreClient, n: u64, write: bool| -> Result<(), String> {
+        let mut m = meta(clk(base, n));
+        c.begin_batch();
+        c.begin_packet(&m);
+        let key = StateKey::Id(base);
+        if write {
+            c.set(x, &key, Value::Int(1)).map_err(|e| e.to_string())?;
+        } else {
+            c.get(x, &key).map_err(|e| e.to_string())?;
+        }
+        c.end_packet(&mut m);
+        c.end_batch();
+        c.flush().map_err(|e| e.to_string())
+    };
+    process(&mut c, 1, true)?;
+    process(&mut c, 2, false)?;
+    process(&mut c, 3, false)?;
+    process(&mut c, 2, false)?;
+    let listed = b.clocks_updated_by(v).map_err(|e| e.to_string())?;
+    let want: Vec<Clock> = (1..=3).map(|n| clk(base, n)).collect();
+    ensure(want.iter().all(|c| listed.contains(c)), || format!("clocks processed at {v}: {listed:?}, want {want:?}"))?;
+    let marks = b
+        .checkpoint()
+        .map_err(|e| e.to_string())?
+        .log
+        .iter()
+        .filter(|l| l.vertex == v && l.clock == clk(base, 2))
+        .count();
+    ensure(marks == 1, || format!("packet 2, processed twice, is marked once: {marks} log entries"))?;
+    let values = b.checkpoint().map_err(|e| e.to_string())?.values;
+    let stray: Vec<_> = values.iter().filter(|(k, _)| k.vertex == v && k.object == crate::PROCESSED_OBJECT).collect();
+    ensure(stray.is_empty(), || format!("a mark writes no value: {stray:?}"))?;
+    // Without the switch, a packet that only reads leaves nothing in the log.
+    let plain = ClientConfig { mark_processed: false, ..cfg };
+    let mut p = open_client(b, InstanceId::new(v + 1, 0), &decls, &[], plain)?;
+    process(&mut p, 4, false)?;
+    let listed = b.clocks_updated_by(v + 1).map_err(|e| e.to_string())?;
+    ensure(listed.is_empty(), || format!("unmarked reads at {}: {listed:?}, want none", v + 1))
+}
+
 /// The updates timers make before a packet do not shift the packet's own tags: a replacement
 /// processing the packet again may find other timers due (here none, where the first instance
 /// fired one), and its own update must still be answered from its own log entry. With one

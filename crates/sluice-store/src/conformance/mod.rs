@@ -48,8 +48,9 @@ pub use concurrency::{
     concurrent_incr, concurrent_incr_sums, concurrent_pops, concurrent_pops_unique, nonblocking_in_issue_order,
 };
 pub use exactly_once::{
-    forget_clock_reapplies, recorded_values_repeat, replayed_reads_as_of_their_clock, retransmit_applied_once,
-    tagged_reads_not_logged, timer_updates_leave_a_packets_tags, timers_keep_their_own_tags,
+    forget_clock_reapplies, packets_without_updates_are_marked_processed, recorded_values_repeat,
+    replayed_reads_as_of_their_clock, retransmit_applied_once, tagged_reads_not_logged,
+    timer_updates_leave_a_packets_tags, timers_keep_their_own_tags,
 };
 pub use ownership::{owner_writes_logged, ownership_handover};
 pub use semantics::{ops_semantics, value_and_key_fidelity};
@@ -113,7 +114,8 @@ macro_rules! conformance_tests {
                     ts_vector_on_reads, client_modes_agree, reconnected_instance_notified,
                     checkpoint_timers, wipe_empties_store, tagged_reads_not_logged,
                     recorded_values_repeat, owner_writes_logged, timer_updates_leave_a_packets_tags,
-                    timers_keep_their_own_tags, replayed_reads_as_of_their_clock);
+                    timers_keep_their_own_tags, replayed_reads_as_of_their_clock,
+                    packets_without_updates_are_marked_processed);
             }
         )+
     };
@@ -167,5 +169,6 @@ pub fn all() -> Vec<(&'static str, Check)> {
         ("timer_updates_leave_a_packets_tags", timer_updates_leave_a_packets_tags),
         ("timers_keep_their_own_tags", timers_keep_their_own_tags),
         ("replayed_reads_as_of_their_clock", replayed_reads_as_of_their_clock),
+        ("packets_without_updates_are_marked_processed", packets_without_updates_are_marked_processed),
     ]
 }
