@@ -238,6 +238,7 @@ fn straggler_clone_sends_no_duplicates_downstream() {
     assert!(on.engine.duplicates_suppressed > 0, "the clone produced duplicates, and they were suppressed");
     assert_eq!(on.engine.duplicate_packets.get("portscan").copied().unwrap_or(0), 0);
     assert_eq!(on.engine.duplicate_updates.get("portscan").copied().unwrap_or(0), 0);
+    assert_eq!(on.engine.duplicate_updates.get("nat").copied().unwrap_or(0), 0);
     assert_eq!(on.engine.duplicate_outputs, 0);
     assert!(
         on.episodes.iter().any(|e| e.kind == "retire" && e.detail.contains("kept the clone")),
@@ -248,7 +249,9 @@ fn straggler_clone_sends_no_duplicates_downstream() {
     let off = run(&c, &p, events(), off_cfg, embedded());
     assert!(!off.equivalent, "duplicates went unnoticed");
     assert!(off.engine.duplicate_packets.get("portscan").copied().unwrap_or(0) > 0);
-    assert!(off.engine.duplicate_updates.get("portscan").copied().unwrap_or(0) > 0);
+    // Both twins update the NAT's state for the same clocks. (The detector reads a flow's
+    // pending attempt before it writes, so most duplicates it sees change nothing there.)
+    assert!(off.engine.duplicate_updates.get("nat").copied().unwrap_or(0) > 0, "{:?}", off.engine.duplicate_updates);
 }
 
 /// Acceptance (CHC R4): the Trojan signature planted at 11 points; one, two or three scrubbers

@@ -347,18 +347,25 @@ impl NetworkFunction for Portscan {
             }
             return Verdict::Forward;
         }
-        // Any other TCP packet may be the reply that decides a pending attempt.
-        let Ok(Some(rec)) = ctx.state.delete(PENDING, &pkey) else { return Verdict::Forward };
+        // Any other TCP packet may be the reply that decides a pending attempt. Read first: the
+        // initiator's own packets before any reply, and every packet after it, change nothing,
+        // and so write nothing (with its state in a store, a rewrite a packet is a write back).
+        let Ok(Some(rec)) = ctx.state.get(PENDING, &pkey) else { return Verdict::Forward };
         match initiator(&fk, &rec) {
-            Some(init) if init == (t.src, t.sport) => {
-                // The initiator again, before any reply: still pending (its timer stays armed).
-                let _ = ctx.state.set(PENDING, &pkey, rec);
-            }
+            // The initiator again, before any reply: still pending (its timer stays armed).
+            Some(init) if init == (t.src, t.sport) => {}
             Some(init) => {
+                // Only the caller that removes the attempt counts its outcome.
+                let taken = matches!(ctx.state.delete(PENDING, &pkey), Ok(Some(_)));
                 ctx.state.cancel_timer(PENDING, &pkey);
-                self.outcome(init.0, flags.rst(), ctx);
+                if taken {
+                    self.outcome(init.0, flags.rst(), ctx);
+                }
             }
-            None => ctx.state.cancel_timer(PENDING, &pkey),
+            None => {
+                let _ = ctx.state.delete(PENDING, &pkey);
+                ctx.state.cancel_timer(PENDING, &pkey);
+            }
         }
         Verdict::Forward
     }
