@@ -1,4 +1,4 @@
-//! The binary encoding of [`Value`]s and [`StoreKey`]s in Redis (format version 1).
+//! The binary encoding of [`Value`]s and [`StoreKey`](sluice_store::StoreKey)s in Redis (format version 1).
 //!
 //! A value's *encoding* is one byte string:
 //! - `Int`: its decimal text (`-12`), exactly as Rust's `i64::to_string` and Redis' `INCRBY`
@@ -14,7 +14,7 @@
 //! exactly when their encodings are (compare-and-set compares encodings in Lua; a comparison
 //! involving floats, where `NaN != NaN` and `0.0 == -0.0`, runs in the client instead).
 //!
-//! A [`StoreKey`] encodes as vertex (2), object (2), a tag byte and the key's fields; the
+//! A [`StoreKey`](sluice_store::StoreKey) encodes as vertex (2), object (2), a tag byte and the key's fields; the
 //! encoding is self-delimiting (notifications put a value's encoding right after it).
 
 use sluice_packet::{FiveTuple, FlowKey, Proto};

@@ -76,10 +76,10 @@ pub(crate) struct RedisConnection {
 /// and its replacement, running the same packets again, would read what the first calls
 /// wrote and take another path than the one that needs the rest (a NAT finding its forward
 /// mapping and never writing the reverse one). So before such a batch changes anything, its
-/// tagged updates and timer mirrors are stored on one node, as this client's *intent*, atomically with the
-/// first call; once every call is done the intent is cleared, and only then is the batch
-/// acknowledged (its clocks cannot be forgotten before, so running the intent again applies
-/// nothing twice). A replacement finishes what it finds ([`RedisConnection::roll_forward`]).
+/// tagged updates and timer mirrors are stored on one node, as this client's *intent*,
+/// atomically with the first call; once every call is done the intent is cleared, and only
+/// then is the batch acknowledged (its clocks cannot be forgotten before, so running the
+/// intent again applies nothing twice). A replacement finishes what it finds ([`RedisConnection::roll_forward`]).
 /// docs/decisions.md, "A batch that spans Redis nodes: intent and roll-forward".
 #[derive(Debug)]
 enum IntentStep {

@@ -55,8 +55,9 @@ pub struct ClientConfig {
     /// Off where no root keeps a log (`StateConfig::without_duplicates` in `sluice-runtime`),
     /// so that nothing is computed, gathered and handed over per packet for nobody.
     pub commits: bool,
-    /// Non-deterministic values an NF draws ([`StateHandle::record`](sluice_state::StateHandle::record): random numbers, the
-    /// wall clock) are recorded in the store under the packet's clock, so that a replay or a
+    /// Non-deterministic values an NF draws
+    /// ([`StateHandle::record`](sluice_state::StateHandle::record): random numbers, the wall
+    /// clock) are recorded in the store under the packet's clock, so that a replay or a
     /// clone draws the same ones. Costs a round trip per draw; only the fault-tolerant
     /// executor, which replays, turns it on.
     pub record_nondeterminism: bool,
@@ -70,8 +71,9 @@ pub struct ClientConfig {
     pub mark_processed: bool,
 }
 
-/// The object index under which [`StateHandle::record`](sluice_state::StateHandle::record) records values (no NF declares that
-/// many objects; the value itself is never written, only the per-clock log entry).
+/// The object index under which [`StateHandle::record`](sluice_state::StateHandle::record)
+/// records values (no NF declares that many objects; the value itself is never written, only
+/// the per-clock log entry).
 pub const NONDET_OBJECT: u16 = u16::MAX - 1;
 
 /// The object index under which a packet processed without updates is marked
