@@ -83,7 +83,7 @@ pub const PROCESSED_OBJECT: u16 = u16::MAX - 2;
 
 /// The update number of a processed mark: below [`crate::TIMER_UPDATE`], above any count of a
 /// packet's own updates.
-pub const PROCESSED_MARK_SEQ: u32 = crate::TIMER_UPDATE - 1;
+pub(crate) const PROCESSED_MARK_SEQ: u32 = crate::TIMER_UPDATE - 1;
 
 impl Default for ClientConfig {
     fn default() -> Self {

@@ -25,7 +25,8 @@ mod replay_history;
 mod updates;
 mod vertex_timers;
 use cached::Cached;
-pub use config::{ClientConfig, Mode, NONDET_OBJECT, PROCESSED_MARK_SEQ, PROCESSED_OBJECT};
+use config::PROCESSED_MARK_SEQ;
+pub use config::{ClientConfig, Mode, NONDET_OBJECT, PROCESSED_OBJECT};
 pub use vertex_timers::{Answer, Ask, VertexTimerTable};
 
 use crate::backend::{Connection, StoreError};
