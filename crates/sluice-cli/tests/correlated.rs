@@ -61,13 +61,17 @@ fn an_nf_and_a_redis_primary_failing_together_are_recovered_with_a_replica() {
         assert!(Instant::now() < deadline, "the NAT never took 1,000 packets");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Together: a primary dies as a machine does, and the NAT instance crashes.
+    // Together: the NAT instance crashes and, at once, a primary dies as a machine does. The
+    // crash is asked first: once the primary is gone the run's writes wait for its replica's
+    // promotion and then for a replica of their own (`replicas=1`, which comes back only with
+    // the restart below), and a control action waits for the run's turn — the endpoint would
+    // rightly answer 503 ("busy or stalled") after 5 s.
     let victim = cluster.a_primary();
-    cluster.kill(victim);
     let (code, body) =
         http(&addr, "POST", "/api/v1/actions", Some(TOKEN), r#"{"crash": {"vertex": "nat", "instance": 0}}"#);
-    assert_eq!(code, 200, "the crash was applied: {body}");
+    cluster.kill(victim);
     let killed = Instant::now();
+    assert_eq!(code, 200, "the crash was applied: {body}");
     let promoted = cluster.wait_promoted(victim, Duration::from_secs(30));
     eprintln!("a replica took over {:.1} s after the kill", killed.elapsed().as_secs_f64());
     // Writes to the promoted primary wait (replicas=1) until it has a replica again: the
