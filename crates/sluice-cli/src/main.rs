@@ -215,18 +215,14 @@ fn state_config(e: &EngineArgs, chain: &Chain) -> Result<StateConfig, Failure> {
 
 /// The state configuration of a threaded run: with the root's log (`--fault-tolerance`),
 /// instances keep what a replay needs ([`StateConfig::fault_tolerant`]), and in a chain
-/// spread over nodes also mark the packets they process without updates, and off the root's
-/// node end a batch only once the store has its updates ([`StateConfig::across_nodes`]);
-/// without it and without a control endpoint (which could
+/// spread over nodes also mark the packets they process without updates
+/// ([`StateConfig::across_nodes`]); without it and without a control endpoint (which could
 /// clone a straggler), no packet is processed twice and updates travel untagged
 /// ([`StateConfig::without_duplicates`]).
 fn state_for_run(state: StateConfig, cfg: &sluice_runtime::RunConfig, live_control: bool) -> StateConfig {
-    let root_here = cfg.part.as_ref().map(|p| p.node == p.spread.root);
     match (cfg.fault_tolerance, live_control) {
-        (true, _) => match root_here {
-            Some(root_here) => state.fault_tolerant().across_nodes(root_here),
-            None => state.fault_tolerant(),
-        },
+        (true, _) if cfg.part.is_some() => state.fault_tolerant().across_nodes(),
+        (true, _) => state.fault_tolerant(),
         (false, false) => state.without_duplicates(),
         (false, true) => state,
     }

@@ -135,9 +135,8 @@ struct Shared {
     hold_admission: AtomicBool,
     /// Who to wake when a batch is queued for a sleeping worker's instance.
     wake: wake::Wake,
-    /// A node that may fail: a batch's packets leave an instance only once its `end_batch`
-    /// sent its updates ([`Outgoing`]'s `hold`) and, off the root's node, saw them acknowledged
-    /// (`ClientConfig::ack_each_batch`): a copy seen out of a failed node had its updates applied.
+    /// A node that may fail: a batch's packets leave an instance only once its updates are
+    /// sent ([`Outgoing`]'s `hold`), so a copy seen out of a failed node had its updates sent.
     send_updates_first: bool,
 }
 

@@ -389,19 +389,15 @@ impl StateConfig {
         }
     }
 
-    /// The same, for the instances of a chain spread over nodes (with fault tolerance), on the
-    /// root's node (`root_here`) or another. A replacement on another node learns what its
-    /// predecessor did from the store alone, so a packet an instance processes without
-    /// updating anything is marked processed there (`ClientConfig::mark_processed`). Off the
-    /// root's node, a batch ends only once the store acknowledged its updates
-    /// (`ClientConfig::ack_each_batch`): no copy leaves a node that may fail before its
-    /// clock's updates are applied. The root's node needs no such wait: the run ends with it.
-    pub fn across_nodes(self, root_here: bool) -> StateConfig {
+    /// The same, for the instances of a chain spread over nodes (with fault tolerance): a
+    /// packet an instance processes without updating anything is marked processed in the store
+    /// (`ClientConfig::mark_processed`), since a replacement on another node learns what its
+    /// predecessor did from the store alone.
+    pub fn across_nodes(self) -> StateConfig {
         match self {
-            StateConfig::Store { backend, client } => StateConfig::Store {
-                backend,
-                client: ClientConfig { mark_processed: true, ack_each_batch: !root_here, ..client },
-            },
+            StateConfig::Store { backend, client } => {
+                StateConfig::Store { backend, client: ClientConfig { mark_processed: true, ..client } }
+            }
             StateConfig::Local => StateConfig::Local,
         }
     }

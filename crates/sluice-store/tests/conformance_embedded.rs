@@ -132,15 +132,6 @@ impl Lossy {
 }
 
 fn lossy_client(store: &EmbeddedStore, v: u16, loss: Loss, decls: &[StateDecl]) -> (StoreClient, Arc<AtomicU64>) {
-    lossy_client_with(store, (v, loss, decls), ClientConfig::default())
-}
-
-/// [`lossy_client`] with the rest of the client's parameters from `base`.
-fn lossy_client_with(
-    store: &EmbeddedStore,
-    (v, loss, decls): (u16, Loss, &[StateDecl]),
-    base: ClientConfig,
-) -> (StoreClient, Arc<AtomicU64>) {
     let id = InstanceId::new(v, 0);
     let dropped = Arc::new(AtomicU64::new(0));
     let conn = Lossy {
@@ -150,7 +141,8 @@ fn lossy_client_with(
         swallow: HashSet::new(),
         dropped: dropped.clone(),
     };
-    let cfg = ClientConfig { mode: Mode::Async, retransmit_after: Duration::from_millis(20), ..base };
+    let cfg =
+        ClientConfig { mode: Mode::Async, retransmit_after: Duration::from_millis(20), ..ClientConfig::default() };
     (StoreClient::new(Box::new(conn), id, v, decls, &[], cfg), dropped)
 }
 
@@ -217,39 +209,6 @@ fn retransmits_lost_requests() {
 #[test]
 fn retransmits_lost_acks_applied_once() {
     lossy_counters(Loss::Acks(2));
-}
-
-/// With `ack_each_batch` (an instance on a node that may fail, whose output must not leave
-/// before its updates are applied) a batch ends only once the store acknowledged its updates,
-/// even when the first acknowledgement is lost; without it, the batch ends at once, its updates
-/// unacknowledged (non-blocking mode, the default).
-#[test]
-fn a_batch_ends_once_its_updates_are_acknowledged_when_asked() {
-    let store = EmbeddedStore::start(1).expect("start store");
-    let decls = [StateDecl::new("counters", Scope::global(), AccessPattern::WriteMostly)];
-    for ack_each_batch in [false, true] {
-        let base = ClientConfig { ack_each_batch, ..ClientConfig::default() };
-        let v = 1203 + u16::from(ack_each_batch);
-        let (mut c, dropped) = lossy_client_with(&store, (v, Loss::Acks(1), &decls), base);
-        let at = fresh_base();
-        let k = StateKey::Id(at);
-        c.begin_batch();
-        c.begin_packet(&Meta { clock: Clock::new(1, at), ..Meta::default() });
-        c.incr_nb(ObjectId(0), &k, 1).expect("incr_nb");
-        let mut m = Meta::default();
-        c.end_packet(&mut m);
-        c.end_batch();
-        assert_eq!(dropped.load(Ordering::Relaxed), 1, "the batch's first acknowledgement was lost");
-        let left = c.unacknowledged();
-        if ack_each_batch {
-            assert_eq!(left, 0, "the batch ended before the store acknowledged it: {:?}", c.stats());
-            assert!(c.stats().retransmits > 0, "acknowledged without the retransmission: {:?}", c.stats());
-        } else {
-            assert!(left > 0, "a non-blocking batch waited for its acknowledgement");
-        }
-        c.flush().expect("flush");
-        assert_eq!(c.get(ObjectId(0), &k).expect("get"), Some(Value::Int(1)), "applied once");
-    }
 }
 
 /// A blocking read after lost non-blocking updates still sees them (the client retransmits

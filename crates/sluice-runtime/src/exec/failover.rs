@@ -517,10 +517,9 @@ fn take_lost(shared: &Shared, fo: &Failover, slot: &mut Slot) -> (Vec<Meta>, Clo
 /// updates are applied read state those updates changed if run again, and an NF may then take
 /// another path (a balancer reopening the connection its first run opened); a clock of which
 /// a copy was lost may not have gone past this instance, or its output may have been that copy.
-/// A node without the root lets no packet of a batch leave before the store acknowledged the
-/// batch's updates (`Outgoing::hold`, `ClientConfig::ack_each_batch`), so a copy that left the
-/// node had its clock's updates applied (docs/decisions.md, "What a replacement of another
-/// node's instance skips").
+/// A node sends a batch's updates before any packet of the batch leaves it (`Outgoing::hold`),
+/// so a copy that left the node had its clock's updates sent (docs/decisions.md, "What a
+/// replacement of another node's instance skips").
 fn processed_elsewhere(fo: &Failover, slot: &Slot, on_node: &LostClocks, predecessor: &mut ClockSet) {
     let instance = format!("{}:{}", slot.inst.vertex(), slot.inst.id().index());
     // Only the copies that may concern this instance: a copy lost at an off-path instance of

@@ -29,8 +29,7 @@ pub(super) struct Outgoing {
     pub(super) stalled: VecDeque<Stalled>,
     /// Set while an instance processes a batch whose updates are not sent yet
     /// (`Shared::send_updates_first`): full buffers wait in `held` until [`Outgoing::flush`],
-    /// which comes after the instance's `end_batch` sent them (and, off the root's node, saw
-    /// them acknowledged: `ClientConfig::ack_each_batch`).
+    /// which comes after the instance's `end_batch` sent them.
     pub(super) hold: bool,
     held: Vec<(usize, Batch)>,
     /// Packets in a row bound for `run.0`, not in its buffer yet ([`Outgoing::push_in_run`]).

@@ -69,15 +69,6 @@ pub struct ClientConfig {
     /// that only read state, run again there against state later packets changed, could take
     /// another path (docs/decisions.md, "What a replacement of another node's instance skips").
     pub mark_processed: bool,
-    /// A batch ends only once the store has acknowledged every update sent so far: what an
-    /// instance outputs after `end_batch` has its updates applied in the store, not merely
-    /// handed to the connection. For an instance on a node that may fail while the chain goes
-    /// on elsewhere: its replacement counts a clock processed from the store alone, and a
-    /// copy that left the node while its clock's updates still waited in the dead process
-    /// (up to [`ClientConfig::max_inflight`] batches of them) would be made again by a rerun
-    /// against a store without them — another NAT port than the one downstream already saw
-    /// (docs/decisions.md, "What a replacement of another node's instance skips").
-    pub ack_each_batch: bool,
 }
 
 /// The object index under which [`StateHandle::record`](sluice_state::StateHandle::record)
@@ -109,7 +100,6 @@ impl Default for ClientConfig {
             commits: true,
             record_nondeterminism: false,
             mark_processed: false,
-            ack_each_batch: false,
         }
     }
 }

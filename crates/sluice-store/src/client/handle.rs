@@ -206,9 +206,8 @@ impl StateHandle for StoreClient {
                 self.committed.append(&mut self.batch_xors);
             }
         }
-        if self.cfg.mode != Mode::Async || self.cfg.ack_each_batch {
-            // Models without "no wait for ACK", and instances whose output must not leave
-            // before their updates are applied: the batch is done when the store has it all.
+        if self.cfg.mode != Mode::Async {
+            // Models without "no wait for ACK": the batch is done when the store has it all.
             let _ = self.drain_acks();
         }
     }
