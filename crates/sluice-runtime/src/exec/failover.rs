@@ -533,6 +533,10 @@ fn processed_elsewhere(fo: &Failover, slot: &Slot, on_node: &LostClocks, predece
     match fo.rebuilder.clocks_updated_by(slot.vertex) {
         Ok(clocks) => {
             let updated = clocks.len();
+            // The range says how far the predecessor's updates had reached the store: compared
+            // with what the node's other instances had processed, it shows a lag of the
+            // connection (docs/correctness.md, "Open: a node killed under load").
+            let (first, last) = (clocks.first().map(ToString::to_string), clocks.last().map(ToString::to_string));
             let mut processed = 0usize;
             let mut again = Vec::new();
             for c in clocks {
@@ -543,7 +547,7 @@ fn processed_elsewhere(fo: &Failover, slot: &Slot, on_node: &LostClocks, predece
                 }
             }
             tracing::trace!(target: "sluice::copies", %instance, again = ?again, "updated by its predecessor, but a copy was lost with the node: processed again");
-            tracing::info!(%instance, updated, processed, "clocks its predecessor on the failed node processed");
+            tracing::info!(%instance, updated, processed, ?first, ?last, "clocks its predecessor on the failed node processed");
         }
         // Without the list every replay copy is processed again: the output stays right, an
         // NF's decisions may not.
@@ -584,6 +588,9 @@ pub(super) fn admit(slot: &mut Slot, pkt: &Packet) -> Admit {
         if at_target && r.predecessor.contains(pkt.meta.clock) {
             tracing::trace!(target: "sluice::copies", clock = %pkt.meta.clock, instance = ?me, "replay copy skipped: its predecessor processed the clock");
             return Admit::Duplicate;
+        }
+        if at_target {
+            tracing::trace!(target: "sluice::copies", clock = %pkt.meta.clock, instance = ?me, "replay copy held, to be processed again");
         }
         return Admit::Hold;
     }
