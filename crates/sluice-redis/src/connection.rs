@@ -79,8 +79,9 @@ pub(crate) struct RedisConnection {
 /// tagged updates and timer mirrors are stored on one node, as this client's *intent*,
 /// atomically with the first call; once every call is done the intent is cleared, and only
 /// then is the batch acknowledged (its clocks cannot be forgotten before, so running the
-/// intent again applies nothing twice). A replacement finishes what it finds ([`RedisConnection::roll_forward`]).
-/// docs/decisions.md, "A batch that spans Redis nodes: intent and roll-forward".
+/// intent again applies nothing twice). A replacement finishes what it finds
+/// ([`RedisConnection::roll_forward`]). docs/decisions.md, "A batch that spans Redis nodes:
+/// intent and roll-forward".
 #[derive(Debug)]
 enum IntentStep {
     /// Store this encoding of the batch's tagged updates and timer mirrors with its first call.

@@ -63,9 +63,10 @@
 //! operation the client applies) is not atomic as a whole: its tagged updates and timer mirrors
 //! are first stored as the client's *intent* (`{P:b}I`), in the same call as the first
 //! operations of the node that keeps it, and cleared by one more call once every part is
-//! applied, before the batch is acknowledged. A replacement of a client that died between two calls finishes the batch
-//! (`Backend::finish_interrupted_batch`, run by `takeover`) before it reads anything, so it
-//! never sees half a batch (docs/decisions.md, "A batch that spans Redis nodes").
+//! applied, before the batch is acknowledged. A replacement of a client that died between two
+//! calls finishes the batch (`Backend::finish_interrupted_batch`, run by `takeover`) before it
+//! reads anything, so it never sees half a batch (docs/decisions.md, "A batch that spans Redis
+//! nodes").
 //!
 //! # Values
 //! See [`codec`]: `Int` is stored as decimal text (Lua increments it with `INCRBY`), other
