@@ -8,6 +8,9 @@
 #
 # Then: SLUICE_REDIS_URL=redis://127.0.0.1:6390
 #       SLUICE_REDIS_CLUSTER_URL=redis+cluster://127.0.0.1:7390,127.0.0.1:7391,127.0.0.1:7392
+#
+# REDIS_ENV_PORT (6390) and REDIS_ENV_CLUSTER_PORT (7390, the first of six) choose other ports,
+# for a second environment beside the first (scripts/test-all.sh starts one per test lane).
 set -euo pipefail
 
 cmd="${1:-}"
@@ -17,8 +20,10 @@ if [ -z "$cmd" ] || [ -z "$dir" ]; then
   exit 2
 fi
 
-SINGLE=6390
-CLUSTER=(7390 7391 7392 7393 7394 7395)
+SINGLE="${REDIS_ENV_PORT:-6390}"
+first="${REDIS_ENV_CLUSTER_PORT:-7390}"
+CLUSTER=()
+for i in 0 1 2 3 4 5; do CLUSTER+=($((first + i))); done
 
 ensure_redis() {
   if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
@@ -101,11 +106,12 @@ case "$cmd" in
       redis_has "$p" "info replication" "role:master" || continue
       wait_for "the replica of cluster primary $p in sync" 200 redis_has "$p" "info replication" "slave0:.*state=online"
     done
-    echo "redis ready: redis://127.0.0.1:$SINGLE and redis+cluster://127.0.0.1:7390,127.0.0.1:7391,127.0.0.1:7392"
+    echo "redis ready: redis://127.0.0.1:$SINGLE and redis+cluster://127.0.0.1:${CLUSTER[0]},127.0.0.1:${CLUSTER[1]},127.0.0.1:${CLUSTER[2]}"
     ;;
   stop)
-    for p in "$SINGLE" "${CLUSTER[@]}"; do
-      pidfile="$dir/$p/redis.pid"
+    # Every server started in DIR, whatever its ports.
+    for pidfile in "$dir"/*/redis.pid; do
+      p="$(basename "$(dirname "$pidfile")")"
       if [ -f "$pidfile" ]; then
         pid="$(cat "$pidfile")"
         redis-cli -h 127.0.0.1 -p "$p" shutdown nosave >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true

@@ -5,7 +5,8 @@
 # nftables (drops datagrams between node processes at random, for the loss test),
 # redis-server (a single server and a 3-node cluster on loopback for the Redis store), and
 # etcd-server (crates/sluice-cluster starts its own etcd members on free loopback ports).
-# The namespace tests need root. Usage: scripts/test-all.sh [extra cargo test args]
+# The namespace tests need root. The tests run through scripts/run-tests.py: built once, then
+# in two lanes side by side. Usage: scripts/test-all.sh [args for every test binary, e.g. a filter]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,11 +40,16 @@ if [ "${shm_free_kib:-0}" -gt $((8 * 1024 * 1024)) ]; then
   export TMPDIR="$scratch"
   echo "== test scratch in $scratch (RAM)"
 fi
-echo "== redis test servers (crates/sluice-redis)"
+echo "== redis test servers (crates/sluice-redis), one set per test lane"
 redis_dir="$(mktemp -d)"
 trap 'scripts/redis-env.sh stop "$redis_dir" || true; rm -rf "$redis_dir"; [ -z "$scratch" ] || rm -rf "$scratch"' EXIT
 scripts/redis-env.sh start "$redis_dir"  # installs redis-server and redis-tools if missing
+REDIS_ENV_PORT=6490 REDIS_ENV_CLUSTER_PORT=7490 scripts/redis-env.sh start "$redis_dir"
 export SLUICE_REDIS_URL=redis://127.0.0.1:6390
 export SLUICE_REDIS_CLUSTER_URL=redis+cluster://127.0.0.1:7390,127.0.0.1:7391,127.0.0.1:7392
-echo "== cargo test"
-cargo test --workspace "$@"
+# The second lane's (scripts/run-tests.py): a long script one lane's test runs on its server
+# must not make the other lane's clients wait.
+export OTHER_LANE_SLUICE_REDIS_URL=redis://127.0.0.1:6490
+export OTHER_LANE_SLUICE_REDIS_CLUSTER_URL=redis+cluster://127.0.0.1:7490,127.0.0.1:7491,127.0.0.1:7492
+echo "== tests"
+scripts/run-tests.py "$@"

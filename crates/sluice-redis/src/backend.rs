@@ -19,6 +19,24 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+/// How long [`RedisBackend::connect`] keeps asking a busy node (`BUSY`: running another
+/// client's script past its busy threshold; `LOADING`: reading its data after a restart) to
+/// load the function library before it gives up. Both end by themselves: a client that
+/// connects just then waits rather than failing (the suite's random Redis runs once failed
+/// so, connecting while another test's script ran long).
+const BUSY_WAIT: Duration = Duration::from_secs(30);
+
+/// The first pause between those attempts, doubled each time up to [`BUSY_PAUSE_MAX`].
+const BUSY_PAUSE: Duration = Duration::from_millis(20);
+
+/// The longest pause between those attempts.
+const BUSY_PAUSE_MAX: Duration = Duration::from_millis(500);
+
+/// Whether a node answered that it is busy for now (see [`BUSY_WAIT`]).
+fn is_busy(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::BusyLoadingError || e.code() == Some("BUSY")
+}
+
 /// A Sluice store in Redis (one server or a cluster). Cheap to clone; every
 /// [`Backend::connect`] opens the instance's own connections.
 #[derive(Clone)]
@@ -60,13 +78,25 @@ impl RedisBackend {
             let topo = shared.refresh(nodes)?;
             for url in &topo.nodes {
                 let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(LIBRARY).clone();
-                nodes.query(url, &load).map_err(|e| {
-                    if is_connection_error(&e) {
-                        invalid(format!("{url}: {e}"))
-                    } else {
-                        invalid(format!("{url}: cannot load the Sluice function library (Redis >= 7 needed): {e}"))
+                let asked = Instant::now();
+                let mut pause = BUSY_PAUSE;
+                loop {
+                    match nodes.query(url, &load) {
+                        Ok(_) => break,
+                        // Busy for now: another client's long script, or the data still loading.
+                        Err(e) if is_busy(&e) && asked.elapsed() < BUSY_WAIT => {
+                            tracing::warn!(node = %url, error = %e, "Redis node busy; loading the function library again in {pause:?}");
+                            std::thread::sleep(pause);
+                            pause = (pause * 2).min(BUSY_PAUSE_MAX);
+                        }
+                        Err(e) if is_connection_error(&e) => return Err(invalid(format!("{url}: {e}"))),
+                        Err(e) => {
+                            return Err(invalid(format!(
+                                "{url}: cannot load the Sluice function library (Redis >= 7 needed): {e}"
+                            )))
+                        }
                     }
-                })?;
+                }
             }
         }
         Ok(backend)
