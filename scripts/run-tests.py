@@ -13,7 +13,7 @@ environment: a variable `OTHER_LANE_X=v` sets `X=v` in the second lane only — 
 gives each lane its own Redis servers that way, since a long script one test runs on a server
 makes every other client of that server wait.
 
-The random fault schedules (`ALONE`) run by themselves after both lanes.
+The random fault schedules on Redis (`ALONE`) run by themselves after both lanes.
 
 Each binary runs as `cargo test` would run it (in its package's directory, with the package's
 `CARGO_*` variables); its output is printed whole when it ends, behind the same `Running` line
@@ -34,11 +34,12 @@ import time
 TIMED_PACKAGE = "sluice-cli"
 # Priority of the other lane (nice(1) increment).
 OTHER_LANE_NICE = "10"
-# Binaries that run alone once both lanes are done: the random fault schedules keep both cores
-# and a Redis server busy for minutes and require every store call answered within the Redis
-# backend's 10 s timeout, which a Redis server shared out with the first lane once missed
-# (docs/decisions.md, "Tests in two lanes").
-ALONE = {"tests/random_faults.rs"}
+# Tests that run alone once both lanes are done (binary → test name; the rest of the binary
+# runs in its lane): the random fault schedules on Redis keep both cores and a Redis server
+# busy for a minute and require every store call answered within the Redis backend's 10 s
+# timeout, which a Redis server shared out with the first lane once missed (docs/decisions.md,
+# "Tests in two lanes"). With arguments (a filter) every binary runs whole in its lane.
+ALONE = {"tests/random_faults.rs": "random_runs_redis"}
 
 
 def build():
@@ -106,9 +107,10 @@ def lane_env(lane):
     return env
 
 
-def run_lane(lane, binaries, prefix, args, results):
+def run_lane(lane, runs, prefix, results):
+    """Runs each (binary, its arguments) of `runs` in turn."""
     base = lane_env(lane)
-    for pkg, label, exe, pkg_dir in binaries:
+    for (pkg, label, exe, pkg_dir), args in runs:
         env = dict(base, CARGO_MANIFEST_DIR=pkg_dir, CARGO_PKG_NAME=pkg, CARGO_CRATE_NAME=pkg.replace("-", "_"))
         t0 = time.monotonic()
         proc = subprocess.run(prefix + [exe] + args, cwd=pkg_dir, env=env, stdout=subprocess.PIPE,
@@ -120,21 +122,27 @@ def main():
     args = sys.argv[1:]
     t0 = time.monotonic()
     binaries = build()
-    alone = [b for b in binaries if b[1] in ALONE]
-    timed = [b for b in binaries if b[0] == TIMED_PACKAGE and b not in alone]
-    other = [b for b in binaries if b[0] != TIMED_PACKAGE and b not in alone]
+    timed, other, alone = [], [], []
+    for b in binaries:
+        lane = timed if b[0] == TIMED_PACKAGE else other
+        test = None if args else ALONE.get(b[1])
+        if test is None:
+            lane.append((b, args))
+        else:
+            lane.append((b, ["--skip", test]))
+            alone.append((b, [test, "--exact"]))
     print(f"== {len(binaries)} test binaries: {len(timed)} of {TIMED_PACKAGE} in one lane, "
-          f"{len(other)} others in a second (nice {OTHER_LANE_NICE}), then {len(alone)} alone", flush=True)
+          f"{len(other)} others in a second (nice {OTHER_LANE_NICE}), then {len(alone)} test(s) alone", flush=True)
     results = Results()
     lanes = [
-        threading.Thread(target=run_lane, args=("timed", timed, [], args, results)),
-        threading.Thread(target=run_lane, args=("other", other, ["nice", "-n", OTHER_LANE_NICE], args, results)),
+        threading.Thread(target=run_lane, args=("timed", timed, [], results)),
+        threading.Thread(target=run_lane, args=("other", other, ["nice", "-n", OTHER_LANE_NICE], results)),
     ]
     for lane in lanes:
         lane.start()
     for lane in lanes:
         lane.join()
-    run_lane("alone", alone, [], args, results)
+    run_lane("alone", alone, [], results)
     print("== doc tests", flush=True)
     doc = subprocess.run(["cargo", "test", "--workspace", "--doc", "--"] + args)
     if doc.returncode != 0:
