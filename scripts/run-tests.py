@@ -120,6 +120,9 @@ def run_lane(lane, runs, prefix, results):
 
 def main():
     args = sys.argv[1:]
+    if args[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return
     t0 = time.monotonic()
     binaries = build()
     timed, other, alone = [], [], []
