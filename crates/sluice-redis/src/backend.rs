@@ -6,8 +6,8 @@ use crate::config::{parse_url, Mode};
 use crate::connection::RedisConnection;
 use crate::io_thread::ThreadedConnection;
 use crate::reply::{
-    array, bytes, codec_err, decode_whole_key, invalid, is_connection_error, is_passing_text, is_topology_text, number,
-    redis_err, text, ts_of,
+    array, bytes, codec_err, decode_whole_key, invalid, is_busy, is_connection_error, is_passing_text,
+    is_topology_text, number, redis_err, text, ts_of,
 };
 use crate::request::hex16;
 use crate::topology::{lock_mutex, write_lock, Nodes, Shared, Topology};
@@ -31,11 +31,6 @@ const BUSY_PAUSE: Duration = Duration::from_millis(20);
 
 /// The longest pause between those attempts.
 const BUSY_PAUSE_MAX: Duration = Duration::from_millis(500);
-
-/// Whether a node answered that it is busy for now (see [`BUSY_WAIT`]).
-fn is_busy(e: &redis::RedisError) -> bool {
-    e.kind() == redis::ErrorKind::BusyLoadingError || e.code() == Some("BUSY")
-}
 
 /// A Sluice store in Redis (one server or a cluster). Cheap to clone; every
 /// [`Backend::connect`] opens the instance's own connections.

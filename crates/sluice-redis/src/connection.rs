@@ -5,7 +5,7 @@
 use crate::codec::{decode_key, decode_opt, encode_opt, Form};
 use crate::config::Mode;
 use crate::reply::{
-    array, bytes, codec_err, invalid, is_connection_error, is_topology_error, number, redis_err, text, ts_of,
+    array, bytes, codec_err, invalid, is_busy, is_connection_error, is_topology_error, number, redis_err, text, ts_of,
 };
 use crate::request::{header, is_broadcast, push_tagged, Op};
 use crate::topology::{Nodes, Settling, Shared, Topology, FAILOVER_WAIT};
@@ -14,7 +14,7 @@ use sluice_state::{ops::apply, StateError, StateOp};
 use sluice_store::{Notification, Replies, Request, Response, StoreError, StoreOp, TsVector};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Conditional writes of one client operation retried at most this often under contention.
 const MAX_CONFLICTS: usize = 10_000;
@@ -26,6 +26,8 @@ const MAX_CONFLICTS: usize = 10_000;
 const MAX_OPS_PER_CALL: usize = 128;
 /// How long `WAIT` waits for the replicas (`replicas=` in the URL) to acknowledge a call.
 const REPLICA_WAIT_MS: u64 = 2_000;
+/// The pause before asking a busy node (`reply::is_busy`) for a call's `WAIT` again.
+const BUSY_PAUSE: Duration = Duration::from_millis(20);
 
 /// The name of a state operation a node reports a type error for, as [`StateError`] spells it.
 fn static_op(s: &str) -> Option<&'static str> {
@@ -215,7 +217,8 @@ impl RedisConnection {
         let moved = |e: &redis::RedisError| cluster && (is_topology_error(e) || is_connection_error(e));
         let v = match self.nodes.query(url, &cmd) {
             Ok(v) => v,
-            Err(e) if moved(&e) => return Ok(Err(())),
+            // A busy node did not run the call: sent again after a pause, as for a failover.
+            Err(e) if moved(&e) || is_busy(&e) => return Ok(Err(())),
             Err(e) => return Err(redis_err(e)),
         };
         let want = self.shared.cfg.replicas;
@@ -251,6 +254,9 @@ impl RedisConnection {
                         );
                     }
                     Err(e) if moved(&e) => return Ok(Err(())),
+                    // The call ran: only the wait is asked again (sending the call again would
+                    // apply an untagged update twice).
+                    Err(e) if is_busy(&e) && started.elapsed() < FAILOVER_WAIT => std::thread::sleep(BUSY_PAUSE),
                     Err(e) => return Err(redis_err(e)),
                 }
             }
@@ -364,8 +370,8 @@ impl RedisConnection {
     }
 
     /// Executes `ops` (in order per bucket) on the nodes of the slot map, reading the map again
-    /// and regrouping what a node no longer serves (or, in a cluster, did not answer) until
-    /// [`FAILOVER_WAIT`] has passed.
+    /// and regrouping what a node no longer serves (or, in a cluster, did not answer; or, busy,
+    /// did not run) until [`FAILOVER_WAIT`] has passed.
     fn run(&mut self, batch: &[Request], ops: Vec<Op>) -> Result<(), StoreError> {
         let mut settling = Settling::new();
         let mut pending = ops;
@@ -511,7 +517,7 @@ impl RedisConnection {
             let url = topo.nodes.get(topo.node_of(self.intent_bucket)).cloned().ok_or_else(|| invalid("no node"))?;
             match self.nodes.query(&url, &get) {
                 Ok(v) => break v,
-                Err(e) if cluster && (is_topology_error(&e) || is_connection_error(&e)) => {
+                Err(e) if is_busy(&e) || (cluster && (is_topology_error(&e) || is_connection_error(&e))) => {
                     settling.again(&self.shared, &mut self.nodes).map_err(|_| redis_err(e))?;
                 }
                 Err(e) => return Err(redis_err(e)),

@@ -29,6 +29,10 @@
 //! lost (`tests/failover.rs` kills a primary mid-run; `crates/sluice-cli/tests/correlated.rs`
 //! kills one as an NF instance of a running chain crashes, and the run stays equivalent).
 //!
+//! A node that answers `BUSY` (another client's script past its busy threshold) or `LOADING`
+//! (reading its data after a restart) did not run the command: connecting and every call wait
+//! for it the same way, for up to 30 s (`tests/busy.rs`).
+//!
 //! # Layout: buckets
 //! Every value belongs to one of `buckets` buckets, by a stable hash (FNV-1a) of its key's
 //! encoding. All keys of bucket `b` carry the hash tag `{P:b}`, so a bucket lives in one cluster

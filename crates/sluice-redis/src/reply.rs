@@ -14,6 +14,13 @@ pub(crate) fn is_connection_error(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_timeout()
 }
 
+/// Whether a node answered that it is busy for now and did not run the command: `BUSY` (another
+/// client's script ran past the node's busy threshold) or `LOADING` (reading its data after a
+/// restart). Both end by themselves, so the command is sent again after a pause.
+pub(crate) fn is_busy(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::BusyLoadingError || e.code() == Some("BUSY")
+}
+
 /// A Redis error as a store error: connection trouble makes the store unavailable, anything
 /// else is a protocol error.
 pub(crate) fn redis_err(e: redis::RedisError) -> StoreError {

@@ -20,9 +20,9 @@ pub(crate) const FAILOVER_WAIT: Duration = Duration::from_secs(30);
 /// The longest pause between two readings of the slot map while waiting for it to settle.
 const MAX_REROUTE_PAUSE: Duration = Duration::from_millis(500);
 
-/// Waiting for a cluster's slot map to settle while a node fails over (an instance's batch,
-/// opening its connection, rolling a batch forward): the first reading again at once (a slot
-/// moved), then with growing pauses, for up to [`FAILOVER_WAIT`].
+/// Waiting for a cluster's slot map to settle while a node fails over, or for a busy node
+/// (an instance's batch, opening its connection, rolling a batch forward): the first reading
+/// again at once (a slot moved), then with growing pauses, for up to [`FAILOVER_WAIT`].
 pub(crate) struct Settling {
     started: Instant,
     pause: Duration,
@@ -37,7 +37,7 @@ impl Settling {
     pub(crate) fn again(&mut self, shared: &Shared, nodes: &mut Nodes) -> Result<(), StoreError> {
         if self.started.elapsed() >= FAILOVER_WAIT {
             return Err(StoreError::Unavailable(format!(
-                "the cluster did not settle within {} s: a node is down and no replica took its slots over",
+                "the store did not settle within {} s: a node is down and no replica took its slots over, or a node stayed busy",
                 FAILOVER_WAIT.as_secs()
             )));
         }
