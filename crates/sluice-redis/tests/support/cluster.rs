@@ -1,7 +1,8 @@
 //! A Redis Cluster of three primaries with one replica each, started by a test on loopback
 //! ports of its own, so that killing one of its nodes disturbs no other test. Shared by the
 //! tests that kill a primary (`crates/sluice-redis/tests/failover.rs`,
-//! `crates/sluice-cli/tests/correlated.rs`, which include this file by path). It needs
+//! `crates/sluice-cli/tests/correlated.rs`, which include this file by path; `busy.rs` takes
+//! its `cli` and `wait_until`). It needs
 //! `redis-server` and `redis-cli` (scripts/test-all.sh installs them).
 
 #![allow(dead_code)]
