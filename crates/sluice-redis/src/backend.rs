@@ -10,7 +10,7 @@ use crate::reply::{
     is_topology_text, number, redis_err, text, ts_of,
 };
 use crate::request::hex16;
-use crate::topology::{lock_mutex, write_lock, Nodes, Shared, Topology};
+use crate::topology::{lock_mutex, write_lock, Nodes, Settling, Shared, Topology};
 use crate::LIBRARY;
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::CustomOp;
@@ -18,19 +18,6 @@ use sluice_store::{Backend, Checkpoint, Connection, Found, LoggedResult, StoreEr
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
-
-/// How long [`RedisBackend::connect`] keeps asking a busy node (`BUSY`: running another
-/// client's script past its busy threshold; `LOADING`: reading its data after a restart) to
-/// load the function library before it gives up. Both end by themselves: a client that
-/// connects just then waits rather than failing (the suite's random Redis runs once failed
-/// so, connecting while another test's script ran long).
-const BUSY_WAIT: Duration = Duration::from_secs(30);
-
-/// The first pause between those attempts, doubled each time up to [`BUSY_PAUSE_MAX`].
-const BUSY_PAUSE: Duration = Duration::from_millis(20);
-
-/// The longest pause between those attempts.
-const BUSY_PAUSE_MAX: Duration = Duration::from_millis(500);
 
 /// A Sluice store in Redis (one server or a cluster). Cheap to clone; every
 /// [`Backend::connect`] opens the instance's own connections.
@@ -73,16 +60,16 @@ impl RedisBackend {
             let topo = shared.refresh(nodes)?;
             for url in &topo.nodes {
                 let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(LIBRARY).clone();
-                let asked = Instant::now();
-                let mut pause = BUSY_PAUSE;
+                // A busy node (another client's long script, its data still loading) is
+                // waited for as calls wait for it: the suite's random Redis runs once failed to
+                // connect while another test's script ran long.
+                let mut settling = Settling::new();
                 loop {
                     match nodes.query(url, &load) {
                         Ok(_) => break,
-                        // Busy for now: another client's long script, or the data still loading.
-                        Err(e) if is_busy(&e) && asked.elapsed() < BUSY_WAIT => {
-                            tracing::warn!(node = %url, error = %e, "Redis node busy; loading the function library again in {pause:?}");
-                            std::thread::sleep(pause);
-                            pause = (pause * 2).min(BUSY_PAUSE_MAX);
+                        Err(e) if is_busy(&e) => {
+                            tracing::warn!(node = %url, error = %e, "Redis node busy; loading the function library again");
+                            settling.again(shared, nodes).map_err(|_| invalid(format!("{url}: {e}")))?;
                         }
                         Err(e) if is_connection_error(&e) => return Err(invalid(format!("{url}: {e}"))),
                         Err(e) => {
