@@ -1,6 +1,9 @@
 //! Processing a packet again without changing state: CHC's "emulated" updates of an NF a
-//! replay passes through. Reads see the state as it is; updates land in a scratch copy that
-//! is dropped with the packet; timers are not touched. A non-blocking update (a write-mostly
+//! replay passes through. Reads see the state as it is (a replayed packet's: as of its
+//! clock, where the backend keeps earlier values); updates land in a scratch copy that is
+//! dropped with the packet, and answer what the backend logged for the first processing's
+//! update at the same place where it has one ([`StateHandle::emulated_update`]), else what
+//! the scratch copy gives; timers are not touched. A non-blocking update (a write-mostly
 //! counter) reads nothing: the NF never sees its result, so it is only noted, and applied to
 //! the scratch copy should the packet read that value after all — reading it from the store
 //! cost a round trip per packet, which made a replay through a replacement crawl.
@@ -40,13 +43,17 @@ impl StateHandle for Emulating<'_> {
             let mut read = slot;
             return apply(&mut read, op, self.custom);
         }
+        // Numbered after the read: a replayed read is answered as of the next update's number.
+        let first = self.inner.emulated_update(obj, key, true)?;
         let mut value = slot;
         let result = apply(&mut value, op, self.custom)?;
         self.scratch.insert((obj, *key), value);
-        Ok(result)
+        Ok(first.unwrap_or(result))
     }
 
     fn exec_nb(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<(), StateError> {
+        // Its number taken, as its first processing took one; the NF never sees its result.
+        self.inner.emulated_update(obj, key, false)?;
         match self.scratch.get_mut(&(obj, *key)) {
             Some(v) => apply(v, op, self.custom).map(|_| ()),
             None => {

@@ -297,6 +297,8 @@ impl RedisConnection {
                 Outcome::Done(Some(resp(Ok(value), false, ts)))
             }
             "r" => Outcome::Done(Some(resp(Ok(decode_opt(bytes(field(2)?)?).map_err(codec_err)?), true, None))),
+            // A `Logged` request whose tag has no logged update.
+            "n" => Outcome::Done(Some(resp(Ok(None), false, None))),
             "e" => {
                 let code = text(field(2)?)?;
                 let a = text(field(3)?)?;

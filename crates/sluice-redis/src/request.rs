@@ -146,6 +146,8 @@ impl Op {
                 extra.push(hex16(*deadline_ns).into_bytes());
                 "x"
             }
+            // Answered from the per-clock log under the header's log id, or not at all.
+            StoreOp::Logged => "L",
             StoreOp::Claim => "M",
             StoreOp::Release => "m",
             StoreOp::ForgetClock(_) | StoreOp::AdvanceTime(_) => "V",

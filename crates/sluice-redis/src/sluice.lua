@@ -27,7 +27,7 @@
 -- Every function is called with no declared keys and touches only buckets the caller says are
 -- on this node (flag allow-cross-slot-keys: a node may serve several buckets' slots).
 
-local VERSION = '3'
+local VERSION = '4'
 
 local function enc_list(elems)
   local parts = { '\1L', struct.pack('>I4', #elems) }
@@ -571,6 +571,7 @@ end
 -- it), intent bucket, intent blob, nb, bucket ids..., then operations, each:
 --   code, bucket, key, reply (1|0), logid ('' = untagged), clock, arguments...
 -- Returns { results, notes }; a result is { index, 'o', result [, ts] } | { index, 'r', result }
+-- | { index, 'n' } (code 'L', the logged result of the tag's update: none logged)
 -- | { index, 'e', code, a, b } | { index, 'f', encoding, version [, logged flags] }
 -- (execution stops there: the client applies the operation and sends a conditional write).
 local function exec(_keys, a)
@@ -656,6 +657,11 @@ local function exec(_keys, a)
       elseif logged then
         if reply then
           results[#results + 1] = { idx, 'r', logged }
+        end
+      elseif code == 'L' then
+        -- The logged result of an update (an emulated packet's): none, and nothing applied.
+        if reply then
+          results[#results + 1] = { idx, 'n' }
         end
       else
         local st, x, y, z, kept = execute(h, client, k, code, a, args, logid)

@@ -70,6 +70,23 @@ pub trait StateHandle: Send {
         Ok(fresh)
     }
 
+    /// For a packet processed again without changing state (CHC's emulation, at an NF that a
+    /// replay passes through after the record of what it emitted was lost): numbers the
+    /// packet's next update of `key` in `obj` as its first processing numbered it and, with
+    /// `answer`, returns what the backend logged as that update's result — `Some(result)` if
+    /// it applied that update. Answered from the log, an emulated packet takes the path and
+    /// the values its first processing took, where state read now would not (a NAT's port
+    /// taken from the pool as it is now). `None` (the default, a backend without a per-clock
+    /// log): the caller computes the update on what it reads.
+    fn emulated_update(
+        &mut self,
+        _obj: ObjectId,
+        _key: &StateKey,
+        _answer: bool,
+    ) -> Result<Option<Option<Value>>, StateError> {
+        Ok(None)
+    }
+
     /// Arms (or re-arms) a timer on `key` of `obj` for `deadline_ns` in packet time.
     fn set_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64);
 

@@ -110,6 +110,12 @@ pub enum StoreOp {
     ForgetClock(Clock),
     /// Advance the store's packet time (clients report it with their batches); due timers fire.
     AdvanceTime(u64),
+    /// The result the update tagged like this request got, if the store applied one
+    /// (`replayed: true`); applies nothing. Untagged, or no such update logged: no result,
+    /// `replayed: false`. A packet processed again without changing state (CHC's emulation at
+    /// an NF a replay passes through) answers its updates as its first processing's were
+    /// answered (docs/correctness.md, "Fixed: an emulated packet's updates").
+    Logged,
 }
 
 /// One request.

@@ -19,6 +19,27 @@ impl StateHandle for StoreClient {
         Ok(resp.result.map_err(StateError::Backend)?.unwrap_or(fresh))
     }
 
+    /// Asks the store's per-clock log (one round trip) for the update this packet's first
+    /// processing made at this place, under the tag the update had: every update is numbered
+    /// in its packet, emulated or not, so the numbers line up.
+    fn emulated_update(
+        &mut self,
+        obj: ObjectId,
+        key: &StateKey,
+        answer: bool,
+    ) -> Result<Option<Option<Value>>, StateError> {
+        if !self.cfg.dedupe || !self.replaying {
+            return Ok(None);
+        }
+        let tag = self.number_update();
+        if !answer {
+            return Ok(None);
+        }
+        let resp = self.call(self.key(obj, key), StoreOp::Logged, Some(tag))?;
+        let result = resp.result.map_err(StateError::Backend)?;
+        Ok(resp.replayed.then_some(result))
+    }
+
     fn exec(&mut self, obj: ObjectId, key: &StateKey, op: StateOp) -> Result<Option<Value>, StateError> {
         let idx = usize::from(obj.0);
         let Some(&s) = self.strategies.get(idx) else { return Err(StateError::UnknownObject(obj)) };

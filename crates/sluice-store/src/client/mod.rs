@@ -360,6 +360,12 @@ impl StoreClient {
     #[inline]
     fn next_tag(&mut self) -> OpTag {
         self.stats.updates += 1;
+        self.number_update()
+    }
+
+    /// The next update's tag, without counting an update (an emulated one applies nothing).
+    #[inline]
+    fn number_update(&mut self) -> OpTag {
         let seq = if self.firing_timers {
             let (timer, n) = &mut self.firing;
             let seq = crate::timer_update_seq(timer.as_ref().map(|(o, k)| (o.0, k)), *n);

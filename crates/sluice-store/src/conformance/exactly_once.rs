@@ -163,6 +163,38 @@ pub fn tagged_reads_not_logged(b: &dyn Backend) -> Result<(), String> {
     })
 }
 
+/// A packet processed again without changing state (emulated) asks for its first processing's
+/// results: a `Logged` request with an update's tag gets what the update answered (a store
+/// operation's result, and a client-applied update's, written as its outcome) as a replay,
+/// and changes nothing; with a tag no update had, or none, it gets nothing, not as a replay.
+pub fn logged_results_told(b: &dyn Backend) -> Result<(), String> {
+    let v = 1033;
+    let base = fresh_base();
+    let (k, w) = (skey(v, 0, StateKey::Id(base)), skey(v, 0, StateKey::Id(base + 1)));
+    let mut a = Raw::open(b, InstanceId::new(v, 0))?;
+    let (t1, t2, t3) = (tag(clk(base, 1), 0), tag(clk(base, 1), 1), tag(clk(base, 2), 0));
+    a.state(k, StateOp::Incr(5), t1)?;
+    let outcome = StoreOp::Write { value: Some(Value::Int(7)), result: Some(Value::Int(1024)) };
+    a.ok(w, outcome, t2)?;
+    for (key, t, want) in [(k, t1, Value::Int(5)), (w, t2, Value::Int(1024))] {
+        let got = a.call(key, StoreOp::Logged, t)?;
+        ensure(got.replayed && got.result == Ok(Some(want.clone())), || {
+            format!("the logged result of {t:?} must be told, {want:?} as a replay: {got:?}")
+        })?;
+    }
+    for (key, t) in [(k, t3), (w, t3), (k, None)] {
+        let got = a.call(key, StoreOp::Logged, t)?;
+        ensure(!got.replayed && got.result == Ok(None), || format!("no update logged under {t:?}: {got:?}"))?;
+    }
+    let values = (a.get(k)?, a.get(w)?);
+    ensure(values == (Some(Value::Int(5)), Some(Value::Int(7))), || format!("Logged changed the values: {values:?}"))?;
+    // Nor did it join the log: an update with a tag it asked about applies.
+    let upd = a.call(k, StoreOp::State(StateOp::Incr(10)), t3)?;
+    ensure(!upd.replayed && upd.result == Ok(Some(Value::Int(15))), || {
+        format!("an update with a tag only asked about must apply (15, not replayed): {upd:?}")
+    })
+}
+
 /// CHC's test case 11: a straggler and its clone (two instances of one vertex) drawing a
 /// non-deterministic value for the same packet get the value drawn first; another packet, or
 /// the next draw for the same packet, gets its own; a replay of the packet at a third instance

@@ -48,7 +48,7 @@ pub use concurrency::{
     concurrent_incr, concurrent_incr_sums, concurrent_pops, concurrent_pops_unique, nonblocking_in_issue_order,
 };
 pub use exactly_once::{
-    forget_clock_reapplies, packets_without_updates_are_marked_processed, recorded_values_repeat,
+    forget_clock_reapplies, logged_results_told, packets_without_updates_are_marked_processed, recorded_values_repeat,
     replayed_reads_as_of_their_clock, retransmit_applied_once, tagged_reads_not_logged,
     timer_updates_leave_a_packets_tags, timers_keep_their_own_tags,
 };
@@ -115,7 +115,7 @@ macro_rules! conformance_tests {
                     checkpoint_timers, wipe_empties_store, tagged_reads_not_logged,
                     recorded_values_repeat, owner_writes_logged, timer_updates_leave_a_packets_tags,
                     timers_keep_their_own_tags, replayed_reads_as_of_their_clock,
-                    packets_without_updates_are_marked_processed);
+                    packets_without_updates_are_marked_processed, logged_results_told);
             }
         )+
     };
@@ -170,5 +170,6 @@ pub fn all() -> Vec<(&'static str, Check)> {
         ("timers_keep_their_own_tags", timers_keep_their_own_tags),
         ("replayed_reads_as_of_their_clock", replayed_reads_as_of_their_clock),
         ("packets_without_updates_are_marked_processed", packets_without_updates_are_marked_processed),
+        ("logged_results_told", logged_results_told),
     ]
 }

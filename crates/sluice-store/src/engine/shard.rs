@@ -128,6 +128,10 @@ impl Shard {
                 return Response { id, result: Ok(r.value()), replayed: true, ts: None };
             }
         }
+        if req.op == StoreOp::Logged {
+            // Not logged (a logged one was answered above): nothing to apply.
+            return Response { id, result: Ok(None), replayed: false, ts: None };
+        }
         let key = req.key;
         if let StoreOp::IncrMany(incrs) = &req.op {
             // Untagged itself (its increments carry the tags): nothing to log for the request.
@@ -243,7 +247,7 @@ impl Shard {
                 }
                 None
             }
-            StoreOp::ForgetClock(_) | StoreOp::AdvanceTime(_) | StoreOp::IncrMany(_) => None,
+            StoreOp::ForgetClock(_) | StoreOp::AdvanceTime(_) | StoreOp::IncrMany(_) | StoreOp::Logged => None,
         };
         // One lookup for the common case: the entry is still there, and kept.
         if entry.is_empty() {
