@@ -535,7 +535,7 @@ fn processed_elsewhere(fo: &Failover, slot: &Slot, on_node: &LostClocks, predece
             let updated = clocks.len();
             // The range says how far the predecessor's updates had reached the store: compared
             // with what the node's other instances had processed, it shows a lag of the
-            // connection (docs/correctness.md, "Open: a node killed under load").
+            // connection (docs/correctness.md, "Fixed (2026-12-07, thirteenth session)").
             let (first, last) = (clocks.first().map(ToString::to_string), clocks.last().map(ToString::to_string));
             let mut processed = 0usize;
             let mut again = Vec::new();
