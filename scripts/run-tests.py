@@ -35,8 +35,8 @@ TIMED_PACKAGE = "sluice-cli"
 # Priority of the other lane (nice(1) increment).
 OTHER_LANE_NICE = "10"
 # Tests that run alone once both lanes are done (binary → test name; the rest of the binary
-# runs in its lane): the random fault schedules on Redis keep both cores and a Redis server
-# busy for a minute and require every store call answered within the Redis backend's 10 s
+# runs in its lane): the random fault schedules on Redis keep both cores and both lanes' Redis
+# servers (`SLUICE_REDIS_MORE_URLS`) busy for two minutes and require every store call answered within the Redis backend's 10 s
 # timeout, which a Redis server shared out with the first lane once missed (docs/decisions.md,
 # "Tests in two lanes"). With arguments (a filter) every binary runs whole in its lane.
 ALONE = {"tests/random_faults.rs": "random_runs_redis"}

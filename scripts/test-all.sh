@@ -51,5 +51,8 @@ export SLUICE_REDIS_CLUSTER_URL=redis+cluster://127.0.0.1:7390,127.0.0.1:7391,12
 # must not make the other lane's clients wait.
 export OTHER_LANE_SLUICE_REDIS_URL=redis://127.0.0.1:6490
 export OTHER_LANE_SLUICE_REDIS_CLUSTER_URL=redis+cluster://127.0.0.1:7490,127.0.0.1:7491,127.0.0.1:7492
+# The random Redis schedules run alone after both lanes and spread their runs over both servers.
+export SLUICE_REDIS_MORE_URLS=redis://127.0.0.1:6490
+export OTHER_LANE_SLUICE_REDIS_MORE_URLS=
 echo "== tests"
 scripts/run-tests.py "$@"

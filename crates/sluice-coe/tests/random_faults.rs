@@ -173,17 +173,19 @@ fn random_runs_embedded() {
 
 #[test]
 fn random_runs_redis() {
-    let Some(_) = redis("probe") else {
+    let servers = redis_servers();
+    if servers.is_empty() {
         panic!("SLUICE_REDIS_URL is not set: run the suite through scripts/test-all.sh, which starts Redis");
-    };
+    }
     // The first runs of the embedded test, on Redis: five of each chain and trace. Every
     // operation of the physical chain that must wait for the store is a round trip to Redis,
-    // so four runs go at a time; the Redis server's one thread is then busy (eight at a time
-    // went no faster) and a run over the demo trace takes 35-55 s: 120 runs took 10 minutes,
-    // half the suite's budget. `COE_REDIS_RUNS` changes the count.
+    // so four runs go at a time per server; a server's one thread is then busy (eight at a
+    // time on one went no faster) and a run over the demo trace takes 35-55 s: 120 runs took
+    // 10 minutes, half the suite's budget. Seeds alternate between the servers
+    // (`SLUICE_REDIS_MORE_URLS`); `COE_REDIS_RUNS` changes the count.
     let n = std::env::var("COE_REDIS_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(60);
-    let store = |s: u64| redis(&format!("r{s}")).ok_or_else(|| "SLUICE_REDIS_URL is not set".to_string());
-    property(n, 4, &store, "redis");
+    let store = |s: u64| Ok(redis_at(&servers[s as usize % servers.len()], &format!("r{s}")));
+    property(n, 4 * servers.len(), &store, "redis");
 }
 
 /// The `*.yaml` schedule files in `dir` (each with a `run:` section naming its chain and

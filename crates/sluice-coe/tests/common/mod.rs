@@ -109,12 +109,30 @@ pub fn embedded() -> Arc<dyn sluice_store::Backend> {
 /// A fresh keyspace on the test Redis (one bucket: the TS vector recovery uses is per bucket).
 pub fn redis(tag: &str) -> Option<Arc<dyn sluice_store::Backend>> {
     let url = std::env::var("SLUICE_REDIS_URL").ok()?;
+    Some(redis_at(&url, tag))
+}
+
+/// The single Redis servers a test may spread independent keyspaces over: `SLUICE_REDIS_URL`,
+/// then those in `SLUICE_REDIS_MORE_URLS` (comma-separated). scripts/test-all.sh names the second
+/// lane's server there for the random Redis schedules, which run after both lanes: one server's
+/// one thread is what those runs wait for.
+pub fn redis_servers() -> Vec<String> {
+    let first = std::env::var("SLUICE_REDIS_URL").ok();
+    let more = std::env::var("SLUICE_REDIS_MORE_URLS").unwrap_or_default();
+    let more = more.split(',').map(str::trim).filter(|u| !u.is_empty()).map(str::to_string);
+    let mut servers: Vec<String> = first.into_iter().chain(more).collect();
+    servers.dedup();
+    servers
+}
+
+/// A fresh keyspace on the Redis server at `url` (one bucket, as `redis`).
+pub fn redis_at(url: &str, tag: &str) -> Arc<dyn sluice_store::Backend> {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let url = format!("{url}?prefix=coe-{tag}-{}-{n}&buckets=1", std::process::id());
     let b = sluice_redis::RedisBackend::connect(&url).expect("redis");
     b.clear().expect("clear");
-    Some(Arc::new(b))
+    Arc::new(b)
 }
 
 pub fn event(at: At, action: Action) -> FaultEvent {
