@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 /// Subscribers are called back with each new value (including deletion, and updates sent
 /// without `reply`); the updater is not called back for its own update; after `Unsubscribe` no
-/// callback comes until subscribing again (which returns the current value).
+/// callback comes until subscribing again (which returns the current value), also once every
+/// subscriber has gone.
 pub fn callbacks_raw(b: &dyn Backend) -> Result<(), String> {
     let v = 1008;
     let base = fresh_base();
@@ -52,6 +53,23 @@ pub fn callbacks_raw(b: &dyn Backend) -> Result<(), String> {
     let got = a.notes_about(k);
     ensure(got == vec![changed(k, Some(Value::Int(8)))], || {
         format!("A was unsubscribed during Set(7), so only Changed(8) should arrive: {got:?}")
+    })?;
+    // The last subscriber gone and the value deleted, the entry holds nothing; a subscriber
+    // that comes back is called back again.
+    a.ok(k, StoreOp::Unsubscribe, None)?;
+    a.state(k, StateOp::Set(Value::Int(85)), None)?;
+    bb.wait_note("Changed(85) after A left and wrote", |n| *n == changed(k, Some(Value::Int(85))))?;
+    bb.ok(k, StoreOp::Unsubscribe, None)?;
+    bb.state(k, StateOp::Delete, None)?;
+    bb.state(k, StateOp::Set(Value::Int(9)), None)?;
+    a.notes.clear();
+    let r = a.ok(k, StoreOp::Subscribe, None)?;
+    ensure(r == Some(Value::Int(9)), || format!("Subscribe should return the current value 9, got {r:?}"))?;
+    bb.state(k, StateOp::Set(Value::Int(10)), None)?;
+    a.wait_note("Changed(10) after subscribing again", |n| *n == changed(k, Some(Value::Int(10))))?;
+    let got = a.notes_about(k);
+    ensure(got == vec![changed(k, Some(Value::Int(10)))], || {
+        format!("nobody was subscribed during Delete and Set(9): only Changed(10) should arrive, got {got:?}")
     })
 }
 
