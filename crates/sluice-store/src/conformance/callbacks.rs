@@ -7,7 +7,7 @@ use super::support::{changed, clk, ensure, fresh_base, meta, open_client, packet
 use super::TIMEOUT;
 use crate::backend::Backend;
 use crate::client::{ClientConfig, Mode, StoreClient};
-use crate::wire::{Notification, StoreOp};
+use crate::wire::{Notification, StoreKey, StoreOp};
 use sluice_packet::InstanceId;
 use sluice_state::{AccessPattern, ObjectId, Scope, StateDecl, StateError, StateHandle, StateKey, StateOp, Value};
 use std::time::{Duration, Instant};
@@ -44,16 +44,8 @@ pub fn callbacks_raw(b: &dyn Backend) -> Result<(), String> {
     bb.state(k, StateOp::Delete, None)?;
     a.wait_note("Changed(None) after Delete", |n| *n == changed(k, None))?;
     a.ok(k, StoreOp::Unsubscribe, None)?;
-    a.notes.clear();
     bb.state(k, StateOp::Set(Value::Int(7)), None)?;
-    let r = a.ok(k, StoreOp::Subscribe, None)?;
-    ensure(r == Some(Value::Int(7)), || format!("Subscribe should return the current value 7, got {r:?}"))?;
-    bb.state(k, StateOp::Set(Value::Int(8)), None)?;
-    a.wait_note("Changed(8) after re-subscribing", |n| *n == changed(k, Some(Value::Int(8))))?;
-    let got = a.notes_about(k);
-    ensure(got == vec![changed(k, Some(Value::Int(8)))], || {
-        format!("A was unsubscribed during Set(7), so only Changed(8) should arrive: {got:?}")
-    })?;
+    subscribe_again(&mut a, &mut bb, k, (7, 8), "A was unsubscribed during Set(7)")?;
     // The last subscriber gone and the value deleted, the entry holds nothing; a subscriber
     // that comes back is called back again.
     a.ok(k, StoreOp::Unsubscribe, None)?;
@@ -62,14 +54,26 @@ pub fn callbacks_raw(b: &dyn Backend) -> Result<(), String> {
     bb.ok(k, StoreOp::Unsubscribe, None)?;
     bb.state(k, StateOp::Delete, None)?;
     bb.state(k, StateOp::Set(Value::Int(9)), None)?;
+    subscribe_again(&mut a, &mut bb, k, (9, 10), "nobody was subscribed during Delete and Set(9)")
+}
+
+/// `a` subscribes to `k` again, which holds `now` (the answer it must get); `writer` then sets
+/// `next`, and that is the only callback about `k` that `a` may get (`why`).
+fn subscribe_again(
+    a: &mut Raw,
+    writer: &mut Raw,
+    k: StoreKey,
+    (now, next): (i64, i64),
+    why: &str,
+) -> Result<(), String> {
     a.notes.clear();
     let r = a.ok(k, StoreOp::Subscribe, None)?;
-    ensure(r == Some(Value::Int(9)), || format!("Subscribe should return the current value 9, got {r:?}"))?;
-    bb.state(k, StateOp::Set(Value::Int(10)), None)?;
-    a.wait_note("Changed(10) after subscribing again", |n| *n == changed(k, Some(Value::Int(10))))?;
+    ensure(r == Some(Value::Int(now)), || format!("Subscribe should return the current value {now}, got {r:?}"))?;
+    writer.state(k, StateOp::Set(Value::Int(next)), None)?;
+    a.wait_note(&format!("Changed({next}) after subscribing again"), |n| *n == changed(k, Some(Value::Int(next))))?;
     let got = a.notes_about(k);
-    ensure(got == vec![changed(k, Some(Value::Int(10)))], || {
-        format!("nobody was subscribed during Delete and Set(9): only Changed(10) should arrive, got {got:?}")
+    ensure(got == vec![changed(k, Some(Value::Int(next)))], || {
+        format!("{why}: only Changed({next}) should arrive, got {got:?}")
     })
 }
 
