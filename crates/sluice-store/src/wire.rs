@@ -114,7 +114,8 @@ pub enum StoreOp {
     /// (`replayed: true`); applies nothing. Untagged, or no such update logged: no result,
     /// `replayed: false`. A packet processed again without changing state (CHC's emulation at
     /// an NF a replay passes through) answers its updates as its first processing's were
-    /// answered (docs/correctness.md, "Fixed: an emulated packet's updates").
+    /// answered (docs/correctness.md, "Fixed (2026-12-07, thirteenth session): an emulated
+    /// packet's updates").
     Logged,
 }
 
