@@ -133,6 +133,15 @@ impl Drop for SlowConnection {
     }
 }
 
+impl SlowLink {
+    /// `conn`, its batches held on the way.
+    fn slowed(&self, conn: Box<dyn Connection>) -> Box<dyn Connection> {
+        let on_the_way = Arc::new(AtomicUsize::new(0));
+        self.on_the_way.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(on_the_way.clone());
+        Box::new(SlowConnection::new(conn, on_the_way))
+    }
+}
+
 impl Backend for SlowLink {
     fn name(&self) -> String {
         format!("{} over a slow link", self.inner.name())
@@ -141,9 +150,13 @@ impl Backend for SlowLink {
         self.inner.register_custom_ops(vertex, ops)
     }
     fn connect(&self, client: InstanceId) -> Result<Box<dyn Connection>, StoreError> {
-        let on_the_way = Arc::new(AtomicUsize::new(0));
-        self.on_the_way.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(on_the_way.clone());
-        Ok(Box::new(SlowConnection::new(self.inner.connect(client)?, on_the_way)))
+        Ok(self.slowed(self.inner.connect(client)?))
+    }
+    fn connect_at(&self, client: InstanceId, epoch: u32) -> Result<Box<dyn Connection>, StoreError> {
+        Ok(self.slowed(self.inner.connect_at(client, epoch)?))
+    }
+    fn fence(&self, client: InstanceId, epoch: u32) -> Result<(), StoreError> {
+        self.inner.fence(client, epoch)
     }
     fn checkpoint(&self) -> Result<Checkpoint, StoreError> {
         self.inner.checkpoint()

@@ -197,7 +197,8 @@ impl Backend for RedisBackend {
     }
 
     fn finish_interrupted_batch(&self, owner: InstanceId) -> Result<usize, StoreError> {
-        let applied = RedisConnection::open(self.shared.clone(), owner)?.roll_forward()?;
+        // Acting for the failed instance, never fenced: the batch was its, begun before.
+        let applied = RedisConnection::open(self.shared.clone(), owner, None)?.roll_forward()?;
         if applied > 0 {
             tracing::info!(
                 vertex = owner.vertex(),
@@ -210,7 +211,26 @@ impl Backend for RedisBackend {
     }
 
     fn connect(&self, client: InstanceId) -> Result<Box<dyn Connection>, StoreError> {
-        Ok(Box::new(ThreadedConnection::spawn(RedisConnection::open(self.shared.clone(), client)?)?))
+        Ok(Box::new(ThreadedConnection::spawn(RedisConnection::open(self.shared.clone(), client, None)?)?))
+    }
+
+    /// A fenced connection is refused at its first call, not here: the check is in the script.
+    fn connect_at(&self, client: InstanceId, epoch: u32) -> Result<Box<dyn Connection>, StoreError> {
+        Ok(Box::new(ThreadedConnection::spawn(RedisConnection::open(self.shared.clone(), client, Some(epoch))?)?))
+    }
+
+    /// One call per node, writing the fence in every bucket it serves: a call of the fenced
+    /// connection that runs after it is refused on that node, whichever buckets it names.
+    fn fence(&self, client: InstanceId, epoch: u32) -> Result<(), StoreError> {
+        self.with_admin(|shared, nodes| {
+            let topo = shared.topology();
+            for (n, url) in topo.nodes.iter().enumerate() {
+                let mut cmd = bucket_fcall("sluice_fence", &shared.cfg.prefix, &topo.buckets_of(n));
+                cmd.arg(client.0).arg(epoch);
+                nodes.query(url, &cmd).map_err(redis_err)?;
+            }
+            Ok(())
+        })
     }
 
     fn checkpoint(&self) -> Result<Checkpoint, StoreError> {

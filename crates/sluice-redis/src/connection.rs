@@ -39,6 +39,9 @@ fn static_kind(s: &str) -> Option<&'static str> {
     ["int", "float", "endpoint", "tuple", "ints", "list", "bytes"].into_iter().find(|x| *x == s)
 }
 
+/// The error code of a call by a fenced client (`sluice.lua`, `exec`).
+const FENCED: &str = "SLUICE_FENCED";
+
 /// A batch with its number (see `Connection::send`).
 pub(crate) type Numbered = (u64, Arc<[Request]>);
 
@@ -56,6 +59,8 @@ pub(crate) struct RedisConnection {
     shared: Arc<Shared>,
     /// The instance id, as `sluice_exec` takes it.
     client_arg: Vec<u8>,
+    /// The instance and the epoch it connected in (`None`: acting for it, never fenced).
+    client: (InstanceId, Option<u32>),
     nodes: Nodes,
     /// The next batch number to apply (numbers are per connection, from 1).
     next_batch: u64,
@@ -153,11 +158,18 @@ impl RedisConnection {
     /// answer may be failing over (a replacement instance is often built just then, its node
     /// having failed with a Redis primary): the slot map is read again, with growing pauses,
     /// for up to [`FAILOVER_WAIT`], as a batch does.
-    pub(crate) fn open(shared: Arc<Shared>, client: InstanceId) -> Result<RedisConnection, StoreError> {
+    /// With `epoch`, the connection is the instance's in that epoch, and fails once it is
+    /// fenced ([`Backend::fence`](sluice_store::Backend::fence)).
+    pub(crate) fn open(
+        shared: Arc<Shared>,
+        client: InstanceId,
+        epoch: Option<u32>,
+    ) -> Result<RedisConnection, StoreError> {
         let cluster = matches!(shared.cfg.mode, Mode::Cluster(_));
         let mut conn = RedisConnection {
             shared,
             client_arg: client.0.to_string().into_bytes(),
+            client: (client, epoch),
             nodes: Nodes::default(),
             next_batch: 1,
             held: BTreeMap::new(),
@@ -198,6 +210,7 @@ impl RedisConnection {
             .arg(0)
             .arg(&self.shared.cfg.prefix)
             .arg(self.client_arg.as_slice())
+            .arg(self.client.1.map(|e| e.to_string()).unwrap_or_default())
             .arg(if cluster { "1" } else { "0" })
             .arg(if drain { "1" } else { "0" })
             .arg(mode)
@@ -219,6 +232,11 @@ impl RedisConnection {
             Ok(v) => v,
             // A busy node did not run the call: sent again after a pause, as for a failover.
             Err(e) if moved(&e) || is_busy(&e) => return Ok(Err(())),
+            Err(e) if e.code() == Some(FENCED) => {
+                let (client, epoch) = (self.client.0, self.client.1.unwrap_or(0));
+                let lowest = e.detail().and_then(|d| d.trim().parse().ok()).unwrap_or(epoch.saturating_add(1));
+                return Err(StoreError::fenced(client, epoch, lowest));
+            }
             Err(e) => return Err(redis_err(e)),
         };
         let want = self.shared.cfg.replicas;

@@ -21,13 +21,15 @@
 --               (docs/decisions.md, "A replayed packet reads what its first run read"): hash
 --               <logid> -> n (absent) | v .. encoding | u (not kept); a few fields (the clocks
 --               not yet forgotten), so a small hash, cheaper to add to than a sorted set
+--   {P:b}F      fences: hash client -> the lowest epoch accepted from it (`sluice_fence`); written
+--               in every bucket of a node at once, so one bucket tells for the whole node
 --   {P:b}I      intents: hash client -> the tagged updates of the client's batch in progress, kept
 --               while the batch spans several calls (nodes) so that a replacement can finish a
 --               batch its failed predecessor left half applied (connection.rs, `IntentStep`)
 -- Every function is called with no declared keys and touches only buckets the caller says are
 -- on this node (flag allow-cross-slot-keys: a node may serve several buckets' slots).
 
-local VERSION = '4'
+local VERSION = '5'
 
 local function enc_list(elems)
   local parts = { '\1L', struct.pack('>I4', #elems) }
@@ -566,21 +568,32 @@ local function advance(h, thex, bound)
   end
 end
 
--- ARGV: prefix, client, probe (1: touch every bucket first), drain (1: return this client's
--- notifications), intent mode ('' | 'S': store the blob as the client's intent | 'C': clear
--- it), intent bucket, intent blob, nb, bucket ids..., then operations, each:
+-- ARGV: prefix, client, epoch ('': a connection acting for the client, never fenced), probe
+-- (1: touch every bucket first), drain (1: return this client's notifications), intent mode
+-- ('' | 'S': store the blob as the client's intent | 'C': clear it), intent bucket, intent
+-- blob, nb, bucket ids..., then operations, each:
 --   code, bucket, key, reply (1|0), logid ('' = untagged), clock, arguments...
 -- Returns { results, notes }; a result is { index, 'o', result [, ts] } | { index, 'r', result }
 -- | { index, 'n' } (code 'L', the logged result of the tag's update: none logged)
 -- | { index, 'e', code, a, b } | { index, 'f', encoding, version [, logged flags] }
 -- (execution stops there: the client applies the operation and sends a conditional write).
+-- A fenced client's call fails with SLUICE_FENCED <lowest epoch>, before it changes anything.
 local function exec(_keys, a)
-  local P, client = a[1], a[2]
-  local probe, drain = a[3] == '1', a[4] == '1'
-  local nb = tonumber(a[8])
+  local P, client, epoch = a[1], a[2], a[3]
+  local probe, drain = a[4] == '1', a[5] == '1'
+  local nb = tonumber(a[9])
   local tags = {}
   for j = 1, nb do
-    tags[j] = '{' .. P .. ':' .. a[8 + j] .. '}'
+    tags[j] = '{' .. P .. ':' .. a[9 + j] .. '}'
+  end
+  if epoch ~= '' then
+    -- Every bucket of a node is fenced in one call: the first of this call's (or the
+    -- intent's, when it names none) tells for them all.
+    local h = tags[1] or ('{' .. P .. ':' .. a[7] .. '}')
+    local lowest = redis.call('HGET', h .. 'F', client)
+    if lowest and tonumber(lowest) > tonumber(epoch) then
+      return redis.error_reply('SLUICE_FENCED ' .. lowest)
+    end
   end
   if probe then
     -- Fail (on a bucket moved to another node) before changing anything.
@@ -589,13 +602,13 @@ local function exec(_keys, a)
     end
   end
   -- The intent is stored in the same atomic call as the first of the batch's operations.
-  if a[5] == 'S' then
-    redis.call('HSET', '{' .. P .. ':' .. a[6] .. '}I', client, a[7])
-  elseif a[5] == 'C' then
-    redis.call('HDEL', '{' .. P .. ':' .. a[6] .. '}I', client)
+  if a[6] == 'S' then
+    redis.call('HSET', '{' .. P .. ':' .. a[7] .. '}I', client, a[8])
+  elseif a[6] == 'C' then
+    redis.call('HDEL', '{' .. P .. ':' .. a[7] .. '}I', client)
   end
   local results = {}
-  local i = 9 + nb
+  local i = 10 + nb
   local idx = 0
   local n = #a
   while i <= n do
@@ -704,9 +717,25 @@ local function exec(_keys, a)
   return { results, notes }
 end
 
+-- ARGV: prefix, nb, bucket ids... (every bucket this node serves), client, epoch. Fences the
+-- client below epoch in each bucket (a lower epoch than one already there changes nothing).
+local function fence(_keys, a)
+  local P, nb = a[1], tonumber(a[2])
+  local client, epoch = a[3 + nb], tonumber(a[4 + nb])
+  for j = 1, nb do
+    local h = '{' .. P .. ':' .. a[2 + j] .. '}F'
+    local lowest = redis.call('HGET', h, client)
+    if not lowest or tonumber(lowest) < epoch then
+      redis.call('HSET', h, client, epoch)
+    end
+  end
+  return 'OK'
+end
+
 local function version(_keys, _a)
   return VERSION
 end
 
 redis.register_function { function_name = 'sluice_exec', callback = exec, flags = { 'allow-cross-slot-keys' } }
+redis.register_function { function_name = 'sluice_fence', callback = fence, flags = { 'allow-cross-slot-keys' } }
 redis.register_function { function_name = 'sluice_version', callback = version, flags = { 'no-writes' } }

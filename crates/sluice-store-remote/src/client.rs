@@ -121,6 +121,7 @@ impl Link {
         match read_frame::<Welcome>(&mut link.reader, &mut link.buf).map_err(frame_err(&url.addr))? {
             Welcome::Accepted(name) => Ok((link, name)),
             Welcome::Refused(why) => Err(StoreError::Protocol(format!("the store server {} refused: {why}", url.addr))),
+            Welcome::Failed(e) => Err(e),
         }
     }
 
@@ -216,7 +217,18 @@ impl Backend for RemoteBackend {
     }
 
     fn connect(&self, client: InstanceId) -> Result<Box<dyn Connection>, StoreError> {
-        Ok(Box::new(RemoteConnection::open(&self.url, client)?))
+        Ok(Box::new(RemoteConnection::open(&self.url, Role::Instance(client))?))
+    }
+
+    fn connect_at(&self, client: InstanceId, epoch: u32) -> Result<Box<dyn Connection>, StoreError> {
+        Ok(Box::new(RemoteConnection::open(&self.url, Role::InstanceAt(client, epoch))?))
+    }
+
+    fn fence(&self, instance: InstanceId, epoch: u32) -> Result<(), StoreError> {
+        match self.ask(&AdminRequest::Fence { instance, epoch }, |_| {})? {
+            AdminAnswer::Done => Ok(()),
+            a => Err(self.unexpected(a)),
+        }
     }
 
     fn checkpoint(&self) -> Result<Checkpoint, StoreError> {
@@ -298,8 +310,8 @@ struct RemoteConnection {
 }
 
 impl RemoteConnection {
-    fn open(url: &RemoteUrl, client: InstanceId) -> Result<RemoteConnection, StoreError> {
-        let (link, _) = Link::open(url, Role::Instance(client))?;
+    fn open(url: &RemoteUrl, role: Role) -> Result<RemoteConnection, StoreError> {
+        let (link, _) = Link::open(url, role)?;
         let Link { mut reader, writer, .. } = link;
         let inbox = Arc::new(Mutex::new(Inbox::default()));
         let collected = inbox.clone();

@@ -15,7 +15,7 @@ use std::io::{Read, Write};
 
 /// The protocol's version: a server refuses a client of another. 2: an update's number
 /// (`OpTag::seq`) is 32 bits.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// The largest frame either side accepts (a checkpoint of a big store is the largest message).
 pub const MAX_FRAME: usize = 1 << 30;
@@ -59,6 +59,10 @@ pub enum Role {
     Instance(InstanceId),
     /// Administration: custom operations, checkpoints, takeovers, restore, wipe.
     Admin,
+    /// An NF instance's connection in an epoch: fenced once its replacement fences it
+    /// ([`Backend::fence`](sluice_store::Backend::fence)). [`Role::Instance`] acts for an
+    /// instance and is never fenced.
+    InstanceAt(InstanceId, u32),
 }
 
 /// The server's answer to a [`Hello`].
@@ -68,6 +72,8 @@ pub enum Welcome {
     Accepted(String),
     /// Refused, with the reason (wrong version or token, the store refusing the connection).
     Refused(String),
+    /// The store refused the instance's connection (it is fenced).
+    Failed(StoreError),
 }
 
 /// A batch an instance sends, as it goes out (borrowed) ...
@@ -134,6 +140,13 @@ pub enum AdminRequest {
     DropSpace,
     /// The clocks of the per-clock log with a tagged update of this vertex.
     ClocksUpdatedBy(u16),
+    /// Fence an instance below an epoch.
+    Fence {
+        /// The instance.
+        instance: InstanceId,
+        /// The lowest epoch accepted from now on.
+        epoch: u32,
+    },
 }
 
 /// An answer on an administration link.

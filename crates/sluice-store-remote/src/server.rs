@@ -226,9 +226,20 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<(), FrameError
     stream.set_read_timeout(None)?;
     let name = format!("{} (space `{}`)", backend.name(), hello.space);
     match hello.role {
-        Role::Instance(id) => {
-            let conn = match backend.connect(id) {
+        Role::Instance(_) | Role::InstanceAt(..) => {
+            let connected = match hello.role {
+                Role::InstanceAt(id, epoch) => backend.connect_at(id, epoch),
+                Role::Instance(id) => backend.connect(id),
+                Role::Admin => Err(StoreError::Protocol("not an instance".into())),
+            };
+            let conn = match connected {
                 Ok(c) => c,
+                Err(e @ StoreError::Fenced { .. }) => {
+                    shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+                    write_frame(&mut writer, &Welcome::Failed(e), &mut buf)?;
+                    writer.flush()?;
+                    return Ok(());
+                }
                 Err(e) => return refuse(e.to_string(), &mut writer, &mut buf),
             };
             shared.stats.instances.fetch_add(1, Ordering::Relaxed);
@@ -395,6 +406,7 @@ fn serve_admin(
             }
             AdminRequest::Restore(cp) => done(b.restore(&cp)),
             AdminRequest::Wipe => done(b.wipe()),
+            AdminRequest::Fence { instance, epoch } => done(b.fence(instance, epoch)),
             AdminRequest::DropSpace => {
                 let mut spaces = lock(&shared.spaces);
                 spaces.remove(space);

@@ -19,6 +19,28 @@ pub enum StoreError {
     /// A request was not answered in time.
     #[error("store did not answer within {0:?}")]
     Timeout(Duration),
+    /// The store refuses this connection's batches: its instance was failed over, and its
+    /// replacement fenced every connection of an earlier epoch ([`Backend::fence`]).
+    #[error(
+        "store refused instance {vertex}:{index} of epoch {epoch}: it was failed over and is fenced below epoch {fenced} (a replacement serves in its place)"
+    )]
+    Fenced {
+        /// The instance's vertex.
+        vertex: u16,
+        /// The instance's index in its vertex.
+        index: u16,
+        /// The epoch this connection was opened with.
+        epoch: u32,
+        /// The lowest epoch the store still accepts from the instance.
+        fenced: u32,
+    },
+}
+
+impl StoreError {
+    /// The refusal of instance `client`'s connection of `epoch`, fenced below `fenced`.
+    pub fn fenced(client: InstanceId, epoch: u32, fenced: u32) -> StoreError {
+        StoreError::Fenced { vertex: client.vertex(), index: client.index(), epoch, fenced }
+    }
 }
 
 /// One instance's connection. Requests go out in batches; replies and notifications are
@@ -95,8 +117,24 @@ pub trait Backend: Send + Sync {
     fn name(&self) -> String;
     /// Registers the custom operations of a vertex's NF (same list for every instance).
     fn register_custom_ops(&self, vertex: u16, ops: &[CustomOp]) -> Result<(), StoreError>;
-    /// Connects an instance.
+    /// Connects on behalf of `client` without an epoch: what acts for an instance rather than
+    /// being it (a store rebuild's replayer, a takeover's roll-forward, a claim made for it).
+    /// Such a connection is never fenced; an instance itself connects with
+    /// [`Backend::connect_at`].
     fn connect(&self, client: InstanceId) -> Result<Box<dyn Connection>, StoreError>;
+    /// Connects instance `client` in its `epoch` (0 for an instance started with the run; its
+    /// replacements count up). Once [`Backend::fence`] has fenced the instance below some
+    /// epoch, a connection of a lower one is refused, here and at its next batch
+    /// ([`StoreError::Fenced`]).
+    fn connect_at(&self, client: InstanceId, epoch: u32) -> Result<Box<dyn Connection>, StoreError>;
+    /// Fences instance `client` below `epoch` (a lower `epoch` than the store has changes
+    /// nothing): from the return on, the store applies no batch of a connection of `client`
+    /// opened with a lower epoch, and refuses it ([`StoreError::Fenced`]); every batch of such
+    /// a connection the store applies was applied before the return, entirely. What a failover
+    /// of an instance on another node asks first, before it reads what its predecessor did:
+    /// that node may be only paused or cut off and write on when it wakes (docs/decisions.md,
+    /// "Fencing a failed node at the store"). A store that is wiped forgets its fences.
+    fn fence(&self, client: InstanceId, epoch: u32) -> Result<(), StoreError>;
     /// Takes a checkpoint of all values and the TS vector.
     fn checkpoint(&self) -> Result<Checkpoint, StoreError>;
     /// The timers instance `owner` has armed on its vertex's keys, with their deadlines: what

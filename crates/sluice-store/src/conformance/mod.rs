@@ -6,7 +6,7 @@
 //! can generate one test per check.
 //!
 //! # Sharing one store
-//! Every check uses its own vertex ids (1001–1020, plus 1102 and 1106 as second vertices), so
+//! Every check uses its own vertex ids (1001–1034, plus 1102 and 1106 as second vertices), so
 //! checks never address each other's values. Keys and packet clocks are further made unique per
 //! run (derived from the wall clock and a process-wide counter, see [`fresh_base`]), so the suite
 //! can be run repeatedly against a store that is never emptied (a Redis server), without a
@@ -52,7 +52,7 @@ pub use exactly_once::{
     replayed_reads_as_of_their_clock, retransmit_applied_once, tagged_reads_not_logged,
     timer_updates_leave_a_packets_tags, timers_keep_their_own_tags,
 };
-pub use ownership::{owner_writes_logged, ownership_handover};
+pub use ownership::{fenced_instances_refused, owner_writes_logged, ownership_handover};
 pub use semantics::{ops_semantics, value_and_key_fidelity};
 pub use support::{fresh_base, least_loaded_incr, Rng, BASE_STRIDE, CUSTOM_OPS};
 pub use timers::{
@@ -115,7 +115,8 @@ macro_rules! conformance_tests {
                     checkpoint_timers, wipe_empties_store, tagged_reads_not_logged,
                     recorded_values_repeat, owner_writes_logged, timer_updates_leave_a_packets_tags,
                     timers_keep_their_own_tags, replayed_reads_as_of_their_clock,
-                    packets_without_updates_are_marked_processed, logged_results_told);
+                    packets_without_updates_are_marked_processed, logged_results_told,
+                    fenced_instances_refused);
             }
         )+
     };
@@ -171,5 +172,6 @@ pub fn all() -> Vec<(&'static str, Check)> {
         ("replayed_reads_as_of_their_clock", replayed_reads_as_of_their_clock),
         ("packets_without_updates_are_marked_processed", packets_without_updates_are_marked_processed),
         ("logged_results_told", logged_results_told),
+        ("fenced_instances_refused", fenced_instances_refused),
     ]
 }

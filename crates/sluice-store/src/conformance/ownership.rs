@@ -84,3 +84,50 @@ pub fn owner_writes_logged(b: &dyn Backend) -> Result<(), String> {
     a.ok(k, StoreOp::Release, None)?;
     Ok(())
 }
+
+/// A failed instance's connection is fenced by its replacement (`Backend::fence`): a batch it
+/// sends afterwards is refused (an error naming the fence) and none of it applied, on any of
+/// the keys it spans; it cannot connect again in its epoch; the replacement's epoch writes, a
+/// lower fence changes nothing, and a connection acting for the instance (no epoch) is not
+/// fenced. Epochs and the instance's index come from the wall clock, so the fences of earlier
+/// runs on a store never emptied are below this run's.
+pub fn fenced_instances_refused(b: &dyn Backend) -> Result<(), String> {
+    let v = 1034;
+    let base = fresh_base();
+    let id = InstanceId::new(v, ((base >> 16) & 0x3FF) as u16);
+    let old_epoch = (((base >> 20) % (1 << 28)) * 8) as u32;
+    let keys: Vec<_> = (0..8).map(|i| skey(v, 0, StateKey::Id(base + i))).collect();
+    let mut old = Raw::open_at(b, id, old_epoch)?;
+    for k in &keys {
+        old.state(*k, StateOp::Set(Value::Int(1)), None)?;
+    }
+    b.fence(id, old_epoch + 1).map_err(|e| format!("fence: {e}"))?;
+    let fenced = |what: &str, r: Result<(), String>| {
+        ensure(r.as_ref().is_err_and(|e| e.contains("fenced")), || {
+            format!("{what} of a fenced connection must fail naming the fence, got {r:?}")
+        })
+    };
+    // A batch over every key, answered: refused whole.
+    let batch: Vec<_> =
+        keys.iter().map(|k| old.req(*k, StoreOp::State(StateOp::Set(Value::Int(2))), None, true)).collect();
+    let last = batch.last().map_or(0, |r| r.id);
+    let sent = old.send(batch).and_then(|_| old.response(last).and_then(|r| r.result.map(|_| ())));
+    fenced("a batch", sent)?;
+    let mut admin = Raw::open(b, id)?;
+    for k in &keys {
+        let now = admin.get(*k)?;
+        ensure(now == Some(Value::Int(1)), || format!("a fenced batch was applied in part: {k:?} holds {now:?}"))?;
+    }
+    // Its epoch cannot connect again (refused at once, or at its first call).
+    let again = Raw::open_at(b, id, old_epoch).and_then(|mut c| c.get(keys[0]).map(|_| ()));
+    fenced("a new connection in the fenced epoch", again)?;
+    // The replacement's epoch writes; a lower fence does not undo it.
+    let mut new = Raw::open_at(b, id, old_epoch + 1)?;
+    new.state(keys[0], StateOp::Set(Value::Int(3)), None)?;
+    b.fence(id, old_epoch).map_err(|e| format!("a lower fence: {e}"))?;
+    new.state(keys[1], StateOp::Set(Value::Int(3)), None)?;
+    admin.state(keys[2], StateOp::Set(Value::Int(4)), None)?;
+    let now: Vec<_> = keys[..3].iter().map(|k| new.get(*k)).collect::<Result<_, _>>()?;
+    let want = [Some(Value::Int(3)), Some(Value::Int(3)), Some(Value::Int(4))];
+    ensure(now == want, || format!("the replacement's and the unfenced writes: {now:?}, want {want:?}"))
+}

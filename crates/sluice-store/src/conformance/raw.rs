@@ -24,7 +24,17 @@ pub(super) struct Raw {
 impl Raw {
     pub(super) fn open(b: &dyn Backend, client: InstanceId) -> Result<Raw, String> {
         let conn = b.connect(client).map_err(|e| format!("connect({client:?}): {e}"))?;
-        Ok(Raw { conn, client, next_id: 1, next_batch: 1, replies: Replies::default(), notes: Vec::new() })
+        Ok(Raw::of(conn, client))
+    }
+
+    /// The connection of instance `client` in `epoch` (fenced once its epoch is passed).
+    pub(super) fn open_at(b: &dyn Backend, client: InstanceId, epoch: u32) -> Result<Raw, String> {
+        let conn = b.connect_at(client, epoch).map_err(|e| format!("connect_at({client:?}, {epoch}): {e}"))?;
+        Ok(Raw::of(conn, client))
+    }
+
+    fn of(conn: Box<dyn Connection>, client: InstanceId) -> Raw {
+        Raw { conn, client, next_id: 1, next_batch: 1, replies: Replies::default(), notes: Vec::new() }
     }
 
     fn who(&self) -> String {

@@ -26,9 +26,25 @@ impl Connection for EmbeddedConnection {
         // until their updates are acknowledged: a paced chain's window waited), nor one of a
         // caller that parks instead of waiting here (a store server).
         let urgent = !self.lazy || self.waker_set || batch.iter().any(|r| r.reply);
-        for s in 0..n {
-            self.inner.post_to(s, Msg::Batch(batch.clone(), number, self.queues.clone()), urgent);
+        let post = |inner: &Inner| {
+            for s in 0..n {
+                inner.post_to(s, Msg::Batch(batch.clone(), number, self.queues.clone()), urgent);
+            }
+        };
+        let Some(epoch) = self.queues.epoch else {
+            post(&self.inner);
+            return Ok(());
+        };
+        // An instance's batch goes out whole or not at all: a fence waits for this lock.
+        let fenced = self.queues.fenced.lock().map_err(|_| StoreError::Unavailable("connection poisoned".into()))?;
+        if *fenced {
+            self.parts.remove(&number);
+            drop(fenced);
+            let lowest = self.inner.fences.lock().ok().and_then(|f| f.get(&self.queues.id).map(|f| f.lowest));
+            return Err(StoreError::fenced(self.queues.id, epoch, lowest.unwrap_or(epoch.saturating_add(1))));
         }
+        post(&self.inner);
+        drop(fenced);
         Ok(())
     }
 

@@ -64,6 +64,12 @@ struct ClientQueues {
     /// The thread blocked in `wait`, if any.
     waiter: Mutex<Option<Thread>>,
     waiting: AtomicBool,
+    /// The instance's epoch, if it connected as the instance ([`Backend::connect_at`]).
+    epoch: Option<u32>,
+    /// Whether it is fenced ([`Backend::fence`]). Held while a batch is posted to the shards,
+    /// so that a fence falls between two batches, never inside one: each batch goes to every
+    /// shard or to none.
+    fenced: Mutex<bool>,
 }
 
 impl ClientQueues {
@@ -89,6 +95,8 @@ enum Msg {
     /// read; `None` ends them.
     Scan(Scan, TakeoverParts),
     Restore(Restore, mpsc::Sender<()>),
+    /// Answer once everything posted before has been applied (a fence waits for it).
+    Barrier(mpsc::Sender<()>),
     /// Forget everything, as a freshly started store would.
     Wipe(mpsc::Sender<()>),
     Stop,
@@ -320,6 +328,9 @@ fn shard_loop(
                 }
                 let _ = tx.send(());
             }
+            Msg::Barrier(tx) => {
+                let _ = tx.send(());
+            }
             Msg::Wipe(tx) => {
                 // A replaced store process starts from nothing: values, metadata, log, TS
                 // vector, packet time, custom ops, known clients and batch sequences alike.
@@ -341,6 +352,16 @@ struct Inner {
     shards: Vec<ShardHandle>,
     hasher: ahash::RandomState,
     stop: Arc<AtomicBool>,
+    /// Per instance: the lowest epoch accepted and its connections opened with an epoch.
+    /// Touched by connects and fences only, never on the data path.
+    fences: Mutex<Map<InstanceId, Fences>>,
+}
+
+/// One instance's fence and connections.
+#[derive(Default)]
+struct Fences {
+    lowest: u32,
+    connections: Vec<std::sync::Weak<ClientQueues>>,
 }
 
 impl Inner {
@@ -469,7 +490,45 @@ impl EmbeddedStore {
                 .map_err(|e| StoreError::Unavailable(format!("cannot start store thread: {e}")))?;
             shards.push(ShardHandle { queue, doze, thread: Some(thread) });
         }
-        Ok(EmbeddedStore { inner: Arc::new(Inner { shards, hasher, stop }) })
+        let fences = Mutex::new(Map::default());
+        Ok(EmbeddedStore { inner: Arc::new(Inner { shards, hasher, stop, fences }) })
+    }
+}
+
+/// A poisoned lock of the store's fences (a thread panicked holding it).
+fn poisoned() -> StoreError {
+    StoreError::Unavailable("the store's fence table is poisoned".into())
+}
+
+impl EmbeddedStore {
+    /// A connection of `client`, as the instance in `epoch` or (`None`) acting for it.
+    fn open(&self, client: InstanceId, epoch: Option<u32>) -> Result<Box<dyn Connection>, StoreError> {
+        let queues = Arc::new(ClientQueues {
+            id: client,
+            conn: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
+            replies: SegQueue::new(),
+            notifications: SegQueue::new(),
+            waiter: Mutex::new(None),
+            waiting: AtomicBool::new(false),
+            epoch,
+            fenced: Mutex::new(false),
+        });
+        if let Some(epoch) = epoch {
+            let mut fences = self.inner.fences.lock().map_err(|_| poisoned())?;
+            let f = fences.entry(client).or_default();
+            if epoch < f.lowest {
+                return Err(StoreError::fenced(client, epoch, f.lowest));
+            }
+            f.connections.retain(|c| c.strong_count() > 0);
+            f.connections.push(Arc::downgrade(&queues));
+        }
+        Ok(Box::new(EmbeddedConnection {
+            inner: self.inner.clone(),
+            queues,
+            parts: Map::default(),
+            waker_set: false,
+            lazy: false,
+        }))
     }
 }
 
@@ -486,21 +545,30 @@ impl Backend for EmbeddedStore {
     }
 
     fn connect(&self, client: InstanceId) -> Result<Box<dyn Connection>, StoreError> {
-        let queues = Arc::new(ClientQueues {
-            id: client,
-            conn: NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
-            replies: SegQueue::new(),
-            notifications: SegQueue::new(),
-            waiter: Mutex::new(None),
-            waiting: AtomicBool::new(false),
-        });
-        Ok(Box::new(EmbeddedConnection {
-            inner: self.inner.clone(),
-            queues,
-            parts: Map::default(),
-            waker_set: false,
-            lazy: false,
-        }))
+        self.open(client, None)
+    }
+
+    fn connect_at(&self, client: InstanceId, epoch: u32) -> Result<Box<dyn Connection>, StoreError> {
+        self.open(client, Some(epoch))
+    }
+
+    fn fence(&self, client: InstanceId, epoch: u32) -> Result<(), StoreError> {
+        {
+            let mut fences = self.inner.fences.lock().map_err(|_| poisoned())?;
+            let f = fences.entry(client).or_default();
+            f.lowest = f.lowest.max(epoch);
+            let lowest = f.lowest;
+            f.connections.retain(|c| c.strong_count() > 0);
+            for q in f.connections.iter().filter_map(std::sync::Weak::upgrade) {
+                if q.epoch.is_some_and(|e| e < lowest) {
+                    // Waits for a batch being posted: it goes out whole, before the fence.
+                    *q.fenced.lock().map_err(|_| poisoned())? = true;
+                }
+            }
+        }
+        // What was posted before is applied before the fence returns.
+        self.inner.ask_every_shard(|_, tx| Msg::Barrier(tx))?;
+        Ok(())
     }
 
     fn checkpoint(&self) -> Result<Checkpoint, StoreError> {
@@ -584,6 +652,8 @@ impl Backend for EmbeddedStore {
 
     fn wipe(&self) -> Result<(), StoreError> {
         self.inner.ask_every_shard(|_, tx| Msg::Wipe(tx))?;
+        // A replaced store process knows no fences either.
+        self.inner.fences.lock().map_err(|_| poisoned())?.clear();
         Ok(())
     }
 }
