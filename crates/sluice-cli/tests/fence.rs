@@ -1,12 +1,15 @@
 //! A node that was only slow, not dead: paused (SIGSTOP) past the spread's silence limit, it is
 //! declared failed and fenced by the root's node, whose replacement serves its instances; woken
 //! again (SIGCONT), it stops with an error that says it was fenced, and the run's output is the
-//! one-process output. A stall of every node at once (a paused virtual machine) fails nothing
+//! one-process output; the store, told by the failover, refuses the paused node's instance
+//! (whatever it still had to send when it woke). A stall of every node at once (a paused virtual machine) fails nothing
 //! over: the time a node was not running itself does not count as the others' silence.
 
 mod common;
 
 use common::{one_process, repo, sluice_within, sorted_frames, spread_file_with, text};
+use sluice_packet::InstanceId;
+use sluice_store::{Backend, StoreError};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -47,8 +50,17 @@ fn a_node_paused_past_the_silence_limit_is_fenced_and_says_so() {
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).expect("report")).expect("JSON");
     assert_eq!(report["link"]["failed_nodes"], serde_json::json!(["b"]), "{}", report["link"]);
     assert_eq!(report["failovers"][0]["vertex"], "nat", "{}", report["failovers"]);
+    // The store refuses the failed node's NAT instance (vertex 0, instance 0, started in
+    // epoch 0): its replacement fenced it before reading what it had done.
+    let served = sluice_store_remote::RemoteBackend::connect(&store.url).expect("the served store");
+    let nat = InstanceId::new(0, 0);
+    let refused = served.connect_at(nat, 0).err();
+    assert!(matches!(refused, Some(StoreError::Fenced { fenced, .. }) if fenced > 0), "{refused:?}");
+    assert!(served.connect_at(nat, u32::MAX).is_ok(), "a later epoch connects");
 
-    // Woken, b hears the fence and stops with an error naming it.
+    // Woken, b hears the fence and stops with an error naming it: from the root's node, or
+    // from the store, which refuses what b's workers send first (a flush of the batch they
+    // had built when b was paused, most runs).
     let status = common::ended_within(&mut b, Duration::from_secs(30));
     let mut err = String::new();
     if let Some(mut e) = b.stderr.take() {
@@ -56,7 +68,8 @@ fn a_node_paused_past_the_silence_limit_is_fenced_and_says_so() {
         let _ = e.read_to_string(&mut err);
     }
     assert!(!status.success(), "a fenced node does not end well: {err}");
-    assert!(err.contains("declared this node failed") && err.contains("fenced"), "{err}");
+    let told = err.contains("declared this node failed") || err.contains("store refused instance");
+    assert!(told && err.contains("fenced"), "{err}");
 
     let one = dir.path().join("one.pcap");
     one_process(&one, &[]);

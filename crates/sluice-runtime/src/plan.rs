@@ -201,6 +201,10 @@ pub struct Rebuilder {
     /// Per vertex, the table of timers on shared keys its instances use
     /// ([`Rebuilder::share_vertex_timers`]).
     vertex_timers: Option<Arc<[sluice_store::VertexTimers]>>,
+    /// The epoch of the next instance built ([`ClientConfig::epoch`]), shared by the clones:
+    /// instances started with the run are in epoch 0, every one built later in an epoch of its
+    /// own, so that a replacement's is above its predecessor's.
+    next_epoch: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Rebuilder {
@@ -220,6 +224,7 @@ impl Rebuilder {
             labels,
             state: state.clone(),
             vertex_timers: None,
+            next_epoch: Arc::new(std::sync::atomic::AtomicU32::new(1)),
         }
     }
 
@@ -278,17 +283,24 @@ impl Rebuilder {
     /// its own. Call it once the predecessor's store answers have settled. The replacement must
     /// not process a packet before [`RecoveryReading::finish`] gave it what was read; meanwhile the
     /// root replays towards it (docs/decisions.md, "Instance failover in threads" point 13).
-    /// No reading without a store.
+    /// No reading without a store. With `fence` (the predecessor ran in another process, which
+    /// may only be paused or cut off), the store is first told to refuse the predecessor's
+    /// connections ([`Backend::fence`]), before anything of what it did is read.
     pub fn replacement_reading(
         &self,
         vertex: usize,
         index: u16,
         instances: u16,
         values: bool,
+        fence: bool,
     ) -> Result<(Instance, Option<RecoveryReading>), PlanError> {
         let mut inst = self.added(vertex, index, instances)?;
+        let epoch = store_client(&mut inst).map(|c| c.epoch());
         let Some((backend, _, objects)) = self.flows_request(&mut inst) else { return Ok((inst, None)) };
         let owner = inst.id();
+        if let (true, Some(epoch)) = (fence, epoch) {
+            backend.fence(owner, epoch).map_err(|e| PlanError::Store(format!("fencing the failed instance: {e}")))?;
+        }
         let (parts, parts_rx) = std::sync::mpsc::channel();
         let (outcome, outcome_rx) = std::sync::mpsc::channel();
         let at_once = backend.takeover_returns_at_once();
@@ -331,7 +343,9 @@ impl Rebuilder {
     pub fn added(&self, vertex: usize, index: u16, instances: u16) -> Result<Instance, PlanError> {
         let state = match &self.state {
             StateConfig::Store { backend, client } => {
-                StateConfig::Store { backend: backend.clone(), client: ClientConfig { fresh: false, ..client.clone() } }
+                let epoch = self.next_epoch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let client = ClientConfig { fresh: false, epoch, ..client.clone() };
+                StateConfig::Store { backend: backend.clone(), client }
             }
             StateConfig::Local => StateConfig::Local,
         };
@@ -704,7 +718,7 @@ fn state_handle(
     Ok(match state {
         StateConfig::Local => Box::new(LocalState::new(nf.state_objects(), nf.custom_ops())),
         StateConfig::Store { backend, client } => {
-            let conn = backend.connect(id).map_err(|e| PlanError::Store(e.to_string()))?;
+            let conn = backend.connect_at(id, client.epoch).map_err(|e| PlanError::Store(e.to_string()))?;
             let mut c = StoreClient::new(conn, id, id.vertex(), nf.state_objects(), nf.custom_ops(), client.clone());
             // A single instance is the only user of its vertex's shared objects, so it may
             // cache them (CHC Table 1: "cache while no other instance uses it").

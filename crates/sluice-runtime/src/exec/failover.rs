@@ -425,13 +425,17 @@ fn crash(shared: &Shared, fo: &Failover, slot: &mut Slot, out: &mut Outgoing) {
     // next packet (docs/decisions.md, "Instance failover in threads" point 10). That read and
     // its predecessor's timers arrive while the root replays (point 13).
     let values = instances == 1 && shared.scaling.is_none();
-    let (replacement, reading) = match fo.rebuilder.replacement_reading(vertex, id.index(), instances, values) {
-        Ok(r) => r,
-        Err(e) => {
-            slot.errors.push(format!("building the replacement of {}:{}: {e}", slot.inst.vertex(), id.index()));
-            return;
-        }
-    };
+    // Its predecessor ran on another node, which may only be paused or cut off and write on:
+    // the store refuses it from now on (docs/decisions.md, "Fencing a failed node at the store").
+    let elsewhere = fo.lost_elsewhere.lock().is_ok_and(|far| far.iter().any(|l| l.globals.contains(&slot.global)));
+    let (replacement, reading) =
+        match fo.rebuilder.replacement_reading(vertex, id.index(), instances, values, elsewhere) {
+            Ok(r) => r,
+            Err(e) => {
+                slot.errors.push(format!("building the replacement of {}:{}: {e}", slot.inst.vertex(), id.index()));
+                return;
+            }
+        };
     let (mut lost, mut predecessor) = take_lost(shared, fo, slot);
     // An instance whose node failed: what the predecessor processed is read from the store,
     // and the last of the node's instances to crash reports the copies lost with it.

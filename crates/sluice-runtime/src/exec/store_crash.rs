@@ -189,7 +189,7 @@ pub(super) fn hold_if_asked(shared: &Shared, slots: &mut [Slot], seen: &mut u64)
         }
         let reconnected = sc
             .backend
-            .connect(id)
+            .connect_at(id, c.epoch())
             .map_err(|e| e.to_string())
             .and_then(|conn| c.reconnect(conn).map_err(|e| e.to_string()));
         if let Err(e) = reconnected {

@@ -69,6 +69,12 @@ pub struct ClientConfig {
     /// that only read state, run again there against state later packets changed, could take
     /// another path (docs/decisions.md, "What a replacement of another node's instance skips").
     pub mark_processed: bool,
+    /// The epoch the instance connects in
+    /// ([`Backend::connect_at`](crate::Backend::connect_at)): 0 for an instance started with
+    /// the run; a replacement is given a higher one, so that it can fence its predecessor
+    /// ([`Backend::fence`](crate::Backend::fence)) and the store refuses what the predecessor
+    /// still sends.
+    pub epoch: u32,
 }
 
 /// The object index under which [`StateHandle::record`](sluice_state::StateHandle::record)
@@ -100,6 +106,7 @@ impl Default for ClientConfig {
             commits: true,
             record_nondeterminism: false,
             mark_processed: false,
+            epoch: 0,
         }
     }
 }

@@ -152,6 +152,12 @@ impl StoreClient {
         self.id
     }
 
+    /// The epoch it connects in ([`ClientConfig::epoch`]): a connection to a rebuilt store is
+    /// opened in it again.
+    pub fn epoch(&self) -> u32 {
+        self.cfg.epoch
+    }
+
     /// What the client did so far.
     pub fn stats(&self) -> ClientStats {
         self.stats
