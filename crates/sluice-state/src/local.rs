@@ -97,16 +97,20 @@ impl Timers {
     /// that whoever arms them next in that order fires ties as this table would have. One
     /// pass over the armed timers; their heap entries are left to be skipped when they surface.
     pub fn take_where(&mut self, take: impl Fn(&StateKey) -> bool) -> Vec<(ObjectId, StateKey, u64)> {
-        let mut taken: Vec<(u64, u64, ObjectId, StateKey)> = Vec::new();
+        let mut taken: Vec<(ObjectId, StateKey, u64)> = Vec::new();
+        let mut order: Vec<(u64, u64, u32)> = Vec::new();
         self.armed.retain(|(o, k), a| {
             if take(k) {
-                taken.push((a.deadline, a.seq, *o, *k));
+                order.push((a.deadline, a.seq, taken.len() as u32));
+                taken.push((*o, *k, a.deadline));
                 return false;
             }
             true
         });
-        taken.sort_unstable_by_key(|&(deadline, seq, ..)| (deadline, seq));
-        taken.into_iter().map(|(deadline, _, o, k)| (o, k, deadline)).collect()
+        // Sorted by (deadline, seq) alone, unique per timer: an entry with its key is several
+        // times larger, and moving it was a third of a 9,000-timer move's hand-over.
+        order.sort_unstable();
+        order.into_iter().filter_map(|(.., i)| taken.get(i as usize).copied()).collect()
     }
 
     /// Number of armed timers.

@@ -259,16 +259,28 @@ fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, change: u64) {
     });
     // Grouped by the instance that takes them, in the order given (each list locked once).
     let mut to_each: Vec<(usize, Vec<super::Timer>)> = Vec::new();
-    for (o, k, deadline) in timers.unwrap_or_default() {
+    let timers = timers.unwrap_or_default();
+    let given = timers.len();
+    for (o, k, deadline) in timers {
         let Some(to) = split_key_of_state(&k, &vp.split).and_then(|sk| after.owner(sk)).or(first) else { continue };
         match to_each.iter_mut().find(|(g, _)| *g == to) {
             Some((_, list)) => list.push((o, k, deadline)),
-            None => to_each.push((to, vec![(o, k, deadline)])),
+            None => {
+                // Most moves give everything to one instance: room for it all at once.
+                let mut list = Vec::with_capacity(given - to_each.iter().map(|(_, l)| l.len()).sum::<usize>());
+                list.push((o, k, deadline));
+                to_each.push((to, list));
+            }
         }
     }
     for (to, list) in to_each {
         if let Some(mut t) = sc.timers.get(to).and_then(|t| t.lock().ok()) {
-            t.extend(list);
+            if t.is_empty() {
+                // The usual case (the taker had adopted what it was given before): no copy.
+                *t = list;
+            } else {
+                t.extend(list);
+            }
         }
     }
     if gives_nothing {
