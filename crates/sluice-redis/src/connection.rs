@@ -76,6 +76,9 @@ pub(crate) struct RedisConnection {
     intent_bucket: u16,
     /// What the batch being applied still has to do with its intent.
     intent: Option<IntentStep>,
+    /// The fence that refused a call, once one did: the connection stays refused (a store
+    /// wiped since would no longer know the fence).
+    fenced: Option<StoreError>,
 }
 
 /// A batch applied in several calls (over several nodes, or stopping at an operation the
@@ -178,6 +181,7 @@ impl RedisConnection {
             notes: Vec::new(),
             intent_bucket: 0,
             intent: None,
+            fenced: None,
         };
         conn.intent_bucket = conn.shared.bucket_of(&conn.client_arg);
         let mut settling = Settling::new();
@@ -203,6 +207,9 @@ impl RedisConnection {
         drain: bool,
         intent: Option<&IntentStep>,
     ) -> Result<Result<redis::Value, ()>, StoreError> {
+        if let Some(e) = &self.fenced {
+            return Err(e.clone());
+        }
         let cluster = matches!(self.shared.cfg.mode, Mode::Cluster(_));
         let (mode, blob) = intent.map_or(("", &[][..]), IntentStep::args);
         let mut cmd = redis::cmd("FCALL");
@@ -235,7 +242,9 @@ impl RedisConnection {
             Err(e) if e.code() == Some(FENCED) => {
                 let (client, epoch) = (self.client.0, self.client.1.unwrap_or(0));
                 let lowest = e.detail().and_then(|d| d.trim().parse().ok()).unwrap_or(epoch.saturating_add(1));
-                return Err(StoreError::fenced(client, epoch, lowest));
+                let fenced = StoreError::fenced(client, epoch, lowest);
+                self.fenced = Some(fenced.clone());
+                return Err(fenced);
             }
             Err(e) => return Err(redis_err(e)),
         };
