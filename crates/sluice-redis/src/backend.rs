@@ -7,7 +7,7 @@ use crate::connection::RedisConnection;
 use crate::io_thread::ThreadedConnection;
 use crate::reply::{
     array, bytes, codec_err, decode_whole_key, invalid, is_busy, is_connection_error, is_passing_text,
-    is_topology_text, number, redis_err, text, ts_of,
+    is_topology_error, is_topology_text, number, redis_err, text, ts_of,
 };
 use crate::request::hex16;
 use crate::topology::{lock_mutex, write_lock, Nodes, Settling, Shared, Topology};
@@ -220,17 +220,32 @@ impl Backend for RedisBackend {
     }
 
     /// One call per node, writing the fence in every bucket it serves: a call of the fenced
-    /// connection that runs after it is refused on that node, whichever buckets it names.
+    /// connection that runs after it is refused on that node, whichever buckets it names. In
+    /// a cluster, a node that does not answer or no longer serves its slots (a primary killed
+    /// with the node whose instance is fenced) is waited for as a batch waits for a replica
+    /// to take over ([`Settling`], not the admin calls' few seconds), and the fence written
+    /// again over the new slot map (a fence already written changes nothing).
     fn fence(&self, client: InstanceId, epoch: u32) -> Result<(), StoreError> {
-        self.with_admin(|shared, nodes| {
+        let shared = &self.shared;
+        let cluster = matches!(shared.cfg.mode, Mode::Cluster(_));
+        let nodes = &mut *lock_mutex(&shared.admin);
+        let mut settling = Settling::new();
+        loop {
             let topo = shared.topology();
-            for (n, url) in topo.nodes.iter().enumerate() {
+            let failed = topo.nodes.iter().enumerate().find_map(|(n, url)| {
                 let mut cmd = bucket_fcall("sluice_fence", &shared.cfg.prefix, &topo.buckets_of(n));
                 cmd.arg(client.0).arg(epoch);
-                nodes.query(url, &cmd).map_err(redis_err)?;
+                nodes.query(url, &cmd).err()
+            });
+            match failed {
+                None => return Ok(()),
+                Some(e) if is_busy(&e) || (cluster && (is_topology_error(&e) || is_connection_error(&e))) => {
+                    tracing::debug!(error = %e, "fencing: a node is busy or failing over; trying again");
+                    settling.again(shared, nodes).map_err(|_| redis_err(e))?;
+                }
+                Some(e) => return Err(redis_err(e)),
             }
-            Ok(())
-        })
+        }
     }
 
     fn checkpoint(&self) -> Result<Checkpoint, StoreError> {
