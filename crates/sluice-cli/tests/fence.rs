@@ -9,16 +9,32 @@ mod common;
 
 use common::{one_process, repo, sluice_within, sorted_frames, spread_file_with, text};
 use sluice_packet::InstanceId;
-use sluice_store::{Backend, StoreError};
+use sluice_state::{StateKey, StateOp};
+use sluice_store::{Backend, Replies, Request, StoreError, StoreKey, StoreOp};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 #[test]
 fn a_node_paused_past_the_silence_limit_is_fenced_and_says_so() {
-    let dir = tempfile::tempdir().expect("temp dir");
     let store = common::served_store();
+    paused_node_fenced(&store.url, &|| {
+        Box::new(sluice_store_remote::RemoteBackend::connect(&store.url).expect("store"))
+    });
+}
+
+#[test]
+fn a_node_paused_past_the_silence_limit_is_fenced_in_a_redis_cluster() {
+    let store = common::redis_cluster_store("fence");
+    paused_node_fenced(&store, &|| Box::new(sluice_redis::RedisBackend::connect(&store).expect("Redis Cluster")));
+}
+
+/// Node b (the NAT) paused past the silence limit of a paced run on `store` and woken: failed
+/// over, fenced at the store (`backend` reaches it after the run), told so, and the output is
+/// the one-process output.
+fn paused_node_fenced(store: &str, backend: &dyn Fn() -> Box<dyn Backend>) {
+    let dir = tempfile::tempdir().expect("temp dir");
     let spread = spread_file_with(dir.path(), 2, &[("nat", "b")], "silence_ms: 300\n");
-    let ft = ["--fault-tolerance", "--mode", "async", "--store", &store.url, "-w", "1", "-q", "--no-pin"];
+    let ft = ["--fault-tolerance", "--mode", "async", "--store", store, "-w", "1", "-q", "--no-pin"];
     let mut b = Command::new(env!("CARGO_BIN_EXE_sluice"))
         .current_dir(repo(""))
         .args(["run", "-c", "chains/example.yaml", "--spread"])
@@ -52,11 +68,11 @@ fn a_node_paused_past_the_silence_limit_is_fenced_and_says_so() {
     assert_eq!(report["failovers"][0]["vertex"], "nat", "{}", report["failovers"]);
     // The store refuses the failed node's NAT instance (vertex 0, instance 0, started in
     // epoch 0): its replacement fenced it before reading what it had done.
-    let served = sluice_store_remote::RemoteBackend::connect(&store.url).expect("the served store");
+    let store = backend();
     let nat = InstanceId::new(0, 0);
-    let refused = served.connect_at(nat, 0).err();
+    let refused = refusal(&*store, nat, 0);
     assert!(matches!(refused, Some(StoreError::Fenced { fenced, .. }) if fenced > 0), "{refused:?}");
-    assert!(served.connect_at(nat, u32::MAX).is_ok(), "a later epoch connects");
+    assert_eq!(refusal(&*store, nat, u32::MAX), None, "a later epoch is served");
 
     // Woken, b hears the fence and stops with an error naming it: from the root's node, or
     // from the store, which refuses what b's workers send first (a flush of the batch they
@@ -74,6 +90,29 @@ fn a_node_paused_past_the_silence_limit_is_fenced_and_says_so() {
     let one = dir.path().join("one.pcap");
     one_process(&one, &[]);
     assert!(sorted_frames(&out) == sorted_frames(&one), "the output after the fence differs from one process's");
+}
+
+/// What the store says to instance `id` connecting in `epoch` and asking for a value: `None`
+/// if it answers (a store may refuse at the connect or at the first call).
+fn refusal(store: &dyn Backend, id: InstanceId, epoch: u32) -> Option<StoreError> {
+    let mut conn = match store.connect_at(id, epoch) {
+        Ok(c) => c,
+        Err(e) => return Some(e),
+    };
+    let key = StoreKey { vertex: id.vertex(), object: 0, key: StateKey::Unit };
+    let get = Request { id: 1, client: id, tag: None, key, op: StoreOp::State(StateOp::Get), reply: true };
+    if let Err(e) = conn.send(1, vec![get].into()) {
+        return Some(e);
+    }
+    let mut replies = Replies::default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while replies.responses.is_empty() && std::time::Instant::now() < deadline {
+        if let Err(e) = conn.wait(&mut replies, Duration::from_millis(100)) {
+            return Some(e);
+        }
+    }
+    assert!(!replies.responses.is_empty(), "the store neither answered nor refused");
+    None
 }
 
 #[test]
