@@ -261,8 +261,15 @@ fn settle(shared: &Shared, sc: &Scaling, slot: &mut Slot, change: u64) {
     let mut to_each: Vec<(usize, Vec<super::Timer>)> = Vec::new();
     let timers = timers.unwrap_or_default();
     let given = timers.len();
+    // With one other member, every timer given up is its own: no flow to look up again.
+    let mut others = after.members().filter(|m| *m != me);
+    let only = match (others.next(), others.next()) {
+        (Some(other), None) => Some(other),
+        _ => None,
+    };
     for (o, k, deadline) in timers {
-        let Some(to) = split_key_of_state(&k, &vp.split).and_then(|sk| after.owner(sk)).or(first) else { continue };
+        let owner = || split_key_of_state(&k, &vp.split).and_then(|sk| after.owner(sk)).or(first);
+        let Some(to) = only.or_else(owner) else { continue };
         match to_each.iter_mut().find(|(g, _)| *g == to) {
             Some((_, list)) => list.push((o, k, deadline)),
             None => {
