@@ -225,13 +225,13 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<(), FrameError
     };
     stream.set_read_timeout(None)?;
     let name = format!("{} (space `{}`)", backend.name(), hello.space);
-    match hello.role {
-        Role::Instance(_) | Role::InstanceAt(..) => {
-            let connected = match hello.role {
-                Role::InstanceAt(id, epoch) => backend.connect_at(id, epoch),
-                Role::Instance(id) => backend.connect(id),
-                Role::Admin => Err(StoreError::Protocol("not an instance".into())),
-            };
+    let instance = match hello.role {
+        Role::Instance(id) => Some(backend.connect(id)),
+        Role::InstanceAt(id, epoch) => Some(backend.connect_at(id, epoch)),
+        Role::Admin => None,
+    };
+    match instance {
+        Some(connected) => {
             let conn = match connected {
                 Ok(c) => c,
                 Err(e @ StoreError::Fenced { .. }) => {
@@ -247,7 +247,7 @@ fn serve_connection(stream: TcpStream, shared: &Shared) -> Result<(), FrameError
             writer.flush()?;
             serve_instance(conn, reader, writer, shared)
         }
-        Role::Admin => {
+        None => {
             shared.stats.admins.fetch_add(1, Ordering::Relaxed);
             write_frame(&mut writer, &Welcome::Accepted(name), &mut buf)?;
             writer.flush()?;

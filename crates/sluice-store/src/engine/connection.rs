@@ -37,11 +37,9 @@ impl Connection for EmbeddedConnection {
         };
         // An instance's batch goes out whole or not at all: a fence waits for this lock.
         let fenced = self.queues.fenced.lock().map_err(|_| StoreError::Unavailable("connection poisoned".into()))?;
-        if *fenced {
+        if let Some(lowest) = *fenced {
             self.parts.remove(&number);
-            drop(fenced);
-            let lowest = self.inner.fences.lock().ok().and_then(|f| f.get(&self.queues.id).map(|f| f.lowest));
-            return Err(StoreError::fenced(self.queues.id, epoch, lowest.unwrap_or(epoch.saturating_add(1))));
+            return Err(StoreError::fenced(self.queues.id, epoch, lowest));
         }
         post(&self.inner);
         drop(fenced);

@@ -66,10 +66,10 @@ struct ClientQueues {
     waiting: AtomicBool,
     /// The instance's epoch, if it connected as the instance ([`Backend::connect_at`]).
     epoch: Option<u32>,
-    /// Whether it is fenced ([`Backend::fence`]). Held while a batch is posted to the shards,
-    /// so that a fence falls between two batches, never inside one: each batch goes to every
-    /// shard or to none.
-    fenced: Mutex<bool>,
+    /// The epoch it is fenced below, once it is ([`Backend::fence`]). Held while a batch is
+    /// posted to the shards, so that a fence falls between two batches, never inside one: each
+    /// batch goes to every shard or to none.
+    fenced: Mutex<Option<u32>>,
 }
 
 impl ClientQueues {
@@ -511,7 +511,7 @@ impl EmbeddedStore {
             waiter: Mutex::new(None),
             waiting: AtomicBool::new(false),
             epoch,
-            fenced: Mutex::new(false),
+            fenced: Mutex::new(None),
         });
         if let Some(epoch) = epoch {
             let mut fences = self.inner.fences.lock().map_err(|_| poisoned())?;
@@ -562,7 +562,7 @@ impl Backend for EmbeddedStore {
             for q in f.connections.iter().filter_map(std::sync::Weak::upgrade) {
                 if q.epoch.is_some_and(|e| e < lowest) {
                     // Waits for a batch being posted: it goes out whole, before the fence.
-                    *q.fenced.lock().map_err(|_| poisoned())? = true;
+                    *q.fenced.lock().map_err(|_| poisoned())? = Some(lowest);
                 }
             }
         }
