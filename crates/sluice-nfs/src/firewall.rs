@@ -317,7 +317,8 @@ impl FirewallNf {
             default: cfg.default,
             strict: cfg.strict_tcp,
             timeouts_ns,
-            decls: vec![StateDecl::new("connections", Scope::per_flow(), AccessPattern::ReadWriteOften)],
+            decls: vec![StateDecl::new("connections", Scope::per_flow(), AccessPattern::ReadWriteOften)
+                .idle_timers(timeouts_ns.iter().copied().min().unwrap_or(NS_PER_S))],
         })
     }
 

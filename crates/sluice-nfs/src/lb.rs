@@ -270,7 +270,10 @@ impl LbNf {
             policy: cfg.policy,
             decls: vec![
                 StateDecl::new("active_connections", Scope::global(), AccessPattern::ReadWriteOften).allocation(),
-                StateDecl::new("conn_backend", Scope::per_flow(), AccessPattern::ReadHeavy).allocation(),
+                // `linger` is at most `timeout` (checked above): the shorter of the two.
+                StateDecl::new("conn_backend", Scope::per_flow(), AccessPattern::ReadHeavy)
+                    .allocation()
+                    .idle_timers(cfg.linger * NS_PER_S),
                 StateDecl::new("backend_conn", Scope::per_flow(), AccessPattern::ReadHeavy).allocation(),
                 StateDecl::new("backend_bytes", Scope::global(), AccessPattern::WriteMostly).allocation(),
             ],

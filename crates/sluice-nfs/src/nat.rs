@@ -46,7 +46,9 @@
 //! was picked up mid-stream) and no FIN or RST, `tcp_transitory` for TCP opening or closing
 //! (any FIN or RST seen), `udp` for UDP and `icmp` for ICMP echo. Defaults follow RFC 5382
 //! (2 h 4 min established, 4 min transitory), RFC 4787 (UDP at least 2 min, recommended 5 min)
-//! and RFC 5508 (ICMP query 60 s). When a connection expires, its internal endpoint's
+//! and RFC 5508 (ICMP query 60 s). A packet that would push the timer back by less than a
+//! sixteenth of the shortest of the four timeouts (at most a second) leaves it where it is
+//! ([`StateDecl::idle_timers`]). When a connection expires, its internal endpoint's
 //! reference count drops; the last connection of an endpoint releases the mapping, removes the
 //! reverse mapping and pushes the port back to the pool.
 //!
@@ -271,10 +273,13 @@ impl NatNf {
             }
         }
         let ep_scope = Scope::fields(&[HeaderField::SrcIp, HeaderField::SrcPort, HeaderField::Proto]);
+        let shortest = [t.tcp_established, t.tcp_transitory, t.udp, t.icmp].into_iter().min().unwrap_or(1);
         let decls = vec![
             StateDecl::new("port_pool", Scope::global(), AccessPattern::ReadWriteOften).allocation(),
             StateDecl::new("endpoint_mapping", ep_scope, AccessPattern::ReadHeavy).allocation(),
-            StateDecl::new("conn_mapping", Scope::per_flow(), AccessPattern::ReadHeavy).allocation(),
+            StateDecl::new("conn_mapping", Scope::per_flow(), AccessPattern::ReadHeavy)
+                .allocation()
+                .idle_timers(shortest * NS_PER_S),
             StateDecl::new(
                 "reverse_mapping",
                 Scope::fields(&[HeaderField::DstPort, HeaderField::Proto]),

@@ -193,7 +193,8 @@ impl Portscan {
         let eta0 = (1.0 - c.p_detection) / (1.0 - c.p_false_positive);
         Ok(Portscan {
             decls: vec![
-                StateDecl::new("host_likelihood", Scope::fields(&[HeaderField::SrcIp]), AccessPattern::ReadWriteOften),
+                StateDecl::new("host_likelihood", Scope::fields(&[HeaderField::SrcIp]), AccessPattern::ReadWriteOften)
+                    .idle_timers(c.host_timeout_ms.saturating_mul(1_000_000)),
                 StateDecl::new("pending", Scope::per_flow(), AccessPattern::ReadWriteOften),
                 StateDecl::new(
                     "first_contacts",

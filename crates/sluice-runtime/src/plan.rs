@@ -392,12 +392,20 @@ impl StateConfig {
     /// The same, for a run with the root's log (fault tolerance): every update of per-flow
     /// state (and of shared state an instance caches) is written through to the store as a
     /// tagged, XOR-accounted update, so a packet stays logged until its effects are in the store,
-    /// and non-deterministic draws are recorded so that a replay draws the same.
+    /// and non-deterministic draws are recorded so that a replay draws the same. Batches of
+    /// updates may go together (`ClientConfig::defer_batches`): the worker asks its instances
+    /// for commits between batches and while idle, which sends what waits in time.
     pub fn fault_tolerant(self) -> StateConfig {
         match self {
             StateConfig::Store { backend, client } => StateConfig::Store {
                 backend,
-                client: ClientConfig { write_through: true, record_nondeterminism: true, dedupe: true, ..client },
+                client: ClientConfig {
+                    write_through: true,
+                    record_nondeterminism: true,
+                    dedupe: true,
+                    defer_batches: true,
+                    ..client
+                },
             },
             StateConfig::Local => StateConfig::Local,
         }
@@ -406,12 +414,15 @@ impl StateConfig {
     /// The same, for the instances of a chain spread over nodes (with fault tolerance): a
     /// packet an instance processes without updating anything is marked processed in the store
     /// (`ClientConfig::mark_processed`), since a replacement on another node learns what its
-    /// predecessor did from the store alone.
+    /// predecessor did from the store alone. Batches are not deferred there
+    /// (`ClientConfig::defer_batches`): a node sends a batch's updates before its packets leave
+    /// (docs/decisions.md, "What a replacement of another node's instance skips").
     pub fn across_nodes(self) -> StateConfig {
         match self {
-            StateConfig::Store { backend, client } => {
-                StateConfig::Store { backend, client: ClientConfig { mark_processed: true, ..client } }
-            }
+            StateConfig::Store { backend, client } => StateConfig::Store {
+                backend,
+                client: ClientConfig { mark_processed: true, defer_batches: false, ..client },
+            },
             StateConfig::Local => StateConfig::Local,
         }
     }

@@ -57,12 +57,30 @@ pub struct StateDecl {
     /// choose differently, so comparisons of final state check how many values it holds, not
     /// which (see docs/correctness.md).
     pub allocation: bool,
+    /// How much later than its armed deadline a timer of this object may be re-armed and keep
+    /// the deadline it has (0: every re-arm counts). See [`StateDecl::idle_timers`].
+    pub timer_slack_ns: u64,
 }
+
+/// The most slack [`StateDecl::idle_timers`] gives: a second, as Linux's connection tracking
+/// ignores a refresh that moves a timeout by less than a second.
+pub const MAX_TIMER_SLACK_NS: u64 = 1_000_000_000;
 
 impl StateDecl {
     /// A declaration.
     pub fn new(name: &'static str, scope: Scope, pattern: AccessPattern) -> StateDecl {
-        StateDecl { name, scope, pattern, allocation: false }
+        StateDecl { name, scope, pattern, allocation: false, timer_slack_ns: 0 }
+    }
+
+    /// Marks the object's timers as idle timeouts, the shortest of which is `shortest_ns`:
+    /// a packet that would push its timer back by less than a sixteenth of that (at most
+    /// [`MAX_TIMER_SLACK_NS`]) leaves the timer as it is, so an idle flow expires up to that
+    /// much before a full timeout after its last packet. What it buys: a timer pushed back
+    /// by every packet changes once a slack instead, and only a change is copied to the
+    /// store with fault tolerance (docs/decisions.md, "Idle timers with slack").
+    pub fn idle_timers(mut self, shortest_ns: u64) -> StateDecl {
+        self.timer_slack_ns = (shortest_ns / 16).min(MAX_TIMER_SLACK_NS);
+        self
     }
 
     /// Marks the object as recording allocation choices.

@@ -87,7 +87,9 @@ pub trait StateHandle: Send {
         Ok(None)
     }
 
-    /// Arms (or re-arms) a timer on `key` of `obj` for `deadline_ns` in packet time.
+    /// Arms (or re-arms) a timer on `key` of `obj` for `deadline_ns` in packet time. A timer
+    /// armed already, re-armed later by less than the object's slack
+    /// ([`StateDecl::idle_timers`](crate::StateDecl::idle_timers)), keeps its deadline.
     fn set_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64);
 
     /// Cancels a timer; no effect if none is armed.

@@ -13,7 +13,9 @@ mod local;
 pub mod ops;
 mod value;
 
-pub use decl::{cached_while_alone, AccessPattern, CustomOp, CustomOpFn, ObjectId, Scope, StateDecl};
+pub use decl::{
+    cached_while_alone, AccessPattern, CustomOp, CustomOpFn, ObjectId, Scope, StateDecl, MAX_TIMER_SLACK_NS,
+};
 pub use handle::{DueTimers, StateError, StateHandle, TimerFired};
 pub use local::{LocalState, Timers};
 pub use value::{StateKey, StateOp, Value};

@@ -44,6 +44,21 @@ struct Armed {
 impl Timers {
     /// Arms or re-arms the timer of `(obj, key)`.
     pub fn set(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
+        self.set_with_slack(obj, key, deadline_ns, 0);
+    }
+
+    /// Arms or re-arms the timer of `(obj, key)`, unless it is armed and `deadline_ns` is later
+    /// than its deadline by less than `slack_ns` ([`StateDecl::idle_timers`](crate::StateDecl::idle_timers)):
+    /// then it keeps its deadline and its place among timers of the same deadline. Whether
+    /// the timer changed.
+    pub fn set_with_slack(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64, slack_ns: u64) -> bool {
+        if slack_ns > 0 {
+            if let Some(a) = self.armed.get(&(obj, *key)) {
+                if deadline_ns >= a.deadline && deadline_ns - a.deadline < slack_ns {
+                    return false;
+                }
+            }
+        }
         self.seq += 1;
         let seq = self.seq;
         match self.armed.entry((obj, *key)) {
@@ -61,6 +76,7 @@ impl Timers {
                 self.heap.push(Reverse((deadline_ns, seq, obj, *key)));
             }
         }
+        true
     }
 
     /// Makes room for `n` more timers at once (a replacement arming its predecessor's).
@@ -236,6 +252,8 @@ pub struct LocalState {
     objects: Vec<Object>,
     custom: Vec<CustomOp>,
     timers: Timers,
+    /// Per object, its timers' slack ([`StateDecl::timer_slack_ns`]).
+    timer_slack: Vec<u64>,
 }
 
 /// One declared object's values.
@@ -265,6 +283,7 @@ impl LocalState {
             objects: decls.iter().map(|_| Object::default()).collect(),
             custom: custom.to_vec(),
             timers: Timers::default(),
+            timer_slack: decls.iter().map(|d| d.timer_slack_ns).collect(),
         }
     }
 
@@ -355,7 +374,8 @@ impl StateHandle for LocalState {
     }
 
     fn set_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
-        self.timers.set(obj, key, deadline_ns);
+        let slack = self.timer_slack.get(usize::from(obj.0)).copied().unwrap_or(0);
+        self.timers.set_with_slack(obj, key, deadline_ns, slack);
     }
 
     fn may_fire(&self, now_ns: u64) -> bool {
@@ -418,6 +438,46 @@ mod tests {
         }
         let order: Vec<StateKey> = t.take_where(|_| true).into_iter().map(|(_, key, _)| key).collect();
         assert_eq!(order, vec![k(9), k(4), k(6)]);
+    }
+
+    #[test]
+    fn a_rearm_within_the_slack_keeps_the_deadline_and_its_place() {
+        let mut t = Timers::default();
+        let (o, k) = (ObjectId(0), |i: u64| StateKey::Id(i));
+        assert!(t.set_with_slack(o, &k(1), 100, 10), "arming is a change");
+        assert!(!t.set_with_slack(o, &k(1), 109, 10), "later by less than the slack");
+        assert!(!t.set_with_slack(o, &k(1), 100, 10), "the same deadline");
+        assert_eq!(t.armed(), vec![(o, k(1), 100)]);
+        assert!(t.set_with_slack(o, &k(1), 110, 10), "later by the slack");
+        assert!(t.set_with_slack(o, &k(1), 60, 10), "earlier");
+        assert_eq!(t.armed(), vec![(o, k(1), 60)]);
+        // 2 armed after 1 at the same deadline; 1 re-armed within the slack stays first.
+        assert!(t.set_with_slack(o, &k(2), 60, 10));
+        assert!(!t.set_with_slack(o, &k(1), 65, 10));
+        let mut fired = Vec::new();
+        t.expired(60, 10, &mut fired);
+        assert_eq!(fired.iter().map(|f| f.key).collect::<Vec<_>>(), vec![k(1), k(2)]);
+    }
+
+    #[test]
+    fn local_state_keeps_an_idle_timer_within_its_objects_slack() {
+        let decls = [
+            StateDecl::new("idle", Scope::per_flow(), AccessPattern::ReadWriteOften).idle_timers(1_600),
+            StateDecl::new("exact", Scope::per_flow(), AccessPattern::ReadWriteOften),
+        ];
+        let mut s = LocalState::new(&decls, &[]);
+        let k = StateKey::Id(1);
+        for (o, deadlines) in [(ObjectId(0), [1_000, 1_099]), (ObjectId(1), [1_000, 1_001])] {
+            for d in deadlines {
+                s.set_timer(o, &k, d);
+            }
+        }
+        let mut fired = Vec::new();
+        s.expired(1_000, 10, &mut fired);
+        assert_eq!(fired.iter().map(|f| f.object).collect::<Vec<_>>(), vec![ObjectId(0)], "slack 100: kept at 1,000");
+        fired.clear();
+        s.expired(1_001, 10, &mut fired);
+        assert_eq!(fired.iter().map(|f| f.object).collect::<Vec<_>>(), vec![ObjectId(1)], "no slack: moved to 1,001");
     }
 
     #[test]

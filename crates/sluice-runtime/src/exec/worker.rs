@@ -235,11 +235,17 @@ impl Turns {
             }
             did |= reconfig::turn(shared, slot, out);
             did |= flow_timers::fire_asked(shared, slot, out);
-            did |= serve(shared, slot, out);
+            let served = serve(shared, slot, out);
+            if !served && shared.logging() {
+                // Acknowledgements keep coming after an instance's last batch, and its last
+                // updates may wait to go with a next batch (`ClientConfig::defer_batches`): the
+                // root's log waits for their commits, busy as the other instances may be.
+                report_commits(shared, slot, out);
+            }
+            did |= served;
         }
         out.flush(shared);
         if !did && shared.logging() {
-            // Acknowledgements keep coming after the last batch: the root's log waits for them.
             for slot in slots.iter_mut() {
                 report_commits(shared, slot, out);
             }

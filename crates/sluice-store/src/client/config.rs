@@ -69,6 +69,14 @@ pub struct ClientConfig {
     /// that only read state, run again there against state later packets changed, could take
     /// another path (docs/decisions.md, "What a replacement of another node's instance skips").
     pub mark_processed: bool,
+    /// With commits in the non-blocking mode: a batch's requests may wait for the next
+    /// batch's, up to 400 µs after the last send, and go as one message (a counter's tagged
+    /// increments in one request). The packets' commits wait with them; an instance between
+    /// batches sends what waits once the time is up. Off by default (a client whose caller
+    /// looks at the store right after a batch, as the conformance checks do); the threaded
+    /// runtime's fault-tolerant runs in one process turn it on (docs/decisions.md, "A
+    /// fault-tolerant client's batches go together").
+    pub defer_batches: bool,
     /// The epoch the instance connects in
     /// ([`Backend::connect_at`](crate::Backend::connect_at)): 0 for an instance started with
     /// the run; a replacement is given a higher one, so that it can fence its predecessor
@@ -106,6 +114,7 @@ impl Default for ClientConfig {
             commits: true,
             record_nondeterminism: false,
             mark_processed: false,
+            defer_batches: false,
             epoch: 0,
         }
     }

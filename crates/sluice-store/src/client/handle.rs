@@ -117,8 +117,11 @@ impl StateHandle for StoreClient {
     fn set_timer(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64) {
         // Fired here, at the same packet as with local state; with fault tolerance the store
         // keeps a copy (sent once per batch) so that a replacement is told if this one is gone.
-        self.timers_of_object(obj, |t| t.set(obj, key, deadline_ns));
-        self.note_timer_change(obj, key, Some(deadline_ns));
+        // A re-arm within the object's slack changes nothing, here or there.
+        let slack = self.timer_slack.get(usize::from(obj.0)).copied().unwrap_or(0);
+        if self.timers_of_object(obj, |t| t.set_with_slack(obj, key, deadline_ns, slack)) {
+            self.note_timer_change(obj, key, Some(deadline_ns));
+        }
     }
 
     fn cancel_timer(&mut self, obj: ObjectId, key: &StateKey) {
@@ -207,30 +210,7 @@ impl StateHandle for StoreClient {
         if self.defers_batch() {
             return;
         }
-        if self.now_ns > self.reported_ns {
-            self.reported_ns = self.now_ns;
-            let key = StoreKey { vertex: self.vertex, object: 0, key: StateKey::Unit };
-            let r = self.request(key, StoreOp::AdvanceTime(self.now_ns), None, false);
-            self.pending.push(r);
-        }
-        self.last_sent_at = self.batch_start;
-        let _ = self.send_pending();
-        if !self.batch_xors.is_empty() {
-            // Every update of this batch's packets has been sent by now, at the latest in the
-            // batch just sent.
-            let last_sent = self.next_batch - 1;
-            if self.inflight.iter().any(|(b, _, _)| *b == last_sent) {
-                let fresh = self.xor_spares.pop().unwrap_or_default();
-                let xors = std::mem::replace(&mut self.batch_xors, fresh);
-                self.uncommitted.push_back((last_sent, xors));
-            } else {
-                self.committed.append(&mut self.batch_xors);
-            }
-        }
-        if self.cfg.mode != Mode::Async {
-            // Models without "no wait for ACK": the batch is done when the store has it all.
-            let _ = self.drain_acks();
-        }
+        self.send_batches(self.batch_start);
     }
 
     fn begin_packet(&mut self, meta: &Meta) {
@@ -279,6 +259,7 @@ impl StateHandle for StoreClient {
             // None are made: nothing to take in for them (the batch's start takes in the rest).
             return;
         }
+        self.send_overdue();
         let _ = self.absorb();
         self.stats.commits_taken += self.committed.len() as u64;
         out.append(&mut self.committed);

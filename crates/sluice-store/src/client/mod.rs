@@ -161,6 +161,8 @@ pub struct StoreClient {
     /// When unacknowledged requests were last checked for retransmission.
     last_resend_check: Instant,
     timers: Timers,
+    /// Per object, its timers' slack ([`StateDecl::timer_slack_ns`]).
+    timer_slack: Vec<u64>,
     /// Per object: scoped wider than a flow (its keys may be shared by the vertex's instances).
     shared_objects: Vec<bool>,
     /// While a vertex may have several instances: the timers on its shared keys, one table for
@@ -275,6 +277,7 @@ impl StoreClient {
             strategies,
             cfg,
             timers: Timers::default(),
+            timer_slack: decls.iter().map(|d| d.timer_slack_ns).collect(),
             shared_objects: decls.iter().map(|d| !d.scope.is_per_flow()).collect(),
             vertex_timers: None,
             timer_changes: Map::default(),
@@ -571,13 +574,59 @@ impl StoreClient {
         self.cfg.write_through || self.twin_timer_changes.is_some()
     }
 
-    /// Whether this batch's requests wait for the next batch's: only where nothing waits for
-    /// their acknowledgement ([`lazy_batches`]), and for at most [`DEFER_FOR`] since the last
+    /// Whether this batch's requests wait for the next batch's: only where that holds nothing up
+    /// for long ([`lazy_batches`]), and for at most [`DEFER_FOR`] since the last
     /// batch sent, so that several batches go as one (a counter's sums added up across them,
     /// one message and one acknowledgement for the shard) while a quiet input still sends at
     /// once. Every wait for the store (a call, a flush) sends what is pending first.
     fn defers_batch(&self) -> bool {
         lazy_batches(&self.cfg) && self.batch_start.saturating_duration_since(self.last_sent_at) < DEFER_FOR
+    }
+
+    /// Sends what the batches since the last send left (their requests, the client's time),
+    /// and makes their packets' XOR vectors wait for its acknowledgement. `at`: when the send
+    /// counts as made ([`StoreClient::defers_batch`] measures from it).
+    pub(super) fn send_batches(&mut self, at: Instant) {
+        if self.now_ns > self.reported_ns {
+            self.reported_ns = self.now_ns;
+            let key = StoreKey { vertex: self.vertex, object: 0, key: StateKey::Unit };
+            let r = self.request(key, StoreOp::AdvanceTime(self.now_ns), None, false);
+            self.pending.push(r);
+        }
+        self.last_sent_at = at;
+        let _ = self.send_pending();
+        if !self.batch_xors.is_empty() {
+            // Every update of these batches' packets has been sent by now, at the latest in the
+            // batch just sent.
+            let last_sent = self.next_batch - 1;
+            if self.inflight.iter().any(|(b, _, _)| *b == last_sent) {
+                let fresh = self.xor_spares.pop().unwrap_or_default();
+                let xors = std::mem::replace(&mut self.batch_xors, fresh);
+                self.uncommitted.push_back((last_sent, xors));
+            } else {
+                self.committed.append(&mut self.batch_xors);
+            }
+        }
+        if self.cfg.mode != Mode::Async {
+            // Models without "no wait for ACK": the batch is done when the store has it all.
+            let _ = self.drain_acks();
+        }
+    }
+
+    /// Sends what deferred batches left once [`DEFER_FOR`] has passed since the last send:
+    /// asked between batches and while the instance idles, so that packets whose commits wait
+    /// for it are not held by a quiet input.
+    pub(super) fn send_overdue(&mut self) {
+        let waiting = !(self.pending.is_empty() && self.batch_xors.is_empty());
+        if !waiting && self.timer_changes.is_empty() && self.unmarked.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        if now.saturating_duration_since(self.last_sent_at) >= DEFER_FOR {
+            self.queue_timer_changes();
+            self.queue_processed_marks();
+            self.send_batches(now);
+        }
     }
 
     /// Records a timer armed (`Some(deadline)`) or cancelled for the store's copy, sent with
@@ -590,7 +639,7 @@ impl StoreClient {
     }
 
     /// Queues the timers armed and cancelled since the last call, one request per key.
-    fn queue_timer_changes(&mut self) {
+    pub(super) fn queue_timer_changes(&mut self) {
         if self.timer_changes.is_empty() {
             // Always, where the store keeps no copies: not even an empty map made per batch.
             return;
@@ -613,7 +662,7 @@ impl StoreClient {
 
     /// Queues a mark in the per-clock log for each packet of the batch that updated nothing
     /// ([`ClientConfig::mark_processed`]): a tagged record, applied once like any update.
-    fn queue_processed_marks(&mut self) {
+    pub(super) fn queue_processed_marks(&mut self) {
         if self.unmarked.is_empty() {
             return;
         }
@@ -706,16 +755,19 @@ fn apply_cached(entry: &mut Cached, op: StateOp, custom: &[CustomOp]) -> Result<
     Ok((r, dirtied))
 }
 
-/// How long a client whose batches nobody waits for keeps their requests before sending them
-/// ([`StoreClient::defers_batch`]).
+/// How long a client whose batches may wait keeps their requests before sending them
+/// ([`StoreClient::defers_batch`], [`StoreClient::send_overdue`]).
 const DEFER_FOR: Duration = Duration::from_micros(400);
 
 /// Whether a client's batches without a call may wait a little for the store
 /// ([`Connection::allow_lazy_batches`]): without the root's log (no tags, no commits, nothing
 /// written through) nothing waits for their acknowledgement but the client's own waits, which
-/// wake the store.
+/// wake the store; with it (non-blocking mode), the root's log waits for their commits, and
+/// [`StoreClient::send_overdue`] sends what waits once [`DEFER_FOR`] has passed even when no
+/// batch follows ([`ClientConfig::defer_batches`]).
 fn lazy_batches(cfg: &ClientConfig) -> bool {
-    !cfg.write_through && !cfg.dedupe && !cfg.commits
+    let plain = !cfg.write_through && !cfg.dedupe && !cfg.commits;
+    plain || (cfg.defer_batches && cfg.commits && cfg.mode == Mode::Async)
 }
 
 /// Whether `op` leaves a value that is `value` as it is, whatever it returns: a delete or pop of

@@ -322,15 +322,19 @@ impl StoreClient {
         Ok(())
     }
 
-    /// The instance fails (a drill: `sluice run --faults`). What it had not sent is dropped; what
-    /// it sent, the store applies anyway. Waits for the store's answers to those requests and
-    /// moves the commits they carry into `commits`: what the framework learns by asking the
-    /// store which of the failed instance's tagged updates it applied, so that the root's log
-    /// knows which of its packets are done and a replay does not redo them against later state.
+    /// The instance fails (a drill: `sluice run --faults`), between two batches: what its
+    /// batches had built is sent, as at the end of a batch that did not wait for the next
+    /// ([`ClientConfig::defer_batches`]), so the drill fails it at the same point with or
+    /// without deferred batches: every packet it processed has its updates in the store, which
+    /// its replacement relies on to skip them. What was sent, the store applies anyway. Waits
+    /// for the store's answers to those requests and moves the commits they carry into
+    /// `commits`: what the framework learns by asking the store which of the failed instance's
+    /// tagged updates it applied, so that the root's log knows which of its packets are done
+    /// and a replay does not redo them against later state.
     pub fn fail(&mut self, commits: &mut Vec<(Clock, u64)>) -> Result<(), StateError> {
-        self.pending.clear();
-        self.increments.clear();
-        self.sums.clear();
+        self.queue_timer_changes();
+        self.queue_processed_marks();
+        self.send_batches(std::time::Instant::now());
         self.wait_for_acks(0)?;
         self.absorb()?;
         commits.append(&mut self.committed);

@@ -475,3 +475,47 @@ pub fn replayed_reads_as_of_their_clock(b: &dyn Backend) -> Result<(), String> {
     let got = read(&mut a, k, (c(20), 0))?;
     ensure(got == Some(Value::Int(9)), || format!("after every clock is forgotten a tagged Get reads now (9): {got:?}"))
 }
+
+/// A client whose batches may go together ([`ClientConfig::defer_batches`]) reports a packet's
+/// commit only once the store has its updates, and sends what waits even when no batch follows:
+/// asked for commits between batches (as a worker asks while idle), it reports every packet of
+/// its last batches within [`TIMEOUT`](super::TIMEOUT).
+pub fn deferred_batches_commit_once_sent(b: &dyn Backend) -> Result<(), String> {
+    let v = 1036;
+    let base = fresh_base();
+    let decls = [StateDecl::new("x", Scope::per_flow(), AccessPattern::ReadHeavy)];
+    let x = sluice_state::ObjectId(0);
+    let key = StateKey::Id(base);
+    let cfg = ClientConfig { mode: Mode::Async, write_through: true, defer_batches: true, ..Default::default() };
+    let mut c = open_client(b, InstanceId::new(v, 0), &decls, &[], cfg)?;
+    let mut reader = Raw::open(b, InstanceId::new(v, 1))?;
+    // Three packets, a batch each, back to back: the later ones wait for the first's send.
+    for n in 1..=3u64 {
+        let mut m = meta(clk(base, n));
+        c.begin_batch();
+        c.begin_packet(&m);
+        c.set(x, &key, Value::Int(n as i64)).map_err(|e| e.to_string())?;
+        c.end_packet(&mut m);
+        c.end_batch();
+    }
+    let want: Vec<Clock> = (1..=3).map(|n| clk(base, n)).collect();
+    let start = std::time::Instant::now();
+    let mut committed: Vec<Clock> = Vec::new();
+    while committed.len() < want.len() {
+        ensure(start.elapsed() < super::TIMEOUT, || format!("no batch followed: commits {committed:?} of 3"))?;
+        let mut out = Vec::new();
+        c.take_commits(&mut out);
+        if out.is_empty() {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+            continue;
+        }
+        committed.extend(out.iter().map(|(clock, _)| *clock));
+        // Packet n wrote n: the newest packet committed so far has its write in the store.
+        let newest = want.iter().rposition(|w| committed.contains(w)).map_or(0, |i| i as i64 + 1);
+        let r = reader.call(skey(v, 0, key), StoreOp::State(StateOp::Get), None)?;
+        let stored = r.result.clone().ok().flatten().and_then(|v| v.as_int()).unwrap_or(0);
+        ensure(stored >= newest, || format!("packet {newest} committed while the store has {r:?}"))?;
+    }
+    committed.sort();
+    ensure(committed == want, || format!("commits {committed:?}, want each of {want:?} once"))
+}

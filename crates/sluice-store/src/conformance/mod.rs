@@ -48,17 +48,17 @@ pub use concurrency::{
     concurrent_incr, concurrent_incr_sums, concurrent_pops, concurrent_pops_unique, nonblocking_in_issue_order,
 };
 pub use exactly_once::{
-    forget_clock_reapplies, logged_results_told, packets_without_updates_are_marked_processed, recorded_values_repeat,
-    replayed_reads_as_of_their_clock, retransmit_applied_once, tagged_reads_not_logged,
-    timer_updates_leave_a_packets_tags, timers_keep_their_own_tags,
+    deferred_batches_commit_once_sent, forget_clock_reapplies, logged_results_told,
+    packets_without_updates_are_marked_processed, recorded_values_repeat, replayed_reads_as_of_their_clock,
+    retransmit_applied_once, tagged_reads_not_logged, timer_updates_leave_a_packets_tags, timers_keep_their_own_tags,
 };
 pub use ownership::{fenced_instances_refused, owner_writes_logged, ownership_handover};
 pub use semantics::{ops_semantics, value_and_key_fidelity};
 pub use support::{fresh_base, least_loaded_incr, Rng, BASE_STRIDE, CUSTOM_OPS};
 pub use timers::{
     a_shared_timer_due_in_its_batch_fires, flow_timers_fire_in_turn_at_an_order_sensitive_vertex,
-    only_the_current_timer_expires, shared_key_timers_fire_at_any_instance_of_the_vertex, timers_fire_once,
-    twins_share_timers,
+    idle_timers_copied_when_they_move, only_the_current_timer_expires,
+    shared_key_timers_fire_at_any_instance_of_the_vertex, timers_fire_once, twins_share_timers,
 };
 
 use crate::backend::Backend;
@@ -116,7 +116,8 @@ macro_rules! conformance_tests {
                     recorded_values_repeat, owner_writes_logged, timer_updates_leave_a_packets_tags,
                     timers_keep_their_own_tags, replayed_reads_as_of_their_clock,
                     packets_without_updates_are_marked_processed, logged_results_told,
-                    fenced_instances_refused);
+                    fenced_instances_refused, idle_timers_copied_when_they_move,
+                    deferred_batches_commit_once_sent);
             }
         )+
     };
@@ -173,5 +174,7 @@ pub fn all() -> Vec<(&'static str, Check)> {
         ("packets_without_updates_are_marked_processed", packets_without_updates_are_marked_processed),
         ("logged_results_told", logged_results_told),
         ("fenced_instances_refused", fenced_instances_refused),
+        ("idle_timers_copied_when_they_move", idle_timers_copied_when_they_move),
+        ("deferred_batches_commit_once_sent", deferred_batches_commit_once_sent),
     ]
 }

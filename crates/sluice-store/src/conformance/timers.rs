@@ -324,3 +324,41 @@ pub fn flow_timers_fire_in_turn_at_an_order_sensitive_vertex(b: &dyn Backend) ->
     arm(&mut x, &[(flows, flow_x, t0 + 500)]);
     ensure(table.with(|t| t.is_armed(flows, &flow_x)), || "a per-flow timer was not in the table".to_string())
 }
+
+/// An object's timers with slack ([`StateDecl::idle_timers`]): a re-arm later by less than the
+/// slack leaves the timer as it was, at the instance and in the store's copy (what a
+/// replacement adopts), so the copy goes to the store only when the deadline moves; a re-arm
+/// past the slack, or earlier, moves both; the timer fires at the deadline it kept.
+pub fn idle_timers_copied_when_they_move(b: &dyn Backend) -> Result<(), String> {
+    let v = 1035;
+    let base = fresh_base();
+    let t0 = packet_time_base(base);
+    // Shortest timeout 16 µs of packet time: a slack of 1 µs.
+    let decls = [StateDecl::new("flows", Scope::per_flow(), AccessPattern::ReadWriteOften).idle_timers(16_000)];
+    let (obj, k) = (ObjectId(0), StateKey::Id(base));
+    let id = InstanceId::new(v, 0);
+    let cfg = ClientConfig { write_through: true, ..ClientConfig::default() };
+    let mut c = open_client(b, id, &decls, &[], cfg)?;
+    let copy = |c: &mut StoreClient| -> Result<Vec<u64>, String> {
+        c.flush().map_err(|e| format!("flush: {e}"))?;
+        let timers = b.timers_of(id).map_err(|e| format!("timers_of: {e}"))?;
+        Ok(timers.into_iter().filter(|(key, _)| key.key == k).map(|(_, d)| d).collect())
+    };
+    arm(&mut c, &[(obj, k, t0 + 16_000)]);
+    arm(&mut c, &[(obj, k, t0 + 16_400), (obj, k, t0 + 16_999)]);
+    let kept = copy(&mut c)?;
+    ensure(kept == vec![t0 + 16_000], || {
+        format!("re-armed within the slack, the store's copy is {kept:?}, not the first deadline")
+    })?;
+    arm(&mut c, &[(obj, k, t0 + 17_000)]);
+    let moved = copy(&mut c)?;
+    ensure(moved == vec![t0 + 17_000], || format!("re-armed a whole slack later, the store's copy is {moved:?}"))?;
+    arm(&mut c, &[(obj, k, t0 + 16_500)]);
+    let earlier = copy(&mut c)?;
+    ensure(earlier == vec![t0 + 16_500], || format!("re-armed earlier, the store's copy is {earlier:?}"))?;
+    arm(&mut c, &[(obj, k, t0 + 17_400)]);
+    let fired = fire_due(&mut c, t0 + 16_500, &|_, _| true);
+    ensure(fired == vec![(obj, k)], || format!("at the deadline it kept, the timer fired {fired:?}"))?;
+    let gone = copy(&mut c)?;
+    ensure(gone.is_empty(), || format!("fired, the store still has a copy at {gone:?}"))
+}
