@@ -343,15 +343,19 @@ fn spread_downloads(
         ["elapsed_s", "packets_in", "packets_out", "dropped", "latency_us", "failovers", "checkpoints", "link"]
             .map(told)
             .join("\n");
+    // Every surviving node's ending, before anything is judged: a failure names what each said.
+    let survivors: Vec<(std::process::ExitStatus, String)> =
+        others.into_iter().map(|o| ended(o, "a surviving node did not end with the run")).collect();
+    let said_by_survivors: String =
+        survivors.iter().map(|(status, err)| format!("\na surviving node ({status}): {err}")).collect();
     assert_eq!(
         said.trim(),
         "ok",
-        "downloads through the chain over {} nodes: {said}\nnode a's report:\n{summary}\nnode a: {err}",
+        "downloads through the chain over {} nodes: {said}\nnode a's report:\n{summary}\nnode a: {err}{said_by_survivors}",
         names.len() + 1
     );
-    assert!(status.success(), "node a exited with {status}: {err}");
-    for other in others {
-        let (status, err) = ended(other, "a surviving node did not end with the run");
+    assert!(status.success(), "node a exited with {status}: {err}{said_by_survivors}");
+    for (status, err) in &survivors {
         assert!(status.success(), "a surviving node exited with {status}: {err}");
     }
     assert!(json.is_object(), "node a wrote no JSON report: {err}");
