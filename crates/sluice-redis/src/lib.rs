@@ -21,7 +21,8 @@
 //!
 //! # Failover
 //! In cluster mode a node that does not answer (or answers `MOVED`, `ASK`, `TRYAGAIN`,
-//! `CLUSTERDOWN`, or `READONLY` from a primary that came back as a replica) makes the connection
+//! `CLUSTERDOWN`, `READONLY` from a primary that came back as a replica, or "Function not
+//! found" from one that came back without its data and has not synced yet) makes the connection
 //! read the slot map again and regroup what that node had not done, with growing pauses, for up
 //! to 30 s — long enough for Redis to promote a replica (node timeout plus an election). The
 //! operations are then applied again: tagged updates are answered from the per-clock log, so an
