@@ -52,16 +52,14 @@ impl Timers {
     /// then it keeps its deadline and its place among timers of the same deadline. Whether
     /// the timer changed.
     pub fn set_with_slack(&mut self, obj: ObjectId, key: &StateKey, deadline_ns: u64, slack_ns: u64) -> bool {
-        if slack_ns > 0 {
-            if let Some(a) = self.armed.get(&(obj, *key)) {
-                if deadline_ns >= a.deadline && deadline_ns - a.deadline < slack_ns {
-                    return false;
-                }
-            }
-        }
-        self.seq += 1;
-        let seq = self.seq;
+        // One look-up a packet: the slack is judged on the entry found for the re-arm.
+        let seq = self.seq + 1;
         match self.armed.entry((obj, *key)) {
+            hashbrown::hash_map::Entry::Occupied(e)
+                if deadline_ns.checked_sub(e.get().deadline).is_some_and(|later| later < slack_ns) =>
+            {
+                return false;
+            }
             hashbrown::hash_map::Entry::Occupied(mut e) if e.get().deadline <= deadline_ns => {
                 // Later (or the same): the entry in the heap surfaces first and moves then.
                 let a = e.get_mut();
@@ -76,6 +74,7 @@ impl Timers {
                 self.heap.push(Reverse((deadline_ns, seq, obj, *key)));
             }
         }
+        self.seq = seq;
         true
     }
 
