@@ -163,13 +163,13 @@ struct EngineArgs {
     /// Threads of the embedded store.
     #[arg(long, default_value_t = 1)]
     store_threads: usize,
-    /// Checkpoint the state store this often, in milliseconds (0: not periodically). A run
+    /// Checkpoint the state store this often, in milliseconds (0: not periodically), in a run
     /// that may lose its store (`crash_store` faults, or `--fault-tolerance` with `--control`,
-    /// where `sluice ctl crash-store` may ask for it) holds the chain still for each, so that
-    /// the instances' write-ahead logs agree with it, and checkpoints whatever this says as it
-    /// starts, when a write-ahead log is half full and when an instance's log is lost; others
-    /// take it on a thread of their own. Checkpoints that take long are spaced out to at most a
-    /// tenth of the run's time.
+    /// where `sluice ctl crash-store` may ask for it): the chain holds still for each, so that
+    /// the instances' write-ahead logs agree with it, and such a run checkpoints whatever this
+    /// says as it starts, when a write-ahead log is half full and when an instance's log is
+    /// lost. Checkpoints that take long are spaced out to at most a tenth of the run's time.
+    /// Other runs take none: nothing would rebuild their store from one.
     #[arg(long, default_value_t = 150)]
     checkpoint_ms: u64,
     /// Keep CHC's packet log at the root: each packet stays logged until every copy is done

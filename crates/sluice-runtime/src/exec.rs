@@ -532,7 +532,7 @@ pub fn run(
         }
         if let Some(b) = &store {
             let crashed = checkpoints
-                .turn(&shared, (b, workers), &failover_side, &mut report, &|c| {
+                .turn(&shared, workers, &failover_side, &mut report, &|c| {
                     r0.log.as_ref().is_some_and(|l| l.is_logged(c))
                 })
                 .map_err(RunError::Worker)?;

@@ -141,3 +141,33 @@ fn a_store_rebuilt_before_any_checkpoint_still_holds_the_runs_claim() {
         }
     }
 }
+
+/// A run that cannot lose its store takes no checkpoint of it, however often checkpoints are
+/// asked for: nothing would rebuild from one, and each copies the whole store. A run that
+/// plans a store crash takes them.
+#[test]
+fn only_a_run_that_may_lose_its_store_checkpoints_it() {
+    let pkts = trace("echo-connections.pcap");
+    let pkts = &pkts[..pkts.len().min(20_000)];
+    for store_crash in [false, true] {
+        let backend: Arc<dyn sluice_store::Backend> = Arc::new(EmbeddedStore::start(2).expect("store"));
+        let state = StateConfig::Store { backend, client: ClientConfig::default() };
+        let plan = compile_with(&example_chain(), &sluice_nfs::registry(), pkts, &state).expect("plan");
+        let cfg = RunConfig {
+            workers: 2,
+            pin: false,
+            fault_tolerance: true,
+            checkpoint_every: Some(std::time::Duration::from_millis(1)),
+            planned: if store_crash { vec![sluice_runtime::exec::Planned::CrashStore(15_000)] } else { vec![] },
+            ..RunConfig::default()
+        };
+        let r = run(plan, &cfg, &mut MemorySource::new(pkts), &mut CollectSink::default(), RunHooks::default())
+            .expect("run");
+        assert!(r.balanced(), "{:?}", r.dropped);
+        if store_crash {
+            assert!(r.checkpoints.taken > 0, "a run that may lose its store checkpoints it: {:?}", r.checkpoints);
+        } else {
+            assert_eq!(r.checkpoints.taken, 0, "{:?}", r.checkpoints);
+        }
+    }
+}

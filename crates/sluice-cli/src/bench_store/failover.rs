@@ -136,7 +136,6 @@ pub(super) fn run_open_loop(
         window: a.window,
         overflow: Overflow::Wait,
         fault_tolerance: fault_tolerant,
-        checkpoint_every: (a.checkpoint_ms > 0).then(|| Duration::from_millis(a.checkpoint_ms)),
         planned: planned(nat),
         latency_timeline: Some(Duration::from_millis(1)),
         ..RunConfig::default()

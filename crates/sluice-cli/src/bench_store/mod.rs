@@ -101,10 +101,6 @@ pub struct BenchStoreArgs {
     /// Shard threads of the embedded store in the mode cases.
     #[arg(long, default_value_t = 1)]
     pub store_threads: usize,
-    /// Checkpoint the store this often in the mode cases, milliseconds (0: never; `sluice run`
-    /// defaults to 150).
-    #[arg(long, default_value_t = 150)]
-    pub checkpoint_ms: u64,
     /// Operations per thread in the offload/lock comparison.
     #[arg(long, default_value_t = 20_000)]
     pub contention_ops: usize,
@@ -173,7 +169,6 @@ struct BenchStoreResult {
     workers: usize,
     roots: u8,
     store_threads: usize,
-    checkpoint_ms: u64,
     redis: Option<String>,
     /// Why parts did not run (`redis: not run: no --redis`, ...).
     not_run: Vec<String>,
@@ -242,7 +237,6 @@ pub fn cmd_bench_store(a: BenchStoreArgs) -> Result<()> {
         workers: a.workers.max(1),
         roots: a.roots,
         store_threads: a.store_threads.max(1),
-        checkpoint_ms: a.checkpoint_ms,
         redis,
         not_run,
         modes,

@@ -14,7 +14,7 @@ use sluice_runtime::{
 };
 use sluice_store::ClientConfig;
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Where state lives in a mode case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -210,7 +210,6 @@ pub(super) fn run_modes(
         window: if c.load == Load::Paced { paced_window } else { a.window },
         overflow: Overflow::Wait,
         fault_tolerance: c.mode == ModeKind::AsyncFt,
-        checkpoint_every: (a.checkpoint_ms > 0).then(|| Duration::from_millis(a.checkpoint_ms)),
         record: false,
         latency_timeline: None,
         ..RunConfig::default()

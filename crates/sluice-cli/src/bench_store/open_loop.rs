@@ -20,7 +20,6 @@ use anyhow::{bail, Result};
 use serde::Serialize;
 use sluice_packet::Packet;
 use sluice_runtime::{Chain, MemorySource, Overflow, RunConfig};
-use std::time::Duration;
 
 /// A run that achieved less than this fraction of its offered rate fell behind its schedule.
 const KEPT_UP: f64 = 0.97;
@@ -109,7 +108,6 @@ pub(super) fn run_open_loop(
         window,
         overflow: Overflow::Wait,
         fault_tolerance: c.mode == ModeKind::AsyncFt,
-        checkpoint_every: (a.checkpoint_ms > 0).then(|| Duration::from_millis(a.checkpoint_ms)),
         ..RunConfig::default()
     };
 

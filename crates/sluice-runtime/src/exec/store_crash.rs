@@ -259,10 +259,6 @@ pub(super) fn checkpoint_due(shared: &Shared) -> bool {
     shared.store_crash.as_ref().is_some_and(|sc| sc.wal_filling.load(Ordering::Acquire))
 }
 
-/// What a checkpoint taken on a thread of its own found: values, instances in its TS vector,
-/// seconds it took.
-type Taken = Result<(u64, u64, f64), String>;
-
 /// Counts a checkpoint taken (values, instances in its TS vector, seconds) in `report`.
 fn counted(report: &mut crate::report::RunReport, (values, ts, took_s): (u64, u64, f64)) {
     let c = &mut report.checkpoints;
@@ -283,8 +279,6 @@ fn not_taken(report: &mut crate::report::RunReport, error: &str) {
 pub(super) struct Checkpoints {
     every: Option<Duration>,
     last: Instant,
-    /// A checkpoint being taken on a thread of its own (runs that cannot lose their store).
-    taking: Option<std::sync::mpsc::Receiver<Taken>>,
     /// The store's last checkpoint, which a rebuild starts from.
     last_taken: Checkpoint,
     /// Failed instances (their logs lost) the root had taken in at the last look.
@@ -308,16 +302,16 @@ impl Checkpoints {
     /// last so far `first`.
     pub(super) fn new(every: Option<Duration>, first: Checkpoint) -> Checkpoints {
         let (last, last_taken) = (Instant::now(), first);
-        Checkpoints { every, last, taking: None, last_taken, logs_lost_seen: 0, crash_due: false, held: Duration::ZERO }
+        Checkpoints { every, last, last_taken, logs_lost_seen: 0, crash_due: false, held: Duration::ZERO }
     }
 
-    /// Takes a checkpoint of `backend` if one is due, then makes the store fail if that is due:
-    /// what the rebuild did, if it did. `workers` hold still for either when the run may lose
-    /// its store; `is_logged` is the root's log.
+    /// Takes a checkpoint of the store if one is due, then makes the store fail if that is due:
+    /// what the rebuild did, if it did. `workers` hold still for either; `is_logged` is the
+    /// root's log. A run that cannot lose its store takes none.
     pub(super) fn turn(
         &mut self,
         shared: &Shared,
-        (backend, workers): (&Arc<dyn Backend>, usize),
+        workers: usize,
         failover: &super::failover::RootSide,
         report: &mut crate::report::RunReport,
         is_logged: &dyn Fn(Clock) -> bool,
@@ -328,7 +322,8 @@ impl Checkpoints {
         // instance over.
         let lost = std::mem::replace(&mut self.logs_lost_seen, failover.logs_lost) != failover.logs_lost;
         if shared.store_crash.is_none() {
-            self.in_background(backend, report)?;
+            // Nobody rebuilds this run's store from a checkpoint: taking one would only copy
+            // the store (its per-clock logs included) for nothing.
             return Ok(None);
         }
         // Periodic checkpoints may be off; the two a rebuild cannot do without are not: after a
@@ -364,51 +359,6 @@ impl Checkpoints {
     /// longer when checkpoints take long (see [`HELD_AT_MOST_ONE_IN`]).
     fn interval(&self, every: Duration) -> Duration {
         every.max(self.held * HELD_AT_MOST_ONE_IN)
-    }
-
-    /// In a run that cannot lose its store, a checkpoint only reads it: it is taken on a thread
-    /// of its own, so that copying the store (milliseconds with the per-clock logs of a
-    /// fault-tolerant run) does not stall admission and output on the root thread.
-    fn in_background(
-        &mut self,
-        backend: &Arc<dyn Backend>,
-        report: &mut crate::report::RunReport,
-    ) -> Result<(), String> {
-        if let Some(rx) = &self.taking {
-            let taken = match rx.try_recv() {
-                Ok(t) => t,
-                Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(()),
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => Err("the checkpoint's thread ended".into()),
-            };
-            self.taking = None;
-            self.last = Instant::now();
-            match taken {
-                Ok(taken) => {
-                    self.held = Duration::from_secs_f64(taken.2);
-                    counted(report, taken);
-                }
-                Err(e) => not_taken(report, &e),
-            }
-            return Ok(());
-        }
-        let Some(every) = self.every else { return Ok(()) };
-        if self.last.elapsed() < self.interval(every) {
-            return Ok(());
-        }
-        let (tx, rx) = std::sync::mpsc::channel();
-        let backend = backend.clone();
-        std::thread::Builder::new()
-            .name("sluice-checkpoint".into())
-            .spawn(move || {
-                let started = Instant::now();
-                let taken = backend.checkpoint().map_err(|e| e.to_string());
-                let _ = tx.send(
-                    taken.map(|cp| (cp.values.len() as u64, cp.ts.len() as u64, started.elapsed().as_secs_f64())),
-                );
-            })
-            .map_err(|e| format!("starting a checkpoint: {e}"))?;
-        self.taking = Some(rx);
-        Ok(())
     }
 }
 
