@@ -6,16 +6,15 @@ use crate::config::{parse_url, Mode};
 use crate::connection::RedisConnection;
 use crate::io_thread::ThreadedConnection;
 use crate::reply::{
-    array, bytes, codec_err, decode_whole_key, invalid, is_busy, is_connection_error, is_passing_text,
-    is_topology_error, is_topology_text, number, redis_err, text, ts_of,
+    array, bytes, codec_err, decode_whole_key, invalid, is_busy, is_connection_error, is_missing_library_text,
+    is_passing_text, is_topology_error, is_topology_text, number, redis_err, text, ts_of,
 };
 use crate::request::hex16;
 use crate::topology::{lock_mutex, write_lock, Nodes, Settling, Shared, Topology};
-use crate::LIBRARY;
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::CustomOp;
 use sluice_store::{Backend, Checkpoint, Connection, Found, LoggedResult, StoreError};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -50,6 +49,7 @@ impl RedisBackend {
             topology: RwLock::new(Topology { nodes: Vec::new(), bucket_node: Vec::new() }),
             custom: RwLock::new(HashMap::new()),
             admin: Mutex::new(Nodes::default()),
+            library_on: Mutex::new(HashSet::new()),
         });
         let backend = RedisBackend { shared };
         // Not through `with_admin`: a cluster that cannot be reached at all is a mistake to
@@ -58,15 +58,16 @@ impl RedisBackend {
             let shared = &backend.shared;
             let nodes = &mut *lock_mutex(&shared.admin);
             let topo = shared.refresh(nodes)?;
+            // `refresh` loaded the library where it could; a node that did not take it is
+            // asked again here, and its error reported.
             for url in &topo.nodes {
-                let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(LIBRARY).clone();
                 // A busy node (another client's long script, its data still loading) is
                 // waited for as calls wait for it: the suite's random Redis runs once failed to
                 // connect while another test's script ran long.
                 let mut settling = Settling::new();
-                loop {
-                    match nodes.query(url, &load) {
-                        Ok(_) => break,
+                while !lock_mutex(&shared.library_on).contains(url) {
+                    match shared.load_library(nodes, url) {
+                        Ok(()) => break,
                         Err(e) if is_busy(&e) => {
                             tracing::warn!(node = %url, error = %e, "Redis node busy; loading the function library again");
                             settling.again(shared, nodes).map_err(|_| invalid(format!("{url}: {e}")))?;
@@ -137,6 +138,13 @@ impl RedisBackend {
     fn with_admin<T>(&self, mut f: impl FnMut(&Shared, &mut Nodes) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let mut nodes = lock_mutex(&self.shared.admin);
         let mut result = f(&self.shared, &mut nodes);
+        if matches!(&result, Err(StoreError::Protocol(e)) if is_missing_library_text(e)) {
+            // A node lacks the function library (which one, the error does not say): loaded
+            // again wherever this backend cannot be sure of it, and the call made once more.
+            self.shared.library_lost(None);
+            self.shared.refresh(&mut nodes)?;
+            result = f(&self.shared, &mut nodes);
+        }
         if !matches!(self.shared.cfg.mode, Mode::Cluster(_)) {
             return result;
         }

@@ -5,7 +5,8 @@
 use crate::codec::{decode_key, decode_opt, encode_opt, Form};
 use crate::config::Mode;
 use crate::reply::{
-    array, bytes, codec_err, invalid, is_busy, is_connection_error, is_topology_error, number, redis_err, text, ts_of,
+    array, bytes, codec_err, invalid, is_busy, is_connection_error, is_missing_library_text, is_topology_error, number,
+    redis_err, text, ts_of,
 };
 use crate::request::{header, is_broadcast, push_tagged, Op};
 use crate::topology::{Nodes, Settling, Shared, Topology, FAILOVER_WAIT};
@@ -237,6 +238,11 @@ impl RedisConnection {
         let moved = |e: &redis::RedisError| cluster && (is_topology_error(e) || is_connection_error(e));
         let v = match self.nodes.query(url, &cmd) {
             Ok(v) => v,
+            // Nor did a node without the library: the next reading of the slot map loads it.
+            Err(e) if is_missing_library_text(&e.to_string()) => {
+                self.shared.library_lost(Some(url));
+                return Ok(Err(()));
+            }
             // A busy node did not run the call: sent again after a pause, as for a failover.
             Err(e) if moved(&e) || is_busy(&e) => return Ok(Err(())),
             Err(e) if e.code() == Some(FENCED) => {

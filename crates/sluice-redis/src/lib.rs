@@ -1,7 +1,9 @@
 //! A Redis store backend for Sluice: the [`Backend`]/[`Connection`] protocol of `sluice-store`
 //! with exactly the embedded engine's semantics, executed atomically inside Redis (≥ 7) by a
 //! Redis Functions library (`src/sluice.lua` and, for checkpoints, `src/checkpoint.lua`: one
-//! library, loaded with `FUNCTION LOAD REPLACE` when the backend connects).
+//! library, loaded with `FUNCTION LOAD REPLACE` when the backend connects, and again on a
+//! node where a call finds it missing: a primary the slot map names for the first time, one
+//! restarted without its data, one an operator flushed; the call is then made again).
 //!
 //! # URLs
 //! - `redis://host:port[/db][?prefix=P&buckets=N&replicas=R]`: one Redis server.

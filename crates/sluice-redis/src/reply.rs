@@ -52,7 +52,14 @@ pub(crate) fn is_topology_text(s: &str) -> bool {
         || s.contains("TRYAGAIN")
         // A node that came back empty (restarted without its data, not yet synced from its new
         // primary) while a stale slot map still sends calls to it: the call ran nothing.
-        || s.contains("Function not found")
+        || is_missing_library_text(s)
+}
+
+/// Whether an error's text says the node lacks Sluice's function library (restarted without
+/// its data, added to the cluster after the backend connected, flushed): the call ran nothing,
+/// and goes again once the library is loaded there ([`crate::topology::Shared::library_lost`]).
+pub(crate) fn is_missing_library_text(s: &str) -> bool {
+    s.contains("Function not found")
 }
 
 /// Whether an error's text says the cluster is down or busy for a moment, which can pass

@@ -6,7 +6,7 @@ use crate::config::{Config, Mode};
 use crate::reply::{array, invalid, is_connection_error, number, redis_err, text};
 use sluice_state::CustomOp;
 use sluice_store::StoreError;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
@@ -90,6 +90,8 @@ pub(crate) struct Shared {
     pub(crate) custom: RwLock<HashMap<u16, Vec<CustomOp>>>,
     /// Connections for checkpoint, restore and clear.
     pub(crate) admin: Mutex<Nodes>,
+    /// The nodes this backend loaded the function library on (see [`Shared::refresh`]).
+    pub(crate) library_on: Mutex<HashSet<String>>,
 }
 
 /// Connections to nodes, by URL, opened on first use.
@@ -139,7 +141,11 @@ impl Shared {
         read_lock(&self.topology).clone()
     }
 
-    /// Reads the slot map (cluster mode) and maps buckets to nodes.
+    /// Reads the slot map (cluster mode) and maps buckets to nodes; loads the function
+    /// library on the nodes this backend has not loaded it on (a primary it has not met, one
+    /// a call found without it), as far as they take it now: one that does not (busy, down, no
+    /// longer a primary) is tried again at the next reading, which a call finding it missing
+    /// makes before it is sent again.
     pub(crate) fn refresh(&self, nodes: &mut Nodes) -> Result<Topology, StoreError> {
         let topo = match &self.cfg.mode {
             Mode::Single(url) => {
@@ -148,7 +154,35 @@ impl Shared {
             Mode::Cluster(seeds) => self.cluster_topology(seeds, nodes)?,
         };
         *write_lock(&self.topology) = topo.clone();
+        for url in &topo.nodes {
+            if !lock_mutex(&self.library_on).contains(url) {
+                if let Err(e) = self.load_library(nodes, url) {
+                    tracing::debug!(node = %url, error = %e, "loading the function library failed; trying again later");
+                }
+            }
+        }
         Ok(topo)
+    }
+
+    /// Loads (or replaces) Sluice's function library on the node at `url`.
+    pub(crate) fn load_library(&self, nodes: &mut Nodes, url: &str) -> Result<(), redis::RedisError> {
+        let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(crate::LIBRARY).clone();
+        nodes.query(url, &load)?;
+        lock_mutex(&self.library_on).insert(url.to_string());
+        Ok(())
+    }
+
+    /// A call found the function library missing on the node at `url` (every node: `None`):
+    /// restarted without its data, added to the cluster, flushed. The next reading of the
+    /// slot map loads it there again.
+    pub(crate) fn library_lost(&self, url: Option<&str>) {
+        let mut on = lock_mutex(&self.library_on);
+        match url {
+            Some(u) => {
+                on.remove(u);
+            }
+            None => on.clear(),
+        }
     }
 
     /// Reads the slot map from the first reachable node (the seeds, then the nodes known so
