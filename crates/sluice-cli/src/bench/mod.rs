@@ -100,8 +100,9 @@ pub struct BenchArgs {
     /// Packets per batch.
     #[arg(long, default_value_t = 32)]
     pub batch: usize,
-    /// Most packets in flight.
-    #[arg(long, default_value_t = 65_536)]
+    /// Most packets in flight (default: `sluice run`'s for input that waits). A larger window
+    /// lets the root run further ahead of a slower worker, whose queued packets then go cold.
+    #[arg(long, default_value_t = Overflow::Wait.default_window())]
     pub window: usize,
     /// Do not pin worker threads to cores.
     #[arg(long)]
