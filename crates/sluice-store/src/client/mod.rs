@@ -198,6 +198,8 @@ pub struct StoreClient {
     entry_ns: u64,
     /// The current packet starts a flow moved here: look its per-flow state up.
     moved_in: bool,
+    /// [`StoreClient::numbers_updates`], kept as the configuration changes (asked per packet).
+    numbers: bool,
     seq: u32,
     /// Whether the instance is firing timers now: updates are then numbered apart from the
     /// packet's own, by timer ([`crate::timer_update_seq`]), so the packet's own keep their
@@ -275,6 +277,7 @@ impl StoreClient {
             last_sent_at: Instant::now(),
             last_resend_check: Instant::now(),
             strategies,
+            numbers: updates::numbers_updates(&cfg),
             cfg,
             timers: Timers::default(),
             timer_slack: decls.iter().map(|d| d.timer_slack_ns).collect(),

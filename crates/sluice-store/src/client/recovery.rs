@@ -194,6 +194,7 @@ impl StoreClient {
     /// would read it, and every update would be copied into it).
     pub fn drop_write_ahead_log(&mut self) {
         self.cfg.wal_capacity = 0;
+        self.numbers = super::updates::numbers_updates(&self.cfg);
         self.wal = VecDeque::new();
         self.wal_since_checkpoint = 0;
     }

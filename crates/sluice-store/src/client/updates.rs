@@ -6,6 +6,14 @@ use super::{Mode, StoreClient, Strategy, MAX_INCREMENT_ROOM};
 use crate::wire::{OpTag, StoreKey, StoreOp};
 use sluice_state::{ObjectId, StateError, StateHandle, StateKey, StateOp};
 
+/// Whether a client configured so numbers a packet's updates for anything: tags for the store
+/// (duplicates to tell apart), the write-ahead log, commits in the packet's XOR, or a replay's
+/// history. A client of a plain run does none of these, and a packet's start sets only what it
+/// reads.
+pub(super) fn numbers_updates(cfg: &super::ClientConfig) -> bool {
+    cfg.dedupe || cfg.commits || cfg.write_through || cfg.wal_capacity > 0
+}
+
 impl StoreClient {
     /// Whether an increment of `obj` is collected for the batch as it comes
     /// ([`StoreClient::collect_increment`]): a non-blocking update of a value this client does
@@ -26,12 +34,10 @@ impl StoreClient {
         }
     }
 
-    /// Whether a packet's updates are numbered for anything: tags for the store (duplicates to
-    /// tell apart), the write-ahead log, commits in the packet's XOR, or a replay's history.
-    /// A client of a plain run does none of these, and a packet's start sets only what it reads.
+    /// Whether a packet's updates are numbered for anything ([`numbers_updates`]).
     #[inline]
     pub(super) fn numbers_updates(&self) -> bool {
-        self.cfg.dedupe || self.cfg.commits || self.cfg.write_through || self.cfg.wal_capacity > 0
+        self.numbers
     }
 
     /// Numbers a non-blocking update `op` of `obj`'s `key` (its tag), keeps it in the
