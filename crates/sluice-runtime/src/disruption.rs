@@ -34,6 +34,11 @@ pub struct Around {
     pub baseline_p99_us: f64,
     /// Highest per-window p99 after it (windows of the run's grid), µs.
     pub peak_p99_us: f64,
+    /// Of the stretches of five windows wholly before it (after the warm-up, one starting at
+    /// each window of the run's grid), the share the same rule calls normal: below 1, latency
+    /// "back to normal" also waits out the run's own noise, at about that rate (`None`: no
+    /// stretch fits before it).
+    pub baseline_normal_share: Option<f64>,
 }
 
 /// Latency per window of `width` on the run's grid, from (egress time, latency) pairs in ns,
@@ -91,12 +96,24 @@ pub fn back_to_normal(samples: &LatencySamples, width: Duration, at_ms: f64) -> 
             .take_while(move |s| s + windows.width <= end_ns)
     };
     let ms_after = |start: u64| start.saturating_sub(at_ns) as f64 / 1e6;
-    let back = starts().find(|&s| (0..NORMAL_WINDOWS).all(|k| windows.normal(s + k * windows.width))).map(ms_after);
+    let stretch_normal = |s: u64| (0..NORMAL_WINDOWS).all(|k| windows.normal(s + k * windows.width));
+    let back = starts().find(|&s| stretch_normal(s)).map(ms_after);
+    let span = NORMAL_WINDOWS * windows.width;
+    let warm_ns = (at_ns / 10).div_ceil(windows.width) * windows.width;
+    let before_starts = (0..).map(|k| warm_ns + k * windows.width).take_while(|s| s + span <= at_ns);
+    let (judged, normal) = before_starts.fold((0u32, 0u32), |(j, n), s| (j + 1, n + u32::from(stretch_normal(s))));
+    let baseline_normal_share = (judged > 0).then(|| f64::from(normal) / f64::from(judged));
     let first = match starts().position(|s| !windows.normal(s)) {
         None => Some(0.0),
         Some(over) => starts().skip(over + 1).find(|&s| windows.normal(s)).map(ms_after),
     };
-    Around { back_to_normal_ms: back, first_normal_ms: first, baseline_p99_us: baseline, peak_p99_us: peak }
+    Around {
+        back_to_normal_ms: back,
+        first_normal_ms: first,
+        baseline_p99_us: baseline,
+        peak_p99_us: peak,
+        baseline_normal_share,
+    }
 }
 
 /// Windows of the samples starting anywhere, each judged in O(log n): a window's p99 is
@@ -216,6 +233,22 @@ mod tests {
         assert_eq!(around(&s[..240], 20.0).back_to_normal_ms, None);
         // No late packet at all: nothing to come back from.
         assert_eq!(around(&steady(0, 40, 10), 20.0).first_normal_ms, Some(0.0));
+    }
+
+    #[test]
+    fn noise_before_the_disruption_is_measured_by_the_same_rule() {
+        // Quiet before the crash at 40 ms: every stretch of five windows is normal.
+        assert_eq!(around(&steady(0, 60, 10), 40.0).baseline_normal_share, Some(1.0));
+        // A lone late packet at 20.5 ms spoils the five stretches that hold its window, of
+        // the 32 that start at 4..=35 ms (the first tenth left out, each ending by 40 ms).
+        let mut s = steady(0, 60, 10);
+        if let Some(p) = s.iter_mut().find(|(t, _)| *t == 20 * MS + MS / 2) {
+            p.1 = 300 * US;
+        }
+        let share = around(&s, 40.0).baseline_normal_share.unwrap_or(f64::NAN);
+        assert!((share - 27.0 / 32.0).abs() < 1e-9, "share {share}");
+        // Nothing fits before a disruption 3 ms in.
+        assert_eq!(around(&steady(0, 20, 10), 3.0).baseline_normal_share, None);
     }
 
     #[test]

@@ -151,6 +151,8 @@ pub(super) struct AroundStats {
     pub(super) first_normal_ms: Stat,
     pub(super) baseline_p99_us: Stat,
     pub(super) peak_p99_us: Stat,
+    /// [`Around::baseline_normal_share`]: how often the run's own noise alone fails the rule.
+    pub(super) baseline_normal_share: Stat,
     /// Runs in which latency did not come back to normal before the input ended.
     pub(super) never_normal: usize,
 }
@@ -162,20 +164,22 @@ impl AroundStats {
             first_normal_ms: Stat::of(runs.clone().filter_map(|x| x.first_normal_ms)),
             baseline_p99_us: Stat::of(runs.clone().map(|x| x.baseline_p99_us)),
             peak_p99_us: Stat::of(runs.clone().map(|x| x.peak_p99_us)),
+            baseline_normal_share: Stat::of(runs.clone().filter_map(|x| x.baseline_normal_share)),
             never_normal: runs.filter(|x| x.back_to_normal_ms.is_none()).count(),
         }
     }
 
     /// The table's columns: latency normal (min..max), first normal window (min..max), p99
-    /// before, p99 peak, never normal.
+    /// before, p99 peak, the share of stretches normal before, never normal.
     pub(super) fn columns(&self) -> String {
         let range = |s: &Stat| format!("{:.2} ({:.2}..{:.2})", s.median, s.min, s.max);
         format!(
-            "{:>26} {:>24} {:>14.1} {:>14.1} {:>7}",
+            "{:>26} {:>24} {:>14.1} {:>14.1} {:>13.0} {:>7}",
             range(&self.back_to_normal_ms),
             range(&self.first_normal_ms),
             self.baseline_p99_us.median,
             self.peak_p99_us.median,
+            self.baseline_normal_share.median * 100.0,
             self.never_normal
         )
     }
@@ -183,4 +187,4 @@ impl AroundStats {
 
 /// The header of [`AroundStats::columns`].
 pub(super) const AROUND_HEADER: &str =
-    "latency normal ms (min..max)  first normal ms (min..max)  p99 before µs    p99 peak µs   never";
+    "latency normal ms (min..max)  first normal ms (min..max)  p99 before µs    p99 peak µs  normal before %   never";
