@@ -5,15 +5,7 @@
 
 mod common;
 
-use common::{recorded_run, sluice, text};
-
-/// Per instance of `vertex`: (packets in, retired).
-fn instances(report: &serde_json::Value, vertex: &str) -> Vec<(u64, bool)> {
-    let vertices = report["vertices"].as_array().cloned().unwrap_or_default();
-    let v = vertices.iter().find(|v| v["name"] == vertex).cloned().unwrap_or_default();
-    let all = v["instances"].as_array().cloned().unwrap_or_default();
-    all.iter().map(|i| (i["packets_in"].as_u64().unwrap_or(0), i["retired"].as_bool().unwrap_or(false))).collect()
-}
+use common::{instances, recorded_run, sluice, text};
 
 #[test]
 fn flows_move_between_instances_equivalently() {

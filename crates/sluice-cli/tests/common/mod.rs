@@ -405,6 +405,14 @@ pub fn spread_file_with(dir: &Path, nodes: usize, place: &[(&str, &str)], extra:
     path
 }
 
+/// Per instance of `vertex` in a run's JSON report, in index order: (packets in, retired).
+pub fn instances(report: &serde_json::Value, vertex: &str) -> Vec<(u64, bool)> {
+    let vertices = report["vertices"].as_array().cloned().unwrap_or_default();
+    let v = vertices.iter().find(|v| v["name"] == vertex).cloned().unwrap_or_default();
+    let all = v["instances"].as_array().cloned().unwrap_or_default();
+    all.iter().map(|i| (i["packets_in"].as_u64().unwrap_or(0), i["retired"].as_bool().unwrap_or(false))).collect()
+}
+
 /// The changes (scaling, moves, clones) a run's JSON report lists, as (kind, vertex,
 /// instances after, flows).
 pub fn reconfigurations(report: &serde_json::Value) -> Vec<(String, String, u64, u64)> {

@@ -101,7 +101,11 @@ impl RootSide {
                 trial: None,
             });
             let back = (Some(vec![t.clone]), reports.len() - 1);
-            if let Err(e) = self.changed(shared, (t.vertex, at.cut(shared)), splitter, back.0, back.1, &[t.straggler]) {
+            // The members before the change settle it too: the clone gives every flow up, so it
+            // flushes its updates, hands its timers over and retires before the straggler
+            // takes a packet (or loads the vertex's values, left alone again).
+            let before: Vec<usize> = current.members().collect();
+            if let Err(e) = self.changed(shared, (t.vertex, at.cut(shared)), splitter, back.0, back.1, &before) {
                 tracing::warn!(vertex = t.vertex, error = %e, "the straggler could not take its flows back");
             }
         }
