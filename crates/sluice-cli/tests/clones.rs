@@ -55,7 +55,7 @@ fn a_clone_slower_than_its_straggler_hands_the_flows_back() {
     // The clone gave its flows back: it settled that change (flushed its updates, handed its
     // timers over, dropped its copies) and retired. Before 2026-12-07 it was not asked to
     // settle and stayed serving; the straggler could then load the vertex's values before
-    // the clone's last updates reached the store (an LB connection given a second backend).
+    // the clone's last updates reached the store (a connection given a second NAT port).
     let retired: Vec<bool> = common::instances(&report, "nat").iter().map(|i| i.1).collect();
     assert_eq!(retired, [false, true], "the NAT's instances, retired or not: {:?}", report["vertices"]);
 }
