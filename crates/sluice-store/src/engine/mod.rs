@@ -275,7 +275,7 @@ fn shard_loop(
                     ..Takeover::default()
                 };
                 let mut part = empty();
-                for (k, e) in shard.entries.iter().filter(|(k, _)| k.vertex == scan.vertex) {
+                for (k, e) in shard.entries.of_vertex(scan.vertex) {
                     if let (Some(owner), Some((deadline, armer))) = (scan.timers_of, e.timer) {
                         if e.owner.unwrap_or(armer) == owner {
                             part.timers.push((*k, deadline));
@@ -313,10 +313,10 @@ fn shard_loop(
                 shard.log.clear();
                 shard.timers.clear();
                 for (k, v) in cp.values {
-                    shard.entries.entry(k).or_default().value = Some(v);
+                    shard.entries.entry(k).value = Some(v);
                 }
                 for (k, d, who) in cp.timers {
-                    let e = shard.entries.entry(k).or_default();
+                    let e = shard.entries.entry(k);
                     e.timer = Some((d, who));
                     e.wait_in(&mut shard.timers, k, d);
                 }

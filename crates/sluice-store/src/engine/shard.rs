@@ -48,11 +48,68 @@ impl Entry {
     }
 }
 
+/// The shard's entries, one table per vertex: a replacement's take-over reads its vertex's
+/// entries alone ([`Entries::of_vertex`]), where one table made it walk every other vertex's
+/// too (two in three in the example chain, whose scan took most of a failover's 2 ms).
+#[derive(Default)]
+pub(super) struct Entries {
+    /// By vertex id; a vertex's table is made at its first entry.
+    by_vertex: Vec<Map<StoreKey, Entry>>,
+}
+
+impl Entries {
+    pub(super) fn get(&self, key: &StoreKey) -> Option<&Entry> {
+        self.by_vertex.get(usize::from(key.vertex))?.get(key)
+    }
+
+    pub(super) fn get_mut(&mut self, key: &StoreKey) -> Option<&mut Entry> {
+        self.by_vertex.get_mut(usize::from(key.vertex))?.get_mut(key)
+    }
+
+    /// `key`'s entry, made empty if it has none.
+    pub(super) fn entry(&mut self, key: StoreKey) -> &mut Entry {
+        let v = usize::from(key.vertex);
+        if self.by_vertex.len() <= v {
+            self.by_vertex.resize_with(v + 1, Map::default);
+        }
+        // Just made long enough: the index is in range.
+        self.by_vertex[v].entry(key).or_default()
+    }
+
+    pub(super) fn remove(&mut self, key: &StoreKey) -> Option<Entry> {
+        self.by_vertex.get_mut(usize::from(key.vertex))?.remove(key)
+    }
+
+    /// Every entry, vertex by vertex.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&StoreKey, &Entry)> + '_ {
+        self.by_vertex.iter().flatten()
+    }
+
+    /// The entries of `vertex` alone.
+    pub(super) fn of_vertex(&self, vertex: u16) -> impl Iterator<Item = (&StoreKey, &Entry)> + '_ {
+        self.by_vertex.get(usize::from(vertex)).into_iter().flatten()
+    }
+
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.by_vertex.iter().map(Map::len).sum()
+    }
+
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.by_vertex.iter().all(Map::is_empty)
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.by_vertex.clear();
+    }
+}
+
 /// A connection's next batch number to apply, and the batches that arrived before it.
 pub(super) type Sequence = (u64, BTreeMap<u64, Arc<[Request]>>);
 
 pub(super) struct Shard {
-    pub(super) entries: Map<StoreKey, Entry>,
+    pub(super) entries: Entries,
     /// Results of tagged updates of packets still in flight: CHC's store-side log.
     pub(super) log: ClockLog,
     pub(super) ts: LastApplied,
@@ -70,7 +127,7 @@ pub(super) struct Shard {
 impl Shard {
     pub(super) fn new() -> Shard {
         Shard {
-            entries: Map::default(),
+            entries: Entries::default(),
             log: ClockLog::default(),
             ts: LastApplied::default(),
             ts_cache: None,
@@ -170,7 +227,7 @@ impl Shard {
             let ts = if shared { Some(self.ts_vector()) } else { None };
             return Ok((v, ts));
         }
-        let entry = self.entries.entry(key).or_default();
+        let entry = self.entries.entry(key);
         // Done once the entry is let go of (they need the whole shard).
         let mut tell_subscribers = false;
         let mut handover = None;
@@ -265,7 +322,7 @@ impl Shard {
     /// Several tagged increments of one value: each applied unless its tag is logged already.
     /// Tags repeated within the request are each applied (as the Redis store does).
     fn incr_many(&mut self, client: InstanceId, key: StoreKey, incrs: &[(OpTag, i64)]) -> Result<(), String> {
-        let entry = self.entries.entry(key).or_default();
+        let entry = self.entries.entry(key);
         if let Some(owner) = entry.owner {
             if owner != client {
                 return Err(format!("{key:?} is owned by instance {}", owner.0));
@@ -407,6 +464,29 @@ mod tests {
         assert_eq!(shard.entries.len(), 1);
         assert_eq!(call(&mut shard, StateOp::Delete, None).result, Ok(Some(Value::Int(3))));
         assert!(shard.entries.is_empty(), "the deleted value's entry went with it");
+    }
+
+    /// Entries live in their vertex's table: a vertex's pass sees its own alone, a key is found
+    /// and removed in its vertex's table only, and a walk over all sees every vertex's.
+    #[test]
+    fn entries_are_kept_by_vertex() {
+        let mut entries = Entries::default();
+        let key = |vertex: u16, n: u64| StoreKey { vertex, object: 0, key: StateKey::Id(n) };
+        for (v, n) in [(3, 1), (0, 1), (3, 2), (5, 1)] {
+            entries.entry(key(v, n)).value = Some(Value::Int(i64::from(v) * 10 + n as i64));
+        }
+        let mut of_3: Vec<_> = entries.of_vertex(3).map(|(k, _)| *k).collect();
+        of_3.sort_by_key(|k| format!("{k:?}"));
+        assert_eq!(of_3, vec![key(3, 1), key(3, 2)]);
+        assert_eq!(entries.of_vertex(1).count() + entries.of_vertex(9).count(), 0, "no table, no entries");
+        assert_eq!(entries.get(&key(0, 1)).and_then(|e| e.value.clone()), Some(Value::Int(1)));
+        assert!(entries.get(&key(0, 2)).is_none() && entries.get(&key(7, 1)).is_none());
+        assert!(entries.remove(&key(5, 2)).is_none() && entries.remove(&key(9, 1)).is_none());
+        assert_eq!(entries.remove(&key(5, 1)).and_then(|e| e.value), Some(Value::Int(51)));
+        assert_eq!(entries.len(), 3);
+        assert_eq!(entries.iter().count(), 3);
+        entries.clear();
+        assert!(entries.is_empty());
     }
 
     /// A balancer's connection opened by clock 10, changed by clock 12 and closed by 15, all
