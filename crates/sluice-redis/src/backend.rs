@@ -10,7 +10,7 @@ use crate::reply::{
     is_passing_text, is_topology_error, is_topology_text, number, redis_err, text, ts_of,
 };
 use crate::request::hex16;
-use crate::topology::{lock_mutex, write_lock, Nodes, Settling, Shared, Topology};
+use crate::topology::{lock_mutex, write_lock, Nodes, Replicated, Settling, Shared, Topology};
 use sluice_packet::{Clock, InstanceId};
 use sluice_state::CustomOp;
 use sluice_store::{Backend, Checkpoint, Connection, Found, LoggedResult, StoreError};
@@ -118,6 +118,8 @@ impl RedisBackend {
                         break;
                     }
                 }
+                // A wiped store stays wiped on a replica that takes over (`replicas=`).
+                replicated(shared, nodes, url)?;
             }
             Ok(())
         })
@@ -240,11 +242,24 @@ impl Backend for RedisBackend {
         let mut settling = Settling::new();
         loop {
             let topo = shared.topology();
-            let failed = topo.nodes.iter().enumerate().find_map(|(n, url)| {
+            let mut failed = None;
+            for (n, url) in topo.nodes.iter().enumerate() {
                 let mut cmd = bucket_fcall("sluice_fence", &shared.cfg.prefix, &topo.buckets_of(n));
                 cmd.arg(client.0).arg(epoch);
-                nodes.query(url, &cmd).err()
-            });
+                // With `replicas=`, a fence counts once the replicas have it: a primary that
+                // dies just after would otherwise hand its slots to a replica that lets the
+                // fenced instance (only slow, not dead) write again.
+                failed = match nodes.query(url, &cmd) {
+                    Ok(_) => match nodes.wait_for_replicas(url, shared.cfg.replicas, cluster)? {
+                        Replicated::Yes => None,
+                        Replicated::Moved(e) => Some(e),
+                    },
+                    Err(e) => Some(e),
+                };
+                if failed.is_some() {
+                    break;
+                }
+            }
             match failed {
                 None => return Ok(()),
                 Some(e) if is_busy(&e) || (cluster && (is_topology_error(&e) || is_connection_error(&e))) => {
@@ -370,6 +385,9 @@ impl Backend for RedisBackend {
                     cmd.arg(a.as_slice());
                 }
                 nodes.query(url, &cmd).map_err(redis_err)?;
+                // A rebuilt store counts once the replicas have it (`replicas=`), as every
+                // instance's writes do.
+                replicated(shared, nodes, url)?;
             }
             Ok(())
         })
@@ -381,6 +399,16 @@ impl Backend for RedisBackend {
     /// opened before the wipe must still be replaced, as the trait requires.
     fn wipe(&self) -> Result<(), StoreError> {
         self.clear()
+    }
+}
+
+/// Waits until the replicas (`replicas=` in the URL) hold the admin writes made on `url`; a
+/// node failing over meanwhile is an error [`RedisBackend::with_admin`] makes the call again for.
+fn replicated(shared: &Shared, nodes: &mut Nodes, url: &str) -> Result<(), StoreError> {
+    let cluster = matches!(shared.cfg.mode, Mode::Cluster(_));
+    match nodes.wait_for_replicas(url, shared.cfg.replicas, cluster)? {
+        Replicated::Yes => Ok(()),
+        Replicated::Moved(e) => Err(redis_err(e)),
     }
 }
 

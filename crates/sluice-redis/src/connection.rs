@@ -9,13 +9,12 @@ use crate::reply::{
     redis_err, text, ts_of,
 };
 use crate::request::{header, is_broadcast, push_tagged, Op};
-use crate::topology::{Nodes, Settling, Shared, Topology, FAILOVER_WAIT};
+use crate::topology::{Nodes, Replicated, Settling, Shared, Topology};
 use sluice_packet::InstanceId;
 use sluice_state::{ops::apply, StateError, StateOp};
 use sluice_store::{Notification, Replies, Request, Response, StoreError, StoreOp, TsVector};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 /// Conditional writes of one client operation retried at most this often under contention.
 const MAX_CONFLICTS: usize = 10_000;
@@ -25,10 +24,6 @@ const MAX_CONFLICTS: usize = 10_000;
 /// custom ones (a NAT taking a large batch of new connections) resent itself hundreds of
 /// times — 400 MB sent for 1,000 packets, ten times slower than with batches of 32.
 const MAX_OPS_PER_CALL: usize = 128;
-/// How long `WAIT` waits for the replicas (`replicas=` in the URL) to acknowledge a call.
-const REPLICA_WAIT_MS: u64 = 2_000;
-/// The pause before asking a busy node (`reply::is_busy`) for a call's `WAIT` again.
-const BUSY_PAUSE: Duration = Duration::from_millis(20);
 
 /// The name of a state operation a node reports a type error for, as [`StateError`] spells it.
 fn static_op(s: &str) -> Option<&'static str> {
@@ -255,43 +250,13 @@ impl RedisConnection {
             Err(e) => return Err(redis_err(e)),
         };
         let want = self.shared.cfg.replicas;
-        // Plain reads write nothing: nothing for a replica to acknowledge.
+        // Plain reads write nothing: nothing for a replica to acknowledge. (Applying the
+        // writes again after a move is harmless: tagged updates are answered from the
+        // per-clock log.)
         let writes = intent.is_some() || ops.iter().any(|o| o.args.first().is_none_or(|code| code.as_slice() != b"G"));
-        if want > 0 && writes {
-            // The call's writes count once enough replicas have them: a primary failing now
-            // loses nothing its replica does not have. (Applying them again is harmless:
-            // tagged updates are answered from the per-clock log.) A primary that has just
-            // taken over from a failed one has no replica until the failed machine comes back
-            // (or another replica migrates to it): the call waits for one, as calls wait for
-            // a replica to take over, rather than count writes nobody else holds.
-            let started = Instant::now();
-            let wait = redis::cmd("WAIT").arg(want).arg(REPLICA_WAIT_MS).clone();
-            loop {
-                match self.nodes.query(url, &wait) {
-                    Ok(n) => {
-                        let got: u64 = number(&n)?;
-                        if got >= u64::from(want) {
-                            break;
-                        }
-                        if started.elapsed() >= FAILOVER_WAIT {
-                            return Err(StoreError::Unavailable(format!(
-                                "{url}: {got} of {want} replica(s) acknowledged the writes within {} s",
-                                FAILOVER_WAIT.as_secs()
-                            )));
-                        }
-                        tracing::warn!(
-                            node = url,
-                            replicas = got,
-                            wanted = want,
-                            "writes not yet acknowledged by enough replicas; waiting"
-                        );
-                    }
-                    Err(e) if moved(&e) => return Ok(Err(())),
-                    // The call ran: only the wait is asked again (sending the call again would
-                    // apply an untagged update twice).
-                    Err(e) if is_busy(&e) && started.elapsed() < FAILOVER_WAIT => std::thread::sleep(BUSY_PAUSE),
-                    Err(e) => return Err(redis_err(e)),
-                }
+        if writes {
+            if let Replicated::Moved(_) = self.nodes.wait_for_replicas(url, want, cluster)? {
+                return Ok(Err(()));
             }
         }
         Ok(Ok(v))

@@ -3,7 +3,7 @@
 
 use crate::codec::{self, key_slot};
 use crate::config::{Config, Mode};
-use crate::reply::{array, invalid, is_connection_error, number, redis_err, text};
+use crate::reply::{array, invalid, is_busy, is_connection_error, is_topology_error, number, redis_err, text};
 use sluice_state::CustomOp;
 use sluice_store::StoreError;
 use std::collections::{HashMap, HashSet};
@@ -94,6 +94,20 @@ pub(crate) struct Shared {
     pub(crate) library_on: Mutex<HashSet<String>>,
 }
 
+/// How long one `WAIT` waits for the replicas (`replicas=` in the URL) to acknowledge writes.
+const REPLICA_WAIT_MS: u64 = 2_000;
+/// The pause before asking a busy node (`reply::is_busy`) for a `WAIT` again.
+const BUSY_PAUSE: Duration = Duration::from_millis(20);
+
+/// What [`Nodes::wait_for_replicas`] found.
+pub(crate) enum Replicated {
+    /// Enough replicas hold every write made so far over the connection to the node.
+    Yes,
+    /// The node no longer serves its slots or did not answer (a cluster failing over): the
+    /// writes are to be made again over the new slot map.
+    Moved(redis::RedisError),
+}
+
 /// Connections to nodes, by URL, opened on first use.
 #[derive(Default)]
 pub(crate) struct Nodes {
@@ -111,6 +125,50 @@ impl Nodes {
     }
 
     /// Runs a command on a node; a broken connection is dropped (reopened next time).
+    /// Waits until `want` replicas of `url` acknowledge every write made over this connection
+    /// to it (Redis `WAIT`, which counts the connection's own writes): a primary failing now
+    /// loses nothing its replicas do not have. A primary that has just taken over from a failed
+    /// one has no replica until the failed machine comes back (or another replica migrates to
+    /// it): the wait goes on for up to [`FAILOVER_WAIT`], as calls wait for a replica to take
+    /// over, rather than count writes nobody else holds. `cluster`: a node that does not
+    /// answer may be failing over ([`Replicated::Moved`]). With `want` 0, nothing to wait for.
+    pub(crate) fn wait_for_replicas(&mut self, url: &str, want: u8, cluster: bool) -> Result<Replicated, StoreError> {
+        if want == 0 {
+            return Ok(Replicated::Yes);
+        }
+        let started = Instant::now();
+        let wait = redis::cmd("WAIT").arg(want).arg(REPLICA_WAIT_MS).clone();
+        loop {
+            match self.query(url, &wait) {
+                Ok(n) => {
+                    let got: u64 = number(&n)?;
+                    if got >= u64::from(want) {
+                        return Ok(Replicated::Yes);
+                    }
+                    if started.elapsed() >= FAILOVER_WAIT {
+                        return Err(StoreError::Unavailable(format!(
+                            "{url}: {got} of {want} replica(s) acknowledged the writes within {} s",
+                            FAILOVER_WAIT.as_secs()
+                        )));
+                    }
+                    tracing::warn!(
+                        node = url,
+                        replicas = got,
+                        wanted = want,
+                        "writes not yet acknowledged by enough replicas; waiting"
+                    );
+                }
+                Err(e) if cluster && (is_topology_error(&e) || is_connection_error(&e)) => {
+                    return Ok(Replicated::Moved(e))
+                }
+                // The writes were made: only the wait is asked again (making them again could
+                // apply an untagged update twice).
+                Err(e) if is_busy(&e) && started.elapsed() < FAILOVER_WAIT => std::thread::sleep(BUSY_PAUSE),
+                Err(e) => return Err(redis_err(e)),
+            }
+        }
+    }
+
     pub(crate) fn query(&mut self, url: &str, cmd: &redis::Cmd) -> Result<redis::Value, redis::RedisError> {
         let conn = self
             .get(url)
