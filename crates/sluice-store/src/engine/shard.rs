@@ -50,7 +50,8 @@ impl Entry {
 
 /// The shard's entries, one table per vertex: a replacement's take-over reads its vertex's
 /// entries alone ([`Entries::of_vertex`]), where one table made it walk every other vertex's
-/// too (two in three in the example chain, whose scan took most of a failover's 2 ms).
+/// too (two in three in the example chain; docs/benchmarks.md, "The store's entries kept by
+/// vertex").
 #[derive(Default)]
 pub(super) struct Entries {
     /// By vertex id; a vertex's table is made at its first entry.
