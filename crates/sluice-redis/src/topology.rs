@@ -124,7 +124,6 @@ impl Nodes {
         self.conns.get_mut(url).ok_or_else(|| invalid("connection vanished"))
     }
 
-    /// Runs a command on a node; a broken connection is dropped (reopened next time).
     /// Waits until `want` replicas of `url` acknowledge every write made over this connection
     /// to it (Redis `WAIT`, which counts the connection's own writes): a primary failing now
     /// loses nothing its replicas do not have. A primary that has just taken over from a failed
@@ -169,6 +168,7 @@ impl Nodes {
         }
     }
 
+    /// Runs a command on a node; a broken connection is dropped (reopened next time).
     pub(crate) fn query(&mut self, url: &str, cmd: &redis::Cmd) -> Result<redis::Value, redis::RedisError> {
         let conn = self
             .get(url)
