@@ -124,3 +124,28 @@ fn a_store_crash_is_refused_by_a_run_that_cannot_rebuild_its_store() {
         assert_eq!(store_crashes(&report).len(), 0, "{extra:?}: a refused action changes nothing");
     }
 }
+
+/// A worker holds still for a store crash only between two of its turns, and a turn served up
+/// to four batches of each of its instances. With the NAT slowed to 1 s a packet (a straggler)
+/// from the first packet and batches of four, the store crash asked at packet 1,000 came while
+/// the NAT's worker had up to four batches, 16 s, ahead of it in that turn: past the 10 s the
+/// root gave the workers to hold still, and the run failed ("the workers did not hold still
+/// within 10s") in 4 runs of 4. A worker still getting through its batches is not stuck: it
+/// holds still after the batch at hand, and the root waits as long as batches keep finishing.
+#[test]
+fn a_store_crash_waits_for_a_straggler_that_is_still_working() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let body = "events:\n\
+                \x20 - at: { packet: 1 }\n    slow: { vertex: nat, instance: 0, delay_us: [1000000, 1000000] }\n\
+                \x20 - at: { packet: 1000 }\n    crash_store: {}\n\
+                \x20 - at: { packet: 1001 }\n    slow: { vertex: nat, instance: 0, delay_us: [0, 0] }\n";
+    let faults = common::schedule(dir.path(), "straggler-store-crash.yaml", body);
+    let input = ("chains/nat-portscan.yaml", "traces/demo.pcap", "2000");
+    let report = recorded_run("store-straggler", input, &faults, &["-w", "2", "--batch", "4"]);
+    let crashes = store_crashes(&report);
+    assert_eq!(crashes.len(), 1, "{crashes:?}");
+    // The hold came after the batch at hand (4 s when the NAT had begun one), not after the
+    // turn's four.
+    let paused = crashes[0]["paused_ms"].as_f64().unwrap_or(f64::MAX);
+    assert!(paused < 8_000.0, "the chain took {paused} ms to hold still: {crashes:?}");
+}

@@ -62,6 +62,9 @@ pub(super) struct StoreCrash {
     done: AtomicU64,
     /// The rebuild failed: workers go on without reconnecting (the run ends with the error).
     failed: AtomicBool,
+    /// Batches the workers have finished: the root waits for a hold as long as this grows (a
+    /// worker getting through a straggler's batches or a replacement's replay is not stuck).
+    batches: AtomicU64,
     handed: Mutex<Vec<Handed>>,
     /// An instance's write-ahead log is half full of updates since the checkpoint: the next
     /// checkpoint should not wait (a rebuild past the log's capacity would miss updates).
@@ -94,6 +97,7 @@ impl StoreCrash {
             paused: AtomicUsize::new(0),
             done: AtomicU64::new(0),
             failed: AtomicBool::new(false),
+            batches: AtomicU64::new(0),
             handed: Mutex::new(Vec::new()),
             wal_filling: AtomicBool::new(false),
             roots: RootsHold::default(),
@@ -143,6 +147,19 @@ fn hold_roots(shared: &Shared, sc: &StoreCrash, roots: u8) -> Result<BTreeSet<Cl
         std::thread::sleep(Duration::from_micros(20));
     }
     Ok(std::mem::take(&mut *sc.roots.logged.lock().unwrap_or_else(PoisonError::into_inner)))
+}
+
+/// Whether the root has asked the workers to hold still and is waiting for them: a worker
+/// that sees it stops taking batches and goes to the top of its loop, where it holds.
+pub(super) fn hold_pending(shared: &Shared) -> bool {
+    shared.store_crash.as_ref().is_some_and(|sc| sc.asked.load(Ordering::Acquire) != sc.done.load(Ordering::Acquire))
+}
+
+/// A worker finished a batch (see [`StoreCrash::batches`]).
+pub(super) fn batch_done(shared: &Shared) {
+    if let Some(sc) = &shared.store_crash {
+        sc.batches.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 fn client(slot: &mut Slot) -> Option<&mut sluice_store::StoreClient> {
@@ -218,7 +235,8 @@ fn hand_over(sc: &StoreCrash, slots: &mut [Slot]) {
 }
 
 /// The root's side of a hold: asks the `workers` to hold still, waits until they all do, and
-/// runs `part` meanwhile. An error if they do not within [`PAUSE_LIMIT`] or `part` fails.
+/// runs `part` meanwhile. An error if `part` fails, or if they do not hold still and no batch
+/// finishes for [`PAUSE_LIMIT`] (a worker that is stuck, not one that is busy).
 fn hold<T>(
     shared: &Shared,
     workers: usize,
@@ -226,16 +244,20 @@ fn hold<T>(
     part: impl FnOnce(&StoreCrash) -> Result<T, String>,
 ) -> Result<T, String> {
     let Some(sc) = &shared.store_crash else { return Err("the run has no store to crash".into()) };
-    let started = Instant::now();
     let count = sc.asked.load(Ordering::Acquire) + 1;
     sc.paused.store(0, Ordering::Release);
     sc.why.store(why as u8, Ordering::Release);
     sc.asked.store(count, Ordering::Release);
+    let mut progress = (sc.batches.load(Ordering::Relaxed), Instant::now());
     while sc.paused.load(Ordering::Acquire) < workers {
-        if started.elapsed() >= PAUSE_LIMIT || shared.aborted.load(Ordering::Acquire) {
+        let batches = sc.batches.load(Ordering::Relaxed);
+        if batches != progress.0 {
+            progress = (batches, Instant::now());
+        }
+        if progress.1.elapsed() >= PAUSE_LIMIT || shared.aborted.load(Ordering::Acquire) {
             sc.failed.store(true, Ordering::Release);
             sc.done.store(count, Ordering::Release);
-            return Err(format!("the workers did not hold still within {PAUSE_LIMIT:?}"));
+            return Err(format!("the workers did not hold still, and finished no batch for {PAUSE_LIMIT:?}"));
         }
         std::thread::sleep(Duration::from_micros(20));
     }
@@ -391,7 +413,7 @@ pub(super) fn crash(
     Ok(Rebuilt { paused_ms: started.elapsed().as_secs_f64() * 1e3, detail: detail? })
 }
 
-/// How long the root waits for every worker to hold still.
+/// How long the root waits for every worker to hold still while none finishes a batch.
 const PAUSE_LIMIT: Duration = Duration::from_secs(10);
 
 fn rebuild(sc: &StoreCrash, checkpoint: &Checkpoint, is_logged: &dyn Fn(Clock) -> bool) -> Result<String, String> {

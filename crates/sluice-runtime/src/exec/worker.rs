@@ -243,6 +243,12 @@ impl Turns {
                 report_commits(shared, slot, out);
             }
             did |= served;
+            if super::store_crash::hold_pending(shared) {
+                // The chain is asked to hold still: straight back to the top of the loop, the
+                // other instances' turns after the hold.
+                did = true;
+                break;
+            }
         }
         out.flush(shared);
         if !did && shared.logging() {
@@ -314,6 +320,9 @@ fn serve(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
     let mut did = false;
     if slot.order.is_none() {
         for _ in 0..4 {
+            if super::store_crash::hold_pending(shared) {
+                break;
+            }
             let Some(batch) = shared.pop(slot.global) else { break };
             did = true;
             process_batch(shared, slot, batch, out);
@@ -539,6 +548,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     if recovery.is_some() {
         slot.recovery = recovery;
     }
+    super::store_crash::batch_done(shared);
 }
 
 /// Sends a packet `vertex`'s NF processed on by its verdict: the packet back, with how it ends,
