@@ -111,7 +111,7 @@ impl InOrder {
         format!("{} held (first {first}), next {:?}", self.held.len(), self.next)
     }
 
-    /// Moves the packets whose turn has come, in entry order, into `out`. A held packet's turn
+    /// Moves the packets whose turn has come, in entry order, into `out`, `max` at most. A held packet's turn
     /// has come when, at every root, each clock before it in entry order is admitted and
     /// either finished, processed here, or gone past this vertex for good (`gone_by`: its
     /// copies held by a recovering replacement further down, which may wait for what this
@@ -122,14 +122,16 @@ impl InOrder {
         roots: &Admissions,
         gone_by: impl Fn(Clock) -> bool,
         out: &mut Vec<Packet>,
+        max: usize,
     ) {
-        self.take_ready_by(&Here { clocks, roots, gone_by }, out);
+        self.take_ready_by(&Here { clocks, roots, gone_by }, out, max);
     }
 
     /// [`InOrder::take_ready`] with what the roots have done read from `progress` (this
     /// process's own, or what the root's node says when the root runs elsewhere).
-    pub(crate) fn take_ready_by(&mut self, progress: &impl EntryProgress, out: &mut Vec<Packet>) {
-        while let Some(key) = self.held.first_key_value().map(|(k, _)| *k) {
+    pub(crate) fn take_ready_by(&mut self, progress: &impl EntryProgress, out: &mut Vec<Packet>, max: usize) {
+        let max = out.len().saturating_add(max);
+        while let Some(key) = self.held.first_key_value().map(|(k, _)| *k).filter(|_| out.len() < max) {
             for (r, next) in self.next.iter_mut().enumerate() {
                 if !earlier_done((r as u8, next), key, progress) {
                     return;
@@ -429,15 +431,37 @@ reverse_edges:
         let mut o = InOrder::new(1);
         let mut out = Vec::new();
         o.hold(pkt(2));
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert!(out.is_empty(), "clock 1 is still in flight");
         // Clock 1 finishes elsewhere (dropped upstream, say): 2 goes; 3 is still in flight.
         clocks.done(Clock::new(0, 1));
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert_eq!(seqs(&out), vec![2]);
         o.hold(pkt(3));
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert_eq!(seqs(&out), vec![2, 3]);
+        assert_eq!(o.held(), 0);
+    }
+
+    #[test]
+    fn packets_whose_turn_has_come_leave_a_batch_at_a_time() {
+        let clocks = ClockTracker::new(16, 1);
+        let roots = Admissions::new(1);
+        let mut o = InOrder::new(1);
+        for s in [4, 1, 3, 2, 5] {
+            clocks.admit(Clock::new(0, s), 0);
+            o.hold(pkt(s));
+        }
+        roots.admitted[0].store(5, Ordering::Release);
+        let mut out = Vec::new();
+        o.take_ready(&clocks, &roots, |_| false, &mut out, 2);
+        assert_eq!(seqs(&out), vec![1, 2]);
+        // `max` counts what this call adds, not what `out` held before.
+        o.take_ready(&clocks, &roots, |_| false, &mut out, 2);
+        assert_eq!(seqs(&out), vec![1, 2, 3, 4]);
+        out.clear();
+        o.take_ready(&clocks, &roots, |_| false, &mut out, 2);
+        assert_eq!(seqs(&out), vec![5]);
         assert_eq!(o.held(), 0);
     }
 
@@ -452,20 +476,20 @@ reverse_edges:
             o.hold(pkt(s));
         }
         // Nothing is admitted as far as the root has said: the held ones are still in order.
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert_eq!(seqs(&out), vec![1, 2, 3]);
         // Clock 4 is not admitted yet: a finished-looking empty slot is not skipped.
         o.hold(pkt(5));
         clocks.admit(Clock::new(0, 5), 0);
         roots.admitted[0].store(3, Ordering::Release);
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert_eq!(seqs(&out), vec![1, 2, 3]);
         clocks.admit(Clock::new(0, 4), 0);
         roots.admitted[0].store(5, Ordering::Release);
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert_eq!(seqs(&out), vec![1, 2, 3], "4 is in flight");
         clocks.done(Clock::new(0, 4));
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert_eq!(seqs(&out), vec![1, 2, 3, 5]);
     }
 
@@ -492,18 +516,18 @@ reverse_edges:
         // Root 1's packets arrive first: root 0's clock 1 entered before them, in flight.
         o.hold(entered(1, 2, 40));
         o.hold(entered(1, 1, 20));
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert!(out.is_empty(), "(0,1) entered first and is on its way");
         o.hold(entered(0, 1, 10));
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert_eq!(clocks_of(&out), vec![(0, 1), (1, 1)], "(0,2) entered before (1,2)");
         // (0,2) finishes elsewhere (dropped upstream); root 0 may still admit something that
         // entered before (1,2), until it says it has everything up to 40.
         clocks.done(Clock::new(0, 2));
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert_eq!(out.len(), 2);
         roots.passed[0].store(40, Ordering::Release);
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert_eq!(clocks_of(&out), vec![(0, 1), (1, 1), (1, 2)]);
     }
 
@@ -517,22 +541,22 @@ reverse_edges:
         roots.admitted[1].store(1, Ordering::Release);
         o.hold(entered(1, 1, 50));
         // Root 0 has admitted nothing, and has not said it has everything before 50.
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert!(out.is_empty(), "root 0 may still admit a packet that entered before 50");
         roots.passed[0].store(40, Ordering::Release);
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert!(out.is_empty(), "root 0 has everything up to 40 only");
         roots.passed[0].store(60, Ordering::Release);
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert_eq!(clocks_of(&out), vec![(1, 1)]);
         // Root 0 then admits a packet that entered later: it does not wait for root 1.
         clocks.admit(Clock::new(0, 1), 70);
         roots.admitted[0].store(1, Ordering::Release);
         o.hold(entered(0, 1, 70));
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert_eq!(clocks_of(&out), vec![(1, 1)], "root 1 has not said it has everything before 70");
         roots.passed[1].store(70, Ordering::Release);
-        o.take_ready(&clocks, &roots, |_| false, &mut out);
+        o.take_ready(&clocks, &roots, |_| false, &mut out, usize::MAX);
         assert_eq!(clocks_of(&out), vec![(1, 1), (0, 1)]);
     }
 }

@@ -319,7 +319,7 @@ pub(super) fn report_commits(shared: &Shared, slot: &mut Slot, out: &mut Outgoin
 fn serve(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
     let mut did = false;
     if slot.order.is_none() {
-        for _ in 0..4 {
+        for _ in 0..TURN_BATCHES {
             if super::store_crash::hold_pending(shared) {
                 break;
             }
@@ -334,26 +334,35 @@ fn serve(shared: &Shared, slot: &mut Slot, out: &mut Outgoing) -> bool {
         hold_in_order(shared, slot, batch, out);
     }
     let vertex = slot.vertex;
-    let Some(order) = slot.order.as_mut() else { return did };
-    if order.held() == 0 {
-        return did;
-    }
-    let mut ready = shared.empty_batch();
-    match &shared.from_root {
-        // The root runs on another node, which says how far it has got.
-        Some(from_root) => order.take_ready_by(&from_root.of(vertex), &mut ready),
-        None => {
-            let gone_by = |c: Clock| shared.past_recovering(vertex, c);
-            order.take_ready(&shared.clocks, &shared.admissions, gone_by, &mut ready);
+    // What it holds goes in batches of the run's size, as a queue's would: a batch is the
+    // unit a hold of the chain waits for (`store_crash::hold_pending`).
+    for _ in 0..TURN_BATCHES {
+        let Some(order) = slot.order.as_mut() else { break };
+        if order.held() == 0 || super::store_crash::hold_pending(shared) {
+            break;
         }
+        let mut ready = shared.empty_batch();
+        match &shared.from_root {
+            // The root runs on another node, which says how far it has got.
+            Some(from_root) => order.take_ready_by(&from_root.of(vertex), &mut ready, shared.batch),
+            None => {
+                let gone_by = |c: Clock| shared.past_recovering(vertex, c);
+                order.take_ready(&shared.clocks, &shared.admissions, gone_by, &mut ready, shared.batch);
+            }
+        }
+        if ready.is_empty() {
+            shared.give_back(ready);
+            break;
+        }
+        process_batch(shared, slot, ready, out);
+        did = true;
     }
-    if ready.is_empty() {
-        shared.give_back(ready);
-        return did;
-    }
-    process_batch(shared, slot, ready, out);
-    true
+    did
 }
+
+/// Batches an instance is given in one turn of its worker, at most: the worker's other
+/// instances get theirs in between.
+const TURN_BATCHES: usize = 4;
 
 /// An order-sensitive instance holds what arrives until its turn; a second copy of a clock it
 /// holds already ends as a duplicate.
