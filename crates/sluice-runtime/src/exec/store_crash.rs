@@ -254,10 +254,15 @@ fn hold<T>(
         if batches != progress.0 {
             progress = (batches, Instant::now());
         }
-        if progress.1.elapsed() >= PAUSE_LIMIT || shared.aborted.load(Ordering::Acquire) {
+        let aborted = shared.aborted.load(Ordering::Acquire);
+        if progress.1.elapsed() >= PAUSE_LIMIT || aborted {
             sc.failed.store(true, Ordering::Release);
             sc.done.store(count, Ordering::Release);
-            return Err(format!("the workers did not hold still, and finished no batch for {PAUSE_LIMIT:?}"));
+            return Err(match aborted {
+                // Whatever stopped the run says why; this only says what it interrupted.
+                true => "the run was stopped while the chain was to hold still".into(),
+                false => format!("the workers did not hold still, and finished no batch for {PAUSE_LIMIT:?}"),
+            });
         }
         std::thread::sleep(Duration::from_micros(20));
     }
