@@ -131,7 +131,7 @@ fn a_store_crash_is_refused_by_a_run_that_cannot_rebuild_its_store() {
 /// the NAT's worker had up to four batches, 16 s, ahead of it in that turn: past the 10 s the
 /// root gave the workers to hold still, and the run failed ("the workers did not hold still
 /// within 10s") in 4 runs of 4. A worker still getting through its batches is not stuck: it
-/// holds still after the batch at hand, and the root waits as long as batches keep finishing.
+/// holds still after the batch at hand, and the root waits as long as packets keep going.
 /// With two roots the NAT takes its input in entry order, and what it held went to it in one
 /// batch of whatever had come (up to the window), which no hold could wait for: that too goes
 /// in batches of the run's size now.

@@ -62,9 +62,11 @@ pub(super) struct StoreCrash {
     done: AtomicU64,
     /// The rebuild failed: workers go on without reconnecting (the run ends with the error).
     failed: AtomicBool,
-    /// Batches the workers have finished: the root waits for a hold as long as this grows (a
-    /// worker getting through a straggler's batches or a replacement's replay is not stuck).
-    batches: AtomicU64,
+    /// Grows as the workers' instances get through packets (at the end of each batch, and
+    /// every [`PROGRESS_EVERY`] packets within one): the root waits for a hold as long as it
+    /// does (a worker getting through a straggler's batches, or through a replacement's
+    /// replay taken in as one batch, is busy, not stuck).
+    progress: AtomicU64,
     handed: Mutex<Vec<Handed>>,
     /// An instance's write-ahead log is half full of updates since the checkpoint: the next
     /// checkpoint should not wait (a rebuild past the log's capacity would miss updates).
@@ -97,7 +99,7 @@ impl StoreCrash {
             paused: AtomicUsize::new(0),
             done: AtomicU64::new(0),
             failed: AtomicBool::new(false),
-            batches: AtomicU64::new(0),
+            progress: AtomicU64::new(0),
             handed: Mutex::new(Vec::new()),
             wal_filling: AtomicBool::new(false),
             roots: RootsHold::default(),
@@ -155,12 +157,16 @@ pub(super) fn hold_pending(shared: &Shared) -> bool {
     shared.store_crash.as_ref().is_some_and(|sc| sc.asked.load(Ordering::Acquire) != sc.done.load(Ordering::Acquire))
 }
 
-/// A worker finished a batch (see [`StoreCrash::batches`]).
-pub(super) fn batch_done(shared: &Shared) {
+/// A worker got on: finished a batch, or another [`PROGRESS_EVERY`] packets of one (see
+/// [`StoreCrash::progress`]).
+pub(super) fn progressed(shared: &Shared) {
     if let Some(sc) = &shared.store_crash {
-        sc.batches.fetch_add(1, Ordering::Relaxed);
+        sc.progress.fetch_add(1, Ordering::Relaxed);
     }
 }
+
+/// Packets an instance processes between two signs of progress within a batch.
+pub(super) const PROGRESS_EVERY: u64 = 32;
 
 fn client(slot: &mut Slot) -> Option<&mut sluice_store::StoreClient> {
     crate::plan::store_client(&mut slot.inst)
@@ -235,8 +241,8 @@ fn hand_over(sc: &StoreCrash, slots: &mut [Slot]) {
 }
 
 /// The root's side of a hold: asks the `workers` to hold still, waits until they all do, and
-/// runs `part` meanwhile. An error if `part` fails, or if they do not hold still and no batch
-/// finishes for [`PAUSE_LIMIT`] (a worker that is stuck, not one that is busy).
+/// runs `part` meanwhile. An error if `part` fails, or if they do not hold still and none
+/// gets on with its packets for [`PAUSE_LIMIT`] (a worker that is stuck, not one that is busy).
 fn hold<T>(
     shared: &Shared,
     workers: usize,
@@ -248,11 +254,11 @@ fn hold<T>(
     sc.paused.store(0, Ordering::Release);
     sc.why.store(why as u8, Ordering::Release);
     sc.asked.store(count, Ordering::Release);
-    let mut progress = (sc.batches.load(Ordering::Relaxed), Instant::now());
+    let mut progress = (sc.progress.load(Ordering::Relaxed), Instant::now());
     while sc.paused.load(Ordering::Acquire) < workers {
-        let batches = sc.batches.load(Ordering::Relaxed);
-        if batches != progress.0 {
-            progress = (batches, Instant::now());
+        let now = sc.progress.load(Ordering::Relaxed);
+        if now != progress.0 {
+            progress = (now, Instant::now());
         }
         let aborted = shared.aborted.load(Ordering::Acquire);
         if progress.1.elapsed() >= PAUSE_LIMIT || aborted {
@@ -261,7 +267,7 @@ fn hold<T>(
             return Err(match aborted {
                 // Whatever stopped the run says why; this only says what it interrupted.
                 true => "the run was stopped while the chain was to hold still".into(),
-                false => format!("the workers did not hold still, and finished no batch for {PAUSE_LIMIT:?}"),
+                false => format!("the workers did not hold still, and processed no packet for {PAUSE_LIMIT:?}"),
             });
         }
         std::thread::sleep(Duration::from_micros(20));
@@ -418,7 +424,7 @@ pub(super) fn crash(
     Ok(Rebuilt { paused_ms: started.elapsed().as_secs_f64() * 1e3, detail: detail? })
 }
 
-/// How long the root waits for every worker to hold still while none finishes a batch.
+/// How long the root waits for every worker to hold still while none gets on with its packets.
 const PAUSE_LIMIT: Duration = Duration::from_secs(10);
 
 fn rebuild(sc: &StoreCrash, checkpoint: &Checkpoint, is_logged: &dyn Fn(Clock) -> bool) -> Result<String, String> {

@@ -491,6 +491,10 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
             }
         }
         slot.stats.packets_in += 1;
+        if slot.stats.packets_in.is_multiple_of(super::store_crash::PROGRESS_EVERY) {
+            // A batch can be long: a replacement takes its whole replay in as one.
+            super::store_crash::progressed(shared);
+        }
         if let Some(range) = slow {
             straggle(range, pkt.meta.clock);
         }
@@ -557,7 +561,7 @@ fn process_batch(shared: &Shared, slot: &mut Slot, mut batch: Batch, out: &mut O
     if recovery.is_some() {
         slot.recovery = recovery;
     }
-    super::store_crash::batch_done(shared);
+    super::store_crash::progressed(shared);
 }
 
 /// Sends a packet `vertex`'s NF processed on by its verdict: the packet back, with how it ends,
