@@ -111,11 +111,11 @@ impl InOrder {
         format!("{} held (first {first}), next {:?}", self.held.len(), self.next)
     }
 
-    /// Moves the packets whose turn has come, in entry order, into `out`, `max` at most. A held packet's turn
-    /// has come when, at every root, each clock before it in entry order is admitted and
-    /// either finished, processed here, or gone past this vertex for good (`gone_by`: its
-    /// copies held by a recovering replacement further down, which may wait for what this
-    /// instance holds).
+    /// Moves the packets whose turn has come, in entry order, into `out`, `max` at most. A
+    /// held packet's turn has come when, at every root, each clock before it in entry order is
+    /// admitted and either finished, processed here, or gone past this vertex for good
+    /// (`gone_by`: its copies held by a recovering replacement further down, which may wait
+    /// for what this instance holds).
     pub(crate) fn take_ready(
         &mut self,
         clocks: &ClockTracker,
